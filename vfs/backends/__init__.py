@@ -1,0 +1,1 @@
+"""Adapters that turn each archive format into entries the mount serves."""

@@ -1,0 +1,118 @@
+"""A byte-bounded, thread-safe LRU shared by every reader, with single-flight loading."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+def nbytes_of(value: Any) -> int:
+    """Size charged against the budget: buffers by length, anything else by a flat guess."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return len(value)
+    size = getattr(value, "nbytes", None)
+    return int(size) if size is not None else 64
+
+
+class PageCache:
+    """LRU over decoded pages, husk blocks and cipher segments, bounded in bytes.
+
+    `get_or_load` runs the loader outside the lock and makes concurrent callers asking for the same
+    key wait for that one load, so a reader and a read-ahead never decode the same plane twice.
+    A value larger than the whole budget is returned but not kept.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.stats = CacheStats()
+        self._data: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self._inflight: dict[Hashable, threading.Event] = {}
+
+    @property
+    def current_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: Hashable) -> bool:
+        with self._lock:
+            return key in self._data
+
+    def get(self, key: Hashable) -> Any | None:
+        with self._lock:
+            item = self._data.get(key)
+            if item is None:
+                self.stats.misses += 1
+                return None
+            self._data.move_to_end(key)
+            self.stats.hits += 1
+            return item[0]
+
+    def put(self, key: Hashable, value: Any) -> None:
+        size = nbytes_of(value)
+        with self._lock:
+            old = self._data.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            if size > self.max_bytes:
+                return
+            self._data[key] = (value, size)
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, (_, evicted) = self._data.popitem(last=False)
+                self._bytes -= evicted
+                self.stats.evictions += 1
+
+    def get_or_load(self, key: Hashable, loader: Callable[[], Any]) -> Any:
+        while True:
+            with self._lock:
+                item = self._data.get(key)
+                if item is not None:
+                    self._data.move_to_end(key)
+                    self.stats.hits += 1
+                    return item[0]
+                waiting = self._inflight.get(key)
+                if waiting is None:
+                    self.stats.misses += 1
+                    event = self._inflight[key] = threading.Event()
+                    break
+            waiting.wait()
+            # The loader finished (or failed); loop to take its value or to load it ourselves.
+            with self._lock:
+                item = self._data.get(key)
+                if item is not None:
+                    self._data.move_to_end(key)
+                    self.stats.hits += 1
+                    return item[0]
+                if key not in self._inflight:
+                    # Loaded but too large to keep, or the loader raised: load it here.
+                    self.stats.misses += 1
+                    event = self._inflight[key] = threading.Event()
+                    break
+        try:
+            value = loader()
+            self.put(key, value)
+            return value
+        finally:
+            with self._lock:
+                del self._inflight[key]
+            event.set()
+
+    def discard_prefix(self, prefix: Hashable) -> None:
+        """Drop every key whose first element is `prefix` (an archive that changed on disk)."""
+        with self._lock:
+            for key in [k for k in self._data if isinstance(k, tuple) and k and k[0] == prefix]:
+                self._bytes -= self._data.pop(key)[1]

@@ -1,0 +1,51 @@
+"""One exception tree for every format: cores raise these, the FUSE boundary maps them to errno."""
+
+from __future__ import annotations
+
+import errno
+
+
+class DecantError(Exception):
+    """Base of every error this package raises on purpose. Messages name the file and the reason."""
+
+    errno: int = errno.EIO
+
+
+class ManifestError(DecantError):
+    """A manifest (or other metadata document) is missing, malformed or inconsistent."""
+
+
+class UnsupportedFormatError(DecantError):
+    """A well-formed input in a format, version or layout this reader does not implement."""
+
+    errno = errno.EOPNOTSUPP
+
+
+class CorruptArchiveError(DecantError):
+    """The bytes on disk are damaged: truncated container, undecodable chunk, digest mismatch."""
+
+
+class IntegrityError(CorruptArchiveError):
+    """Reconstructed bytes do not hash to the recorded digest."""
+
+
+class DecryptError(DecantError):
+    """No key opens a crypt4gh header, or a cipher segment fails authentication."""
+
+    errno = errno.EACCES
+
+
+class UnsafeMemberError(DecantError):
+    """An archive member name that would escape its folder or is not a regular file."""
+
+    errno = errno.EPERM
+
+
+class NotAnArchiveError(DecantError):
+    """The path is not an archive of the kind asked for."""
+
+    errno = errno.EINVAL
+
+
+class PackError(DecantError):
+    """Packing refused or failed; nothing was published."""
