@@ -1,4 +1,4 @@
-"""The one small interface every format serves the mount through: describe (list + stat) and open (read)."""
+"""The one small interface every format serves the mount through: describe and open."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 @dataclass
 class Entry:
-    """A presented file or folder. Plain data, so a description can be kept in the persistent index."""
+    """A presented file or folder: plain data, so the persistent index can keep it."""
 
     is_dir: bool = False
     size: int = 0
@@ -69,7 +69,7 @@ class Description:
 
 
 class RandomAccess(Protocol):
-    """An opened presented file. Methods block (decode, decrypt): the daemon calls them in threads."""
+    """An opened presented file. Its methods block (decode, decrypt): run them in threads."""
 
     size: int
 
@@ -89,7 +89,7 @@ class Backend(Protocol):
     def claims(self, path: Path, is_dir: bool) -> bool: ...
 
     def describe(self, path: Path) -> Description:
-        """Read just enough of the archive to list it; raise DecantError when it cannot be served."""
+        """Read just enough of the archive to list it; DecantError when it cannot be served."""
         ...
 
     def open(self, path: Path, member: str, entry: Entry) -> RandomAccess:

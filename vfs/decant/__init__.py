@@ -1,0 +1,3 @@
+"""Decant archives (spec v1): pure, synchronous format logic — no FUSE, no trio."""
+
+SUPPORTED_FORMATS = frozenset({1})

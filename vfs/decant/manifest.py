@@ -1,0 +1,285 @@
+"""The manifest model of spec §4b, parsed and validated strictly."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from vfs.decant import SUPPORTED_FORMATS
+from vfs.errors import ManifestError, UnsupportedFormatError
+
+MODES = ("byte-exact", "verbatim", "series")
+
+
+@dataclass(frozen=True)
+class PageRecord:
+    index: int
+    shape: tuple[int, ...]
+    dtype: str
+    dataoffsets: tuple[int, ...]
+    databytecounts: tuple[int, ...]
+    samplesperpixel: int
+    planarconfig: int
+    predictor: int
+    rowsperstrip: int
+    tilewidth: int
+    tilelength: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.databytecounts)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        for key in ("shape", "dataoffsets", "databytecounts"):
+            out[key] = list(out[key])
+        return out
+
+
+@dataclass(frozen=True)
+class MemberRecord:
+    relpath: str
+    original_size: int
+    original_sha256: str
+    byteorder: str
+    husk_array: str = ""
+    husk_raw_size: int = 0
+    pages: tuple[PageRecord, ...] = ()
+    subarchive: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["pages"] = [p.to_json() for p in self.pages]
+        return out
+
+
+@dataclass(frozen=True)
+class Manifest:
+    format: int
+    mode: str
+    original_name: str
+    original_size: int
+    original_sha256: str
+    byteorder: str = "<"
+    decant_version: str = ""
+    pixel_codec: str = ""
+    pages: tuple[PageRecord, ...] = ()
+    plane_order: tuple[str, ...] = ()
+    husk_raw_size: int = 0
+    notes: str = ""
+    members: tuple[MemberRecord, ...] = ()
+    series_consolidated: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out.pop("extra")
+        out["pages"] = [p.to_json() for p in self.pages]
+        out["members"] = [m.to_json() for m in self.members]
+        out["plane_order"] = list(self.plane_order)
+        out.update(self.extra)
+        return out
+
+    def dumps(self) -> bytes:
+        return json.dumps(self.to_json(), indent=1, sort_keys=True).encode()
+
+
+class _Fields:
+    """Typed access to one JSON object, raising ManifestError that names the archive and field."""
+
+    def __init__(self, doc: Any, where: str, source: str) -> None:
+        if not isinstance(doc, dict):
+            raise ManifestError(f"{source}: {where} is not a JSON object")
+        self.doc, self.where, self.source = doc, where, source
+
+    def _get(self, key: str, types: type | tuple[type, ...], default: Any) -> Any:
+        if key not in self.doc:
+            if default is _REQUIRED:
+                raise ManifestError(f"{self.source}: {self.where} is missing field '{key}'")
+            return default
+        value = self.doc[key]
+        # bool is an int subclass; a manifest saying `"format": true` is mistyped, not format 1.
+        if isinstance(value, bool) and bool not in _as_tuple(types):
+            value = None
+        if not isinstance(value, types):
+            raise ManifestError(
+                f"{self.source}: {self.where} field '{key}' has type "
+                f"{type(self.doc[key]).__name__}, expected {_names(types)}"
+            )
+        return value
+
+    def int(self, key: str, default: Any = None) -> int:
+        value = self._get(key, int, _REQUIRED if default is None else default)
+        if value < 0:
+            raise ManifestError(f"{self.source}: {self.where} field '{key}' is negative")
+        return int(value)
+
+    def str(self, key: str, default: Any = None) -> str:
+        return str(self._get(key, str, _REQUIRED if default is None else default))
+
+    def bool(self, key: str, default: bool) -> bool:
+        return bool(self._get(key, bool, default))
+
+    def ints(self, key: str) -> tuple[int, ...]:
+        values = self._get(key, list, _REQUIRED)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+            raise ManifestError(
+                f"{self.source}: {self.where} field '{key}' must be non-negative integers"
+            )
+        return tuple(values)
+
+    def list(self, key: str) -> list[Any]:
+        return list(self._get(key, list, []))
+
+
+_REQUIRED = object()
+
+
+def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)
+
+
+def _names(types: type | tuple[type, ...]) -> str:
+    return " or ".join(t.__name__ for t in _as_tuple(types))
+
+
+def _parse_page(doc: Any, where: str, source: str) -> PageRecord:
+    f = _Fields(doc, where, source)
+    page = PageRecord(
+        index=f.int("index"),
+        shape=f.ints("shape"),
+        dtype=f.str("dtype"),
+        dataoffsets=f.ints("dataoffsets"),
+        databytecounts=f.ints("databytecounts"),
+        samplesperpixel=f.int("samplesperpixel"),
+        planarconfig=f.int("planarconfig"),
+        predictor=f.int("predictor"),
+        rowsperstrip=f.int("rowsperstrip"),
+        tilewidth=f.int("tilewidth"),
+        tilelength=f.int("tilelength"),
+    )
+    if len(page.dataoffsets) != len(page.databytecounts):
+        raise ManifestError(f"{source}: {where} dataoffsets and databytecounts differ in length")
+    if len(page.shape) not in (2, 3):
+        raise ManifestError(
+            f"{source}: {where} shape {list(page.shape)} is not [Y, X] or [Y, X, S]"
+        )
+    if page.planarconfig not in (1, 2):
+        raise ManifestError(f"{source}: {where} planarconfig {page.planarconfig} is not 1 or 2")
+    if page.predictor != 1:
+        raise UnsupportedFormatError(f"{source}: {where} predictor {page.predictor} is not 1")
+    if bool(page.tilewidth) != bool(page.tilelength) or (page.tilewidth and page.rowsperstrip):
+        raise ManifestError(f"{source}: {where} is neither cleanly striped nor tiled")
+    return page
+
+
+def _check_byteorder(value: str, where: str, source: str) -> str:
+    if value not in ("<", ">"):
+        raise ManifestError(f"{source}: {where} byteorder {value!r} is not '<' or '>'")
+    return value
+
+
+def _parse_member(doc: Any, where: str, source: str) -> MemberRecord:
+    f = _Fields(doc, where, source)
+    pages = tuple(
+        _parse_page(p, f"{where}.pages[{i}]", source) for i, p in enumerate(f.list("pages"))
+    )
+    return MemberRecord(
+        relpath=f.str("relpath"),
+        original_size=f.int("original_size"),
+        original_sha256=f.str("original_sha256"),
+        byteorder=_check_byteorder(f.str("byteorder", "<"), where, source),
+        husk_array=f.str("husk_array", ""),
+        husk_raw_size=f.int("husk_raw_size", 0),
+        pages=pages,
+        subarchive=f.str("subarchive", ""),
+    )
+
+
+def parse_manifest(raw: bytes, source: str) -> Manifest:
+    """Parse manifest bytes; `source` names the archive in every error message."""
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{source}: manifest is not valid JSON ({exc})") from None
+    f = _Fields(doc, "manifest", source)
+    fmt = f._get("format", int, _REQUIRED)
+    if fmt not in SUPPORTED_FORMATS:
+        supported = ", ".join(map(str, sorted(SUPPORTED_FORMATS)))
+        raise UnsupportedFormatError(
+            f"{source}: manifest format {fmt} is not supported (this reader implements {supported})"
+        )
+    mode = f.str("mode")
+    if mode not in MODES:
+        raise ManifestError(f"{source}: manifest mode {mode!r} is not one of {', '.join(MODES)}")
+    known = {
+        "format",
+        "mode",
+        "original_name",
+        "original_size",
+        "original_sha256",
+        "byteorder",
+        "decant_version",
+        "pixel_codec",
+        "pages",
+        "plane_order",
+        "husk_raw_size",
+        "notes",
+        "members",
+        "series_consolidated",
+    }
+    plane_order = f.list("plane_order")
+    if not all(isinstance(a, str) and a for a in plane_order):
+        raise ManifestError(f"{source}: manifest plane_order must be a list of axis names")
+    manifest = Manifest(
+        format=fmt,
+        mode=mode,
+        original_name=f.str("original_name"),
+        original_size=f.int("original_size"),
+        original_sha256=f.str("original_sha256"),
+        byteorder=_check_byteorder(f.str("byteorder", "<"), "manifest", source),
+        decant_version=f.str("decant_version", ""),
+        pixel_codec=f.str("pixel_codec", ""),
+        pages=tuple(_parse_page(p, f"pages[{i}]", source) for i, p in enumerate(f.list("pages"))),
+        plane_order=tuple(plane_order),
+        husk_raw_size=f.int("husk_raw_size", 0),
+        notes=f.str("notes", ""),
+        members=tuple(
+            _parse_member(m, f"members[{i}]", source) for i, m in enumerate(f.list("members"))
+        ),
+        series_consolidated=f.bool("series_consolidated", False),
+        extra={k: v for k, v in doc.items() if k not in known},
+    )
+    _check_consistency(manifest, source)
+    return manifest
+
+
+def _check_consistency(m: Manifest, source: str) -> None:
+    if m.mode != "series":
+        if "/" in m.original_name or m.original_name in ("", ".", ".."):
+            raise ManifestError(f"{source}: original_name {m.original_name!r} is not a file name")
+        if len(m.original_sha256) != 64:
+            raise ManifestError(f"{source}: original_sha256 is not a 64-digit hex digest")
+    if m.mode == "byte-exact" and m.husk_raw_size + sum(p.nbytes for p in m.pages) != (
+        m.original_size
+    ):
+        raise ManifestError(
+            f"{source}: husk_raw_size + pixel bytes != original_size "
+            f"({m.husk_raw_size} + {sum(p.nbytes for p in m.pages)} != {m.original_size})"
+        )
+    if m.mode == "series":
+        if not m.members:
+            raise ManifestError(f"{source}: series manifest lists no members")
+        seen: set[str] = set()
+        for i, mem in enumerate(m.members):
+            parts = mem.relpath.split("/")
+            if mem.relpath.startswith("/") or any(p in ("", ".", "..") for p in parts):
+                raise ManifestError(f"{source}: members[{i}] relpath {mem.relpath!r} is unsafe")
+            if mem.relpath in seen:
+                raise ManifestError(f"{source}: members[{i}] relpath {mem.relpath!r} repeats")
+            seen.add(mem.relpath)
+            if m.series_consolidated and not mem.husk_array:
+                raise ManifestError(f"{source}: members[{i}] has no husk_array")
+            if not m.series_consolidated and not mem.subarchive:
+                raise ManifestError(f"{source}: members[{i}] has no subarchive")

@@ -1,0 +1,286 @@
+"""Packing files into decant archives behind the reconstruct-and-verify gate; atomic publish."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import vfs
+from vfs.decant.layout import deserialize_page, page_coordinate
+from vfs.decant.manifest import Manifest, PageRecord
+from vfs.decant.regions import HUSK, RegionIndex
+from vfs.decant.store import MANIFEST_KEY
+from vfs.decant.tiffscan import NotByteExact, TiffLayout, scan_tiff
+from vfs.decant.verify import require_verified
+from vfs.decant.writer import (
+    HUSK_CHUNK,
+    VERBATIM_CHUNK,
+    ArchiveWriter,
+    CodecChoice,
+    Progress,
+    fsync_dir,
+    fsync_tree,
+)
+from vfs.errors import DecantError, PackError
+
+log = logging.getLogger(__name__)
+DEFAULT_CODEC = CodecChoice()
+_AXIS_TYPE = {"t": "time", "c": "channel", "z": "space"}
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    mode: str = "auto"  # auto | byte-exact | verbatim
+    codec: CodecChoice = DEFAULT_CODEC
+    pyramid: int = 0
+    overwrite: bool = False
+
+
+@dataclass(frozen=True)
+class PackResult:
+    source: Path
+    archive: Path
+    mode: str
+    original_size: int
+    archive_size: int
+    reason: str = ""  # why mode V was chosen, when it was
+
+
+def file_sha256(path: Path, progress: Progress | None = None) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(4 * 1024 * 1024):
+            digest.update(block)
+            if progress:
+                progress(len(block))
+    return digest.hexdigest()
+
+
+def default_archive_name(source: Path) -> str:
+    return f"{source.name}.zarr.zip"
+
+
+def pack_file(
+    source: Path, out: Path, options: PackOptions = PackOptions(), progress: Progress | None = None
+) -> PackResult:
+    """Pack one file. Publishes `out` only after it reconstructs byte-exact from disk."""
+    if not source.is_file():
+        raise PackError(f"{source}: not a regular file")
+    if out.exists() and not options.overwrite:
+        raise PackError(f"{out}: already exists (pass overwrite to replace it)")
+    st = source.stat()
+    sha = file_sha256(source)
+    layout, reason = None, ""
+    if options.mode != "verbatim":
+        try:
+            layout = scan_tiff(source, st.st_size)
+        except NotByteExact as exc:
+            reason = str(exc)
+            if options.mode == "byte-exact":
+                raise PackError(f"{source}: cannot pack byte-exact: {reason}") from None
+    if layout is not None:
+        try:
+            _publish(
+                out,
+                st,
+                lambda tmp: _write_byte_exact(source, tmp, layout, sha, options, progress),
+                {source.name: sha},
+            )
+            return _result(source, out, "byte-exact", st.st_size)
+        except DecantError as exc:
+            if options.mode == "byte-exact":
+                raise
+            reason = f"byte-exact reconstruction failed verification ({exc})"
+            log.warning("%s: %s; packing verbatim", source, reason)
+    _publish(
+        out,
+        st,
+        lambda tmp: _write_verbatim(source, tmp, sha, options, progress),
+        {source.name: sha},
+    )
+    return _result(source, out, "verbatim", st.st_size, reason)
+
+
+def _result(source: Path, out: Path, mode: str, size: int, reason: str = "") -> PackResult:
+    return PackResult(source, out, mode, size, _tree_size(out), reason)
+
+
+def _tree_size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _publish(out: Path, st: os.stat_result, write: Any, expected: dict[str, str]) -> None:
+    """temp name → write → fsync → verify from disk → mtime → rename → fsync folder."""
+    tmp = out.parent / f".{out.name}.decant-tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        write(tmp)
+        fsync_tree(tmp)
+        require_verified(tmp, expected)
+        os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+        if out.is_dir() and not out.is_symlink():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+        fsync_dir(out.parent)
+    finally:
+        remove_tree(tmp)
+
+
+def remove_tree(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def ngff_attrs(
+    name: str, axes: tuple[str, ...], page_shape: tuple[int, ...], levels: int
+) -> dict[str, Any]:
+    """OME-NGFF 0.4 multiscales for `0` (and pyramid levels), plus the decant marker."""
+    ax: list[dict[str, str]] = [{"name": a, "type": _AXIS_TYPE.get(a, "custom")} for a in axes]
+    ax += [{"name": "y", "type": "space"}, {"name": "x", "type": "space"}]
+    if len(page_shape) == 3:
+        # Samples stay last (spec §3); NGFF 0.4 wants channels before space — see the README.
+        ax.append({"name": "s", "type": "channel"})
+    datasets = []
+    for level in range(levels + 1):
+        scale = [1.0] * len(axes) + [2.0**level, 2.0**level] + [1.0] * (len(page_shape) - 2)
+        datasets.append(
+            {"path": str(level), "coordinateTransformations": [{"type": "scale", "scale": scale}]}
+        )
+    return {
+        "multiscales": [{"version": "0.4", "name": name, "axes": ax, "datasets": datasets}],
+        "decant": {"pixels": "0", "manifest": MANIFEST_KEY, "format": 1},
+    }
+
+
+def _write_byte_exact(
+    source: Path,
+    tmp: Path,
+    layout: TiffLayout,
+    sha: str,
+    options: PackOptions,
+    progress: Progress | None,
+) -> None:
+    size = source.stat().st_size
+    husk_size = size - layout.pixel_bytes
+    attrs = ngff_attrs(source.name, layout.canonical_axes, layout.page_shape, options.pyramid)
+    attrs["decant"]["husk"] = "husk"
+    writer = ArchiveWriter(tmp, attrs)
+    try:
+        with open(source, "rb") as fh:
+            leading = layout.canonical_leading
+            coords = [page_coordinate(p.index, leading, layout.plane_order) for p in layout.pages]
+            arrays = create_pixel_arrays(writer, leading, layout, options)
+            write_planes(arrays, fh.fileno(), layout, layout.pages, coords, progress)
+            regions = RegionIndex.build(layout.pages, size, husk_size, str(source))
+            writer.byte_array("husk", husk_blocks(fh.fileno(), regions), husk_size, HUSK_CHUNK)
+        writer.finish(
+            Manifest(
+                format=1,
+                mode="byte-exact",
+                original_name=source.name,
+                original_size=size,
+                original_sha256=sha,
+                byteorder=layout.byteorder,
+                decant_version=vfs.__version__,
+                pixel_codec=options.codec.describe(),
+                pages=layout.pages,
+                plane_order=layout.plane_order,
+                husk_raw_size=husk_size,
+            )
+        )
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def create_pixel_arrays(
+    writer: ArchiveWriter, leading: tuple[int, ...], layout: TiffLayout, options: PackOptions
+) -> list[Any]:
+    """`0` and its optional XY pyramid levels (nearest-neighbour: for viewing only, never read)."""
+    ndim = len(layout.page_shape)
+    arrays = []
+    for level in range(options.pyramid + 1):
+        shape = list(layout.page_shape)
+        shape[0], shape[1] = -(-shape[0] // 2**level), -(-shape[1] // 2**level)
+        arrays.append(
+            writer.pixel_array(str(level), (*leading, *shape), ndim, layout.dtype, options.codec)
+        )
+    return arrays
+
+
+def write_planes(
+    arrays: list[Any],
+    fd: int,
+    layout: TiffLayout,
+    pages: tuple[PageRecord, ...],
+    coords: list[tuple[int, ...]],
+    progress: Progress | None,
+) -> None:
+    """Write each page's pixels, read straight from the file's segments, at its coordinate."""
+    for page, coord in zip(pages, coords, strict=True):
+        buf = b"".join(
+            _pread(fd, c, o) for o, c in zip(page.dataoffsets, page.databytecounts, strict=True)
+        )
+        plane = deserialize_page(buf, page, layout.dtype)
+        for level, arr in enumerate(arrays):
+            arr[coord] = plane[:: 2**level, :: 2**level] if level else plane
+        if progress:
+            progress(len(buf))
+
+
+def _pread(fd: int, count: int, offset: int) -> bytes:
+    data = os.pread(fd, count, offset)
+    if len(data) != count:
+        raise PackError(f"short read at offset {offset}: the file changed while packing")
+    return data
+
+
+def husk_blocks(fd: int, regions: RegionIndex) -> Iterator[bytes]:
+    for r in regions.regions:
+        if r.page == HUSK:
+            for off in range(r.start, r.start + r.length, HUSK_CHUNK):
+                yield _pread(fd, min(HUSK_CHUNK, r.start + r.length - off), off)
+
+
+def _write_verbatim(
+    source: Path, tmp: Path, sha: str, options: PackOptions, progress: Progress | None
+) -> None:
+    del options
+    size = source.stat().st_size
+    writer = ArchiveWriter(
+        tmp, {"decant": {"original": "original", "manifest": MANIFEST_KEY, "format": 1}}
+    )
+
+    def blocks() -> Iterator[bytes]:
+        with open(source, "rb") as fh:
+            while block := fh.read(VERBATIM_CHUNK):
+                if progress:
+                    progress(len(block))
+                yield block
+
+    try:
+        writer.byte_array("original", blocks(), size, VERBATIM_CHUNK)
+        writer.finish(
+            Manifest(
+                format=1,
+                mode="verbatim",
+                original_name=source.name,
+                original_size=size,
+                original_sha256=sha,
+                decant_version=vfs.__version__,
+                pixel_codec="blosc:zstd:noshuffle:clevel=5",
+            )
+        )
+    except BaseException:
+        writer.abort()
+        raise

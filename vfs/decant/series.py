@@ -1,0 +1,157 @@
+"""A folder of TIFFs as one series: consolidated (shared `0`) when pages allow, else nested."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import vfs
+from vfs.decant.manifest import Manifest, MemberRecord
+from vfs.decant.packer import (
+    PackOptions,
+    PackResult,
+    _publish,
+    create_pixel_arrays,
+    file_sha256,
+    husk_blocks,
+    ngff_attrs,
+    pack_file,
+    write_planes,
+)
+from vfs.decant.regions import RegionIndex
+from vfs.decant.store import MANIFEST_KEY
+from vfs.decant.tiffscan import NotByteExact, TiffLayout, scan_tiff
+from vfs.decant.writer import HUSK_CHUNK, ArchiveWriter, Progress
+from vfs.errors import PackError
+
+
+def series_members(folder: Path) -> list[Path]:
+    """Every regular file below `folder`, hidden ones excepted, in a stable order."""
+    files = [
+        p
+        for p in folder.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    ]
+    if not files:
+        raise PackError(f"{folder}: no files to pack as a series")
+    return sorted(files, key=lambda p: p.relative_to(folder).as_posix())
+
+
+def pack_series(
+    folder: Path, out: Path | None, options: PackOptions, progress: Progress | None = None
+) -> PackResult:
+    members = series_members(folder)
+    layouts: list[TiffLayout] = []
+    if options.mode != "verbatim":
+        try:
+            layouts = [scan_tiff(p, p.stat().st_size) for p in members]
+        except NotByteExact:
+            layouts = []
+    consolidated = bool(layouts) and all(
+        lay.dtype == layouts[0].dtype and lay.page_shape == layouts[0].page_shape for lay in layouts
+    )
+    suffix = ".zarr.zip" if consolidated else ".zarr"
+    if out is None:
+        out = folder.parent / f"{folder.name}{suffix}"
+    elif consolidated != out.name.endswith(".zip"):
+        raise PackError(
+            f"{out}: this series packs {'consolidated (.zarr.zip)' if consolidated else 'nested'}"
+            f" — name the output NAME{suffix}"
+        )
+    if out.exists() and not options.overwrite:
+        raise PackError(f"{out}: already exists (pass overwrite to replace it)")
+    shas = {p.relative_to(folder).as_posix(): file_sha256(p) for p in members}
+    st = folder.stat()
+    if consolidated:
+        _publish(
+            out,
+            st,
+            lambda tmp: _write_consolidated(folder, members, layouts, shas, tmp, options, progress),
+            shas,
+        )
+        mode = "series"
+    else:
+        _publish(out, st, lambda tmp: _write_nested(folder, members, shas, tmp, options), shas)
+        mode = "series-nested"
+    size = sum(p.stat().st_size for p in members)
+    from vfs.decant.packer import _tree_size
+
+    return PackResult(folder, out, mode, size, _tree_size(out))
+
+
+def _write_consolidated(
+    folder: Path,
+    members: list[Path],
+    layouts: list[TiffLayout],
+    shas: dict[str, str],
+    tmp: Path,
+    options: PackOptions,
+    progress: Progress | None,
+) -> None:
+    first = layouts[0]
+    total = sum(len(lay.pages) for lay in layouts)
+    attrs = ngff_attrs(folder.name, ("z",), first.page_shape, options.pyramid)
+    writer = ArchiveWriter(tmp, attrs)
+    records = []
+    try:
+        arrays = create_pixel_arrays(writer, (total,), first, options)
+        base = 0
+        for i, (path, lay) in enumerate(zip(members, layouts, strict=True)):
+            pages = tuple(replace(p, index=p.index + base) for p in lay.pages)
+            size = path.stat().st_size
+            husk = size - lay.pixel_bytes
+            with open(path, "rb") as fh:
+                write_planes(arrays, fh.fileno(), lay, pages, [(p.index,) for p in pages], progress)
+                regions = RegionIndex.build(lay.pages, size, husk, str(path))
+                writer.byte_array(f"husk_{i}", husk_blocks(fh.fileno(), regions), husk, HUSK_CHUNK)
+            relpath = path.relative_to(folder).as_posix()
+            records.append(
+                MemberRecord(relpath, size, shas[relpath], lay.byteorder, f"husk_{i}", husk, pages)
+            )
+            base += len(pages)
+        writer.finish(_series_manifest(folder, records, True, options, first.byteorder))
+    except BaseException:
+        writer.abort()
+        raise
+
+
+def _write_nested(
+    folder: Path, members: list[Path], shas: dict[str, str], tmp: Path, options: PackOptions
+) -> None:
+    tmp.mkdir()
+    records = []
+    for i, path in enumerate(members):
+        result = pack_file(path, tmp / f"m{i}.zarr.zip", replace(options, overwrite=False))
+        relpath = path.relative_to(folder).as_posix()
+        records.append(
+            MemberRecord(
+                relpath, result.original_size, shas[relpath], "<", subarchive=result.archive.name
+            )
+        )
+    (tmp / ".decant").mkdir()
+    manifest = _series_manifest(folder, records, False, options, "<")
+    (tmp / MANIFEST_KEY).write_bytes(manifest.dumps())
+    os.utime(tmp / MANIFEST_KEY)
+
+
+def _series_manifest(
+    folder: Path,
+    records: list[MemberRecord],
+    consolidated: bool,
+    options: PackOptions,
+    byteorder: str,
+) -> Manifest:
+    return Manifest(
+        format=1,
+        mode="series",
+        original_name=folder.name,
+        original_size=0,
+        original_sha256="",
+        byteorder=byteorder,
+        decant_version=vfs.__version__,
+        pixel_codec=options.codec.describe() if consolidated else "",
+        plane_order=("z",) if consolidated else (),
+        members=tuple(records),
+        series_consolidated=consolidated,
+    )

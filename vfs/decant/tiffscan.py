@@ -1,0 +1,144 @@
+"""What a TIFF's layout allows: mode D page records and plane order, or the reason for mode V."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import tifffile
+
+from vfs.decant.layout import axis_rank, real_segments
+from vfs.decant.manifest import PageRecord
+
+_AXES = {"T": "t", "C": "c", "Z": "z"}
+
+
+@dataclass(frozen=True)
+class TiffLayout:
+    """A TIFF that mode D can hold: its pages, in storage order, and how they stack."""
+
+    byteorder: str
+    dtype: np.dtype[Any]  # in file byte order
+    page_shape: tuple[int, ...]  # (Y, X) or (Y, X, S)
+    pages: tuple[PageRecord, ...]
+    plane_order: tuple[str, ...]  # storage order of the leading axes
+    storage_leading: tuple[int, ...]
+
+    @property
+    def canonical_leading(self) -> tuple[int, ...]:
+        order = sorted(range(len(self.plane_order)), key=lambda i: axis_rank(self.plane_order[i]))
+        return tuple(self.storage_leading[i] for i in order)
+
+    @property
+    def canonical_axes(self) -> tuple[str, ...]:
+        return tuple(sorted(self.plane_order, key=axis_rank))
+
+    @property
+    def pixel_bytes(self) -> int:
+        return sum(p.nbytes for p in self.pages)
+
+
+class NotByteExact(Exception):
+    """Why a file cannot be held in mode D."""
+
+
+def scan_tiff(path: Path, size: int) -> TiffLayout:
+    """Describe `path` for mode D, or raise NotByteExact saying why it needs mode V."""
+    try:
+        with tifffile.TiffFile(path) as tif:
+            pages = list(tif.pages)
+            if not pages:
+                raise NotByteExact("the TIFF has no pages")
+            records = [_page_record(i, p) for i, p in enumerate(pages)]  # type: ignore[arg-type]
+            byteorder = tif.byteorder
+            leading_axes, leading_shape = _leading(tif, len(pages))
+    except NotByteExact:
+        raise
+    except Exception as exc:  # tifffile raises many types on malformed input
+        raise NotByteExact(
+            f"not a TIFF tifffile can read ({exc.__class__.__name__}: {exc})"
+        ) from None
+    first = pages[0]
+    dtype = np.dtype(first.dtype.name)  # type: ignore[union-attr]
+    dtype = dtype.newbyteorder(byteorder) if dtype.itemsize > 1 else dtype
+    shape = records[0].shape
+    for r in records:
+        if r.shape != shape or r.dtype != records[0].dtype:
+            raise NotByteExact("pages differ in shape or dtype")
+    _check_disjoint(records, size)
+    return TiffLayout(byteorder, dtype, shape, tuple(records), leading_axes, leading_shape)
+
+
+def _page_record(index: int, page: tifffile.TiffPage) -> PageRecord:
+    if page.compression != 1:
+        raise NotByteExact(f"page {index} is compressed ({page.compression.name})")
+    if int(page.predictor) != 1:
+        raise NotByteExact(f"page {index} uses predictor {int(page.predictor)}")
+    if page.imagedepth != 1 or page.tiledepth not in (0, 1):
+        raise NotByteExact(f"page {index} is a volumetric (SGI) image")
+    if page.dtype is None or page.dtype.kind not in "uif" or page.fillorder != 1:
+        raise NotByteExact(f"page {index} has a sample format mode D does not serialize")
+    if page.bitspersample != page.dtype.itemsize * 8:
+        raise NotByteExact(f"page {index} has {page.bitspersample}-bit samples")
+    y, x, s = page.imagelength, page.imagewidth, page.samplesperpixel
+    shape = (y, x) if s == 1 else (y, x, s)
+    tile = (page.tilelength, page.tilewidth) if page.is_tiled else None
+    segments = real_segments(
+        shape,
+        page.dtype.itemsize,
+        page.planarconfig,
+        page.rowsperstrip,
+        tile,
+        page.dataoffsets,
+        page.databytecounts,
+    )
+    if segments is None:
+        raise NotByteExact(f"page {index} has strips or tiles shorter than its pixels")
+    return PageRecord(
+        index=index,
+        shape=shape,
+        dtype=page.dtype.name,
+        dataoffsets=tuple(o for o, _ in segments),
+        databytecounts=tuple(c for _, c in segments),
+        samplesperpixel=s,
+        planarconfig=int(page.planarconfig),
+        predictor=1,
+        rowsperstrip=0 if tile else min(page.rowsperstrip or y, y),
+        tilewidth=tile[1] if tile else 0,
+        tilelength=tile[0] if tile else 0,
+    )
+
+
+def _leading(tif: tifffile.TiffFile, n_pages: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Storage-order leading axes from the file's one series (ImageJ, OME), else a flat z stack."""
+    flat = (("z",), (n_pages,))
+    if len(tif.series) != 1 or len(tif.series[0].pages) != n_pages:
+        return flat
+    series = tif.series[0]
+    axes, shape = [], []
+    for letter, n in zip(series.axes, series.shape, strict=True):
+        if letter in "YXS":
+            continue
+        if letter not in _AXES:
+            return flat
+        axes.append(_AXES[letter])
+        shape.append(n)
+    if not axes or len(set(axes)) != len(axes) or math.prod(shape) != n_pages:
+        return flat
+    return tuple(axes), tuple(shape)
+
+
+def _check_disjoint(records: list[PageRecord], size: int) -> None:
+    segments = sorted(
+        (o, c) for r in records for o, c in zip(r.dataoffsets, r.databytecounts, strict=True) if c
+    )
+    end = 0
+    for off, cnt in segments:
+        if off < end:
+            raise NotByteExact("pixel segments overlap (shared or sparse strips)")
+        end = off + cnt
+    if end > size:
+        raise NotByteExact("pixel segments run past the end of the file")
