@@ -1,3 +1,4 @@
 """Decant archives (spec v1): pure, synchronous format logic — no FUSE, no trio."""
 
 SUPPORTED_FORMATS = frozenset({1})
+TEMP_PREFIX = ".decant-tmp-"  # archives being written carry it until renamed into place

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import vfs
+from vfs.decant import TEMP_PREFIX
 from vfs.decant.layout import deserialize_page, page_coordinate
 from vfs.decant.manifest import Manifest, PageRecord
 from vfs.decant.regions import HUSK, RegionIndex
@@ -120,7 +121,9 @@ def _tree_size(path: Path) -> int:
 
 def _publish(out: Path, st: os.stat_result, write: Any, expected: dict[str, str]) -> None:
     """temp name → write → fsync → verify from disk → mtime → rename → fsync folder."""
-    tmp = out.parent / f".{out.name}.decant-tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    # The temp name keeps the archive's suffix (it decides zip or folder) behind a hidden prefix
+    # that the mount and the spool recovery recognise.
+    tmp = out.parent / f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{out.name}"
     try:
         write(tmp)
         fsync_tree(tmp)

@@ -138,8 +138,8 @@ class OriginalReader:
             parts.append(self._region_bytes(region, inner, n))
         return b"".join(parts)
 
-    def readahead(self, offset: int) -> None:
-        """Decode the page after the one holding `offset`, unless it is already cached."""
+    def readahead(self, offset: int, depth: int = 2) -> None:
+        """Warm the cache for what follows `offset` (pages; a verbatim file has none to decode)."""
 
     def close(self) -> None:
         pass
@@ -182,6 +182,13 @@ class VerbatimReader(OriginalReader):
         self.sha256 = archive.manifest.original_sha256
         self._use_husk("original", size)
         self.regions = RegionIndex([Region(0, size, HUSK, 0)] if size else [], size, size)
+
+    def readahead(self, offset: int, depth: int = 2) -> None:
+        chunk = self._husk_spec.chunks[0]
+        for k in range(1, depth + 1):
+            pos = (offset // chunk + k) * chunk
+            if pos < self.size:
+                self._husk(pos, 1)
 
 
 class PixelReader(OriginalReader):
@@ -248,7 +255,11 @@ class PixelReader(OriginalReader):
         out = serialize_page(plane, page)
         return out if isinstance(out, memoryview) else memoryview(out)
 
-    def readahead(self, offset: int) -> None:
-        page = self.regions.next_page_after(offset)
-        if page is not None:
+    def readahead(self, offset: int, depth: int = 2) -> None:
+        """Decode up to `depth` pages that follow the one holding `offset`, in file order."""
+        for _ in range(depth):
+            page = self.regions.next_page_after(offset)
+            if page is None:
+                return
             self._page(page)
+            offset = self.regions.page_start[page]

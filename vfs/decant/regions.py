@@ -34,6 +34,10 @@ class RegionIndex:
         self._starts = [r.start for r in regions]
         # _next_page[i]: the first page after region i other than its own (the read-ahead target).
         self._next_page: list[int | None] = [None] * len(regions)
+        self.page_start: dict[int, int] = {}
+        for r in reversed(regions):
+            if r.page != HUSK:
+                self.page_start[r.page] = r.start
         nearest: int | None = None  # page of the nearest pixel region after i
         other: int | None = None  # the nearest page after i that differs from `nearest`
         for i in range(len(regions) - 1, -1, -1):

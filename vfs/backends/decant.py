@@ -1,0 +1,69 @@
+"""Decant archives as the originals they hold: one file (modes D/V) or a folder (series)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vfs.backends.base import Description, Entry
+from vfs.cache import PageCache
+from vfs.decant.reader import DecantArchive, OriginalReader
+from vfs.decant.store import MANIFEST_KEY, archive_stem
+
+
+class DecantBackend:
+    name = "decant"
+
+    def __init__(self, cache: PageCache) -> None:
+        self.cache = cache
+
+    def claims(self, path: Path, is_dir: bool) -> bool:
+        if is_dir:
+            return path.name.endswith(".zarr") and (path / MANIFEST_KEY).is_file()
+        return path.name.endswith(".zarr.zip")
+
+    def describe(self, path: Path) -> Description:
+        with DecantArchive.open(path) as archive:
+            m = archive.manifest
+            originals = archive.originals()
+        if m.mode != "series":
+            (info,) = originals
+            return Description(info.relpath, _file_entry(info.size, info.sha256, m.mode))
+        root = Entry(is_dir=True)
+        for info in originals:
+            *folders, leaf = info.relpath.split("/")
+            node = root
+            for folder in folders:
+                node = node.children.setdefault(folder, Entry(is_dir=True))
+            node.children[leaf] = _file_entry(info.size, info.sha256, info.mode)
+        return Description(archive_stem(path.name), root)
+
+    def open(self, path: Path, member: str, entry: Entry) -> DecantFile:
+        archive = DecantArchive.open(path)
+        try:
+            return DecantFile(archive, archive.open_original(member, self.cache))
+        except BaseException:
+            archive.close()
+            raise
+
+
+def _file_entry(size: int, sha256: str, mode: str) -> Entry:
+    xattrs = {"user.decant.sha256": sha256, "user.decant.mode": mode}
+    return Entry(size=size, sha256=sha256, xattrs=xattrs)
+
+
+class DecantFile:
+    """An opened original; owns its archive handle so closing the file releases the descriptor."""
+
+    def __init__(self, archive: DecantArchive, reader: OriginalReader) -> None:
+        self.archive = archive
+        self.reader = reader
+        self.size = reader.size
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self.reader.read(offset, size)
+
+    def readahead(self, offset: int) -> None:
+        self.reader.readahead(offset)
+
+    def close(self) -> None:
+        self.archive.close()

@@ -1,0 +1,215 @@
+"""`decant-mount SRC MNT`: argument parsing, logging, daemonizing, signals, and trio.run."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import logging.handlers
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+log = logging.getLogger("decant-mount")
+
+# -o options that mount(8) / mount.fuse3 pass but libfuse does not take.
+_MOUNT_ONLY_OPTIONS = {
+    "rw",
+    "dev",
+    "nodev",
+    "suid",
+    "nosuid",
+    "exec",
+    "noexec",
+    "auto",
+    "noauto",
+    "user",
+    "users",
+    "nouser",
+    "_netdev",
+    "nofail",
+    "defaults",
+    "nonempty",
+}
+SPOOL_NAME = ".decant-spool"
+
+
+def parse_size(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    try:
+        if t and t[-1] in units:
+            return int(float(t[:-1]) * units[t[-1]])
+        return int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512M or 2G)") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="decant-mount",
+        description="Mount a folder of archives: decant archives appear as their original files.",
+    )
+    p.add_argument("source", nargs="?", type=Path, metavar="SRC", help="folder of archives")
+    p.add_argument("mountpoint", nargs="?", type=Path, metavar="MNT", help="where to mount it")
+    p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
+    p.add_argument(
+        "-o",
+        dest="options",
+        action="append",
+        default=[],
+        metavar="OPT[,OPT…]",
+        help="FUSE mount options (allow_other, ro, default_permissions, …)",
+    )
+    p.add_argument(
+        "--cache-size",
+        type=parse_size,
+        default=parse_size("512M"),
+        metavar="SIZE",
+        help="decoded page cache (default 512M)",
+    )
+    p.add_argument(
+        "--index-dir",
+        type=Path,
+        metavar="DIR",
+        help="persistent index folder (default ~/.cache/decant-mount)",
+    )
+    p.add_argument("--no-index", action="store_true", help="keep no persistent index")
+    p.add_argument(
+        "--decode-threads",
+        type=int,
+        default=4,
+        metavar="N",
+        help="worker threads decoding reads at once (default 4)",
+    )
+    p.add_argument("--log-file", type=Path, metavar="F", help="log here (default: stderr/syslog)")
+    p.add_argument("--log-level", default="INFO", metavar="L", help="DEBUG, INFO, WARNING, ERROR")
+    p.add_argument("-u", "--unmount", type=Path, metavar="MNT", help="unmount MNT and exit")
+    _add_backend_options(p)
+    return p
+
+
+def _add_backend_options(p: argparse.ArgumentParser) -> None:
+    try:
+        from vfs.backends.c4gh import add_mount_options
+    except ImportError:
+        return
+    add_mount_options(p)
+
+
+def fuse_options(raw: list[str], source: Path) -> set[str]:
+    opts = {"fsname=decant:" + str(source).replace(",", "_"), "subtype=decant-mount"}
+    for group in raw:
+        for opt in filter(None, (o.strip() for o in group.split(","))):
+            if opt not in _MOUNT_ONLY_OPTIONS:
+                opts.add(opt)
+    return opts
+
+
+def check_mountpoint(mnt: Path) -> str | None:
+    """A clear reason the mountpoint cannot be used, or None."""
+    try:
+        st = os.stat(mnt)
+    except OSError as exc:
+        if exc.errno == errno.ENOTCONN:
+            return (
+                f"{mnt}: stale FUSE mount (its daemon is gone); clear it with "
+                f"`decant-mount -u {mnt}` (fusermount3 -u) and mount again"
+            )
+        return f"{mnt}: {exc.strerror}"
+    if not os.path.isdir(mnt) or not (st.st_mode & 0o040000):
+        return f"{mnt}: not a directory"
+    if os.path.ismount(mnt):
+        return (
+            f"{mnt}: already a mount point (another decant-mount?); unmount it first "
+            f"with `decant-mount -u {mnt}`"
+        )
+    return None
+
+
+def unmount(mnt: Path) -> int:
+    for cmd in (["fusermount3", "-u", str(mnt)], ["umount", str(mnt)]):
+        try:
+            result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        except FileNotFoundError:
+            continue
+        if result.returncode == 0:
+            return 0
+        err = result.stderr.strip()
+    print(f"decant-mount: cannot unmount {mnt}: {err}", file=sys.stderr)
+    return 1
+
+
+def setup_logging(args: argparse.Namespace, detached: bool) -> None:
+    level = getattr(logging, str(args.log_level).upper(), None)
+    if not isinstance(level, int):
+        raise SystemExit(f"decant-mount: unknown --log-level {args.log_level!r}")
+    handler: logging.Handler
+    if args.log_file:
+        handler = logging.FileHandler(args.log_file)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    elif detached and os.path.exists("/dev/log"):
+        handler = logging.handlers.SysLogHandler("/dev/log")
+        handler.setFormatter(logging.Formatter("decant-mount[%(process)d]: %(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("decant-mount: %(levelname)s %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.unmount:
+        return unmount(args.unmount)
+    if args.source is None or args.mountpoint is None:
+        build_parser().error("SRC and MNT are required")
+    src, mnt = args.source.resolve(), args.mountpoint.absolute()
+    if not src.is_dir():
+        print(f"decant-mount: {src}: not a folder", file=sys.stderr)
+        return 1
+    problem = check_mountpoint(mnt)
+    if problem:
+        print(f"decant-mount: {problem}", file=sys.stderr)
+        return 1
+    ready_fd = None if args.foreground else _daemonize()
+    setup_logging(args, detached=ready_fd is not None)
+    try:
+        from vfs.daemon import serve
+
+        return serve(args, src, mnt, lambda: _ready(ready_fd))
+    except Exception as exc:
+        log.error("%s", exc)
+        print(f"decant-mount: {exc}", file=sys.stderr)  # still the caller's terminal until ready
+        return 1
+
+
+def _daemonize() -> int:
+    """Fork; the parent exits only once the child says the mount is ready (or failed)."""
+    read_end, write_end = os.pipe()
+    if os.fork() > 0:
+        os.close(write_end)
+        status = os.read(read_end, 1)
+        os._exit(0 if status == b"1" else 1)
+    os.close(read_end)
+    os.setsid()
+    return write_end
+
+
+def _ready(fd: int | None) -> None:
+    notify = os.environ.get("NOTIFY_SOCKET")
+    if notify:  # systemd Type=notify
+        addr = "\0" + notify[1:] if notify.startswith("@") else notify
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+            sock.sendto(b"READY=1", addr)
+    if fd is not None:
+        os.write(fd, b"1")
+        os.close(fd)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for std in (0, 1, 2):
+            os.dup2(devnull, std)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

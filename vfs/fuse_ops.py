@@ -1,0 +1,337 @@
+"""The pyfuse3 adapter: inode table, handlers, and the one errno boundary. No format logic here."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import stat
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyfuse3
+import trio
+
+from vfs.backends.base import RandomAccess
+from vfs.backends.plain import PlainFile
+from vfs.errors import DecantError
+from vfs.integrity import SequentialHasher
+from vfs.tree import Node, SourceTree
+
+log = logging.getLogger(__name__)
+
+ARCHIVE_TIMEOUT = 300.0  # archive contents never change in place: let the kernel keep them
+MIRROR_TIMEOUT = 2.0  # SRC itself can change; the watcher invalidates sooner when it can
+RESCAN_INTERVAL = 1.0  # a folder's mtime is re-checked at most this often
+
+
+@contextmanager
+def errno_boundary(what: str) -> Iterator[None]:
+    """Every handler runs inside this: pyfuse3 stops the daemon on any non-FUSEError exception."""
+    try:
+        yield
+    except pyfuse3.FUSEError:
+        raise
+    except DecantError as exc:
+        log.error("%s: %s", what, exc)
+        raise pyfuse3.FUSEError(exc.errno) from None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT,):
+            log.warning("%s: %s", what, exc)
+        raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+    except Exception:
+        log.exception("%s: unexpected error", what)
+        raise pyfuse3.FUSEError(errno.EIO) from None
+
+
+@dataclass
+class OpenFile:
+    node: Node
+    inode: int
+    reader: RandomAccess
+    hasher: SequentialHasher | None = None
+    hash_lock: trio.Lock = field(default_factory=trio.Lock)
+    last_end: int = -1
+    readahead_done: trio.Event | None = None
+
+
+@dataclass
+class DirState:
+    children: dict[str, int]
+    mtime_ns: int
+    checked: float
+
+
+class DecantOperations(pyfuse3.Operations):
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, tree: SourceTree, decode_threads: int = 4) -> None:
+        super().__init__()
+        self.tree = tree
+        self.nursery: trio.Nursery | None = None
+        self._nodes: dict[int, Node] = {pyfuse3.ROOT_INODE: tree.root_node()}
+        self._inode_of: dict[tuple[str, str, str], int] = {
+            self._nodes[pyfuse3.ROOT_INODE].key: pyfuse3.ROOT_INODE
+        }
+        self._dirs: dict[int, DirState] = {}
+        self._next_inode = pyfuse3.ROOT_INODE + 1
+        self._handles: dict[int, OpenFile] = {}
+        self._next_fh = 1
+        self._decode = trio.CapacityLimiter(decode_threads)
+        self._readahead = trio.CapacityLimiter(1)
+        self._scan_lock = trio.Lock()
+        self._bad: set[tuple[str, str, str]] = set()
+
+    # -- inode table -----------------------------------------------------------------------
+
+    def _inode(self, node: Node) -> int:
+        ino = self._inode_of.get(node.key)
+        if ino is None:
+            ino = self._inode_of[node.key] = self._next_inode
+            self._next_inode += 1
+        self._nodes[ino] = node
+        return ino
+
+    def _node(self, inode: int) -> Node:
+        node = self._nodes.get(inode)
+        if node is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return node
+
+    async def _children(self, inode: int) -> dict[str, int]:
+        node = self._node(inode)
+        if not node.is_dir:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        state = self._dirs.get(inode)
+        if node.backend is not None:
+            if state is None:
+                kids = await trio.to_thread.run_sync(self.tree.children_of_archive_node, node)
+                state = self._dirs[inode] = DirState(self._adopt(kids), 0, 0.0)
+            return state.children
+        if state is not None and time.monotonic() - state.checked < RESCAN_INTERVAL:
+            return state.children
+        return await self.rescan(inode)
+
+    def _adopt(self, kids: dict[str, Node]) -> dict[str, int]:
+        return {name: self._inode(child) for name, child in kids.items()}
+
+    async def rescan(self, inode: int, force: bool = False) -> dict[str, int]:
+        """Re-read a mirrored folder if its mtime moved; invalidate what the kernel cached."""
+        node = self._node(inode)
+        async with self._scan_lock:
+            state = self._dirs.get(inode)
+            mtime = (await trio.to_thread.run_sync(os.stat, node.real)).st_mtime_ns
+            if state is not None and state.mtime_ns == mtime and not force:
+                state.checked = time.monotonic()
+                return state.children
+            kids = await trio.to_thread.run_sync(self.tree.scan, node.real)
+            old = state.children if state else {}
+            new = self._adopt(kids)
+            self._dirs[inode] = DirState(new, mtime, time.monotonic())
+        if state is not None:
+            for name, ino in old.items():
+                if new.get(name) != ino:
+                    pyfuse3.invalidate_entry_async(inode, os.fsencode(name), ignore_enoent=True)
+        return new
+
+    def _attrs(self, inode: int, node: Node) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = inode
+        a.generation = 0
+        timeout = ARCHIVE_TIMEOUT if node.backend is not None else MIRROR_TIMEOUT
+        a.entry_timeout = a.attr_timeout = timeout
+        a.st_mode = (stat.S_IFDIR if node.is_dir else stat.S_IFREG) | node.mode
+        a.st_nlink = 2 if node.is_dir else 1
+        a.st_uid, a.st_gid = node.uid, node.gid
+        a.st_size = node.size
+        a.st_blksize = 128 * 1024
+        a.st_blocks = (node.size + 511) // 512
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = node.mtime_ns
+        return a
+
+    # -- namespace handlers ----------------------------------------------------------------
+
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        with errno_boundary(f"lookup {name!r}"):
+            ino = (await self._children(parent_inode)).get(os.fsdecode(name))
+            if ino is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            return self._attrs(ino, self._nodes[ino])
+
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        with errno_boundary(f"getattr {inode}"):
+            return self._attrs(inode, self._node(inode))
+
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        with errno_boundary(f"opendir {inode}"):
+            await self._children(inode)
+            return inode
+
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        with errno_boundary(f"readdir {fh}"):
+            items = sorted((await self._children(fh)).items())
+            for i, (name, ino) in enumerate(items[start_id:], start=start_id + 1):
+                if not pyfuse3.readdir_reply(
+                    token, os.fsencode(name), self._attrs(ino, self._nodes[ino]), i
+                ):
+                    break
+
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        with errno_boundary("statfs"):
+            st = await trio.to_thread.run_sync(os.statvfs, self.tree.root)
+            out = pyfuse3.StatvfsData()
+            for name in (
+                "f_bsize",
+                "f_frsize",
+                "f_blocks",
+                "f_bfree",
+                "f_bavail",
+                "f_files",
+                "f_ffree",
+                "f_favail",
+                "f_namemax",
+            ):
+                setattr(out, name, getattr(st, name))
+            return out
+
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        with errno_boundary(f"getxattr {inode}"):
+            value = self._node(inode).xattrs.get(os.fsdecode(name))
+            if value is None:
+                raise pyfuse3.FUSEError(pyfuse3.ENOATTR)
+            return value.encode()
+
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
+        with errno_boundary(f"listxattr {inode}"):
+            return [os.fsencode(k) for k in self._node(inode).xattrs]
+
+    async def forget(self, inode_list: Any) -> None:
+        return None  # inodes stay stable for the life of the mount; nodes are small
+
+    # -- file handlers ---------------------------------------------------------------------
+
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        with errno_boundary(f"open {inode}"):
+            node = self._node(inode)
+            if node.is_dir:
+                raise pyfuse3.FUSEError(errno.EISDIR)
+            if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+                raise pyfuse3.FUSEError(errno.EROFS)
+            if node.key in self._bad:
+                raise pyfuse3.FUSEError(errno.EIO)
+            reader = await trio.to_thread.run_sync(self._open_reader, node)
+            handle = OpenFile(node, inode, reader)
+            if node.sha256 and node.backend is not None:
+                verified = await trio.to_thread.run_sync(self._is_verified, node)
+                if not verified:
+                    handle.hasher = SequentialHasher(node.size, node.sha256)
+            fh = self._next_fh
+            self._next_fh += 1
+            self._handles[fh] = handle
+            return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+
+    def _open_reader(self, node: Node) -> RandomAccess:
+        if node.backend is None:
+            return PlainFile(node.real)
+        assert node.entry is not None
+        return node.backend.open(node.real, node.member, node.entry)
+
+    def _is_verified(self, node: Node) -> bool:
+        index = self.tree.index
+        if index is None or not node.sha256:
+            return False
+        st = os.stat(node.real)
+        return index.is_verified(node.real, node.member, st.st_size, st.st_mtime_ns, node.sha256)
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        handle = self._handles.get(fh)
+        if handle is None:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        with errno_boundary(f"read {handle.node.real} {handle.node.member}".rstrip()):
+            if handle.node.key in self._bad:
+                raise pyfuse3.FUSEError(errno.EIO)
+            data = await trio.to_thread.run_sync(
+                handle.reader.read, off, size, limiter=self._decode
+            )
+            if handle.hasher is not None and data:
+                await self._hash(handle, off, data)
+            sequential = off == handle.last_end
+            handle.last_end = off + len(data)
+            if sequential and handle.readahead_done is None and self.nursery is not None:
+                handle.readahead_done = trio.Event()
+                self.nursery.start_soon(self._read_ahead, handle, handle.last_end - 1)
+            return data
+
+    async def _hash(self, handle: OpenFile, off: int, data: bytes) -> None:
+        hasher = handle.hasher
+        assert hasher is not None
+        async with handle.hash_lock:
+            completed = await trio.to_thread.run_sync(hasher.feed, off, data)
+        if not completed:
+            return
+        node = handle.node
+        if hasher.ok:
+            log.info("%s: verified sha256 on a full read", node.real)
+            if self.tree.index is not None:
+                await trio.to_thread.run_sync(self._mark_verified, node)
+            return
+        self._bad.add(node.key)
+        log.error(
+            "%s%s: reconstructed bytes hash to %s, not the recorded %s — refusing to serve it",
+            node.real,
+            f" ({node.member})" if node.member else "",
+            hasher.hexdigest(),
+            hasher.expected,
+        )
+        pyfuse3.invalidate_inode(handle.inode, attr_only=False)
+        raise pyfuse3.FUSEError(errno.EIO)
+
+    def _mark_verified(self, node: Node) -> None:
+        st = os.stat(node.real)
+        assert self.tree.index is not None and node.sha256
+        self.tree.index.mark_verified(
+            node.real, node.member, st.st_size, st.st_mtime_ns, node.sha256
+        )
+
+    async def _read_ahead(self, handle: OpenFile, offset: int) -> None:
+        try:
+            await trio.to_thread.run_sync(handle.reader.readahead, offset, limiter=self._readahead)
+        except Exception as exc:  # a failed read-ahead only costs the later read its own decode
+            log.debug("read-ahead in %s failed: %s", handle.node.real, exc)
+        finally:
+            assert handle.readahead_done is not None
+            handle.readahead_done.set()
+            handle.readahead_done = None
+
+    async def release(self, fh: int) -> None:
+        handle = self._handles.pop(fh, None)
+        if handle is None:
+            return
+        with errno_boundary(f"release {handle.node.real}"):
+            if handle.readahead_done is not None:
+                # The reader's descriptor must outlive a read-ahead still using it.
+                await handle.readahead_done.wait()
+            await trio.to_thread.run_sync(handle.reader.close)
+
+    # -- change notification ---------------------------------------------------------------
+
+    def dir_inode_of(self, path: Path) -> int | None:
+        """Inode of a mirrored folder, if the kernel has seen it."""
+        ino = self._inode_of.get((str(path), "", ""))
+        return ino if ino in self._dirs else None
+
+    async def on_changed(self, folders: set[Path]) -> None:
+        for folder in folders:
+            ino = self.dir_inode_of(folder)
+            if ino is not None:
+                with contextlib.suppress(OSError):  # gone: its parent's rescan drops it
+                    await self.rescan(ino)

@@ -1,0 +1,60 @@
+"""Hash-as-you-serve: a running sha256 over a file read front to back, even if reads reorder."""
+
+from __future__ import annotations
+
+import hashlib
+
+MAX_PENDING = 64 * 1024 * 1024  # reads parked ahead of the hash position before giving up
+
+
+class SequentialHasher:
+    """Feeds reads into sha256 in file order. Reads that arrive ahead of the hash position (the
+    kernel issues read-ahead concurrently) are parked until the gap fills; a read pattern that is
+    not front to back makes it give up, and then the file is simply not checked this time."""
+
+    def __init__(self, size: int, expected: str) -> None:
+        self.size = size
+        self.expected = expected
+        self.pos = 0
+        self.abandoned = False
+        self._digest = hashlib.sha256()
+        self._pending: dict[int, bytes] = {}
+        self._pending_bytes = 0
+
+    @property
+    def complete(self) -> bool:
+        return not self.abandoned and self.pos >= self.size
+
+    @property
+    def ok(self) -> bool:
+        return self.complete and self._digest.hexdigest() == self.expected
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
+
+    def feed(self, offset: int, data: bytes) -> bool:
+        """Take one served read; True when this call completed the file."""
+        if self.abandoned or self.pos >= self.size or offset + len(data) <= self.pos:
+            return False
+        if offset > self.pos:
+            if offset in self._pending or self._pending_bytes + len(data) > MAX_PENDING:
+                self._abandon()
+            else:
+                self._pending[offset] = data
+                self._pending_bytes += len(data)
+            return False
+        self._digest.update(memoryview(data)[self.pos - offset :])
+        self.pos = offset + len(data)
+        while self.pos in self._pending:
+            chunk = self._pending.pop(self.pos)
+            self._pending_bytes -= len(chunk)
+            self._digest.update(chunk)
+            self.pos += len(chunk)
+        if self._pending and min(self._pending) < self.pos:
+            self._abandon()  # overlapping reads: this is not a clean front-to-back pass
+        return self.pos >= self.size
+
+    def _abandon(self) -> None:
+        self.abandoned = True
+        self._pending.clear()
+        self._pending_bytes = 0

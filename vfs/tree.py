@@ -1,0 +1,205 @@
+"""SRC as the mount presents it: real entries mirrored, archives replaced by what they hold.
+
+Pure and synchronous (the daemon runs scans in worker threads). Name clashes resolve here: a real
+file wins, and an archive that would shadow it keeps its archive name.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vfs.backends.base import Backend, Description, Entry
+from vfs.decant import TEMP_PREFIX
+from vfs.errors import DecantError
+from vfs.index import DescriptionIndex
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Node:
+    """One presented name. `backend` is None for a mirrored real entry."""
+
+    is_dir: bool
+    size: int
+    mtime_ns: int
+    mode: int
+    uid: int
+    gid: int
+    real: Path  # the real entry, or the archive holding this node
+    backend: Backend | None = None
+    member: str = ""  # path inside the archive; "" for its top entry
+    entry: Entry | None = None
+    xattrs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        """Stable identity across rescans: the same key keeps the same inode."""
+        return (str(self.real), self.backend.name if self.backend else "", self.member)
+
+    @property
+    def sha256(self) -> str | None:
+        return self.entry.sha256 if self.entry else None
+
+
+class SourceTree:
+    def __init__(
+        self,
+        root: Path,
+        backends: Sequence[Backend],
+        overlays: Sequence[Any] = (),
+        index: DescriptionIndex | None = None,
+        hidden: Sequence[str] = (),
+    ) -> None:
+        self.root = root
+        self.backends = list(backends)
+        self.overlays = list(overlays)
+        self.index = index
+        self.hidden = set(hidden)
+        self._logged: set[tuple[str, str]] = set()
+        self.archives_seen = 0
+
+    def _log_once(self, path: Path, message: str, level: int = logging.WARNING) -> None:
+        if (str(path), message) not in self._logged:
+            self._logged.add((str(path), message))
+            log.log(level, "%s", message)
+
+    def root_node(self) -> Node:
+        st = os.stat(self.root)
+        return Node(True, 0, st.st_mtime_ns, 0o555, st.st_uid, st.st_gid, self.root)
+
+    def scan(self, folder: Path) -> dict[str, Node]:
+        """The presented children of a real folder of SRC."""
+        plain: dict[str, Node] = {}
+        archives: list[tuple[str, os.stat_result, Backend]] = []
+        with os.scandir(folder) as it:
+            for de in it:
+                if folder == self.root and de.name in self.hidden:
+                    continue
+                if de.name.startswith(TEMP_PREFIX):
+                    continue  # an archive being written: it appears once renamed into place
+                try:
+                    st = de.stat()
+                except OSError:
+                    continue  # vanished, or a dangling symlink
+                is_dir = stat.S_ISDIR(st.st_mode)
+                if not (is_dir or stat.S_ISREG(st.st_mode)):
+                    continue
+                path = Path(de.path)
+                backend = next((b for b in self.backends if b.claims(path, is_dir)), None)
+                if backend is not None:
+                    archives.append((de.name, st, backend))
+                else:
+                    plain[de.name] = _mirror(path, st)
+        out = dict(plain)
+        for name, st, backend in sorted(archives, key=lambda a: a[0]):
+            path = folder / name
+            desc = self.describe(backend, path, st)
+            if desc is None:
+                out[name] = _mirror(path, st)
+                continue
+            shown = desc.name
+            if shown in out:
+                self._log_once(
+                    path,
+                    f"{path}: presents {shown!r}, which already exists in {folder}; "
+                    f"shown under its archive name",
+                )
+                shown = name
+                if shown in plain:
+                    continue
+            out[shown] = _archive_node(backend, path, st, "", desc.root, self._relative(path))
+        for overlay in self.overlays:
+            if overlay.claims(folder, True):
+                self._add_overlay(overlay, folder, out)
+        return out
+
+    def _add_overlay(self, overlay: Any, folder: Path, out: dict[str, Node]) -> None:
+        try:
+            desc = overlay.describe(folder)
+        except DecantError as exc:
+            self._log_once(folder, f"{folder}: no {overlay.name} view: {exc}")
+            return
+        except Exception:
+            log.exception("%s: %s view failed", folder, overlay.name)
+            return
+        if desc.name in out:
+            self._log_once(folder, f"{folder}: {desc.name!r} exists; no {overlay.name} view")
+            return
+        st = os.stat(folder)
+        out[desc.name] = _archive_node(overlay, folder, st, "", desc.root, "")
+
+    def describe(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:
+        """The archive's description (persistent index first), or None to show it raw."""
+        self.archives_seen += 1
+        if self.index is not None:
+            cached = self.index.get(path, backend.name, st.st_size, st.st_mtime_ns)
+            if cached is not None:
+                return cached
+        try:
+            desc = backend.describe(path)
+        except DecantError as exc:
+            self._log_once(path, f"{exc} — shown as the raw file")
+            return None
+        except OSError as exc:
+            self._log_once(path, f"{path}: cannot read ({exc}) — shown as the raw file")
+            return None
+        except Exception as exc:
+            log.exception("%s: unexpected error describing the archive", path)
+            self._log_once(path, f"{path}: {exc.__class__.__name__} — shown as the raw file")
+            return None
+        if self.index is not None:
+            self.index.put(path, backend.name, st.st_size, st.st_mtime_ns, desc)
+        return desc
+
+    def children_of_archive_node(self, node: Node) -> dict[str, Node]:
+        assert node.entry is not None and node.backend is not None
+        st = os.stat(node.real)
+        rel = self._relative(node.real)
+        return {
+            name: _archive_node(
+                node.backend, node.real, st, f"{node.member}/{name}".lstrip("/"), child, rel
+            )
+            for name, child in node.entry.children.items()
+        }
+
+    def _relative(self, path: Path) -> str:
+        try:
+            return path.relative_to(self.root).as_posix()
+        except ValueError:
+            return str(path)
+
+
+def _mirror(path: Path, st: os.stat_result) -> Node:
+    is_dir = stat.S_ISDIR(st.st_mode)
+    mode = stat.S_IMODE(st.st_mode) & ~0o222
+    return Node(
+        is_dir, 0 if is_dir else st.st_size, st.st_mtime_ns, mode, st.st_uid, st.st_gid, path
+    )
+
+
+def _archive_node(
+    backend: Backend, path: Path, st: os.stat_result, member: str, entry: Entry, rel: str
+) -> Node:
+    xattrs = dict(entry.xattrs)
+    if not entry.is_dir and backend.name == "decant":
+        xattrs["user.decant.archive"] = rel
+    return Node(
+        is_dir=entry.is_dir,
+        size=0 if entry.is_dir else entry.size,
+        mtime_ns=st.st_mtime_ns,
+        mode=0o555 if entry.is_dir else 0o444,
+        uid=st.st_uid,
+        gid=st.st_gid,
+        real=path,
+        backend=backend,
+        member=member,
+        entry=entry,
+        xattrs=xattrs,
+    )
