@@ -21,7 +21,7 @@ from vfs.backends.base import RandomAccess
 from vfs.backends.plain import PlainFile
 from vfs.errors import DecantError
 from vfs.integrity import SequentialHasher
-from vfs.tree import Node, SourceTree
+from vfs.tree import Node, NodeKey, SourceTree
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class DecantOperations(pyfuse3.Operations):
         self.tree = tree
         self.nursery: trio.Nursery | None = None
         self._nodes: dict[int, Node] = {pyfuse3.ROOT_INODE: tree.root_node()}
-        self._inode_of: dict[tuple[str, str, str], int] = {
+        self._inode_of: dict[NodeKey, int] = {
             self._nodes[pyfuse3.ROOT_INODE].key: pyfuse3.ROOT_INODE
         }
         self._dirs: dict[int, DirState] = {}
@@ -87,7 +87,7 @@ class DecantOperations(pyfuse3.Operations):
         self._decode = trio.CapacityLimiter(decode_threads)
         self._readahead = trio.CapacityLimiter(1)
         self._scan_lock = trio.Lock()
-        self._bad: set[tuple[str, str, str]] = set()
+        self._bad: set[NodeKey] = set()
 
     # -- inode table -----------------------------------------------------------------------
 
@@ -237,7 +237,9 @@ class DecantOperations(pyfuse3.Operations):
             fh = self._next_fh
             self._next_fh += 1
             self._handles[fh] = handle
-            return pyfuse3.FileInfo(fh=fh, keep_cache=True)
+            # Archive content is immutable for a given inode (a replaced archive gets a new one),
+            # so the kernel may keep its pages; a mirrored real file may change under us.
+            return pyfuse3.FileInfo(fh=fh, keep_cache=node.backend is not None)
 
     def _open_reader(self, node: Node) -> RandomAccess:
         if node.backend is None:
@@ -292,7 +294,8 @@ class DecantOperations(pyfuse3.Operations):
             hasher.hexdigest(),
             hasher.expected,
         )
-        pyfuse3.invalidate_inode(handle.inode, attr_only=False)
+        # No invalidate_inode here: notifying while the kernel holds this file's pages for pending
+        # reads deadlocks both. Pages already cached stay unreachable: every open now fails.
         raise pyfuse3.FUSEError(errno.EIO)
 
     def _mark_verified(self, node: Node) -> None:
@@ -326,7 +329,7 @@ class DecantOperations(pyfuse3.Operations):
 
     def dir_inode_of(self, path: Path) -> int | None:
         """Inode of a mirrored folder, if the kernel has seen it."""
-        ino = self._inode_of.get((str(path), "", ""))
+        ino = self._inode_of.get((str(path), "", "", ()))
         return ino if ino in self._dirs else None
 
     async def on_changed(self, folders: set[Path]) -> None:

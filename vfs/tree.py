@@ -22,6 +22,9 @@ from vfs.index import DescriptionIndex
 log = logging.getLogger(__name__)
 
 
+NodeKey = tuple[str, str, str, tuple[int, ...]]
+
+
 @dataclass
 class Node:
     """One presented name. `backend` is None for a mirrored real entry."""
@@ -37,11 +40,13 @@ class Node:
     member: str = ""  # path inside the archive; "" for its top entry
     entry: Entry | None = None
     xattrs: dict[str, str] = field(default_factory=dict)
+    version: tuple[int, ...] = ()  # the archive file's (inode, size, mtime): replaced → new key
 
     @property
-    def key(self) -> tuple[str, str, str]:
-        """Stable identity across rescans: the same key keeps the same inode."""
-        return (str(self.real), self.backend.name if self.backend else "", self.member)
+    def key(self) -> NodeKey:
+        """Identity across rescans: the same key keeps the same inode number."""
+        backend = self.backend.name if self.backend else ""
+        return (str(self.real), backend, self.member, self.version)
 
     @property
     def sha256(self) -> str | None:
@@ -98,9 +103,11 @@ class SourceTree:
                 else:
                     plain[de.name] = _mirror(path, st)
         out = dict(plain)
-        for name, st, backend in sorted(archives, key=lambda a: a[0]):
+        described = [(name, st, b, self.describe(b, folder / name, st)) for name, st, b in archives]
+        # Of two archives presenting one name, the one named after it (NAME.zarr.zip) wins.
+        described.sort(key=lambda a: (a[3] is None or a[0] != f"{a[3].name}.zarr.zip", a[0]))
+        for name, st, backend, desc in described:
             path = folder / name
-            desc = self.describe(backend, path, st)
             if desc is None:
                 out[name] = _mirror(path, st)
                 continue
@@ -202,4 +209,5 @@ def _archive_node(
         member=member,
         entry=entry,
         xattrs=xattrs,
+        version=(st.st_ino, st.st_size, st.st_mtime_ns),
     )
