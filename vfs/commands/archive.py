@@ -90,7 +90,14 @@ def _report(result: Any) -> None:
 def cmd_restore(args: argparse.Namespace) -> int:
     from vfs.decant.verify import restore_archive
 
-    for path in restore_archive(args.archive, args.output, Path.cwd()):
+    try:
+        written = restore_archive(args.archive, args.output, Path.cwd())
+    except OSError as exc:  # e.g. -o names a folder: one error line, not a traceback
+        where = exc.filename2 or exc.filename or args.output
+        raise DecantError(
+            f"{args.archive}: cannot restore to {where}: {exc.strerror or exc}"
+        ) from None
+    for path in written:
         print(path)
     return 0
 
@@ -107,7 +114,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
                     print(f"     expected {v.expected}\n     got      {v.actual}")
                     bad += 1
         except DecantError as exc:
-            print(f"FAIL {exc}", file=sys.stderr)
+            print(f"decant: error: {exc}", file=sys.stderr)
             bad += 1
     return 1 if bad else 0
 

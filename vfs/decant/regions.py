@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -88,6 +89,8 @@ class RegionIndex:
 
     def spans(self, offset: int, size: int) -> Iterator[tuple[Region, int, int]]:
         """(region, start within region, length) for each region the range touches, in order."""
+        if offset < 0:  # bisect would land on the last region and serve the wrong bytes
+            raise OSError(errno.EINVAL, f"negative read offset {offset}")
         end = min(offset + size, self.size)
         if offset >= end:
             return

@@ -1,0 +1,165 @@
+"""The offset → region index: coverage without gaps or overlaps, and reads equal to slicing.
+
+Each case is a random "original" with random pixel segments cut out of it: a page's serialized
+bytes are its segments' bytes in its own list order (not necessarily file order, as §5 allows), the
+husk is what remains (§4). Reading through the index must give back the original's bytes.
+"""
+
+from __future__ import annotations
+
+import errno
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vfs.decant.manifest import PageRecord
+from vfs.decant.regions import HUSK, RegionIndex
+from vfs.errors import ManifestError
+
+
+def page(index: int, segments: list[tuple[int, int]]) -> PageRecord:
+    return PageRecord(
+        index=index,
+        shape=(1, max(1, sum(c for _, c in segments))),
+        dtype="uint8",
+        dataoffsets=tuple(o for o, _ in segments),
+        databytecounts=tuple(c for _, c in segments),
+        samplesperpixel=1,
+        planarconfig=1,
+        predictor=1,
+        rowsperstrip=1,
+        tilewidth=0,
+        tilelength=0,
+    )
+
+
+@dataclass
+class Case:
+    original: bytes
+    pages: list[PageRecord]
+    page_bytes: dict[int, bytes]
+    husk: bytes
+
+
+@st.composite
+def cases(draw: st.DrawFn) -> Case:
+    n_pages = draw(st.integers(0, 4))
+    pieces = draw(
+        st.lists(st.tuples(st.integers(0, 12), st.integers(0, 10)), max_size=14 if n_pages else 0)
+    )
+    tail = draw(st.integers(0, 12))
+    placed: list[tuple[int, int]] = []
+    cur = 0
+    for gap, length in pieces:
+        placed.append((cur + gap, length))
+        cur += gap + length
+    size = cur + tail
+    original = np.random.default_rng(draw(st.integers(0, 2**16))).bytes(size)
+    owner = [draw(st.integers(0, n_pages - 1)) for _ in placed]
+    # Page indices need not be 0..n-1 in order, and a page's segment list need not be in file order.
+    indices = draw(st.permutations(range(10, 10 + n_pages)))
+    pages, page_bytes = [], {}
+    keep = np.ones(size, dtype=bool)
+    for k in range(n_pages):
+        segs = draw(st.permutations([s for s, o in zip(placed, owner, strict=True) if o == k]))
+        pages.append(page(indices[k], segs))
+        page_bytes[indices[k]] = b"".join(original[o : o + c] for o, c in segs)
+        for o, c in segs:
+            keep[o : o + c] = False
+    husk = np.frombuffer(original, dtype=np.uint8)[keep].tobytes()
+    return Case(original, list(draw(st.permutations(pages))), page_bytes, husk)
+
+
+def read(index: RegionIndex, case: Case, offset: int, size: int) -> bytes:
+    parts = []
+    for region, inner, n in index.spans(offset, size):
+        assert 0 <= inner < region.length and 0 < n <= region.length - inner
+        if region.page == HUSK:
+            parts.append(case.husk[region.pos + inner : region.pos + inner + n])
+        else:
+            start = region.pos + inner
+            parts.append(case.page_bytes[region.page][start : start + n])
+    return b"".join(parts)
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=cases())
+def test_regions_cover_the_file_exactly(case: Case) -> None:
+    size = len(case.original)
+    index = RegionIndex.build(case.pages, size, len(case.husk), "x.zarr.zip")
+    cur = husk_pos = 0
+    for region in index.regions:
+        assert region.start == cur and region.length > 0  # no gap, no overlap, nothing empty
+        if region.page == HUSK:
+            assert region.pos == husk_pos
+            husk_pos += region.length
+        cur += region.length
+    assert cur == size and husk_pos == len(case.husk)
+    pixel = {(r.start, r.length, r.page, r.pos) for r in index.regions if r.page != HUSK}
+    expected = set()
+    for p in case.pages:
+        pos = 0
+        for o, c in zip(p.dataoffsets, p.databytecounts, strict=True):
+            if c:
+                expected.add((o, c, p.index, pos))
+            pos += c
+    assert pixel == expected
+    assert read(index, case, 0, size) == case.original
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=cases(), data=st.data())
+def test_spans_equal_slicing(case: Case, data: st.DataObject) -> None:
+    size = len(case.original)
+    index = RegionIndex.build(case.pages, size, len(case.husk), "x.zarr.zip")
+    for _ in range(5):
+        offset = data.draw(st.integers(0, size + 5))
+        length = data.draw(st.integers(0, size + 5))
+        assert read(index, case, offset, length) == case.original[offset : offset + length]
+
+
+@settings(max_examples=100, deadline=None)
+@given(case=cases())
+def test_next_page_after(case: Case) -> None:
+    """The read-ahead target: the first page after the region holding `offset`, not its own."""
+    size = len(case.original)
+    index = RegionIndex.build(case.pages, size, len(case.husk), "x.zarr.zip")
+    regions = index.regions
+    for i, region in enumerate(regions):
+        later = [r.page for r in regions[i + 1 :] if r.page not in (HUSK, region.page)]
+        want = later[0] if later else None
+        for offset in {region.start, region.start + region.length - 1}:
+            assert index.next_page_after(offset) == want
+    assert index.next_page_after(size) is None
+    assert index.next_page_after(-1) is None
+
+
+def test_empty_original() -> None:
+    index = RegionIndex.build([], 0, 0, "x")
+    assert index.regions == [] and list(index.spans(0, 10)) == []
+
+
+def test_overlapping_segments_are_refused() -> None:
+    pages = [page(0, [(10, 20)]), page(1, [(25, 5)])]
+    with pytest.raises(ManifestError, match=r"bad\.zarr\.zip.*overlap"):
+        RegionIndex.build(pages, 100, 75, "bad.zarr.zip")
+
+
+def test_segments_past_the_end_are_refused() -> None:
+    with pytest.raises(ManifestError, match=r"bad\.zarr\.zip.*past original_size"):
+        RegionIndex.build([page(0, [(90, 20)])], 100, 80, "bad.zarr.zip")
+
+
+def test_husk_size_must_match_the_layout() -> None:
+    with pytest.raises(ManifestError, match=r"bad\.zarr\.zip.*husk"):
+        RegionIndex.build([page(0, [(10, 20)])], 100, 79, "bad.zarr.zip")
+
+
+def test_a_negative_offset_is_einval_like_pread() -> None:
+    index = RegionIndex.build([page(0, [(10, 20)])], 100, 80, "x")
+    with pytest.raises(OSError) as info:
+        list(index.spans(-5, 10))
+    assert info.value.errno == errno.EINVAL
