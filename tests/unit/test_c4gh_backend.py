@@ -1,0 +1,316 @@
+"""C4ghBackend without a mount: the member tree, reads, xattrs, writer policy and bad packages.
+
+Expected values come from the plaintext the generator encrypted, `tarfile`, hashlib and the
+crypt4gh library or CLI, never from the code under test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import importlib.util
+import io
+import json
+import logging
+import random
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from types import ModuleType, SimpleNamespace
+
+import pyarrow.parquet as pq
+import pytest
+from crypt4gh import header as c4gh_header
+
+from vfs.backends.base import Description, Entry
+from vfs.backends.c4gh import C4ghBackend, add_mount_options, backend_from_args
+from vfs.cache import PageCache
+from vfs.errors import (
+    DecantError,
+    DecryptError,
+)
+
+SEG = 65536
+
+
+def _corpus() -> ModuleType:
+    name = "make_c4gh_corpus"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec and spec.loader
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+corpus = _corpus()
+
+
+def fp(public: bytes) -> str:
+    return "sha256:" + hashlib.sha256(public).hexdigest()
+
+
+def backend(*keys, **kw) -> C4ghBackend:
+    return C4ghBackend([k.secret for k in keys], PageCache(256 * SEG), **kw)
+
+
+def files(entry: Entry, prefix: str = "") -> dict[str, Entry]:
+    out = {}
+    for name, child in entry.children.items():
+        path = f"{prefix}{name}"
+        out.update(files(child, path + "/") if child.is_dir else {path: child})
+    return out
+
+
+def read_all(be: C4ghBackend, path: Path, member: str, entry: Entry, chunk: int) -> bytes:
+    """Read in shuffled chunks: random access must assemble the same bytes."""
+    handle = be.open(path, member, entry)
+    offsets = list(range(0, entry.size, chunk))
+    random.Random(1).shuffle(offsets)
+    parts = {off: handle.read(off, chunk) for off in offsets}
+    handle.close()
+    return b"".join(parts[o] for o in sorted(parts))
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    d = tmp_path_factory.mktemp("c4gh")
+    k = SimpleNamespace(
+        node=corpus.make_keypair(d, "node"),
+        other=corpus.make_keypair(d, "other"),
+        writer=corpus.make_keypair(d, "writer"),
+        locked=corpus.make_keypair(d, "locked", passphrase="pw-for-tests"),
+    )
+    members = corpus.gdi_members(parquet_rows=(12000, 900))
+    one = d / "one.tar.c4gh"
+    plain = corpus.write_package(one, members, k.writer, [k.node])
+    two = d / "two.tar.c4gh"
+    corpus.write_package(two, members, k.writer, [k.node, k.other], fmt=tarfile.PAX_FORMAT)
+    return SimpleNamespace(dir=d, keys=k, members=members, plain=plain, one=one, two=two)
+
+
+def test_claims() -> None:
+    be = C4ghBackend([], PageCache(SEG))
+    assert be.claims(Path("x/DS1.tar.c4gh"), False)
+    assert not be.claims(Path("x/DS1.tar.c4gh"), True)
+    assert not be.claims(Path("x/DS1.tar"), False)
+    assert not be.claims(Path("x/DS1.c4gh"), False)
+
+
+def test_describe_tree_sizes_and_xattrs(env) -> None:
+    desc = backend(env.keys.node).describe(env.one)
+    assert desc.name == "one.tar.c4gh" and desc.root.is_dir
+    with tarfile.open(fileobj=io.BytesIO(env.plain)) as tar:
+        expected = {m.name: m.size for m in tar.getmembers()}
+    tree = files(desc.root)
+    assert {name: e.size for name, e in tree.items()} == expected
+    assert any(len(name) > 100 for name in tree)
+    assert desc.root.xattrs == {
+        "user.c4gh.writer_fingerprint": fp(env.keys.writer.public),
+        "user.c4gh.packets": "1",
+    }
+    for name, data in env.members[1:]:
+        assert tree[name].xattrs == {"user.c4gh.sha256": hashlib.sha256(data).hexdigest()}
+    assert tree["manifest.json"].xattrs == {}
+
+
+@pytest.mark.parametrize("which", ["one", "two"])
+def test_every_member_reads_back(env, which: str) -> None:
+    path = getattr(env, which)
+    for key in [env.keys.node, env.keys.other] if which == "two" else [env.keys.node]:
+        be = backend(key)
+        desc = backend(key).describe(path)  # described elsewhere: `be` opens from the entries
+        tree = files(desc.root)
+        for name, data in env.members:
+            got = read_all(be, path, name, tree[name], chunk=40_000)
+            assert hashlib.sha256(got).hexdigest() == hashlib.sha256(data).hexdigest(), name
+        assert desc.root.xattrs["user.c4gh.packets"] == ("2" if which == "two" else "1")
+
+
+class MemberFile(io.RawIOBase):
+    """Just enough of a file for pyarrow, over a backend handle (random access, no mount)."""
+
+    def __init__(self, handle) -> None:
+        self.handle, self.pos = handle, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.pos, 2: self.handle.size}[whence]
+        self.pos = base + pos
+        return self.pos
+
+    def tell(self) -> int:
+        return self.pos
+
+    def readinto(self, buf) -> int:
+        data = self.handle.read(self.pos, len(buf))
+        buf[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
+
+
+def test_pyarrow_reads_parquet_members(env) -> None:
+    be = backend(env.keys.node)
+    tree = files(be.describe(env.one).root)
+    for name, data in env.members:
+        if name.endswith(".parquet"):
+            handle = be.open(env.one, name, tree[name])
+            table = pq.read_table(io.BufferedReader(MemberFile(handle)))
+            assert table.equals(pq.read_table(io.BytesIO(data)))
+            handle.close()
+
+
+def test_manifest_of_a_large_package_costs_two_segments(env) -> None:
+    big = random.Random(3).randbytes(40 * SEG)
+    name = "allele-freq.chr1.0.br10000000.00000000000000ff.parquet"
+    payload = [(name, big)]
+    members = [("manifest.json", corpus.manifest(payload)), *payload]
+    path = env.dir / "large.tar.c4gh"
+    corpus.write_package(path, members, env.keys.writer, [env.keys.node])
+    be = backend(env.keys.node)
+    tree = files(be.describe(path).root)
+    handle = be.open(path, "manifest.json", tree["manifest.json"])
+    assert handle.read(0, 1 << 20) == members[0][1]
+    assert be.stats.decrypted <= 2
+    before = be.stats.decrypted
+    handle = be.open(path, name, tree[name])
+    assert handle.read(5 * SEG + 7, 4096) == big[5 * SEG + 7 : 5 * SEG + 7 + 4096]
+    assert be.stats.decrypted - before <= 2  # the 4 KiB may straddle two segments
+    handle.readahead(6 * SEG)
+    now = be.stats.decrypted
+    assert handle.read(7 * SEG, 2 * SEG) == big[7 * SEG : 9 * SEG]
+    assert be.stats.decrypted == now  # read-ahead had decrypted them
+
+
+def test_persisted_description_opens_without_a_walk(env) -> None:
+    desc = backend(env.keys.node).describe(env.one)
+    text = json.dumps(desc.to_json())
+    stream = io.BytesIO(env.one.read_bytes())
+    session_keys, _ = c4gh_header.deconstruct(stream, [(0, env.keys.node.secret, None)])
+    for secret in (session_keys[0], env.keys.node.secret):
+        assert secret.hex() not in text and base64.b64encode(secret).decode() not in text
+    restored = Description.from_json(json.loads(text))
+    fresh = backend(env.keys.node)
+    name, data = env.members[-1]
+    entry = restored.root.walk(name)
+    handle = fresh.open(env.one, name, entry)
+    assert handle.read(0, entry.size) == data
+    offset = entry.locator["offset"]
+    touched = set(range(offset // SEG, (offset + entry.size - 1) // SEG + 1))
+    assert fresh.stats.decrypted == len(touched | {0})  # segment 0 binds the writer
+
+
+def test_passphrase_protected_recipient(env, monkeypatch) -> None:
+    path = env.dir / "locked.tar.c4gh"
+    corpus.write_package(path, env.members, env.keys.writer, [env.keys.locked])
+    parser = argparse.ArgumentParser()
+    add_mount_options(parser)
+    pass_file = env.dir / "pw"
+    pass_file.write_text("pw-for-tests\n")
+    pass_file.chmod(0o600)
+    monkeypatch.delenv("C4GH_PASSPHRASE", raising=False)
+    args = parser.parse_args(
+        ["--c4gh-key", str(env.keys.locked.secret_path), "--c4gh-passphrase-file", str(pass_file)]
+    )
+    be = backend_from_args(args, PageCache(64 * SEG))
+    assert be is not None
+    assert files(be.describe(path).root).keys() == {n for n, _ in env.members}
+    assert backend_from_args(parser.parse_args([]), PageCache(SEG)) is None
+
+
+def test_writer_policy(env, caplog) -> None:
+    listed = env.dir / "allowed"
+    listed.write_text(f"# writers\n{fp(env.keys.writer.public).upper()}  # provider A\n\n")
+    stranger = env.dir / "stranger"
+    stranger.write_text(fp(env.keys.other.public) + "\n")
+    parser = argparse.ArgumentParser()
+    add_mount_options(parser)
+    key = ["--c4gh-key", str(env.keys.node.secret_path)]
+
+    def make(*extra: str) -> C4ghBackend:
+        be = backend_from_args(parser.parse_args([*key, *extra]), PageCache(64 * SEG))
+        assert be is not None
+        return be
+
+    make("--c4gh-allowed-writers", str(listed), "--c4gh-writer-policy", "enforce").describe(env.one)
+    with pytest.raises(DecryptError, match=r"one\.tar\.c4gh: writer sha256:.* not an allowed"):
+        make("--c4gh-allowed-writers", str(stranger), "--c4gh-writer-policy", "enforce").describe(
+            env.one
+        )
+    with caplog.at_level(logging.WARNING):
+        make("--c4gh-allowed-writers", str(stranger)).describe(env.one)
+    assert "not an allowed writer" in caplog.text
+    with pytest.raises(DecantError, match="needs --c4gh-allowed-writers"):
+        make("--c4gh-writer-policy", "enforce")
+    bad = env.dir / "bad-allowed"
+    bad.write_text("sha256:xyz\n")
+    with pytest.raises(DecantError, match="bad-allowed:1"):
+        make("--c4gh-allowed-writers", str(bad))
+
+
+def test_rekeyed_package_reports_the_allowed_writer(env) -> None:
+    data = env.one.read_bytes()
+    stream = io.BytesIO(data)
+    packets = list(c4gh_header.parse(stream))
+    rewrapped = c4gh_header.reencrypt(
+        packets,
+        [(0, env.keys.node.secret, None)],
+        [(0, env.keys.other.secret, env.keys.node.public)],
+    )
+    path = env.dir / "rekeyed.tar.c4gh"
+    path.write_bytes(corpus.with_packets(data, rewrapped))
+    plain = backend(env.keys.node).describe(path).root.xattrs["user.c4gh.writer_fingerprint"]
+    assert plain == fp(env.keys.other.public)  # first packet in header order
+    allowed = {fp(env.keys.writer.public)}
+    be = backend(env.keys.node, allowed_writers=allowed, writer_policy="enforce")
+    assert be.describe(path).root.xattrs["user.c4gh.writer_fingerprint"] == fp(
+        env.keys.writer.public
+    )
+
+
+def test_crypt4gh_cli_as_an_independent_writer(env, tmp_path: Path) -> None:
+    keygen = ["crypt4gh-keygen", "--nocrypt", "-f"]
+    for who in ("w", "n"):
+        subprocess.run(
+            [*keygen, "--sk", str(tmp_path / f"{who}.sec"), "--pk", str(tmp_path / f"{who}.pub")],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+    plain = corpus.build_tar(env.members)
+    out = tmp_path / "cli.tar.c4gh"
+    with out.open("wb") as sink:
+        subprocess.run(
+            [
+                "crypt4gh",
+                "encrypt",
+                "--sk",
+                str(tmp_path / "w.sec"),
+                "--recipient_pk",
+                str(tmp_path / "n.pub"),
+            ],
+            input=plain,
+            stdout=sink,
+            check=True,
+            timeout=60,
+        )
+    pub = base64.b64decode(b"".join((tmp_path / "w.pub").read_bytes().splitlines()[1:-1]))
+    parser = argparse.ArgumentParser()
+    add_mount_options(parser)
+    be = backend_from_args(
+        parser.parse_args(["--c4gh-key", str(tmp_path / "n.sec")]), PageCache(SEG * 64)
+    )
+    assert be is not None
+    desc = be.describe(out)
+    assert desc.root.xattrs["user.c4gh.writer_fingerprint"] == fp(pub)
+    tree = files(desc.root)
+    for name, data in env.members:
+        assert read_all(be, out, name, tree[name], chunk=SEG) == data

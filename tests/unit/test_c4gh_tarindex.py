@@ -1,0 +1,163 @@
+"""TAR index against `tarfile`'s own listing, hostile members, truncation, and which segments an
+index decrypts (only those holding headers)."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import sys
+import tarfile
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vfs.c4gh.header import open_package
+from vfs.c4gh.tarindex import BytesSource, build_index, unsafe_reason
+from vfs.cache import PageCache
+
+SEG = 65536
+
+
+def _corpus() -> ModuleType:
+    name = "make_c4gh_corpus"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec and spec.loader
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+corpus = _corpus()
+
+
+def tarfile_listing(data: bytes) -> list[tuple[str, int, int]]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return [(m.name, m.offset_data, m.size) for m in tar.getmembers() if m.isreg()]
+
+
+def listing(index) -> list[tuple[str, int, int]]:
+    return [(m.name, m.offset, m.size) for m in index.members]
+
+
+segment = st.text("abcdefghijklmnopqrstuvwxyz0123456789-_.", min_size=1, max_size=60).filter(
+    lambda s: s not in (".", "..")
+)
+member_sets = st.lists(
+    st.tuples(
+        st.one_of(st.none(), st.sampled_from(["headers", "d1/d2", "x" * 90])),
+        segment,
+        st.integers(0, 5000),
+    ),
+    min_size=1,
+    max_size=12,
+    unique_by=lambda t: (t[0], t[1]),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(members=member_sets, fmt=st.sampled_from([tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]))
+def test_index_matches_tarfile(members, fmt: int) -> None:
+    entries = [
+        (f"f-{leaf}" if folder is None else f"{folder}/f-{leaf}", os.urandom(size))
+        for folder, leaf, size in members
+    ]
+    data = corpus.build_tar(entries, fmt)
+    index = build_index(BytesSource(data), "gen.tar")
+    assert index.complete and not index.dropped and not index.problems
+    assert listing(index) == tarfile_listing(data)
+    for m, (_, body) in zip(index.members, entries, strict=True):
+        assert data[m.offset : m.offset + m.size] == body
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("", "empty"),
+        ("/etc/passwd", "absolute"),
+        ("../escape", ".."),
+        ("a/../../b", ".."),
+        ("a//b", "empty or '.'"),
+        ("./a", "empty or '.'"),
+        ("a/./b", "empty or '.'"),
+        ("a/" + "x" * 256, "255"),
+    ],
+)
+def test_unsafe_names(name: str, why: str) -> None:
+    assert why in (unsafe_reason(name) or "")
+
+
+@pytest.mark.parametrize("name", ["manifest.json", "headers/a.vcf", "a..b", "..a/b.."])
+def test_safe_names(name: str) -> None:
+    assert unsafe_reason(name) is None
+
+
+def test_hostile_members_are_dropped_and_the_rest_kept() -> None:
+    good = [("manifest.json", b"{}"), ("headers/a.vcf", b"##\n")]
+    data = corpus.build_tar([*good, *corpus.hostile_entries(), ("z.parquet", b"PAR1")])
+    index = build_index(BytesSource(data), "bad.tar")
+    assert [m.name for m in index.members] == ["manifest.json", "headers/a.vcf", "z.parquet"]
+    reasons = dict(index.dropped)
+    assert set(reasons) == {
+        "../escape",
+        "/etc/absolute",
+        "ok/../../twice",
+        "link-to-manifest",
+        "hard-link",
+        "null-device",
+        "headers",
+    }
+    assert "symbolic link" in reasons["link-to-manifest"]
+    assert "hard link" in reasons["hard-link"]
+    assert "device" in reasons["null-device"]
+
+
+def test_duplicates_and_file_folder_clashes() -> None:
+    data = corpus.build_tar([("a", b"1"), ("a", b"2"), ("a/b", b"3"), ("c/d", b"4"), ("c", b"5")])
+    index = build_index(BytesSource(data), "dup.tar")
+    assert [(m.name, data[m.offset : m.offset + m.size]) for m in index.members] == [
+        ("a", b"1"),
+        ("c/d", b"4"),
+    ]
+    assert [name for name, _ in index.dropped] == ["a", "a/b", "c"]
+
+
+def test_truncated_tar_exposes_complete_members() -> None:
+    entries = [(f"m{i}", os.urandom(3000 + i)) for i in range(8)]
+    data = corpus.build_tar(entries)
+    for cut in (700, 9000, 15000, len(data) - 2000):
+        index = build_index(BytesSource(data[:cut]), "cut.tar")
+        complete = [t for t in tarfile_listing(data) if t[1] + t[2] <= cut]
+        assert listing(index) == complete
+        assert not index.complete and index.problems
+
+
+def test_oversized_long_name_record_is_refused_without_reading_it() -> None:
+    info = tarfile.TarInfo("././@LongLink")
+    info.type, info.size = tarfile.GNUTYPE_LONGNAME, 64 << 20
+    data = info.tobuf(tarfile.GNU_FORMAT) + bytes(4096)
+    index = build_index(BytesSource(data), "long.tar")
+    assert index.members == [] and "larger than" in index.problems[0]
+
+
+def test_index_decrypts_only_header_segments(tmp_path: Path) -> None:
+    entries = [("manifest.json", b"{}")] + [(f"big{i}", os.urandom(150_000)) for i in range(4)]
+    data = corpus.build_tar(entries)
+    node, writer = corpus.make_keypair(tmp_path, "node"), corpus.make_keypair(tmp_path, "writer")
+    path = tmp_path / "p.tar.c4gh"
+    path.write_bytes(corpus.encrypt(data, writer.secret, [node.public]))
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        infos = tar.getmembers()
+    header_blocks = {m.offset // SEG for m in infos} | {(m.offset_data - 1) // SEG for m in infos}
+    end = infos[-1].offset_data + -(-infos[-1].size // 512) * 512
+    expected = header_blocks | {end // SEG}
+    _, reader = open_package(path, [node.secret], PageCache(64 * SEG))
+    with reader:
+        index = build_index(reader, path.name)
+        assert listing(index) == tarfile_listing(data)
+        assert reader.stats.decrypted == len(expected) < -(-len(data) // SEG)

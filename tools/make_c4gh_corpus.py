@@ -1,0 +1,313 @@
+"""Build GDI `.tar.c4gh` packages, good and hostile, with the crypt4gh library (tests, benches).
+
+TARs are written by `tarfile` with the spec's normalized headers (mode 0644, uid/gid 0, empty
+owner names, mtime 0), manifest.json first with payload.members digests, then headers/*.vcf, then
+pyarrow parquet members. The functions are imported by the tests; the CLI writes a corpus folder:
+
+    python tools/make_c4gh_corpus.py OUTDIR [--parquet-rows N] [--large-mib N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import hashlib
+import io
+import json
+import os
+import random
+import tarfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+MAGIC = b"crypt4gh"
+CIPHER_SEGMENT_SIZE = 65536 + 28
+Member = tuple[str, bytes]
+
+
+@dataclass(frozen=True)
+class KeyPair:
+    """A crypt4gh key pair on disk and in memory (tests compare fingerprints against `public`)."""
+
+    secret_path: Path
+    public_path: Path
+    secret: bytes
+    public: bytes
+    passphrase: str | None = None
+
+
+def _pem(kind: str, blob: bytes) -> bytes:
+    return b"-----BEGIN %s-----\n%s\n-----END %s-----\n" % (
+        kind.encode(),
+        base64.b64encode(blob),
+        kind.encode(),
+    )
+
+
+def make_keypair(directory: Path, name: str, passphrase: str | None = None) -> KeyPair:
+    """Write NAME.sec (mode 0600, c4gh-v1, encrypted when a passphrase is given) and NAME.pub."""
+    from crypt4gh import sodium
+    from crypt4gh.keys.c4gh import encode_private_key
+
+    directory.mkdir(parents=True, exist_ok=True)
+    secret = os.urandom(32)
+    public = bytes(sodium.derive_pk(secret))
+    with contextlib.redirect_stderr(io.StringIO()):  # "WARNING: not encrypted" is expected here
+        blob = encode_private_key(secret, passphrase.encode() if passphrase else None, None)
+    secret_path, public_path = directory / f"{name}.sec", directory / f"{name}.pub"
+    secret_path.write_bytes(_pem("CRYPT4GH PRIVATE KEY", blob))
+    secret_path.chmod(0o600)
+    public_path.write_bytes(_pem("CRYPT4GH PUBLIC KEY", public))
+    return KeyPair(secret_path, public_path, secret, public, passphrase)
+
+
+def normalized_info(name: str, size: int = 0, kind: bytes = tarfile.REGTYPE) -> tarfile.TarInfo:
+    """A TAR header as the spec normalizes it: 0644, uid/gid 0, empty owner names, mtime 0."""
+    info = tarfile.TarInfo(name)
+    info.size, info.type, info.mode = size, kind, 0o644
+    info.uid = info.gid = info.mtime = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def build_tar(members: Sequence[Member | tarfile.TarInfo], fmt: int = tarfile.GNU_FORMAT) -> bytes:
+    """An uncompressed TAR of `members` in order; a TarInfo entry is written as-is (no body)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=fmt) as tar:
+        for item in members:
+            if isinstance(item, tarfile.TarInfo):
+                tar.addfile(item)
+            else:
+                name, data = item
+                tar.addfile(normalized_info(name, len(data)), io.BytesIO(data))
+    return buf.getvalue()
+
+
+def encrypt(plaintext: bytes, writer_secret: bytes, recipient_publics: Sequence[bytes]) -> bytes:
+    """crypt4gh-encrypt `plaintext` from one writer key to every recipient (one packet each)."""
+    from crypt4gh import lib
+
+    out = io.BytesIO()
+    keys = [(0, writer_secret, pk) for pk in recipient_publics]
+    lib.encrypt(keys, io.BytesIO(plaintext), out)
+    return out.getvalue()
+
+
+def parquet_member(rows: int, seed: int = 0) -> bytes:
+    """An allele-frequency-like parquet file; random values and no compression keep it large."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = random.Random(seed)
+    table = pa.table(
+        {
+            "POS": pa.array(sorted(rng.randrange(1, 10**8) for _ in range(rows)), pa.int64()),
+            "REF": pa.array([rng.choice("ACGT") for _ in range(rows)]),
+            "ALT": pa.array([rng.choice("ACGT") for _ in range(rows)]),
+            "POPULATION": pa.array([rng.choice(["EE", "FI", "Total"]) for _ in range(rows)]),
+            "AF": pa.array([rng.random() for _ in range(rows)], pa.float64()),
+        }
+    )
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="none", use_dictionary=False, row_group_size=4096)
+    return buf.getvalue()
+
+
+def manifest(members: Sequence[Member], **config_overrides: object) -> bytes:
+    """A manifest.json for `members` (manifest excluded), with sorted payload.members digests."""
+    digests = {
+        name: {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+        for name, data in sorted(members)
+    }
+    config: dict[str, object] = {
+        "mode": "aggregated",
+        "blockRange": 10_000_000,
+        "assembly": {"reference": "GRCh38"},
+        "manifestVersion": 1,
+        "generatedBy": "make_c4gh_corpus",
+    }
+    config.update(config_overrides)
+    doc = {
+        "metadata": {
+            "datasetId": "GDI-TEST-0001",
+            "catalog": "test",
+            "title": "Synthetic allele frequencies",
+            "description": "Generated by tools/make_c4gh_corpus.py",
+            "accessRights": "http://publications.europa.eu/resource/authority/access-right/PUBLIC",
+            "applicableLegislation": ["http://data.europa.eu/eli/reg/2025/327/oj"],
+            "license": "http://creativecommons.org/licenses/by/4.0/",
+            "creator": [{"name": "decant-mount tests"}],
+            "healthCategory": ["http://data.gdi.eu/core/p1/GENOMICS"],
+            "contactPoint": {"fn": "Tests", "hasEmail": "mailto:tests@example.org"},
+        },
+        "payload": {"algorithm": "sha256", "members": digests},
+        "config": config,
+    }
+    return json.dumps(doc, indent=2).encode()
+
+
+def gdi_members(
+    parquet_rows: Sequence[int] = (20000, 1500), seed: int = 0, long_name: bool = True
+) -> list[Member]:
+    """Members in the spec's order: manifest.json, sorted headers/*.vcf, sorted parquet.
+
+    With `long_name`, one parquet member's name is over 100 characters (GNU long name / PAX).
+    """
+    rng = random.Random(seed)
+    vcf_ids = [f"{rng.getrandbits(64):016x}" for _ in parquet_rows]
+    if long_name:
+        vcf_ids[-1] = vcf_ids[-1] * 5  # 80 hex digits: the member name is 119 characters
+    headers = [
+        (f"headers/{v}.vcf", f"##fileformat=VCFv4.3\n##source={v}\n".encode()) for v in vcf_ids
+    ]
+    parquet = [
+        (f"allele-freq.chr{i + 1}.0.br10000000.{v}.parquet", parquet_member(rows, seed + i))
+        for i, (v, rows) in enumerate(zip(vcf_ids, parquet_rows, strict=True))
+    ]
+    payload = sorted(headers) + sorted(parquet)
+    return [("manifest.json", manifest(payload)), *payload]
+
+
+def write_package(
+    path: Path,
+    members: Sequence[Member | tarfile.TarInfo],
+    writer: KeyPair,
+    recipients: Sequence[KeyPair],
+    fmt: int = tarfile.GNU_FORMAT,
+) -> bytes:
+    """Write an encrypted package and return its TAR plaintext (what tests compare against)."""
+    plaintext = build_tar(members, fmt)
+    path.write_bytes(encrypt(plaintext, writer.secret, [r.public for r in recipients]))
+    return plaintext
+
+
+# ----------------------------------------------------------------- hostile variants
+
+
+def hostile_entries() -> list[tarfile.TarInfo | Member]:
+    """Members a mount must never expose, each next to a good one that must still be served."""
+    link = normalized_info("link-to-manifest", kind=tarfile.SYMTYPE)
+    link.linkname = "manifest.json"
+    hard = normalized_info("hard-link", kind=tarfile.LNKTYPE)
+    hard.linkname = "manifest.json"
+    device = normalized_info("null-device", kind=tarfile.CHRTYPE)
+    folder = normalized_info("headers", kind=tarfile.DIRTYPE)
+    return [
+        ("../escape", b"escaped\n"),
+        ("/etc/absolute", b"absolute\n"),
+        ("ok/../../twice", b"escaped\n"),
+        link,
+        hard,
+        device,
+        folder,
+    ]
+
+
+def header_len_of(package: bytes) -> int:
+    """The header length by the spec's framing (kept independent of vfs.c4gh on purpose)."""
+    count, pos = int.from_bytes(package[12:16], "little"), 16
+    for _ in range(count):
+        pos += int.from_bytes(package[pos : pos + 4], "little")
+    return pos
+
+
+def tamper(package: bytes, segment_no: int, at: int = 100) -> bytes:
+    """Flip one cipher byte inside segment `segment_no`: its tag must then fail."""
+    pos = header_len_of(package) + segment_no * CIPHER_SEGMENT_SIZE + at
+    if pos >= len(package):
+        raise ValueError(f"the package has no segment {segment_no}")
+    return package[:pos] + bytes([package[pos] ^ 0x01]) + package[pos + 1 :]
+
+
+def header_past_eof() -> bytes:
+    """A header whose only packet declares 8000 bytes in a file far shorter than that."""
+    return MAGIC + (1).to_bytes(4, "little") * 2 + (8000).to_bytes(4, "little") + bytes(100)
+
+
+def not_crypt4gh(size: int = 4096, seed: int = 0) -> bytes:
+    return b"PAR1" + random.Random(seed).randbytes(size - 4)
+
+
+def with_packets(package: bytes, extra: Sequence[bytes], first: bool = True) -> bytes:
+    """Re-frame `package` with `extra` encrypted packets added before (or after) its own."""
+    from crypt4gh import header
+
+    end = header_len_of(package)
+    own = list(header.parse(io.BytesIO(package[:end])))
+    packets = [*extra, *own] if first else [*own, *extra]
+    return header.serialize(packets) + package[end:]
+
+
+def injected_packet(package: bytes, attacker: KeyPair, recipient: KeyPair) -> bytes:
+    """Prepend a packet the recipient can open, from the attacker, with a foreign session key."""
+    from crypt4gh import header
+
+    plain = header.make_packet_data_enc(0, os.urandom(32))
+    packet = next(header.encrypt(plain, [(0, attacker.secret, recipient.public)]))
+    return with_packets(package, [packet])
+
+
+def edit_list_package(plaintext: bytes, writer: KeyPair, recipient: KeyPair) -> bytes:
+    """A package whose header also carries an edit-list packet (skip 10, keep 100)."""
+    from crypt4gh import header
+
+    body = encrypt(plaintext, writer.secret, [recipient.public])
+    edit = header.make_packet_data_edit_list([10, 100])
+    packet = next(header.encrypt(edit, [(0, writer.secret, recipient.public)]))
+    return with_packets(body, [packet], first=False)
+
+
+# ----------------------------------------------------------------- CLI
+
+
+def build_corpus(out: Path, parquet_rows: int, large_mib: int) -> list[Path]:
+    """Keys, good packages and hostile variants under `out`; returns the package paths."""
+    keys = out / "keys"
+    node = make_keypair(keys, "node")
+    other = make_keypair(keys, "other-node")
+    writer = make_keypair(keys, "writer")
+    make_keypair(keys, "protected-node", passphrase="correct horse battery staple")
+    members = gdi_members((parquet_rows, max(parquet_rows // 10, 10)))
+    good = out / "packages"
+    good.mkdir(parents=True, exist_ok=True)
+    plain = write_package(good / "one-recipient.tar.c4gh", members, writer, [node])
+    write_package(good / "two-recipients.tar.c4gh", members, writer, [node, other])
+    write_package(good / "pax.tar.c4gh", members, writer, [node], fmt=tarfile.PAX_FORMAT)
+    if large_mib:
+        big = os.urandom(large_mib << 20)
+        name = "allele-freq.chr1.0.br10000000.00000000000000ff.parquet"
+        write_package(
+            good / "large.tar.c4gh",
+            [("manifest.json", manifest([(name, big)])), (name, big)],
+            writer,
+            [node],
+        )
+    bad = out / "hostile"
+    bad.mkdir(parents=True, exist_ok=True)
+    package = (good / "one-recipient.tar.c4gh").read_bytes()
+    write_package(bad / "unsafe-members.tar.c4gh", [*members, *hostile_entries()], writer, [node])
+    last = (len(package) - header_len_of(package) - 1) // CIPHER_SEGMENT_SIZE
+    (bad / "tampered-segment.tar.c4gh").write_bytes(tamper(package, min(2, last)))
+    (bad / "truncated.tar.c4gh").write_bytes(package[: len(package) * 2 // 3])
+    (bad / "header-past-eof.tar.c4gh").write_bytes(header_past_eof())
+    (bad / "not-crypt4gh.tar.c4gh").write_bytes(not_crypt4gh())
+    (bad / "injected-packet.tar.c4gh").write_bytes(injected_packet(package, other, node))
+    (bad / "edit-list.tar.c4gh").write_bytes(edit_list_package(plain, writer, node))
+    return sorted([*good.iterdir(), *bad.iterdir()])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="folder to write keys/, packages/, hostile/ into")
+    parser.add_argument("--parquet-rows", type=int, default=20000)
+    parser.add_argument("--large-mib", type=int, default=0, help="add a package with a big member")
+    args = parser.parse_args(argv)
+    for path in build_corpus(args.out, args.parquet_rows, args.large_mib):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

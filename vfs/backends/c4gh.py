@@ -1,0 +1,296 @@
+"""GDI `.tar.c4gh` packages served as folders of their TAR members, decrypted by segment on read.
+
+Descriptions carry no secret: each member's plaintext data offset goes into Entry.locator (so a
+persisted index opens members without re-walking the TAR), while session keys stay in memory,
+re-derived from the header with the secret keys whenever a package is first touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from vfs.backends.base import Description, Entry
+from vfs.c4gh.header import OpenedHeader, open_header
+from vfs.c4gh.segments import CACHE_PREFIX, SEGMENT_SIZE, SegmentReader, SegmentStats
+from vfs.c4gh.tarindex import Member, TarIndex, build_index
+from vfs.cache import PageCache
+from vfs.errors import CorruptArchiveError, DecantError, DecryptError, NotAnArchiveError
+
+log = logging.getLogger(__name__)
+
+SUFFIX = ".tar.c4gh"
+WRITER_XATTR = "user.c4gh.writer_fingerprint"
+PACKETS_XATTR = "user.c4gh.packets"
+SHA256_XATTR = "user.c4gh.sha256"
+POLICIES = ("warn", "enforce")
+READAHEAD_SEGMENTS = 8  # 512 KiB of plaintext ahead of a sequential reader
+MAX_MANIFEST = 16 << 20
+FINGERPRINT_RE = re.compile(r"sha256:[0-9a-f]{64}")
+DIGEST_RE = re.compile(r"[0-9a-f]{64}")
+
+
+class MemberReader:
+    """An opened member: reads clamp to the member and never return another member's bytes."""
+
+    def __init__(self, reader: SegmentReader, offset: int, size: int, name: str) -> None:
+        self.size = size
+        self.name = name
+        self._reader = reader
+        self._offset = offset
+
+    def read(self, offset: int, size: int) -> bytes:
+        if offset < 0 or size <= 0 or offset >= self.size:
+            return b""
+        want = min(size, self.size - offset)
+        data = self._reader.read(self._offset + offset, want)
+        if len(data) != want:
+            # The package is shorter than the member (truncated since it was described): EIO.
+            raise CorruptArchiveError(f"{self.name}: package ends before byte {offset + want}")
+        return data
+
+    def readahead(self, offset: int) -> None:
+        first = (self._offset + max(offset, 0)) // SEGMENT_SIZE
+        last = (self._offset + self.size - 1) // SEGMENT_SIZE
+        count = min(READAHEAD_SEGMENTS, last - first + 1)
+        if count > 0:
+            self._reader.prefetch(first, count)
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+@dataclass(frozen=True)
+class _Session:
+    stamp: tuple[int, int]  # (size, mtime_ns) of the package the header was opened from
+    header: OpenedHeader
+    writer: str
+
+
+class C4ghBackend:
+    """The Backend for `.tar.c4gh` packages (see vfs.backends.base.Backend)."""
+
+    name = "c4gh"
+
+    def __init__(
+        self,
+        secret_keys: Sequence[bytes],
+        cache: PageCache,
+        allowed_writers: set[str] | None = None,
+        writer_policy: str = "warn",
+    ) -> None:
+        if writer_policy not in POLICIES:
+            raise ValueError(f"writer_policy must be one of {POLICIES}, not {writer_policy!r}")
+        if writer_policy == "enforce" and allowed_writers is None:
+            raise ValueError("writer_policy 'enforce' needs an allowed_writers set")
+        self.secret_keys = list(secret_keys)
+        self.cache = cache
+        self.allowed_writers = allowed_writers
+        self.writer_policy = writer_policy
+        self.stats = SegmentStats()  # segments decrypted by every reader of this backend
+        self._sessions: dict[str, _Session] = {}
+        self._lock = threading.Lock()
+
+    def claims(self, path: Path, is_dir: bool) -> bool:
+        return not is_dir and path.name.endswith(SUFFIX)
+
+    def describe(self, path: Path) -> Description:
+        session = self._session(path)
+        with self._reader(path, session) as reader:
+            index = build_index(reader, path.name)
+            digests = self._declared_digests(reader, index, path)
+        _log_index(path, index)
+        root = Entry(
+            is_dir=True,
+            xattrs={WRITER_XATTR: session.writer, PACKETS_XATTR: str(session.header.packet_count)},
+            locator={"header_len": session.header.header_len},
+        )
+        for member in index.members:
+            _insert(root, member, digests.get(member.name))
+        return Description(name=path.name, root=root)
+
+    def open(self, path: Path, member: str, entry: Entry) -> MemberReader:
+        label = f"{path.name}/{member}"
+        if entry.is_dir:
+            raise NotAnArchiveError(f"{label} is a folder, not a member")
+        offset = entry.locator.get("offset")
+        if not isinstance(offset, int) or offset < 0:
+            raise CorruptArchiveError(f"{label}: no data offset recorded for this member")
+        reader = self._reader(path, self._session(path))
+        if offset + entry.size > reader.size:
+            reader.close()
+            raise CorruptArchiveError(f"{label}: member runs past the end of the package")
+        return MemberReader(reader, offset, entry.size, label)
+
+    def forget(self, path: Path) -> None:
+        """Drop what is remembered about a package (it changed on disk or went away)."""
+        with self._lock:
+            self._sessions.pop(str(path), None)
+        self._discard_segments()
+
+    def _discard_segments(self) -> None:
+        # Keys are ("c4gh", package_path, segment_no) and PageCache can only drop by first
+        # element, so a changed package costs every cached c4gh segment. Packages are immutable
+        # once served (spec), so this is rare; it keeps a replaced file from serving old bytes.
+        self.cache.discard_prefix(CACHE_PREFIX)
+
+    def _session(self, path: Path) -> _Session:
+        st = os.stat(path)
+        stamp = (st.st_size, st.st_mtime_ns)
+        with self._lock:
+            session = self._sessions.get(str(path))
+        if session is not None and session.stamp == stamp:
+            return session
+        if session is not None:
+            log.info("%s changed on disk; dropping its cached segments", path.name)
+            self._discard_segments()
+        with open(path, "rb") as f:
+            fd = f.fileno()
+            header, first = open_header(
+                lambda off, n: os.pread(fd, n, off), st.st_size, self.secret_keys, path.name
+            )
+        session = _Session(stamp, header, self._check_writer(path, header))
+        self.stats.count()  # segment 0, decrypted to find the writer; kept for the first read
+        self._reader(path, session).seed(0, first)
+        with self._lock:
+            self._sessions[str(path)] = session
+        return session
+
+    def _check_writer(self, path: Path, header: OpenedHeader) -> str:
+        if self.allowed_writers is None:
+            return header.writer_fingerprint
+        listed = [w for w in header.writers if w in self.allowed_writers]
+        if listed:
+            return listed[0]
+        message = f"{path.name}: writer {header.writer_fingerprint} is not an allowed writer"
+        if self.writer_policy == "enforce":
+            raise DecryptError(f"{message} (writer policy 'enforce': package not opened)")
+        log.warning("%s (writer policy 'warn': served anyway)", message)
+        return header.writer_fingerprint
+
+    def _reader(self, path: Path, session: _Session) -> SegmentReader:
+        return SegmentReader(
+            path,
+            session.header.header_len,
+            session.header.session_key,
+            self.cache,
+            file_size=session.stamp[0],
+            stats=self.stats,
+        )
+
+    def _declared_digests(
+        self, reader: SegmentReader, index: TarIndex, path: Path
+    ) -> dict[str, str]:
+        """payload.members sha256 by member name; a bad manifest costs the xattrs, not the mount."""
+        manifest = index.get("manifest.json")
+        if manifest is None or manifest.size > MAX_MANIFEST:
+            return {}
+        try:
+            doc = json.loads(reader.read(manifest.offset, manifest.size))
+            members = doc["payload"]["members"]
+            return {
+                name: item["sha256"]
+                for name, item in members.items()
+                if isinstance(item, dict) and DIGEST_RE.fullmatch(str(item.get("sha256")))
+            }
+        except (DecantError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            log.info("%s: no member digests from manifest.json (%s)", path.name, exc)
+            return {}
+
+
+def _insert(root: Entry, member: Member, digest: str | None) -> None:
+    *folders, leaf = member.name.split("/")
+    node = root
+    for part in folders:
+        node = node.children.setdefault(part, Entry(is_dir=True))
+    node.children[leaf] = Entry(
+        size=member.size,
+        sha256=digest,
+        xattrs={SHA256_XATTR: digest} if digest else {},
+        locator={"offset": member.offset},
+    )
+
+
+def _log_index(path: Path, index: TarIndex) -> None:
+    for problem in index.problems:
+        log.warning("%s", problem)
+    if index.dropped:
+        listed = "; ".join(f"{name!r}: {reason}" for name, reason in index.dropped)
+        log.warning("%s: not serving %d member(s): %s", path.name, len(index.dropped), listed)
+
+
+def load_allowed_writers(path: Path) -> set[str]:
+    """A file of `sha256:<hex>` writer fingerprints, one a line; `#` starts a comment."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise DecantError(f"cannot read allowed writers file '{path}': {exc.strerror}") from None
+    writers = set()
+    for number, line in enumerate(text.splitlines(), 1):
+        entry = line.split("#", 1)[0].strip().lower()
+        if not entry:
+            continue
+        if not FINGERPRINT_RE.fullmatch(entry):
+            raise DecantError(f"{path}:{number}: not a writer fingerprint (sha256:<64 hex>)")
+        writers.add(entry)
+    return writers
+
+
+def add_mount_options(parser: argparse.ArgumentParser) -> None:
+    """The daemon's crypt4gh options; pass the parsed args to backend_from_args."""
+    group = parser.add_argument_group("GDI .tar.c4gh packages")
+    group.add_argument(
+        "--c4gh-key",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="KEYFILE",
+        help="crypt4gh secret key (repeatable); passphrase from C4GH_PASSPHRASE, "
+        "--c4gh-passphrase-file or a terminal prompt",
+    )
+    group.add_argument("--c4gh-passphrase-file", type=Path, metavar="FILE")
+    group.add_argument(
+        "--c4gh-allowed-writers",
+        type=Path,
+        metavar="FILE",
+        help="file of sha256:<hex> writer fingerprints, one a line",
+    )
+    group.add_argument(
+        "--c4gh-writer-policy",
+        choices=POLICIES,
+        default="warn",
+        help="what an unlisted writer costs: 'enforce' shows the package raw (default: warn)",
+    )
+
+
+def backend_from_args(args: argparse.Namespace, cache: PageCache) -> C4ghBackend | None:
+    """The backend the options ask for, or None when no --c4gh-key was given."""
+    from vfs.c4gh.keys import load_secret_keys
+
+    paths: list[Path] = list(getattr(args, "c4gh_key", None) or [])
+    if not paths:
+        return None
+    keys = load_secret_keys(paths, getattr(args, "c4gh_passphrase_file", None))
+    allowed_file: Path | None = getattr(args, "c4gh_allowed_writers", None)
+    policy: str = getattr(args, "c4gh_writer_policy", "warn")
+    allowed = load_allowed_writers(allowed_file) if allowed_file else None
+    if policy == "enforce" and allowed is None:
+        raise DecantError("--c4gh-writer-policy enforce needs --c4gh-allowed-writers FILE")
+    log.info("c4gh: %d secret key(s) loaded, writer policy %s", len(keys), policy)
+    return C4ghBackend(keys, cache, allowed_writers=allowed, writer_policy=policy)
+
+
+__all__ = [
+    "C4ghBackend",
+    "MemberReader",
+    "add_mount_options",
+    "backend_from_args",
+    "load_allowed_writers",
+]
