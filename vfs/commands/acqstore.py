@@ -1,13 +1,49 @@
-"""`decant acqstore …` subcommands (filled in with the acqstore backend)."""
+"""`decant acqstore validate ROOT [--json]`: every §10 violation, exit status 1 on errors."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
 from typing import Any
+
+from vfs.acqstore.validate import ENTRY_POINT, validate_collection
 
 
 def register(sub: Any) -> None:
-    del sub  # no subcommands yet
+    parser = sub.add_parser("acqstore", help="AcqStore OME-Zarr collections")
+    actions = parser.add_subparsers(dest="acqstore_command", required=True, metavar="ACTION")
+    validate = actions.add_parser(
+        "validate",
+        help="check a collection against the AcqStore v1 schema and §10 rules",
+        description="Report every violation as 'error|warning: DOCUMENT POINTER: MESSAGE'.",
+    )
+    validate.add_argument("root", type=Path, metavar="ROOT", help="the folder holding acqstore/")
+    validate.add_argument("--json", action="store_true", help="print one JSON report instead")
+    validate.set_defaults(func=run_validate)
 
 
-__all__ = ["argparse", "register"]
+def collection_root(path: Path) -> Path:
+    """Accept the collection folder or, as a convenience, its acqstore/collection.json."""
+    if path.name == "collection.json" and path.parent.name == "acqstore":
+        return path.parent.parent
+    return path
+
+
+def run_validate(args: argparse.Namespace) -> int:
+    root = collection_root(args.root)
+    result = validate_collection(root)
+    if args.json:
+        json.dump(result.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for issue in result.issues:
+            print(issue.line())
+        verdict = "valid" if result.ok else "INVALID"
+        print(
+            f"{root / ENTRY_POINT}: {verdict} ({len(result.errors)} errors, "
+            f"{len(result.warnings)} warnings)",
+            file=sys.stderr,
+        )
+    return 0 if result.ok else 1

@@ -1,0 +1,286 @@
+"""Synthesized TIFFs: tifffile and libtiff read back the zarr pixels; any window is a slice."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tifffile
+import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vfs.acqstore.ngff import Axis, inspect_image, open_full_resolution
+from vfs.acqstore.synth_tiff import SynthesizedTiff, TiffLayout, layout_for_image
+from vfs.cache import PageCache
+
+
+def _corpus() -> Any:
+    name = "make_acqstore_corpus"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec and spec.loader
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+AXES = {
+    "t": Axis("t", "time", "second"),
+    "c": Axis("c", "channel"),
+    "z": Axis("z", "space", "micrometer"),
+    "y": Axis("y", "space", "micrometer"),
+    "x": Axis("x", "space", "micrometer"),
+}
+
+
+class CountingArray:
+    """A numpy array that counts how often pixels are read, optionally claiming a chunk shape."""
+
+    def __init__(self, data: np.ndarray, chunks: tuple[int, ...] | None = None) -> None:
+        self.data, self.shape, self.dtype = data, data.shape, data.dtype
+        if chunks:
+            self.chunks = chunks
+        self.reads = 0
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        self.reads += 1
+        return self.data[key]
+
+
+def synth(
+    data: np.ndarray,
+    axes: str,
+    scale: list[float] | None = None,
+    cache_bytes: int = 1 << 26,
+    **kw: Any,
+) -> tuple[SynthesizedTiff, CountingArray]:
+    array = CountingArray(data, kw.pop("chunks", None))
+    layout = TiffLayout(
+        [AXES[a] for a in axes], data.shape, data.dtype, scale or [1.0] * data.ndim, **kw
+    )
+    return SynthesizedTiff(layout, array, PageCache(cache_bytes), ("test",)), array
+
+
+def whole(tiff: SynthesizedTiff) -> bytes:
+    data = tiff.read(0, tiff.size)
+    assert len(data) == tiff.size
+    return data
+
+
+def ramp(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    rng = np.random.default_rng(sum(shape))
+    info = np.iinfo(dtype) if np.dtype(dtype).kind in "iu" else None
+    if info is None:
+        return rng.normal(size=shape).astype(dtype)
+    return rng.integers(info.min, info.max, size=shape, dtype=dtype, endpoint=True)
+
+
+def test_zarr_image_reads_back_as_imagej_hyperstack(tmp_path: Path) -> None:
+    data = ramp((2, 3, 4, 10, 12), np.uint16)
+    scale = [0.5, 1.0, 2.0, 0.25, 0.125]
+    _corpus().write_ome_zarr(tmp_path / "img.zarr", data, "tczyx", scale, chunks=(1, 1, 2, 10, 12))
+    image = inspect_image(tmp_path / "img.zarr")
+    array, release = open_full_resolution(image)
+    tiff = SynthesizedTiff(layout_for_image(image), array, PageCache(1 << 24), ("img",), release)
+    raw = whole(tiff)
+    tiff.close()
+    expected = zarr.open_array(str(tmp_path / "img.zarr" / "0"), mode="r")[...]
+    with tifffile.TiffFile(io.BytesIO(raw)) as tf:
+        series = tf.series[0]
+        assert (series.axes, series.shape) == ("TZCYX", (2, 4, 3, 10, 12))
+        assert np.array_equal(series.asarray(), expected.transpose(0, 2, 1, 3, 4))
+        meta = tf.imagej_metadata
+        assert meta is not None
+        assert (meta["channels"], meta["slices"], meta["frames"]) == (3, 4, 2)
+        assert meta["spacing"] == 2.0 and meta["finterval"] == 0.5 and meta["unit"] == "micron"
+        num, den = tf.pages[0].tags["XResolution"].value
+        assert num / den == pytest.approx(1 / 0.125)
+        num, den = tf.pages[0].tags["YResolution"].value
+        assert num / den == pytest.approx(1 / 0.25)
+        assert not tf.is_bigtiff and len(tf.pages) == 24
+
+
+def test_zipped_image_reads_back(tmp_path: Path) -> None:
+    data = ramp((5, 30, 20), np.uint8)
+    path = _corpus().write_ome_zarr_zip(tmp_path / "img.ozx", data, "zyx", [3.0, 1.0, 1.0])
+    image = inspect_image(path)
+    assert image.zipped and image.shape == (5, 30, 20)
+    array, release = open_full_resolution(image)
+    tiff = SynthesizedTiff(layout_for_image(image), array, PageCache(1 << 24), ("zip",), release)
+    try:
+        assert np.array_equal(tifffile.imread(io.BytesIO(whole(tiff))), data)
+    finally:
+        tiff.close()
+
+
+def test_zarr_v3_ngff_05_image_reads_back(tmp_path: Path) -> None:
+    data = ramp((2, 5, 6), np.float32)
+    group = zarr.open_group(str(tmp_path / "v3.zarr"), mode="w", zarr_format=3)
+    group.create_array("s0", shape=data.shape, dtype=data.dtype, chunks=(2, 5, 6))[...] = data
+    axes = [{"name": "c", "type": "channel"}, {"name": "y", "type": "space"}, {"name": "x"}]
+    scale = [{"type": "scale", "scale": [1, 0.5, 0.5]}]
+    group.attrs["ome"] = {
+        "version": "0.5",
+        "multiscales": [
+            {"axes": axes, "datasets": [{"path": "s0", "coordinateTransformations": scale}]}
+        ],
+    }
+    image = inspect_image(tmp_path / "v3.zarr")
+    assert (image.zarr_format, image.dataset, image.shape) == (3, "s0", (2, 5, 6))
+    array, release = open_full_resolution(image)
+    tiff = SynthesizedTiff(layout_for_image(image), array, PageCache(1 << 24), ("v3",), release)
+    try:
+        assert np.array_equal(tifffile.imread(io.BytesIO(whole(tiff))), data)
+    finally:
+        tiff.close()
+
+
+def test_int32_gets_ome_xml_with_physical_sizes() -> None:
+    data = ramp((3, 7, 9), np.int32)
+    tiff, _ = synth(data, "cyx", [1.0, 0.3, 0.2], name="cells")
+    assert tiff.layout.flavor == "ome"
+    with tifffile.TiffFile(io.BytesIO(whole(tiff))) as tf:
+        assert tf.is_ome and tf.series[0].shape == (3, 7, 9)
+        assert np.array_equal(tf.series[0].asarray(), data)
+        ns = {"ome": "http://www.openmicroscopy.org/Schemas/OME/2016-06"}
+        pixels = ET.fromstring(tf.ome_metadata or "").find(".//ome:Pixels", ns)
+        assert pixels is not None
+        assert float(pixels.get("PhysicalSizeX", "0")) == pytest.approx(0.2)
+        assert float(pixels.get("PhysicalSizeY", "0")) == pytest.approx(0.3)
+        assert pixels.get("PhysicalSizeXUnit") == "µm" and pixels.get("SizeC") == "3"
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.float16, np.uint64])
+def test_types_outside_imagej_and_ome_keep_shape_and_pixels(dtype: Any) -> None:
+    data = ramp((2, 4, 6, 5), dtype)
+    tiff, _ = synth(data, "czyx")
+    with tifffile.TiffFile(io.BytesIO(whole(tiff))) as tf:
+        got = tf.series[0].asarray()
+    assert got.dtype == np.dtype(dtype)
+    # Pages run channel fastest, then z: the order ImageJ and OME (XYCZT) use.
+    assert np.array_equal(got.reshape(4, 2, 6, 5), data.transpose(1, 0, 2, 3))
+
+
+def test_bool_is_presented_as_uint8() -> None:
+    data = ramp((6, 8), np.uint8) > 100
+    tiff, _ = synth(data, "yx")
+    assert np.array_equal(tifffile.imread(io.BytesIO(whole(tiff))), data.astype(np.uint8))
+
+
+def test_forced_bigtiff_with_several_strips_per_plane() -> None:
+    data = ramp((3, 1100, 1000), np.uint8)  # 1.1 MB planes: two strips each
+    tiff, _ = synth(data, "zyx", bigtiff=True)
+    assert tiff.layout.bigtiff and tiff.layout.n_strips == 2
+    with tifffile.TiffFile(io.BytesIO(whole(tiff))) as tf:
+        assert tf.is_bigtiff and len(tf.pages[1].dataoffsets) == 2
+        assert np.array_equal(tf.series[0].asarray(), data)
+        num, den = tf.pages[2].tags["XResolution"].value
+        assert num == den
+
+
+def test_large_image_switches_to_bigtiff_by_itself() -> None:
+    """Layout is arithmetic, so a > 4 GiB image costs nothing until planes are read."""
+    layout = TiffLayout([AXES["z"], AXES["y"], AXES["x"]], (2100, 1024, 1024), np.uint16, [1, 1, 1])
+    assert layout.bigtiff and layout.size > 2**32
+    assert layout.size == layout.data_offset + 2100 * 1024 * 1024 * 2
+
+
+def _tiffinfo(tmp_path: Path, raw: bytes) -> subprocess.CompletedProcess[str]:
+    path = tmp_path / "synth.tif"
+    path.write_bytes(raw)
+    return subprocess.run(
+        ["tiffinfo", "-D", str(path)], capture_output=True, text=True, check=False
+    )
+
+
+@pytest.mark.skipif(
+    shutil.which("tiffinfo") is None, reason="tiffinfo (libtiff-tools) not installed"
+)
+@pytest.mark.parametrize(
+    ("shape", "dtype", "axes", "kw"),
+    [
+        ((2, 3, 16, 20), np.uint16, "czyx", {}),
+        ((2, 16, 20), np.int32, "cyx", {}),
+        ((3, 1100, 1000), np.uint8, "zyx", {"bigtiff": True}),
+        ((3, 1100, 1000), np.float32, "zyx", {}),
+    ],
+)
+def test_tiffinfo_accepts(tmp_path: Path, shape: Any, dtype: Any, axes: str, kw: Any) -> None:
+    tiff, _ = synth(ramp(shape, dtype), axes, **kw)
+    done = _tiffinfo(tmp_path, whole(tiff))
+    assert done.returncode == 0, done.stderr
+    assert "error" not in done.stderr.lower() and "warning" not in done.stderr.lower()
+    n_pages = int(np.prod(shape[:-2]))
+    assert done.stdout.count("Image Width:") == n_pages
+
+
+def test_planes_are_decoded_once_and_cached() -> None:
+    data = ramp((4, 5, 6), np.uint16)
+    tiff, array = synth(data, "zyx")
+    first = whole(tiff)
+    assert array.reads == 4
+    assert whole(tiff) == first and array.reads == 4
+
+
+def test_a_chunk_of_planes_is_read_in_one_go() -> None:
+    data = ramp((8, 5, 6), np.uint16)
+    tiff, array = synth(data, "zyx", chunks=(4, 5, 6))
+    assert np.array_equal(tifffile.imread(io.BytesIO(whole(tiff))), data)
+    assert array.reads == 2
+
+
+def test_readahead_warms_the_next_plane() -> None:
+    tiff, array = synth(ramp((3, 5, 6), np.uint8), "zyx")
+    lay = tiff.layout
+    tiff.readahead(lay.data_offset + 3)  # inside plane 0: warms plane 1
+    assert array.reads == 1
+    tiff.read(lay.data_offset + lay.plane_bytes, 10)
+    assert array.reads == 1
+
+
+def test_reads_past_the_end_are_short() -> None:
+    tiff, _ = synth(ramp((5, 6), np.uint8), "yx")
+    raw = whole(tiff)
+    assert tiff.read(tiff.size - 4, 100) == raw[-4:]
+    assert tiff.read(tiff.size, 10) == b"" and tiff.read(3, 0) == b""
+
+
+# A few planes in a tiny cache, so windows keep evicting and reloading; several strips per plane
+# in the BigTIFF case so the generated IFD table carries external strip-offset arrays.
+CASES = {
+    "classic": (ramp((3, 4, 9, 7), np.uint16), "czyx", {}),
+    "bigtiff": (ramp((40, 1100, 1000), np.uint8), "zyx", {"bigtiff": True}),
+}
+WHOLE: dict[str, bytes] = {}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_any_window_equals_a_slice_of_the_whole(case: str, data: st.DataObject) -> None:
+    array, axes, kw = CASES[case]
+    tiff, _ = synth(array, axes, cache_bytes=3 * array[0].nbytes * 2, **kw)
+    if case not in WHOLE:
+        WHOLE[case] = whole(tiff)
+        got = tifffile.imread(io.BytesIO(WHOLE[case]))
+        assert got.size == array.size
+    full = WHOLE[case]
+    # Bias windows to the metadata region and to plane boundaries as well as anywhere.
+    edge = tiff.layout.data_offset + tiff.layout.plane_bytes * data.draw(st.integers(0, 3))
+    offset = data.draw(
+        st.one_of(st.integers(0, tiff.layout.data_offset + 64), st.integers(edge - 40, edge + 40))
+        | st.integers(0, tiff.size + 10)
+    )
+    size = data.draw(st.integers(0, 3 * tiff.layout.plane_bytes) | st.integers(0, 300))
+    offset = max(offset, 0)
+    assert tiff.read(offset, size) == full[offset : offset + size]

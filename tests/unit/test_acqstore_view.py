@@ -1,0 +1,284 @@
+"""The `members/` view and the AcqStore backend: names, plain files, TIFFs, decant delegation."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tifffile
+import zarr
+
+from vfs.acqstore.view import safe_name
+from vfs.backends.acqstore import AcqStoreBackend
+from vfs.backends.base import Description, Entry
+from vfs.cache import PageCache
+from vfs.errors import ManifestError
+
+
+def _corpus() -> Any:
+    name = "make_acqstore_corpus"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec and spec.loader
+        sys.modules[name] = module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+COLLECTION = "acqstore/collection.json"
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return Path(_corpus().make_collection(tmp_path_factory.mktemp("corpus") / "c")["root"])
+
+
+@pytest.fixture
+def root(template: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(template, tmp_path / "c"))
+
+
+def edit(root: Path, change: Any) -> None:
+    path = root / COLLECTION
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+
+
+def read_all(backend: AcqStoreBackend, root: Path, member: str, entry: Entry) -> bytes:
+    handle = backend.open(root, member, entry)
+    try:
+        assert handle.size == entry.size
+        return handle.read(0, handle.size)
+    finally:
+        handle.close()
+
+
+def test_claims_only_collection_folders(root: Path) -> None:
+    backend = AcqStoreBackend(PageCache(1 << 24))
+    assert backend.claims(root, True)
+    assert not backend.claims(root, False)
+    assert not backend.claims(root / "images", True)
+    assert backend.overlay is True
+
+
+def test_view_tree_names(root: Path) -> None:
+    desc = AcqStoreBackend(PageCache(1 << 24)).describe(root)
+    assert desc.name == "members"
+    assert set(desc.root.children) == {"Kymograph 1", "Stack 2", "tables"}
+    assert set(desc.root.children["Kymograph 1"].children) == {
+        "Kymograph 1.tif",
+        "reference.tif",
+        "reference-image.json",
+        "acqimage.json",
+        "analyses.json",
+        "an-velocity",
+        "an-intensity",
+    }
+    assert set(desc.root.children["Stack 2"].children) == {
+        "Stack 2.tif",
+        "acqimage.json",
+        "analyses.json",
+        "an-velocity",
+    }
+    assert set(desc.root.walk("Kymograph 1/an-velocity").children) == {"results.csv", "summary.csv"}
+    assert set(desc.root.children["tables"].children) == {
+        "velocity-pool.csv",
+        "sum-intensity-pool.csv",
+    }
+    # The description survives the persistent index's JSON form.
+    assert Description.from_json(json.loads(json.dumps(desc.to_json()))) == desc
+
+
+def test_duplicate_and_unsafe_names(root: Path) -> None:
+    edit(root, lambda d: d["members"][1].update(name="Kymograph 1"))
+    names = set(AcqStoreBackend(PageCache(1 << 24)).describe(root).root.children)
+    assert names == {"Kymograph 1 (img-a)", "Kymograph 1 (img-b)", "tables"}
+    edit(root, lambda d: d["members"][0].update(name="tables"))
+    edit(root, lambda d: d["members"][1].update(name=" ../a/b\x00 "))
+    desc = AcqStoreBackend(PageCache(1 << 24)).describe(root)
+    assert set(desc.root.children) == {"tables (img-a)", "_._a_b_", "tables"}
+    assert "_._a_b_.tif" in desc.root.children["_._a_b_"].children
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("plain", "plain"),
+        ("a/b", "a_b"),
+        (".hidden", "_hidden"),
+        ("..", "_."),
+        ("", "_"),
+        ("é" * 150, "é" * 100),
+    ],
+)
+def test_safe_name(text: str, expected: str) -> None:
+    assert safe_name(text) == expected
+
+
+def test_dot_members_when_members_exists(root: Path) -> None:
+    (root / "members").mkdir()
+    assert AcqStoreBackend(PageCache(1 << 24)).describe(root).name == ".members"
+    (root / ".members").write_text("")
+    with pytest.raises(ManifestError):
+        AcqStoreBackend(PageCache(1 << 24)).describe(root)
+
+
+def test_invalid_collection_gets_no_view(root: Path) -> None:
+    _corpus().MUTATIONS["unknown_roi_id"](root)
+    _corpus().MUTATIONS["dotdot_path"](root)
+    with pytest.raises(ManifestError) as info:
+        AcqStoreBackend(PageCache(1 << 24)).describe(root)
+    text = str(info.value)
+    assert "error: acqstore/collection.json /members/0/ome_zarr: path '../outside.zarr'" in text
+    assert "/analyses/0/roi_id: roi_id 'no-such-roi'" in text
+
+
+def test_plain_files_are_byte_identical(root: Path) -> None:
+    backend = AcqStoreBackend(PageCache(1 << 24))
+    view = backend.describe(root).root
+    pairs = {
+        "Kymograph 1/acqimage.json": "acqstore/members/img-a/acqimage.json",
+        "Kymograph 1/reference-image.json": "acqstore/members/img-a/reference-image.json",
+        "Stack 2/analyses.json": "acqstore/members/img-b/analyses.json",
+        "Kymograph 1/an-intensity/summary.csv": (
+            "acqstore/members/img-a/analyses/an-intensity/summary.csv"
+        ),
+        "tables/velocity-pool.csv": "acqstore/tables/velocity-pool.csv",
+    }
+    for member, source in pairs.items():
+        entry = view.walk(member)
+        assert entry is not None
+        assert read_all(backend, root, member, entry) == (root / source).read_bytes()
+    handle = backend.open(root, "tables/velocity-pool.csv", view.walk("tables/velocity-pool.csv"))
+    assert handle.read(3, 5) == (root / "acqstore/tables/velocity-pool.csv").read_bytes()[3:8]
+    handle.close()
+
+
+@pytest.mark.parametrize(
+    ("member", "image", "order"),
+    [
+        ("Stack 2/Stack 2.tif", "images/stack.zarr", (1, 0, 2, 3)),  # c,z -> pages z-major
+        ("Kymograph 1/Kymograph 1.tif", "images/kymograph.zarr", (0, 1)),
+        ("Kymograph 1/reference.tif", "images/reference.zarr", (0, 1)),
+    ],
+)
+def test_synthesized_tiffs_hold_the_zarr_pixels(
+    root: Path, member: str, image: str, order: Any
+) -> None:
+    backend = AcqStoreBackend(PageCache(1 << 24))
+    entry = backend.describe(root).root.walk(member)
+    assert entry is not None and entry.locator["kind"] == "tiff"
+    raw = read_all(backend, root, member, entry)
+    expected = zarr.open_array(str(root / image / "0"), mode="r")[...]
+    got = tifffile.imread(io.BytesIO(raw))
+    assert got.dtype == expected.dtype
+    assert np.array_equal(got, expected.transpose(order))
+
+
+def test_changed_image_is_refused_rather_than_misread(root: Path) -> None:
+    backend = AcqStoreBackend(PageCache(1 << 24))
+    entry = backend.describe(root).root.walk("Stack 2/Stack 2.tif")
+    assert entry is not None
+    entry.size += 1
+    with pytest.raises(ManifestError, match="changed"):
+        backend.open(root, "Stack 2/Stack 2.tif", entry)
+
+
+class BytesAccess:
+    def __init__(self, data: bytes) -> None:
+        self.data, self.size, self.closed = data, len(data), False
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self.data[offset : offset + size]
+
+    def readahead(self, offset: int) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeDecantBackend:
+    """Stands in for the decant backend: one archive presented as its original file."""
+
+    name = "decant"
+
+    def __init__(self, original: bytes) -> None:
+        self.original = original
+        self.opened: list[tuple[Path, str, Entry]] = []
+
+    def claims(self, path: Path, is_dir: bool) -> bool:
+        return path.name.endswith(".zarr.zip")
+
+    def describe(self, path: Path) -> Description:
+        return Description(name="original.tif", root=Entry(size=len(self.original)))
+
+    def open(self, path: Path, member: str, entry: Entry) -> BytesAccess:
+        self.opened.append((path, member, entry))
+        return BytesAccess(self.original)
+
+
+@pytest.fixture
+def decant_root(tmp_path: Path) -> tuple[Path, bytes]:
+    pixels = np.arange(30 * 20, dtype=np.uint16).reshape(30, 20)
+    original = io.BytesIO()
+    tifffile.imwrite(original, pixels, description="an original with its own bytes")
+    manifest = {".decant/manifest.json": json.dumps({"format": 1, "mode": "byte-exact"}).encode()}
+    archive = _corpus().write_ome_zarr_zip(
+        tmp_path / "scan.zarr.zip", pixels, "yx", [1.0, 1.0], manifest
+    )
+    root = _corpus().make_collection(tmp_path / "c", decant_archive=archive)["root"]
+    return Path(root), original.getvalue()
+
+
+def test_decant_archive_delegates_to_the_decant_backend(decant_root: tuple[Path, bytes]) -> None:
+    root, original = decant_root
+    fake = FakeDecantBackend(original)
+    backend = AcqStoreBackend(PageCache(1 << 24), fake)
+    view = backend.describe(root).root
+    entry = view.walk("Kymograph 1/Kymograph 1.tif")
+    assert entry is not None and entry.size == len(original) and entry.locator["kind"] == "decant"
+    stored = Entry.from_json(json.loads(json.dumps(entry.to_json())))  # as the index keeps it
+    assert read_all(backend, root, "Kymograph 1/Kymograph 1.tif", stored) == original
+    path, member, decant_entry = fake.opened[0]
+    assert (path, member, decant_entry.size) == (root / "images/scan.zarr.zip", "", len(original))
+    # Plain OME-Zarr members are still synthesized.
+    assert view.walk("Stack 2/Stack 2.tif").locator["kind"] == "tiff"  # type: ignore[union-attr]
+
+
+def test_decant_archive_without_decant_backend_is_synthesized(
+    decant_root: tuple[Path, bytes],
+) -> None:
+    root, _ = decant_root
+    backend = AcqStoreBackend(PageCache(1 << 24), None)
+    entry = backend.describe(root).root.walk("Kymograph 1/Kymograph 1.tif")
+    assert entry is not None and entry.locator["kind"] == "tiff"
+    raw = read_all(backend, root, "Kymograph 1/Kymograph 1.tif", entry)
+    assert np.array_equal(
+        tifffile.imread(io.BytesIO(raw)), np.arange(600, dtype=np.uint16).reshape(30, 20)
+    )
+
+
+def test_real_decant_archive_is_served_byte_exact(tmp_path: Path) -> None:
+    """With the real packer and decant backend, when they are present in this tree."""
+    packer = pytest.importorskip("vfs.decant.packer")
+    decant = pytest.importorskip("vfs.backends.decant")
+    pixels = np.arange(3 * 40 * 30, dtype=np.uint16).reshape(3, 40, 30)
+    tifffile.imwrite(tmp_path / "scan.tif", pixels, imagej=True, metadata={"axes": "ZYX"})
+    original = (tmp_path / "scan.tif").read_bytes()
+    packed = packer.pack_file(tmp_path / "scan.tif", tmp_path / "scan.tif.zarr.zip")
+    root = Path(_corpus().make_collection(tmp_path / "c", decant_archive=packed.archive)["root"])
+    cache = PageCache(1 << 24)
+    backend = AcqStoreBackend(cache, decant.DecantBackend(cache))
+    entry = backend.describe(root).root.walk("Kymograph 1/Kymograph 1.tif")
+    assert entry is not None and entry.locator["kind"] == "decant"
+    assert read_all(backend, root, "Kymograph 1/Kymograph 1.tif", entry) == original

@@ -1,0 +1,310 @@
+"""A TIFF synthesized on demand from a full-resolution OME-Zarr array, read at any (offset, size).
+
+Layout: header, the first IFD (the only one carrying the ImageJ/OME description), values shared by
+every page, then IFDs 1..N-1 of one fixed stride, then every plane's pixels back to back (one page
+per plane, uncompressed, striped). Everything before the pixels is arithmetic on shape and dtype:
+only the first IFD is kept as bytes; the others are generated for the range a read touches, so
+opening a 100,000-plane image costs the same as a one-plane image.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from vfs.acqstore.ngff import Axis, NgffImage
+from vfs.acqstore.tiff_meta import describe_planes, resolution
+from vfs.cache import PageCache
+from vfs.errors import UnsupportedFormatError
+
+CLASSIC_MAX_SIZE = 2**32  # every offset and count of a classic TIFF is a 32-bit LONG
+STRIP_BYTES = 1 << 20  # strips of about 1 MiB: few strip offsets per IFD, small reader buffers
+BLOCK_BYTES = 64 << 20  # read a whole zarr chunk of planes at once when it is no larger than this
+SHORT, LONG, RATIONAL, LONG8, ASCII = 3, 4, 5, 16, 2
+_SAMPLE_FORMAT = {"u": 1, "b": 1, "i": 2, "f": 3}
+_N_TAGS = 13  # tags in every IFD; the first one adds ImageDescription
+
+
+class TiffLayout:
+    """Byte geometry of the synthesized file for one array shape and dtype; reads no pixels."""
+
+    def __init__(
+        self,
+        axes: Sequence[Axis],
+        shape: Sequence[int],
+        dtype: Any,
+        scale: Sequence[float],
+        *,
+        name: str = "",
+        flavor: str = "auto",
+        bigtiff: bool | None = None,
+    ) -> None:
+        src = np.dtype(dtype)
+        if src.kind not in _SAMPLE_FORMAT or len(shape) < 2:
+            raise UnsupportedFormatError(
+                f"cannot present a {src} array of shape {tuple(shape)} as TIFF"
+            )
+        self.dtype = np.dtype("u1") if src.kind == "b" else src.newbyteorder("<")
+        self.height, self.width = int(shape[-2]), int(shape[-1])
+        meta = describe_planes(list(axes), list(shape), self.dtype, list(scale), name, flavor)
+        self.flavor, self.page_axes, self.page_shape = meta.flavor, meta.page_axes, meta.page_shape
+        self.description = meta.description.encode("utf-8") + b"\0"
+        self.x_resolution = resolution(scale[-1])
+        self.y_resolution = resolution(scale[-2])
+        self.n_pages = int(np.prod(self.page_shape, dtype=np.int64))
+        row_bytes = self.width * self.dtype.itemsize
+        self.plane_bytes = row_bytes * self.height
+        if self.plane_bytes == 0 or self.n_pages == 0:
+            raise UnsupportedFormatError(f"cannot present an empty array {tuple(shape)} as TIFF")
+        self.rows_per_strip = max(1, min(self.height, STRIP_BYTES // max(row_bytes, 1)))
+        self.n_strips = -(-self.height // self.rows_per_strip)
+        self.strip_bytes = self.rows_per_strip * row_bytes
+        self._arrange(big=bool(bigtiff))
+        if self.size > CLASSIC_MAX_SIZE and not self.bigtiff:
+            if bigtiff is not None:
+                raise UnsupportedFormatError(f"{self.size} bytes do not fit a classic TIFF")
+            self._arrange(big=True)
+
+    def _arrange(self, big: bool) -> None:
+        self.bigtiff = big
+        self._vs = 8 if big else 4  # bytes in a value/offset field
+        self._es = 20 if big else 12  # bytes in an IFD entry
+        self._cs = 8 if big else 2  # bytes in an IFD's entry count
+        align = 8 if big else 2
+        header = 16 if big else 8
+        strip_array = self.n_strips * self._vs if self.n_strips > 1 else 0
+        self._ifd0_len = self._cs + (_N_TAGS + 1) * self._es + self._vs + strip_array
+        self._stride = self._cs + _N_TAGS * self._es + self._vs + strip_array
+        pos = header + self._ifd0_len
+        self._desc_at = pos
+        pos = _align(pos + len(self.description), align)
+        self._xres_at, self._yres_at = pos, pos + 8
+        self._counts_at = pos + 16
+        pos = _align(pos + 16 + strip_array, align)
+        self.ifd1_at = pos
+        self.table_end = pos + (self.n_pages - 1) * self._stride
+        self.data_offset = _align(self.table_end, 16)
+        self.size = self.data_offset + self.n_pages * self.plane_bytes
+        self.head = self._build_head(header)
+        self._template = (
+            np.frombuffer(self._ifd(1, self.ifd1_at), np.uint8) if self.n_pages > 1 else None
+        )
+
+    def _build_head(self, header: int) -> bytes:
+        magic = (
+            struct.pack("<HHHQ", 43, 8, 0, header)
+            if self.bigtiff
+            else struct.pack("<HI", 42, header)
+        )
+        out = bytearray(b"II" + magic)
+        out += self._ifd(0, header)
+        out += self.description
+        out += bytes(self._xres_at - len(out))
+        out += struct.pack("<II", *self.x_resolution) + struct.pack("<II", *self.y_resolution)
+        if self.n_strips > 1:
+            counts = [self.strip_bytes] * self.n_strips
+            counts[-1] = self.plane_bytes - self.strip_bytes * (self.n_strips - 1)
+            out += np.asarray(counts, self._odt).tobytes()
+        out += bytes(self.ifd1_at - len(out))
+        return bytes(out)
+
+    @property
+    def _odt(self) -> str:
+        return "<u8" if self.bigtiff else "<u4"
+
+    def _ifd(self, page: int, at: int) -> bytes:
+        """One IFD block (entries, next offset, own strip offsets) for `page` placed at `at`."""
+        oty, ofmt = (LONG8, "<Q") if self.bigtiff else (LONG, "<I")
+        first = self.data_offset + page * self.plane_bytes
+        single = self.n_strips == 1
+        # Several strips: this page's offsets array follows its IFD (entries, then next offset).
+        own_array = at + self._cs + (_N_TAGS + (page == 0)) * self._es + self._vs
+        entries: list[tuple[int, int, int, bytes | int]] = [
+            (256, LONG, 1, struct.pack("<I", self.width)),
+            (257, LONG, 1, struct.pack("<I", self.height)),
+            (258, SHORT, 1, struct.pack("<H", self.dtype.itemsize * 8)),
+            (259, SHORT, 1, struct.pack("<H", 1)),  # no compression
+            (262, SHORT, 1, struct.pack("<H", 1)),  # min-is-black
+            (273, oty, self.n_strips, struct.pack(ofmt, first) if single else own_array),
+            (277, SHORT, 1, struct.pack("<H", 1)),
+            (278, LONG, 1, struct.pack("<I", self.rows_per_strip)),
+            (
+                279,
+                oty,
+                self.n_strips,
+                struct.pack(ofmt, self.plane_bytes) if single else self._counts_at,
+            ),
+            (282, RATIONAL, 1, self._rational(self.x_resolution, self._xres_at)),
+            (283, RATIONAL, 1, self._rational(self.y_resolution, self._yres_at)),
+            (296, SHORT, 1, struct.pack("<H", 1)),  # unit lives in the description, as in ImageJ
+            (339, SHORT, 1, struct.pack("<H", _SAMPLE_FORMAT[self.dtype.kind])),
+        ]
+        if page == 0:  # the description only on the first page, where readers look for it
+            entries.insert(5, (270, ASCII, len(self.description), self._desc_at))
+        out = bytearray(struct.pack("<Q" if self.bigtiff else "<H", len(entries)))
+        for tag, kind, count, value in entries:
+            out += struct.pack("<HHQ" if self.bigtiff else "<HHI", tag, kind, count)
+            out += (
+                struct.pack(ofmt, value) if isinstance(value, int) else value.ljust(self._vs, b"\0")
+            )
+        nxt = 0 if page + 1 >= self.n_pages else self.ifd1_at + page * self._stride
+        out += struct.pack(ofmt, nxt)
+        if not single:
+            out += self._strip_offsets(np.array([page])).astype(self._odt).tobytes()
+        return bytes(out)
+
+    def _rational(self, value: tuple[int, int], at: int) -> bytes | int:
+        """A RATIONAL fits in a BigTIFF entry's 8-byte value field; classic TIFF points to it."""
+        return struct.pack("<II", *value) if self.bigtiff else at
+
+    def _strip_offsets(self, pages: np.ndarray) -> np.ndarray:
+        first = np.uint64(self.data_offset) + pages.astype(np.uint64) * np.uint64(self.plane_bytes)
+        return first[:, None] + np.arange(self.n_strips, dtype=np.uint64) * np.uint64(
+            self.strip_bytes
+        )
+
+    def ifd_rows(self, first: int, last: int) -> np.ndarray:
+        """IFDs `first`..`last-1` (first >= 1) as rows of bytes, patched from one template."""
+        assert self._template is not None
+        pages = np.arange(first, last, dtype=np.uint64)
+        at = np.uint64(self.ifd1_at) + (pages - np.uint64(1)) * np.uint64(self._stride)
+        rows = np.tile(self._template, (len(pages), 1))
+        vs, head = self._vs, self._cs + _N_TAGS * self._es
+        nxt = np.where(
+            pages + np.uint64(1) < self.n_pages, at + np.uint64(self._stride), np.uint64(0)
+        )
+        rows[:, head : head + vs] = _le(nxt, self._odt)
+        value_at = self._cs + 5 * self._es + (12 if self.bigtiff else 8)  # StripOffsets is entry 5
+        if self.n_strips == 1:
+            rows[:, value_at : value_at + vs] = _le(self._strip_offsets(pages)[:, 0], self._odt)
+        else:
+            rows[:, value_at : value_at + vs] = _le(at + np.uint64(head + vs), self._odt)
+            rows[:, head + vs :] = _le(self._strip_offsets(pages), self._odt)
+        return rows
+
+    def prefix(self, start: int, stop: int) -> bytes:
+        """Bytes [start, stop) of everything before the pixel data."""
+        parts: list[bytes] = []
+        if start < self.ifd1_at:
+            parts.append(self.head[start : min(stop, self.ifd1_at)])
+            start = min(stop, self.ifd1_at)
+        if start < min(stop, self.table_end):
+            end = min(stop, self.table_end)
+            first = 1 + (start - self.ifd1_at) // self._stride
+            last = 1 + -(-(end - self.ifd1_at) // self._stride)
+            base = self.ifd1_at + (first - 1) * self._stride
+            parts.append(self.ifd_rows(first, last).tobytes()[start - base : end - base])
+            start = end
+        if start < stop:
+            parts.append(bytes(stop - start))
+        return b"".join(parts)
+
+    def page_coords(self, page: int) -> dict[int, int]:
+        """NGFF axis index -> coordinate for the plane shown as `page`."""
+        coords = np.unravel_index(page, self.page_shape)
+        return {a: int(c) for a, c in zip(self.page_axes, coords, strict=True)}
+
+    def page_of(self, coords: dict[int, int]) -> int:
+        index = [coords[a] for a in self.page_axes]
+        return int(np.ravel_multi_index(index, self.page_shape)) if index else 0
+
+
+def layout_for_image(image: NgffImage, name: str = "") -> TiffLayout:
+    return TiffLayout(image.axes, image.shape, image.dtype, image.scale, name=name)
+
+
+class SynthesizedTiff:
+    """RandomAccess over a TiffLayout; each plane is decoded once into the shared PageCache."""
+
+    def __init__(
+        self,
+        layout: TiffLayout,
+        array: Any,
+        cache: PageCache,
+        key: tuple[Hashable, ...],
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        self.layout, self.size = layout, layout.size
+        self._array, self._cache, self._key, self._on_close = array, cache, key, on_close
+        self._ndim = len(array.shape)
+
+    def read(self, offset: int, size: int) -> bytes:
+        lay = self.layout
+        end = min(offset + max(size, 0), self.size)
+        if offset >= end:
+            return b""
+        parts: list[bytes | memoryview] = []
+        if offset < lay.data_offset:
+            parts.append(lay.prefix(offset, min(end, lay.data_offset)))
+            offset = min(end, lay.data_offset)
+        while offset < end:
+            page, within = divmod(offset - lay.data_offset, lay.plane_bytes)
+            take = min(end - offset, lay.plane_bytes - within)
+            parts.append(memoryview(self._plane(page))[within : within + take])
+            offset += take
+        return b"".join(parts)
+
+    def readahead(self, offset: int) -> None:
+        """Decode the plane after the one holding `offset`: a sequential reader finds it ready."""
+        lay = self.layout
+        page = 0 if offset < lay.data_offset else (offset - lay.data_offset) // lay.plane_bytes + 1
+        if page < lay.n_pages:
+            self._plane(page)
+
+    def close(self) -> None:
+        if self._on_close is not None:
+            self._on_close()
+            self._on_close = None
+
+    def _plane(self, page: int) -> bytes:
+        return self._cache.get_or_load((*self._key, page), lambda: self._load(page))  # type: ignore[no-any-return]
+
+    def _load(self, page: int) -> bytes:
+        """Decode `page`; when its zarr chunk spans neighbouring planes, keep those too."""
+        lay = self.layout
+        coords = lay.page_coords(page)
+        block = self._block(coords)
+        data = np.asarray(self._array[(*block, slice(None), slice(None))])
+        if data.ndim == 2:
+            return np.ascontiguousarray(data, dtype=lay.dtype).tobytes()
+        wanted = b""
+        starts = [s.start for s in block]
+        for local in np.ndindex(data.shape[:-2]):
+            here = {a: starts[a] + local[a] for a in range(len(block))}
+            plane = np.ascontiguousarray(data[local], dtype=lay.dtype).tobytes()
+            other = lay.page_of(here)
+            if other == page:
+                wanted = plane
+            else:
+                self._cache.put((*self._key, other), plane)
+        return wanted
+
+    def _block(self, coords: dict[int, int]) -> list[Any]:
+        lead = self._ndim - 2
+        chunks = getattr(self._array, "chunks", None)
+        single = [coords.get(a, 0) for a in range(lead)]
+        if not chunks or len(chunks) != self._ndim:
+            return single
+        spans = []
+        for a in range(lead):
+            c, step, dim = coords.get(a, 0), int(chunks[a]), int(self._array.shape[a])
+            lo = c - c % step
+            spans.append(slice(lo, min(lo + step, dim)))
+        planes = int(np.prod([s.stop - s.start for s in spans], dtype=np.int64))
+        limit = min(BLOCK_BYTES, self._cache.max_bytes // 4)
+        if planes <= 1 or planes * self.layout.plane_bytes > limit:
+            return single
+        return spans
+
+
+def _align(value: int, to: int) -> int:
+    return -(-value // to) * to
+
+
+def _le(values: np.ndarray, dtype: str) -> np.ndarray:
+    """Integers as little-endian byte columns, ready to drop into rows of IFD bytes."""
+    arr = np.ascontiguousarray(values, dtype=dtype)
+    return arr.view(np.uint8).reshape(arr.shape[0], -1)

@@ -1,0 +1,162 @@
+"""The virtual `members/` tree of a valid collection: members by human name, as plain files."""
+
+from __future__ import annotations
+
+import logging
+import os
+import unicodedata
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vfs.acqstore import paths
+from vfs.acqstore.ngff import NgffImage
+from vfs.acqstore.synth_tiff import layout_for_image
+from vfs.acqstore.validate import ENTRY_POINT, Validation
+from vfs.backends.base import Entry
+from vfs.errors import DecantError, ManifestError
+
+log = logging.getLogger(__name__)
+
+TABLES = "tables"
+_NAME_MAX = 200  # bytes; leaves room below NAME_MAX (255) for a suffix such as " (id).tif"
+
+# Given an archive's path, the file Entry the decant backend presents for it (None: cannot).
+DecantDescriber = Callable[[Path], Entry | None]
+
+
+def view_name(root: Path) -> str:
+    """`members`, or `.members` when the collection already holds an entry called `members`."""
+    if not os.path.lexists(root / "members"):
+        return "members"
+    if not os.path.lexists(root / ".members"):
+        return ".members"
+    raise ManifestError(
+        f"{root}: both 'members' and '.members' exist; no name is left for the view"
+    )
+
+
+def safe_name(text: str, fallback: str = "_") -> str:
+    """One path component: no slash, NUL or control character, no leading dot, not too long."""
+    out = "".join(
+        "_" if ch == "/" or unicodedata.category(ch) in ("Cc", "Cs") else ch
+        for ch in unicodedata.normalize("NFC", text)
+    ).strip()
+    if out.startswith("."):
+        out = "_" + out[1:]  # a leading dot would hide the entry from `ls` and globbing scripts
+    while len(out.encode("utf-8")) > _NAME_MAX:
+        out = out[:-1]
+    return out or fallback
+
+
+def unique_name(name: str, used: set[str]) -> str:
+    """`name`, or `name_2`, `name_3`… when taken; records the choice in `used`."""
+    candidate, n = name, 1
+    while candidate in used:
+        n += 1
+        candidate = f"{name}_{n}"
+    used.add(candidate)
+    return candidate
+
+
+def build_view(result: Validation, describe_decant: DecantDescriber | None = None) -> Entry:
+    """The folder Entry to show as `members/`; `result` must be free of errors."""
+    if not result.ok:
+        raise ManifestError(f"{result.root}: cannot build a view of an invalid collection")
+    root = result.root
+    collection = result.documents[ENTRY_POINT]
+    view = Entry(is_dir=True)
+    tables = collection.get("resources", {}).get("tables", [])
+    used: set[str] = {TABLES} if tables else set()
+    for member, folder in zip(
+        collection["members"], _member_folders(collection["members"], used), strict=True
+    ):
+        view.children[folder] = _member_entry(result, member, folder, describe_decant)
+    if tables:
+        shelf = view.children[TABLES] = Entry(is_dir=True)
+        names: set[str] = set()
+        for table in tables:
+            name = unique_name(safe_name(table["id"]) + ".csv", names)
+            shelf.children[name] = _file(root, table["path"])
+    return view
+
+
+def _member_folders(members: list[dict[str, Any]], used: set[str]) -> list[str]:
+    """Folder names: the safe member name, with the id appended where names collide."""
+    wanted = [safe_name(m["name"], fallback=safe_name(m["id"])) for m in members]
+    counts: dict[str, int] = {}
+    for name in wanted:
+        counts[name] = counts.get(name, 0) + 1
+    out = []
+    for name, member in zip(wanted, members, strict=True):
+        if counts[name] > 1 or name in used:
+            name = safe_name(f"{name} ({safe_name(member['id'])})")
+        out.append(unique_name(name, used))
+    return out
+
+
+def _member_entry(
+    result: Validation, member: dict[str, Any], folder: str, describe_decant: DecantDescriber | None
+) -> Entry:
+    root, docs = result.root, result.documents
+    entry = Entry(is_dir=True, xattrs={"user.acqstore.member_id": member["id"]})
+    used: set[str] = set()
+
+    def add(name: str, child: Entry) -> None:
+        entry.children[unique_name(name, used)] = child
+
+    add(f"{folder}.tif", _image(result, member["ome_zarr"], member["name"], describe_decant))
+    ref = member.get("reference_image")
+    if ref:
+        add(
+            "reference.tif",
+            _image(result, ref["ome_zarr"], f"{member['name']} reference", describe_decant),
+        )
+        add("reference-image.json", _file(root, ref["metadata"]))
+    add("acqimage.json", _file(root, member["resources"]["acqimage"]))
+    analyses_path = member["resources"].get("analyses")
+    if analyses_path:
+        add("analyses.json", _file(root, analyses_path))
+        for analysis in docs[paths.normalize(analyses_path)]["analyses"]:
+            sub = Entry(is_dir=True, xattrs={"user.acqstore.analysis_id": analysis["id"]})
+            names: set[str] = set()
+            for res in analysis["resources"]:
+                sub.children[unique_name(safe_name(res["id"]) + ".csv", names)] = _file(
+                    root, res["path"]
+                )
+            add(safe_name(analysis["id"]), sub)
+    return entry
+
+
+def _file(root: Path, rel: str) -> Entry:
+    key = paths.normalize(rel)
+    size = paths.resolve(root, key).stat().st_size
+    return Entry(
+        size=size, xattrs={"user.acqstore.source": key}, locator={"kind": "file", "path": key}
+    )
+
+
+def _image(
+    result: Validation, rel: str, title: str, describe_decant: DecantDescriber | None
+) -> Entry:
+    """The byte-exact original of a decant archive when the decant backend can give it, otherwise
+    a TIFF synthesized from the full-resolution array."""
+    key = paths.normalize(rel)
+    image: NgffImage = result.images[key]
+    xattrs = {"user.acqstore.source": key}
+    if image.decant and describe_decant is not None:
+        try:
+            original = describe_decant(image.path)
+        except DecantError as exc:
+            log.warning(
+                "%s: decant archive not served as its original (%s); synthesizing", image.path, exc
+            )
+            original = None
+        if original is not None and not original.is_dir:
+            locator = {"kind": "decant", "path": key, "entry": original.to_json()}
+            xattrs = {**original.xattrs, **xattrs}
+            return Entry(size=original.size, sha256=original.sha256, xattrs=xattrs, locator=locator)
+    layout = layout_for_image(image, name=title)
+    return Entry(
+        size=layout.size, xattrs=xattrs, locator={"kind": "tiff", "path": key, "name": title}
+    )

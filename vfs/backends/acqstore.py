@@ -1,0 +1,111 @@
+"""AcqStore collections as an overlay: the folder stays mirrored, plus a virtual `members/` view."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from vfs.acqstore import paths
+from vfs.acqstore.ngff import inspect_image, open_full_resolution
+from vfs.acqstore.synth_tiff import SynthesizedTiff, layout_for_image
+from vfs.acqstore.validate import ENTRY_POINT, validate_collection
+from vfs.acqstore.view import build_view, view_name
+from vfs.backends.base import Backend, Description, Entry, RandomAccess
+from vfs.cache import PageCache
+from vfs.errors import DecantError, ManifestError
+
+log = logging.getLogger(__name__)
+
+
+class FileAccess:
+    """A plain file of the collection (JSON, CSV), read with pread so threads can share it."""
+
+    def __init__(self, path: Path, size: int) -> None:
+        self.size = size
+        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+
+    def read(self, offset: int, size: int) -> bytes:
+        end = min(offset + max(size, 0), self.size)
+        return os.pread(self._fd, end - offset, offset) if end > offset else b""
+
+    def readahead(self, offset: int) -> None:
+        """The kernel's page cache already reads ahead on a real file."""
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+class AcqStoreBackend:
+    """Backend for folders holding `acqstore/collection.json`.
+
+    `overlay = True` tells the daemon to keep mirroring the folder and to inject the description
+    (named `members` or `.members`) inside it, instead of replacing the folder.
+    """
+
+    name = "acqstore"
+    overlay = True
+
+    def __init__(self, cache: PageCache, decant_backend: Backend | None = None) -> None:
+        self.cache = cache
+        self.decant_backend = decant_backend
+
+    def claims(self, path: Path, is_dir: bool) -> bool:
+        return is_dir and (path / ENTRY_POINT).is_file()
+
+    def describe(self, path: Path) -> Description:
+        """Validate, then build the view; an invalid collection raises with the validator lines."""
+        name = view_name(path)
+        result = validate_collection(path)
+        for issue in result.warnings:
+            log.info("%s: %s", path, issue.line())
+        if not result.ok:
+            lines = "\n".join(issue.line() for issue in result.issues)
+            raise ManifestError(
+                f"{path}: not a valid AcqStore collection, no {name}/ view:\n{lines}"
+            )
+        return Description(name=name, root=build_view(result, self._decant_entry))
+
+    def open(self, path: Path, member: str, entry: Entry) -> RandomAccess:
+        kind, rel = entry.locator.get("kind"), entry.locator.get("path")
+        if not isinstance(rel, str) or paths.path_problems(rel):
+            raise ManifestError(f"{path}: {member}: bad locator {entry.locator!r}")
+        target = paths.resolve(path, rel)
+        if kind == "file":
+            return FileAccess(target, entry.size)
+        if kind == "decant":
+            if self.decant_backend is None:
+                raise ManifestError(f"{target}: a decant archive, but no decant backend is loaded")
+            raw = entry.locator.get("entry")
+            original = Entry.from_json(raw) if isinstance(raw, dict) else None
+            if original is None:
+                original = self.decant_backend.describe(target).root
+            return self.decant_backend.open(target, "", original)
+        if kind == "tiff":
+            return self._open_tiff(path, target, rel, str(entry.locator.get("name", "")), entry)
+        raise ManifestError(f"{path}: {member}: unknown locator kind {kind!r}")
+
+    def _open_tiff(
+        self, root: Path, target: Path, rel: str, title: str, entry: Entry
+    ) -> SynthesizedTiff:
+        image = inspect_image(target)
+        layout = layout_for_image(image, name=title)
+        if layout.size != entry.size:
+            raise ManifestError(
+                f"{target}: image changed since the view was built ({layout.size} != {entry.size})"
+            )
+        array, release = open_full_resolution(image)
+        # Keys start with the collection folder, so discard_prefix(collection) forgets its planes.
+        key = (root, "acqstore-tiff", rel, image.dataset)
+        return SynthesizedTiff(layout, array, self.cache, key, on_close=release)
+
+    def _decant_entry(self, archive: Path) -> Entry | None:
+        if self.decant_backend is None:
+            return None
+        try:
+            return self.decant_backend.describe(archive).root
+        except DecantError as exc:
+            log.warning("%s: decant backend cannot describe it: %s", archive, exc)
+            return None
