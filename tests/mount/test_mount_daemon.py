@@ -1,0 +1,130 @@
+"""The daemon's life: detaching when ready, signals, external unmount, busy and stale mounts."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+from tests.mount.conftest import is_mounted
+from vfs.decant.packer import pack_file
+
+DAEMON = [sys.executable, "-m", "vfs.cli"]
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    work, src = tmp_path / "work", tmp_path / "src"
+    work.mkdir()
+    src.mkdir()
+    data = np.arange(3 * 64 * 48, dtype=np.uint16).reshape(3, 64, 48)
+    tifffile.imwrite(work / "stack.tif", data, photometric="minisblack")
+    pack_file(work / "stack.tif", src / "stack.tif.zarr.zip")
+    return src
+
+
+def _exit_code(proc: subprocess.Popen[bytes], timeout: float = 15) -> int:
+    code = proc.wait(timeout=timeout)
+    for stream in (proc.stdout, proc.stderr):
+        if stream:
+            stream.close()
+    return code
+
+
+def test_sigterm_unmounts_and_exits_zero(src: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
+    m = make_mount(src)
+    assert os.listdir(m.mnt) == ["stack.tif"]
+    m.proc.send_signal(signal.SIGTERM)
+    assert _exit_code(m.proc) == 0
+    assert not is_mounted(m.mnt)
+
+
+def test_fusermount_unmount_ends_daemon(src: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
+    m = make_mount(src)
+    subprocess.run(["fusermount3", "-u", str(m.mnt)], check=True)
+    assert _exit_code(m.proc) == 0
+    assert "unmounted" in m.log_text()
+
+
+def test_busy_mountpoint_is_refused(src: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
+    m = make_mount(src)
+    second = subprocess.run([*DAEMON, str(src), str(m.mnt), "-f"], capture_output=True,
+                            text=True, timeout=30)  # fmt: skip
+    assert second.returncode != 0
+    assert "already a mount point" in second.stderr
+    assert "Traceback" not in second.stderr
+    assert os.listdir(m.mnt) == ["stack.tif"]  # the first mount is untouched
+
+
+def test_stale_mount_is_detected(src: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
+    m = make_mount(src)
+    m.proc.send_signal(signal.SIGKILL)
+    _exit_code(m.proc)
+    with pytest.raises(OSError):
+        os.listdir(m.mnt)
+    again = subprocess.run([*DAEMON, str(src), str(m.mnt), "-f"], capture_output=True,
+                           text=True, timeout=30)  # fmt: skip
+    assert again.returncode != 0
+    assert "stale FUSE mount" in again.stderr and "-u" in again.stderr
+    subprocess.run([*DAEMON, "-u", str(m.mnt)], check=True)
+    assert not is_mounted(m.mnt)
+
+
+def test_detaches_only_once_mounted(src: Path, tmp_path: Path) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    started = subprocess.run([*DAEMON, str(src), str(mnt), "--index-dir", str(tmp_path / "ix"),
+                              "--log-file", str(tmp_path / "log")], timeout=60)  # fmt: skip
+    try:
+        assert started.returncode == 0
+        assert os.listdir(mnt) == ["stack.tif"]  # usable the moment the command returns
+    finally:
+        subprocess.run([*DAEMON, "-u", str(mnt)], check=False)
+    deadline = time.monotonic() + 10
+    while is_mounted(mnt) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not is_mounted(mnt)
+
+
+def test_persistent_index_remembers_descriptions_and_verification(src: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
+    m = make_mount(src)
+    original = tifffile.imread(m.mnt / "stack.tif")
+    data = (m.mnt / "stack.tif").read_bytes()  # a full read: hashed and verified as served
+    m.stop()
+    db = sqlite3.connect(m.index / "index.sqlite")
+    try:
+        assert db.execute("SELECT count(*) FROM descriptions").fetchone()[0] == 1
+        assert db.execute("SELECT count(*) FROM verified").fetchone()[0] == 1
+    finally:
+        db.close()
+    m.start()
+    assert (m.mnt / "stack.tif").read_bytes() == data
+    np.testing.assert_array_equal(tifffile.imread(m.mnt / "stack.tif"), original)
+
+
+@pytest.mark.skipif(shutil.which("mount.fuse3") is None, reason="mount.fuse3 not installed")
+def test_fstab_style_mount_through_mount_fuse3(src: Path, tmp_path: Path) -> None:
+    # mount(8) resets PATH to the system default before mount.fuse3 looks the program up.
+    if shutil.which("decant-mount", path="/usr/local/bin:/usr/bin:/bin") is None:
+        pytest.skip("decant-mount is not in /usr/local/bin or /usr/bin (see README, fstab)")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    env = {**os.environ, "HOME": str(tmp_path)}
+    result = subprocess.run(["mount", "-t", "fuse.decant-mount", str(src), str(mnt), "-o",
+                             "ro,allow_other,default_permissions"], capture_output=True,
+                            text=True, timeout=60, env=env)  # fmt: skip
+    try:
+        assert result.returncode == 0, result.stderr
+        assert os.listdir(mnt) == ["stack.tif"]
+        assert "allow_other" in Path("/proc/self/mounts").read_text()
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
