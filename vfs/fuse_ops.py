@@ -338,3 +338,10 @@ class DecantOperations(pyfuse3.Operations):
             if ino is not None:
                 with contextlib.suppress(OSError):  # gone: its parent's rescan drops it
                     await self.rescan(ino)
+        # A document deep inside a collection changed: rebuild the collection's view.
+        roots = {r for r in self.tree.overlay_roots for f in folders if f == r or r in f.parents}
+        for root in roots:
+            ino = self.dir_inode_of(root)
+            if ino is not None:
+                with contextlib.suppress(OSError):
+                    await self.rescan(ino, force=True)

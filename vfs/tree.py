@@ -6,6 +6,8 @@ file wins, and an archive that would shadow it keeps its archive name.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import stat
@@ -69,6 +71,7 @@ class SourceTree:
         self.hidden = set(hidden)
         self._logged: set[tuple[str, str]] = set()
         self.archives_seen = 0
+        self.overlay_roots: set[Path] = set()  # folders an overlay claimed: rebuilt on change
 
     def _log_once(self, path: Path, message: str, level: int = logging.WARNING) -> None:
         if (str(path), message) not in self._logged:
@@ -124,6 +127,7 @@ class SourceTree:
             out[shown] = _archive_node(backend, path, st, "", desc.root, self._relative(path))
         for overlay in self.overlays:
             if overlay.claims(folder, True):
+                self.overlay_roots.add(folder)
                 self._add_overlay(overlay, folder, out)
         return out
 
@@ -140,7 +144,12 @@ class SourceTree:
             self._log_once(folder, f"{folder}: {desc.name!r} exists; no {overlay.name} view")
             return
         st = os.stat(folder)
-        out[desc.name] = _archive_node(overlay, folder, st, "", desc.root, "")
+        node = _archive_node(overlay, folder, st, "", desc.root, "")
+        # The view changes when documents inside the folder do, not the folder itself: key the
+        # node by its content so a rebuilt view gets fresh inodes.
+        digest = hashlib.sha256(json.dumps(desc.to_json(), sort_keys=True).encode()).digest()
+        node.version = (st.st_ino, int.from_bytes(digest[:8], "big"))
+        out[desc.name] = node
 
     def describe(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:
         """The archive's description (persistent index first), or None to show it raw."""
@@ -169,12 +178,12 @@ class SourceTree:
         assert node.entry is not None and node.backend is not None
         st = os.stat(node.real)
         rel = self._relative(node.real)
-        return {
-            name: _archive_node(
-                node.backend, node.real, st, f"{node.member}/{name}".lstrip("/"), child, rel
-            )
-            for name, child in node.entry.children.items()
-        }
+        kids = {}
+        for name, child in node.entry.children.items():
+            member = f"{node.member}/{name}".lstrip("/")
+            kids[name] = kid = _archive_node(node.backend, node.real, st, member, child, rel)
+            kid.version = node.version  # members share their archive's (or view's) identity
+        return kids
 
     def _relative(self, path: Path) -> str:
         try:
