@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import logging
 import logging.handlers
 import os
@@ -87,6 +88,41 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", type=Path, metavar="F", help="log here (default: stderr/syslog)")
     p.add_argument("--log-level", default="INFO", metavar="L", help="DEBUG, INFO, WARNING, ERROR")
     p.add_argument("-u", "--unmount", type=Path, metavar="MNT", help="unmount MNT and exit")
+    p.add_argument("--status", type=Path, metavar="MNT", help="print MNT's pack queue and exit")
+    w = p.add_argument_group("write side (files copied into the mount are packed)")
+    w.add_argument("--read-only", action="store_true", help="refuse all writes (also: -o ro)")
+    w.add_argument(
+        "--spool",
+        type=Path,
+        metavar="DIR",
+        help="where written files wait (default SRC/.decant-spool; same filesystem)",
+    )
+    w.add_argument(
+        "--settle",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="pack a file once closed and unchanged this long (default 2)",
+    )
+    w.add_argument(
+        "--pack-all",
+        action="store_true",
+        help="pack every file (mode verbatim for non-TIFFs) instead of moving them",
+    )
+    w.add_argument(
+        "--pack-workers", type=int, default=1, metavar="N", help="files packed at once (default 1)"
+    )
+    w.add_argument(
+        "--inbox",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also pack files dropped into DIR (at their path below it)",
+    )
+    w.add_argument(
+        "--allow-delete", action="store_true", help="let unlink remove archives and files from SRC"
+    )
     _add_backend_options(p)
     return p
 
@@ -142,6 +178,25 @@ def unmount(mnt: Path) -> int:
     return 1
 
 
+def print_status(mnt: Path) -> int:
+    try:
+        doc = json.loads((mnt / ".decant-status").read_text())
+    except (OSError, ValueError) as exc:
+        print(f"decant-mount: {mnt}: no pack queue to show ({exc})", file=sys.stderr)
+        return 1
+    print(
+        f"queued {doc['queued']}, packing {doc['packing']}, failed {len(doc['failed'])}, "
+        f"done {doc['done']}"
+    )
+    for failure in doc["failed"]:
+        print(f"failed: {failure['path']}: {failure['reason']}")
+    return 0
+
+
+def read_only(args: argparse.Namespace) -> bool:
+    return args.read_only or "ro" in fuse_options(args.options, Path("/"))
+
+
 def setup_logging(args: argparse.Namespace, detached: bool) -> None:
     level = getattr(logging, str(args.log_level).upper(), None)
     if not isinstance(level, int):
@@ -163,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.unmount:
         return unmount(args.unmount)
+    if args.status:
+        return print_status(args.status)
     if args.source is None or args.mountpoint is None:
         build_parser().error("SRC and MNT are required")
     src, mnt = args.source.resolve(), args.mountpoint.absolute()

@@ -17,7 +17,10 @@ from vfs.backends.decant import DecantBackend
 from vfs.cache import PageCache
 from vfs.fuse_ops import DecantOperations
 from vfs.index import DescriptionIndex
+from vfs.spool import Spool
 from vfs.tree import SourceTree
+from vfs.watcher import PackQueue
+from vfs.writeside import WriteSide
 
 log = logging.getLogger("decant-mount")
 SPOOL_NAME = ".decant-spool"
@@ -46,6 +49,23 @@ def build_tree(args: argparse.Namespace, src: Path, cache: PageCache) -> SourceT
         folder = args.index_dir or Path(os.path.expanduser("~/.cache/decant-mount"))
         index = DescriptionIndex(folder / "index.sqlite")
     return SourceTree(src, backends, overlays, index, hidden=[SPOOL_NAME])
+
+
+def build_write_side(args: argparse.Namespace, src: Path, tree: SourceTree) -> PackQueue | None:
+    """The spool, pack queue and write rules, unless the mount is read-only."""
+    from vfs.cli import read_only
+
+    if read_only(args):
+        return None
+    from vfs.decant.packer import PackOptions
+
+    spool_root = args.spool or src / SPOOL_NAME
+    spool = Spool(src, spool_root / "files")
+    spools = [spool] + [Spool(src, inbox) for inbox in args.inbox]
+    queue = PackQueue(spools, args.settle, PackOptions(), args.pack_all, args.pack_workers)
+    tree.spool = spool
+    tree.publishing = queue.publishing
+    return queue
 
 
 def raise_read_ahead(mnt: Path, kib: int = 1024) -> None:
@@ -83,12 +103,16 @@ def serve(args: argparse.Namespace, src: Path, mnt: Path, ready: Callable[[], No
 
     cache = PageCache(args.cache_size)
     tree = build_tree(args, src, cache)
-    ops = DecantOperations(tree, decode_threads=args.decode_threads)
+    queue = build_write_side(args, src, tree)
+    writer = WriteSide(tree, tree.spool, args.allow_delete) if queue and tree.spool else None
+    ops = DecantOperations(tree, args.decode_threads, writer, queue)
+    if queue is not None:
+        queue.on_published = ops.published
     pyfuse3.init(ops, str(mnt), fuse_options(args.options, src))
     try:
         log.info("mounted %s on %s (cache %d MiB)", src, mnt, args.cache_size >> 20)
         ready()
-        trio.run(_run, ops, src, mnt)
+        trio.run(_run, ops, src, mnt, queue, args.spool or src / SPOOL_NAME)
     finally:
         pyfuse3.close(unmount=True)
         if tree.index is not None:
@@ -97,9 +121,13 @@ def serve(args: argparse.Namespace, src: Path, mnt: Path, ready: Callable[[], No
     return 0
 
 
-async def _run(ops: DecantOperations, src: Path, mnt: Path) -> None:
+async def _run(
+    ops: DecantOperations, src: Path, mnt: Path, queue: PackQueue | None, spool_root: Path
+) -> None:
     async with trio.open_nursery() as nursery:
         ops.nursery = nursery
+        if queue is not None:
+            nursery.start_soon(queue.run, src, spool_root)
         nursery.start_soon(_raise_read_ahead_after_init, mnt)
         nursery.start_soon(_signals, nursery.cancel_scope)
         nursery.start_soon(_watch, ops, src)

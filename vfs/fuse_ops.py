@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import stat
@@ -22,12 +23,15 @@ from vfs.backends.plain import PlainFile
 from vfs.errors import DecantError
 from vfs.integrity import SequentialHasher
 from vfs.tree import Node, NodeKey, SourceTree
+from vfs.watcher import PackQueue
+from vfs.writeside import Attrs, WriteSide
 
 log = logging.getLogger(__name__)
 
 ARCHIVE_TIMEOUT = 300.0  # archive contents never change in place: let the kernel keep them
 MIRROR_TIMEOUT = 2.0  # SRC itself can change; the watcher invalidates sooner when it can
 RESCAN_INTERVAL = 1.0  # a folder's mtime is re-checked at most this often
+STATUS_NAME = ".decant-status"  # read-only: what the pack queue holds, as JSON
 
 
 @contextmanager
@@ -54,6 +58,7 @@ class OpenFile:
     node: Node
     inode: int
     reader: RandomAccess
+    fd: int = -1  # a spooled file's descriptor, for writing
     hasher: SequentialHasher | None = None
     hash_lock: trio.Lock = field(default_factory=trio.Lock)
     last_end: int = -1
@@ -72,9 +77,17 @@ class DecantOperations(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, tree: SourceTree, decode_threads: int = 4) -> None:
+    def __init__(
+        self,
+        tree: SourceTree,
+        decode_threads: int = 4,
+        writer: WriteSide | None = None,
+        queue: PackQueue | None = None,
+    ) -> None:
         super().__init__()
         self.tree = tree
+        self.writer = writer
+        self.queue = queue
         self.nursery: trio.Nursery | None = None
         self._nodes: dict[int, Node] = {pyfuse3.ROOT_INODE: tree.root_node()}
         self._inode_of: dict[NodeKey, int] = {
@@ -119,6 +132,15 @@ class DecantOperations(pyfuse3.Operations):
             return state.children
         return await self.rescan(inode)
 
+    def _status_inode(self) -> int:
+        node = Node(False, 0, time.time_ns(), 0o444, os.getuid(), os.getgid(), self.tree.root,
+                    member=STATUS_NAME)  # fmt: skip
+        return self._inode(node)
+
+    def status_bytes(self) -> bytes:
+        assert self.queue is not None
+        return (json.dumps(self.queue.status(), indent=1) + "\n").encode()
+
     def _adopt(self, kids: dict[str, Node]) -> dict[str, int]:
         return {name: self._inode(child) for name, child in kids.items()}
 
@@ -134,6 +156,8 @@ class DecantOperations(pyfuse3.Operations):
             kids = await trio.to_thread.run_sync(self.tree.scan, node.real)
             old = state.children if state else {}
             new = self._adopt(kids)
+            if inode == pyfuse3.ROOT_INODE and self.queue is not None:
+                new.setdefault(STATUS_NAME, self._status_inode())
             self._dirs[inode] = DirState(new, mtime, time.monotonic())
         if state is not None:
             for name, ino in old.items():
@@ -169,7 +193,12 @@ class DecantOperations(pyfuse3.Operations):
 
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         with errno_boundary(f"getattr {inode}"):
-            return self._attrs(inode, self._node(inode))
+            node = self._node(inode)
+            if node.spooled and self.writer is not None:
+                node = self._nodes[inode] = self.writer.refresh(node)  # writes move its size
+            elif node.member == STATUS_NAME and node.backend is None:
+                node.size = len(self.status_bytes())
+            return self._attrs(inode, node)
 
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         with errno_boundary(f"opendir {inode}"):
@@ -225,7 +254,10 @@ class DecantOperations(pyfuse3.Operations):
             if node.is_dir:
                 raise pyfuse3.FUSEError(errno.EISDIR)
             if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
-                raise pyfuse3.FUSEError(errno.EROFS)
+                return await self._open_for_write(inode, node, flags)
+            if node.member == STATUS_NAME and node.backend is None:
+                return self._new_handle(OpenFile(node, inode, BytesFile(self.status_bytes())),
+                                        direct_io=True)  # fmt: skip
             if node.key in self._bad:
                 raise pyfuse3.FUSEError(errno.EIO)
             reader = await trio.to_thread.run_sync(self._open_reader, node)
@@ -234,12 +266,17 @@ class DecantOperations(pyfuse3.Operations):
                 verified = await trio.to_thread.run_sync(self._is_verified, node)
                 if not verified:
                     handle.hasher = SequentialHasher(node.size, node.sha256)
-            fh = self._next_fh
-            self._next_fh += 1
-            self._handles[fh] = handle
+            if node.spooled and self.queue is not None:
+                self.queue.opened(node.spooled)
             # Archive content is immutable for a given inode (a replaced archive gets a new one),
             # so the kernel may keep its pages; a mirrored real file may change under us.
-            return pyfuse3.FileInfo(fh=fh, keep_cache=node.backend is not None)
+            return self._new_handle(handle, keep_cache=node.backend is not None)
+
+    def _new_handle(self, handle: OpenFile, **info: bool) -> pyfuse3.FileInfo:
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = handle
+        return pyfuse3.FileInfo(fh=fh, **info)
 
     def _open_reader(self, node: Node) -> RandomAccess:
         if node.backend is None:
@@ -323,6 +360,8 @@ class DecantOperations(pyfuse3.Operations):
             if handle.readahead_done is not None:
                 # The reader's descriptor must outlive a read-ahead still using it.
                 await handle.readahead_done.wait()
+            if handle.node.spooled and self.queue is not None:
+                self.queue.closed(handle.node.spooled)
             await trio.to_thread.run_sync(handle.reader.close)
 
     # -- change notification ---------------------------------------------------------------
@@ -345,3 +384,199 @@ class DecantOperations(pyfuse3.Operations):
             if ino is not None:
                 with contextlib.suppress(OSError):
                     await self.rescan(ino, force=True)
+
+    # -- the write side (a writable mount) -------------------------------------------------
+
+    def _writer(self) -> WriteSide:
+        if self.writer is None:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        return self.writer
+
+    async def _child(self, parent_inode: int, name: bytes) -> tuple[Node, str, int | None]:
+        children = await self._children(parent_inode)
+        text = os.fsdecode(name)
+        return self._nodes[parent_inode], text, children.get(text)
+
+    def _place(self, parent_inode: int, name: str, node: Node, ino: int | None = None) -> int:
+        """Point `name` in a folder at `node` (reusing `ino` when an inode moves)."""
+        if ino is None:
+            ino = self._inode(node)
+        else:
+            self._inode_of[node.key] = ino
+            self._nodes[ino] = node
+        self._dirs[parent_inode].children[name] = ino
+        return ino
+
+    def _touch(self, node: Node) -> None:
+        if node.spooled and self.queue is not None:
+            self.queue.touch(node.spooled)
+
+    async def _open_for_write(self, inode: int, node: Node, flags: int) -> pyfuse3.FileInfo:
+        writer = self._writer()
+        new, fd = await trio.to_thread.run_sync(writer.open_for_write, node, flags)
+        self._inode_of[new.key] = inode
+        self._nodes[inode] = new
+        self._touch(new)
+        assert self.queue is not None
+        self.queue.opened(new.spooled)
+        return self._new_handle(OpenFile(new, inode, SpoolFile(fd), fd=fd))
+
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        with errno_boundary(f"create {name!r}"):
+            writer = self._writer()
+            parent, text, _ = await self._child(parent_inode, name)
+            node, fd = await trio.to_thread.run_sync(
+                writer.create, parent, text, mode, ctx.uid, ctx.gid
+            )
+            ino = self._place(parent_inode, text, node)
+            self._touch(node)
+            assert self.queue is not None
+            self.queue.opened(node.spooled)
+            info = self._new_handle(OpenFile(node, ino, SpoolFile(fd), fd=fd))
+            return info, self._attrs(ino, node)
+
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        handle = self._handles.get(fh)
+        if handle is None or handle.fd < 0:
+            raise pyfuse3.FUSEError(errno.EBADF)
+        with errno_boundary(f"write {handle.node.spooled}"):
+            written = await trio.to_thread.run_sync(os.pwrite, handle.fd, buf, off)
+            self._touch(handle.node)
+            return written
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        handle = self._handles.get(fh)
+        if handle is not None and handle.fd >= 0:
+            with errno_boundary(f"fsync {handle.node.spooled}"):
+                await trio.to_thread.run_sync(os.fsync, handle.fd)
+
+    async def flush(self, fh: int) -> None:
+        return None  # writes go straight to the spooled file
+
+    async def setattr(
+        self,
+        inode: int,
+        attr: pyfuse3.EntryAttributes,
+        fields: pyfuse3.SetattrFields,
+        fh: int | None,
+        ctx: pyfuse3.RequestContext,
+    ) -> pyfuse3.EntryAttributes:
+        with errno_boundary(f"setattr {inode}"):
+            writer = self._writer()
+            node = self._node(inode)
+            attrs = Attrs(
+                size=attr.st_size if fields.update_size else None,
+                mode=attr.st_mode if fields.update_mode else None,
+                uid=attr.st_uid if fields.update_uid else None,
+                gid=attr.st_gid if fields.update_gid else None,
+                atime_ns=attr.st_atime_ns if fields.update_atime else None,
+                mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+            )
+            new = await trio.to_thread.run_sync(writer.setattr, node, attrs)
+            self._inode_of[new.key] = inode
+            self._nodes[inode] = new
+            self._touch(new)
+            return self._attrs(inode, new)
+
+    async def rename(
+        self,
+        parent_inode_old: int,
+        name_old: bytes,
+        parent_inode_new: int,
+        name_new: bytes,
+        flags: int,
+        ctx: pyfuse3.RequestContext,
+    ) -> None:
+        with errno_boundary(f"rename {name_old!r} -> {name_new!r}"):
+            writer = self._writer()
+            old_parent, old, ino = await self._child(parent_inode_old, name_old)
+            new_parent, new, existing = await self._child(parent_inode_new, name_new)
+            if ino is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            if flags & pyfuse3.RENAME_EXCHANGE:
+                raise pyfuse3.FUSEError(errno.EINVAL)
+            if flags & pyfuse3.RENAME_NOREPLACE and existing is not None:
+                raise pyfuse3.FUSEError(errno.EEXIST)
+            node = self._nodes[ino]
+            moved = await trio.to_thread.run_sync(
+                writer.rename, old_parent, old, node, new_parent, new
+            )
+            del self._dirs[parent_inode_old].children[old]
+            self._place(parent_inode_new, new, moved, ino)
+            self._dirs.pop(ino, None)  # a moved folder is listed afresh
+            if node.spooled and self.queue is not None:
+                self.queue.renamed(node.spooled, moved.spooled)
+            await self._settle_shadowed(parent_inode_old)
+
+    async def _settle_shadowed(self, parent_inode: int) -> None:
+        """A spooled file left a name: whatever it shadowed (an archive, a real file) shows."""
+        await self.rescan(parent_inode, force=True)
+
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        with errno_boundary(f"unlink {name!r}"):
+            writer = self._writer()
+            parent, text, ino = await self._child(parent_inode, name)
+            if ino is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            node = self._nodes[ino]
+            await trio.to_thread.run_sync(writer.unlink, parent, text, node)
+            if node.spooled and self.queue is not None:
+                self.queue.removed(node.spooled)
+            self._dirs[parent_inode].children.pop(text, None)
+            await self._settle_shadowed(parent_inode)
+
+    async def mkdir(
+        self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        with errno_boundary(f"mkdir {name!r}"):
+            writer = self._writer()
+            parent, text, existing = await self._child(parent_inode, name)
+            if existing is not None:
+                raise pyfuse3.FUSEError(errno.EEXIST)
+            node = await trio.to_thread.run_sync(writer.mkdir, parent, text, mode, ctx.uid, ctx.gid)
+            ino = self._place(parent_inode, text, node)
+            return self._attrs(ino, node)
+
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        with errno_boundary(f"rmdir {name!r}"):
+            writer = self._writer()
+            parent, text, ino = await self._child(parent_inode, name)
+            if ino is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            await trio.to_thread.run_sync(writer.rmdir, parent, text, self._nodes[ino])
+            self._dirs[parent_inode].children.pop(text, None)
+            self._dirs.pop(ino, None)
+
+    async def published(self, relpath: str) -> None:
+        """The pack queue published `relpath`: show the archive in place of the spooled file."""
+        folder = self.tree.root / relpath
+        ino = self.dir_inode_of(folder.parent)
+        if ino is not None:
+            await self.rescan(ino, force=True)
+
+
+class SpoolFile(PlainFile):
+    """A spooled file open for writing: reads and writes share one descriptor."""
+
+    def __init__(self, fd: int) -> None:  # adopts an fd: PlainFile opens by path
+        self._fd = fd
+        self.size = os.fstat(fd).st_size
+
+
+class BytesFile:
+    """A snapshot served from memory (the status file)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.size = len(data)
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self.data[offset : offset + size]
+
+    def readahead(self, offset: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

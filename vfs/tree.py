@@ -14,12 +14,15 @@ import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vfs.backends.base import Backend, Description, Entry
 from vfs.decant import TEMP_PREFIX
 from vfs.errors import DecantError
 from vfs.index import DescriptionIndex
+
+if TYPE_CHECKING:
+    from vfs.spool import Spool
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,7 @@ class Node:
     member: str = ""  # path inside the archive; "" for its top entry
     entry: Entry | None = None
     xattrs: dict[str, str] = field(default_factory=dict)
+    spooled: str = ""  # relpath of a file written through the mount and not yet published
     version: tuple[int, ...] = ()  # the archive file's (inode, size, mtime): replaced → new key
 
     @property
@@ -63,12 +67,16 @@ class SourceTree:
         overlays: Sequence[Any] = (),
         index: DescriptionIndex | None = None,
         hidden: Sequence[str] = (),
+        spool: Spool | None = None,
+        publishing: set[str] | None = None,
     ) -> None:
         self.root = root
         self.backends = list(backends)
         self.overlays = list(overlays)
         self.index = index
         self.hidden = set(hidden)
+        self.spool = spool  # set when the mount is writable
+        self.publishing = publishing if publishing is not None else set()
         self._logged: set[tuple[str, str]] = set()
         self.archives_seen = 0
         self.overlay_roots: set[Path] = set()  # folders an overlay claimed: rebuilt on change
@@ -79,8 +87,7 @@ class SourceTree:
             log.log(level, "%s", message)
 
     def root_node(self) -> Node:
-        st = os.stat(self.root)
-        return Node(True, 0, st.st_mtime_ns, 0o555, st.st_uid, st.st_gid, self.root)
+        return mirror_node(self.root, os.stat(self.root), self.writable)
 
     def scan(self, folder: Path) -> dict[str, Node]:
         """The presented children of a real folder of SRC."""
@@ -104,7 +111,7 @@ class SourceTree:
                 if backend is not None:
                     archives.append((de.name, st, backend))
                 else:
-                    plain[de.name] = _mirror(path, st)
+                    plain[de.name] = mirror_node(path, st, self.writable)
         out = dict(plain)
         described = [(name, st, b, self.describe(b, folder / name, st)) for name, st, b in archives]
         # Of two archives presenting one name, the one named after it (NAME.zarr.zip) wins.
@@ -112,7 +119,7 @@ class SourceTree:
         for name, st, backend, desc in described:
             path = folder / name
             if desc is None:
-                out[name] = _mirror(path, st)
+                out[name] = mirror_node(path, st, self.writable)
                 continue
             shown = desc.name
             if shown in out:
@@ -124,11 +131,35 @@ class SourceTree:
                 shown = name
                 if shown in plain:
                     continue
-            out[shown] = _archive_node(backend, path, st, "", desc.root, self._relative(path))
+            node = _archive_node(backend, path, st, "", desc.root, self._relative(path))
+            if self.writable and not node.is_dir:
+                node.mode = stat.S_IMODE(st.st_mode)  # what rsync -a / cp -a gave the original
+            out[shown] = node
+        if self.spool is not None:
+            out.update(self._spooled(folder))
         for overlay in self.overlays:
             if overlay.claims(folder, True):
                 self.overlay_roots.add(folder)
                 self._add_overlay(overlay, folder, out)
+        return out
+
+    @property
+    def writable(self) -> bool:
+        return self.spool is not None
+
+    def relpath(self, path: Path) -> str:
+        """Presented path of a real folder or file of SRC ("" for SRC itself)."""
+        return "" if path == self.root else path.relative_to(self.root).as_posix()
+
+    def _spooled(self, folder: Path) -> dict[str, Node]:
+        """Files written into this folder and not yet published: they win their names."""
+        assert self.spool is not None
+        reldir = self.relpath(folder)
+        out = {}
+        for name, st in self.spool.listdir(reldir):
+            rel = f"{reldir}/{name}" if reldir else name
+            if rel not in self.publishing:
+                out[name] = spooled_node(self.spool.path(rel), rel, st)
         return out
 
     def _add_overlay(self, overlay: Any, folder: Path, out: dict[str, Node]) -> None:
@@ -192,9 +223,22 @@ class SourceTree:
             return str(path)
 
 
-def _mirror(path: Path, st: os.stat_result) -> Node:
+def spooled_node(path: Path, relpath: str, st: os.stat_result) -> Node:
+    return Node(
+        False,
+        st.st_size,
+        st.st_mtime_ns,
+        stat.S_IMODE(st.st_mode),
+        st.st_uid,
+        st.st_gid,
+        path,
+        spooled=relpath,
+    )
+
+
+def mirror_node(path: Path, st: os.stat_result, writable: bool = False) -> Node:
     is_dir = stat.S_ISDIR(st.st_mode)
-    mode = stat.S_IMODE(st.st_mode) & ~0o222
+    mode = stat.S_IMODE(st.st_mode) if writable else stat.S_IMODE(st.st_mode) & ~0o222
     return Node(
         is_dir, 0 if is_dir else st.st_size, st.st_mtime_ns, mode, st.st_uid, st.st_gid, path
     )

@@ -157,7 +157,7 @@ class C4ghBackend:
                 lambda off, n: os.pread(fd, n, off), st.st_size, self.secret_keys, path.name
             )
         session = _Session(stamp, header, self._check_writer(path, header))
-        self.stats.count()  # segment 0, decrypted to find the writer; kept for the first read
+        self.stats.count(path, 0)  # decrypted to find the writer; kept for the first read
         self._reader(path, session).seed(0, first)
         with self._lock:
             self._sessions[str(path)] = session

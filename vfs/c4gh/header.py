@@ -255,6 +255,6 @@ def open_package(
     reader = SegmentReader(
         path, header.header_len, header.session_key, cache, file_size=size, stats=stats
     )
-    reader.stats.count()
+    reader.stats.count(path, 0)
     reader.seed(0, first)
     return header, reader

@@ -7,6 +7,7 @@ import logging
 import os
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +129,8 @@ def _publish(out: Path, st: os.stat_result, write: Any, expected: dict[str, str]
         write(tmp)
         fsync_tree(tmp)
         require_verified(tmp, expected)
+        if tmp.is_file():
+            os.chmod(tmp, stat.S_IMODE(st.st_mode))  # the mount shows an original's mode bits
         os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
         if out.is_dir() and not out.is_symlink():
             shutil.rmtree(out)

@@ -1,0 +1,150 @@
+"""What writing through the mount does to SRC and the spool: the rules, without FUSE.
+
+Every call is synchronous (the FUSE layer runs it in a worker thread) and refuses with an
+OSError carrying the errno the writer should see.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from vfs.spool import Spool
+from vfs.tree import Node, SourceTree, mirror_node, spooled_node
+
+
+def refuse(code: int, what: str) -> OSError:
+    return OSError(code, os.strerror(code), what)
+
+
+@dataclass(frozen=True)
+class Attrs:
+    """The fields of a setattr call that were set (None: leave as is)."""
+
+    size: int | None = None
+    mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+    atime_ns: int | None = None
+    mtime_ns: int | None = None
+
+
+class WriteSide:
+    def __init__(self, tree: SourceTree, spool: Spool, allow_delete: bool = False) -> None:
+        self.tree = tree
+        self.spool = spool
+        self.allow_delete = allow_delete
+
+    def _folder(self, parent: Node) -> str:
+        """The presented path of a folder new entries may go into (a real folder of SRC)."""
+        if not parent.is_dir or parent.backend is not None:
+            raise refuse(errno.EPERM, f"{parent.real}: archive contents cannot be written")
+        return self.tree.relpath(parent.real)
+
+    def _rel(self, parent: Node, name: str) -> str:
+        folder = self._folder(parent)
+        return f"{folder}/{name}" if folder else name
+
+    def create(self, parent: Node, name: str, mode: int, uid: int, gid: int) -> tuple[Node, int]:
+        rel = self._rel(parent, name)
+        fd = self.spool.create(rel, mode, uid, gid)
+        return spooled_node(self.spool.path(rel), rel, os.fstat(fd)), fd
+
+    def open_for_write(self, node: Node, flags: int) -> tuple[Node, int]:
+        """An fd on the spooled file behind `node`; a real plain file is moved into the spool
+        first (it will be published again once settled)."""
+        if node.backend is not None:
+            raise refuse(errno.EPERM, f"{node.real}: archived originals are not written in place")
+        if not node.spooled:
+            rel = self.tree.relpath(node.real)
+            self.spool.adopt(node.real, rel)
+            node = spooled_node(self.spool.path(rel), rel, self.spool.path(rel).stat())
+        fd = os.open(node.real, os.O_RDWR | (flags & (os.O_TRUNC | os.O_APPEND)))
+        return spooled_node(node.real, node.spooled, os.fstat(fd)), fd
+
+    def setattr(self, node: Node, attrs: Attrs) -> Node:
+        if node.backend is not None and (node.member or attrs.size is not None):
+            raise refuse(errno.EPERM, f"{node.real}: archived originals are read-only")
+        if attrs.size is not None and not node.spooled and not node.is_dir:
+            node, fd = self.open_for_write(node, 0)
+            os.close(fd)
+        path = node.real
+        if attrs.size is not None:
+            os.truncate(path, attrs.size)
+        if attrs.mode is not None:
+            os.chmod(path, stat.S_IMODE(attrs.mode))
+        if attrs.uid is not None or attrs.gid is not None:
+            os.chown(path, -1 if attrs.uid is None else attrs.uid,
+                     -1 if attrs.gid is None else attrs.gid)  # fmt: skip
+        if attrs.atime_ns is not None or attrs.mtime_ns is not None:
+            st = os.stat(path)
+            atime = st.st_atime_ns if attrs.atime_ns is None else attrs.atime_ns
+            mtime = st.st_mtime_ns if attrs.mtime_ns is None else attrs.mtime_ns
+            os.utime(path, ns=(atime, mtime))
+        return self.refresh(node)
+
+    def refresh(self, node: Node) -> Node:
+        st = os.stat(node.real)
+        if node.spooled:
+            return spooled_node(node.real, node.spooled, st)
+        if node.backend is not None:
+            node.mode, node.uid, node.gid = stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid
+            return node  # mtime stays keyed to the version the kernel caches
+        node.mode, node.uid, node.gid = stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid
+        node.mtime_ns = st.st_mtime_ns
+        node.size = 0 if node.is_dir else st.st_size
+        return node
+
+    def rename(self, old_parent: Node, old: str, node: Node, new_parent: Node, new: str) -> Node:
+        old_rel, new_rel = self._rel(old_parent, old), self._rel(new_parent, new)
+        if node.spooled:
+            self.spool.rename(old_rel, new_rel)
+            return spooled_node(self.spool.path(new_rel), new_rel, self.spool.path(new_rel).stat())
+        if node.backend is not None:
+            raise refuse(errno.EPERM, f"{node.real}: archived originals cannot be renamed")
+        target = self.tree.root / new_rel
+        os.rename(node.real, target)
+        if node.is_dir and self.spool.path(old_rel).is_dir():
+            self.spool.rename(old_rel, new_rel)  # files still spooled inside move along
+        return self.refresh(_moved(node, target))
+
+    def unlink(self, parent: Node, name: str, node: Node) -> None:
+        if node.is_dir:
+            raise refuse(errno.EISDIR, str(node.real))
+        if node.spooled:
+            self.spool.remove(node.spooled)
+            return
+        if not self.allow_delete:
+            raise refuse(errno.EPERM, f"{node.real}: deleting needs decant-mount --allow-delete")
+        if node.member:
+            raise refuse(errno.EPERM, f"{node.real}: members of an archive cannot be deleted")
+        if node.real.is_dir():
+            shutil.rmtree(node.real)  # a directory archive (NAME.zarr/)
+        else:
+            node.real.unlink()
+
+    def mkdir(self, parent: Node, name: str, mode: int, uid: int, gid: int) -> Node:
+        rel = self._rel(parent, name)
+        path = self.tree.root / rel
+        os.mkdir(path, stat.S_IMODE(mode))
+        if os.geteuid() == 0:
+            os.chown(path, uid, gid)
+        return mirror_node(path, os.stat(path), writable=True)
+
+    def rmdir(self, parent: Node, name: str, node: Node) -> None:
+        if node.backend is not None or not node.is_dir:
+            raise refuse(errno.EPERM if node.backend is not None else errno.ENOTDIR, name)
+        rel = self._rel(parent, name)
+        if self.spool.listdir(rel):
+            raise refuse(errno.ENOTEMPTY, name)
+        os.rmdir(node.real)
+        self.spool.prune_dirs(rel)
+
+
+def _moved(node: Node, target: Path) -> Node:
+    node.real = target
+    return node
