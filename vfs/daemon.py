@@ -154,7 +154,11 @@ async def _watch(ops: DecantOperations, src: Path) -> None:
     spool = str(src / SPOOL_NAME)
     try:
         watching = watchfiles.awatch(
-            src, debounce=100, step=20, watch_filter=lambda _c, p: not p.startswith(spool)
+            src,
+            debounce=100,
+            step=20,
+            watch_filter=lambda _c, p: not p.startswith(spool),
+            rust_timeout=200,  # how long the notify thread blocks: it delays shutdown by this much
         )
         async for changes in watching:
             folders = {Path(p).parent for _change, p in changes}

@@ -132,6 +132,13 @@ class DecantOperations(pyfuse3.Operations):
             return state.children
         return await self.rescan(inode)
 
+    def _is_status(self, parent_inode: int, name: bytes) -> bool:
+        return (
+            parent_inode == pyfuse3.ROOT_INODE
+            and self.queue is not None
+            and name == STATUS_NAME.encode()
+        )
+
     def _status_inode(self) -> int:
         node = Node(False, 0, time.time_ns(), 0o444, os.getuid(), os.getgid(), self.tree.root,
                     member=STATUS_NAME)  # fmt: skip
@@ -156,8 +163,6 @@ class DecantOperations(pyfuse3.Operations):
             kids = await trio.to_thread.run_sync(self.tree.scan, node.real)
             old = state.children if state else {}
             new = self._adopt(kids)
-            if inode == pyfuse3.ROOT_INODE and self.queue is not None:
-                new.setdefault(STATUS_NAME, self._status_inode())
             self._dirs[inode] = DirState(new, mtime, time.monotonic())
         if state is not None:
             for name, ino in old.items():
@@ -187,6 +192,8 @@ class DecantOperations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         with errno_boundary(f"lookup {name!r}"):
             ino = (await self._children(parent_inode)).get(os.fsdecode(name))
+            if ino is None and self._is_status(parent_inode, name):
+                ino = self._status_inode()  # found by name only: listings and rsync skip it
             if ino is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
             return self._attrs(ino, self._nodes[ino])

@@ -27,7 +27,7 @@ def corpus_mount(mount_corpus, tmp_path_factory):  # type: ignore[no-untyped-def
 
     originals, src = mount_corpus
     base = tmp_path_factory.mktemp("corpus-mount")
-    m = Mount(src, base / "mnt", base / "log", base / "index").start()
+    m = Mount(src, base / "mnt", base / "log", base / "index").start("--read-only")
     yield originals, m
     m.stop()
 
