@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve(args, src, mnt, lambda: _ready(ready_fd))
     except Exception as exc:
-        log.error("%s", exc)
+        log.exception("%s", exc)
         print(f"decant-mount: {exc}", file=sys.stderr)  # still the caller's terminal until ready
         return 1
 

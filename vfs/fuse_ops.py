@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 ARCHIVE_TIMEOUT = 300.0  # archive contents never change in place: let the kernel keep them
 MIRROR_TIMEOUT = 2.0  # SRC itself can change; the watcher invalidates sooner when it can
 RESCAN_INTERVAL = 1.0  # a folder's mtime is re-checked at most this often
+HASH_BACKLOG = 32  # served reads queued for hashing before reads wait for the hasher
+VERDICT_WAIT = 5.0  # how long the last read waits for earlier reads' bytes to be hashed
 STATUS_NAME = ".decant-status"  # read-only: what the pack queue holds, as JSON
 
 
@@ -60,7 +62,8 @@ class OpenFile:
     reader: RandomAccess
     fd: int = -1  # a spooled file's descriptor, for writing
     hasher: SequentialHasher | None = None
-    hash_lock: trio.Lock = field(default_factory=trio.Lock)
+    hash_queue: trio.MemorySendChannel[tuple[int, bytes]] | None = None
+    hash_done: trio.Event = field(default_factory=trio.Event)
     last_end: int = -1
     readahead_done: trio.Event | None = None
 
@@ -98,7 +101,7 @@ class DecantOperations(pyfuse3.Operations):
         self._handles: dict[int, OpenFile] = {}
         self._next_fh = 1
         self._decode = trio.CapacityLimiter(decode_threads)
-        self._readahead = trio.CapacityLimiter(1)
+        self._readahead = trio.CapacityLimiter(2)
         self._scan_lock = trio.Lock()
         self._bad: set[NodeKey] = set()
 
@@ -271,8 +274,9 @@ class DecantOperations(pyfuse3.Operations):
             handle = OpenFile(node, inode, reader)
             if node.sha256 and node.backend is not None:
                 verified = await trio.to_thread.run_sync(self._is_verified, node)
-                if not verified:
+                if not verified and self.nursery is not None:
                     handle.hasher = SequentialHasher(node.size, node.sha256)
+                    self._start_hashing(handle)
             if node.spooled and self.queue is not None:
                 self.queue.opened(node.spooled)
             # Archive content is immutable for a given inode (a replaced archive gets a new one),
@@ -308,21 +312,49 @@ class DecantOperations(pyfuse3.Operations):
             data = await trio.to_thread.run_sync(
                 handle.reader.read, off, size, limiter=self._decode
             )
-            if handle.hasher is not None and data:
-                await self._hash(handle, off, data)
+            if handle.hash_queue is not None and data and not handle.hash_done.is_set():
+                await handle.hash_queue.send((off, data))
+                if off + len(data) >= handle.node.size:
+                    await self._verdict(handle)
             sequential = off == handle.last_end
             handle.last_end = off + len(data)
             if sequential and handle.readahead_done is None and self.nursery is not None:
                 handle.readahead_done = trio.Event()
-                self.nursery.start_soon(self._read_ahead, handle, handle.last_end - 1)
+                self._spawn(self._read_ahead, handle)
             return data
 
-    async def _hash(self, handle: OpenFile, off: int, data: bytes) -> None:
+    def _spawn(self, fn: Any, *args: Any) -> None:
+        """A background task that can fail without taking the daemon down with it."""
+
+        async def guarded() -> None:
+            try:
+                await fn(*args)
+            except Exception:
+                log.exception("background task %s failed", getattr(fn, "__name__", fn))
+
+        assert self.nursery is not None
+        self.nursery.start_soon(guarded)
+
+    def _start_hashing(self, handle: OpenFile) -> None:
+        """Hash-as-you-serve off the read path: reads queue their bytes and return at once; only
+        the read that reaches the end of the file waits for the verdict."""
+        assert self.nursery is not None and handle.hasher is not None
+        send, receive = trio.open_memory_channel[tuple[int, bytes]](HASH_BACKLOG)
+        handle.hash_queue = send
+        self._spawn(self._hash_worker, handle, receive)
+
+    async def _hash_worker(
+        self, handle: OpenFile, receive: trio.MemoryReceiveChannel[tuple[int, bytes]]
+    ) -> None:
         hasher = handle.hasher
         assert hasher is not None
-        async with handle.hash_lock:
-            completed = await trio.to_thread.run_sync(hasher.feed, off, data)
-        if not completed:
+        async with receive:
+            async for off, data in receive:
+                completed = await trio.to_thread.run_sync(hasher.feed, off, data)
+                if completed or hasher.abandoned:
+                    break
+        handle.hash_done.set()
+        if not hasher.complete:
             return
         node = handle.node
         if hasher.ok:
@@ -338,9 +370,16 @@ class DecantOperations(pyfuse3.Operations):
             hasher.hexdigest(),
             hasher.expected,
         )
-        # No invalidate_inode here: notifying while the kernel holds this file's pages for pending
-        # reads deadlocks both. Pages already cached stay unreachable: every open now fails.
-        raise pyfuse3.FUSEError(errno.EIO)
+
+    async def _verdict(self, handle: OpenFile) -> None:
+        """Fail the read that completes the file when the whole file hashed wrong."""
+        with trio.move_on_after(VERDICT_WAIT):  # reads still in flight fill the gaps by then
+            await handle.hash_done.wait()
+        hasher = handle.hasher
+        if hasher is not None and hasher.complete and not hasher.ok:
+            # No invalidate_inode: notifying while the kernel holds this file's pages for
+            # pending reads deadlocks both. Cached pages stay unreachable: every open now fails.
+            raise pyfuse3.FUSEError(errno.EIO)
 
     def _mark_verified(self, node: Node) -> None:
         st = os.stat(node.real)
@@ -349,9 +388,16 @@ class DecantOperations(pyfuse3.Operations):
             node.real, node.member, st.st_size, st.st_mtime_ns, node.sha256
         )
 
-    async def _read_ahead(self, handle: OpenFile, offset: int) -> None:
+    async def _read_ahead(self, handle: OpenFile) -> None:
+        """Keep decoding ahead for as long as the reader keeps moving forward."""
         try:
-            await trio.to_thread.run_sync(handle.reader.readahead, offset, limiter=self._readahead)
+            while True:
+                pos = handle.last_end
+                await trio.to_thread.run_sync(
+                    handle.reader.readahead, pos - 1, limiter=self._readahead
+                )
+                if handle.last_end == pos:
+                    break
         except Exception as exc:  # a failed read-ahead only costs the later read its own decode
             log.debug("read-ahead in %s failed: %s", handle.node.real, exc)
         finally:
@@ -369,6 +415,8 @@ class DecantOperations(pyfuse3.Operations):
                 await handle.readahead_done.wait()
             if handle.node.spooled and self.queue is not None:
                 self.queue.closed(handle.node.spooled)
+            if handle.hash_queue is not None:
+                await handle.hash_queue.aclose()
             await trio.to_thread.run_sync(handle.reader.close)
 
     # -- change notification ---------------------------------------------------------------

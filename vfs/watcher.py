@@ -101,7 +101,7 @@ class PackQueue:
                 await self._poll()
                 for item in self._ready():
                     item.state = "packing"
-                    nursery.start_soon(self._pack, item)
+                    nursery.start_soon(self._pack_guarded, item)
                 await trio.sleep(POLL_INTERVAL)
 
     async def _poll(self) -> None:
@@ -136,6 +136,15 @@ class PackQueue:
             if now - item.changed_at >= wait:
                 ready.append(item)
         return ready
+
+    async def _pack_guarded(self, item: Item) -> None:
+        """One file's failure must never stop the queue (or the daemon serving reads)."""
+        try:
+            await self._pack(item)
+        except Exception as exc:
+            log.exception("%s: packing failed unexpectedly", item.relpath)
+            item.state, item.reason = "failed", _reason(exc)
+            item.retry_at = time.monotonic() + RETRY_AFTER
 
     async def _pack(self, item: Item) -> None:
         relpath, spool = item.relpath, item.spool
