@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,18 +18,26 @@ READ_BLOCK = 4 * 1024 * 1024
 
 
 def private_cache(archive: DecantArchive) -> PageCache:
-    """A cache just big enough for streaming: one page plus read-ahead slack."""
+    """Just enough for streaming: the page being read, the one being decoded, a husk block."""
     pages = [p for p in archive.manifest.pages] + [
         p for m in archive.manifest.members for p in m.pages
     ]
     largest = max((p.nbytes for p in pages), default=0)
-    return PageCache(max(64 * 1024 * 1024, 2 * largest))
+    return PageCache(2 * largest + 8 * 1024 * 1024)
 
 
 def stream(reader: OriginalReader, block: int = READ_BLOCK) -> Iterator[bytes]:
-    """The whole original in order, in bounded memory."""
-    for offset in range(0, reader.size, block):
-        yield reader.read(offset, block)
+    """The whole original in order, in bounded memory. The next block is reconstructed in a
+    worker thread while the caller hashes and writes this one (decoding releases the GIL)."""
+    if reader.size == 0:
+        return
+    with ThreadPoolExecutor(1, thread_name_prefix="decant-stream") as pool:
+        pending = pool.submit(reader.read, 0, block)
+        for offset in range(0, reader.size, block):
+            data = pending.result()
+            if offset + block < reader.size:
+                pending = pool.submit(reader.read, offset + block, block)
+            yield data
 
 
 @dataclass(frozen=True)
