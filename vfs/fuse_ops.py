@@ -21,7 +21,7 @@ import trio
 from vfs.backends.base import RandomAccess
 from vfs.backends.plain import PlainFile
 from vfs.errors import DecantError
-from vfs.integrity import SequentialHasher
+from vfs.integrity import Coverage, SequentialHasher
 from vfs.tree import Node, NodeKey, SourceTree
 from vfs.watcher import PackQueue
 from vfs.writeside import Attrs, WriteSide
@@ -64,6 +64,7 @@ class OpenFile:
     hasher: SequentialHasher | None = None
     hash_queue: trio.MemorySendChannel[tuple[int, bytes]] | None = None
     hash_done: trio.Event = field(default_factory=trio.Event)
+    served: Coverage = field(default_factory=Coverage)
     last_end: int = -1
     readahead_done: trio.Event | None = None
 
@@ -314,8 +315,8 @@ class DecantOperations(pyfuse3.Operations):
             )
             if handle.hash_queue is not None and data and not handle.hash_done.is_set():
                 await handle.hash_queue.send((off, data))
-                if off + len(data) >= handle.node.size:
-                    await self._verdict(handle)
+                if handle.served.add(off, off + len(data)) >= handle.node.size:
+                    await self._verdict(handle)  # every byte is queued: the hash can finish
             sequential = off == handle.last_end
             handle.last_end = off + len(data)
             if sequential and handle.readahead_done is None and self.nursery is not None:
@@ -560,6 +561,9 @@ class DecantOperations(pyfuse3.Operations):
             )
             del self._dirs[parent_inode_old].children[old]
             self._place(parent_inode_new, new, moved, ino)
+            for handle in self._handles.values():
+                if handle.inode == ino:  # its writes and its release (often after the rename)
+                    handle.node = moved  # must reach the pack queue under the new name
             self._dirs.pop(ino, None)  # a moved folder is listed afresh
             if node.spooled and self.queue is not None:
                 self.queue.renamed(node.spooled, moved.spooled)

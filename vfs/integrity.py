@@ -58,3 +58,34 @@ class SequentialHasher:
         self.abandoned = True
         self._pending.clear()
         self._pending_bytes = 0
+
+
+class Coverage:
+    """How far [0, n) has been served without a gap, from reads that arrive in any order.
+
+    The read that completes coverage is the one that may wait for the hash verdict: a tail read
+    that comes first (TIFF and zip readers start at the end) must not wait for bytes no one asked
+    for yet.
+    """
+
+    MAX_RANGES = 4096  # a random-access pattern: stop tracking, there will be no verdict
+
+    def __init__(self) -> None:
+        self.upto = 0
+        self._ahead: dict[int, int] = {}
+        self.gave_up = False
+
+    def add(self, start: int, end: int) -> int:
+        if self.gave_up:
+            return self.upto
+        if start > self.upto:
+            self._ahead[start] = max(end, self._ahead.get(start, 0))
+            if len(self._ahead) > self.MAX_RANGES:
+                self.gave_up = True
+                self._ahead.clear()
+            return self.upto
+        self.upto = max(self.upto, end)
+        while reached := [s for s in self._ahead if s <= self.upto]:
+            for s in reached:
+                self.upto = max(self.upto, self._ahead.pop(s))
+        return self.upto

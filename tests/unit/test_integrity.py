@@ -1,0 +1,57 @@
+"""Hash-as-you-serve bookkeeping: SequentialHasher and Coverage against hashlib and set logic."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vfs.integrity import Coverage, SequentialHasher
+
+
+def _chunks(data: bytes, cuts: list[int]) -> list[tuple[int, bytes]]:
+    edges = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
+    return [(a, data[a:b]) for a, b in itertools.pairwise(edges) if b > a]
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.binary(min_size=1, max_size=5000), cuts=st.lists(st.integers(0, 5000)),
+       seed=st.integers(0, 2**32))  # fmt: skip
+def test_reordered_reads_hash_like_hashlib(data: bytes, cuts: list[int], seed: int) -> None:
+    chunks = _chunks(data, cuts)
+    random.Random(seed).shuffle(chunks)
+    hasher = SequentialHasher(len(data), hashlib.sha256(data).hexdigest())
+    completions = [hasher.feed(off, chunk) for off, chunk in chunks]
+    assert hasher.complete and hasher.ok
+    assert completions.count(True) == 1
+
+
+def test_wrong_bytes_complete_but_fail() -> None:
+    data = b"x" * 1000
+    hasher = SequentialHasher(len(data), hashlib.sha256(b"y" * 1000).hexdigest())
+    assert hasher.feed(0, data)
+    assert hasher.complete and not hasher.ok
+
+
+def test_overlapping_reads_abandon_rather_than_guess() -> None:
+    data = bytes(range(256)) * 8
+    hasher = SequentialHasher(len(data), hashlib.sha256(data).hexdigest())
+    hasher.feed(100, data[100:300])
+    hasher.feed(0, data[0:200])  # overlaps the parked read
+    assert hasher.abandoned and not hasher.complete
+
+
+@settings(max_examples=200, deadline=None)
+@given(size=st.integers(1, 3000), cuts=st.lists(st.integers(0, 3000)), seed=st.integers(0, 99))
+def test_coverage_reaches_size_only_when_every_byte_was_seen(size: int, cuts: list[int],
+                                                              seed: int) -> None:  # fmt: skip
+    ranges = [(a, a + len(c)) for a, c in _chunks(bytes(size), cuts)]
+    random.Random(seed).shuffle(ranges)
+    cov, seen = Coverage(), set()
+    for a, b in ranges:
+        seen.update(range(a, b))
+        full = cov.add(a, b) >= size
+        assert full == (len(seen) == size)

@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Benchmark dispatcher: `python tools/bench.py COMMAND [options]` (COMMAND --help for its options).
+
+Each command lives in a `tools/bench_*.py` module imported only when chosen, so one benchmark's
+imports (or a missing optional dependency) never slow or break another. A module provides
+`main(command, argv) -> int`; adding a benchmark is one line in COMMANDS.
+Every command prints a paste-able block of figures as ratios against a baseline measured in the
+same run, with the absolute numbers beside them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+# command → (module in tools/, one-line summary)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "pack": ("bench_decant", "decant pack MB/s and archive size ÷ original, vs cp"),
+    "restore": ("bench_decant", "decant restore MB/s vs cp, and its peak RSS"),
+    "read": ("bench_decant", "random 4 KiB reads through the core reader (and zarr-python)"),
+    "mount": ("bench_decant", "decant-mount vs an in-memory pyfuse3 ceiling: dd, preads, ls -l"),
+    "c4gh": ("bench_c4gh", "GDI package: start to manifest bytes, member dd vs memfs, preads"),
+    "acqstore": ("bench_acqstore", "AcqStore: validate 1,000 members; synthetic TIFF dd vs memfs"),
+    "ingest": ("bench_ingest", "rsync -a into the mount until published, vs rsync + decant pack"),
+}
+
+
+def usage() -> str:
+    lines = [__doc__.strip().splitlines()[0], "", "commands:"]
+    lines += [f"  {name:<10}{summary}" for name, (_mod, summary) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if not args or args[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if args else 2
+    command, rest = args[0], args[1:]
+    if command not in COMMANDS:
+        print(f"bench: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    tools = str(Path(__file__).resolve().parent)
+    if tools not in sys.path:  # also when imported rather than run as a script
+        sys.path.insert(0, tools)
+    module = importlib.import_module(COMMANDS[command][0])
+    return int(module.main(command, rest))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""Shared benchmark plumbing: the report block, timing and percentiles, cache dropping, child RSS,
+FUSE mounts in subprocesses, and the generated benchmark stack.
+
+Benchmarks are not tests: nothing here asserts a time. Every figure is printed beside a baseline
+measured in the same run, because these 2-core machines are shared and absolute numbers drift.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vfs.daemon import mount_device
+
+MB = 1_000_000  # throughputs in MB/s (decimal), as dd prints them
+MiB = 1 << 20
+TOOLS = Path(__file__).resolve().parent
+
+
+def log(message: str) -> None:
+    """Progress on stderr, so stdout carries only the paste-able report."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# -- the report -----------------------------------------------------------------------------
+
+
+@dataclass
+class Report:
+    """Rows of (label, value, note) rendered as one fixed-width block for pasting into a note."""
+
+    title: str
+    context: dict[str, str] = field(default_factory=dict)
+    rows: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def section(self, name: str) -> None:
+        self.rows.append((f"-- {name}", "", ""))
+
+    def add(self, label: str, value: str = "", note: str = "") -> None:
+        self.rows.append((label, value, note))
+
+    def target(self, label: str, value: float, limit: float, unit: str, at_most: bool) -> None:
+        """A figure with its target: 'met' or 'MISSED', so a reader need not compare by eye."""
+        ok = value <= limit if at_most else value >= limit
+        sign = "<=" if at_most else ">="
+        shown = f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+        self.add(label, f"{shown} {unit}".rstrip(), f"target {sign} {limit:.3g}  {_met(ok)}")
+
+    def render(self) -> str:
+        rows = [row for row in self.rows if row[1]]  # not sections or footnotes
+        width = max((len(label) for label, _v, _n in rows), default=10) + 2
+        # Short figures align; long ones (latency triples) just push their note along.
+        vwidth = max((len(v) for _l, v, _n in rows if len(v) <= 16), default=8)
+        head = f"=== {self.title} ==="
+        lines = [head]
+        lines += [f"  {k}: {v}" for k, v in self.context.items()]
+        for label, value, note in self.rows:
+            if label.startswith("-- "):
+                lines.append(label)
+            else:
+                shown = f"{value:>{vwidth}}" if len(value) <= vwidth else value
+                lines.append(f"  {label:<{width}}{shown}  {note}".rstrip())
+        lines.append("=" * len(head))
+        return "\n".join(lines)
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "MISSED"
+
+
+def machine_context(**extra: object) -> dict[str, str]:
+    """Facts that make a pasted block interpretable later: host, kernel, load at start."""
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    ctx = {
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": f"{platform.node()} {platform.release()} cpus={os.cpu_count()} load={load}",
+        "python": sys.version.split()[0],
+    }
+    ctx.update({k: str(v) for k, v in extra.items()})
+    return ctx
+
+
+def mbps(nbytes: int, seconds: float) -> float:
+    return nbytes / MB / seconds if seconds > 0 else float("inf")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile: with few samples p99 is an observed value, never interpolated."""
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    rank = max(1, min(len(ordered), round(q / 100.0 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def median(values: Sequence[float]) -> float:
+    return percentile(values, 50)
+
+
+def duration(seconds: float) -> str:
+    """3 significant digits in ms, or µs below 0.1 ms (a page-cache hit is a few µs)."""
+    ms = seconds * 1e3
+    return f"{ms * 1e3:.3g} µs" if ms < 0.1 else f"{ms:.3g} ms"
+
+
+def latency_text(samples_s: Sequence[float]) -> str:
+    """'p50 0.41 ms  p99 2.3 ms  max 4 ms' from samples in seconds."""
+    p50, p99, top = percentile(samples_s, 50), percentile(samples_s, 99), max(samples_s)
+    return f"p50 {duration(p50)}  p99 {duration(p99)}  max {duration(top)}"
+
+
+# -- caches, children, timing -------------------------------------------------------------
+
+
+def drop_caches(files: Iterable[Path] = ()) -> bool:
+    """Make the next run cold: evict `files` from the page cache, then drop dentries and inodes.
+    False if the dentry/inode caches could not be dropped (not root).
+
+    Not `sync; echo 3 > drop_caches`: both walk every superblock under its lock, so one hung FUSE
+    mount anywhere on the machine leaves the benchmark in uninterruptible sleep (seen here: a
+    deadlocked daemon's `fusermount3 -u -z` held its superblock and `sync` waited in super_lock).
+    Evicting the files a run reads touches nothing else; `echo 2` only try-locks superblocks.
+    """
+    for path in files:
+        for file in path.rglob("*") if path.is_dir() else [path]:
+            if file.is_file():
+                evict_file(file)
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("2\n")
+    except OSError:
+        return False
+    return True
+
+
+def evict_file(path: Path) -> None:
+    """Write back and drop one file's cached pages: cheap enough to do before every timed read."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with contextlib.suppress(OSError):  # e.g. a FUSE file system without fsync
+            os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    seconds: float
+    max_rss: int  # bytes: the child's peak resident set, as /usr/bin/time reports it
+    returncode: int
+    stderr: str
+
+
+def run_child(cmd: Sequence[str | Path], cwd: Path | None = None) -> ChildRun:
+    """Run a command to completion: wall time, and its peak RSS through /usr/bin/time.
+
+    Not our own wait4 rusage: a forked child's ru_maxrss starts at its parent's peak (a 13 MiB
+    /bin/true here once the parent had held 500 MiB), so a small `time` process does the forking.
+    """
+    with tempfile.NamedTemporaryFile("w+") as rss, tempfile.TemporaryFile("w+") as err:
+        timed = ["/usr/bin/time", "-f", "%M", "-o", rss.name, *map(str, cmd)]
+        start = time.perf_counter()
+        done = subprocess.run(timed, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err, check=False)
+        seconds = time.perf_counter() - start
+        err.seek(0)
+        last = (rss.read().strip().splitlines() or ["0"])[-1]
+        max_rss = int(last) * 1024 if last.isdigit() else 0
+        return ChildRun(seconds, max_rss, done.returncode, err.read())
+
+
+def require(run: ChildRun, what: str) -> ChildRun:
+    if run.returncode != 0:
+        raise SystemExit(f"bench: {what} failed ({run.returncode}): {run.stderr.strip()[-2000:]}")
+    return run
+
+
+def dd_read(path: Path, block: str = "1M") -> tuple[float, int]:
+    """Seconds and bytes for `dd if=path of=/dev/null bs=block`: a plain sequential reader."""
+    run = require(run_child(["dd", f"if={path}", "of=/dev/null", f"bs={block}"]), f"dd {path}")
+    match = re.search(r"^(\d+) bytes", run.stderr, re.MULTILINE)
+    return run.seconds, int(match.group(1)) if match else -1
+
+
+def tool(name: str) -> list[str]:
+    """A console script of this interpreter's environment, skipping slow pyenv-style shims."""
+    beside = Path(sys.executable).parent / name
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which(name)
+    if found is None:
+        raise SystemExit(f"bench: {name} is not installed (pip install -e .)")
+    return [found]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a live process has used (to tell CPU-bound from waiting)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def vm_hwm(pid: int) -> int:
+    """Peak resident set size of a live process, in bytes (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise OSError(f"no VmHWM for pid {pid}")
+
+
+def timed_preads(path: Path, offsets: list[int], evict: bool, size: int = 4096) -> list[float]:
+    """Seconds per os.pread(size); with `evict` the file's kernel pages are dropped first, so each
+    read reaches the FUSE daemon rather than the page cache."""
+    fd = os.open(path, os.O_RDONLY)  # the open (and FUSE open) is not timed
+    try:
+        out = []
+        for offset in offsets:
+            if evict:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            start = time.perf_counter()
+            data = os.pread(fd, size, offset)
+            out.append(time.perf_counter() - start)
+            if len(data) != size:
+                raise SystemExit(f"bench: short read at {offset} in {path}")
+        return out
+    finally:
+        os.close(fd)
+
+
+def time_ls(folder: Path) -> float:
+    return require(run_child(["ls", "-l", folder]), f"ls -l {folder}").seconds
+
+
+# -- mounts --------------------------------------------------------------------------------
+
+
+@dataclass
+class Mount:
+    """A FUSE daemon running in the foreground as our child, and where it is mounted."""
+
+    mnt: Path
+    proc: subprocess.Popen[bytes]
+    read_ahead_kb: int = -1
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+@contextlib.contextmanager
+def mounted(cmd: Sequence[str | Path], mnt: Path, stderr: Path) -> Iterator[Mount]:
+    """Run a foreground FUSE daemon; yield once it serves with 1 MiB read-ahead; always unmount."""
+    mnt.mkdir(parents=True, exist_ok=True)
+    stderr.parent.mkdir(parents=True, exist_ok=True)
+    with open(stderr, "ab") as err:
+        proc = subprocess.Popen([str(c) for c in cmd], stdout=subprocess.DEVNULL, stderr=err)
+    mount = Mount(mnt, proc)
+    try:
+        _wait_mounted(mount, stderr)
+        mount.read_ahead_kb = _wait_read_ahead(mnt)
+        yield mount
+    finally:
+        unmount(mount)
+
+
+def _wait_mounted(mount: Mount, stderr: Path, timeout: float = 60.0) -> None:
+    # Polls /proc/self/mountinfo, not stat(MNT): a stat would block on a daemon not serving yet.
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if mount.proc.poll() is not None:
+            raise SystemExit(f"bench: mount of {mount.mnt} failed: {stderr.read_text()[-2000:]}")
+        with contextlib.suppress(OSError):
+            mount_device(mount.mnt)
+            os.stat(mount.mnt)  # answered by the daemon: it is serving
+            return
+        time.sleep(0.02)
+    raise SystemExit(f"bench: {mount.mnt} not mounted after {timeout:.0f} s")
+
+
+def _wait_read_ahead(mnt: Path, want: int = 1024, timeout: float = 5.0) -> int:
+    """The daemon raises read_ahead_kb shortly after FUSE INIT; measure only once it has."""
+    path = Path(f"/sys/class/bdi/{mount_device(mnt)}/read_ahead_kb")
+    deadline = time.monotonic() + timeout
+    value = -1
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            value = int(path.read_text())
+            if value >= want:
+                return value
+        time.sleep(0.05)
+    log(f"warning: {mnt} read_ahead_kb stayed {value} (wanted {want})")
+    return value
+
+
+def unmount(mount: Mount, timeout: float = 30.0) -> None:
+    """fusermount3 -u (lazily if busy), then reap the daemon; kill it if it will not go."""
+    if mount.proc.poll() is None or _is_mounted(mount.mnt):
+        for args in (["-u"], ["-uz"]):
+            done = subprocess.run(
+                ["fusermount3", *args, str(mount.mnt)], capture_output=True, check=False
+            )
+            if done.returncode == 0 or not _is_mounted(mount.mnt):
+                break
+    try:
+        mount.proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        mount.proc.kill()
+        try:
+            mount.proc.wait(10)
+        except subprocess.TimeoutExpired:  # stuck in the kernel (D state): nothing more to do
+            log(f"warning: daemon {mount.pid} for {mount.mnt} will not exit")
+
+
+def _is_mounted(mnt: Path) -> bool:
+    try:
+        mount_device(mnt)
+    except OSError:
+        return False
+    return True
+
+
+# -- options and inputs --------------------------------------------------------------------
+
+
+def common_options(repeat: int) -> argparse.ArgumentParser:
+    """Options every benchmark takes (a parent parser; `repeat` is the command's default)."""
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--gib", type=float, default=1.0, help="size of the generated stack (GiB)")
+    p.add_argument("--stack", type=Path, metavar="PATH", help="use this TIFF stack instead")
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        metavar="DIR",
+        help="scratch folder; generated inputs found there are reused (default: a temp folder, "
+        "removed afterwards)",
+    )
+    p.add_argument("--repeat", type=int, default=repeat, help=f"timed rounds (default {repeat})")
+    p.add_argument("--seed", type=int, default=1, help="random offsets seed")
+    return p
+
+
+@contextlib.contextmanager
+def workdir(given: Path | None) -> Iterator[Path]:
+    """The given folder (kept, so its inputs are reused), or a temp folder on disk, not tmpfs."""
+    if given is not None:
+        given.mkdir(parents=True, exist_ok=True)
+        yield given.resolve()
+        return
+    folder = Path(tempfile.mkdtemp(prefix="decant-bench-", dir="/var/tmp"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def ensure_stack(work: Path, gib: float, given: Path | None) -> Path:
+    """The uint16 2048×2048 multi-page stack: --stack, or generated once per size in `work`."""
+    if given is not None:
+        if not given.is_file():
+            raise SystemExit(f"bench: --stack {given}: no such file")
+        return given.resolve()
+    out = work / f"stack-{gib:g}GiB.tif"
+    if not out.is_file():
+        sys.path.insert(0, str(TOOLS))
+        from make_corpus import write_stack
+
+        log(f"generating {out.name}")
+        tmp = out.with_name(out.name + ".part")
+        write_stack(tmp, gib)
+        tmp.replace(out)
+    return out
