@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from vfs.errors import DecantError
+
 log = logging.getLogger("decant-mount")
 
 # -o options that mount(8) / mount.fuse3 pass but libfuse does not take.
@@ -236,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         from vfs.daemon import serve
 
         return serve(args, src, mnt, lambda: _ready(ready_fd))
+    except DecantError as exc:  # a refusal its message explains (key permissions, bad option)
+        log.error("%s", exc)
+        print(f"decant-mount: {exc}", file=sys.stderr)
+        return 1
     except Exception as exc:
         log.exception("%s", exc)
         print(f"decant-mount: {exc}", file=sys.stderr)  # still the caller's terminal until ready

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import os
 import signal
@@ -57,12 +58,10 @@ def build_write_side(args: argparse.Namespace, src: Path, tree: SourceTree) -> P
 
     if read_only(args):
         return None
-    from vfs.decant.packer import PackOptions
-
     spool_root = args.spool or src / SPOOL_NAME
     spool = Spool(src, spool_root / "files")
     spools = [spool] + [Spool(src, inbox) for inbox in args.inbox]
-    queue = PackQueue(spools, args.settle, PackOptions(), args.pack_all, args.pack_workers)
+    queue = PackQueue(spools, args.settle, None, args.pack_all, args.pack_workers)
     tree.spool = spool
     tree.publishing = queue.publishing
     return queue
@@ -98,9 +97,22 @@ def mount_device(mnt: Path) -> str:
     return found
 
 
+def tune_malloc() -> None:
+    """Keep freed page buffers from piling up in glibc arenas: streaming 1 GiB with a 512 MiB
+    cache peaked ~200 MiB above the cache without this (tools/bench.py c4gh, mount)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_mmap_threshold, m_arena_max = -3, -8
+    libc.mallopt(m_mmap_threshold, 128 * 1024)  # large buffers go back to the OS when freed
+    libc.mallopt(m_arena_max, 2)
+
+
 def serve(args: argparse.Namespace, src: Path, mnt: Path, ready: Callable[[], None]) -> int:
     from vfs.cli import fuse_options
 
+    tune_malloc()
     cache = PageCache(args.cache_size)
     tree = build_tree(args, src, cache)
     queue = build_write_side(args, src, tree)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+ENTRY_POINT = "acqstore/collection.json"
+
 # A scheme ("https:", "file:") or a drive letter ("C:") both match; neither is a relative path.
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*:")
 

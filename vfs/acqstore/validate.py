@@ -15,9 +15,9 @@ from jsonschema import Draft202012Validator, FormatChecker
 
 from vfs.acqstore import paths
 from vfs.acqstore.ngff import NgffImage, inspect_image
+from vfs.acqstore.paths import ENTRY_POINT
 from vfs.errors import ManifestError
 
-ENTRY_POINT = "acqstore/collection.json"
 _SCHEMA_DEFS = {
     "collection": "collection",
     "acqimage": "acqimage",

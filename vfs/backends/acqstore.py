@@ -5,15 +5,16 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vfs.acqstore import paths
-from vfs.acqstore.ngff import inspect_image, open_full_resolution
-from vfs.acqstore.synth_tiff import SynthesizedTiff, layout_for_image
-from vfs.acqstore.validate import ENTRY_POINT, validate_collection
-from vfs.acqstore.view import build_view, view_name
+from vfs.acqstore.paths import ENTRY_POINT
 from vfs.backends.base import Backend, Description, Entry, RandomAccess
 from vfs.cache import PageCache
 from vfs.errors import DecantError, ManifestError
+
+if TYPE_CHECKING:  # jsonschema, numpy, tifffile: imported when a collection is first seen
+    from vfs.acqstore.synth_tiff import SynthesizedTiff
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,9 @@ class AcqStoreBackend:
 
     def describe(self, path: Path) -> Description:
         """Validate, then build the view; an invalid collection raises with the validator lines."""
+        from vfs.acqstore.validate import validate_collection
+        from vfs.acqstore.view import build_view, view_name
+
         name = view_name(path)
         result = validate_collection(path)
         for issue in result.warnings:
@@ -90,6 +94,9 @@ class AcqStoreBackend:
     def _open_tiff(
         self, root: Path, target: Path, rel: str, title: str, entry: Entry
     ) -> SynthesizedTiff:
+        from vfs.acqstore.ngff import inspect_image, open_full_resolution
+        from vfs.acqstore.synth_tiff import SynthesizedTiff, layout_for_image
+
         image = inspect_image(target)
         layout = layout_for_image(image, name=title)
         if layout.size != entry.size:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vfs.backends.base import Description, Entry
 from vfs.cache import PageCache
-from vfs.decant.reader import DecantArchive, OriginalReader
-from vfs.decant.store import MANIFEST_KEY, archive_stem
+from vfs.decant import MANIFEST_KEY, archive_stem
+
+if TYPE_CHECKING:  # numpy, numcodecs: imported when the first archive is read, not at start-up
+    from vfs.decant.reader import DecantArchive, OriginalReader
 
 
 class DecantBackend:
@@ -22,6 +25,8 @@ class DecantBackend:
         return path.name.endswith(".zarr.zip")
 
     def describe(self, path: Path) -> Description:
+        from vfs.decant.reader import DecantArchive
+
         with DecantArchive.open(path) as archive:
             m = archive.manifest
             originals = archive.originals()
@@ -38,6 +43,8 @@ class DecantBackend:
         return Description(archive_stem(path.name), root)
 
     def open(self, path: Path, member: str, entry: Entry) -> DecantFile:
+        from vfs.decant.reader import DecantArchive
+
         archive = DecantArchive.open(path)
         try:
             return DecantFile(archive, archive.open_original(member, self.cache))

@@ -21,9 +21,10 @@ from typing import Any
 import numcodecs
 import numpy as np
 
+from vfs.decant import MANIFEST_KEY as MANIFEST_KEY  # re-exported: its home is vfs.decant
+from vfs.decant import archive_stem as archive_stem
 from vfs.errors import CorruptArchiveError, NotAnArchiveError, UnsupportedFormatError
 
-MANIFEST_KEY = ".decant/manifest.json"
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 
 # numcodecs ignores blosc's thread count outside the main thread unless this is set.
@@ -33,13 +34,6 @@ numcodecs.blosc.set_nthreads(min(4, os.cpu_count() or 1))  # type: ignore[attr-d
 
 def is_archive_name(name: str) -> bool:
     return name.endswith((".zarr.zip", ".zarr"))
-
-
-def archive_stem(name: str) -> str:
-    for suffix in (".zarr.zip", ".zarr"):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return name
 
 
 class Store:

@@ -7,17 +7,16 @@ import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numcodecs
 import numpy as np
-import zarr
-import zarr.storage
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.sync import sync
 
 from vfs.decant.manifest import Manifest
 from vfs.decant.store import MANIFEST_KEY
+
+if TYPE_CHECKING:  # zarr costs ~0.1 s to import: only a pack pays it
+    import zarr
 
 HUSK_CHUNK = 256 * 1024  # a random 4 KiB husk read decodes at most this much
 VERBATIM_CHUNK = 1024 * 1024
@@ -68,6 +67,9 @@ class ArchiveWriter:
     a zip store appends a duplicate entry."""
 
     def __init__(self, path: Path, attrs: dict[str, Any]) -> None:
+        import zarr
+        import zarr.storage
+
         self.path = path
         if path.name.endswith(".zip"):
             self.store: Any = zarr.storage.ZipStore(path, mode="w")
@@ -121,6 +123,9 @@ class ArchiveWriter:
             )
 
     def finish(self, manifest: Manifest) -> None:
+        from zarr.core.buffer import default_buffer_prototype
+        from zarr.core.sync import sync
+
         buf = default_buffer_prototype().buffer.from_bytes(manifest.dumps())
         sync(self.store.set(MANIFEST_KEY, buf))
         self.store.close()
