@@ -62,7 +62,7 @@ class OpenFile:
     reader: RandomAccess
     fd: int = -1  # a spooled file's descriptor, for writing
     hasher: SequentialHasher | None = None
-    hash_queue: trio.MemorySendChannel[tuple[int, bytes]] | None = None
+    hash_queue: trio.MemorySendChannel[tuple[int, bytes | memoryview]] | None = None
     hash_done: trio.Event = field(default_factory=trio.Event)
     served: Coverage = field(default_factory=Coverage)
     last_end: int = -1
@@ -303,7 +303,7 @@ class DecantOperations(pyfuse3.Operations):
         st = os.stat(node.real)
         return index.is_verified(node.real, node.member, st.st_size, st.st_mtime_ns, node.sha256)
 
-    async def read(self, fh: int, off: int, size: int) -> bytes:
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]
         handle = self._handles.get(fh)
         if handle is None:
             raise pyfuse3.FUSEError(errno.EBADF)
@@ -340,12 +340,12 @@ class DecantOperations(pyfuse3.Operations):
         """Hash-as-you-serve off the read path: reads queue their bytes and return at once; only
         the read that reaches the end of the file waits for the verdict."""
         assert self.nursery is not None and handle.hasher is not None
-        send, receive = trio.open_memory_channel[tuple[int, bytes]](HASH_BACKLOG)
+        send, receive = trio.open_memory_channel[tuple[int, bytes | memoryview]](HASH_BACKLOG)
         handle.hash_queue = send
         self._spawn(self._hash_worker, handle, receive)
 
     async def _hash_worker(
-        self, handle: OpenFile, receive: trio.MemoryReceiveChannel[tuple[int, bytes]]
+        self, handle: OpenFile, receive: trio.MemoryReceiveChannel[tuple[int, bytes | memoryview]]
     ) -> None:
         hasher = handle.hasher
         assert hasher is not None

@@ -18,7 +18,7 @@ class SequentialHasher:
         self.pos = 0
         self.abandoned = False
         self._digest = hashlib.sha256()
-        self._pending: dict[int, bytes] = {}
+        self._pending: dict[int, bytes | memoryview] = {}
         self._pending_bytes = 0
 
     @property
@@ -32,7 +32,7 @@ class SequentialHasher:
     def hexdigest(self) -> str:
         return self._digest.hexdigest()
 
-    def feed(self, offset: int, data: bytes) -> bool:
+    def feed(self, offset: int, data: bytes | memoryview) -> bool:
         """Take one served read; True when this call completed the file."""
         if self.abandoned or self.pos >= self.size or offset + len(data) <= self.pos:
             return False

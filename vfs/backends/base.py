@@ -73,7 +73,7 @@ class RandomAccess(Protocol):
 
     size: int
 
-    def read(self, offset: int, size: int) -> bytes: ...
+    def read(self, offset: int, size: int) -> bytes | memoryview: ...
 
     def readahead(self, offset: int) -> None:
         """Warm the cache for the block that follows `offset` (sequential access was seen)."""

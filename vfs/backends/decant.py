@@ -66,7 +66,7 @@ class DecantFile:
         self.reader = reader
         self.size = reader.size
 
-    def read(self, offset: int, size: int) -> bytes:
+    def read(self, offset: int, size: int) -> bytes | memoryview:
         return self.reader.read(offset, size)
 
     def readahead(self, offset: int) -> None:
