@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import signal
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.toolbox import load_tool
+
 ROOT = Path(__file__).resolve().parents[2]
 HAVE_FUSE = os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None
 
@@ -26,14 +27,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.mount)
             if not HAVE_FUSE:
                 item.add_marker(skip)
-
-
-def load_tool(name: str):  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location(f"tools_{name}", ROOT / "tools" / f"{name}.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def is_mounted(mnt: Path) -> bool:

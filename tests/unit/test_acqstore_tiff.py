@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import shutil
 import subprocess
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -18,21 +16,10 @@ import zarr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.toolbox import load_tool
 from vfs.acqstore.ngff import Axis, inspect_image, open_full_resolution
 from vfs.acqstore.synth_tiff import SynthesizedTiff, TiffLayout, layout_for_image
 from vfs.cache import PageCache
-
-
-def _corpus() -> Any:
-    name = "make_acqstore_corpus"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
 
 AXES = {
     "t": Axis("t", "time", "second"),
@@ -88,7 +75,9 @@ def ramp(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
 def test_zarr_image_reads_back_as_imagej_hyperstack(tmp_path: Path) -> None:
     data = ramp((2, 3, 4, 10, 12), np.uint16)
     scale = [0.5, 1.0, 2.0, 0.25, 0.125]
-    _corpus().write_ome_zarr(tmp_path / "img.zarr", data, "tczyx", scale, chunks=(1, 1, 2, 10, 12))
+    load_tool("make_acqstore_corpus").write_ome_zarr(
+        tmp_path / "img.zarr", data, "tczyx", scale, chunks=(1, 1, 2, 10, 12)
+    )
     image = inspect_image(tmp_path / "img.zarr")
     array, release = open_full_resolution(image)
     tiff = SynthesizedTiff(layout_for_image(image), array, PageCache(1 << 24), ("img",), release)
@@ -112,7 +101,9 @@ def test_zarr_image_reads_back_as_imagej_hyperstack(tmp_path: Path) -> None:
 
 def test_zipped_image_reads_back(tmp_path: Path) -> None:
     data = ramp((5, 30, 20), np.uint8)
-    path = _corpus().write_ome_zarr_zip(tmp_path / "img.ozx", data, "zyx", [3.0, 1.0, 1.0])
+    path = load_tool("make_acqstore_corpus").write_ome_zarr_zip(
+        tmp_path / "img.ozx", data, "zyx", [3.0, 1.0, 1.0]
+    )
     image = inspect_image(path)
     assert image.zipped and image.shape == (5, 30, 20)
     array, release = open_full_resolution(image)

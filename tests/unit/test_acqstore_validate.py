@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,22 +14,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.toolbox import load_tool
 from vfs.acqstore.paths import path_problems
 from vfs.acqstore.validate import Issue, validate_collection
 from vfs.acqstore.view import build_view
 from vfs.commands import main as decant_main
-
-
-def _corpus() -> Any:
-    name = "make_acqstore_corpus"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
 
 COLLECTION = "acqstore/collection.json"
 ACQ_A = "acqstore/members/img-a/acqimage.json"
@@ -42,7 +29,11 @@ REF_A = "acqstore/members/img-a/reference-image.json"
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return Path(_corpus().make_collection(tmp_path_factory.mktemp("corpus") / "c")["root"])
+    return Path(
+        load_tool("make_acqstore_corpus").make_collection(tmp_path_factory.mktemp("corpus") / "c")[
+            "root"
+        ]
+    )
 
 
 @pytest.fixture
@@ -96,12 +87,12 @@ VARIANTS = {
 
 
 def test_every_mutation_has_an_expectation() -> None:
-    assert set(VARIANTS) == set(_corpus().MUTATIONS)
+    assert set(VARIANTS) == set(load_tool("make_acqstore_corpus").MUTATIONS)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_each_invalid_variant_is_caught_with_its_own_message(root: Path, variant: str) -> None:
-    _corpus().MUTATIONS[variant](root)
+    load_tool("make_acqstore_corpus").MUTATIONS[variant](root)
     document, pointer, pattern = VARIANTS[variant]
     found = errors(root)
     assert len(found) == 1, [i.line() for i in found]
@@ -113,7 +104,7 @@ def test_each_invalid_variant_is_caught_with_its_own_message(root: Path, variant
 def test_several_violations_are_all_reported(root: Path) -> None:
     chosen = ["dotdot_path", "url_path", "duplicate_roi_id", "unknown_roi_id", "wrong_version"]
     for variant in chosen:
-        _corpus().MUTATIONS[variant](root)
+        load_tool("make_acqstore_corpus").MUTATIONS[variant](root)
     found = {(i.document, i.pointer) for i in errors(root)}
     assert found == {VARIANTS[v][:2] for v in chosen}
 
@@ -228,7 +219,7 @@ def test_images_must_be_conforming_ngff(root: Path, damage: Any, pattern: str | 
 
 
 def test_zipped_images_and_decant_archives_count(root: Path) -> None:
-    corpus = _corpus()
+    corpus = load_tool("make_acqstore_corpus")
     data = np.zeros((2, 3, 48, 40), np.uint16)
     corpus.write_ome_zarr_zip(root / "images/stack.ozx", data, "czyx", [1, 1, 1, 1])
     manifest = {".decant/manifest.json": b'{"format": 1, "mode": "byte-exact"}'}
@@ -313,8 +304,8 @@ def test_bad_paths(value: str) -> None:
 def test_cli_human_lines_and_exit_status(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert decant_main(["acqstore", "validate", str(root)]) == 0
     assert capsys.readouterr().out == ""
-    _corpus().MUTATIONS["unknown_roi_id"](root)
-    _corpus().MUTATIONS["wrong_version"](root)
+    load_tool("make_acqstore_corpus").MUTATIONS["unknown_roi_id"](root)
+    load_tool("make_acqstore_corpus").MUTATIONS["wrong_version"](root)
     assert decant_main(["acqstore", "validate", str(root)]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert sorted(lines) == sorted(
@@ -327,7 +318,7 @@ def test_cli_human_lines_and_exit_status(root: Path, capsys: pytest.CaptureFixtu
 
 
 def test_cli_json_report(root: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    _corpus().MUTATIONS["csv_folder"](root)
+    load_tool("make_acqstore_corpus").MUTATIONS["csv_folder"](root)
     assert decant_main(["acqstore", "validate", "--json", str(root / COLLECTION)]) == 1
     report = json.loads(capsys.readouterr().out)
     assert (report["valid"], report["errors"], report["warnings"]) == (False, 1, 0)
@@ -337,7 +328,7 @@ def test_cli_json_report(root: Path, capsys: pytest.CaptureFixture[str]) -> None
 
 def test_thousand_members_validate_quickly(tmp_path: Path) -> None:
     """Issue target: <= 2 s; asserted loosely here because CI shares its two cores."""
-    root = _corpus().make_large_collection(tmp_path / "big", 1000)
+    root = load_tool("make_acqstore_corpus").make_large_collection(tmp_path / "big", 1000)
     start = time.perf_counter()
     result = validate_collection(root)
     took = time.perf_counter() - start
@@ -397,7 +388,7 @@ def test_malformed_documents_are_reported_never_crash(root: Path, data: st.DataO
 
 
 def test_corpus_tool_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    tool = _corpus()
+    tool = load_tool("make_acqstore_corpus")
     assert tool.main(["valid", str(tmp_path / "ok")]) == 0
     assert validate_collection(tmp_path / "ok").issues == []
     assert tool.main(["invalid", str(tmp_path / "bad"), "wrong_format", "csv_folder"]) == 0

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import shutil
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,30 +13,23 @@ import pytest
 import tifffile
 import zarr
 
+from tests.toolbox import load_tool
 from vfs.acqstore.view import safe_name
 from vfs.backends.acqstore import AcqStoreBackend
 from vfs.backends.base import Description, Entry
 from vfs.cache import PageCache
 from vfs.errors import ManifestError
 
-
-def _corpus() -> Any:
-    name = "make_acqstore_corpus"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 COLLECTION = "acqstore/collection.json"
 
 
 @pytest.fixture(scope="module")
 def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return Path(_corpus().make_collection(tmp_path_factory.mktemp("corpus") / "c")["root"])
+    return Path(
+        load_tool("make_acqstore_corpus").make_collection(tmp_path_factory.mktemp("corpus") / "c")[
+            "root"
+        ]
+    )
 
 
 @pytest.fixture
@@ -133,8 +124,8 @@ def test_dot_members_when_members_exists(root: Path) -> None:
 
 
 def test_invalid_collection_gets_no_view(root: Path) -> None:
-    _corpus().MUTATIONS["unknown_roi_id"](root)
-    _corpus().MUTATIONS["dotdot_path"](root)
+    load_tool("make_acqstore_corpus").MUTATIONS["unknown_roi_id"](root)
+    load_tool("make_acqstore_corpus").MUTATIONS["dotdot_path"](root)
     with pytest.raises(ManifestError) as info:
         AcqStoreBackend(PageCache(1 << 24)).describe(root)
     text = str(info.value)
@@ -233,10 +224,12 @@ def decant_root(tmp_path: Path) -> tuple[Path, bytes]:
     original = io.BytesIO()
     tifffile.imwrite(original, pixels, description="an original with its own bytes")
     manifest = {".decant/manifest.json": json.dumps({"format": 1, "mode": "byte-exact"}).encode()}
-    archive = _corpus().write_ome_zarr_zip(
+    archive = load_tool("make_acqstore_corpus").write_ome_zarr_zip(
         tmp_path / "scan.zarr.zip", pixels, "yx", [1.0, 1.0], manifest
     )
-    root = _corpus().make_collection(tmp_path / "c", decant_archive=archive)["root"]
+    root = load_tool("make_acqstore_corpus").make_collection(
+        tmp_path / "c", decant_archive=archive
+    )["root"]
     return Path(root), original.getvalue()
 
 
@@ -276,7 +269,11 @@ def test_real_decant_archive_is_served_byte_exact(tmp_path: Path) -> None:
     tifffile.imwrite(tmp_path / "scan.tif", pixels, imagej=True, metadata={"axes": "ZYX"})
     original = (tmp_path / "scan.tif").read_bytes()
     packed = packer.pack_file(tmp_path / "scan.tif", tmp_path / "scan.tif.zarr.zip")
-    root = Path(_corpus().make_collection(tmp_path / "c", decant_archive=packed.archive)["root"])
+    root = Path(
+        load_tool("make_acqstore_corpus").make_collection(
+            tmp_path / "c", decant_archive=packed.archive
+        )["root"]
+    )
     cache = PageCache(1 << 24)
     backend = AcqStoreBackend(cache, decant.DecantBackend(cache))
     entry = backend.describe(root).root.walk("Kymograph 1/Kymograph 1.tif")

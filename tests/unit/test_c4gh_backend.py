@@ -9,21 +9,20 @@ from __future__ import annotations
 import argparse
 import base64
 import hashlib
-import importlib.util
 import io
 import json
 import logging
 import random
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import pyarrow.parquet as pq
 import pytest
 from crypt4gh import header as c4gh_header
 
+from tests.toolbox import load_tool
 from vfs.backends.base import Description, Entry
 from vfs.backends.c4gh import C4ghBackend, add_mount_options, backend_from_args
 from vfs.cache import PageCache
@@ -35,18 +34,7 @@ from vfs.errors import (
 SEG = 65536
 
 
-def _corpus() -> ModuleType:
-    name = "make_c4gh_corpus"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-corpus = _corpus()
+corpus = load_tool("make_c4gh_corpus")
 
 
 def fp(public: bytes) -> str:

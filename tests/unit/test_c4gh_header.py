@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import io
-import sys
-from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import pytest
 from crypt4gh import header as c4gh_header
 
+from tests.toolbox import load_tool
 from vfs.c4gh.header import (
     MAX_HEADER_LEN,
     header_len,
@@ -26,19 +24,7 @@ from vfs.errors import (
     UnsupportedFormatError,
 )
 
-
-def _corpus() -> ModuleType:
-    name = "make_c4gh_corpus"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-corpus = _corpus()
+corpus = load_tool("make_c4gh_corpus")
 
 
 def u32(n: int) -> bytes:

@@ -5,17 +5,15 @@ Which members survive is computed from the plaintext with `tarfile` and file-siz
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import logging
 import os
-import sys
 import tarfile
-from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import pytest
 
+from tests.toolbox import load_tool
 from vfs.backends.base import Entry
 from vfs.backends.c4gh import C4ghBackend
 from vfs.cache import PageCache
@@ -30,18 +28,7 @@ from vfs.errors import (
 SEG = 65536
 
 
-def _corpus() -> ModuleType:
-    name = "make_c4gh_corpus"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-corpus = _corpus()
+corpus = load_tool("make_c4gh_corpus")
 
 
 def backend(*keys, **kw) -> C4ghBackend:

@@ -3,33 +3,20 @@
 from __future__ import annotations
 
 import base64
-import importlib.util
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+from tests.toolbox import load_tool
 from vfs.c4gh.keys import load_secret_key, load_secret_keys, passphrase_source, public_key
 from vfs.errors import DecryptError, UnsupportedFormatError
 
 PASSPHRASE = "tr0ub4dor&3-secret"
 
 
-def _corpus() -> ModuleType:
-    name = "make_c4gh_corpus"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-corpus = _corpus()
+corpus = load_tool("make_c4gh_corpus")
 NO_SOURCE = passphrase_source(env={}, prompt=False)
 
 

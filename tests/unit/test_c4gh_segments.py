@@ -3,12 +3,10 @@ they touch. The session key and header length come from the crypt4gh library, no
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
-import sys
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import pytest
 from crypt4gh import header as c4gh_header
@@ -16,6 +14,7 @@ from crypt4gh import sodium
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.toolbox import load_tool
 from vfs.c4gh.segments import (
     SegmentReader,
     cipher_offset,
@@ -27,18 +26,7 @@ from vfs.errors import CorruptArchiveError
 SEG = 65536
 
 
-def _corpus() -> ModuleType:
-    name = "make_c4gh_corpus"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-corpus = _corpus()
+corpus = load_tool("make_c4gh_corpus")
 PLAIN = os.urandom(5 * SEG + 12345)  # five full segments and a short sixth
 
 

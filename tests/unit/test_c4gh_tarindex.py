@@ -3,18 +3,16 @@ index decrypts (only those holding headers)."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import os
-import sys
 import tarfile
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.toolbox import load_tool
 from vfs.c4gh.header import open_package
 from vfs.c4gh.tarindex import BytesSource, build_index, unsafe_reason
 from vfs.cache import PageCache
@@ -22,18 +20,7 @@ from vfs.cache import PageCache
 SEG = 65536
 
 
-def _corpus() -> ModuleType:
-    name = "make_c4gh_corpus"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-corpus = _corpus()
+corpus = load_tool("make_c4gh_corpus")
 
 
 def tarfile_listing(data: bytes) -> list[tuple[str, int, int]]:

@@ -4,31 +4,17 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
-import sys
 import tarfile
-from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import pytest
 
+from tests.toolbox import load_tool
 from vfs.c4gh.verify import check_layout, check_manifest, verify_package
 from vfs.commands import c4gh as c4gh_command
 
-
-def _corpus() -> ModuleType:
-    name = "make_c4gh_corpus"
-    if name not in sys.modules:
-        path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec and spec.loader
-        sys.modules[name] = module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-corpus = _corpus()
+corpus = load_tool("make_c4gh_corpus")
 PARQUET = "allele-freq.chr{}.0.br10000000.00000000000000aa.parquet"
 
 

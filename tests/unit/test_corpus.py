@@ -7,8 +7,6 @@ parameters, so a tifffile default that silently changed a layout would show up h
 from __future__ import annotations
 
 import hashlib
-import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,13 +15,9 @@ import numpy as np
 import pytest
 import tifffile
 
-_spec = importlib.util.spec_from_file_location(
-    "make_corpus", Path(__file__).resolve().parents[2] / "tools" / "make_corpus.py"
-)
-assert _spec is not None and _spec.loader is not None
-make_corpus = importlib.util.module_from_spec(_spec)
-sys.modules["make_corpus"] = make_corpus
-_spec.loader.exec_module(make_corpus)
+from tests.toolbox import load_tool
+
+make_corpus = load_tool("make_corpus")
 
 NOT_TIFF = {"not_a_tiff.csv", "empty.tif", "one_byte.tif"}
 EXPECTED = {

@@ -7,9 +7,7 @@ so these tests check recover.py against the spec, not against the packer.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
-import sys
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -22,13 +20,9 @@ import zarr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-_spec = importlib.util.spec_from_file_location(
-    "recover_tool", Path(__file__).resolve().parents[2] / "tools" / "recover.py"
-)
-assert _spec is not None and _spec.loader is not None
-recover_tool = importlib.util.module_from_spec(_spec)
-sys.modules["recover_tool"] = recover_tool
-_spec.loader.exec_module(recover_tool)
+from tests.toolbox import load_tool
+
+recover_tool = load_tool("recover")
 
 PIXEL_CODEC = numcodecs.Blosc(cname="zstd", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)
 HUSK_CODEC = numcodecs.Blosc(cname="zstd", clevel=5, shuffle=numcodecs.Blosc.NOSHUFFLE)
