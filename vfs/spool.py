@@ -11,9 +11,11 @@ from __future__ import annotations
 import logging
 import os
 import re
+import secrets
 import shutil
 import stat
-from dataclasses import dataclass, replace
+import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +28,8 @@ log = logging.getLogger(__name__)
 
 # rsync writes `.name.XXXXXX` and renames it into place when the transfer is done.
 _TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9]{6}$")
+STAGING = Path(".decant-spool") / "staging"
+_PLACING = threading.Lock()
 
 
 def is_temp_name(name: str) -> bool:
@@ -42,13 +46,17 @@ class Published:
     target: Path  # the archive, or the plain file moved into SRC
     mode: str  # byte-exact | verbatim | plain | already (its archive had verified before)
     reason: str = ""
+    signature: tuple[int, ...] = ()  # the spooled file packed: see `Spool.remove`
 
 
 class Spool:
-    def __init__(self, src: Path, files: Path) -> None:
-        """`files` holds spooled files at their presented relpaths (SPOOL/files, or an inbox)."""
+    def __init__(self, src: Path, files: Path, staging: Path | None = None) -> None:
+        """`files` holds spooled files at their presented relpaths (SPOOL/files, or an inbox).
+        `staging` (default SRC/.decant-spool/staging, on SRC's filesystem) is where archives
+        and plain copies are built before one rename puts them into their folder."""
         self.src = src
         self.files = files
+        self.staging = staging or src / STAGING
         self.files.mkdir(parents=True, exist_ok=True)
 
     def path(self, relpath: str) -> Path:
@@ -122,64 +130,74 @@ class Spool:
 
     # -- publishing ------------------------------------------------------------------------
 
-    def publish(self, relpath: str, pack_all: bool, options: PackOptions) -> Published:
+    def publish(self, relpath: str, pack_all: bool, options: PackOptions | None) -> Published:
         """Put the spooled file into SRC: a verified archive (TIFFs, or all with `pack_all`) or
         the plain file itself. The spooled copy is left for the caller to remove, so the mount
         can switch to the published file first."""
         # Imported here: zarr and tifffile cost the daemon's start-up ~0.2 s it need not pay.
-        from vfs.decant.packer import file_sha256, pack_file
-        from vfs.decant.writer import fsync_dir
+        from vfs.decant.packer import PackOptions, file_sha256, pack_file
+
+        options = options or PackOptions()
 
         source = self.path(relpath)
-        folder = self.src / Path(relpath).parent
-        name = source.name
-        if not folder.is_dir():
-            raise FileNotFoundError(f"{folder}: the folder it was written to is gone")
         st = source.stat()
+        folder = self.src / Path(relpath).parent
+        folder.mkdir(parents=True, exist_ok=True)  # e.g. a new subfolder of an inbox
+        name = source.name
         is_tiff = _looks_like_tiff(source, st.st_size)
         if not is_tiff and not pack_all:
-            plain = folder / name
-            self._move_plain(source, plain, st)
-            _remove_archive_presenting(folder, name)
-            return Published(relpath, plain, "plain")
-        target = folder / archive_name(name)
-        sha = file_sha256(source)
-        if _archive_holds(target, st.st_size, sha):
-            return Published(relpath, target, "already")
-        result = pack_file(source, target, _with_overwrite(options))
-        _apply_metadata(target, st)
-        fsync_dir(folder)
-        (folder / name).unlink(missing_ok=True)  # a real file of that name would shadow it
-        return Published(relpath, target, result.mode, result.reason)
-
-    def _move_plain(self, source: Path, plain: Path, st: os.stat_result) -> None:
-        from vfs.decant.packer import file_sha256
-        from vfs.decant.writer import fsync_dir
-
-        # A copy, not a rename: the spooled copy must stay until the mount has switched over.
-        tmp = plain.with_name(f"{TEMP_PREFIX}{os.getpid()}-{plain.name}")
-        try:
-            shutil.copyfile(source, tmp)
-            _apply_metadata(tmp, st)
-            fd = os.open(tmp, os.O_RDONLY)
+            staged = self._staged(folder, name)
             try:
-                os.fsync(fd)
+                _copy_verified(source, staged, st)
+                _place(staged, folder / name, folder / archive_name(name))
             finally:
-                os.close(fd)
-            if file_sha256(tmp) != file_sha256(source):
-                raise OSError(f"{plain}: the copy differs from the spooled file")
-            os.replace(tmp, plain)
-            fsync_dir(plain.parent)
+                staged.unlink(missing_ok=True)
+            return Published(relpath, folder / name, "plain", signature=_signature(st))
+        target = folder / archive_name(name)
+        # Hashing first only pays when an archive is there: a restart after publish, pre-cleanup.
+        if target.is_file() and _archive_holds(target, st.st_size, file_sha256(source)):
+            return Published(relpath, target, "already", signature=_signature(st))
+        staged = self._staged(folder, archive_name(name))
+        try:
+            result = pack_file(source, staged, options)
+            _apply_metadata(staged, st)
+            _place(staged, target, folder / name)  # a real file of that name would shadow it
         finally:
-            tmp.unlink(missing_ok=True)
+            staged.unlink(missing_ok=True)
+        return Published(relpath, target, result.mode, result.reason, _signature(st))
 
-    def remove(self, relpath: str) -> None:
-        self.path(relpath).unlink(missing_ok=True)
+    def _staged(self, folder: Path, name: str) -> Path:
+        """A temp name to build `name` under: in the staging folder, so the target folder sees
+        one rename and keeps its mtime (what `rsync -a` set), else beside the target."""
+        self.staging.mkdir(parents=True, exist_ok=True)
+        where = self.staging if _same_fs(self.staging, folder) else folder
+        return where / f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{name}"
+
+    def clear_staging(self) -> list[Path]:
+        """What a crash left in the staging folder: never published, safe to delete."""
+        removed = []
+        if self.staging.is_dir():
+            for path in self.staging.iterdir():
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+                removed.append(path)
+        return removed
+
+    def remove(self, relpath: str, signature: tuple[int, ...] = ()) -> bool:
+        """Delete a spooled file; with `signature`, only if it is still the file that was
+        published (not one renamed over it since). False if it was kept."""
+        path = self.path(relpath)
+        if signature:
+            try:
+                if _signature(path.stat()) != signature:
+                    return False
+            except FileNotFoundError:
+                return True
+        path.unlink(missing_ok=True)
         self.prune_dirs(str(Path(relpath).parent))
-
-
-def _with_overwrite(options: PackOptions) -> PackOptions:
-    return replace(options, overwrite=True)
+        return True
 
 
 def _looks_like_tiff(path: Path, size: int) -> bool:
@@ -219,9 +237,45 @@ def _apply_metadata(path: Path, st: os.stat_result) -> None:
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-def _remove_archive_presenting(folder: Path, name: str) -> None:
-    """A plain file replaced an archived original: the old archive goes (the real file wins)."""
-    (folder / archive_name(name)).unlink(missing_ok=True)
+def _signature(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _same_fs(a: Path, b: Path) -> bool:
+    return os.stat(a).st_dev == os.stat(b).st_dev
+
+
+def _copy_verified(source: Path, copy: Path, st: os.stat_result) -> None:
+    """A copy, not a rename: the spooled copy must stay until the mount has switched over."""
+    from vfs.decant.packer import file_sha256
+
+    shutil.copyfile(source, copy)
+    _apply_metadata(copy, st)
+    if file_sha256(copy) != file_sha256(source):
+        raise OSError(f"{copy}: the copy differs from the spooled file")
+
+
+def _place(staged: Path, final: Path, shadowed: Path) -> None:
+    """Rename a verified file to its final name and drop the entry it replaces in the mount
+    (a plain file shadowing a new archive, or the archive a plain file replaces). The folder
+    keeps its mtime: publishing changes nothing the mount shows, and a second `rsync -a`
+    must find the folder as it left it."""
+    from vfs.decant.writer import fsync_dir
+
+    fd = os.open(staged, os.O_RDONLY)
+    try:
+        os.fsync(fd)  # its bytes and the metadata just given, before the name points at it
+    finally:
+        os.close(fd)
+    folder = final.parent
+    with _PLACING:  # two workers placing into one folder must not restore each other's mtime
+        before = folder.stat()
+        os.replace(staged, final)
+        try:
+            shadowed.unlink(missing_ok=True)
+        finally:
+            fsync_dir(folder)
+            os.utime(folder, ns=(before.st_atime_ns, before.st_mtime_ns))
 
 
 def remove_orphans(src: Path, skip: Path) -> list[Path]:

@@ -42,7 +42,7 @@ class PackQueue:
         self,
         spools: list[Spool],
         settle: float,
-        options: PackOptions,
+        options: PackOptions | None,
         pack_all: bool = False,
         workers: int = 1,
     ) -> None:
@@ -54,6 +54,7 @@ class PackQueue:
         self.open_counts: dict[str, int] = {}
         self.publishing: set[str] = set()  # relpaths hidden from the mount while switching
         self.done = 0
+        self.removals = 0  # spooled copies deleted so far: a walk begun before one is stale
         self.limiter = trio.CapacityLimiter(workers)
         self.on_published: Callable[[str], Awaitable[None]] | None = None
 
@@ -94,6 +95,8 @@ class PackQueue:
 
     async def run(self, src: Path, skip: Path) -> None:
         removed = await trio.to_thread.run_sync(remove_orphans, src, skip)
+        for spool in self.spools:
+            removed += await trio.to_thread.run_sync(spool.clear_staging)
         for path in removed:
             log.info("removed %s, a temp archive left by an interrupted pack", path)
         async with trio.open_nursery() as nursery:
@@ -106,14 +109,16 @@ class PackQueue:
 
     async def _poll(self) -> None:
         """Pick up files changed or dropped in by other means (and after a restart)."""
-        now = time.monotonic()
         for k, spool in enumerate(self.spools):
+            removals = self.removals
             seen = await trio.to_thread.run_sync(spool.walk)
+            now = time.monotonic()
             for relpath, st in seen.items():
                 sig = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
                 item = self.items.get((k, relpath))
                 if item is None:
-                    self.items[(k, relpath)] = Item(spool, relpath, sig, now)
+                    if removals == self.removals:  # else it may list a file published meanwhile
+                        self.items[(k, relpath)] = Item(spool, relpath, sig, now)
                 elif item.signature != sig and item.state != "packing":
                     item.signature, item.changed_at = sig, now
                     if item.state == "failed":
@@ -148,6 +153,7 @@ class PackQueue:
 
     async def _pack(self, item: Item) -> None:
         relpath, spool = item.relpath, item.spool
+        key, main = (self.spools.index(spool), relpath), spool is self.spool
         started = time.monotonic()
         try:
             published: Published = await trio.to_thread.run_sync(
@@ -158,20 +164,31 @@ class PackQueue:
             item.retry_at = time.monotonic() + RETRY_AFTER
             log.error("%s: not archived, stays spooled: %s", relpath, item.reason)
             return
-        if item.changed_at > started or self.open_counts.get(relpath):
+        if self.items.get(key) is not item:
+            # Renamed, replaced (rsync's rename over it) or unlinked while packing: the spooled
+            # copy, if any, is a newer file with its own item. It must not be deleted.
+            log.info("%s: changed while packing; its newer state is packed on its own", relpath)
+            return
+        if item.changed_at > started or (main and self.open_counts.get(relpath)):
             item.state = "queued"  # written to while packing: pack the newer bytes again
             return
-        self.publishing.add(relpath)
+        if main:
+            self.publishing.add(relpath)
         try:
-            if self.on_published is not None and spool is self.spool:
+            if self.on_published is not None:
                 await self.on_published(relpath)  # the mount now shows the published file
-            if self.open_counts.get(relpath):
+            if main and self.open_counts.get(relpath):
                 item.state = "queued"
                 return
-            await trio.to_thread.run_sync(spool.remove, relpath)
+            removed = await trio.to_thread.run_sync(spool.remove, relpath, published.signature)
         finally:
             self.publishing.discard(relpath)
-        self.items.pop((self.spools.index(spool), relpath), None)
+        if not removed:
+            item.state = "queued"  # replaced in the spool at the last moment: pack that too
+            return
+        self.removals += 1
+        if self.items.get(key) is item:
+            del self.items[key]
         self.done += 1
         log.info("%s: archived as %s (%s)", relpath, published.target, published.mode)
 

@@ -1,0 +1,364 @@
+#!/usr/bin/env python3
+"""decant ingest benchmark (issue 5, "Speed"): `rsync -a` of generated TIFFs into a writable
+decant-mount, timed until everything is published, against `rsync -a` of the same tree to a plain
+folder on the same disk plus `decant pack` of that copy, measured in the same run. Meanwhile a
+reader samples cold 4 KiB preads of another, already archived file through the same mount.
+
+`python tools/bench.py ingest [--gib 1] [--files 8] [--settle 2] …`, or run this file directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import itertools
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from benchlib import (
+    MB,
+    MiB,
+    Mount,
+    Report,
+    common_options,
+    cpu_seconds,
+    drop_caches,
+    latency_text,
+    log,
+    machine_context,
+    median,
+    mounted,
+    percentile,
+    require,
+    run_child,
+    timed_preads,
+    tool,
+    workdir,
+)
+
+RATIO_TARGET = 1.5  # time to published ÷ (rsync to a folder + decant pack)
+P99_TARGET_MS = 50.0  # 4 KiB reads of another archived file while ingesting
+READ_SIZE = 4096
+READER_NAME = "reader.tif"
+
+
+def main(command: str, argv: list[str]) -> int:
+    args = _parser(command).parse_args(argv)
+    if not drop_caches():
+        log("cannot drop dentries and inodes (not root?): 'cold' runs may be warm")
+    with workdir(args.workdir) as work:
+        report = bench_ingest(args, work)
+    report.context["load at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    print(report.render())
+    return 0
+
+
+def _parser(command: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=f"bench.py {command}", parents=[common_options(repeat=1)], description=__doc__
+    )
+    p.add_argument("--files", type=int, default=8, help="TIFFs sharing --gib (default 8)")
+    p.add_argument("--settle", type=float, default=2.0, help="decant-mount --settle (default 2)")
+    p.add_argument("--pack-workers", type=int, default=1, help="decant-mount --pack-workers")
+    p.add_argument(
+        "--reader-mib", type=int, default=128, help="size of the archived file read meanwhile"
+    )
+    p.add_argument(
+        "--cache-size",
+        default="32M",
+        help="decant-mount --cache-size: below the reader's size, so its reads keep decoding "
+        "(default 32M)",
+    )
+    p.add_argument(
+        "--read-every",
+        type=float,
+        default=0.02,
+        metavar="S",
+        help="pause between the reader's preads (default 0.02): a user reading, not a load test",
+    )
+    p.add_argument("--timeout", type=float, default=1800.0, help="give up waiting (seconds)")
+    return p
+
+
+# -- inputs ----------------------------------------------------------------------------------
+
+
+def write_stack(out: Path, nbytes: int, seed: int) -> Path:
+    """A uint16 2048×2048 multi-page stack of about `nbytes`, its own noise per seed."""
+    import numpy as np
+    import tifffile
+    from make_corpus import STACK_PLANE, stack_planes
+
+    plane_bytes = STACK_PLANE[0] * STACK_PLANE[1] * 2
+    count = max(1, round(nbytes / plane_bytes))
+    tmp = out.with_name(out.name + ".part")
+    with tifffile.TiffWriter(tmp, bigtiff=count * plane_bytes > 2**32 - 2**26) as tif:
+        tif.write(stack_planes(count, seed), shape=(count, *STACK_PLANE), dtype=np.uint16,
+                  metadata={"axes": "ZYX"})  # fmt: skip
+    tmp.replace(out)
+    return out
+
+
+def ensure_tree(work: Path, gib: float, files: int) -> Path:
+    """`files` stacks of gib/files GiB each in one folder (reused from `work` when present)."""
+    tree = work / f"ingest-{gib:g}GiB-{files}"
+    each = int(gib * 2**30 / files)
+    for i in range(files):
+        path = tree / f"stack-{i:02d}.tif"
+        if not path.is_file():
+            tree.mkdir(parents=True, exist_ok=True)
+            log(f"generating {path.name} ({each / MiB:.0f} MiB)")
+            write_stack(path, each, seed=100 + i)
+    return tree
+
+
+def ensure_reader(work: Path, mib: int) -> Path:
+    """The archive read during the ingest: packed once with `decant pack`, reused."""
+    archive = work / f"reader-{mib}MiB" / f"{READER_NAME}.zarr.zip"
+    if not archive.is_file():
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        stack = write_stack(archive.parent / READER_NAME, mib * MiB, seed=7)
+        log(f"packing {stack.name}")
+        require(run_child([*tool("decant"), "pack", stack, "-o", archive]), "decant pack")
+        stack.unlink()
+    return archive
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(8 * MiB):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fresh(folder: Path) -> Path:
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    return folder
+
+
+def tree_bytes(folder: Path, pattern: str = "*") -> int:
+    return sum(p.stat().st_size for p in folder.rglob(pattern) if p.is_file())
+
+
+# -- a reader through a mount --------------------------------------------------------------
+
+
+class Reader(threading.Thread):
+    """Cold 4 KiB preads of one open file (its kernel pages dropped before each, so each reaches
+    the daemon) until stopped. One descriptor: the FUSE open is not what is measured."""
+
+    def __init__(self, path: Path, offsets: list[int], pause: float) -> None:
+        super().__init__(daemon=True)
+        self.path, self.offsets, self.pause = path, offsets, pause
+        self.samples: list[float] = []
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            for i in itertools.count():
+                if self.halt.wait(self.pause):
+                    return
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                start = time.perf_counter()
+                data = os.pread(fd, READ_SIZE, self.offsets[i % len(self.offsets)])
+                self.samples.append(time.perf_counter() - start)
+                if len(data) != READ_SIZE:
+                    raise SystemExit(f"bench: short read of {self.path}")
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def serving(
+    args: argparse.Namespace, src: Path, work: Path, tag: str, *extra: str
+) -> Iterator[tuple[Mount, Reader, list[float]]]:
+    """decant-mount of `src` (which holds the reader archive), warmed up; yields the mount, a
+    started Reader of the archived file, and idle latencies taken before it started."""
+    mnt, logs = work / f"mnt-{tag}", work / "logs"
+    cmd = [*tool("decant-mount"), str(src), str(mnt), "-f", "--log-file",
+           str(logs / f"{tag}-{time.monotonic_ns()}.log"), "--index-dir",
+           str(fresh(work / f"{tag}-index")), "--cache-size", args.cache_size, *extra]  # fmt: skip
+    rng = random.Random(args.seed)
+    with mounted(cmd, mnt, logs / f"{tag}-stderr.log") as m:
+        shown = mnt / READER_NAME
+        offsets = [rng.randrange(0, (shown.stat().st_size - READ_SIZE) // READ_SIZE) * READ_SIZE
+                   for _ in range(4096)]  # fmt: skip
+        timed_preads(shown, offsets[:64], evict=True)  # open, describe: not what we measure
+        idle = timed_preads(shown, offsets[:512], evict=True)
+        reader = Reader(shown, offsets, args.read_every)
+        reader.start()
+        try:
+            yield m, reader, idle
+        finally:
+            reader.halt.set()
+            reader.join()
+
+
+# -- the baseline: rsync to a plain folder, then decant pack ---------------------------------
+
+
+def baseline(args: argparse.Namespace, tree: Path, reader: Path, work: Path) -> dict[str, Any]:
+    """Meanwhile the same reader reads through a read-only mount: the same load on both sides."""
+    plain, packed, src = fresh(work / "plain"), fresh(work / "packed"), fresh(work / "base-src")
+    shutil.copy2(reader, src / reader.name)
+    drop_caches([tree])
+    with serving(args, src, work, "base", "--read-only") as (_m, sampler, _idle):
+        copy = require(run_child(["rsync", "-a", f"{tree}/", f"{plain}/"]), "rsync to a folder")
+        inputs = sorted(plain.glob("*.tif"))
+        pack = require(run_child([*tool("decant"), "pack", *inputs, "-o", packed]), "pack")
+    out = {"rsync": copy.seconds, "pack": pack.seconds, "packed_bytes": tree_bytes(packed),
+           "during": sampler.samples}  # fmt: skip
+    for folder in (plain, packed, src):
+        shutil.rmtree(folder)
+    return out
+
+
+# -- the ingest through the mount ------------------------------------------------------------
+
+
+def status(mnt: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((mnt / ".decant-status").read_text())
+    return doc
+
+
+def wait_published(mnt: Path, spool: Path, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        doc = status(mnt)
+        idle = doc["queued"] == 0 and doc["packing"] == 0
+        if idle and not any(p.is_file() for p in spool.rglob("*")):
+            return doc
+        if time.monotonic() > deadline:
+            raise SystemExit(f"bench: still {doc} after {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def ingest(args: argparse.Namespace, tree: Path, reader: Path, work: Path) -> dict[str, Any]:
+    src = fresh(work / "ingest-src")
+    shutil.copy2(reader, src / reader.name)
+    extra = ("--settle", str(args.settle), "--pack-workers", str(args.pack_workers))
+    with serving(args, src, work, "ingest", *extra) as (m, sampler, idle):
+        drop_caches([tree])
+        cpu0 = cpu_seconds(m.pid)
+        start = time.perf_counter()
+        require(run_child(["rsync", "-a", f"{tree}/", f"{m.mnt}/"]), "rsync into the mount")
+        copied = time.perf_counter() - start
+        doc = wait_published(m.mnt, src / ".decant-spool" / "files", args.timeout)
+        published = time.perf_counter() - start
+        sampler.halt.set()
+        cpu = cpu_seconds(m.pid) - cpu0
+        again = subprocess.run(["rsync", "-a", "--itemize-changes", f"{tree}/", f"{m.mnt}/"],
+                               capture_output=True, text=True, check=True)  # fmt: skip
+    archives = sorted(src.glob("stack-*.tif.zarr.zip"))
+    return {
+        "copied": copied,
+        "published": published,
+        "cpu": cpu,
+        "status": doc,
+        "idle": idle,
+        "during": sampler.samples,
+        "archives": archives,
+        "archive_bytes": sum(a.stat().st_size for a in archives),
+        "second_rsync": again.stdout.splitlines(),
+    }
+
+
+def check(tree: Path, run: dict[str, Any]) -> list[str]:
+    """Every stack has a verified archive recording its sha256: problems, if any."""
+    from vfs.decant.reader import DecantArchive
+
+    problems = []
+    want = {p.name: sha256(p) for p in sorted(tree.glob("*.tif"))}
+    got = {}
+    for archive in run["archives"]:
+        with DecantArchive.open(archive) as a:
+            (info,) = a.originals()
+        got[info.relpath] = info.sha256
+    if got != want:
+        problems.append(f"archives record {len(got)} originals, {len(want)} expected or differ")
+    if run["status"]["failed"]:
+        problems.append(f"failed: {run['status']['failed']}")
+    if run["second_rsync"]:
+        problems.append(f"second rsync -a changed {len(run['second_rsync'])} entries")
+    return problems
+
+
+# -- the report ------------------------------------------------------------------------------
+
+
+def bench_ingest(args: argparse.Namespace, work: Path) -> Report:
+    tree = ensure_tree(work, args.gib, args.files)
+    reader = ensure_reader(work, args.reader_mib)
+    size = tree_bytes(tree, "*.tif")
+    bases, runs = [], []
+    for r in range(args.repeat):
+        log(f"round {r + 1}/{args.repeat}: rsync to a folder + decant pack")
+        bases.append(baseline(args, tree, reader, work))
+        log(f"round {r + 1}/{args.repeat}: rsync into decant-mount, until published")
+        runs.append(ingest(args, tree, reader, work))
+        problems = check(tree, runs[-1])
+        if problems:
+            raise SystemExit("bench: ingest went wrong: " + "; ".join(problems))
+    ctx = machine_context(
+        input=f"{args.files} TIFF stacks, {size / MB:.1f} MB in all",
+        mount=f"--settle {args.settle:g} --pack-workers {args.pack_workers} "
+        f"--cache-size {args.cache_size}",
+        reader=f"{READER_NAME} ({args.reader_mib} MiB, archived): 4 KiB preads, pages dropped, "
+        f"one every {args.read_every * 1e3:g} ms",
+        disk=str(work),
+    )
+    report = Report("decant bench: ingest", ctx)
+    _report(report, bases, runs, size, args.settle)
+    return report
+
+
+def _report(
+    report: Report, bases: list[dict[str, Any]], runs: list[dict[str, Any]], size: int,
+    settle: float,
+) -> None:  # fmt: skip
+    rsync_s = median([b["rsync"] for b in bases])
+    pack_s = median([b["pack"] for b in bases])
+    base_s = median([b["rsync"] + b["pack"] for b in bases])
+    pub_s = median([r["published"] for r in runs])
+    report.section("baseline (same tree, same disk, same run)")
+    report.add("rsync -a to a folder", f"{rsync_s:.2f} s", f"{size / MB / rsync_s:.0f} MB/s")
+    report.add("decant pack of the copy", f"{pack_s:.2f} s", f"{size / MB / pack_s:.0f} MB/s")
+    report.add("rsync + pack", f"{base_s:.2f} s")
+    report.section("rsync -a into decant-mount")
+    copied = median([r["copied"] for r in runs])
+    report.add("rsync returns", f"{copied:.2f} s", f"{size / MB / copied:.0f} MB/s")
+    report.add("all published", f"{pub_s:.2f} s", f"includes the {settle:g} s settle")
+    report.add("daemon CPU", f"{median([r['cpu'] for r in runs]):.1f} s")
+    report.target("published ÷ (rsync + pack)", pub_s / base_s, RATIO_TARGET, "", at_most=True)
+    archive = median([r["archive_bytes"] for r in runs])
+    base_archive = median([b["packed_bytes"] for b in bases])
+    report.add("archive ÷ original", f"{archive / size:.3f}",
+               f"decant pack alone: {base_archive / size:.3f}")  # fmt: skip
+    report.add("second rsync -a", f"{len(runs[-1]['second_rsync'])} changes")
+    report.section("4 KiB preads of another archived file")
+    idle = [s for r in runs for s in r["idle"]]
+    during = [s for r in runs for s in r["during"]]
+    base = [s for b in bases for s in b["during"]]
+    report.add(f"idle ({len(idle)})", latency_text(idle))
+    report.add(f"during rsync + pack ({len(base)})", latency_text(base), "read-only mount")
+    report.add(f"during ingest ({len(during)})", latency_text(during))
+    report.target("p99 during ingest", percentile(during, 99) * 1e3, P99_TARGET_MS, "ms",
+                  at_most=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.exit(main("ingest", sys.argv[1:]))
