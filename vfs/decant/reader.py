@@ -42,7 +42,7 @@ class DecantArchive:
         self.path = path
         self.store = store
         self.manifest = manifest
-        st = os.stat(path)
+        st = store.stat or os.stat(path)
         # Keyed by identity as well as path, so a replaced archive never serves stale cached pages.
         self.cache_key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
         self._nested: dict[str, DecantArchive] = {}

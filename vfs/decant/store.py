@@ -42,6 +42,7 @@ class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.name = str(path)
+        self.stat: os.stat_result | None = None  # of the very file read (zip stores)
 
     def get(self, key: str) -> bytes | None:
         raise NotImplementedError
@@ -59,18 +60,23 @@ class Store:
 class ZipArchiveStore(Store):
     def __init__(self, path: Path) -> None:
         super().__init__(path)
+        # One descriptor for the index and the reads: opening the path twice could pair one
+        # file's central directory with the bytes of an archive re-published in between.
+        self._fd = -1
         try:
-            with zipfile.ZipFile(path) as zf:
+            self._fd = os.open(path, os.O_RDONLY)
+            with open(os.dup(self._fd), "rb") as fh, zipfile.ZipFile(fh) as zf:
                 infos = zf.infolist()
         except zipfile.BadZipFile as exc:
+            self.close()
             raise CorruptArchiveError(f"{path}: not a readable zip archive ({exc})") from None
         except OSError as exc:
+            self.close()
             raise CorruptArchiveError(f"{path}: cannot read ({exc.strerror})") from None
         self._entries: dict[str, zipfile.ZipInfo] = {i.filename: i for i in infos}
         self._data_offsets: dict[str, int] = {}
         self._lock = threading.Lock()
-        self._fd = os.open(path, os.O_RDONLY)
-        self._file_size = os.fstat(self._fd).st_size
+        self.stat = os.fstat(self._fd)
 
     def keys(self) -> list[str]:
         return list(self._entries)
@@ -96,7 +102,7 @@ class ZipArchiveStore(Store):
         if info.compress_type != zipfile.ZIP_STORED:
             # Not what decant writes, but a re-zipped archive is still readable, just slower.
             try:
-                with zipfile.ZipFile(self.path) as zf:
+                with open(os.dup(self._fd), "rb") as fh, zipfile.ZipFile(fh) as zf:
                     return zf.read(info)
             except (zipfile.BadZipFile, OSError, EOFError) as exc:
                 raise CorruptArchiveError(f"{self.path}: cannot read {key!r} ({exc})") from None
