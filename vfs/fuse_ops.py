@@ -19,7 +19,7 @@ import pyfuse3
 import trio
 
 from vfs.backends.base import RandomAccess
-from vfs.backends.plain import PlainFile
+from vfs.backends.plain import BytesFile, PlainFile, SpoolFile
 from vfs.errors import DecantError
 from vfs.integrity import Coverage, SequentialHasher
 from vfs.tree import Node, NodeKey, SourceTree
@@ -614,28 +614,3 @@ class DecantOperations(pyfuse3.Operations):
         ino = self.dir_inode_of(folder.parent)
         if ino is not None:
             await self.rescan(ino, force=True)
-
-
-class SpoolFile(PlainFile):
-    """A spooled file open for writing: reads and writes share one descriptor."""
-
-    def __init__(self, fd: int) -> None:  # adopts an fd: PlainFile opens by path
-        self._fd = fd
-        self.size = os.fstat(fd).st_size
-
-
-class BytesFile:
-    """A snapshot served from memory (the status file)."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.size = len(data)
-
-    def read(self, offset: int, size: int) -> bytes:
-        return self.data[offset : offset + size]
-
-    def readahead(self, offset: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

@@ -1,4 +1,4 @@
-"""Plain files of SRC, mirrored as they are."""
+"""Plain files of SRC mirrored as they are, spooled files being written, and in-memory snapshots."""
 
 from __future__ import annotations
 
@@ -23,3 +23,28 @@ class PlainFile:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+class SpoolFile(PlainFile):
+    """A spooled file open for writing: reads and writes share one descriptor."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self.size = os.fstat(fd).st_size
+
+
+class BytesFile:
+    """A snapshot served from memory (the status file)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.size = len(data)
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self.data[offset : offset + size]
+
+    def readahead(self, offset: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
