@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.toolbox import load_tool
+from tests.unit.acqstore_fixtures import edit_json
 from vfs.acqstore.paths import path_problems
 from vfs.acqstore.validate import Issue, validate_collection
 from vfs.acqstore.view import build_view
@@ -27,25 +27,7 @@ ANALYSES_A = "acqstore/members/img-a/analyses.json"
 REF_A = "acqstore/members/img-a/reference-image.json"
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return Path(
-        load_tool("make_acqstore_corpus").make_collection(tmp_path_factory.mktemp("corpus") / "c")[
-            "root"
-        ]
-    )
-
-
-@pytest.fixture
-def root(template: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(template, tmp_path / "c"))
-
-
-def edit(root: Path, rel: str, change: Any) -> None:
-    path = root / rel
-    doc = json.loads(path.read_text())
-    change(doc)
-    path.write_text(json.dumps(doc))
+edit = edit_json
 
 
 def errors(root: Path) -> list[Issue]:

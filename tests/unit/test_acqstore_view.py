@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +13,7 @@ import tifffile
 import zarr
 
 from tests.toolbox import load_tool
+from tests.unit.acqstore_fixtures import edit_json
 from vfs.acqstore.view import safe_name
 from vfs.backends.acqstore import AcqStoreBackend
 from vfs.backends.base import Description, Entry
@@ -23,25 +23,8 @@ from vfs.errors import ManifestError
 COLLECTION = "acqstore/collection.json"
 
 
-@pytest.fixture(scope="module")
-def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return Path(
-        load_tool("make_acqstore_corpus").make_collection(tmp_path_factory.mktemp("corpus") / "c")[
-            "root"
-        ]
-    )
-
-
-@pytest.fixture
-def root(template: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(template, tmp_path / "c"))
-
-
 def edit(root: Path, change: Any) -> None:
-    path = root / COLLECTION
-    doc = json.loads(path.read_text())
-    change(doc)
-    path.write_text(json.dumps(doc))
+    edit_json(root, COLLECTION, change)
 
 
 def read_all(backend: AcqStoreBackend, root: Path, member: str, entry: Entry) -> bytes:

@@ -1,0 +1,23 @@
+"""Fixtures shared by the unit tests."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.toolbox import load_tool
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    made = load_tool("make_acqstore_corpus").make_collection(
+        tmp_path_factory.mktemp("corpus") / "c"
+    )
+    return Path(made["root"])
+
+
+@pytest.fixture
+def root(template: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(template, tmp_path / "c"))
