@@ -7,6 +7,7 @@ of other files keep being served while a file packs.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -167,6 +168,14 @@ class PackQueue:
         if self.items.get(key) is not item:
             # Renamed, replaced (rsync's rename over it) or unlinked while packing: the spooled
             # copy, if any, is a newer file with its own item. It must not be deleted.
+            if key not in self.items and main and published.mode != "already":
+                # Unlinked or renamed away: what was just published under this name must go
+                # too, or a deleted file would reappear (a renamed one packs under its new name).
+                await trio.to_thread.run_sync(retract, published.target)
+                if self.on_published is not None:
+                    await self.on_published(relpath)
+                log.info("%s: removed while packing; its archive was withdrawn", relpath)
+                return
             log.info("%s: changed while packing; its newer state is packed on its own", relpath)
             return
         if item.changed_at > started or (main and self.open_counts.get(relpath)):
@@ -204,6 +213,14 @@ class PackQueue:
             ],
             "done": self.done,
         }
+
+
+def retract(target: Path) -> None:
+    """Withdraw a just-published archive (or plain file) whose source was deleted meanwhile."""
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target, ignore_errors=True)
+    else:
+        target.unlink(missing_ok=True)
 
 
 def _reason(exc: Exception) -> str:

@@ -377,3 +377,31 @@ def test_run_clears_crash_leftovers_then_packs_everything(
     assert sorted(os.listdir(src)) == [".decant-spool", "a.tif.zarr.zip", "sub"]
     assert (src / "sub" / "b.csv").is_file() and spool.walk() == {}
     assert queue.status() == {"queued": 0, "packing": 0, "failed": [], "done": 2}
+
+
+@pytest.mark.parametrize("how", ["unlinked", "renamed"])
+def test_a_file_gone_while_packing_does_not_reappear(
+    queue: PackQueue, spool: HookedSpool, src: Path, how: str
+) -> None:
+    """Deleting (or renaming away) a file while it packs: its name must not come back as an
+    archive once the pack finishes; a renamed file is packed under its new name."""
+    drop(spool, "x.csv", b"bytes")
+    run(queue._poll)
+
+    def user_meanwhile(relpath: str) -> None:
+        if how == "unlinked":
+            spool.remove(relpath)
+            trio.from_thread.run_sync(queue.removed, relpath)
+        else:
+            spool.rename(relpath, "y.csv")
+            trio.from_thread.run_sync(queue.renamed, relpath, "y.csv")
+
+    spool.after = user_meanwhile
+    pack(queue, "x.csv")
+    assert not (src / "x.csv").exists()
+    assert spool.calls == ["x.csv"]
+    if how == "renamed":
+        spool.after = None
+        age(item_of(queue, "y.csv"), SETTLE)
+        pack(queue, "y.csv")
+        assert (src / "y.csv").read_bytes() == b"bytes" and spool.walk() == {}
