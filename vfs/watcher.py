@@ -110,6 +110,7 @@ class PackQueue:
 
     async def _poll(self) -> None:
         """Pick up files changed or dropped in by other means (and after a restart)."""
+        dropped_in: dict[str, str] = {}  # one file per folder: a rescan shows them all
         for k, spool in enumerate(self.spools):
             removals = self.removals
             seen = await trio.to_thread.run_sync(spool.walk)
@@ -120,6 +121,8 @@ class PackQueue:
                 if item is None:
                     if removals == self.removals:  # else it may list a file published meanwhile
                         self.items[(k, relpath)] = Item(spool, relpath, sig, now)
+                        if k == 0:
+                            dropped_in.setdefault(str(Path(relpath).parent), relpath)
                 elif item.signature != sig and item.state != "packing":
                     item.signature, item.changed_at = sig, now
                     if item.state == "failed":
@@ -127,6 +130,9 @@ class PackQueue:
             for key in [key for key in self.items if key[0] == k and key[1] not in seen]:
                 if self.items[key].state != "packing":
                     del self.items[key]
+        if self.on_published is not None:
+            for relpath in dropped_in.values():  # not written through the mount: show them now
+                await self.on_published(relpath)
 
     def _ready(self) -> list[Item]:
         now = time.monotonic()
