@@ -21,3 +21,11 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def root(template: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(template, tmp_path / "c"))
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    """An empty SRC folder."""
+    folder = tmp_path / "src"
+    folder.mkdir()
+    return folder

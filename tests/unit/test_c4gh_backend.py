@@ -23,6 +23,7 @@ import pytest
 from crypt4gh import header as c4gh_header
 
 from tests.toolbox import load_tool
+from tests.unit.c4gh_helpers import SEG, backend, files
 from vfs.backends.base import Description, Entry
 from vfs.backends.c4gh import C4ghBackend, add_mount_options, backend_from_args
 from vfs.cache import PageCache
@@ -31,26 +32,11 @@ from vfs.errors import (
     DecryptError,
 )
 
-SEG = 65536
-
-
 corpus = load_tool("make_c4gh_corpus")
 
 
 def fp(public: bytes) -> str:
     return "sha256:" + hashlib.sha256(public).hexdigest()
-
-
-def backend(*keys, **kw) -> C4ghBackend:
-    return C4ghBackend([k.secret for k in keys], PageCache(256 * SEG), **kw)
-
-
-def files(entry: Entry, prefix: str = "") -> dict[str, Entry]:
-    out = {}
-    for name, child in entry.children.items():
-        path = f"{prefix}{name}"
-        out.update(files(child, path + "/") if child.is_dir else {path: child})
-    return out
 
 
 def read_all(be: C4ghBackend, path: Path, member: str, entry: Entry, chunk: int) -> bytes:

@@ -14,9 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from tests.toolbox import load_tool
-from vfs.backends.base import Entry
-from vfs.backends.c4gh import C4ghBackend
-from vfs.cache import PageCache
+from tests.unit.c4gh_helpers import SEG, backend, files
 from vfs.errors import (
     CorruptArchiveError,
     DecantError,
@@ -25,22 +23,7 @@ from vfs.errors import (
     UnsupportedFormatError,
 )
 
-SEG = 65536
-
-
 corpus = load_tool("make_c4gh_corpus")
-
-
-def backend(*keys, **kw) -> C4ghBackend:
-    return C4ghBackend([k.secret for k in keys], PageCache(256 * SEG), **kw)
-
-
-def files(entry: Entry, prefix: str = "") -> dict[str, Entry]:
-    out = {}
-    for name, child in entry.children.items():
-        path = f"{prefix}{name}"
-        out.update(files(child, path + "/") if child.is_dir else {path: child})
-    return out
 
 
 @pytest.fixture(scope="module")

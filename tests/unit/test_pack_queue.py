@@ -46,13 +46,6 @@ class HookedSpool(Spool):
 
 
 @pytest.fixture
-def src(tmp_path: Path) -> Path:
-    folder = tmp_path / "src"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
 def spool(src: Path) -> HookedSpool:
     return HookedSpool(src, src / ".decant-spool" / "files")
 

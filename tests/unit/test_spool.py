@@ -40,13 +40,6 @@ def leftovers(root: Path) -> list[Path]:
 
 
 @pytest.fixture
-def src(tmp_path: Path) -> Path:
-    folder = tmp_path / "src"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
 def spool(src: Path) -> Spool:
     return Spool(src, src / ".decant-spool" / "files")
 
