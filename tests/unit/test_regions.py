@@ -163,3 +163,25 @@ def test_a_negative_offset_is_einval_like_pread() -> None:
     with pytest.raises(OSError) as info:
         list(index.spans(-5, 10))
     assert info.value.errno == errno.EINVAL
+
+
+def test_read_cached_serves_only_what_is_decoded(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """read_cached never decodes: None until a read has cached the page, then the same bytes."""
+    import numpy as np
+    import tifffile
+
+    from vfs.cache import PageCache
+    from vfs.decant.packer import pack_file
+    from vfs.decant.reader import DecantArchive
+
+    data = np.arange(4 * 64 * 80, dtype=np.uint16).reshape(4, 64, 80)
+    tifffile.imwrite(tmp_path / "s.tif", data, photometric="minisblack")
+    original = (tmp_path / "s.tif").read_bytes()
+    pack_file(tmp_path / "s.tif", tmp_path / "s.zarr.zip")
+    with DecantArchive.open(tmp_path / "s.zarr.zip") as archive:
+        reader = archive.open_original("", PageCache(1 << 24))
+        middle = len(original) // 2
+        assert reader.read_cached(middle, 4096) is None
+        assert reader.read(middle, 4096) == original[middle : middle + 4096]
+        assert reader.read_cached(middle, 4096) == original[middle : middle + 4096]
+        assert reader.read_cached(0, len(original)) is None  # other pages were never decoded

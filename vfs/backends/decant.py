@@ -69,6 +69,9 @@ class DecantFile:
     def read(self, offset: int, size: int) -> bytes | memoryview:
         return self.reader.read(offset, size)
 
+    def read_cached(self, offset: int, size: int) -> bytes | memoryview | None:
+        return self.reader.read_cached(offset, size)
+
     def readahead(self, offset: int) -> None:
         self.reader.readahead(offset)
 

@@ -120,6 +120,10 @@ class DecantArchive:
         return sub.open_original("", cache)
 
 
+class _NotCached(Exception):
+    """A cached-only read needs something that is not in the cache."""
+
+
 class OriginalReader:
     """read(offset, size) over one original. Thread-safe; pages decode through the shared cache."""
 
@@ -135,13 +139,32 @@ class OriginalReader:
     def read(self, offset: int, size: int) -> bytes | memoryview:
         """The bytes at [offset, offset+size). A read inside one region is a zero-copy view of
         the cached page: pyfuse3 replies from any buffer, so a 1 MiB request costs no copy."""
+        return self._read(offset, size, False)
+
+    def read_cached(self, offset: int, size: int) -> bytes | memoryview | None:
+        """The same bytes if every page and husk block they need is cached, else None: no I/O,
+        no decoding, so an event loop may call it without handing the read to a thread."""
+        try:
+            return self._read(offset, size, True)
+        except _NotCached:
+            return None
+
+    def _read(self, offset: int, size: int, cached_only: bool) -> bytes | memoryview:
         parts = [
-            self._region_bytes(region, inner, n)
+            self._region_bytes(region, inner, n, cached_only)
             for region, inner, n in self.regions.spans(offset, size)
         ]
         if len(parts) == 1:
             return parts[0]
         return b"".join(parts)
+
+    def _cached(self, key: tuple[Any, ...], load: Any, cached_only: bool) -> Any:
+        if cached_only:
+            value = self.cache.get(key)
+            if value is None:
+                raise _NotCached
+            return value
+        return self.cache.get_or_load(key, load)
 
     def readahead(self, offset: int, depth: int = 2) -> None:
         """Warm the cache for what follows `offset` (pages; a verbatim file has none to decode)."""
@@ -149,18 +172,21 @@ class OriginalReader:
     def close(self) -> None:
         pass
 
-    def _region_bytes(self, region: Region, inner: int, n: int) -> bytes | memoryview:
-        return self._husk(region.pos + inner, n)
+    def _region_bytes(
+        self, region: Region, inner: int, n: int, cached_only: bool = False
+    ) -> bytes | memoryview:
+        return self._husk(region.pos + inner, n, cached_only)
 
-    def _husk(self, pos: int, n: int) -> bytes | memoryview:
+    def _husk(self, pos: int, n: int, cached_only: bool = False) -> bytes | memoryview:
         spec = self._husk_spec
         chunk = spec.chunks[0]
         parts = []
         while n > 0:
             index, inner = divmod(pos, chunk)
-            block = self.cache.get_or_load(
+            block = self._cached(
                 (*self.key, "h", index),
                 lambda i=index: memoryview(read_chunk(self.archive.store, spec, (i,))),
+                cached_only,
             )
             take = min(n, chunk - inner)
             parts.append(block[inner : inner + take])
@@ -231,15 +257,17 @@ class PixelReader(OriginalReader):
         plane_order = archive.manifest.plane_order
         self._plane_order = plane_order if len(plane_order) == len(self._leading) else ()
 
-    def _region_bytes(self, region: Region, inner: int, n: int) -> bytes | memoryview:
+    def _region_bytes(
+        self, region: Region, inner: int, n: int, cached_only: bool = False
+    ) -> bytes | memoryview:
         if region.page == HUSK:
-            return self._husk(region.pos + inner, n)
+            return self._husk(region.pos + inner, n, cached_only)
         start = region.pos + inner
-        return self._page(region.page)[start : start + n]
+        return self._page(region.page, cached_only)[start : start + n]
 
-    def _page(self, index: int) -> memoryview:
-        return self.cache.get_or_load(  # type: ignore[no-any-return]
-            (self.archive.cache_key, "p", index), lambda: self._decode_page(index)
+    def _page(self, index: int, cached_only: bool = False) -> memoryview:
+        return self._cached(  # type: ignore[no-any-return]
+            (self.archive.cache_key, "p", index), lambda: self._decode_page(index), cached_only
         )
 
     def _decode_page(self, index: int) -> memoryview:
