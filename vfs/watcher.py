@@ -36,6 +36,7 @@ class Item:
     state: str = "queued"  # queued | packing | failed
     reason: str = ""
     retry_at: float = 0.0
+    started: bool = False  # a pack worker has it (state "packing" before that means waiting)
 
 
 class PackQueue:
@@ -104,7 +105,7 @@ class PackQueue:
             while True:
                 await self._poll()
                 for item in self._ready():
-                    item.state = "packing"
+                    item.state, item.started = "packing", False
                     nursery.start_soon(self._pack_guarded, item)
                 await trio.sleep(POLL_INTERVAL)
 
@@ -162,10 +163,13 @@ class PackQueue:
         relpath, spool = item.relpath, item.spool
         key, main = (self.spools.index(spool), relpath), spool is self.spool
         started = time.monotonic()
+
+        def publish() -> Published:
+            item.started = True  # a worker took it: until now it was waiting for one
+            return spool.publish(relpath, self.pack_all, self.options)
+
         try:
-            published: Published = await trio.to_thread.run_sync(
-                spool.publish, relpath, self.pack_all, self.options, limiter=self.limiter
-            )
+            published = await trio.to_thread.run_sync(publish, limiter=self.limiter)
         except Exception as exc:
             item.state, item.reason = "failed", _reason(exc)
             item.retry_at = time.monotonic() + RETRY_AFTER
@@ -209,9 +213,10 @@ class PackQueue:
 
     def status(self) -> dict[str, Any]:
         states = [i.state for i in self.items.values()]
+        waiting = sum(1 for i in self.items.values() if i.state == "packing" and not i.started)
         return {
-            "queued": states.count("queued"),
-            "packing": states.count("packing"),
+            "queued": states.count("queued") + waiting,
+            "packing": states.count("packing") - waiting,
             "failed": [
                 {"path": i.relpath, "reason": i.reason}
                 for i in self.items.values()

@@ -336,9 +336,11 @@ def test_a_walk_overtaken_by_a_publish_adds_nothing(queue: PackQueue, spool: Hoo
 def test_status_counts_each_state(queue: PackQueue, spool: HookedSpool) -> None:
     for name, state in (("a", "queued"), ("b", "queued"), ("c", "packing"), ("d", "failed")):
         queue.items[(0, name)] = Item(spool, name, state=state, reason=f"why {name}")
+    queue.items[(0, "c")].started = True
+    queue.items[(0, "e")] = Item(spool, "e", state="packing")  # dispatched, no worker free yet
     queue.done = 7
     assert queue.status() == {
-        "queued": 2,
+        "queued": 3,
         "packing": 1,
         "failed": [{"path": "d", "reason": "why d"}],
         "done": 7,
