@@ -8,7 +8,9 @@ import os
 import secrets
 import shutil
 import stat
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from vfs.errors import DecantError, PackError
 
 log = logging.getLogger(__name__)
 DEFAULT_CODEC = CodecChoice()
+PACK_THREADS = os.cpu_count() or 2
 _AXIS_TYPE = {"t": "time", "c": "channel", "z": "space"}
 
 
@@ -232,16 +235,35 @@ def write_planes(
     coords: list[tuple[int, ...]],
     progress: Progress | None,
 ) -> None:
-    """Write each page's pixels, read straight from the file's segments, at its coordinate."""
-    for page, coord in zip(pages, coords, strict=True):
+    """Write each page's pixels, read straight from the file's segments, at its coordinate.
+
+    Planes are compressed on every core: zarr turns blosc's own threads off when imported
+    (numcodecs.blosc.use_threads = False), so one plane at a time kept packing on one core.
+    A few planes in flight bound the memory to those planes.
+    """
+
+    def write(page: PageRecord, coord: tuple[int, ...]) -> int:
         buf = b"".join(
             _pread(fd, c, o) for o, c in zip(page.dataoffsets, page.databytecounts, strict=True)
         )
         plane = deserialize_page(buf, page, layout.dtype)
         for level, arr in enumerate(arrays):
             arr[coord] = plane[:: 2**level, :: 2**level] if level else plane
-        if progress:
-            progress(len(buf))
+        return len(buf)
+
+    workers = max(1, min(PACK_THREADS, len(pages)))
+    with ThreadPoolExecutor(workers, thread_name_prefix="decant-pack") as pool:
+        pending: deque[Future[int]] = deque()
+        for page, coord in zip(pages, coords, strict=True):
+            pending.append(pool.submit(write, page, coord))
+            if len(pending) > workers:
+                done = pending.popleft().result()
+                if progress:
+                    progress(done)
+        for future in pending:
+            done = future.result()
+            if progress:
+                progress(done)
 
 
 def _pread(fd: int, count: int, offset: int) -> bytes:
