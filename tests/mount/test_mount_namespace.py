@@ -79,8 +79,8 @@ def test_damaged_archives_fail_alone(tmp_path: Path, make_mount) -> None:  # typ
     src.mkdir()
     good = _tiff(work / "good.tif", 1)
     pack_file(good, src / "good.tif.zarr.zip")
-    for name in ("fmt", "nofield", "husk", "digest", "trunc"):
-        pack_file(_tiff(work / f"{name}.tif", hash(name) % 1000), work / f"{name}.zarr.zip")
+    for seed, name in enumerate(("fmt", "nofield", "husk", "digest", "trunc"), start=10):
+        pack_file(_tiff(work / f"{name}.tif", seed), work / f"{name}.zarr.zip")
     rewrite_zip(
         work / "fmt.zarr.zip", src / "fmt.zarr.zip", edit_manifest(lambda d: d.update(format=2))
     )
