@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -13,6 +15,10 @@ import tifffile
 from tests.toolbox import load_tool
 from vfs.commands import main as decant_main
 from vfs.decant.packer import PackOptions, PackResult, pack_file
+
+# Tests run commands by name (decant, decant-mount, crypt4gh): those of the environment running
+# pytest, which need not be activated (`.venv/bin/python -m pytest`).
+os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
