@@ -304,7 +304,7 @@ def bench_startup(args: argparse.Namespace, d: Daemons) -> dict[str, list[float]
 
 def import_floors() -> dict[str, float]:
     python = [sys.executable, "-c", "pass"]
-    imports = [sys.executable, "-c", "import vfs.cli, vfs.daemon, vfs.backends.c4gh"]
+    imports = [sys.executable, "-c", "import vfs.cli, vfs.mount.daemon, vfs.backends.c4gh"]
     return {
         "python": median([require(run_child(python), "python").seconds for _ in range(5)]),
         "imports": median([require(run_child(imports), "imports").seconds for _ in range(5)]),

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vfs.daemon import mount_device
+from vfs.mount.daemon import mount_device
 
 MB = 1_000_000  # throughputs in MB/s (decimal), as dd prints them
 MiB = 1 << 20

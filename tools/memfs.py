@@ -25,7 +25,7 @@ from pathlib import Path
 import pyfuse3
 import trio
 
-from vfs.daemon import raise_read_ahead
+from vfs.mount.daemon import raise_read_ahead
 
 # Same wait as the daemon's: the kernel sets the mount's read-ahead while handling FUSE INIT
 # (capped at 128 KiB), which is answered only once the session loop runs.

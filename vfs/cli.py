@@ -14,29 +14,10 @@ import sys
 from pathlib import Path
 
 from vfs.errors import DecantError
+from vfs.mount.config import STATUS_NAME, MountConfig, parse_fuse_options
 
 log = logging.getLogger("decant-mount")
 
-# -o options that mount(8) / mount.fuse3 pass but libfuse does not take.
-_MOUNT_ONLY_OPTIONS = {
-    "rw",
-    "dev",
-    "nodev",
-    "suid",
-    "nosuid",
-    "exec",
-    "noexec",
-    "auto",
-    "noauto",
-    "user",
-    "users",
-    "nouser",
-    "_netdev",
-    "nofail",
-    "defaults",
-    "nonempty",
-}
-SPOOL_NAME = ".decant-spool"
 
 
 def parse_size(text: str) -> int:
@@ -80,6 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="persistent index folder (default ~/.cache/decant-mount)",
     )
     p.add_argument("--no-index", action="store_true", help="keep no persistent index")
+    p.add_argument(
+        "--no-watch",
+        action="store_true",
+        help="do not watch SRC with inotify (NFS, inotify limits): changes show within ~2 s "
+        "through short kernel timeouts and folder mtime checks",
+    )
     p.add_argument(
         "--decode-threads",
         type=int,
@@ -137,15 +124,6 @@ def _add_backend_options(p: argparse.ArgumentParser) -> None:
     add_mount_options(p)
 
 
-def fuse_options(raw: list[str], source: Path) -> set[str]:
-    opts = {"fsname=decant:" + str(source).replace(",", "_"), "subtype=decant-mount"}
-    for group in raw:
-        for opt in filter(None, (o.strip() for o in group.split(","))):
-            if opt not in _MOUNT_ONLY_OPTIONS:
-                opts.add(opt)
-    return opts
-
-
 def check_mountpoint(mnt: Path) -> str | None:
     """A clear reason the mountpoint cannot be used, or None."""
     try:
@@ -182,7 +160,7 @@ def unmount(mnt: Path) -> int:
 
 def print_status(mnt: Path) -> int:
     try:
-        doc = json.loads((mnt / ".decant-status").read_text())
+        doc = json.loads((mnt / STATUS_NAME).read_text())
     except (OSError, ValueError) as exc:
         print(f"decant-mount: {mnt}: no pack queue to show ({exc})", file=sys.stderr)
         return 1
@@ -195,8 +173,25 @@ def print_status(mnt: Path) -> int:
     return 0
 
 
-def read_only(args: argparse.Namespace) -> bool:
-    return args.read_only or "ro" in fuse_options(args.options, Path("/"))
+def config_from_args(args: argparse.Namespace, src: Path, mnt: Path) -> MountConfig:
+    return MountConfig(
+        src=src,
+        mnt=mnt,
+        options=parse_fuse_options(args.options),
+        cache_size=args.cache_size,
+        index_dir=args.index_dir,
+        use_index=not args.no_index,
+        decode_threads=args.decode_threads,
+        watch=not args.no_watch,
+        read_only=args.read_only,
+        spool=args.spool,
+        settle=args.settle,
+        pack_all=args.pack_all,
+        pack_workers=args.pack_workers,
+        inbox=list(args.inbox),
+        allow_delete=args.allow_delete,
+        backend_args=args,
+    )
 
 
 def setup_logging(args: argparse.Namespace, detached: bool) -> None:
@@ -228,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     if not src.is_dir():
         print(f"decant-mount: {src}: not a folder", file=sys.stderr)
         return 1
+    if mnt == src or src.is_relative_to(mnt):
+        print(f"decant-mount: {src} is inside {mnt}: the mount would hide its own source",
+              file=sys.stderr)  # fmt: skip
+        return 1
     problem = check_mountpoint(mnt)
     if problem:
         print(f"decant-mount: {problem}", file=sys.stderr)
@@ -235,9 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     ready_fd = None if args.foreground else _daemonize()
     setup_logging(args, detached=ready_fd is not None)
     try:
-        from vfs.daemon import serve
+        from vfs.mount.daemon import serve
 
-        return serve(args, src, mnt, lambda: _ready(ready_fd))
+        return serve(config_from_args(args, src, mnt), lambda: _ready(ready_fd))
     except DecantError as exc:  # a refusal its message explains (key permissions, bad option)
         log.error("%s", exc)
         print(f"decant-mount: {exc}", file=sys.stderr)

@@ -1,4 +1,4 @@
-"""Every module imported under vfs/, tools/ and tests/ is the standard library, our own, or declared.
+"""Every module imported under vfs/, tools/ and tests/ is standard library, our own, or declared.
 
 A package installed by hand on one machine hides an undeclared dependency there and fails on a
 fresh one (that is how `watchfiles` went missing once). This reads pyproject.toml and maps each
@@ -73,6 +73,7 @@ def test_every_import_is_declared() -> None:
 
 def test_the_check_sees_an_undeclared_import(tmp_path: Path) -> None:
     (tmp_path / "vfs").mkdir()
-    (tmp_path / "vfs" / "x.py").write_text("import os\nimport numpy\nfrom surely_not_a_dist import y\n")
+    code = "import os\nimport numpy\nfrom surely_not_a_dist import y\n"
+    (tmp_path / "vfs" / "x.py").write_text(code)
     missing = undeclared(tmp_path)
     assert set(missing) == {"surely_not_a_dist"}, missing

@@ -1,4 +1,5 @@
-"""The cores import neither pyfuse3 nor trio, directly or through another vfs module.
+"""The layers of STYLE.md hold: the cores import neither pyfuse3 nor trio, the write side and the
+backends no pyfuse3, and nothing imports the CLI — directly or through another vfs module.
 
 Checked from the source (AST), module by module, over whatever files the core packages hold when
 the test runs, so a module added later is covered without touching this file.
@@ -15,13 +16,19 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE_PACKAGES = ("vfs/decant", "vfs/c4gh", "vfs/acqstore")
-CORE_MODULES = ("vfs/cache.py", "vfs/errors.py", "vfs/tree.py", "vfs/index.py", "vfs/integrity.py")
+CORE_MODULES = ("vfs/cache.py", "vfs/errors.py", "vfs/integrity.py", "vfs/nodes.py",
+                "vfs/names.py", "vfs/mount/tree.py", "vfs/mount/index.py")  # fmt: skip
 FORBIDDEN = frozenset({"pyfuse3", "trio"})
+NO_FUSE_PACKAGES = ("vfs/ingest", "vfs/backends")
 
 
 def core_files() -> list[Path]:
     files = [p for pkg in CORE_PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))]
     return files + [ROOT / m for m in CORE_MODULES if (ROOT / m).exists()]
+
+
+def no_fuse_files() -> list[Path]:
+    return [p for pkg in NO_FUSE_PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))]
 
 
 def module_name(path: Path) -> str:
@@ -68,8 +75,8 @@ def vfs_file(name: str) -> list[Path]:
     return out
 
 
-def forbidden_chain(start: Path) -> list[str] | None:
-    """A chain of imports from `start` to pyfuse3/trio, following vfs modules, or None."""
+def forbidden_chain(start: Path, forbidden: frozenset[str] = FORBIDDEN) -> list[str] | None:
+    """A chain of imports from `start` to a forbidden module, following vfs modules, or None."""
     seen: set[Path] = set()
     stack: list[tuple[Path, list[str]]] = [(start, [module_name(start)])]
     while stack:
@@ -78,7 +85,7 @@ def forbidden_chain(start: Path) -> list[str] | None:
             continue
         seen.add(path)
         for name in sorted(imports_of(path)):
-            if name.split(".")[0] in FORBIDDEN:
+            if name.split(".")[0] in forbidden or name in forbidden:
                 return [*chain, name]
             if name.split(".")[0] == "vfs":
                 stack.extend((f, [*chain, module_name(f)]) for f in vfs_file(name))
@@ -93,6 +100,20 @@ def test_the_cores_exist() -> None:
 @pytest.mark.parametrize("path", core_files(), ids=lambda p: module_name(p))
 def test_core_module_imports_no_fuse_or_trio(path: Path) -> None:
     assert forbidden_chain(path) is None, " → ".join(forbidden_chain(path) or [])
+
+
+@pytest.mark.parametrize("path", no_fuse_files(), ids=lambda p: module_name(p))
+def test_write_side_and_backends_import_no_fuse(path: Path) -> None:
+    chain = forbidden_chain(path, frozenset({"pyfuse3"}))
+    assert chain is None, " → ".join(chain or [])
+
+
+@pytest.mark.parametrize(
+    "path", sorted(p for p in (ROOT / "vfs").rglob("*.py") if p.name != "cli.py"),
+    ids=lambda p: module_name(p),
+)  # fmt: skip
+def test_nothing_imports_the_cli(path: Path) -> None:
+    assert not {n for n in imports_of(path) if n == "vfs.cli" or n.startswith("vfs.cli.")}
 
 
 def test_the_checker_sees_forbidden_imports(

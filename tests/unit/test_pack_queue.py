@@ -15,8 +15,8 @@ import trio
 
 from vfs.decant import TEMP_PREFIX
 from vfs.decant.packer import PackOptions
-from vfs.spool import Published, Spool
-from vfs.watcher import Item, PackQueue
+from vfs.ingest.queue import Item, PackQueue
+from vfs.ingest.spool import Published, Spool
 
 SETTLE = 5.0
 TEMP = ".x.csv.Ab12Cd"  # rsync's temp name for x.csv

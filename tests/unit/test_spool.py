@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from vfs import spool as spool_mod
 from vfs.decant import TEMP_PREFIX
 from vfs.decant.packer import PackOptions, pack_file
 from vfs.decant.reader import DecantArchive
 from vfs.decant.verify import require_verified
-from vfs.spool import Spool, archive_name, is_temp_name, remove_orphans
+from vfs.ingest import spool as spool_mod
+from vfs.ingest.spool import Spool, archive_name, is_temp_name, remove_orphans
 
 OPTIONS = PackOptions()
 MTIME = 1_600_000_000_123_456_789

@@ -13,8 +13,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from vfs.spool import Spool
-from vfs.tree import Node, SourceTree, mirror_node, spooled_node
+from vfs.ingest.spool import Spool
+from vfs.nodes import Node, mirror_node, spooled_node
 
 
 def refuse(code: int, what: str) -> OSError:
@@ -34,16 +34,20 @@ class Attrs:
 
 
 class WriteSide:
-    def __init__(self, tree: SourceTree, spool: Spool, allow_delete: bool = False) -> None:
-        self.tree = tree
+    def __init__(self, root: Path, spool: Spool, allow_delete: bool = False) -> None:
+        self.root = root
         self.spool = spool
         self.allow_delete = allow_delete
+
+    def _relpath(self, path: Path) -> str:
+        """Presented path of a real folder or file of SRC ("" for SRC itself)."""
+        return "" if path == self.root else path.relative_to(self.root).as_posix()
 
     def _folder(self, parent: Node) -> str:
         """The presented path of a folder new entries may go into (a real folder of SRC)."""
         if not parent.is_dir or parent.backend is not None:
             raise refuse(errno.EPERM, f"{parent.real}: archive contents cannot be written")
-        return self.tree.relpath(parent.real)
+        return self._relpath(parent.real)
 
     def _rel(self, parent: Node, name: str) -> str:
         folder = self._folder(parent)
@@ -60,7 +64,7 @@ class WriteSide:
         if node.backend is not None:
             raise refuse(errno.EPERM, f"{node.real}: archived originals are not written in place")
         if not node.spooled:
-            rel = self.tree.relpath(node.real)
+            rel = self._relpath(node.real)
             self.spool.adopt(node.real, rel)
             node = spooled_node(self.spool.path(rel), rel, self.spool.path(rel).stat())
         fd = os.open(node.real, os.O_RDWR | (flags & (os.O_TRUNC | os.O_APPEND)))
@@ -106,7 +110,7 @@ class WriteSide:
             return spooled_node(self.spool.path(new_rel), new_rel, self.spool.path(new_rel).stat())
         if node.backend is not None:
             raise refuse(errno.EPERM, f"{node.real}: archived originals cannot be renamed")
-        target = self.tree.root / new_rel
+        target = self.root / new_rel
         os.rename(node.real, target)
         if node.is_dir and self.spool.path(old_rel).is_dir():
             self.spool.rename(old_rel, new_rel)  # files still spooled inside move along
@@ -129,7 +133,7 @@ class WriteSide:
 
     def mkdir(self, parent: Node, name: str, mode: int, uid: int, gid: int) -> Node:
         rel = self._rel(parent, name)
-        path = self.tree.root / rel
+        path = self.root / rel
         os.mkdir(path, stat.S_IMODE(mode))
         if os.geteuid() == 0:
             os.chown(path, uid, gid)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import logging
 import os
@@ -16,18 +15,19 @@ import trio
 
 from vfs.backends.decant import DecantBackend
 from vfs.cache import PageCache
-from vfs.fuse_ops import DecantOperations
-from vfs.index import DescriptionIndex
-from vfs.spool import Spool
-from vfs.tree import SourceTree
-from vfs.watcher import PackQueue
-from vfs.writeside import WriteSide
+from vfs.ingest.queue import PackQueue
+from vfs.ingest.spool import Spool
+from vfs.ingest.writeside import WriteSide
+from vfs.mount.config import SPOOL_NAME, MountConfig
+from vfs.mount.index import DescriptionIndex
+from vfs.mount.ops import DecantOperations
+from vfs.mount.tree import SourceTree
+from vfs.mount.watch import watch_source
 
 log = logging.getLogger("decant-mount")
-SPOOL_NAME = ".decant-spool"
 
 
-def build_tree(args: argparse.Namespace, src: Path, cache: PageCache) -> SourceTree:
+def build_tree(config: MountConfig, cache: PageCache) -> SourceTree:
     decant = DecantBackend(cache)
     backends: list[Any] = [decant]
     try:
@@ -35,7 +35,7 @@ def build_tree(args: argparse.Namespace, src: Path, cache: PageCache) -> SourceT
     except ImportError:
         pass
     else:
-        c4gh = backend_from_args(args, cache)
+        c4gh = backend_from_args(config.backend_args, cache)
         if c4gh is not None:
             backends.append(c4gh)
     overlays: list[Any] = []
@@ -46,22 +46,26 @@ def build_tree(args: argparse.Namespace, src: Path, cache: PageCache) -> SourceT
     else:
         overlays.append(AcqStoreBackend(cache, decant))
     index = None
-    if not args.no_index:
-        folder = args.index_dir or Path(os.path.expanduser("~/.cache/decant-mount"))
+    if config.use_index:
+        folder = config.index_dir or Path(os.path.expanduser("~/.cache/decant-mount"))
         index = DescriptionIndex(folder / "index.sqlite")
-    return SourceTree(src, backends, overlays, index, hidden=[SPOOL_NAME])
+    tree = SourceTree(config.src, backends, overlays, index, hidden=[SPOOL_NAME])
+    tree.excluded = {config.mnt}
+    return tree
 
 
-def build_write_side(args: argparse.Namespace, src: Path, tree: SourceTree) -> PackQueue | None:
+def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:
     """The spool, pack queue and write rules, unless the mount is read-only."""
-    from vfs.cli import read_only
-
-    if read_only(args):
+    if config.read_only:
         return None
-    spool_root = args.spool or src / SPOOL_NAME
-    spool = Spool(src, spool_root / "files")
-    spools = [spool] + [Spool(src, inbox) for inbox in args.inbox]
-    queue = PackQueue(spools, args.settle, None, args.pack_all, args.pack_workers)
+    src = config.src
+    # Spooled files are the writers' bytes on SRC's disk: no other local user may reach (or
+    # execute) them there, whatever their modes say.
+    config.spool_root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(config.spool_root, 0o700)
+    spool = Spool(src, config.spool_root / "files")
+    spools = [spool] + [Spool(src, inbox) for inbox in config.inbox]
+    queue = PackQueue(spools, config.settle, None, config.pack_all, config.pack_workers)
     tree.spool = spool
     tree.publishing = queue.publishing
     return queue
@@ -109,22 +113,21 @@ def tune_malloc() -> None:
     libc.mallopt(m_arena_max, 2)
 
 
-def serve(args: argparse.Namespace, src: Path, mnt: Path, ready: Callable[[], None]) -> int:
-    from vfs.cli import fuse_options
-
+def serve(config: MountConfig, ready: Callable[[], None]) -> int:
     tune_malloc()
-    cache = PageCache(args.cache_size)
-    tree = build_tree(args, src, cache)
-    queue = build_write_side(args, src, tree)
-    writer = WriteSide(tree, tree.spool, args.allow_delete) if queue and tree.spool else None
-    ops = DecantOperations(tree, args.decode_threads, writer, queue)
+    src, mnt = config.src, config.mnt
+    cache = PageCache(config.cache_size)
+    tree = build_tree(config, cache)
+    queue = build_write_side(config, tree)
+    writer = WriteSide(src, tree.spool, config.allow_delete) if queue and tree.spool else None
+    ops = DecantOperations(tree, config, writer, queue)
     if queue is not None:
         queue.on_published = ops.published
-    pyfuse3.init(ops, str(mnt), fuse_options(args.options, src))
+    pyfuse3.init(ops, str(mnt), config.fuse_options())
     try:
-        log.info("mounted %s on %s (cache %d MiB)", src, mnt, args.cache_size >> 20)
+        log.info("mounted %s on %s (cache %d MiB)", src, mnt, config.cache_size >> 20)
         ready()
-        trio.run(_run, ops, src, mnt, queue, args.spool or src / SPOOL_NAME)
+        trio.run(_run, ops, config, queue)
     finally:
         pyfuse3.close(unmount=True)
         if tree.index is not None:
@@ -133,16 +136,18 @@ def serve(args: argparse.Namespace, src: Path, mnt: Path, ready: Callable[[], No
     return 0
 
 
-async def _run(
-    ops: DecantOperations, src: Path, mnt: Path, queue: PackQueue | None, spool_root: Path
-) -> None:
+async def _run(ops: DecantOperations, config: MountConfig, queue: PackQueue | None) -> None:
+    src = config.src
     async with trio.open_nursery() as nursery:
         ops.nursery = nursery
         if queue is not None:
-            nursery.start_soon(queue.run, src, spool_root)
-        nursery.start_soon(_raise_read_ahead_after_init, mnt)
+            nursery.start_soon(queue.run, src, config.spool_root)
+        nursery.start_soon(_raise_read_ahead_after_init, config.mnt)
         nursery.start_soon(_signals, nursery.cancel_scope)
-        nursery.start_soon(_watch, ops, src)
+        if config.watch:
+            nursery.start_soon(watch_source, ops, src, config.spool_root)
+        else:
+            log.info("not watching %s (--no-watch): changes show after short kernel timeouts", src)
         nursery.start_soon(_census, ops, src)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()  # unmounted from outside (fusermount3 -u)
@@ -156,36 +161,13 @@ async def _signals(scope: trio.CancelScope) -> None:
             return
 
 
-async def _watch(ops: DecantOperations, src: Path) -> None:
-    """inotify on SRC: changed folders are rescanned and the kernel's entries invalidated."""
-    try:
-        import watchfiles
-    except ImportError:
-        log.warning("watchfiles is not installed: SRC changes show after a folder's mtime check")
-        return
-    spool = str(src / SPOOL_NAME)
-    try:
-        watching = watchfiles.awatch(
-            src,
-            debounce=100,
-            step=20,
-            watch_filter=lambda _c, p: not p.startswith(spool),
-            rust_timeout=200,  # how long the notify thread blocks: it delays shutdown by this much
-        )
-        async for changes in watching:
-            folders = {Path(p).parent for _change, p in changes}
-            await ops.on_changed(folders)
-    except Exception as exc:  # e.g. the inotify watch limit: degrade, keep serving
-        log.warning("watching %s failed (%s); changes show after a folder's mtime check", src, exc)
-
-
 async def _census(ops: DecantOperations, src: Path) -> None:
     """Log how many archives SRC holds (names only: nothing is opened)."""
 
     def count() -> int:
         n = 0
         for root, dirs, files in os.walk(src):
-            dirs[:] = [d for d in dirs if d != SPOOL_NAME]
+            dirs[:] = [d for d in dirs if d != SPOOL_NAME and Path(root, d) != ops.config.mnt]
             base = Path(root)
             for name in files + dirs:
                 if any(b.claims(base / name, name in dirs) for b in ops.tree.backends):

@@ -12,51 +12,19 @@ import logging
 import os
 import stat
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vfs.backends.base import Backend, Description, Entry
+from vfs.backends.base import Backend, Description
 from vfs.decant import TEMP_PREFIX
 from vfs.errors import DecantError
-from vfs.index import DescriptionIndex
+from vfs.mount.index import DescriptionIndex
+from vfs.nodes import Node, archive_node, mirror_node, spooled_node
 
 if TYPE_CHECKING:
-    from vfs.spool import Spool
+    from vfs.ingest.spool import Spool
 
 log = logging.getLogger(__name__)
-
-
-NodeKey = tuple[str, str, str, tuple[int, ...]]
-
-
-@dataclass
-class Node:
-    """One presented name. `backend` is None for a mirrored real entry."""
-
-    is_dir: bool
-    size: int
-    mtime_ns: int
-    mode: int
-    uid: int
-    gid: int
-    real: Path  # the real entry, or the archive holding this node
-    backend: Backend | None = None
-    member: str = ""  # path inside the archive; "" for its top entry
-    entry: Entry | None = None
-    xattrs: dict[str, str] = field(default_factory=dict)
-    spooled: str = ""  # relpath of a file written through the mount and not yet published
-    version: tuple[int, ...] = ()  # the archive file's (inode, size, mtime): replaced → new key
-
-    @property
-    def key(self) -> NodeKey:
-        """Identity across rescans: the same key keeps the same inode number."""
-        backend = self.backend.name if self.backend else ""
-        return (str(self.real), backend, self.member, self.version)
-
-    @property
-    def sha256(self) -> str | None:
-        return self.entry.sha256 if self.entry else None
 
 
 class SourceTree:
@@ -79,6 +47,7 @@ class SourceTree:
         self.publishing = publishing if publishing is not None else set()
         self._logged: set[tuple[str, str]] = set()
         self.archives_seen = 0
+        self.excluded: set[Path] = set()  # never scanned into (the mountpoint, if inside SRC)
         self.overlay_roots: set[Path] = set()  # folders an overlay claimed: rebuilt on change
 
     def _log_once(self, path: Path, message: str, level: int = logging.WARNING) -> None:
@@ -99,14 +68,20 @@ class SourceTree:
                     continue
                 if de.name.startswith(TEMP_PREFIX):
                     continue  # an archive being written: it appears once renamed into place
+                path = Path(de.path)
+                if path in self.excluded:
+                    continue  # the mountpoint itself: statting it would call into this daemon
                 try:
-                    st = de.stat()
+                    st = de.stat(follow_symlinks=False)
                 except OSError:
-                    continue  # vanished, or a dangling symlink
+                    continue  # vanished
+                if stat.S_ISLNK(st.st_mode):
+                    self._log_once(path, f"{path}: a symlink; not shown (the mount never follows "
+                                         "links out of SRC)", logging.INFO)  # fmt: skip
+                    continue
                 is_dir = stat.S_ISDIR(st.st_mode)
                 if not (is_dir or stat.S_ISREG(st.st_mode)):
                     continue
-                path = Path(de.path)
                 backend = next((b for b in self.backends if b.claims(path, is_dir)), None)
                 if backend is not None:
                     archives.append((de.name, st, backend))
@@ -131,7 +106,7 @@ class SourceTree:
                 shown = name
                 if shown in plain:
                     continue
-            node = _archive_node(backend, path, st, "", desc.root, self._relative(path))
+            node = archive_node(backend, path, st, "", desc.root, self._relative(path))
             if self.writable and not node.is_dir:
                 node.mode = stat.S_IMODE(st.st_mode)  # what rsync -a / cp -a gave the original
             out[shown] = node
@@ -175,7 +150,7 @@ class SourceTree:
             self._log_once(folder, f"{folder}: {desc.name!r} exists; no {overlay.name} view")
             return
         st = os.stat(folder)
-        node = _archive_node(overlay, folder, st, "", desc.root, "")
+        node = archive_node(overlay, folder, st, "", desc.root, "")
         # The view changes when documents inside the folder do, not the folder itself: key the
         # node by its content so a rebuilt view gets fresh inodes.
         digest = hashlib.sha256(json.dumps(desc.to_json(), sort_keys=True).encode()).digest()
@@ -212,7 +187,7 @@ class SourceTree:
         kids = {}
         for name, child in node.entry.children.items():
             member = f"{node.member}/{name}".lstrip("/")
-            kids[name] = kid = _archive_node(node.backend, node.real, st, member, child, rel)
+            kids[name] = kid = archive_node(node.backend, node.real, st, member, child, rel)
             kid.version = node.version  # members share their archive's (or view's) identity
         return kids
 
@@ -223,44 +198,3 @@ class SourceTree:
             return str(path)
 
 
-def spooled_node(path: Path, relpath: str, st: os.stat_result) -> Node:
-    return Node(
-        False,
-        st.st_size,
-        st.st_mtime_ns,
-        stat.S_IMODE(st.st_mode),
-        st.st_uid,
-        st.st_gid,
-        path,
-        spooled=relpath,
-    )
-
-
-def mirror_node(path: Path, st: os.stat_result, writable: bool = False) -> Node:
-    is_dir = stat.S_ISDIR(st.st_mode)
-    mode = stat.S_IMODE(st.st_mode) if writable else stat.S_IMODE(st.st_mode) & ~0o222
-    return Node(
-        is_dir, 0 if is_dir else st.st_size, st.st_mtime_ns, mode, st.st_uid, st.st_gid, path
-    )
-
-
-def _archive_node(
-    backend: Backend, path: Path, st: os.stat_result, member: str, entry: Entry, rel: str
-) -> Node:
-    xattrs = dict(entry.xattrs)
-    if not entry.is_dir and backend.name == "decant":
-        xattrs["user.decant.archive"] = rel
-    return Node(
-        is_dir=entry.is_dir,
-        size=0 if entry.is_dir else entry.size,
-        mtime_ns=st.st_mtime_ns,
-        mode=0o555 if entry.is_dir else 0o444,
-        uid=st.st_uid,
-        gid=st.st_gid,
-        real=path,
-        backend=backend,
-        member=member,
-        entry=entry,
-        xattrs=xattrs,
-        version=(st.st_ino, st.st_size, st.st_mtime_ns),
-    )

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from vfs.spool import Published, Spool, is_temp_name, remove_orphans
+from vfs.ingest.spool import Published, Spool, is_temp_name, remove_orphans
 
 if TYPE_CHECKING:
     from vfs.decant.packer import PackOptions

@@ -1,0 +1,1 @@
+"""The mount adapter: the only package that imports pyfuse3 (inodes, reads, handlers, wiring)."""

@@ -1,0 +1,65 @@
+"""What one mount was asked to do: built by the CLI (or a test), read by the daemon and handlers.
+
+Plain data, no FUSE: the CLI parses arguments into a `MountConfig`; nothing below the CLI reads
+argparse namespaces, except a backend's own options kept in `backend_args`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SPOOL_NAME = ".decant-spool"
+STATUS_NAME = ".decant-status"
+
+# -o options that mount(8) / mount.fuse3 pass but libfuse does not take.
+MOUNT_ONLY_OPTIONS = frozenset({
+    "rw", "dev", "nodev", "suid", "nosuid", "exec", "noexec", "auto", "noauto", "user", "users",
+    "nouser", "_netdev", "nofail", "defaults", "nonempty",
+})  # fmt: skip
+
+
+def parse_fuse_options(raw: list[str]) -> set[str]:
+    """`-o a,b -o c` → {"a", "b", "c"}, without the options only mount(8) understands."""
+    opts: set[str] = set()
+    for group in raw:
+        opts.update(o.strip() for o in group.split(",") if o.strip())
+    return opts - MOUNT_ONLY_OPTIONS
+
+
+@dataclass
+class MountConfig:
+    src: Path
+    mnt: Path
+    options: set[str] = field(default_factory=set)  # FUSE -o options as given
+    cache_size: int = 512 << 20
+    index_dir: Path | None = None  # None: ~/.cache/decant-mount
+    use_index: bool = True
+    decode_threads: int = 4
+    watch: bool = True  # inotify on SRC; off: short kernel timeouts and mtime checks only
+    read_only: bool = False
+    spool: Path | None = None  # None: SRC/.decant-spool
+    settle: float = 2.0
+    pack_all: bool = False
+    pack_workers: int = 1
+    inbox: list[Path] = field(default_factory=list)
+    allow_delete: bool = False
+    backend_args: argparse.Namespace = field(default_factory=argparse.Namespace)
+
+    def __post_init__(self) -> None:
+        if "ro" in self.options:
+            self.read_only = True
+
+    @property
+    def spool_root(self) -> Path:
+        return self.spool or self.src / SPOOL_NAME
+
+    @property
+    def allow_other(self) -> bool:
+        return "allow_other" in self.options
+
+    def fuse_options(self) -> set[str]:
+        """What libfuse is given: the kernel always checks permissions (default_permissions)."""
+        fsname = "fsname=decant:" + str(self.src).replace(",", "_")
+        return {fsname, "subtype=decant-mount", "default_permissions", *self.options}

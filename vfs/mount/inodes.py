@@ -1,0 +1,200 @@
+"""The inode table and folder listings: one owner for the mount's shared namespace state.
+
+Inodes are handed to the kernel by lookup, readdir, create and mkdir, each counting one kernel
+reference; `forget` drops them, and a node the kernel no longer references is freed (pyfuse3's
+passthrough example does the same). A folder's listing keeps a cookie per name, assigned when the
+name enters the listing, so `readdir` offsets stay valid while the folder changes between batches.
+
+Lock discipline: every mutation of a folder's listing (create, rename, unlink, mkdir, rmdir,
+rescan, publish) runs under that folder's `trio.Lock` (`InodeTable.locked`); two folders are
+always locked in inode order. Everything here runs on the trio thread; nothing blocks.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from vfs.nodes import Node, NodeKey
+
+ROOT_INODE = 1
+
+
+@dataclass
+class Folder:
+    """A listed folder: its children by name, in cookie order, and when it was last checked."""
+
+    children: dict[str, Node] = field(default_factory=dict)
+    cookies: dict[str, int] = field(default_factory=dict)
+    mtime_ns: int = 0
+    checked: float = 0.0
+    next_cookie: int = 1
+    _order: list[tuple[int, str]] | None = None
+
+    def put(self, name: str, node: Node) -> None:
+        if name not in self.cookies:
+            self.cookies[name] = self.next_cookie
+            self.next_cookie += 1
+            self._order = None
+        self.children[name] = node
+
+    def drop(self, name: str) -> Node | None:
+        if name in self.cookies:
+            del self.cookies[name]
+            self._order = None
+        return self.children.pop(name, None)
+
+    def merge(self, fresh: dict[str, Node]) -> list[str]:
+        """Take a rescan's result: names kept keep their cookie. Returns names changed or gone."""
+        changed = [n for n, node in self.children.items() if n not in fresh or
+                   fresh[n].key != node.key]  # fmt: skip
+        for name in [n for n in self.children if n not in fresh]:
+            self.drop(name)
+        for name, node in fresh.items():
+            self.put(name, node)
+        return changed
+
+    def after(self, cookie: int) -> Iterator[tuple[int, str, Node]]:
+        """Entries whose cookie is greater than `cookie`, in cookie order."""
+        if self._order is None:
+            self._order = sorted((c, n) for n, c in self.cookies.items())
+        start = bisect.bisect_right(self._order, (cookie, "\U0010ffff"))
+        for c, name in self._order[start:]:
+            node = self.children.get(name)
+            if node is not None:
+                yield c, name, node
+
+
+class InodeTable:
+    def __init__(self, root: Node) -> None:
+        self._nodes: dict[int, Node] = {ROOT_INODE: root}
+        self._ino_of: dict[NodeKey, int] = {root.key: ROOT_INODE}
+        self._refs: dict[int, int] = {ROOT_INODE: 1}
+        self._next = ROOT_INODE + 1
+        self.folders: dict[int, Folder] = {}
+        self._locks: dict[int, trio.Lock] = {}
+        self._pinned: dict[int, int] = {}  # open handles per inode: kept while open
+
+    def __len__(self) -> int:
+        return len(self._nodes)
+
+    # -- identity --------------------------------------------------------------------------
+
+    def get(self, ino: int) -> Node | None:
+        return self._nodes.get(ino)
+
+    def known(self, node: Node) -> int | None:
+        return self._ino_of.get(node.key)
+
+    def hand_out(self, node: Node) -> int:
+        """The inode for `node`, counting one more kernel reference to it."""
+        ino = self.assign(node)
+        self._refs[ino] = self._refs.get(ino, 0) + 1
+        return ino
+
+    def assign(self, node: Node) -> int:
+        """The inode for `node` (a new one for a key never seen), without a kernel reference.
+        The caller either counts a reference (`hand_out`/`count`) or lets `release_unused` go."""
+        ino = self._ino_of.get(node.key)
+        if ino is None:
+            ino = self._ino_of[node.key] = self._next
+            self._next += 1
+        self._nodes[ino] = node
+        return ino
+
+    def count(self, ino: int) -> None:
+        self._refs[ino] = self._refs.get(ino, 0) + 1
+
+    def release_unused(self, ino: int) -> None:
+        if not self._refs.get(ino) and not self._pinned.get(ino):
+            self._drop(ino)
+
+    def replace(self, ino: int, node: Node) -> None:
+        """The same inode now stands for `node` (a write moved it into the spool, a rename)."""
+        old = self._nodes.get(ino)
+        if old is not None and self._ino_of.get(old.key) == ino and old.key != node.key:
+            del self._ino_of[old.key]
+        self._ino_of[node.key] = ino
+        self._nodes[ino] = node
+
+    def forget(self, ino: int, n: int) -> None:
+        if ino == ROOT_INODE:
+            return
+        left = self._refs.get(ino, 0) - n
+        if left > 0:
+            self._refs[ino] = left
+            return
+        self._refs.pop(ino, None)
+        if not self._pinned.get(ino):
+            self._drop(ino)
+
+    def pin(self, ino: int) -> None:
+        self._pinned[ino] = self._pinned.get(ino, 0) + 1
+
+    def unpin(self, ino: int) -> None:
+        left = self._pinned.get(ino, 0) - 1
+        if left > 0:
+            self._pinned[ino] = left
+            return
+        self._pinned.pop(ino, None)
+        if not self._refs.get(ino):
+            self._drop(ino)
+
+    def _drop(self, ino: int) -> None:
+        node = self._nodes.pop(ino, None)
+        if node is not None and self._ino_of.get(node.key) == ino:
+            del self._ino_of[node.key]
+        self.folders.pop(ino, None)
+        lock = self._locks.get(ino)
+        if lock is not None and not lock.locked():
+            del self._locks[ino]
+
+    # -- folders ---------------------------------------------------------------------------
+
+    def folder_of(self, path: Path) -> tuple[int, Folder] | None:
+        """A mirrored folder of SRC the kernel holds, by its real path."""
+        ino = self._ino_of.get((str(path), "", "", ()))
+        if ino is None or ino not in self.folders:
+            return None
+        return ino, self.folders[ino]
+
+    def lock(self, ino: int) -> trio.Lock:
+        found = self._locks.get(ino)
+        if found is None:
+            found = self._locks[ino] = trio.Lock()
+        return found
+
+    @asynccontextmanager
+    async def locked(self, *inos: int) -> AsyncIterator[None]:
+        """Hold the listing locks of one or two folders (always taken in inode order)."""
+        async with AsyncExitStack() as stack:
+            for ino in sorted(set(inos)):
+                await stack.enter_async_context(self.lock(ino))
+            yield
+
+    def rekey_below(self, old: Path, new: Path) -> None:
+        """A real folder moved from `old` to `new`: every node below it follows (same inodes).
+
+        Listings of folders inside it are dropped and read afresh under their new paths."""
+        for ino, node in list(self._nodes.items()):
+            real = node.real
+            if real != old and old not in real.parents:
+                continue
+            moved = new / real.relative_to(old)
+            key = node.key
+            node.real = moved
+            if self._ino_of.get(key) == ino:
+                del self._ino_of[key]
+            self._ino_of[node.key] = ino
+            if ino in self.folders and node.backend is None:
+                self.folders.pop(ino)
+
+    def stale_folders(self, older_than: float) -> list[int]:
+        now = time.monotonic()
+        return [i for i, f in self.folders.items() if now - f.checked > older_than]

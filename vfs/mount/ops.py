@@ -1,0 +1,577 @@
+"""The pyfuse3 handlers: resolve inodes, call the tree, backends and write side, build replies.
+
+Every handler runs inside `errno_boundary`, the one place errors become `FUSEError`. Namespace
+state lives in `InodeTable` (see its lock discipline), open files in `Reads`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import stat
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pyfuse3
+import trio
+
+from vfs.backends.base import RandomAccess
+from vfs.backends.plain import BytesFile, PlainFile, SpoolFile
+from vfs.errors import DecantError
+from vfs.ingest.queue import PackQueue
+from vfs.ingest.writeside import Attrs, WriteSide
+from vfs.mount.config import STATUS_NAME, MountConfig
+from vfs.mount.inodes import ROOT_INODE, Folder, InodeTable
+from vfs.mount.reads import Integrity, OpenFile, Reads
+from vfs.mount.tree import SourceTree
+from vfs.nodes import Node
+
+log = logging.getLogger(__name__)
+
+ARCHIVE_TIMEOUT = 300.0  # archive contents never change in place: let the kernel keep them
+MIRROR_TIMEOUT = 2.0  # SRC itself can change; the watcher invalidates sooner when it can
+UNWATCHED_TIMEOUT = 1.0  # no inotify: entries that can change expire this soon
+RESCAN_INTERVAL = 1.0  # a folder's mtime is re-checked at most this often
+LOG_EVERY = 60.0  # the same failure of the same entry is logged once a minute, not per call
+NAME_MAX = 255
+PRIVILEGE_BITS = stat.S_ISUID | stat.S_ISGID
+
+_last_logged: dict[tuple[str, str], float] = {}
+
+
+def _log_limited(level: int, what: str, message: str, exc_info: bool = False) -> None:
+    key = (what, message)
+    now = time.monotonic()
+    if now - _last_logged.get(key, -LOG_EVERY) < LOG_EVERY:
+        return
+    if len(_last_logged) > 10_000:
+        _last_logged.clear()
+    _last_logged[key] = now
+    log.log(level, "%s: %s", what, message, exc_info=exc_info)
+
+
+@contextmanager
+def errno_boundary(what: str) -> Iterator[None]:
+    """Every handler runs inside this: pyfuse3 stops the daemon on any non-FUSEError exception."""
+    try:
+        yield
+    except pyfuse3.FUSEError:
+        raise
+    except DecantError as exc:
+        _log_limited(logging.ERROR, what, str(exc))
+        raise pyfuse3.FUSEError(exc.errno) from None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.EPERM, errno.EACCES, errno.EEXIST):
+            _log_limited(logging.WARNING, what, str(exc))
+        raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+    except Exception as exc:
+        _log_limited(logging.ERROR, what, f"unexpected error: {exc!r}", exc_info=True)
+        raise pyfuse3.FUSEError(errno.EIO) from None
+
+
+def _fail(code: int) -> pyfuse3.FUSEError:
+    return pyfuse3.FUSEError(code)
+
+
+class DecantOperations(pyfuse3.Operations):
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(
+        self,
+        tree: SourceTree,
+        config: MountConfig,
+        writer: WriteSide | None = None,
+        queue: PackQueue | None = None,
+    ) -> None:
+        super().__init__()
+        self.tree = tree
+        self.config = config
+        self.writer = writer
+        self.queue = queue
+        self.watched = config.watch  # the watcher clears it if inotify fails
+        self.inodes = InodeTable(tree.root_node())
+        self.integrity = Integrity(self._is_verified, self._mark_verified, self._open_reader)
+        self.reads = Reads(self.integrity, config.decode_threads)
+        self._handles: dict[int, OpenFile] = {}
+        self._next_fh = 1
+        self._status = Node(False, 0, time.time_ns(), 0o444, os.getuid(), os.getgid(),
+                            tree.root / STATUS_NAME, member=STATUS_NAME)  # fmt: skip
+
+    @property
+    def nursery(self) -> trio.Nursery | None:
+        return self.reads.nursery
+
+    @nursery.setter
+    def nursery(self, nursery: trio.Nursery | None) -> None:
+        self.reads.nursery = nursery
+        self.integrity.spawn = self.reads.spawn if nursery is not None else None
+
+    # -- listings --------------------------------------------------------------------------
+
+    def _node(self, inode: int) -> Node:
+        node = self.inodes.get(inode)
+        if node is None:
+            raise _fail(errno.ENOENT)
+        return node
+
+    async def _listing(self, inode: int) -> Folder:
+        """The folder's listing, re-read first if it may be stale (takes the folder's lock)."""
+        folder = self.inodes.folders.get(inode)
+        if folder is not None and (
+            self._node(inode).backend is not None
+            or time.monotonic() - folder.checked < RESCAN_INTERVAL
+        ):
+            return folder
+        async with self.inodes.locked(inode):
+            return await self._fresh(inode, max_age=RESCAN_INTERVAL)
+
+    async def _fresh(self, inode: int, force: bool = False, max_age: float = 0.0) -> Folder:
+        """The listing, re-read if SRC changed since it was checked more than `max_age` seconds
+        ago (`force`: re-read in any case); the caller holds the folder's lock."""
+        node = self._node(inode)
+        if not node.is_dir:
+            raise _fail(errno.ENOTDIR)
+        folder = self.inodes.folders.get(inode)
+        if node.backend is not None:
+            if folder is None:
+                kids = await trio.to_thread.run_sync(self.tree.children_of_archive_node, node)
+                folder = self.inodes.folders[inode] = Folder()
+                folder.merge(kids)
+            return folder
+        if folder is not None and not force and time.monotonic() - folder.checked < max_age:
+            return folder
+        mtime = (await trio.to_thread.run_sync(os.stat, node.real)).st_mtime_ns
+        if folder is not None and folder.mtime_ns == mtime and not force:
+            folder.checked = time.monotonic()
+            return folder
+        kids = await trio.to_thread.run_sync(self.tree.scan, node.real)
+        if folder is None:
+            folder = self.inodes.folders[inode] = Folder()
+        changed = folder.merge(kids)
+        folder.mtime_ns, folder.checked = mtime, time.monotonic()
+        for name in changed:
+            pyfuse3.invalidate_entry_async(inode, os.fsencode(name), ignore_enoent=True)
+        return folder
+
+    async def rescan(self, inode: int, force: bool = False) -> Folder:
+        async with self.inodes.locked(inode):
+            return await self._fresh(inode, force)
+
+    def _attrs(self, inode: int, node: Node) -> pyfuse3.EntryAttributes:
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = inode
+        a.generation = 0
+        if node.backend is not None and node.member:
+            timeout = ARCHIVE_TIMEOUT  # inside an archive: changes give new inodes
+        elif not self.watched:
+            timeout = UNWATCHED_TIMEOUT
+        else:
+            timeout = ARCHIVE_TIMEOUT if node.backend is not None else MIRROR_TIMEOUT
+        a.entry_timeout = a.attr_timeout = timeout
+        a.st_mode = (stat.S_IFDIR if node.is_dir else stat.S_IFREG) | node.mode
+        a.st_nlink = 2 if node.is_dir else 1
+        a.st_uid, a.st_gid = node.uid, node.gid
+        a.st_size = node.size
+        a.st_blksize = 128 * 1024
+        a.st_blocks = (node.size + 511) // 512
+        a.st_atime_ns = a.st_mtime_ns = a.st_ctime_ns = node.mtime_ns
+        return a
+
+    @staticmethod
+    def _status_name(parent_inode: int, name: bytes) -> bool:
+        return parent_inode == ROOT_INODE and name == STATUS_NAME.encode()
+
+    def _is_status(self, node: Node) -> bool:
+        return node is self._status
+
+    def status_bytes(self) -> bytes:
+        doc: dict[str, Any] = self.queue.status() if self.queue is not None else {}
+        return (json.dumps(doc, indent=1) + "\n").encode()
+
+    # -- namespace handlers ----------------------------------------------------------------
+
+    async def lookup(
+        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        with errno_boundary(f"lookup {name!r}"):
+            node = (await self._listing(parent_inode)).children.get(os.fsdecode(name))
+            if node is None and self.queue is not None and self._status_name(parent_inode, name):
+                node = self._status  # found by name only: listings and rsync skip it
+                node.size = len(self.status_bytes())
+            if node is None:
+                raise _fail(errno.ENOENT)
+            return self._attrs(self.inodes.hand_out(node), node)
+
+    async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
+        with errno_boundary(f"getattr {inode}"):
+            node = self._node(inode)
+            if node.spooled and self.writer is not None:
+                node = await trio.to_thread.run_sync(self.writer.refresh, node)
+                self.inodes.replace(inode, node)  # writes move its size
+            elif self._is_status(node):
+                node.size = len(self.status_bytes())
+            return self._attrs(inode, node)
+
+    async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
+        with errno_boundary(f"opendir {inode}"):
+            await self._listing(inode)
+            return inode
+
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        with errno_boundary(f"readdir {fh}"):
+            folder = await self._listing(fh)
+            for cookie, name, node in folder.after(start_id):
+                ino = self.inodes.assign(node)
+                if not pyfuse3.readdir_reply(
+                    token, os.fsencode(name), self._attrs(ino, node), cookie
+                ):
+                    self.inodes.release_unused(ino)
+                    break
+                self.inodes.count(ino)  # readdirplus: the kernel holds one more reference
+
+    async def forget(self, inode_list: Any) -> None:
+        for inode, count in inode_list:
+            self.inodes.forget(inode, count)
+
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        with errno_boundary("statfs"):
+            st = await trio.to_thread.run_sync(os.statvfs, self.tree.root)
+            out = pyfuse3.StatvfsData()
+            for name in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files",
+                         "f_ffree", "f_favail", "f_namemax"):  # fmt: skip
+                setattr(out, name, getattr(st, name))
+            return out
+
+    def _xattrs(self, node: Node) -> dict[str, str]:
+        found = dict(node.xattrs)
+        if node.sha256 and node.backend is not None:
+            found["user.decant.verified"] = self.integrity.state(node)
+        return found
+
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        with errno_boundary(f"getxattr {inode}"):
+            node = self._node(inode)
+            if name == b"user.decant.verified" and node.sha256 and node.backend is not None:
+                await self.integrity.verified(node)  # the index may know it
+            value = self._xattrs(node).get(os.fsdecode(name))
+            if value is None:
+                raise _fail(pyfuse3.ENOATTR)
+            return value.encode()
+
+    async def listxattr(self, inode: int, ctx: pyfuse3.RequestContext) -> list[bytes]:
+        with errno_boundary(f"listxattr {inode}"):
+            return [os.fsencode(k) for k in self._xattrs(self._node(inode))]
+
+    # -- file handlers ---------------------------------------------------------------------
+
+    async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        with errno_boundary(f"open {inode}"):
+            node = self._node(inode)
+            if node.is_dir:
+                raise _fail(errno.EISDIR)
+            writing = flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND)
+            if self._is_status(node):
+                if writing:
+                    raise _fail(errno.EACCES)
+                handle = OpenFile(node, inode, BytesFile(self.status_bytes()))
+                return self._new_handle(handle, direct_io=True)
+            if writing:
+                return await self._open_for_write(inode, node, flags)
+            if node.key in self.integrity.bad:
+                raise _fail(errno.EIO)
+            reader = await trio.to_thread.run_sync(self._open_reader, node)
+            handle = OpenFile(node, inode, reader)
+            cache = await self.reads.prepare(handle)
+            if node.spooled and self.queue is not None:
+                self.queue.opened(node.spooled)
+            # Unverified archive content bypasses the page cache (see reads.py); verified archive
+            # content is immutable per inode, so the kernel keeps it. Real files may change.
+            return self._new_handle(handle, keep_cache=cache,
+                                    direct_io=handle.hasher is not None)  # fmt: skip
+
+    def _new_handle(self, handle: OpenFile, **info: bool) -> pyfuse3.FileInfo:
+        fh = self._next_fh
+        self._next_fh += 1
+        self._handles[fh] = handle
+        self.inodes.pin(handle.inode)
+        return pyfuse3.FileInfo(fh=fh, **info)
+
+    def _open_reader(self, node: Node) -> RandomAccess:
+        if node.backend is None:
+            return PlainFile(node.real)
+        assert node.entry is not None
+        return node.backend.open(node.real, node.member, node.entry)
+
+    def _is_verified(self, node: Node) -> bool:
+        index = self.tree.index
+        if index is None or not node.sha256:
+            return False
+        st = os.stat(node.real)
+        return index.is_verified(node.real, node.member, st.st_size, st.st_mtime_ns, node.sha256)
+
+    def _mark_verified(self, node: Node) -> None:
+        index = self.tree.index
+        if index is None or not node.sha256:
+            return
+        st = os.stat(node.real)
+        index.mark_verified(node.real, node.member, st.st_size, st.st_mtime_ns, node.sha256)
+
+    def _handle(self, fh: int) -> OpenFile:
+        handle = self._handles.get(fh)
+        if handle is None:
+            raise _fail(errno.EBADF)
+        return handle
+
+    async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]
+        handle = self._handle(fh)
+        with errno_boundary(f"read {handle.node.real} {handle.node.member}".rstrip()):
+            return await self.reads.read(handle, off, size)
+
+    async def release(self, fh: int) -> None:
+        handle = self._handles.pop(fh, None)
+        if handle is None:
+            return
+        with errno_boundary(f"release {handle.node.real}"):
+            try:
+                if handle.node.spooled and self.queue is not None:
+                    self.queue.closed(handle.node.spooled)
+                await self.reads.close(handle)
+            finally:
+                self.inodes.unpin(handle.inode)
+
+    # -- change notification ---------------------------------------------------------------
+
+    async def on_changed(self, folders: set[Path]) -> None:
+        for folder in folders:
+            await self._rescan_path(folder)
+        # A document deep inside a collection changed: rebuild the collection's view.
+        roots = {r for r in self.tree.overlay_roots for f in folders if f == r or r in f.parents}
+        for root in roots:
+            await self._rescan_path(root, force=True)
+
+    async def _rescan_path(self, path: Path, force: bool = False) -> None:
+        found = self.inodes.folder_of(path)
+        if found is not None:
+            with contextlib.suppress(OSError, pyfuse3.FUSEError):  # gone: the parent drops it
+                await self.rescan(found[0], force)
+
+    async def published(self, relpath: str) -> None:
+        """The pack queue published `relpath`: show the archive in place of the spooled file."""
+        await self._rescan_path((self.tree.root / relpath).parent, force=True)
+
+    # -- the write side (a writable mount) -------------------------------------------------
+
+    def _writer(self) -> WriteSide:
+        if self.writer is None:
+            raise _fail(errno.EROFS)
+        return self.writer
+
+    def _touch(self, node: Node) -> None:
+        if node.spooled and self.queue is not None:
+            self.queue.touch(node.spooled)
+
+    @staticmethod
+    def _check_name(name: bytes) -> str:
+        if len(name) > NAME_MAX:
+            raise _fail(errno.ENAMETOOLONG)
+        if name == STATUS_NAME.encode():
+            raise _fail(errno.EACCES)
+        return os.fsdecode(name)
+
+    @staticmethod
+    def _safe_mode(mode: int, ctx: pyfuse3.RequestContext) -> int:
+        """setuid/setgid bits are never taken from a caller other than root."""
+        return mode & ~PRIVILEGE_BITS if ctx.uid != 0 else mode
+
+    async def _open_for_write(self, inode: int, node: Node, flags: int) -> pyfuse3.FileInfo:
+        writer = self._writer()
+        new, fd = await trio.to_thread.run_sync(writer.open_for_write, node, flags)
+        self.inodes.replace(inode, new)
+        self._touch(new)
+        if self.queue is not None:
+            self.queue.opened(new.spooled)
+        return self._new_handle(OpenFile(new, inode, SpoolFile(fd), fd=fd))
+
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        with errno_boundary(f"create {name!r}"):
+            writer = self._writer()
+            text = self._check_name(name)
+            async with self.inodes.locked(parent_inode):
+                folder = await self._fresh(parent_inode, max_age=RESCAN_INTERVAL)
+                parent = self._node(parent_inode)
+                node, fd = await trio.to_thread.run_sync(
+                    writer.create, parent, text, self._safe_mode(mode, ctx), ctx.uid, ctx.gid
+                )
+                folder.put(text, node)
+                ino = self.inodes.hand_out(node)
+            self._touch(node)
+            if self.queue is not None:
+                self.queue.opened(node.spooled)
+            info = self._new_handle(OpenFile(node, ino, SpoolFile(fd), fd=fd))
+            return info, self._attrs(ino, node)
+
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        handle = self._handle(fh)
+        if handle.fd < 0:
+            raise _fail(errno.EBADF)
+        with errno_boundary(f"write {handle.node.spooled}"):
+            written = await trio.to_thread.run_sync(os.pwrite, handle.fd, buf, off)
+            self._touch(handle.node)
+            return written
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        handle = self._handles.get(fh)
+        if handle is not None and handle.fd >= 0:
+            with errno_boundary(f"fsync {handle.node.spooled}"):
+                await trio.to_thread.run_sync(os.fsync, handle.fd)
+
+    async def flush(self, fh: int) -> None:
+        return None  # writes go straight to the spooled file
+
+    async def setattr(
+        self,
+        inode: int,
+        attr: pyfuse3.EntryAttributes,
+        fields: pyfuse3.SetattrFields,
+        fh: int | None,
+        ctx: pyfuse3.RequestContext,
+    ) -> pyfuse3.EntryAttributes:
+        with errno_boundary(f"setattr {inode}"):
+            writer = self._writer()
+            node = self._node(inode)
+            if self._is_status(node):
+                raise _fail(errno.EPERM)
+            attrs = Attrs(
+                size=attr.st_size if fields.update_size else None,
+                mode=self._safe_mode(attr.st_mode, ctx) if fields.update_mode else None,
+                uid=attr.st_uid if fields.update_uid else None,
+                gid=attr.st_gid if fields.update_gid else None,
+                atime_ns=attr.st_atime_ns if fields.update_atime else None,
+                mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
+            )
+            self._check_owner_change(node, attrs, ctx)
+            new = await trio.to_thread.run_sync(writer.setattr, node, attrs)
+            self.inodes.replace(inode, new)
+            self._touch(new)
+            return self._attrs(inode, new)
+
+    @staticmethod
+    def _check_owner_change(node: Node, attrs: Attrs, ctx: pyfuse3.RequestContext) -> None:
+        """What chmod/chown allow a caller on a local filesystem, checked again here: the kernel
+        does it too (default_permissions), and the daemon acting as root must never do more."""
+        if ctx.uid == 0:
+            return
+        changes_owner = attrs.uid is not None and attrs.uid != node.uid
+        if changes_owner:
+            raise _fail(errno.EPERM)
+        if (attrs.mode is not None or attrs.gid is not None) and ctx.uid != node.uid:
+            raise _fail(errno.EPERM)
+        if attrs.gid is not None and attrs.gid != node.gid:
+            groups = set(pyfuse3.get_sup_groups(ctx.pid)) | {ctx.gid}
+            if attrs.gid not in groups:
+                raise _fail(errno.EPERM)
+
+    async def rename(
+        self,
+        parent_inode_old: int,
+        name_old: bytes,
+        parent_inode_new: int,
+        name_new: bytes,
+        flags: int,
+        ctx: pyfuse3.RequestContext,
+    ) -> None:
+        with errno_boundary(f"rename {name_old!r} -> {name_new!r}"):
+            writer = self._writer()
+            if flags & pyfuse3.RENAME_EXCHANGE:
+                raise _fail(errno.EINVAL)
+            old, new = self._check_name(name_old), self._check_name(name_new)
+            async with self.inodes.locked(parent_inode_old, parent_inode_new):
+                src_folder = await self._fresh(parent_inode_old, max_age=RESCAN_INTERVAL)
+                dst_folder = await self._fresh(parent_inode_new, max_age=RESCAN_INTERVAL)
+                node = src_folder.children.get(old)
+                if node is None:
+                    raise _fail(errno.ENOENT)
+                if flags & pyfuse3.RENAME_NOREPLACE and new in dst_folder.children:
+                    raise _fail(errno.EEXIST)
+                old_real = node.real
+                moved = await trio.to_thread.run_sync(
+                    writer.rename, self._node(parent_inode_old), old, node,
+                    self._node(parent_inode_new), new,
+                )  # fmt: skip
+                self._moved(src_folder, old, dst_folder, new, node, moved, old_real)
+                if node.spooled and self.queue is not None:
+                    self.queue.renamed(node.spooled, moved.spooled)
+                # A spooled file left a name: whatever it shadowed (an archive, a file) shows.
+                await self._fresh(parent_inode_old, force=True)
+
+    def _moved(self, src: Folder, old: str, dst: Folder, new: str, node: Node, moved: Node,
+               old_real: Path) -> None:  # fmt: skip
+        ino = self.inodes.known(node)
+        src.drop(old)
+        dst.put(new, moved)
+        if node.is_dir and moved.real != old_real:
+            self.inodes.rekey_below(old_real, moved.real)
+        if ino is not None:
+            self.inodes.replace(ino, moved)
+            self.inodes.folders.pop(ino, None)  # a moved folder is listed afresh
+            for handle in self._handles.values():
+                if handle.inode == ino:  # its writes and release (often after the rename)
+                    handle.node = moved  # must reach the pack queue under the new name
+
+    async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        with errno_boundary(f"unlink {name!r}"):
+            writer = self._writer()
+            text = self._check_name(name)
+            async with self.inodes.locked(parent_inode):
+                folder = await self._fresh(parent_inode, max_age=RESCAN_INTERVAL)
+                node = folder.children.get(text)
+                if node is None:
+                    raise _fail(errno.ENOENT)
+                await trio.to_thread.run_sync(writer.unlink, self._node(parent_inode), text, node)
+                if node.spooled and self.queue is not None:
+                    self.queue.removed(node.spooled)
+                folder.drop(text)
+                await self._fresh(parent_inode, force=True)
+
+    async def mkdir(
+        self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        with errno_boundary(f"mkdir {name!r}"):
+            writer = self._writer()
+            text = self._check_name(name)
+            async with self.inodes.locked(parent_inode):
+                folder = await self._fresh(parent_inode, max_age=RESCAN_INTERVAL)
+                if text in folder.children:
+                    raise _fail(errno.EEXIST)
+                node = await trio.to_thread.run_sync(
+                    writer.mkdir, self._node(parent_inode), text, self._safe_mode(mode, ctx),
+                    ctx.uid, ctx.gid,
+                )  # fmt: skip
+                folder.put(text, node)
+                ino = self.inodes.hand_out(node)
+            return self._attrs(ino, node)
+
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
+        with errno_boundary(f"rmdir {name!r}"):
+            writer = self._writer()
+            text = self._check_name(name)
+            async with self.inodes.locked(parent_inode):
+                folder = await self._fresh(parent_inode, max_age=RESCAN_INTERVAL)
+                node = folder.children.get(text)
+                if node is None:
+                    raise _fail(errno.ENOENT)
+                await trio.to_thread.run_sync(writer.rmdir, self._node(parent_inode), text, node)
+                folder.drop(text)
+                ino = self.inodes.known(node)
+                if ino is not None:
+                    self.inodes.folders.pop(ino, None)

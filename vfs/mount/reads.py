@@ -1,0 +1,269 @@
+"""Open files: reads through a backend, read-ahead, and the sha256 check of what is served.
+
+Integrity, as the mount promises it: a presented original whose archive has not verified yet is
+opened with `direct_io`, so every byte an application gets passed through `read` for that very
+handle (no page kept from an earlier open can stand in for it). Each handle hashes what it serves
+in file order; the read that completes the handle's coverage waits for the verdict, and gets EIO
+if the whole file does not hash to the manifest's sha256. A handle that read the whole file out of
+order is checked by a full verification before its last read returns. A handle that stopped short
+queues a background verification, so random-access users get the same guarantee soon.
+Verified files (persistent index) are opened with `keep_cache`: the kernel serves repeats.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from vfs.backends.base import RandomAccess
+from vfs.errors import CorruptArchiveError
+from vfs.integrity import Coverage, SequentialHasher
+from vfs.nodes import Node, NodeKey
+
+log = logging.getLogger(__name__)
+
+HASH_BACKLOG = 4  # served reads queued for hashing before reads wait for the hasher
+VERDICT_WAIT = 30.0  # how long the completing read waits for earlier reads' bytes to be hashed
+VERIFY_BLOCK = 4 << 20
+
+
+@dataclass
+class OpenFile:
+    node: Node
+    inode: int
+    reader: RandomAccess
+    fd: int = -1  # a spooled file's descriptor, for writing
+    hasher: SequentialHasher | None = None
+    hash_queue: trio.MemorySendChannel[tuple[int, Any]] | None = None
+    hash_done: trio.Event = field(default_factory=trio.Event)
+    served: Coverage = field(default_factory=Coverage)
+    last_end: int = -1
+    readahead_done: trio.Event | None = None
+
+
+class Integrity:
+    """Which presented files are verified, bad, or being verified; runs the verifications."""
+
+    def __init__(
+        self,
+        is_verified: Callable[[Node], bool],
+        mark_verified: Callable[[Node], None],
+        open_reader: Callable[[Node], RandomAccess],
+    ) -> None:
+        self._is_verified = is_verified
+        self._mark_verified = mark_verified
+        self._open_reader = open_reader
+        self.bad: set[NodeKey] = set()
+        self.good: set[NodeKey] = set()
+        self.pending: set[NodeKey] = set()
+        self.limiter = trio.CapacityLimiter(1)  # background verifications at once
+        self.spawn: Callable[[Callable[..., Awaitable[None]], Node], None] | None = None
+
+    def state(self, node: Node) -> str:
+        """`user.decant.verified`: yes, no (failed), pending, or unknown."""
+        key = node.key
+        if key in self.bad:
+            return "no"
+        if key in self.good:
+            return "yes"
+        return "pending" if key in self.pending else "unknown"
+
+    async def verified(self, node: Node) -> bool:
+        if node.key in self.good:
+            return True
+        if await trio.to_thread.run_sync(self._is_verified, node):
+            self.good.add(node.key)
+            return True
+        return False
+
+    async def passed(self, node: Node) -> None:
+        self.good.add(node.key)
+        self.pending.discard(node.key)
+        log.info("%s%s: verified sha256", node.real, _member(node))
+        await trio.to_thread.run_sync(self._mark_verified, node)
+
+    def failed(self, node: Node, digest: str) -> None:
+        self.bad.add(node.key)
+        self.pending.discard(node.key)
+        log.error("%s%s: reconstructed bytes hash to %s, not the recorded %s — refusing to "
+                  "serve it", node.real, _member(node), digest, node.sha256)  # fmt: skip
+
+    def queue(self, node: Node) -> None:
+        """Verify `node` in the background unless it is known or already queued."""
+        key = node.key
+        if key in self.good or key in self.bad or key in self.pending or self.spawn is None:
+            return
+        if getattr(node.backend, "authenticated", False):
+            return  # every block is authenticated as it is read (crypt4gh segments)
+        self.pending.add(key)
+        self.spawn(self.verify_now, node)
+
+    async def verify_now(self, node: Node) -> bool:
+        """Read the whole presented file through a private reader, in order, and hash it."""
+        self.pending.add(node.key)
+        async with self.limiter:
+            if node.key in self.good or node.key in self.bad:
+                return node.key in self.good
+            try:
+                digest = await trio.to_thread.run_sync(self._hash_whole, node)
+            except Exception as exc:
+                self.pending.discard(node.key)
+                self.bad.add(node.key)
+                log.error("%s%s: verification failed: %s", node.real, _member(node), exc)
+                return False
+        if digest == node.sha256:
+            await self.passed(node)
+            return True
+        self.failed(node, digest)
+        return False
+
+    def _hash_whole(self, node: Node) -> str:
+        hasher = SequentialHasher(node.size, node.sha256 or "")
+        reader = self._open_reader(node)
+        try:
+            pos = 0
+            while pos < node.size:
+                data = reader.read(pos, min(VERIFY_BLOCK, node.size - pos))
+                if not data:
+                    raise CorruptArchiveError(f"{node.real}: short read at {pos} of {node.size}")
+                hasher.feed(pos, data)
+                pos += len(data)
+        finally:
+            reader.close()
+        return hasher.hexdigest()
+
+
+class Reads:
+    """The read path of open handles: backend reads, hashing, read-ahead."""
+
+    def __init__(self, integrity: Integrity, decode_threads: int) -> None:
+        self.integrity = integrity
+        self.decode = trio.CapacityLimiter(decode_threads)
+        self.readahead_limiter = trio.CapacityLimiter(2)
+        self.nursery: trio.Nursery | None = None
+
+    def spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """A background task that can fail without taking the daemon down with it."""
+
+        async def guarded() -> None:
+            try:
+                await fn(*args)
+            except Exception:
+                log.exception("background task %s failed", getattr(fn, "__name__", fn))
+
+        if self.nursery is not None:
+            self.nursery.start_soon(guarded)
+
+    async def prepare(self, handle: OpenFile) -> bool:
+        """Set up checking for a newly opened archive file; True if the kernel may cache it."""
+        node = handle.node
+        if not node.sha256 or node.backend is None:
+            return node.backend is not None
+        if await self.integrity.verified(node):
+            return True
+        handle.hasher = SequentialHasher(node.size, node.sha256)
+        send, receive = trio.open_memory_channel[tuple[int, Any]](HASH_BACKLOG)
+        handle.hash_queue = send
+        self.spawn(self._hash_worker, handle, receive)
+        return False
+
+    async def read(self, handle: OpenFile, off: int, size: int) -> bytes | memoryview:
+        if handle.node.key in self.integrity.bad:
+            raise CorruptArchiveError(f"{handle.node.real}: failed verification")
+        # Bytes already decoded are served here: a thread hop per 1 MiB request costs more
+        # than the slicing it would move off the loop.
+        fast = getattr(handle.reader, "read_cached", None)
+        data = fast(off, size) if fast is not None else None
+        if data is None:
+            data = await trio.to_thread.run_sync(handle.reader.read, off, size,
+                                                 limiter=self.decode)  # fmt: skip
+        expected = max(0, min(size, handle.node.size - off))
+        if len(data) != expected and handle.node.backend is not None:
+            raise CorruptArchiveError(
+                f"{handle.node.real}: read of {size} at {off} gave {len(data)} bytes, "
+                f"expected {expected}"
+            )
+        if handle.hasher is not None and data:
+            await self._check(handle, off, data)
+        sequential = off == handle.last_end
+        handle.last_end = off + len(data)
+        if sequential and handle.readahead_done is None and self.nursery is not None:
+            handle.readahead_done = trio.Event()
+            self.spawn(self._read_ahead, handle)
+        return data
+
+    async def _check(self, handle: OpenFile, off: int, data: Any) -> None:
+        if not handle.hash_done.is_set() and handle.hash_queue is not None:
+            # The hasher may finish or give up meanwhile: the verdict does not need these bytes.
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await handle.hash_queue.send((off, data))
+        if handle.served.add(off, off + len(data)) >= handle.node.size:
+            await self._verdict(handle)  # every byte was served to this handle
+
+    async def _hash_worker(
+        self, handle: OpenFile, receive: trio.MemoryReceiveChannel[tuple[int, Any]]
+    ) -> None:
+        hasher = handle.hasher
+        assert hasher is not None
+        try:
+            async with receive:
+                async for off, data in receive:
+                    completed = await trio.to_thread.run_sync(hasher.feed, off, data)
+                    if completed or hasher.abandoned:
+                        break
+        finally:
+            handle.hash_done.set()
+
+    async def _verdict(self, handle: OpenFile) -> None:
+        """Fail the read that completes the handle's coverage when the file hashes wrong."""
+        node, hasher = handle.node, handle.hasher
+        assert hasher is not None
+        with trio.move_on_after(VERDICT_WAIT):
+            await handle.hash_done.wait()
+        if hasher.complete:
+            if hasher.ok:
+                if node.key not in self.integrity.good:
+                    await self.integrity.passed(node)
+                return
+            self.integrity.failed(node, hasher.hexdigest())
+            raise CorruptArchiveError(f"{node.real}: sha256 mismatch")
+        # Served whole, but not in an order the running hash could follow: check it now.
+        if not await self.integrity.verify_now(node):
+            raise CorruptArchiveError(f"{node.real}: sha256 mismatch")
+
+    async def _read_ahead(self, handle: OpenFile) -> None:
+        """Keep decoding ahead for as long as the reader keeps moving forward."""
+        try:
+            while True:
+                pos = handle.last_end
+                await trio.to_thread.run_sync(handle.reader.readahead, pos - 1,
+                                              limiter=self.readahead_limiter)  # fmt: skip
+                if handle.last_end == pos:
+                    break
+        except Exception as exc:  # a failed read-ahead only costs the later read its own decode
+            log.debug("read-ahead in %s failed: %s", handle.node.real, exc)
+        finally:
+            assert handle.readahead_done is not None
+            handle.readahead_done.set()
+            handle.readahead_done = None
+
+    async def close(self, handle: OpenFile) -> None:
+        if handle.readahead_done is not None:
+            await handle.readahead_done.wait()  # it still uses the reader's descriptor
+        if handle.hash_queue is not None:
+            await handle.hash_queue.aclose()
+            hasher = handle.hasher
+            if hasher is not None and not hasher.complete:
+                self.integrity.queue(handle.node)  # read in part: verify it in the background
+        await trio.to_thread.run_sync(handle.reader.close)
+
+
+def _member(node: Node) -> str:
+    return f" ({node.member})" if node.member else ""
+
+
