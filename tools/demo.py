@@ -13,7 +13,7 @@
    key generated here (helpers of tools/make_c4gh_corpus.py; its parquet members need pyarrow).
 3. Mounts SRC with `decant-mount` (writable, with the key), reads every original through the
    mount and from disk (page cache dropped before each read when root, else "warm"), compares
-   sha256, opens one stack with tifffile through the mount, lists the package's members and
+   sha256, opens each stack with tifffile through the mount, lists the package's members and
    compares their bytes, then `rsync -a`s a small folder into the mount and waits until it is
    archived.
 
@@ -34,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -247,15 +248,23 @@ def pack(stacks: list[Stack], src: Path) -> None:
     start = time.perf_counter()
     run([*DECANT, "pack", *(str(s.path) for s in stacks), "-o", str(src)], "decant pack")
     print(f"2. Packed them with `decant pack` in {time.perf_counter() - start:.1f} s\n")
-    print(f"   {'file':22} {'layout':15} {'original':>10} {'archive':>10} {'archive/original':>17}")
+    print(f"   {'file':22} {'layout':15} {'mode':11} {'original':>10} {'archive':>10} "
+          f"{'archive/original':>17}")  # fmt: skip
     before = after = 0
     for s in stacks:
-        size, packed = s.path.stat().st_size, (src / f"{s.path.name}.zarr.zip").stat().st_size
+        archive = src / f"{s.path.name}.zarr.zip"
+        size, packed = s.path.stat().st_size, archive.stat().st_size
         before, after = before + size, after + packed
-        print(f"   {s.path.name:22} {s.layout:15} {human(size):>10} {human(packed):>10} "
-              f"{packed / size:>17.3f}")  # fmt: skip
-    print(f"   {'total':38} {human(before):>10} {human(after):>10} {after / before:>17.3f}")
+        print(f"   {s.path.name:22} {s.layout:15} {archive_mode(archive):11} {human(size):>10} "
+              f"{human(packed):>10} {packed / size:>17.3f}")  # fmt: skip
+    print(f"   {'total':50} {human(before):>10} {human(after):>10} {after / before:>17.3f}")
     print(f"   space saved: {human(before - after)} ({1 - after / before:.0%})\n")
+
+
+def archive_mode(archive: Path) -> str:
+    """The mode `decant pack` chose, from the archive's own manifest (spec §4b)."""
+    with zipfile.ZipFile(archive) as z:
+        return str(json.loads(z.read(".decant/manifest.json"))["mode"])
 
 
 def make_package(src: Path, keys: Path) -> tuple[Path, dict[str, bytes]]:
@@ -276,7 +285,8 @@ def mounted(src: Path, mnt: Path, work: Path, key: Path) -> Iterator[None]:
     cmd = [*DECANT_MOUNT, str(src), str(mnt), "--index-dir", str(work / "index"),
            "--log-file", str(log), "--c4gh-key", str(key)]  # fmt: skip
     run(cmd, "decant-mount")
-    print(f"4. Mounted {src} on {mnt} (writable; log {log})\n")
+    print(f"4. Mounted: decant-mount {src.name} {mnt.name} --c4gh-key keys/{key.name} "
+          f"(writable; log {log.name})\n")  # fmt: skip
     try:
         yield
     finally:
@@ -363,11 +373,13 @@ def ingest(incoming: Path, src: Path, mnt: Path, report: Report) -> None:
     if rsync is None:
         raise DemoError("rsync is not installed (apt-get install rsync)")
     run([rsync, "-a", f"{incoming}/", f"{mnt}/"], "rsync -a into the mount")
-    print(f"8. rsync -a {incoming}/ {mnt}/ ({len(files)} files), then waited for the pack queue")
+    print(f"8. rsync -a {incoming.name}/ {mnt.name}/ ({len(files)} files), then waited for the"
+          " pack queue")  # fmt: skip
     waited = wait_ingested(mnt, len(files))
     line = run([*DECANT_MOUNT, "--status", str(mnt)], "decant-mount --status").strip()
     print(f"   decant-mount --status {mnt.name}: {line}  (after {waited:.1f} s)")
-    print(f"   {'copied in':26} {'size':>9}   {'now in SRC':34} {'size':>9}  through the mount")
+    print(f"   {'copied in':26} {'size':>9}   {'now in SRC':34} {'size':>9}  {'as':18}"
+          "  through the mount")  # fmt: skip
     for path in files:
         print("   " + landed(path, path.relative_to(incoming), src, mnt, report))
     print()
@@ -381,7 +393,8 @@ def landed(path: Path, rel: Path, src: Path, mnt: Path, report: Report) -> str:
         report.problems.append(f"{rel}: a TIFF copied in was not archived")
     verdict = report.check(sha256(mnt / rel) == sha256(path), f"{rel}: differs after ingest")
     size, kept = human(path.stat().st_size), human(stored.stat().st_size)
-    return f"{rel!s:26} {size:>9}   {stored.relative_to(src)!s:34} {kept:>9}  {verdict}"
+    how = f"{archive_mode(archive)} archive" if stored == archive else "plain file, moved"
+    return f"{rel!s:26} {size:>9}   {stored.relative_to(src)!s:34} {kept:>9}  {how:18}  {verdict}"
 
 
 # -- main -------------------------------------------------------------------------------------
@@ -436,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"FAILED: {problem}")
     verdict = "FAILED" if report.problems else "every file byte-exact through the mount"
     print(f"{verdict} ({time.perf_counter() - start:.0f} s)")
+    if args.workdir is not None or args.keep:
+        print(f"kept {work}")
     return 1 if report.problems else 0
 
 
