@@ -13,6 +13,10 @@ from vfs.errors import DecantError
 # Each module adds its own subcommands; a subcommand sets `func(args) -> int` as its default.
 SUBCOMMAND_MODULES = ("vfs.commands.archive", "vfs.commands.c4gh", "vfs.commands.acqstore")
 DISTRIBUTION = "decant-mount"
+DESCRIPTION = (
+    "Pack TIFFs (or any file) into decant archives, verify and restore them; look inside "
+    "GDI crypt4gh packages and AcqStore collections."
+)
 
 
 def decant_version() -> str:
@@ -28,7 +32,7 @@ def decant_version() -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="decant",
-        description=__doc__,
+        description=DESCRIPTION,
         epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
