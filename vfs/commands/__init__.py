@@ -13,9 +13,9 @@ from vfs.errors import DecantError
 # Each module adds its own subcommands; a subcommand sets `func(args) -> int` as its default.
 SUBCOMMAND_MODULES = ("vfs.commands.archive", "vfs.commands.c4gh", "vfs.commands.acqstore")
 DISTRIBUTION = "decant-mount"
-DESCRIPTION = (
-    "Pack TIFFs (or any file) into decant archives, verify and restore them; look inside "
-    "GDI crypt4gh packages and AcqStore collections."
+DESCRIPTION = (  # wrapped by hand: RawDescriptionHelpFormatter keeps the exit-status table as is
+    "Pack TIFFs (or any file) into decant archives, verify and restore them;\n"
+    "look inside GDI crypt4gh packages and AcqStore collections."
 )
 
 
