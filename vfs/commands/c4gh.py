@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from vfs.c4gh.header import OpenedHeader
     from vfs.c4gh.segments import SegmentReader
 
-# Opening refuses these as the wrong input or key (exit 2); a damaged header stays damage (1),
-# and so does a segment failing authentication later (DecryptError too).
+# At the header these mean the wrong input or key (exit 2). A damaged header stays damage (1),
+# and so does a DecryptError from a body segment that fails authentication later.
 _REFUSALS = (NotAnArchiveError, DecryptError)
 
 

@@ -74,7 +74,7 @@ def require_readable(path: Path) -> None:
         if path.is_dir():
             os.listdir(path)
         else:
-            os.close(os.open(path, os.O_RDONLY))
+            os.close(os.open(path, os.O_RDONLY | os.O_NONBLOCK))  # a FIFO must not hang us
     except OSError as exc:
         raise UsageError(f"{path}: {exc.strerror or exc}") from None
 
