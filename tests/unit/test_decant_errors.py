@@ -152,12 +152,17 @@ def dirs(tmp_path: Path) -> tuple[Path, Path]:
     return tmp_path / "in", tmp_path / "out"
 
 
-def assert_cli_error(status: int, err: str, *words: str) -> None:
-    assert status == 1
+# Exit statuses (vfs/commands/status.py): 1 damaged data, 2 not an input we take, 3 output I/O.
+DAMAGED, BAD_INPUT, IO_ERROR = 1, 2, 3
+
+
+def assert_cli_error(status: int, err: str, *words: str, code: int = DAMAGED) -> None:
+    """One stderr line `decant: FILE: reason`, no traceback, and the documented exit status."""
+    assert status == code, (status, err)
     assert "Traceback" not in err
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
-    assert lines[0].startswith("decant: error: "), err
+    assert lines[0].startswith("decant: ") and not lines[0].startswith("decant: error"), err
     for word in words:
         assert word in lines[0], (word, err)
 
@@ -185,16 +190,18 @@ def test_corrupt_archive_cli(
     decant_cli: Cli,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    edit, _, words = CASES[case]
+    edit, error, words = CASES[case]
+    # Not an archive we read at all (no manifest, format 2) is bad input; the rest is damage.
+    code = BAD_INPUT if issubclass(error, NotAnArchiveError | UnsupportedFormatError) else DAMAGED
     bad = rewrite(good, dirs[0] / f"{case}.zarr.zip", edit)
     monkeypatch.chdir(dirs[1])  # the default restore target
     status, out, err = decant_cli("restore", bad)
-    assert_cli_error(status, err, str(bad), *words)
+    assert_cli_error(status, err, str(bad), *words, code=code)
     status, out, err = decant_cli("restore", bad, "-o", dirs[1] / "x.tif")
-    assert_cli_error(status, err, str(bad), *words)
+    assert_cli_error(status, err, str(bad), *words, code=code)
     assert list(dirs[1].iterdir()) == []
     status, out, err = decant_cli("verify", bad)
-    assert_cli_error(status, err, str(bad), *words)
+    assert_cli_error(status, err, str(bad), *words, code=code)
     assert "OK" not in out
 
 
@@ -274,12 +281,12 @@ def test_not_an_archive(corpus: dict[str, Path], dirs: tuple[Path, Path], decant
         assert isinstance(info.value, CorruptArchiveError | NotAnArchiveError)
         assert str(path) in str(info.value)
         status, _, err = decant_cli("restore", path, "-o", dirs[1] / "x")
-        assert_cli_error(status, err, str(path))
+        assert_cli_error(status, err, str(path), code=BAD_INPUT)
         assert list(dirs[1].iterdir()) == []
 
 
 def test_cli_process_exit_and_stderr(corpus: dict[str, Path], tmp_path: Path) -> None:
-    """The real entry point in its own process: status 1, one stderr line, no traceback."""
+    """The real entry point in its own process: status 2, one stderr line, no traceback."""
     code = "import sys; from vfs.commands import main; sys.exit(main())"
     proc = subprocess.run(
         [sys.executable, "-c", code, "restore", str(corpus[BASE]), "-o", str(tmp_path / "x")],
@@ -287,7 +294,7 @@ def test_cli_process_exit_and_stderr(corpus: dict[str, Path], tmp_path: Path) ->
         text=True,
         timeout=120,
     )
-    assert_cli_error(proc.returncode, proc.stderr, str(corpus[BASE]))
+    assert_cli_error(proc.returncode, proc.stderr, str(corpus[BASE]), code=BAD_INPUT)
     assert proc.stdout == ""
     assert list(tmp_path.iterdir()) == []
 
@@ -301,7 +308,7 @@ def test_forced_byte_exact_is_refused(
         pack_file(corpus[name], out, PackOptions(mode="byte-exact"))
     assert str(corpus[name]) in str(info.value) and "byte-exact" in str(info.value)
     status, _, err = decant_cli("pack", corpus[name], "--mode", "byte-exact", "-o", out)
-    assert_cli_error(status, err, str(corpus[name]), "byte-exact")
+    assert_cli_error(status, err, str(corpus[name]), "byte-exact", code=BAD_INPUT)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -343,14 +350,14 @@ def test_pack_refuses_to_overwrite(
     out = tmp_path / "x.zarr.zip"
     out.write_bytes(b"keep me")
     status, _, err = decant_cli("pack", corpus[BASE], "-o", out)
-    assert_cli_error(status, err, str(out), "exists")
+    assert_cli_error(status, err, str(out), "exists", code=BAD_INPUT)
     assert out.read_bytes() == b"keep me"
 
 
 def test_restore_onto_a_folder(good: Path, dirs: tuple[Path, Path], decant_cli: Cli) -> None:
     """`-o` naming an existing folder: one error line, the folder untouched, no temp file."""
     status, _, err = decant_cli("restore", good, "-o", dirs[1])
-    assert_cli_error(status, err, str(good), str(dirs[1]))
+    assert_cli_error(status, err, str(good), str(dirs[1]), code=BAD_INPUT)
     assert list(dirs[1].iterdir()) == []
     assert sorted(p.name for p in dirs[1].parent.iterdir()) == ["in", "out"]
 
@@ -408,7 +415,7 @@ def test_a_failed_pack_leaves_no_temp(
     monkeypatch.setattr(packer_module, "husk_blocks", full)
     out = tmp_path / "x.zarr.zip"
     status, _, err = decant_cli("pack", corpus[BASE], "-o", out)
-    assert_cli_error(status, err, BASE, "No space left")
+    assert_cli_error(status, err, BASE, "No space left", code=IO_ERROR)
     assert list(tmp_path.iterdir()) == []
 
 

@@ -661,5 +661,5 @@ def test_series_consolidated_api_folder_form_is_refused_by_name(
 ) -> None:
     """A consolidated series is one file: asking for NAME.zarr says which name it needs."""
     status, _, err = decant_cli("pack", same_shape_folder, "--series", "-o", tmp_path / "s.zarr")
-    assert status == 1 and err.startswith("decant: error: ") and ".zarr.zip" in err
+    assert status == 2 and err.startswith("decant: ") and ".zarr.zip" in err
     assert list(tmp_path.iterdir()) == []

@@ -5,17 +5,39 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import sys
+from importlib.metadata import PackageNotFoundError, version
 
+from vfs.commands.status import EXIT_STATUS, INTERRUPTED, add_output_options, report
 from vfs.errors import DecantError
 
 # Each module adds its own subcommands; a subcommand sets `func(args) -> int` as its default.
 SUBCOMMAND_MODULES = ("vfs.commands.archive", "vfs.commands.c4gh", "vfs.commands.acqstore")
+DISTRIBUTION = "decant-mount"
+DESCRIPTION = (  # wrapped by hand: RawDescriptionHelpFormatter keeps the exit-status table as is
+    "Pack TIFFs (or any file) into decant archives, verify and restore them;\n"
+    "look inside GDI crypt4gh packages and AcqStore collections."
+)
+
+
+def decant_version() -> str:
+    """The installed distribution's version; a source checkout falls back to vfs.__version__."""
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        import vfs
+
+        return f"{getattr(vfs, '__version__', 'unknown')} (not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="decant", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
+    parser = argparse.ArgumentParser(
+        prog="decant",
+        description=DESCRIPTION,
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"decant {decant_version()}")
+    add_output_options(parser, False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -23,19 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.quiet and args.verbose:  # one given before the subcommand, one after it
+        parser.error("--quiet and --verbose exclude each other")
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="decant: %(message)s",
     )
     try:
         return int(args.func(args))
-    except DecantError as exc:
-        print(f"decant: error: {exc}", file=sys.stderr)
-        return 1
+    except (DecantError, OSError) as exc:
+        return report(exc)
     except KeyboardInterrupt:
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        return INTERRUPTED

@@ -9,12 +9,27 @@ from pathlib import Path
 from typing import Any
 
 from vfs.acqstore.validate import ENTRY_POINT, validate_collection
+from vfs.commands.status import (
+    EXIT_STATUS,
+    FAILED,
+    OK,
+    UsageError,
+    add_command,
+    quiet,
+    require_readable,
+)
 
 
 def register(sub: Any) -> None:
-    parser = sub.add_parser("acqstore", help="AcqStore OME-Zarr collections")
+    parser = sub.add_parser(
+        "acqstore",
+        help="AcqStore OME-Zarr collections",
+        epilog=EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     actions = parser.add_subparsers(dest="acqstore_command", required=True, metavar="ACTION")
-    validate = actions.add_parser(
+    validate = add_command(
+        actions,
         "validate",
         help="check a collection against the AcqStore v1 schema and §10 rules",
         description="Report every violation as 'error|warning: DOCUMENT POINTER: MESSAGE'.",
@@ -33,6 +48,9 @@ def collection_root(path: Path) -> Path:
 
 def run_validate(args: argparse.Namespace) -> int:
     root = collection_root(args.root)
+    require_readable(root)
+    if not (root / ENTRY_POINT).is_file():
+        raise UsageError(f"{root}: not an AcqStore collection (no {ENTRY_POINT})")
     result = validate_collection(root)
     if args.json:
         json.dump(result.to_json(), sys.stdout, indent=2)
@@ -40,10 +58,11 @@ def run_validate(args: argparse.Namespace) -> int:
     else:
         for issue in result.issues:
             print(issue.line())
-        verdict = "valid" if result.ok else "INVALID"
-        print(
-            f"{root / ENTRY_POINT}: {verdict} ({len(result.errors)} errors, "
-            f"{len(result.warnings)} warnings)",
-            file=sys.stderr,
-        )
-    return 0 if result.ok else 1
+        if not quiet(args):
+            verdict = "valid" if result.ok else "INVALID"
+            print(
+                f"{root / ENTRY_POINT}: {verdict} ({len(result.errors)} errors, "
+                f"{len(result.warnings)} warnings)",
+                file=sys.stderr,
+            )
+    return OK if result.ok else FAILED

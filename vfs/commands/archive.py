@@ -4,21 +4,41 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vfs.commands.progress import ProgressBar
-from vfs.errors import DecantError
+from vfs.commands.progress import byte_progress
+from vfs.commands.status import (
+    FAILED,
+    OK,
+    OutputError,
+    UsageError,
+    add_command,
+    quiet,
+    report,
+    require_readable,
+)
+from vfs.errors import DecantError, NotAnArchiveError
+
+if TYPE_CHECKING:  # the cores load zarr: imported when a command runs, not to build the parser
+    from vfs.decant.packer import PackOptions, PackResult
+    from vfs.decant.reader import DecantArchive
+    from vfs.decant.writer import CodecChoice
+
+# A decant archive file is a zip: a local file header first (an empty zip: the end record).
+ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("pack", help="pack TIFFs (or any file) into decant archives")
+    p = add_command(sub, "pack", help="pack TIFFs (or any file) into decant archives")
     p.add_argument("inputs", nargs="+", type=Path, metavar="INPUT")
     p.add_argument("-o", "--output", type=Path, help="archive (one input) or folder (several)")
     p.add_argument("--mode", choices=("auto", "byte-exact", "verbatim"), default="auto")
     p.add_argument(
         "--codec",
+        type=_codec,
         default="zstd:byteshuffle:5",
         help="blosc pixel codec as CNAME[:SHUFFLE][:LEVEL] (default %(default)s)",
     )
@@ -27,61 +47,124 @@ def register(sub: Any) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing archive")
     p.set_defaults(func=cmd_pack)
 
-    p = sub.add_parser("restore", help="write the original(s) back, checking sha256")
+    p = add_command(sub, "restore", help="write the original(s) back, checking sha256")
     p.add_argument("archive", type=Path)
     p.add_argument("-o", "--output", type=Path, help="file (or folder, for a series)")
     p.set_defaults(func=cmd_restore)
 
-    p = sub.add_parser("verify", help="reconstruct in memory and check every sha256")
+    p = add_command(sub, "verify", help="reconstruct in memory and check every sha256")
     p.add_argument("archives", nargs="+", type=Path, metavar="ARCHIVE")
     p.set_defaults(func=cmd_verify)
 
-    p = sub.add_parser("info", help="print the manifest summary")
+    p = add_command(sub, "info", help="print the manifest summary")
     p.add_argument("archive", type=Path)
     p.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
     p.set_defaults(func=cmd_info)
 
 
-def cmd_pack(args: argparse.Namespace) -> int:
-    from vfs.decant.packer import PackOptions, default_archive_name, pack_file
-    from vfs.decant.series import pack_series
+def _codec(text: str) -> CodecChoice:
+    """argparse type: a bad --codec is a usage error (exit 2) before anything is read."""
     from vfs.decant.writer import CodecChoice
 
     try:
-        codec = CodecChoice.parse(args.codec)
+        return CodecChoice.parse(text)
     except ValueError as exc:
-        raise DecantError(f"--codec {args.codec}: {exc}") from None
-    options = PackOptions(args.mode, codec, args.pyramid, overwrite=args.force)
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def open_archive(path: Path) -> DecantArchive:
+    """Open `path` as a decant archive; UsageError (exit 2) when it is not one at all.
+
+    Only the top level is judged here: what goes wrong once it opened is damage (exit 1).
+    """
+    from vfs.decant.reader import DecantArchive
+
+    require_readable(path)
+    if path.is_file():
+        with open(path, "rb") as fh:
+            if fh.read(4) not in ZIP_MAGIC:
+                raise UsageError(f"{path}: not a decant archive (not a zip file)")
+    try:
+        return DecantArchive.open(path)
+    except NotAnArchiveError as exc:  # deeper down (a series bundle gone) it is damage: 1
+        raise UsageError(str(exc)) from None
+
+
+def original_bytes(path: Path) -> int:
+    """What reconstructing `path` will stream: the bar's total. Opening also judges the input."""
+    with open_archive(path) as archive:
+        return sum(info.size for info in archive.originals())
+
+
+@contextmanager
+def writing(src: Path, out: Path) -> Iterator[None]:
+    """An OSError while writing names the input and the output, not the core's temp file."""
+    try:
+        yield
+    except OSError as exc:
+        raise OutputError(f"{src}: cannot write {out}: {exc.strerror or exc}") from None
+
+
+def cmd_pack(args: argparse.Namespace) -> int:
+    from vfs.decant.packer import PackOptions
+
+    options = PackOptions(args.mode, args.codec, args.pyramid, overwrite=args.force)
     if args.series:
         if len(args.inputs) != 1 or not args.inputs[0].is_dir():
-            raise DecantError("--series takes exactly one folder")
-        src = args.inputs[0]
-        result = pack_series(src, args.output, options, ProgressBar(f"packing {src.name}"))
-        _report(result)
-        return 0
-    failures = 0
+            raise UsageError("--series takes exactly one folder")
+        return _pack_series(args.inputs[0], args.output, options, quiet(args))
+    status = OK
     for src in args.inputs:
-        if len(args.inputs) == 1 and args.output:
-            out = args.output
-        else:
-            folder = args.output or src.parent
-            folder.mkdir(parents=True, exist_ok=True)
-            out = folder / default_archive_name(src)
         try:
-            size = src.stat().st_size if src.is_file() else 0
-            with ProgressBar(f"packing {src.name}", 2 * size) as bar:
-                result = pack_file(src, out, options, bar)
-            _report(result)
-        except DecantError as exc:
-            print(f"decant: error: {exc}", file=sys.stderr)
-            failures += 1
-        except OSError as exc:
-            print(f"decant: error: {src}: {exc.strerror or exc}", file=sys.stderr)
-            failures += 1
-    return 1 if failures else 0
+            _pack_one(src, _pack_target(src, args), options, quiet(args))
+        except (DecantError, OSError) as exc:
+            status = max(status, report(exc))
+    return status
 
 
-def _report(result: Any) -> None:
+def _pack_target(src: Path, args: argparse.Namespace) -> Path:
+    from vfs.decant.packer import default_archive_name
+
+    if len(args.inputs) == 1 and args.output:
+        return args.output
+    folder: Path = args.output or src.parent
+    with writing(src, folder):
+        folder.mkdir(parents=True, exist_ok=True)
+    return folder / default_archive_name(src)
+
+
+def _pack_one(src: Path, out: Path, options: PackOptions, silent: bool) -> None:
+    from vfs.decant.packer import pack_file
+
+    require_readable(src)
+    if not src.is_file():
+        raise UsageError(f"{src}: not a regular file (a folder packs with --series)")
+    if out.exists() and not options.overwrite:
+        raise UsageError(f"{out}: already exists (--force replaces it)")
+    # The core reports the bytes it packs; hashing and the verify gate run unreported.
+    with byte_progress(f"packing {src.name}", src.stat().st_size, silent) as bar, writing(src, out):
+        result = pack_file(src, out, options, bar)
+    _print_result(result, silent)
+
+
+def _pack_series(src: Path, out: Path | None, options: PackOptions, silent: bool) -> int:
+    from vfs.decant.series import pack_series, series_members
+
+    require_readable(src)
+    total = sum(p.stat().st_size for p in series_members(src))
+    # Only a consolidated series reports bytes; a nested one packs without a moving bar.
+    with (
+        byte_progress(f"packing {src.name}", total, silent) as bar,
+        writing(src, out or src.parent),
+    ):
+        result = pack_series(src, out, options, bar)
+    _print_result(result, silent)
+    return OK
+
+
+def _print_result(result: PackResult, silent: bool) -> None:
+    if silent:
+        return
     ratio = result.archive_size / result.original_size if result.original_size else 0.0
     why = f" ({result.reason})" if result.reason else ""
     print(f"{result.source} -> {result.archive}: {result.mode}, ratio {ratio:.3f}{why}")
@@ -90,43 +173,60 @@ def _report(result: Any) -> None:
 def cmd_restore(args: argparse.Namespace) -> int:
     from vfs.decant.verify import restore_archive
 
+    with open_archive(args.archive) as archive:
+        series = archive.manifest.mode == "series"
+    if args.output and args.output.is_dir() and not series:
+        raise UsageError(
+            f"{args.archive}: cannot restore to {args.output}: a folder (-o names the file)"
+        )
     try:
+        # restore_archive takes no progress callback yet, so restore draws no bar.
         written = restore_archive(args.archive, args.output, Path.cwd())
-    except OSError as exc:  # e.g. -o names a folder: one error line, not a traceback
-        where = exc.filename2 or exc.filename or args.output
-        raise DecantError(
+    except OSError as exc:  # disk full, no write permission: one error line, not a traceback
+        where = exc.filename2 or exc.filename or args.output or Path.cwd()
+        raise OutputError(
             f"{args.archive}: cannot restore to {where}: {exc.strerror or exc}"
         ) from None
-    for path in written:
-        print(path)
-    return 0
+    if not quiet(args):
+        for path in written:
+            print(path)
+    return OK
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from vfs.decant.verify import verify_archive
-
-    bad = 0
+    status = OK
     for archive in args.archives:
         try:
-            for v in verify_archive(archive):
-                print(f"{'OK  ' if v.ok else 'FAIL'} {archive}: {v.relpath}")
-                if not v.ok:
-                    print(f"     expected {v.expected}\n     got      {v.actual}")
-                    bad += 1
-        except DecantError as exc:
-            print(f"decant: error: {exc}", file=sys.stderr)
+            status = max(status, _verify_one(archive, quiet(args)))
+        except (DecantError, OSError) as exc:
+            status = max(status, report(exc))
+    return status
+
+
+def _verify_one(archive: Path, silent: bool) -> int:
+    """Print a line per original (only FAIL lines when quiet); 1 if any does not match."""
+    from vfs.decant.verify import verify_archive
+
+    total = original_bytes(archive)
+    with byte_progress(f"verifying {archive.name}", total, silent) as bar:
+        verdicts = verify_archive(archive, bar)
+    bad = 0
+    for v in verdicts:
+        if not v.ok:
             bad += 1
-    return 1 if bad else 0
+            print(f"FAIL {archive}: {v.relpath}")
+            print(f"     expected {v.expected}\n     got      {v.actual}")
+        elif not silent:
+            print(f"OK   {archive}: {v.relpath}")
+    return FAILED if bad else OK
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from vfs.decant.reader import DecantArchive
-
-    with DecantArchive.open(args.archive) as archive:
+    with open_archive(args.archive) as archive:
         m = archive.manifest
         if args.json:
             print(json.dumps(m.to_json(), indent=1))
-            return 0
+            return OK
         disk = (
             args.archive.stat().st_size
             if args.archive.is_file()
@@ -143,4 +243,4 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"ratio:       {disk / total:.3f}" if total else "ratio:       -")
         for info in archive.originals() if m.mode == "series" else []:
             print(f"member:      {info.relpath} ({info.size} bytes)")
-    return 0
+    return OK

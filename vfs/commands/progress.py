@@ -1,32 +1,55 @@
-"""A progress bar for long runs on a terminal; silent in logs and pipes."""
+"""Byte progress for long runs: a tqdm bar on a terminal, nothing at all in pipes and logs.
+
+The cores only take a `Callable[[int], None]`; tqdm stays out of them (and out of the daemon).
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
-import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+Progress = Callable[[int], None]
 
 
-class ProgressBar:
-    def __init__(self, label: str, total: int = 0) -> None:
-        self.label, self.total, self.done = label, total, 0
-        self.enabled = sys.stderr.isatty()
-        self._last = 0.0
+def _ignore(n: int) -> None:
+    del n
 
-    def __call__(self, n: int) -> None:
-        self.done += n
-        now = time.monotonic()
-        if self.enabled and now - self._last > 0.2:
-            self._last = now
-            pct = (
-                f"{100 * self.done / self.total:5.1f}%" if self.total else f"{self.done >> 20} MiB"
-            )
-            sys.stderr.write(f"\r{self.label}: {pct}")
-            sys.stderr.flush()
 
-    def __enter__(self) -> ProgressBar:
-        return self
+@contextmanager
+def byte_progress(label: str, total: int | None, quiet: bool = False) -> Iterator[Progress]:
+    """Yield a callback taking byte counts; a bar (rate, time left) only when stderr is a tty.
 
-    def __exit__(self, *exc: object) -> None:
-        if self.enabled and self._last:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
+    Not a tty means not one control character: piped stderr is often a log file.
+    """
+    if quiet or not sys.stderr.isatty():
+        yield _ignore
+        return
+    from tqdm import tqdm  # only here: `decant info` and the tests of cores never load it
+
+    with tqdm(
+        **_width(),
+        total=total or None,  # unknown: count and rate, no time left
+        desc=label,
+        unit="B",
+        unit_scale=True,  # SI prefixes, so "MB/s" means 10**6 bytes a second
+        leave=False,  # the result line replaces the bar
+        file=sys.stderr,
+        mininterval=0.2,
+    ) as bar:
+        yield bar.update
+
+
+def _width() -> dict[str, object]:
+    """Follow resizes, except on a tty that reports no size (`script` without a terminal, some
+    consoles): tqdm then draws nothing at all, so use $COLUMNS/$LINES or 80x24."""
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except OSError:
+        size = os.terminal_size((0, 0))
+    if size.columns and size.lines:
+        return {"dynamic_ncols": True}
+    fallback = shutil.get_terminal_size()
+    return {"ncols": fallback.columns, "nrows": fallback.lines}
