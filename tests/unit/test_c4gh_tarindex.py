@@ -69,17 +69,24 @@ def test_index_matches_tarfile(members, fmt: int) -> None:
         ("/etc/passwd", "absolute"),
         ("../escape", ".."),
         ("a/../../b", ".."),
-        ("a//b", "empty or '.'"),
-        ("./a", "empty or '.'"),
-        ("a/./b", "empty or '.'"),
-        ("a/" + "x" * 256, "255"),
+        ("a//b", "component 2: empty name"),
+        ("./a", "component 1: '.' names the folder itself"),
+        ("a/./b", "component 2: '.'"),
+        ("a/" + "x" * 256, "longer than 255 bytes (256)"),
+        ("a/" + "é" * 128, "longer than 255 bytes (256)"),
+        ("a\0b", "NUL"),
+        ("d/" * 64 + "leaf", "65 levels deep (more than 64)"),
+        ("a/\ud800", "not encodable"),
     ],
 )
 def test_unsafe_names(name: str, why: str) -> None:
     assert why in (unsafe_reason(name) or "")
 
 
-@pytest.mark.parametrize("name", ["manifest.json", "headers/a.vcf", "a..b", "..a/b.."])
+@pytest.mark.parametrize(
+    "name",
+    ["manifest.json", "headers/a.vcf", "a..b", "..a/b..", "x" * 255, "d/" * 63 + "leaf", "\udcff"],
+)
 def test_safe_names(name: str) -> None:
     assert unsafe_reason(name) is None
 

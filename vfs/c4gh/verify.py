@@ -211,7 +211,11 @@ def verify_package(
         return report
     _fill_header(report, header)
     with reader as rd:
-        index = build_index(rd, path.name)
+        try:
+            index = build_index(rd, path.name)
+        except DecantError as exc:  # refused outright (too many members): one problem
+            report.problems.append(str(exc))
+            return report
         report.members = index.members
         report.problems += verify_index(rd, index)
     return report
