@@ -21,6 +21,7 @@ from vfs.backends import c4gh as c4gh_backend
 from vfs.backends.base import mode_mask_of
 from vfs.backends.c4gh import C4ghBackend, add_mount_options, backend_from_args
 from vfs.c4gh import tarindex
+from vfs.c4gh.verify import verify_package
 from vfs.cache import PageCache
 from vfs.errors import (
     CorruptArchiveError,
@@ -237,3 +238,15 @@ def test_c4gh_mode_refuses_write_special_and_non_octal(bad: str, capsys) -> None
     assert "--c4gh-mode" in capsys.readouterr().err
     with pytest.raises(ValueError, match="bits other than read and search"):
         C4ghBackend([], PageCache(SEG), mode_mask=0o640)
+
+
+def test_a_deeply_nested_manifest_costs_the_digests_not_the_package(env, tmp_path) -> None:
+    path = tmp_path / "nested.tar.c4gh"
+    nested = b"[" * 100_000 + b"]" * 100_000  # json's decoder recurses once per level
+    write_raw(path, [("manifest.json", nested), *env.members[1:]], env)
+    desc = backend(env.keys.node).describe(path)
+    tree = files(desc.root)
+    assert set(tree) == {n for n, _ in env.members}
+    assert all("user.c4gh.sha256" not in e.xattrs for e in tree.values())
+    report = verify_package(path, [env.keys.node.secret])
+    assert "manifest.json nests too deeply to read" in report.problems

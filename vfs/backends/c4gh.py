@@ -209,6 +209,9 @@ class C4ghBackend:
         except (DecantError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.info("%s: no member digests from manifest.json (%s)", path.name, exc)
             return {}
+        except RecursionError:  # json's C decoder recurses per nesting level
+            log.info("%s: no member digests: manifest.json nests too deeply", path.name)
+            return {}
 
 
 def _insert(root: Entry, member: Member, digest: str | None) -> None:

@@ -180,6 +180,8 @@ def read_manifest(reader: SegmentReader, index: TarIndex) -> tuple[Any, list[str
         return None, [f"{MANIFEST}: {exc}"]
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return None, [f"{MANIFEST} is not valid JSON ({exc})"]
+    except RecursionError:  # json's C decoder recurses per nesting level
+        return None, [f"{MANIFEST} nests too deeply to read"]
 
 
 def verify_index(reader: SegmentReader, index: TarIndex) -> list[str]:
