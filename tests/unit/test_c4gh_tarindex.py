@@ -252,3 +252,17 @@ def test_a_few_extension_headers_are_fine() -> None:
         ("p" * 150 + "é", b"pax"),
     ]
     assert index.complete and not index.dropped and not index.problems
+
+
+def test_any_long_name_record_cut_at_a_nul_drops_the_member() -> None:
+    """tarfile uses the first of two GNU long-name records; a cut second one is still refused."""
+
+    def long_name(record: bytes) -> bytes:
+        header = corpus.raw_header(b"././@LongLink", len(record), tarfile.GNUTYPE_LONGNAME)
+        return header + record + bytes(-len(record) % 512)
+
+    chained = long_name(b"first-name\0") + long_name(b"second\0evil")
+    data = corpus.raw_tar([chained + corpus.raw_member(b"placeholder", b"x"), ("ok", b"1")])
+    index = build_index(BytesSource(data), "two.tar")
+    assert [m.name for m in index.members] == ["ok"]
+    assert index.dropped == [("second\0evil", "contains a NUL byte")]

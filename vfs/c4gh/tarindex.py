@@ -156,7 +156,7 @@ class _Raw:
     """The header blocks tarfile combines into one member, as bytes (names before nts())."""
 
     header: bytes  # the member's own header block
-    long_name: bytes | None  # the last GNU long-name record, padded to whole blocks
+    long_names: tuple[bytes, ...]  # GNU long-name records, padded (tarfile uses the first)
 
 
 def _field_size(field: bytes) -> int:
@@ -170,21 +170,21 @@ def _raw_chain(cursor: _Cursor, offset: int, name: str) -> _Raw | str | None:
     """Read the extension headers before a member by arithmetic, before `tarfile` recurses
     through them: at most MAX_EXTENSIONS, so no chain can exhaust the stack. A string says why
     the walk stops; None leaves the judgement to tarfile (a short or malformed block)."""
-    long_name = None
+    long_names: list[bytes] = []
     for _ in range(MAX_EXTENSIONS + 1):
         cursor.seek(offset)
         block = cursor.read(BLOCK)
         if len(block) < BLOCK:
             return None
         if block[156:157] not in EXTENSIONS:
-            return _Raw(block, long_name)
+            return _Raw(block, tuple(long_names))
         try:
             size = _field_size(block[124:136])
         except ValueError:
             return None
         padded = -(-size // BLOCK) * BLOCK
         if block[156:157] == tarfile.GNUTYPE_LONGNAME:
-            long_name = cursor.read(padded)  # refuses more than MAX_META_READ
+            long_names.append(cursor.read(padded))  # refuses more than MAX_META_READ
         offset += BLOCK + padded
     return f"{name}: more than {MAX_EXTENSIONS} extension headers before one member at {offset}"
 
@@ -198,10 +198,9 @@ def _cut_at_nul(field: bytes) -> bool:
 
 def _nul_cut_name(raw: _Raw, info: tarfile.TarInfo) -> str | None:
     """The full name written, when tarfile cut it short at a NUL; None when it did not."""
-    if raw.long_name is not None:
-        if _cut_at_nul(raw.long_name):
-            return raw.long_name.rstrip(b"\0").decode("utf-8", "backslashreplace")
-        return None
+    if raw.long_names:  # any one cut short is refused, even one tarfile would then ignore
+        cut = next((n for n in raw.long_names if _cut_at_nul(n)), None)
+        return None if cut is None else cut.rstrip(b"\0").decode("utf-8", "backslashreplace")
     if "path" in info.pax_headers:
         return None  # tarfile keeps NULs in PAX values: name_problem sees them
     name, prefix = raw.header[0:100], raw.header[345:500]
