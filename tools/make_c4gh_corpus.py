@@ -205,6 +205,88 @@ def hostile_entries() -> list[tarfile.TarInfo | Member]:
     ]
 
 
+def _padded(data: bytes) -> bytes:
+    return data + bytes(-len(data) % tarfile.BLOCKSIZE)
+
+
+def raw_header(name: bytes, size: int, kind: bytes = tarfile.REGTYPE, prefix: bytes = b"") -> bytes:
+    """A normalized ustar header whose name and prefix fields hold `name` and `prefix` byte for
+    byte (NULs and undecodable bytes included), with its checksum recomputed."""
+    buf = bytearray(normalized_info("placeholder", size, kind).tobuf(tarfile.USTAR_FORMAT))
+    buf[0:100] = name[:100].ljust(100, b"\0")
+    buf[345:500] = prefix[:155].ljust(155, b"\0")
+    buf[148:156] = b" " * 8
+    buf[148:156] = b"%06o\0 " % sum(buf)
+    return bytes(buf)
+
+
+def raw_member(name: bytes, data: bytes, prefix: bytes = b"") -> bytes:
+    """One member with a raw ustar name field (see raw_header), body padded to whole blocks."""
+    return raw_header(name, len(data), prefix=prefix) + _padded(data)
+
+
+def gnu_long_member(name: bytes, data: bytes) -> bytes:
+    """One member whose name is a GNU long-name record holding `name` byte for byte."""
+    record = name + b"\0"
+    long_link = raw_header(b"././@LongLink", len(record), tarfile.GNUTYPE_LONGNAME)
+    return long_link + _padded(record) + raw_member(b"long-name-placeholder", data)
+
+
+def member_bytes(name: str, data: bytes, fmt: int = tarfile.GNU_FORMAT) -> bytes:
+    """One member as `tarfile` writes it (extension headers included), no end marker."""
+    info = normalized_info(name, len(data))
+    return info.tobuf(fmt, "utf-8", "surrogateescape") + _padded(data)
+
+
+def raw_tar(items: Sequence[bytes | Member], fmt: int = tarfile.GNU_FORMAT) -> bytes:
+    """A TAR of raw member bytes and (name, data) members in order, with its end marker."""
+    parts = [i if isinstance(i, bytes) else member_bytes(*i, fmt=fmt) for i in items]
+    return b"".join(parts) + bytes(2 * tarfile.BLOCKSIZE)
+
+
+def nul_name_members() -> dict[str, bytes]:
+    """Members whose written names hold a NUL, by the name written: `tarfile` presents only the
+    part before the NUL (a different, innocent-looking name), so a mount must drop them."""
+    return {
+        "cut\0evil": raw_member(b"cut\0evil", b"ustar name\n"),
+        "dir\0evil/in-prefix": raw_member(b"in-prefix", b"ustar prefix\n", prefix=b"dir\0evil"),
+        "L" * 120 + "\0evil": gnu_long_member(b"L" * 120 + b"\0evil", b"GNU long name\n"),
+        "pax-é\0evil": member_bytes("pax-é\0evil", b"PAX path\n", tarfile.PAX_FORMAT),
+    }
+
+
+def overlong_members(depth: int = 500) -> dict[str, bytes]:
+    """Members whose names no Linux file system could hold, or nested `depth` folders deep."""
+    deep = "d/" * depth + "deep.txt"
+    return {
+        "x" * 256: member_bytes("x" * 256, b"256 bytes\n"),
+        "é" * 128: member_bytes("é" * 128, b"256 bytes in UTF-8\n", tarfile.PAX_FORMAT),
+        f"long/{'y' * 300}/leaf": member_bytes(f"long/{'y' * 300}/leaf", b"long folder\n"),
+        deep: member_bytes(deep, b"deep\n"),
+    }
+
+
+def edge_name_members() -> dict[bytes, bytes]:
+    """Members at the edge of what may be presented, by the name the kernel must show, and
+    their bodies: a mount serves every one of them."""
+    return {
+        b"x" * 255: b"255 bytes\n",
+        b"caf\xe9-latin1": b"undecodable byte, shown as written\n",
+        b"d/" * 63 + b"ok.txt": b"64 levels\n",
+    }
+
+
+def edge_name_tar_items() -> list[bytes]:
+    """edge_name_members as raw TAR members (the latin-1 one in a ustar name field)."""
+    items = []
+    for name, data in edge_name_members().items():
+        if len(name) <= 99:
+            items.append(raw_member(name, data))
+        else:
+            items.append(gnu_long_member(name, data))
+    return items
+
+
 def header_len_of(package: bytes) -> int:
     """The header length by the spec's framing (kept independent of vfs.c4gh on purpose)."""
     count, pos = int.from_bytes(package[12:16], "little"), 16

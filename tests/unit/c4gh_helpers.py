@@ -17,9 +17,13 @@ def backend(*keys: Any, **kw: Any) -> C4ghBackend:
 
 
 def files(entry: Entry, prefix: str = "") -> dict[str, Entry]:
-    """Every file below `entry`, by slash-separated path."""
-    out = {}
-    for name, child in entry.children.items():
-        path = f"{prefix}{name}"
-        out.update(files(child, path + "/") if child.is_dir else {path: child})
+    """Every file below `entry`, by slash-separated path (iterative: trees may be deep)."""
+    out, stack = {}, [(prefix, entry)]
+    while stack:
+        path, node = stack.pop()
+        for name, child in node.children.items():
+            if child.is_dir:
+                stack.append((f"{path}{name}/", child))
+            else:
+                out[f"{path}{name}"] = child
     return out

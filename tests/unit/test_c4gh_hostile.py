@@ -5,16 +5,24 @@ Which members survive is computed from the plaintext with `tarfile` and file-siz
 
 from __future__ import annotations
 
+import argparse
 import io
 import logging
 import os
 import tarfile
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
 
 from tests.toolbox import load_tool
 from tests.unit.c4gh_helpers import SEG, backend, files
+from vfs.backends import c4gh as c4gh_backend
+from vfs.backends.base import mode_mask_of
+from vfs.backends.c4gh import C4ghBackend, add_mount_options, backend_from_args
+from vfs.c4gh import tarindex
+from vfs.c4gh.verify import verify_package
+from vfs.cache import PageCache
 from vfs.errors import (
     CorruptArchiveError,
     DecantError,
@@ -22,6 +30,8 @@ from vfs.errors import (
     NotAnArchiveError,
     UnsupportedFormatError,
 )
+from vfs.index import DescriptionIndex
+from vfs.tree import SourceTree
 
 corpus = load_tool("make_c4gh_corpus")
 
@@ -128,3 +138,115 @@ def test_replaced_package_never_serves_old_bytes(env, tmp_path) -> None:
     os.utime(path, ns=(0, 10**18))  # a new mtime even on a coarse clock
     entry = be.describe(path).root.children["data.bin"]
     assert be.open(path, "data.bin", entry).read(0, 10) == b"B" * 10
+
+
+# -- hostile shapes: depth, names, counts ------------------------------------------------
+
+
+def write_raw(path, items, env) -> bytes:
+    """Encrypt a hand-built TAR (raw member bytes allowed) to the node key."""
+    plain = corpus.raw_tar(items)
+    path.write_bytes(corpus.encrypt(plain, env.keys.writer.secret, [env.keys.node.public]))
+    return plain
+
+
+def test_a_500_deep_member_is_dropped_and_the_tree_is_indexed(env, tmp_path, caplog) -> None:
+    """The package that once overflowed the stack while its description went into the index."""
+    src = tmp_path / "src"
+    src.mkdir()
+    deep = "d/" * 500 + "deep.txt"
+    write_raw(src / "deep.tar.c4gh", [*env.members, (deep, b"deep\n")], env)
+    be = backend(env.keys.node)
+    index = DescriptionIndex(tmp_path / "index" / "descriptions.sqlite")
+    tree = SourceTree(src, [be], index=index)
+    with caplog.at_level(logging.WARNING):
+        shown = tree.scan(src)
+    node = shown["deep.tar.c4gh"]
+    assert node.is_dir and node.entry is not None
+    assert set(files(node.entry)) == {n for n, _ in env.members}
+    (line,) = [r.getMessage() for r in caplog.records if "not serving" in r.getMessage()]
+    assert line.startswith("deep.tar.c4gh: not serving 1 member(s): 'd/d/d/")
+    assert "501 levels deep (more than 64)" in line and len(line) < 400
+    stored = index.get(src / "deep.tar.c4gh", "c4gh", *stamp(src / "deep.tar.c4gh"))
+    assert stored is not None and stored.root == node.entry
+    index.close()
+
+
+def stamp(path) -> tuple[int, int]:
+    st = path.stat()
+    return st.st_size, st.st_mtime_ns
+
+
+def test_nul_and_overlong_names_are_dropped_and_edge_names_served(env, tmp_path, caplog) -> None:
+    path = tmp_path / "names.tar.c4gh"
+    bad = [*corpus.nul_name_members().values(), *corpus.overlong_members(500).values()]
+    write_raw(path, [*env.members, *bad, *corpus.edge_name_tar_items()], env)
+    be = backend(env.keys.node)
+    with caplog.at_level(logging.WARNING):
+        desc = be.describe(path)
+    tree = {os.fsencode(k): v for k, v in files(desc.root).items()}
+    edge = corpus.edge_name_members()
+    assert set(tree) == {n.encode() for n, _ in env.members} | set(edge)
+    for raw, body in [*((n.encode(), d) for n, d in env.members), *edge.items()]:
+        assert be.open(path, os.fsdecode(raw), tree[raw]).read(0, 1 << 22) == body
+    assert b"cut" not in tree and "pax-é".encode() not in tree  # never the part before a NUL
+    (line,) = [r.getMessage() for r in caplog.records if "not serving" in r.getMessage()]
+    assert line.startswith("names.tar.c4gh: not serving 8 member(s): ")
+    assert "'cut\\x00evil': contains a NUL byte" in line and len(line) < 2000
+
+
+def test_too_many_members_refuse_the_package(env, tmp_path, monkeypatch) -> None:
+    path = tmp_path / "many.tar.c4gh"
+    write_raw(path, [(f"m{i}", b"") for i in range(11)], env)
+    monkeypatch.setattr(c4gh_backend, "build_index", partial(tarindex.build_index, max_members=10))
+    with pytest.raises(UnsupportedFormatError, match=r"^many\.tar\.c4gh: more than 10 TAR"):
+        backend(env.keys.node).describe(path)
+
+
+def test_the_log_names_at_most_50_dropped_members(env, tmp_path, caplog) -> None:
+    path = tmp_path / "dups.tar.c4gh"
+    write_raw(path, [("same", b"1")] * 200, env)
+    with caplog.at_level(logging.WARNING):
+        desc = backend(env.keys.node).describe(path)
+    assert set(desc.root.children) == {"same"}
+    (line,) = [r.getMessage() for r in caplog.records if "not serving" in r.getMessage()]
+    assert "not serving 199 member(s)" in line and line.endswith("; and 149 more")
+    assert line.count("'same': duplicate") == 50
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    add_mount_options(p)
+    return p
+
+
+@pytest.mark.parametrize(("given", "mask"), [([], 0o440), (["--c4gh-mode", "0444"], 0o444),
+                                             (["--c4gh-mode", "440"], 0o440),
+                                             (["--c4gh-mode", "0o550"], 0o550),
+                                             (["--c4gh-mode", "0"], 0)])  # fmt: skip
+def test_c4gh_mode_option(env, given: list[str], mask: int) -> None:
+    args = parser().parse_args(["--c4gh-key", str(env.keys.node.secret_path), *given])
+    be = backend_from_args(args, PageCache(SEG))
+    assert be is not None and be.mode_mask == mask
+    assert mode_mask_of(be) == mask
+
+
+@pytest.mark.parametrize("bad", ["0640", "0644", "4440", "rw", "0x1ff", "-1"])
+def test_c4gh_mode_refuses_write_special_and_non_octal(bad: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--c4gh-mode", bad])
+    assert "--c4gh-mode" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="bits other than read and search"):
+        C4ghBackend([], PageCache(SEG), mode_mask=0o640)
+
+
+def test_a_deeply_nested_manifest_costs_the_digests_not_the_package(env, tmp_path) -> None:
+    path = tmp_path / "nested.tar.c4gh"
+    nested = b"[" * 100_000 + b"]" * 100_000  # json's decoder recurses once per level
+    write_raw(path, [("manifest.json", nested), *env.members[1:]], env)
+    desc = backend(env.keys.node).describe(path)
+    tree = files(desc.root)
+    assert set(tree) == {n for n, _ in env.members}
+    assert all("user.c4gh.sha256" not in e.xattrs for e in tree.values())
+    report = verify_package(path, [env.keys.node.secret])
+    assert "manifest.json nests too deeply to read" in report.problems

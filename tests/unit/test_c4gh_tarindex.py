@@ -14,8 +14,9 @@ from hypothesis import strategies as st
 
 from tests.toolbox import load_tool
 from vfs.c4gh.header import open_package
-from vfs.c4gh.tarindex import BytesSource, build_index, unsafe_reason
+from vfs.c4gh.tarindex import BytesSource, build_index, shown_name, unsafe_reason
 from vfs.cache import PageCache
+from vfs.errors import UnsupportedFormatError
 
 SEG = 65536
 
@@ -69,17 +70,24 @@ def test_index_matches_tarfile(members, fmt: int) -> None:
         ("/etc/passwd", "absolute"),
         ("../escape", ".."),
         ("a/../../b", ".."),
-        ("a//b", "empty or '.'"),
-        ("./a", "empty or '.'"),
-        ("a/./b", "empty or '.'"),
-        ("a/" + "x" * 256, "255"),
+        ("a//b", "component 2: empty name"),
+        ("./a", "component 1: '.' names the folder itself"),
+        ("a/./b", "component 2: '.'"),
+        ("a/" + "x" * 256, "longer than 255 bytes (256)"),
+        ("a/" + "é" * 128, "longer than 255 bytes (256)"),
+        ("a\0b", "NUL"),
+        ("d/" * 64 + "leaf", "65 levels deep (more than 64)"),
+        ("a/\ud800", "not encodable"),
     ],
 )
 def test_unsafe_names(name: str, why: str) -> None:
     assert why in (unsafe_reason(name) or "")
 
 
-@pytest.mark.parametrize("name", ["manifest.json", "headers/a.vcf", "a..b", "..a/b.."])
+@pytest.mark.parametrize(
+    "name",
+    ["manifest.json", "headers/a.vcf", "a..b", "..a/b..", "x" * 255, "d/" * 63 + "leaf", "\udcff"],
+)
 def test_safe_names(name: str) -> None:
     assert unsafe_reason(name) is None
 
@@ -148,3 +156,113 @@ def test_index_decrypts_only_header_segments(tmp_path: Path) -> None:
         index = build_index(reader, path.name)
         assert listing(index) == tarfile_listing(data)
         assert reader.stats.decrypted == len(expected) < -(-len(data) // SEG)
+
+
+# -- hostile names, depth and counts -------------------------------------------------------
+
+
+def hostile_tar() -> bytes:
+    good = [("manifest.json", b"{}"), ("headers/a.vcf", b"##\n")]
+    bad = [*corpus.nul_name_members().values(), *corpus.overlong_members(500).values()]
+    return corpus.raw_tar([*good, *bad, *corpus.edge_name_tar_items(), ("z.parquet", b"PAR1")])
+
+
+def test_names_cut_at_a_nul_are_dropped_not_shortened() -> None:
+    index = build_index(BytesSource(hostile_tar()), "nul.tar")
+    reasons = dict(index.dropped)
+    for written in corpus.nul_name_members():
+        assert reasons[written] == "contains a NUL byte", written
+    served = {m.name for m in index.members}
+    assert not served & {"cut", "dir/in-prefix", "L" * 120, "pax-é", "dir", "pax-é\0evil"}
+    with tarfile.open(fileobj=io.BytesIO(hostile_tar())) as tar:  # what tarfile alone shows
+        assert {"cut", "dir/in-prefix", "L" * 120} <= set(tar.getnames())
+
+
+def test_overlong_and_deep_names_are_dropped_and_edge_names_served() -> None:
+    data = hostile_tar()
+    index = build_index(BytesSource(data), "long.tar")
+    reasons = {shown_name(name): why for name, why in index.dropped}
+    expected = {
+        **{shown_name(n): "contains a NUL byte" for n in corpus.nul_name_members()},
+        shown_name("x" * 256): "longer than 255 bytes (256)",
+        "é" * 128: "longer than 255 bytes (256)",
+        shown_name(f"long/{'y' * 300}/leaf"): "component 2: longer than 255 bytes (300)",
+        shown_name("d/" * 500 + "deep.txt"): "501 levels deep (more than 64)",
+    }
+    assert reasons == expected
+    assert all(len(name) < 200 for name, _ in index.dropped)  # logged names are shortened
+    by_name = {os.fsencode(m.name): m for m in index.members}
+    edge = corpus.edge_name_members()
+    assert set(by_name) == {b"manifest.json", b"headers/a.vcf", b"z.parquet", *edge}
+    for raw, body in edge.items():
+        m = by_name[raw]
+        assert data[m.offset : m.offset + m.size] == body
+    assert index.complete and not index.problems
+
+
+def test_depth_limit_is_a_parameter() -> None:
+    data = corpus.raw_tar([("a/b/c", b"3"), ("a/b", b"2"), ("x", b"1")])
+    index = build_index(BytesSource(data), "d.tar", max_depth=2)
+    assert [m.name for m in index.members] == ["a/b", "x"]
+    assert index.dropped == [("a/b/c", "3 levels deep (more than 2)")]
+
+
+def test_too_many_members_refuse_the_package() -> None:
+    one = corpus.raw_member(b"same", b"")
+    ok = build_index(BytesSource(one * 10 + bytes(1024)), "ten.tar", max_members=10)
+    assert ok.complete and len(ok.members) == 1 and len(ok.dropped) == 9
+    with pytest.raises(UnsupportedFormatError, match=r"^eleven\.tar: more than 10 TAR members"):
+        build_index(BytesSource(one * 11 + bytes(1024)), "eleven.tar", max_members=10)
+
+
+def test_the_default_member_limit_is_100000() -> None:
+    one = corpus.raw_member(b"same", b"")
+    data = one * 100_001 + bytes(1024)
+    with pytest.raises(UnsupportedFormatError, match=r"many\.tar: more than 100000 TAR members"):
+        build_index(BytesSource(data), "many.tar")
+
+
+def test_too_many_name_characters_refuse_the_package() -> None:
+    data = corpus.raw_tar([(f"{i:03d}-" + "n" * 96, b"") for i in range(10)])
+    assert len(build_index(BytesSource(data), "n.tar", max_name_chars=1000).members) == 10
+    with pytest.raises(UnsupportedFormatError, match=r"^n\.tar: member names add up to more"):
+        build_index(BytesSource(data), "n.tar", max_name_chars=999)
+
+
+@pytest.mark.parametrize("count", [9, 3000])
+def test_long_extension_header_chains_stop_the_walk(count: int) -> None:
+    """tarfile recurses once per extension header: 3,000 of them once overflowed the stack."""
+    pax = tarfile.TarInfo("././@PaxHeader")
+    record = b"13 comment=x\n"
+    pax.type, pax.size = tarfile.XHDTYPE, len(record)
+    chunk = pax.tobuf(tarfile.USTAR_FORMAT) + record + bytes(512 - len(record))
+    data = corpus.raw_tar([("first", b"1"), chunk * count + corpus.member_bytes("late", b"2")])
+    index = build_index(BytesSource(data), "chain.tar")
+    assert [m.name for m in index.members] == ["first"]
+    assert "more than 8 extension headers" in index.problems[0]
+
+
+def test_a_few_extension_headers_are_fine() -> None:
+    gnu = corpus.gnu_long_member(b"g" * 200 + b"/leaf", b"gnu")
+    pax = corpus.member_bytes("p" * 150 + "é", b"pax", tarfile.PAX_FORMAT)
+    data = corpus.raw_tar([gnu, pax])
+    index = build_index(BytesSource(data), "ok.tar")
+    assert [(m.name, data[m.offset : m.offset + m.size]) for m in index.members] == [
+        ("g" * 200 + "/leaf", b"gnu"),
+        ("p" * 150 + "é", b"pax"),
+    ]
+    assert index.complete and not index.dropped and not index.problems
+
+
+def test_any_long_name_record_cut_at_a_nul_drops_the_member() -> None:
+    """tarfile uses the first of two GNU long-name records; a cut second one is still refused."""
+
+    def long_name(record: bytes) -> bytes:
+        header = corpus.raw_header(b"././@LongLink", len(record), tarfile.GNUTYPE_LONGNAME)
+        return header + record + bytes(-len(record) % 512)
+
+    chained = long_name(b"first-name\0") + long_name(b"second\0evil")
+    data = corpus.raw_tar([chained + corpus.raw_member(b"placeholder", b"x"), ("ok", b"1")])
+    index = build_index(BytesSource(data), "two.tar")
+    assert [m.name for m in index.members] == ["ok"]
+    assert index.dropped == [("second\0evil", "contains a NUL byte")]

@@ -2,14 +2,25 @@
 
 from __future__ import annotations
 
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+# Bumped whenever the rules for what a backend presents change, so that descriptions persisted
+# under older rules (e.g. member names cut short at a NUL before 2) are rebuilt, not served.
+DESCRIPTION_VERSION = 2
+DEFAULT_MODE_MASK = 0o555  # a backend without `mode_mask`: the archive's mode minus write bits
 
-@dataclass
+
+@dataclass(eq=False, repr=False)
 class Entry:
-    """A presented file or folder: plain data, so the persistent index can keep it."""
+    """A presented file or folder: plain data, so the persistent index can keep it.
+
+    Trees come from untrusted archives, so nothing here recurses: to_json, from_json, equality
+    and repr walk with an explicit stack (a 500-deep member path once overflowed Python's stack
+    while the index was written, and took the whole mount down with it).
+    """
 
     is_dir: bool = False
     size: int = 0
@@ -21,6 +32,20 @@ class Entry:
     locator: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        """The tree as nested JSON objects ("c" holds the children), built without recursion."""
+        root = self._fields_json()
+        stack = [(self, root)]
+        while stack:
+            entry, out = stack.pop()
+            if entry.children:
+                kids: dict[str, Any] = {}
+                out["c"] = kids
+                for name, child in entry.children.items():
+                    kids[name] = doc = child._fields_json()
+                    stack.append((child, doc))
+        return root
+
+    def _fields_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"d": self.is_dir, "s": self.size}
         if self.sha256:
             out["h"] = self.sha256
@@ -28,20 +53,54 @@ class Entry:
             out["x"] = self.xattrs
         if self.locator:
             out["l"] = self.locator
-        if self.children:
-            out["c"] = {name: child.to_json() for name, child in self.children.items()}
         return out
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Entry:
+        """The tree `to_json` wrote; ValueError, KeyError or TypeError when `doc` is malformed."""
+        root = cls._from_fields(doc)
+        stack = [(root, doc)]
+        while stack:
+            entry, node = stack.pop()
+            kids = node.get("c", {})
+            if not isinstance(kids, dict):
+                raise ValueError(f"entry children are {type(kids).__name__}, not an object")
+            for name, kid in kids.items():
+                entry.children[name] = child = cls._from_fields(kid)
+                stack.append((child, kid))
+        return root
+
+    @classmethod
+    def _from_fields(cls, doc: Any) -> Entry:
+        if not isinstance(doc, dict):
+            raise ValueError(f"an entry is {type(doc).__name__}, not an object")
         return cls(
             is_dir=bool(doc["d"]),
             size=int(doc["s"]),
             sha256=doc.get("h"),
             xattrs=dict(doc.get("x", {})),
             locator=dict(doc.get("l", {})),
-            children={k: cls.from_json(v) for k, v in doc.get("c", {}).items()},
         )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Entry):
+            return NotImplemented
+        stack = [(self, other)]
+        while stack:
+            a, b = stack.pop()
+            if a._fields() != b._fields() or a.children.keys() != b.children.keys():
+                return False
+            stack.extend((child, b.children[name]) for name, child in a.children.items())
+        return True
+
+    def _fields(self) -> tuple[Any, ...]:
+        return (self.is_dir, self.size, self.sha256, self.xattrs, self.locator)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, compared by value
+
+    def __repr__(self) -> str:
+        kind = f"folder of {len(self.children)}" if self.is_dir else f"file of {self.size} bytes"
+        return f"Entry({kind}, sha256={self.sha256!r})"
 
     def walk(self, relpath: str) -> Entry | None:
         """The entry at a slash-separated path below this one ("" is this entry)."""
@@ -61,10 +120,13 @@ class Description:
     root: Entry
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "root": self.root.to_json()}
+        return {"v": DESCRIPTION_VERSION, "name": self.name, "root": self.root.to_json()}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Description:
+        """ValueError for a description another version wrote: the index then re-describes."""
+        if doc.get("v") != DESCRIPTION_VERSION:
+            raise ValueError(f"description version {doc.get('v')!r}, not {DESCRIPTION_VERSION}")
         return cls(name=str(doc["name"]), root=Entry.from_json(doc["root"]))
 
 
@@ -82,7 +144,13 @@ class RandomAccess(Protocol):
 
 
 class Backend(Protocol):
-    """One archive format. `claims` must be cheap: it sees every name in the source tree."""
+    """One archive format. `claims` must be cheap: it sees every name in the source tree.
+
+    Optional attribute `mode_mask: int`: the permission bits a member may have at most; the
+    tree presents `presented_mode(archive st_mode, mode_mask, is_dir)`. Backends without it get
+    DEFAULT_MODE_MASK (read `mode_mask_of(backend)`); c4gh defaults to 0o440, so decrypted
+    members are never readable by "other" unless the operator says so (--c4gh-mode).
+    """
 
     name: str
 
@@ -95,3 +163,25 @@ class Backend(Protocol):
     def open(self, path: Path, member: str, entry: Entry) -> RandomAccess:
         """Open the presented file `entry` at `member` ("" when the archive presents one file)."""
         ...
+
+
+def mode_mask_of(backend: object) -> int:
+    """The backend's `mode_mask`, or DEFAULT_MODE_MASK when it declares none."""
+    mask = getattr(backend, "mode_mask", DEFAULT_MODE_MASK)
+    return mask if isinstance(mask, int) else DEFAULT_MODE_MASK
+
+
+def presented_mode(archive_mode: int, mask: int, is_dir: bool) -> int:
+    """Permission bits of a presented member: the archive's, never more than `mask` allows.
+
+    Pass the archive's whole st_mode. Write and setuid/setgid/sticky bits never survive (the view
+    is read-only). A folder gets x exactly where it has r (a folder one may list but not enter
+    helps nobody). A folder archive's x bits mean "search", not "execute", so its files lose them.
+    """
+    bits = stat.S_IMODE(archive_mode) & mask & 0o555
+    if is_dir:
+        readable = bits & 0o444
+        return readable | readable >> 2
+    if stat.S_ISDIR(archive_mode):
+        bits &= ~0o111
+    return bits

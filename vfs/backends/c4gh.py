@@ -33,6 +33,8 @@ SHA256_XATTR = "user.c4gh.sha256"
 POLICIES = ("warn", "enforce")
 READAHEAD_SEGMENTS = 8  # 512 KiB of plaintext ahead of a sequential reader
 MAX_MANIFEST = 16 << 20
+DEFAULT_MODE = 0o440  # decrypted data: owner and group read it, "other" only if the operator says
+LOGGED_DROPS = 50  # dropped members named in the log line; the rest are counted
 FINGERPRINT_RE = re.compile(r"sha256:[0-9a-f]{64}")
 DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -86,15 +88,19 @@ class C4ghBackend:
         cache: PageCache,
         allowed_writers: set[str] | None = None,
         writer_policy: str = "warn",
+        mode_mask: int = DEFAULT_MODE,
     ) -> None:
         if writer_policy not in POLICIES:
             raise ValueError(f"writer_policy must be one of {POLICIES}, not {writer_policy!r}")
         if writer_policy == "enforce" and allowed_writers is None:
             raise ValueError("writer_policy 'enforce' needs an allowed_writers set")
+        if mode_mask & ~0o555:
+            raise ValueError(f"mode_mask {mode_mask:#o} has bits other than read and search")
         self.secret_keys = list(secret_keys)
         self.cache = cache
         self.allowed_writers = allowed_writers
         self.writer_policy = writer_policy
+        self.mode_mask = mode_mask  # see vfs.backends.base.presented_mode
         self.stats = SegmentStats()  # segments decrypted by every reader of this backend
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
@@ -204,6 +210,9 @@ class C4ghBackend:
         except (DecantError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.info("%s: no member digests from manifest.json (%s)", path.name, exc)
             return {}
+        except RecursionError:  # json's C decoder recurses per nesting level
+            log.info("%s: no member digests: manifest.json nests too deeply", path.name)
+            return {}
 
 
 def _insert(root: Entry, member: Member, digest: str | None) -> None:
@@ -220,10 +229,14 @@ def _insert(root: Entry, member: Member, digest: str | None) -> None:
 
 
 def _log_index(path: Path, index: TarIndex) -> None:
+    """One line for the walk's problems and one naming the dropped members (at most 50 named)."""
     for problem in index.problems:
         log.warning("%s", problem)
     if index.dropped:
-        listed = "; ".join(f"{name!r}: {reason}" for name, reason in index.dropped)
+        listed = "; ".join(f"{name!r}: {reason}" for name, reason in index.dropped[:LOGGED_DROPS])
+        more = len(index.dropped) - LOGGED_DROPS
+        if more > 0:
+            listed += f"; and {more} more"
         log.warning("%s: not serving %d member(s): %s", path.name, len(index.dropped), listed)
 
 
@@ -269,6 +282,27 @@ def add_mount_options(parser: argparse.ArgumentParser) -> None:
         default="warn",
         help="what an unlisted writer costs: 'enforce' shows the package raw (default: warn)",
     )
+    group.add_argument(
+        "--c4gh-mode",
+        type=parse_mode,
+        default=DEFAULT_MODE,
+        metavar="MODE",
+        help="octal permission bits members may have at most, limited further by the package "
+        "file's own mode; folders get x where they have r (default: 0440: not readable by others)",
+    )
+
+
+def parse_mode(text: str) -> int:
+    """An octal mode of read and search bits only: the view is read-only, so w or s is a typo."""
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an octal mode such as 0440") from None
+    if mode < 0 or mode & ~0o555:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: read (4) and search (1) bits only, e.g. 0440 (the view is read-only)"
+        )
+    return mode
 
 
 def backend_from_args(args: argparse.Namespace, cache: PageCache) -> C4ghBackend | None:
@@ -284,8 +318,14 @@ def backend_from_args(args: argparse.Namespace, cache: PageCache) -> C4ghBackend
     allowed = load_allowed_writers(allowed_file) if allowed_file else None
     if policy == "enforce" and allowed is None:
         raise DecantError("--c4gh-writer-policy enforce needs --c4gh-allowed-writers FILE")
-    log.info("c4gh: %d secret key(s) loaded, writer policy %s", len(keys), policy)
-    return C4ghBackend(keys, cache, allowed_writers=allowed, writer_policy=policy)
+    mode: int = getattr(args, "c4gh_mode", DEFAULT_MODE)
+    log.info(
+        "c4gh: %d secret key(s) loaded, writer policy %s, member mode at most %04o",
+        len(keys),
+        policy,
+        mode,
+    )
+    return C4ghBackend(keys, cache, allowed_writers=allowed, writer_policy=policy, mode_mask=mode)
 
 
 __all__ = [
@@ -294,4 +334,5 @@ __all__ = [
     "add_mount_options",
     "backend_from_args",
     "load_allowed_writers",
+    "parse_mode",
 ]

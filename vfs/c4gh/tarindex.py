@@ -2,22 +2,35 @@
 
 Headers are parsed by `tarfile` (ustar, GNU long names, PAX), one header block at a time, and
 member bodies are skipped by arithmetic, so indexing decrypts only the segments holding headers.
-Member names are attacker input: anything that could escape the package folder or is not a
-regular file is dropped and reported, and the rest of the package is still indexed.
+Member names are attacker input: anything that could escape the package folder, is not a name
+`vfs.names` accepts (NUL, over 255 bytes, undecodable), lies more than MAX_DEPTH folders deep or
+is not a regular file is dropped and reported, and the rest of the package is still indexed. A
+package with more than MAX_MEMBERS members or MAX_NAME_CHARS of names is refused outright, so a
+hostile one costs bounded memory and time before anything is allocated for it.
 """
 
 from __future__ import annotations
 
-import os
 import tarfile
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
-from vfs.errors import CorruptArchiveError
+from vfs.errors import CorruptArchiveError, UnsupportedFormatError
+from vfs.names import MAX_DEPTH, path_problem
 
 BLOCK = tarfile.BLOCKSIZE
 MAX_META_READ = 1 << 20  # longest GNU long name / PAX record accepted, so a walk stays bounded
-MAX_MEMBERS = 1_000_000
+MAX_MEMBERS = 100_000  # TAR headers in one package (a GDI package holds a few hundred)
+MAX_NAME_CHARS = 32 << 20  # summed length of the served member names
+MAX_EXTENSIONS = 8  # GNU long-name / PAX headers before one member (tarfile recurses per one)
+EXTENSIONS = (
+    tarfile.GNUTYPE_LONGNAME,
+    tarfile.GNUTYPE_LONGLINK,
+    tarfile.XHDTYPE,
+    tarfile.XGLTYPE,
+    tarfile.SOLARIS_XHDTYPE,
+)
+SHOWN_NAME = 160  # characters of a dropped name kept for the log
 REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
 KIND = {
     tarfile.SYMTYPE: "symbolic link",
@@ -85,22 +98,18 @@ class TarIndex:
         return next((m for m in self.members if m.name == name), None)
 
 
-def unsafe_reason(name: str) -> str | None:
+def unsafe_reason(name: str, max_depth: int = MAX_DEPTH) -> str | None:
     """Why a member name must not be served, or None when it is a safe relative path."""
-    if not name:
-        return "empty name"
-    if name.startswith("/"):
-        return "absolute path"
-    parts = name.split("/")
-    if ".." in parts:
+    if name and not name.startswith("/") and ".." in name.split("/", max_depth):
         return "'..' segment escapes the package"
-    if any(p in ("", ".") for p in parts):
-        return "empty or '.' path segment"
-    if "\0" in name:
-        return "NUL byte in name"
-    if any(len(os.fsencode(p)) > 255 for p in parts):
-        return "path segment longer than 255 bytes"
-    return None
+    return path_problem(name, max_depth)
+
+
+def shown_name(name: str) -> str:
+    """A dropped name as logged: hostile names can be a megabyte long."""
+    if len(name) <= SHOWN_NAME:
+        return name
+    return f"{name[: SHOWN_NAME // 2]}…[{len(name)} characters]…{name[-SHOWN_NAME // 4 :]}"
 
 
 class _Cursor:
@@ -142,8 +151,75 @@ class _Walker:
         self.pax_headers: dict[str, str] = {}
 
 
-def _next_header(walker: _Walker, offset: int, name: str) -> tarfile.TarInfo | str | None:
-    """The TarInfo at `offset`, None at a clean end, or a string saying why the walk stops."""
+@dataclass(frozen=True)
+class _Raw:
+    """The header blocks tarfile combines into one member, as bytes (names before nts())."""
+
+    header: bytes  # the member's own header block
+    long_names: tuple[bytes, ...]  # GNU long-name records, padded (tarfile uses the first)
+
+
+def _field_size(field: bytes) -> int:
+    """A TAR number field (octal, or base-256 when the top bit is set)."""
+    if field[0] & 0x80:
+        return int.from_bytes(field[1:], "big", signed=False)
+    return int(field.replace(b"\0", b" ").strip() or b"0", 8)
+
+
+def _raw_chain(cursor: _Cursor, offset: int, name: str) -> _Raw | str | None:
+    """Read the extension headers before a member by arithmetic, before `tarfile` recurses
+    through them: at most MAX_EXTENSIONS, so no chain can exhaust the stack. A string says why
+    the walk stops; None leaves the judgement to tarfile (a short or malformed block)."""
+    long_names: list[bytes] = []
+    for _ in range(MAX_EXTENSIONS + 1):
+        cursor.seek(offset)
+        block = cursor.read(BLOCK)
+        if len(block) < BLOCK:
+            return None
+        if block[156:157] not in EXTENSIONS:
+            return _Raw(block, tuple(long_names))
+        try:
+            size = _field_size(block[124:136])
+        except ValueError:
+            return None
+        padded = -(-size // BLOCK) * BLOCK
+        if block[156:157] == tarfile.GNUTYPE_LONGNAME:
+            long_names.append(cursor.read(padded))  # refuses more than MAX_META_READ
+        offset += BLOCK + padded
+    return f"{name}: more than {MAX_EXTENSIONS} extension headers before one member at {offset}"
+
+
+def _cut_at_nul(field: bytes) -> bool:
+    """True when a NUL-terminated name field holds more after its terminator: tarfile would
+    silently present the part before the NUL, a different name from the one written."""
+    end = field.find(0)
+    return end != -1 and field.count(0, end) != len(field) - end
+
+
+def _nul_cut_name(raw: _Raw, info: tarfile.TarInfo) -> str | None:
+    """The full name written, when tarfile cut it short at a NUL; None when it did not."""
+    if raw.long_names:  # any one cut short is refused, even one tarfile would then ignore
+        cut = next((n for n in raw.long_names if _cut_at_nul(n)), None)
+        return None if cut is None else cut.rstrip(b"\0").decode("utf-8", "backslashreplace")
+    if "path" in info.pax_headers:
+        return None  # tarfile keeps NULs in PAX values: name_problem sees them
+    name, prefix = raw.header[0:100], raw.header[345:500]
+    uses_prefix = info.type not in tarfile.GNU_TYPES
+    if _cut_at_nul(name) or (uses_prefix and _cut_at_nul(prefix)):
+        parts = [prefix.rstrip(b"\0")] if uses_prefix and prefix.strip(b"\0") else []
+        full = b"/".join([*parts, name.rstrip(b"\0")])
+        return full.decode("utf-8", "backslashreplace")
+    return None
+
+
+@dataclass(frozen=True)
+class _Header:
+    info: tarfile.TarInfo
+    cut: str | None  # the full name, when tarfile's name is cut short at a NUL
+
+
+def _next_header(walker: _Walker, offset: int, name: str) -> _Header | str | None:
+    """The member at `offset`, None at a clean end, or a string saying why the walk stops."""
     try:
         # Judge the block first (tarfile's own end/truncation exceptions are not public API);
         # the segment is cached, so fromtarfile reading it again costs no decryption.
@@ -153,8 +229,12 @@ def _next_header(walker: _Walker, offset: int, name: str) -> tarfile.TarInfo | s
             return f"{name}: TAR ends inside the header at {offset} (truncated package)"
         if block.count(0) == BLOCK:
             return None
+        raw = _raw_chain(walker.fileobj, offset, name)
+        if isinstance(raw, str):
+            return raw
         walker.fileobj.seek(offset)
-        return tarfile.TarInfo.fromtarfile(walker)  # type: ignore[arg-type]
+        info = tarfile.TarInfo.fromtarfile(walker)  # type: ignore[arg-type]
+        return _Header(info, _nul_cut_name(raw, info) if raw else None)
     except tarfile.HeaderError as exc:
         return f"{name}: invalid TAR header at {offset} ({exc}); members after it not listed"
     except CorruptArchiveError as exc:
@@ -168,53 +248,82 @@ def _kind_reason(info: tarfile.TarInfo) -> str | None:
 
 
 class _Tree:
-    """Names taken so far, to refuse duplicates and a file that is also a folder."""
+    """Names taken so far, as a trie (O(depth) per member), to refuse duplicates and a file
+    that is also a folder. A folder maps to a dict of its children, a file to None."""
 
     def __init__(self) -> None:
-        self.files: set[str] = set()
-        self.dirs: set[str] = set()
+        self.root: dict[str, Any] = {}
 
-    def conflict(self, name: str) -> str | None:
-        if name in self.files:
-            return "duplicate member name (the first one is served)"
-        if name in self.dirs:
+    def conflict(self, parts: list[str]) -> str | None:
+        node = self.root
+        for part in parts[:-1]:
+            if part not in node:
+                node[part] = {}  # new from here down: nothing below can clash
+            elif node[part] is None:
+                return "a parent folder is also a member file"
+            node = node[part]
+        if parts[-1] in node:
+            if node[parts[-1]] is None:
+                return "duplicate member name (the first one is served)"
             return "name is also a folder of other members"
-        parents = ["/".join(name.split("/")[:i]) for i in range(1, name.count("/") + 1)]
-        if any(p in self.files for p in parents):
-            return "a parent folder is also a member file"
-        self.files.add(name)
-        self.dirs.update(parents)
+        node[parts[-1]] = None
         return None
 
 
-def build_index(source: PlaintextSource, name: str) -> TarIndex:
-    """Walk the TAR headers in `source`, keeping the safe, regular, complete members."""
+def build_index(
+    source: PlaintextSource,
+    name: str,
+    max_members: int = MAX_MEMBERS,
+    max_depth: int = MAX_DEPTH,
+    max_name_chars: int = MAX_NAME_CHARS,
+) -> TarIndex:
+    """Walk the TAR headers in `source`, keeping the safe, regular, complete members.
+
+    UnsupportedFormatError (naming the package) when it has more than `max_members` members or
+    more than `max_name_chars` of member names: checked before each member is kept.
+    """
     index, tree = TarIndex(), _Tree()
-    walker, offset = _Walker(_Cursor(source, name)), 0
+    walker, offset, walked, name_chars = _Walker(_Cursor(source, name)), 0, 0, 0
     while True:
-        if len(index.members) + len(index.dropped) >= MAX_MEMBERS:
-            index.problems.append(f"{name}: more than {MAX_MEMBERS} TAR members; rest not listed")
-            break
         if offset + BLOCK > source.size:
             index.problems.append(
                 f"{name}: TAR ends at {source.size} with no end-of-archive marker"
             )
             break
-        info = _next_header(walker, offset, name)
-        if info is None:
+        header = _next_header(walker, offset, name)
+        if header is None:
             index.complete = True
             break
-        if isinstance(info, str):
-            index.problems.append(info)
+        if isinstance(header, str):
+            index.problems.append(header)
             break
+        info = header.info
         if info.size < 0 or walker.offset <= offset:
             index.problems.append(f"{name}: corrupt TAR header at {offset} (size {info.size})")
             break
         offset = walker.offset
-        reason = _kind_reason(info) or unsafe_reason(info.name) or tree.conflict(info.name)
-        if reason:
-            index.dropped.append((info.name, reason))
+        walked += 1
+        if walked > max_members:
+            raise UnsupportedFormatError(
+                f"{name}: more than {max_members} TAR members; package not served"
+            )
+        if header.cut is not None:
+            index.dropped.append((shown_name(header.cut), "contains a NUL byte"))
             continue
+        reason = (
+            _kind_reason(info)
+            or unsafe_reason(info.name, max_depth)
+            or tree.conflict(info.name.split("/"))
+        )
+        if reason:
+            index.dropped.append((shown_name(info.name), reason))
+            continue
+        name_chars += len(info.name)
+        if name_chars > max_name_chars:
+            raise UnsupportedFormatError(
+                f"{name}: member names add up to more than {max_name_chars} characters; "
+                "package not served"
+            )
         index.members.append(_member(info))
     _drop_incomplete(index, source)
     return index

@@ -180,6 +180,8 @@ def read_manifest(reader: SegmentReader, index: TarIndex) -> tuple[Any, list[str
         return None, [f"{MANIFEST}: {exc}"]
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         return None, [f"{MANIFEST} is not valid JSON ({exc})"]
+    except RecursionError:  # json's C decoder recurses per nesting level
+        return None, [f"{MANIFEST} nests too deeply to read"]
 
 
 def verify_index(reader: SegmentReader, index: TarIndex) -> list[str]:
@@ -211,7 +213,11 @@ def verify_package(
         return report
     _fill_header(report, header)
     with reader as rd:
-        index = build_index(rd, path.name)
+        try:
+            index = build_index(rd, path.name)
+        except DecantError as exc:  # refused outright (too many members): one problem
+            report.problems.append(str(exc))
+            return report
         report.members = index.members
         report.problems += verify_index(rd, index)
     return report
