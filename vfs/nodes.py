@@ -10,7 +10,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vfs.backends.base import Backend, Entry
+from vfs.backends.base import Backend, Entry, mode_mask_of, presented_mode
 
 NodeKey = tuple[str, str, str, tuple[int, ...]]
 
@@ -75,7 +75,7 @@ def archive_node(
         is_dir=entry.is_dir,
         size=0 if entry.is_dir else entry.size,
         mtime_ns=st.st_mtime_ns,
-        mode=presented_mode(st.st_mode, getattr(backend, "mode_mask", 0o555), entry.is_dir),
+        mode=presented_mode(st.st_mode, mode_mask_of(backend), entry.is_dir),
         uid=st.st_uid,
         gid=st.st_gid,
         real=path,
@@ -86,9 +86,3 @@ def archive_node(
         version=(st.st_ino, st.st_size, st.st_mtime_ns),
     )
 
-
-def presented_mode(archive_mode: int, mask: int, is_dir: bool) -> int:
-    """An archive's contents take its mode minus write bits, within the backend's mask; a folder
-    gets x wherever it has r (a 0640 package shows 0550 folders of 0440 members)."""
-    mode = stat.S_IMODE(archive_mode) & mask & 0o444
-    return mode | (mode >> 2) if is_dir else mode

@@ -146,11 +146,6 @@ def test_lookups_elsewhere_work_and_the_log_stays_small(hostile: Hostile) -> Non
     assert hostile.m.proc is not None and hostile.m.proc.poll() is None
 
 
-@pytest.mark.xfail(
-    reason="vfs/tree.py (_archive_node) does not call presented_mode(st.st_mode, "
-    "mode_mask_of(backend), is_dir) yet; remove this mark when it does",
-    strict=True,
-)
 def test_decrypted_members_are_not_readable_by_others(hostile: Hostile) -> None:
     """--c4gh-mode defaults to 0440: owner and group of the package file read, others do not."""
     package = hostile.src / "good.tar.c4gh"

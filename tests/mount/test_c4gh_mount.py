@@ -234,7 +234,7 @@ def assert_package_served(mnt: Path, src: Path, name: str, plain: bytes, members
     for member, data in members:
         assert sha256(shown[member].read_bytes()) == sha256(data), f"{name}/{member}"
         st = shown[member].stat()
-        assert st.st_mode & 0o7777 == 0o444
+        assert st.st_mode & 0o7777 == 0o440  # --c4gh-mode default: never readable by other
         assert st.st_mtime_ns == (src / name).stat().st_mtime_ns
 
 

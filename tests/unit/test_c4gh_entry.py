@@ -19,7 +19,7 @@ from vfs.backends.base import (
     mode_mask_of,
     presented_mode,
 )
-from vfs.index import DescriptionIndex
+from vfs.mount.index import DescriptionIndex
 
 DEPTH = 10_000  # ten times Python's default recursion limit
 

@@ -30,8 +30,8 @@ from vfs.errors import (
     NotAnArchiveError,
     UnsupportedFormatError,
 )
-from vfs.index import DescriptionIndex
-from vfs.tree import SourceTree
+from vfs.mount.index import DescriptionIndex
+from vfs.mount.tree import SourceTree
 
 corpus = load_tool("make_c4gh_corpus")
 

@@ -56,7 +56,7 @@ class DescriptionIndex:
             return None
         try:
             return Description.from_json(json.loads(row[0]))
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):
             return None
 
     def put(self, path: Path, backend: str, size: int, mtime_ns: int, desc: Description) -> None:

@@ -10,6 +10,7 @@ import hashlib
 import json
 import logging
 import os
+import sqlite3
 import stat
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from vfs.backends.base import Backend, Description
 from vfs.decant import TEMP_PREFIX
 from vfs.errors import DecantError
 from vfs.mount.index import DescriptionIndex
+from vfs.names import name_problem
 from vfs.nodes import Node, archive_node, mirror_node, spooled_node
 
 if TYPE_CHECKING:
@@ -97,6 +99,11 @@ class SourceTree:
                 out[name] = mirror_node(path, st, self.writable)
                 continue
             shown = desc.name
+            problem = name_problem(shown)
+            if problem is not None:
+                self._log_once(path, f"{path}: presents a name that cannot be shown ({problem}); "
+                                     "shown under its archive name")  # fmt: skip
+                shown = name
             if shown in out:
                 self._log_once(
                     path,
@@ -177,7 +184,10 @@ class SourceTree:
             self._log_once(path, f"{path}: {exc.__class__.__name__} — shown as the raw file")
             return None
         if self.index is not None:
-            self.index.put(path, backend.name, st.st_size, st.st_mtime_ns, desc)
+            try:
+                self.index.put(path, backend.name, st.st_size, st.st_mtime_ns, desc)
+            except (sqlite3.Error, ValueError, RecursionError) as exc:  # costs a re-describe
+                self._log_once(path, f"{path}: not kept in the index ({exc})")
         return desc
 
     def children_of_archive_node(self, node: Node) -> dict[str, Node]:
@@ -186,6 +196,10 @@ class SourceTree:
         rel = self._relative(node.real)
         kids = {}
         for name, child in node.entry.children.items():
+            problem = name_problem(name)
+            if problem is not None:
+                self._log_once(node.real, f"{node.real}: member {name[:80]!r} not shown: {problem}")
+                continue
             member = f"{node.member}/{name}".lstrip("/")
             kids[name] = kid = archive_node(node.backend, node.real, st, member, child, rel)
             kid.version = node.version  # members share their archive's (or view's) identity
