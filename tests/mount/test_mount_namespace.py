@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tifffile
 
 from tests.mount.helpers import edit_manifest, flip_byte, rewrite_zip
@@ -113,17 +114,23 @@ def test_damaged_archives_fail_alone(tmp_path: Path, make_mount) -> None:  # typ
     assert m.proc.poll() is None  # still serving
 
 
-def test_archives_added_and_removed_while_mounted(tmp_path: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("extra", [(), ("--no-watch",)], ids=["inotify", "no-watch"])
+def test_archives_added_and_removed_while_mounted(tmp_path: Path, make_mount, extra) -> None:  # type: ignore[no-untyped-def]
+    """With inotify, or without it (NFS: --no-watch), changes to SRC show within seconds: the
+    kernel keeps entries of unwatched folders for 1 s only."""
     work, src = tmp_path / "work", tmp_path / "src"
     (src / "deep").mkdir(parents=True)
     work.mkdir()
     pack_file(_tiff(work / "later.tif", 5), work / "later.tif.zarr.zip")
-    m = make_mount(src)
+    m = make_mount(src, *extra)
     assert os.listdir(m.mnt / "deep") == []
+    # Looked up while absent: a negative entry the kernel may keep must not hide it either.
+    assert not os.path.exists(m.mnt / "deep" / "later.tif")
     shutil.copy(work / "later.tif.zarr.zip", src / "deep" / "later.tif.zarr.zip")
-    assert _wait_for(lambda: os.path.exists(m.mnt / "deep" / "later.tif"))
+    assert _wait_for(lambda: os.path.exists(m.mnt / "deep" / "later.tif"), timeout=5.0)
     digest = hashlib.sha256((m.mnt / "deep" / "later.tif").read_bytes()).hexdigest()
     assert digest == hashlib.sha256((work / "later.tif").read_bytes()).hexdigest()
     (src / "deep" / "later.tif.zarr.zip").unlink()
-    assert _wait_for(lambda: not os.path.exists(m.mnt / "deep" / "later.tif"))
+    assert _wait_for(lambda: not os.path.exists(m.mnt / "deep" / "later.tif"), timeout=5.0)
     assert "later.tif" not in os.listdir(m.mnt / "deep")
+    assert ("not watching" in m.log_text()) == bool(extra)
