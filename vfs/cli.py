@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib.metadata
 import json
 import logging
 import logging.handlers
@@ -29,6 +30,13 @@ def parse_size(text: str) -> int:
         return int(t)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512M or 2G)") from None
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("decant-mount")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,7 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", type=Path, metavar="F", help="log here (default: stderr/syslog)")
     p.add_argument("--log-level", default="INFO", metavar="L", help="DEBUG, INFO, WARNING, ERROR")
     p.add_argument("-u", "--unmount", type=Path, metavar="MNT", help="unmount MNT and exit")
-    p.add_argument("--status", type=Path, metavar="MNT", help="print MNT's pack queue and exit")
+    p.add_argument("--status", type=Path, metavar="MNT",
+                   help="print MNT's pack queue and counters and exit")  # fmt: skip
+    p.add_argument(
+        "--metrics-file",
+        type=Path,
+        metavar="PATH",
+        help="write counters here every 5 s in the Prometheus text format (textfile collector)",
+    )
+    p.add_argument("--version", action="version", version=f"decant-mount {_version()}")
     w = p.add_argument_group("write side (files copied into the mount are packed)")
     w.add_argument("--read-only", action="store_true", help="refuse all writes (also: -o ro)")
     w.add_argument(
@@ -162,14 +178,24 @@ def print_status(mnt: Path) -> int:
     try:
         doc = json.loads((mnt / STATUS_NAME).read_text())
     except (OSError, ValueError) as exc:
-        print(f"decant-mount: {mnt}: no pack queue to show ({exc})", file=sys.stderr)
+        print(f"decant-mount: {mnt}: no status to show ({exc})", file=sys.stderr)
         return 1
-    print(
-        f"queued {doc['queued']}, packing {doc['packing']}, failed {len(doc['failed'])}, "
-        f"done {doc['done']}"
-    )
-    for failure in doc["failed"]:
-        print(f"failed: {failure['path']}: {failure['reason']}")
+    if "queued" in doc:
+        print(f"queued {doc['queued']}, packing {doc['packing']}, failed {len(doc['failed'])}, "
+              f"done {doc['done']}")  # fmt: skip
+        for failure in doc["failed"]:
+            print(f"failed: {failure['path']}: {failure['reason']}")
+    d = doc.get("daemon", {})
+    if d:
+        cache = d.get("cache", {})
+        errors = ", ".join(f"{k} {v}" for k, v in sorted(d.get("errors", {}).items())) or "none"
+        print(f"served {d['bytes_served']} bytes in {d['reads']} reads "
+              f"({d['read_seconds']} s in backends); cache {cache.get('bytes', 0)} of "
+              f"{cache.get('limit_bytes', 0)} bytes, {cache.get('hits', 0)} hits, "
+              f"{cache.get('misses', 0)} misses, {cache.get('evictions', 0)} evictions")
+        print(f"files verified {d['verified']}, failed verification "
+              f"{d['failed_verification']}, pending {d['pending_verification']}; "
+              f"errors: {errors}")  # fmt: skip
     return 0
 
 
@@ -190,6 +216,7 @@ def config_from_args(args: argparse.Namespace, src: Path, mnt: Path) -> MountCon
         pack_workers=args.pack_workers,
         inbox=list(args.inbox),
         allow_delete=args.allow_delete,
+        metrics_file=args.metrics_file,
         backend_args=args,
     )
 

@@ -356,7 +356,10 @@ def test_read_only_mount_refuses_every_write_with_erofs(
     expect_errno(erofs, os.rmdir, m.mnt / "folder")
 
     assert sha256(m.mnt / name) == sha256(corpus[name])
-    assert not (m.mnt / ".decant-status").exists()
+    # A read-only mount has no queue, but its status (the daemon's counters) reads all the same.
+    shown = json.loads((m.mnt / ".decant-status").read_text())
+    assert "queued" not in shown and shown["daemon"]["bytes_served"] > 0
+    expect_errno((errno.EROFS, errno.EACCES), os.open, m.mnt / ".decant-status", os.O_WRONLY)
     assert sorted(os.listdir(src)) == ["folder", "plain.csv", f"{name}.zarr.zip"]
 
 

@@ -20,6 +20,7 @@ from vfs.ingest.spool import Spool
 from vfs.ingest.writeside import WriteSide
 from vfs.mount.config import SPOOL_NAME, MountConfig
 from vfs.mount.index import DescriptionIndex
+from vfs.mount.metrics import METRICS_INTERVAL, prometheus, write_atomically
 from vfs.mount.ops import DecantOperations
 from vfs.mount.tree import SourceTree
 from vfs.mount.watch import watch_source
@@ -120,7 +121,7 @@ def serve(config: MountConfig, ready: Callable[[], None]) -> int:
     tree = build_tree(config, cache)
     queue = build_write_side(config, tree)
     writer = WriteSide(src, tree.spool, config.allow_delete) if queue and tree.spool else None
-    ops = DecantOperations(tree, config, writer, queue)
+    ops = DecantOperations(tree, config, writer, queue, cache)
     if queue is not None:
         queue.on_published = ops.published
     pyfuse3.init(ops, str(mnt), config.fuse_options())
@@ -149,6 +150,8 @@ async def _run(ops: DecantOperations, config: MountConfig, queue: PackQueue | No
         else:
             log.info("not watching %s (--no-watch): changes show after short kernel timeouts", src)
         nursery.start_soon(_census, ops, src)
+        if config.metrics_file is not None:
+            nursery.start_soon(_write_metrics, ops, config.metrics_file)
         await pyfuse3.main()
         nursery.cancel_scope.cancel()  # unmounted from outside (fusermount3 -u)
 
@@ -159,6 +162,16 @@ async def _signals(scope: trio.CancelScope) -> None:
             log.info("%s: unmounting", signal.Signals(signum).name)
             pyfuse3.terminate()
             return
+
+
+async def _write_metrics(ops: DecantOperations, path: Path) -> None:
+    """The counters for node_exporter's textfile collector, every few seconds."""
+    while True:
+        try:
+            await trio.to_thread.run_sync(write_atomically, path, prometheus(ops.status()))
+        except OSError as exc:
+            log.warning("cannot write metrics to %s: %s", path, exc)
+        await trio.sleep(METRICS_INTERVAL)
 
 
 async def _census(ops: DecantOperations, src: Path) -> None:

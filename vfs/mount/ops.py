@@ -23,11 +23,13 @@ import trio
 
 from vfs.backends.base import RandomAccess
 from vfs.backends.plain import BytesFile, PlainFile, SpoolFile
+from vfs.cache import PageCache
 from vfs.errors import DecantError
 from vfs.ingest.queue import PackQueue
 from vfs.ingest.writeside import Attrs, WriteSide
 from vfs.mount.config import STATUS_NAME, MountConfig
 from vfs.mount.inodes import ROOT_INODE, Folder, InodeTable
+from vfs.mount.metrics import COUNTERS, daemon_section
 from vfs.mount.reads import Integrity, OpenFile, Reads
 from vfs.mount.tree import SourceTree
 from vfs.nodes import Node
@@ -61,17 +63,21 @@ def errno_boundary(what: str) -> Iterator[None]:
     """Every handler runs inside this: pyfuse3 stops the daemon on any non-FUSEError exception."""
     try:
         yield
-    except pyfuse3.FUSEError:
+    except pyfuse3.FUSEError as exc:
+        COUNTERS.error(exc.errno)
         raise
     except DecantError as exc:
         _log_limited(logging.ERROR, what, str(exc))
+        COUNTERS.error(exc.errno)
         raise pyfuse3.FUSEError(exc.errno) from None
     except OSError as exc:
         if exc.errno not in (errno.ENOENT, errno.EPERM, errno.EACCES, errno.EEXIST):
             _log_limited(logging.WARNING, what, str(exc))
+        COUNTERS.error(exc.errno or errno.EIO)
         raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
     except Exception as exc:
         _log_limited(logging.ERROR, what, f"unexpected error: {exc!r}", exc_info=True)
+        COUNTERS.error(errno.EIO)
         raise pyfuse3.FUSEError(errno.EIO) from None
 
 
@@ -90,9 +96,11 @@ class DecantOperations(pyfuse3.Operations):
         config: MountConfig,
         writer: WriteSide | None = None,
         queue: PackQueue | None = None,
+        cache: PageCache | None = None,
     ) -> None:
         super().__init__()
         self.tree = tree
+        self.cache = cache
         self.config = config
         self.writer = writer
         self.queue = queue
@@ -192,9 +200,14 @@ class DecantOperations(pyfuse3.Operations):
     def _is_status(self, node: Node) -> bool:
         return node is self._status
 
-    def status_bytes(self) -> bytes:
+    def status(self) -> dict[str, Any]:
+        """The pack queue (writable mounts) and the daemon's counters."""
         doc: dict[str, Any] = self.queue.status() if self.queue is not None else {}
-        return (json.dumps(doc, indent=1) + "\n").encode()
+        doc["daemon"] = daemon_section(self.cache, self.integrity, len(self.inodes))
+        return doc
+
+    def status_bytes(self) -> bytes:
+        return (json.dumps(self.status(), indent=1) + "\n").encode()
 
     # -- namespace handlers ----------------------------------------------------------------
 
@@ -203,7 +216,7 @@ class DecantOperations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         with errno_boundary(f"lookup {name!r}"):
             node = (await self._listing(parent_inode)).children.get(os.fsdecode(name))
-            if node is None and self.queue is not None and self._status_name(parent_inode, name):
+            if node is None and self._status_name(parent_inode, name):
                 node = self._status  # found by name only: listings and rsync skip it
                 node.size = len(self.status_bytes())
             if node is None:

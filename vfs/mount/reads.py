@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ import trio
 from vfs.backends.base import RandomAccess
 from vfs.errors import CorruptArchiveError
 from vfs.integrity import Coverage, SequentialHasher
+from vfs.mount.metrics import COUNTERS
 from vfs.nodes import Node, NodeKey
 
 log = logging.getLogger(__name__)
@@ -180,8 +182,12 @@ class Reads:
         fast = getattr(handle.reader, "read_cached", None)
         data = fast(off, size) if fast is not None else None
         if data is None:
+            started = time.perf_counter()
             data = await trio.to_thread.run_sync(handle.reader.read, off, size,
                                                  limiter=self.decode)  # fmt: skip
+            COUNTERS.read_seconds += time.perf_counter() - started
+        COUNTERS.reads += 1
+        COUNTERS.bytes_served += len(data)
         expected = max(0, min(size, handle.node.size - off))
         if len(data) != expected and handle.node.backend is not None:
             raise CorruptArchiveError(
