@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
-MAX_PENDING = 64 * 1024 * 1024  # reads parked ahead of the hash position before giving up
+MAX_PENDING = 8 * 1024 * 1024  # bytes parked ahead of the hash position before giving up
 
 
 class SequentialHasher:

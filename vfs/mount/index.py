@@ -1,13 +1,17 @@
 """Persistent index of archive descriptions and verified digests: a remount lists without reopening.
 
-Keyed by archive path, size and mtime: a changed archive misses and is described afresh. SQLite
-gives atomic, crash-safe writes; a damaged index file is set aside and rebuilt, never fatal.
+Descriptions are keyed by archive path, size and mtime: a changed archive misses and is described
+afresh. A verified state is keyed by more (inode number and ctime too), so an archive rewritten
+in place with its mtime restored is no longer "verified". The schema version is kept in SQLite's
+`user_version`; an index of another version is set aside and rebuilt (as ratarmount does), never
+misread. SQLite gives atomic, crash-safe writes; a damaged index file is set aside the same way.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import threading
 from pathlib import Path
@@ -16,14 +20,27 @@ from vfs.backends.base import Description
 
 log = logging.getLogger(__name__)
 
+SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS descriptions (
     path TEXT NOT NULL, backend TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
     doc TEXT NOT NULL, PRIMARY KEY (path, backend));
 CREATE TABLE IF NOT EXISTS verified (
     path TEXT NOT NULL, member TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
-    sha256 TEXT NOT NULL, PRIMARY KEY (path, member));
+    ino INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, sha256 TEXT NOT NULL,
+    PRIMARY KEY (path, member));
 """
+
+Stamp = tuple[int, int, int, int]  # size, mtime_ns, inode number, ctime_ns of the archive file
+
+
+def stamp_of(path: Path) -> Stamp:
+    st = os.stat(path)
+    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns
+
+
+class _OtherVersionError(sqlite3.DatabaseError):
+    pass
 
 
 class DescriptionIndex:
@@ -34,16 +51,29 @@ class DescriptionIndex:
         try:
             self._db = self._connect(db_path)
         except sqlite3.DatabaseError as exc:
-            log.warning("index %s is unreadable (%s); starting a new one", db_path, exc)
-            db_path.replace(db_path.with_suffix(".corrupt"))
+            kind = ".old" if isinstance(exc, _OtherVersionError) else ".corrupt"
+            aside = db_path.with_suffix(kind)
+            log.warning("index %s: %s; set aside as %s, starting a new one", db_path, exc, aside)
+            for suffix in ("-wal", "-shm"):
+                db_path.with_name(db_path.name + suffix).unlink(missing_ok=True)
+            db_path.replace(aside)
             self._db = self._connect(db_path)
 
     @staticmethod
     def _connect(db_path: Path) -> sqlite3.Connection:
         db = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.executescript(_SCHEMA)
+        try:
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+            if tables and version != SCHEMA_VERSION:
+                raise _OtherVersionError(f"schema version {version}, not {SCHEMA_VERSION}")
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(_SCHEMA)
+            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except sqlite3.Error:
+            db.close()
+            raise
         return db
 
     def get(self, path: Path, backend: str, size: int, mtime_ns: int) -> Description | None:
@@ -67,20 +97,20 @@ class DescriptionIndex:
                 (str(path), backend, size, mtime_ns, doc),
             )
 
-    def is_verified(self, path: Path, member: str, size: int, mtime_ns: int, sha256: str) -> bool:
+    def is_verified(self, path: Path, member: str, stamp: Stamp, sha256: str) -> bool:
         with self._lock:
             row = self._db.execute(
                 "SELECT 1 FROM verified WHERE path=? AND member=? AND size=? AND mtime_ns=? "
-                "AND sha256=?",
-                (str(path), member, size, mtime_ns, sha256),
+                "AND ino=? AND ctime_ns=? AND sha256=?",
+                (str(path), member, *stamp, sha256),
             ).fetchone()
         return row is not None
 
-    def mark_verified(self, path: Path, member: str, size: int, mtime_ns: int, sha256: str) -> None:
+    def mark_verified(self, path: Path, member: str, stamp: Stamp, sha256: str) -> None:
         with self._lock:
             self._db.execute(
-                "INSERT OR REPLACE INTO verified VALUES (?, ?, ?, ?, ?)",
-                (str(path), member, size, mtime_ns, sha256),
+                "INSERT OR REPLACE INTO verified VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (str(path), member, *stamp, sha256),
             )
 
     def close(self) -> None:

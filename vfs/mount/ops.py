@@ -28,6 +28,7 @@ from vfs.errors import DecantError
 from vfs.ingest.queue import PackQueue
 from vfs.ingest.writeside import Attrs, WriteSide
 from vfs.mount.config import STATUS_NAME, MountConfig
+from vfs.mount.index import stamp_of
 from vfs.mount.inodes import ROOT_INODE, Folder, InodeTable
 from vfs.mount.metrics import COUNTERS, daemon_section
 from vfs.mount.reads import Integrity, OpenFile, Reads
@@ -327,15 +328,13 @@ class DecantOperations(pyfuse3.Operations):
         index = self.tree.index
         if index is None or not node.sha256:
             return False
-        st = os.stat(node.real)
-        return index.is_verified(node.real, node.member, st.st_size, st.st_mtime_ns, node.sha256)
+        return index.is_verified(node.real, node.member, stamp_of(node.real), node.sha256)
 
     def _mark_verified(self, node: Node) -> None:
         index = self.tree.index
         if index is None or not node.sha256:
             return
-        st = os.stat(node.real)
-        index.mark_verified(node.real, node.member, st.st_size, st.st_mtime_ns, node.sha256)
+        index.mark_verified(node.real, node.member, stamp_of(node.real), node.sha256)
 
     def _handle(self, fh: int) -> OpenFile:
         handle = self._handles.get(fh)

@@ -205,6 +205,7 @@ class Reads:
 
     async def _check(self, handle: OpenFile, off: int, data: Any) -> None:
         if not handle.hash_done.is_set() and handle.hash_queue is not None:
+            data = _unpinned(data)
             # The hasher may finish or give up meanwhile: the verdict does not need these bytes.
             with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
                 await handle.hash_queue.send((off, data))
@@ -267,6 +268,14 @@ class Reads:
             if hasher is not None and not hasher.complete:
                 self.integrity.queue(handle.node)  # read in part: verify it in the background
         await trio.to_thread.run_sync(handle.reader.close)
+
+
+def _unpinned(data: Any) -> Any:
+    """A small view of a large cached page would keep the whole page alive while it waits to
+    be hashed (a 4 KiB read pinning an 8 MiB plane): such views are copied."""
+    if isinstance(data, memoryview) and data.nbytes * 4 < memoryview(data.obj).nbytes:
+        return bytes(data)
+    return data
 
 
 def _member(node: Node) -> str:

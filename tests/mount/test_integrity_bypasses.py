@@ -1,0 +1,128 @@
+"""Each way an earlier version served damaged bytes with exit status 0, reproduced: now an error.
+
+Archives here are packed with blosc clevel 0 (chunks stored as they are), so a flipped pixel
+byte always decodes, to wrong bytes: only the sha256 check can catch it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import shutil
+import subprocess
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import tifffile
+
+from tests.mount.helpers import flip_byte, rewrite_zip
+from vfs.decant.packer import PackOptions, pack_file
+from vfs.decant.writer import CodecChoice
+
+STORED = PackOptions(codec=CodecChoice("zstd", 0, "noshuffle"))
+
+
+def _stack(path: Path, seed: int = 1) -> Path:
+    rng = np.random.default_rng(seed)
+    tifffile.imwrite(path, rng.integers(0, 4000, (4, 64, 64), dtype=np.uint16))
+    return path
+
+
+def _first_chunk(archive: Path) -> str:
+    with zipfile.ZipFile(archive) as z:
+        return next(n for n in z.namelist() if n.startswith("0/") and "/." not in n)
+
+
+def _damaged(work: Path, src: Path, name: str = "stack.tif") -> tuple[Path, Path]:
+    """(original, archive in SRC whose first pixel chunk has one flipped byte)."""
+    original = _stack(work / name)
+    clean = work / f"{name}.zarr.zip"
+    pack_file(original, clean, STORED)
+    rewrite_zip(clean, src / clean.name, {_first_chunk(clean): flip_byte(-1)})
+    return original, src / clean.name
+
+
+def _sha256sum(path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["sha256sum", str(path)], capture_output=True, text=True)
+
+
+def test_partial_read_first_does_not_let_a_full_read_skip_the_check(
+    tmp_path: Path, make_mount  # type: ignore[no-untyped-def]
+) -> None:
+    work, src = tmp_path / "work", tmp_path / "src"
+    work.mkdir(), src.mkdir()
+    _damaged(work, src)
+    m = make_mount(src)
+    head = subprocess.run(f"head -c 4096 {m.mnt / 'stack.tif'} > /dev/null", shell=True)
+    assert head.returncode == 0  # the header is intact
+    out = _sha256sum(m.mnt / "stack.tif")
+    assert out.returncode != 0, out.stdout
+    assert _sha256sum(m.mnt / "stack.tif").returncode != 0  # and every later full read too
+
+
+def test_bit_rot_after_verification_is_caught_after_a_remount(
+    tmp_path: Path, make_mount  # type: ignore[no-untyped-def]
+) -> None:
+    work, src = tmp_path / "work", tmp_path / "src"
+    work.mkdir(), src.mkdir()
+    original = _stack(work / "stack.tif")
+    archive = src / "stack.tif.zarr.zip"
+    pack_file(original, archive, STORED)
+    m = make_mount(src)
+    good = _sha256sum(m.mnt / "stack.tif")
+    assert good.returncode == 0
+    assert good.stdout.split()[0] == hashlib.sha256(original.read_bytes()).hexdigest()
+    m.stop()
+    st = archive.stat()
+    rewrite_zip(archive, work / "rotten.zip", {_first_chunk(archive): flip_byte(-1)})
+    shutil.copyfile(work / "rotten.zip", archive)  # in place: same inode, same size
+    os.utime(archive, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert archive.stat().st_size == st.st_size and archive.stat().st_ino == st.st_ino
+    m.start()  # same index, which remembers the archive as verified
+    assert _sha256sum(m.mnt / "stack.tif").returncode != 0
+
+
+def test_whole_file_read_in_random_order_fails_on_damage(
+    tmp_path: Path, make_mount  # type: ignore[no-untyped-def]
+) -> None:
+    work, src = tmp_path / "work", tmp_path / "src"
+    work.mkdir(), src.mkdir()
+    original, _ = _damaged(work, src)
+    m = make_mount(src)
+    size = original.stat().st_size
+    blocks = list(range(0, size, 4096))
+    random.Random(7).shuffle(blocks)
+    errors = 0
+    fd = os.open(m.mnt / "stack.tif", os.O_RDONLY)
+    try:
+        for off in blocks:
+            try:
+                os.pread(fd, 4096, off)
+            except OSError:
+                errors += 1
+    finally:
+        os.close(fd)
+    assert errors >= 1  # the read that completed the file waited for a full check, and failed
+
+
+def test_a_clean_archive_still_reads_in_any_order(
+    tmp_path: Path, make_mount  # type: ignore[no-untyped-def]
+) -> None:
+    """The control: the checks above fail only on damage."""
+    work, src = tmp_path / "work", tmp_path / "src"
+    work.mkdir(), src.mkdir()
+    original = _stack(work / "stack.tif")
+    pack_file(original, src / "stack.tif.zarr.zip", STORED)
+    m = make_mount(src)
+    data = original.read_bytes()
+    blocks = list(range(0, len(data), 4096))
+    random.Random(7).shuffle(blocks)
+    fd = os.open(m.mnt / "stack.tif", os.O_RDONLY)
+    try:
+        for off in blocks:
+            assert os.pread(fd, 4096, off) == data[off : off + 4096]
+    finally:
+        os.close(fd)
+    assert _sha256sum(m.mnt / "stack.tif").stdout.split()[0] == hashlib.sha256(data).hexdigest()
