@@ -19,10 +19,12 @@ from vfs.decant.store import (
     ArraySpec,
     Store,
     open_store,
+    open_store_at,
     read_array_spec,
     read_chunk,
 )
 from vfs.errors import ManifestError, NotAnArchiveError
+from vfs.stores.base import Folder, join_key
 
 
 @dataclass(frozen=True)
@@ -38,23 +40,40 @@ class OriginalInfo:
 class DecantArchive:
     """An opened archive: its store and manifest. Originals open lazily from it."""
 
-    def __init__(self, path: Path, store: Store, manifest: Manifest) -> None:
-        self.path = path
+    def __init__(
+        self, path: Path | str, store: Store, manifest: Manifest, at: tuple[Folder, str] | None
+    ) -> None:
+        self.path = path  # a local path, or an archive's URL when it was opened `at` a folder
         self.store = store
         self.manifest = manifest
-        st = store.stat or os.stat(path)
+        self._at = at
         # Keyed by identity as well as path, so a replaced archive never serves stale cached pages.
-        self.cache_key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+        if store.identity is not None:
+            self.cache_key: tuple[object, ...] = store.identity
+        else:
+            st = os.stat(path)
+            self.cache_key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
         self._nested: dict[str, DecantArchive] = {}
 
     @classmethod
     def open(cls, path: Path) -> DecantArchive:
-        store = open_store(path)
+        return cls._from_store(path, open_store(path), None)
+
+    @classmethod
+    def open_at(cls, folder: Folder, key: str) -> DecantArchive:
+        """The archive at `key` of a folder that need not be local (a bucket prefix)."""
+        store = open_store_at(folder, key)
+        return cls._from_store(store.name, store, (folder, key))
+
+    @classmethod
+    def _from_store(
+        cls, path: Path | str, store: Store, at: tuple[Folder, str] | None
+    ) -> DecantArchive:
         try:
             raw = store.get(MANIFEST_KEY)
             if raw is None:
                 raise NotAnArchiveError(f"{path}: not a decant archive (no {MANIFEST_KEY})")
-            return cls(path, store, parse_manifest(raw, str(path)))
+            return cls(path, store, parse_manifest(raw, str(path)), at)
         except BaseException:
             store.close()
             raise
@@ -116,7 +135,13 @@ class DecantArchive:
             name = mem.subarchive
             if "/" in name or name in ("", ".", ".."):
                 raise ManifestError(f"{self.path}: member subarchive {name!r} is unsafe")
-            sub = self._nested[name] = DecantArchive.open(self.path / name)
+            if self._at is not None:
+                folder, key = self._at
+                sub = DecantArchive.open_at(folder, join_key(key, name))
+            else:
+                assert isinstance(self.path, Path)
+                sub = DecantArchive.open(self.path / name)
+            self._nested[name] = sub
         return sub.open_original("", cache)
 
 

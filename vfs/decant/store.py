@@ -1,13 +1,19 @@
 """Key access to an archive's store (`.zarr.zip` or `.zarr/`) and chunk decoding of its arrays.
 
 Reads bypass zarr-python on purpose: a STORED zip entry is a contiguous byte range, so a chunk is
-one `os.pread` at an offset found once from the central directory, with no event loop or store lock
-in the way (`tools/bench.py read` measures both paths). Codecs still come from numcodecs,
+one positional read at an offset found once from the central directory, with no event loop or store
+lock in the way (`tools/bench.py read` measures both paths). Codecs still come from numcodecs,
 configured by each array's own `.zarray`.
+
+Bytes come through a byte source (`vfs.stores`): a local file is one descriptor read with
+`os.pread`; an object in a bucket is read with ranged GETs. So that a remote zip costs one request
+per step, the central directory is read with the file's tail in one read, and an entry's first
+read fetches its local header and its data together.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -24,6 +30,8 @@ import numpy as np
 from vfs.decant import MANIFEST_KEY as MANIFEST_KEY  # re-exported: its home is vfs.decant
 from vfs.decant import archive_stem as archive_stem
 from vfs.errors import CorruptArchiveError, NotAnArchiveError, UnsupportedFormatError
+from vfs.stores.base import ByteSource, Folder
+from vfs.stores.local import LocalFile, LocalFolder
 
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 
@@ -39,10 +47,11 @@ def is_archive_name(name: str) -> bool:
 class Store:
     """Read-only key/value view of one archive. Thread-safe: reads are positional."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path | str) -> None:
+        self.path = path  # a local path, or the URL of an archive in a bucket
         self.name = str(path)
-        self.stat: os.stat_result | None = None  # of the very file read (zip stores)
+        self.stat: os.stat_result | None = None  # of the very file read (local zip stores)
+        self.identity: tuple[object, ...] | None = None  # of the very bytes read (zip stores)
 
     def get(self, key: str) -> bytes | None:
         raise NotImplementedError
@@ -57,43 +66,114 @@ class Store:
         self.close()
 
 
+class _SourceFile(io.RawIOBase):
+    """A byte source as the seekable file `zipfile` wants, its tail read once up front: the end
+    record and central directory of a remote zip then cost one ranged GET, not a dozen."""
+
+    def __init__(self, source: ByteSource, tail: int) -> None:
+        super().__init__()
+        self._source = source
+        self._pos = 0
+        self._tail_at = max(0, source.size - tail)
+        self._tail = source.read(self._tail_at, source.size - self._tail_at)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = (0, self._pos, self._source.size)[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def readinto(self, buf: Any) -> int:
+        n = max(0, min(len(buf), self._source.size - self._pos))
+        if self._pos < self._tail_at < self._pos + n:  # e.g. a central directory larger than the
+            head = self._source.read(self._pos, self._tail_at - self._pos)  # tail: grow it
+            self._tail, self._tail_at = head + self._tail, self._pos
+        if self._pos >= self._tail_at:
+            start = self._pos - self._tail_at
+            data = self._tail[start : start + n]
+        else:
+            data = self._source.read(self._pos, n)
+        buf[: len(data)] = data
+        self._pos += len(data)
+        return len(data)
+
+
 class ZipArchiveStore(Store):
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        # One descriptor for the index and the reads: opening the path twice could pair one
-        # file's central directory with the bytes of an archive re-published in between.
-        self._fd = -1
+    def __init__(self, source: ByteSource | Path) -> None:
+        if isinstance(source, Path):
+            try:
+                source = LocalFile(source)
+            except OSError as exc:
+                raise CorruptArchiveError(f"{source}: cannot read ({exc.strerror})") from None
+        super().__init__(getattr(source, "path", source.name))
+        # One source for the index and the reads (one descriptor; one ETag for an object):
+        # opening twice could pair one file's central directory with the bytes of an archive
+        # re-published in between.
+        self._source: ByteSource | None = source
         try:
-            self._fd = os.open(path, os.O_RDONLY)
-            with open(os.dup(self._fd), "rb") as fh, zipfile.ZipFile(fh) as zf:
+            tail = int(getattr(source, "tail_hint", 64 * 1024))
+            with zipfile.ZipFile(_SourceFile(source, tail)) as zf:
                 infos = zf.infolist()
         except zipfile.BadZipFile as exc:
             self.close()
-            raise CorruptArchiveError(f"{path}: not a readable zip archive ({exc})") from None
+            raise CorruptArchiveError(f"{self.name}: not a readable zip archive ({exc})") from None
         except OSError as exc:
             self.close()
-            raise CorruptArchiveError(f"{path}: cannot read ({exc.strerror})") from None
+            raise CorruptArchiveError(f"{self.name}: cannot read ({exc.strerror})") from None
+        except BaseException:
+            self.close()
+            raise
         self._entries: dict[str, zipfile.ZipInfo] = {i.filename: i for i in infos}
         self._data_offsets: dict[str, int] = {}
         self._lock = threading.Lock()
-        self.stat = os.fstat(self._fd)
+        self.stat = getattr(source, "stat", None)
+        self.identity = source.identity
 
     def keys(self) -> list[str]:
         return list(self._entries)
 
-    def _data_offset(self, info: zipfile.ZipInfo) -> int:
-        offset = self._data_offsets.get(info.filename)
-        if offset is None:
-            header = os.pread(self._fd, _LOCAL_HEADER.size, info.header_offset)
-            if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
-                raise CorruptArchiveError(
-                    f"{self.path}: zip entry {info.filename!r} has no local header (truncated?)"
-                )
-            fields = _LOCAL_HEADER.unpack(header)
-            offset = info.header_offset + _LOCAL_HEADER.size + fields[9] + fields[10]
-            with self._lock:
-                self._data_offsets[info.filename] = offset
-        return offset
+    @property
+    def source(self) -> ByteSource:
+        if self._source is None:
+            raise ValueError(f"{self.name}: store is closed")
+        return self._source
+
+    def _first_read(self, info: zipfile.ZipInfo) -> bytes:
+        """An entry's data, read with its local header in one read (the header's name and
+        extra lengths are guessed from the central directory; a wrong guess costs one more)."""
+        size = self.source.size
+        guess = _LOCAL_HEADER.size + len(info.filename.encode()) + len(info.extra)
+        end = min(size, info.header_offset + guess + info.file_size)
+        if info.header_offset + _LOCAL_HEADER.size > size:
+            blob = b""
+        else:
+            blob = self.source.read(info.header_offset, end - info.header_offset)
+        header = blob[: _LOCAL_HEADER.size]
+        if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+            raise CorruptArchiveError(
+                f"{self.name}: zip entry {info.filename!r} has no local header (truncated?)"
+            )
+        fields = _LOCAL_HEADER.unpack(header)
+        start = _LOCAL_HEADER.size + fields[9] + fields[10]
+        offset = info.header_offset + start
+        with self._lock:
+            self._data_offsets[info.filename] = offset
+        if start + info.file_size <= len(blob):
+            return blob[start : start + info.file_size]
+        return self._read_at(info, offset)
+
+    def _read_at(self, info: zipfile.ZipInfo, offset: int) -> bytes:
+        if offset + info.file_size > self.source.size:
+            raise CorruptArchiveError(f"{self.name}: zip entry {info.filename!r} is truncated")
+        return self.source.read(offset, info.file_size)
 
     def get(self, key: str) -> bytes | None:
         info = self._entries.get(key)
@@ -102,28 +182,29 @@ class ZipArchiveStore(Store):
         if info.compress_type != zipfile.ZIP_STORED:
             # Not what decant writes, but a re-zipped archive is still readable, just slower.
             try:
-                with open(os.dup(self._fd), "rb") as fh, zipfile.ZipFile(fh) as zf:
+                with zipfile.ZipFile(_SourceFile(self.source, 0)) as zf:
                     return zf.read(info)
             except (zipfile.BadZipFile, OSError, EOFError) as exc:
-                raise CorruptArchiveError(f"{self.path}: cannot read {key!r} ({exc})") from None
-        offset = self._data_offset(info)
-        data = os.pread(self._fd, info.file_size, offset)
-        if len(data) != info.file_size:
-            raise CorruptArchiveError(f"{self.path}: zip entry {key!r} is truncated")
-        return data
+                raise CorruptArchiveError(f"{self.name}: cannot read {key!r} ({exc})") from None
+        offset = self._data_offsets.get(key)
+        if offset is None:
+            return self._first_read(info)
+        return self._read_at(info, offset)
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self._source is not None:
+            self._source.close()
+            self._source = None
 
 
 class DirectoryStore(Store):
+    def __init__(self, path: Path | str, folder: Folder | None = None) -> None:
+        super().__init__(path)
+        self.folder: Folder = folder or LocalFolder(Path(path))
+
     def get(self, key: str) -> bytes | None:
         try:
-            return (self.path / key).read_bytes()
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            return None
+            return self.folder.get(key)
         except OSError as exc:
             raise CorruptArchiveError(
                 f"{self.path}: cannot read {key!r} ({exc.strerror})"
@@ -136,6 +217,17 @@ def open_store(path: Path) -> Store:
     if path.is_file():
         return ZipArchiveStore(path)
     raise NotAnArchiveError(f"{path}: no such archive")
+
+
+def open_store_at(folder: Folder, key: str) -> Store:
+    """The archive at `key` of any folder (a local one, a bucket prefix): `NAME.zarr` is a
+    folder of keys, anything else one zip object."""
+    if key.rstrip("/").endswith(".zarr"):
+        sub = folder.sub(key)
+        if sub.stat(MANIFEST_KEY) is None and sub.stat(".zgroup") is None:
+            raise NotAnArchiveError(f"{sub.name}: no such archive")
+        return DirectoryStore(sub.name, sub)
+    return ZipArchiveStore(folder.open(key))
 
 
 @dataclass(frozen=True)

@@ -133,6 +133,8 @@ def _info(meta: Any, key: str) -> ObjectInfo:
 class S3Object:
     """One object read by ranged GETs pinned to the ETag it had when opened."""
 
+    tail_hint = 256 * 1024  # a zip's end record and central directory in one GET
+
     def __init__(self, folder: S3Folder, key: str, info: ObjectInfo) -> None:
         self._folder = folder
         self.key = key
