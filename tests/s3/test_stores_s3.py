@@ -13,7 +13,8 @@ import pytest
 from tests.s3.conftest import S3Bucket
 from tests.unit.stores_conformance import FolderTests
 from vfs.errors import ObjectChangedError, ObjectMissingError, StoreError
-from vfs.stores import Folder, open_folder
+from vfs.stores import Folder
+from vfs.stores.locate import open_folder
 from vfs.stores.s3 import S3Folder, S3Options, split_url
 
 

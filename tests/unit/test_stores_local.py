@@ -9,7 +9,8 @@ import pytest
 
 from tests.unit.stores_conformance import FolderTests
 from vfs.errors import CorruptArchiveError
-from vfs.stores import Folder, LocalFile, LocalFolder, open_folder
+from vfs.stores import Folder, LocalFile, LocalFolder
+from vfs.stores.locate import open_folder
 
 
 class TestLocalFolder(FolderTests):

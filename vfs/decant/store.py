@@ -224,9 +224,12 @@ def open_store_at(folder: Folder, key: str) -> Store:
     folder of keys, anything else one zip object."""
     if key.rstrip("/").endswith(".zarr"):
         sub = folder.sub(key)
-        if sub.stat(MANIFEST_KEY) is None and sub.stat(".zgroup") is None:
+        manifest = sub.stat(MANIFEST_KEY) or sub.stat(".zgroup")
+        if manifest is None:
             raise NotAnArchiveError(f"{sub.name}: no such archive")
-        return DirectoryStore(sub.name, sub)
+        store = DirectoryStore(sub.name, sub)
+        store.identity = (sub.name, *manifest.identity)  # the manifest is written last
+        return store
     return ZipArchiveStore(folder.open(key))
 
 

@@ -280,5 +280,3 @@ def _unpinned(data: Any) -> Any:
 
 def _member(node: Node) -> str:
     return f" ({node.member})" if node.member else ""
-
-

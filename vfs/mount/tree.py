@@ -210,5 +210,3 @@ class SourceTree:
             return path.relative_to(self.root).as_posix()
         except ValueError:
             return str(path)
-
-

@@ -1,19 +1,15 @@
 """Byte sources: where an archive's bytes come from (local file/folder, S3-compatible bucket).
 
-`open_folder` is the one entry point for a location given by the user: a path or an s3:// URL.
-The S3 module (and obstore) is imported only when an s3:// URL is opened.
+This package's top level is the standard library only, so the format cores can import the
+interface (`base`) and the local sources without pulling in an object-store client;
+`vfs.stores.locate.open_folder` turns a path or an s3:// URL into a folder, importing the S3
+module (and obstore) only for a URL.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING
-
 from vfs.stores.base import ByteSource, Folder, ObjectInfo, join_key
 from vfs.stores.local import LocalFile, LocalFolder
-
-if TYPE_CHECKING:
-    from vfs.stores.s3 import S3Options
 
 __all__ = [
     "ByteSource",
@@ -23,22 +19,12 @@ __all__ = [
     "ObjectInfo",
     "is_url",
     "join_key",
-    "open_folder",
     "split_location",
 ]
 
 
 def is_url(text: str) -> bool:
     return text.startswith("s3://")
-
-
-def open_folder(location: str | Path, options: S3Options | None = None) -> Folder:
-    """A folder for a local path or an s3://BUCKET/PREFIX URL."""
-    if isinstance(location, str) and is_url(location):
-        from vfs.stores.s3 import S3Folder
-
-        return S3Folder(location, options)
-    return LocalFolder(Path(location))
 
 
 def split_location(location: str) -> tuple[str, str]:

@@ -90,6 +90,10 @@ def translate(exc: BaseException, url: str, what: str = "") -> StoreError:
         return ObjectMissingError(f"{where} no such key")
     if isinstance(exc, PreconditionError):
         return ObjectChangedError(f"{where} object replaced since it was opened (ETag changed)")
+    if "169.254.169.254" in reason:  # obstore fell back to the EC2 instance metadata service
+        return StoreAccessError(
+            f"{where} no credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+        )
     if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)):
         return StoreAccessError(f"{where} access refused; check the credentials ({reason})")
     return StoreError(f"{where} object store failed after retries ({reason})")
