@@ -30,6 +30,9 @@ class DecantBackend:
         with DecantArchive.open(path) as archive:
             m = archive.manifest
             originals = archive.originals()
+            # Every size and chunk an original needs is checked here, without decoding: an
+            # archive that claims more than it holds is shown raw, not listed at a false size.
+            archive.check()
         if m.mode != "series":
             (info,) = originals
             return Description(info.relpath, _file_entry(info.size, info.sha256, m.mode))
