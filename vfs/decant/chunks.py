@@ -154,7 +154,7 @@ def _codec(config: Any, allowed: frozenset[str], what: str, where: str) -> Any:
     if config is None and what == "compressor":
         return None
     codec_id = config.get("id") if isinstance(config, dict) else None
-    if codec_id not in allowed:
+    if not isinstance(codec_id, str) or codec_id not in allowed:
         raise UnsupportedFormatError(
             f"{where}: .zarray {what} {str(codec_id or config)[:40]!r} is not one this reader "
             f"decodes ({', '.join(sorted(allowed))})"
@@ -211,6 +211,8 @@ def _decode(spec: ArraySpec, raw: bytes, expected: int) -> Buffer:
     if codec_id in ("zlib", "gzip", "bz2"):
         return _decode_stream(codec_id, raw, expected)
     stated = {"blosc": _blosc_size, "zstd": _zstd_size, "lz4": _lz4_size}[codec_id](raw)
+    if stated is None:
+        raise _SizeError(f"has no valid {codec_id} header stating its size")
     if stated != expected:
         raise _SizeError(f"states {stated} decoded bytes, expected {expected}")
     out = bytearray(expected)

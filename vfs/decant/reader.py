@@ -295,8 +295,7 @@ class PixelReader(OriginalReader):
         self._use_husk(husk, husk_size)
         self._pixels = archive.spec("0", MAX_CHUNK_BYTES)
         self._leading = self._check_pixels(pages, source)
-        plane_order = archive.manifest.plane_order
-        self._plane_order = plane_order if len(plane_order) == len(self._leading) else ()
+        self._plane_order = self._check_plane_order(archive.manifest, source)
         self._check_stored(pages)
 
     def _check_pixels(self, pages: tuple[PageRecord, ...], source: str) -> tuple[int, ...]:
@@ -328,6 +327,18 @@ class PixelReader(OriginalReader):
                     f"({spec.dtype.name})"
                 )
         return leading
+
+    def _check_plane_order(self, m: Manifest, source: str) -> tuple[str, ...]:
+        """plane_order names `0`'s leading axes. Writers that store every chunk always record
+        it (spec §4b); only older archives may leave it empty, meaning a plain unravel."""
+        if len(m.plane_order) == len(self._leading):
+            return m.plane_order
+        if m.all_chunks_stored:
+            raise ManifestError(
+                f"{source}: plane_order {list(m.plane_order)} does not name the "
+                f"{len(self._leading)} leading axes of array '0'"
+            )
+        return ()
 
     def _check_stored(self, pages: tuple[PageRecord, ...]) -> None:
         """Every plane the pages need is in the store (when the store can tell without reads)."""
