@@ -10,6 +10,7 @@ through vfs.backends.decant (describe, open, a partial, a full and random reads;
 comparing with the original bytes. Outcomes:
 
   ok              every read equal to the original
+  renamed         a series member presented under a mutated name (its bytes are not compared)
   error           a DecantError or OSError (by class, and by mutation kind)
   wrong-bytes     full-length reads that differ (a flipped bit in compressed data can decode to
                   other bytes: the sha256 a whole-file read checks catches those; counted by kind)
@@ -393,8 +394,8 @@ def read_all(path: Path, sample: Sample, rng: random.Random) -> tuple[str, str]:
     wrong = ""
     for member, entry in _files(desc.root):
         want = sample.originals.get(member) if series else next(iter(sample.originals.values()))
-        if want is None:
-            return "wrong-bytes", f"unknown member {member!r}"
+        if want is None:  # a mutated relpath: the same bytes under another name
+            return "renamed", f"unknown member {member!r}"
         if entry.size != len(want):
             return "wrong-size", f"{member or desc.name}: listed {entry.size}, is {len(want)}"
         handle = backend.open(path, member, entry)

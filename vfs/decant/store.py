@@ -152,6 +152,14 @@ class ZipArchiveStore(Store):
                 f"{self.path}: stored zip entry {key!r} has compress_size {info.compress_size} "
                 f"!= file_size {info.file_size}"
             )
+        try:
+            return self._read_stored(key, info)
+        except OSError as exc:  # EINVAL for an offset no file has, EIO from the disk
+            raise CorruptArchiveError(
+                f"{self.path}: cannot read zip entry {key!r} ({exc.strerror})"
+            ) from None
+
+    def _read_stored(self, key: str, info: zipfile.ZipInfo) -> bytes:
         offset = self._data_offset(info)
         assert self.stat is not None
         if offset + info.file_size > self.stat.st_size:
