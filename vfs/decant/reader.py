@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,10 +49,14 @@ class DecantArchive:
         self.cache_key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
         self._nested: dict[str, DecantArchive] = {}
         self._specs: dict[str, ArraySpec] = {}
+        self.digests: Mapping[str, int] | None = store.digests
 
     @classmethod
-    def open(cls, path: Path) -> DecantArchive:
+    def open(cls, path: Path, digests: Mapping[str, int] | None = None) -> DecantArchive:
+        """Open an archive; with `digests` (digests.archive_digests, kept by the adapter), every
+        chunk read is checked against its recorded xxh3 before it is decoded."""
         store = open_store(path)
+        store.digests = digests
         try:
             raw = store.get(MANIFEST_KEY, MAX_MANIFEST_BYTES)
             if raw is None:
@@ -131,9 +136,7 @@ class DecantArchive:
                 mem.byteorder,
                 cache,
             )
-        sub = self._nested.get(mem.subarchive)
-        if sub is None:
-            sub = self._nested[mem.subarchive] = self._open_nested(mem.subarchive)
+        sub = self.nested(mem.subarchive)
         got = sub.manifest
         if (got.original_size, got.original_sha256) != (mem.original_size, mem.original_sha256):
             raise ManifestError(
@@ -143,8 +146,14 @@ class DecantArchive:
             )
         return sub.open_original("", cache)
 
+    def nested(self, name: str) -> DecantArchive:
+        """A nested member's own bundle (opened once): mode D or V, in this folder, no symlink."""
+        sub = self._nested.get(name)
+        if sub is None:
+            sub = self._nested[name] = self._open_nested(name)
+        return sub
+
     def _open_nested(self, name: str) -> DecantArchive:
-        """A nested member's own bundle: a mode D or V archive in this folder, not a symlink."""
         path = self.path / name
         if "/" in name or name in ("", ".", ".."):
             raise ManifestError(f"{self.path}: member subarchive {name!r} is unsafe")
@@ -153,7 +162,7 @@ class DecantArchive:
                 raise CorruptArchiveError(f"{path}: member bundle is a symlink (refused)")
         except FileNotFoundError:
             raise NotAnArchiveError(f"{path}: no such archive") from None
-        sub = DecantArchive.open(path)
+        sub = DecantArchive.open(path, nested_digests(self.digests, name))
         if sub.manifest.mode not in ("byte-exact", "verbatim"):
             sub.close()
             raise ManifestError(f"{path}: a member bundle must be byte-exact or verbatim")
@@ -413,3 +422,11 @@ def check_byte_chunks(store: Store, spec: ArraySpec, n_chunks: int) -> None:
         raise CorruptArchiveError(
             f"{store.name}: array '{spec.name}' holds no data for its {spec.shape[0]} bytes"
         )
+
+
+def nested_digests(digests: Mapping[str, int] | None, bundle: str) -> dict[str, int] | None:
+    """A nested member bundle's own map: its keys are recorded as "m0.zarr.zip/<key>"."""
+    if digests is None:
+        return None
+    prefix = f"{bundle}/"
+    return {k[len(prefix) :]: v for k, v in digests.items() if k.startswith(prefix)}
