@@ -212,6 +212,13 @@ CASES: dict[str, tuple[str, Edit, str, type[DecantError], list[str]]] = {
         D, page(0, dtype="complex128"), "describe", UnsupportedFormatError,
         ["pages[0]", "'complex128'"],
     ),
+    "original-name-300-bytes": (
+        D, setf(original_name="x" * 300), "describe", ManifestError, ["original_name", "xxx"],
+    ),
+    "original-name-lone-surrogate": (
+        V, raw_text(MANIFEST, "original_name", '"a\\ud800.tif"'), "describe", ManifestError,
+        ["original_name"],
+    ),
     "plane-order-missing": (
         D, setf(plane_order=[]), "describe", ManifestError, ["plane_order"],
     ),
@@ -511,4 +518,11 @@ def test_nested_bundle_that_is_a_series(nested: Path, tmp_path: Path) -> None:
     fuzz.rewrite_zip(bundle, tmp_path / "b.zip", setf(mode="series", members=doc["members"]))
     bundle.write_bytes((tmp_path / "b.zip").read_bytes())
     with pytest.raises(ManifestError, match="must be byte-exact or verbatim"):
+        DecantBackend(PageCache(0)).describe(nested)
+
+
+def test_nested_member_relpath_too_deep(nested: Path) -> None:
+    """The mount builds folders from relpaths: their depth is bounded, as is each name."""
+    edit_nested(nested, lambda d: d["members"][0].update(relpath="a/" * 100 + "x.tif"))
+    with pytest.raises(ManifestError, match=r"relpath 'a/a/a.* is unsafe"):
         DecantBackend(PageCache(0)).describe(nested)

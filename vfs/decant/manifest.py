@@ -300,8 +300,10 @@ def parse_manifest(raw: bytes, source: str) -> Manifest:
 
 def _check_consistency(m: Manifest, source: str) -> None:
     if m.mode != "series":
-        if "/" in m.original_name or m.original_name in ("", ".", ".."):
-            raise ManifestError(f"{source}: original_name {m.original_name!r} is not a file name")
+        if "/" in m.original_name or not _file_name(m.original_name):
+            raise ManifestError(
+                f"{source}: original_name {m.original_name[:80]!r} is not a file name"
+            )
         if len(m.original_sha256) != 64:
             raise ManifestError(f"{source}: original_sha256 is not a 64-digit hex digest")
     if m.mode == "byte-exact" and m.husk_raw_size + sum(p.nbytes for p in m.pages) != (
@@ -318,8 +320,10 @@ def _check_consistency(m: Manifest, source: str) -> None:
         seen: set[str] = set()
         for i, mem in enumerate(m.members):
             parts = mem.relpath.split("/")
-            if mem.relpath.startswith("/") or any(p in ("", ".", "..") for p in parts):
-                raise ManifestError(f"{source}: members[{i}] relpath {mem.relpath!r} is unsafe")
+            if len(parts) > MAX_DEPTH or not all(_file_name(p) for p in parts):
+                raise ManifestError(
+                    f"{source}: members[{i}] relpath {mem.relpath[:80]!r} is unsafe"
+                )
             if mem.relpath in seen:
                 raise ManifestError(f"{source}: members[{i}] relpath {mem.relpath!r} repeats")
             seen.add(mem.relpath)
@@ -329,6 +333,18 @@ def _check_consistency(m: Manifest, source: str) -> None:
                 raise ManifestError(f"{source}: members[{i}] has no subarchive")
         if not m.series_consolidated:
             _unique([mem.subarchive for mem in m.members], "members[].subarchive", source)
+
+
+MAX_DEPTH = 64  # folders of a series member's relpath: the mount builds its tree from them
+
+
+def _file_name(name: str) -> bool:
+    """One path component a kernel accepts: not empty, . or .., no NUL, at most 255 bytes."""
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:  # JSON allows lone surrogates; no file name holds one
+        return False
+    return name not in ("", ".", "..") and "\0" not in name and size <= 255
 
 
 def _check_counts(m: Manifest, source: str) -> None:
