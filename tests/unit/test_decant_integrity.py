@@ -123,3 +123,17 @@ def test_directory_archive_digests(good: Path, corpus: dict[str, Path], tmp_path
     (folder / A).write_bytes((folder / B).read_bytes())
     with pytest.raises(CorruptArchiveError, match=f"'{A}' does not match"):
         read_all(folder, archive_digests(good))
+
+
+def test_backend_checks_the_adapters_digests(good: Path, tmp_path: Path) -> None:
+    from vfs.backends.decant import DecantBackend
+
+    recorded = DecantBackend(PageCache(0)).chunk_digests(good)
+    bad = swap(good, tmp_path / "swapped.zarr.zip")
+    backend = DecantBackend(PageCache(1 << 20), digests=lambda path: recorded)
+    handle = backend.open(bad, "", backend.describe(bad).root)
+    try:
+        with pytest.raises(CorruptArchiveError, match="does not match its recorded xxh3"):
+            handle.read(0, handle.size)
+    finally:
+        handle.close()
