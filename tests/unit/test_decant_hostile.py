@@ -526,3 +526,22 @@ def test_nested_member_relpath_too_deep(nested: Path) -> None:
     edit_nested(nested, lambda d: d["members"][0].update(relpath="a/" * 100 + "x.tif"))
     with pytest.raises(ManifestError, match=r"relpath 'a/a/a.* is unsafe"):
         DecantBackend(PageCache(0)).describe(nested)
+
+
+def test_packer_stores_every_chunk(tmp_path: Path) -> None:
+    """All-zero planes and husk blocks are written too, and the manifest says so: a reader can
+    then treat any missing chunk as damage (zarr's default would skip chunks equal to fill)."""
+    import tifffile
+
+    from vfs.decant.packer import pack_file
+
+    planes = np.zeros((3, 16, 16), np.uint16)
+    planes[1] = 7
+    tifffile.imwrite(tmp_path / "z.tif", planes, photometric="minisblack")
+    (tmp_path / "zeros.bin").write_bytes(bytes(3 << 20))
+    for name, want in (("z.tif", {"0/0.0.0", "0/1.0.0", "0/2.0.0"}),
+                       ("zeros.bin", {"original/0", "original/1", "original/2"})):  # fmt: skip
+        out = pack_file(tmp_path / name, tmp_path / f"{name}.zarr.zip", PackOptions()).archive
+        with zipfile.ZipFile(out) as zf:
+            assert want <= set(zf.namelist()), zf.namelist()
+            assert json.loads(zf.read(MANIFEST))["all_chunks_stored"] is True

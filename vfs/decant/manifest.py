@@ -331,7 +331,9 @@ def _check_consistency(m: Manifest, source: str) -> None:
                 raise ManifestError(f"{source}: members[{i}] has no husk_array")
             if not m.series_consolidated and not mem.subarchive:
                 raise ManifestError(f"{source}: members[{i}] has no subarchive")
-        if not m.series_consolidated:
+        if m.series_consolidated:
+            _unique([mem.husk_array for mem in m.members], "members[].husk_array", source)
+        else:
             _unique([mem.subarchive for mem in m.members], "members[].subarchive", source)
 
 

@@ -409,9 +409,9 @@ def check_byte_chunks(store: Store, spec: ArraySpec, n_chunks: int) -> None:
         leaf = key[len(spec.name) + 1 :]
         if leaf.startswith("."):
             continue  # .zarray, .zattrs
-        if not leaf.isdigit() or int(leaf) >= n_chunks:
+        if not (leaf.isascii() and leaf.isdigit() and len(leaf) < 20) or int(leaf) >= n_chunks:
             raise CorruptArchiveError(
-                f"{store.name}: array '{spec.name}' holds chunk {key!r} beyond the "
+                f"{store.name}: array '{spec.name}' holds chunk {key[:80]!r} beyond the "
                 f"{spec.shape[0]} bytes the manifest gives it"
             )
         present.add(int(leaf))
