@@ -169,6 +169,33 @@ def _codec(config: Any, allowed: frozenset[str], what: str, where: str) -> Any:
     return codec
 
 
+def check_byte_chunks(store: Store, spec: ArraySpec, n_chunks: int) -> None:
+    """A 1-D byte array's stored chunks against the `n_chunks` its size needs: none beyond them
+    (an `original_size` of 0 over an array holding data is refused), none missing when every
+    chunk was stored, and not none at all for a non-empty array. Zip stores list keys for free."""
+    keys = store.listed(f"{spec.name}/")
+    if keys is None:
+        return
+    present: set[int] = set()
+    for key in keys:
+        leaf = key[len(spec.name) + 1 :]
+        if leaf.startswith("."):
+            continue  # .zarray, .zattrs
+        if not (leaf.isascii() and leaf.isdigit() and len(leaf) < 20) or int(leaf) >= n_chunks:
+            raise CorruptArchiveError(
+                f"{store.name}: array '{spec.name}' holds chunk {key[:80]!r} beyond the "
+                f"{spec.shape[0]} bytes the manifest gives it"
+            )
+        present.add(int(leaf))
+    if spec.all_stored and len(present) < n_chunks:
+        missing = next(i for i in range(n_chunks) if i not in present)
+        raise CorruptArchiveError(f"{store.name}: chunk {spec.chunk_key((missing,))!r} is missing")
+    if n_chunks and not present:
+        raise CorruptArchiveError(
+            f"{store.name}: array '{spec.name}' holds no data for its {spec.shape[0]} bytes"
+        )
+
+
 def read_chunk(store: Store, spec: ArraySpec, index: tuple[int, ...]) -> Buffer:
     """One chunk's decoded bytes: always exactly the full chunk shape (Zarr v2 stores edge
     chunks whole). A missing chunk is an error when the archive stored every chunk, else the

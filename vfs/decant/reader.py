@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from vfs.cache import PageCache
-from vfs.decant.chunks import ArraySpec, read_array_spec, read_chunk
+from vfs.decant.chunks import ArraySpec, check_byte_chunks, read_array_spec, read_chunk
 from vfs.decant.layout import page_coordinate, serialize_page
 from vfs.decant.limits import MAX_BLOCK_BYTES, MAX_CHUNK_BYTES, MAX_CHUNKS, MAX_MANIFEST_BYTES
 from vfs.decant.manifest import Manifest, PageRecord, parse_manifest
@@ -79,14 +79,12 @@ class DecantArchive:
 
     def spec(self, name: str, max_chunk_bytes: int) -> ArraySpec:
         """An array's checked `.zarray`, read once per opened archive."""
-        spec = self._specs.get(name)
+        spec = self._specs.get(f"{name}@{max_chunk_bytes}")
         if spec is None:
             spec = read_array_spec(
                 self.store, name, max_chunk_bytes, self.manifest.all_chunks_stored
             )
-            self._specs[name] = spec
-        elif spec.chunk_nbytes > max_chunk_bytes:
-            read_array_spec(self.store, name, max_chunk_bytes)  # raises, naming the limit
+            self._specs[f"{name}@{max_chunk_bytes}"] = spec
         return spec
 
     def check(self) -> None:
@@ -395,33 +393,6 @@ class PixelReader(OriginalReader):
                 return
             self._page(page)
             offset = self.regions.page_start[page]
-
-
-def check_byte_chunks(store: Store, spec: ArraySpec, n_chunks: int) -> None:
-    """A 1-D byte array's stored chunks against the `n_chunks` its size needs: none beyond them
-    (an `original_size` of 0 over an array holding data is refused), none missing when every
-    chunk was stored, and not none at all for a non-empty array. Zip stores list keys for free."""
-    keys = store.listed(f"{spec.name}/")
-    if keys is None:
-        return
-    present: set[int] = set()
-    for key in keys:
-        leaf = key[len(spec.name) + 1 :]
-        if leaf.startswith("."):
-            continue  # .zarray, .zattrs
-        if not (leaf.isascii() and leaf.isdigit() and len(leaf) < 20) or int(leaf) >= n_chunks:
-            raise CorruptArchiveError(
-                f"{store.name}: array '{spec.name}' holds chunk {key[:80]!r} beyond the "
-                f"{spec.shape[0]} bytes the manifest gives it"
-            )
-        present.add(int(leaf))
-    if spec.all_stored and len(present) < n_chunks:
-        missing = next(i for i in range(n_chunks) if i not in present)
-        raise CorruptArchiveError(f"{store.name}: chunk {spec.chunk_key((missing,))!r} is missing")
-    if n_chunks and not present:
-        raise CorruptArchiveError(
-            f"{store.name}: array '{spec.name}' holds no data for its {spec.shape[0]} bytes"
-        )
 
 
 def nested_digests(digests: Mapping[str, int] | None, bundle: str) -> dict[str, int] | None:
