@@ -1,47 +1,50 @@
-"""Key access to an archive's store (`.zarr.zip` or `.zarr/`) and chunk decoding of its arrays.
+"""Key access to an archive's store (`.zarr.zip` or `.zarr/`), bounded: no read exceeds its limit.
 
 Reads bypass zarr-python on purpose: a STORED zip entry is a contiguous byte range, so a chunk is
 one positional read at an offset found once from the central directory, with no event loop or store
-lock in the way (`tools/bench.py read` measures both paths). Codecs still come from numcodecs,
-configured by each array's own `.zarray`.
+lock in the way (`tools/bench.py read` measures both paths). Every `get` names the most bytes the
+caller can use; a larger entry is refused from its recorded size, before anything is allocated.
 
 Bytes come through a byte source (`vfs.stores`): a local file is one descriptor read with
-`os.pread`; an object in a bucket is read with ranged GETs. So that a remote zip costs one request
+`os.pread`, an object in a bucket is read with ranged GETs. So that a remote zip costs one request
 per step, the central directory is read with the file's tail in one read, and an entry's first
 read fetches its local header and its data together.
 """
 
 from __future__ import annotations
 
+import errno
 import io
-import json
-import math
 import os
+import stat
 import struct
 import threading
 import zipfile
-from dataclasses import dataclass
+import zlib
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-import numcodecs
-import numpy as np
+import xxhash
 
 from vfs.decant import MANIFEST_KEY as MANIFEST_KEY  # re-exported: its home is vfs.decant
 from vfs.decant import archive_stem as archive_stem
-from vfs.errors import CorruptArchiveError, NotAnArchiveError, UnsupportedFormatError
+from vfs.decant.limits import MAX_CENTRAL_DIRECTORY_BYTES, MAX_NDIM, MAX_ZIP_ENTRIES, human
+from vfs.errors import CorruptArchiveError, DecantError, NotAnArchiveError
 from vfs.stores.base import ByteSource, Folder
 from vfs.stores.local import LocalFile, LocalFolder
 
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 
-# numcodecs ignores blosc's thread count outside the main thread unless this is set.
-numcodecs.blosc.use_threads = True  # type: ignore[attr-defined]
-numcodecs.blosc.set_nthreads(min(4, os.cpu_count() or 1))  # type: ignore[attr-defined]
-
 
 def is_archive_name(name: str) -> bool:
     return name.endswith((".zarr.zip", ".zarr"))
+
+
+def is_chunk_key(key: str) -> bool:
+    """A chunk of some array: no part is hidden (.zarray, .zattrs, .decant/…)."""
+    parts = key.split("/")
+    return len(parts) > 1 and not any(p.startswith(".") for p in parts)
 
 
 class Store:
@@ -52,9 +55,38 @@ class Store:
         self.name = str(path)
         self.stat: os.stat_result | None = None  # of the very file read (local zip stores)
         self.identity: tuple[object, ...] | None = None  # of the very bytes read (zip stores)
+        # Chunk key → xxh3-64 of its stored bytes (digests.chunk_digests), from the adapter's
+        # index: every chunk read is checked against it before it is decoded.
+        self.digests: Mapping[str, int] | None = None
 
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str, limit: int) -> bytes | None:
+        """The value at `key`, None if there is none; CorruptArchiveError if over `limit` bytes."""
         raise NotImplementedError
+
+    def has(self, key: str) -> bool | None:
+        """Whether `key` exists, or None when only a read can tell (checked lazily then)."""
+        return None
+
+    def listed(self, prefix: str) -> list[str] | None:
+        """Keys starting with `prefix`, or None when listing is not cheap for this store."""
+        return None
+
+    def all_keys(self) -> list[str]:
+        raise NotImplementedError
+
+    def _check_digest(self, key: str, data: bytes) -> None:
+        assert self.digests is not None
+        want = self.digests.get(key)
+        if want is None:
+            if is_chunk_key(key):
+                raise CorruptArchiveError(
+                    f"{self.path}: chunk {key!r} has no recorded digest (changed since indexed?)"
+                )
+            return
+        if xxhash.xxh3_64_intdigest(data) != want:
+            raise CorruptArchiveError(
+                f"{self.path}: chunk {key!r} does not match its recorded xxh3 digest"
+            )
 
     def close(self) -> None:
         pass
@@ -64,6 +96,11 @@ class Store:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def _too_large(self, key: str, size: int, limit: int) -> CorruptArchiveError:
+        return CorruptArchiveError(
+            f"{self.path}: {key!r} holds {size} bytes, more than the {human(limit)} it may"
+        )
 
 
 class _SourceFile(io.RawIOBase):
@@ -88,25 +125,39 @@ class _SourceFile(io.RawIOBase):
 
     def seek(self, offset: int, whence: int = 0) -> int:
         base = (0, self._pos, self._source.size)[whence]
-        self._pos = max(0, base + offset)
+        if base + offset < 0:
+            raise OSError(errno.EINVAL, "seek before the start")
+        self._pos = base + offset
         return self._pos
 
-    def readinto(self, buf: Any) -> int:
-        n = max(0, min(len(buf), self._source.size - self._pos))
-        if self._pos < self._tail_at < self._pos + n:  # e.g. a central directory larger than the
-            head = self._source.read(self._pos, self._tail_at - self._pos)  # tail: grow it
+    def read(self, size: int | None = -1) -> bytes:
+        """At most what is left: never allocates the `size` a damaged directory may claim (the
+        default `RawIOBase.read` would zero-fill a buffer of that size first)."""
+        left = self._source.size - self._pos
+        n = left if size is None or size < 0 else max(0, min(size, left))
+        if self._pos < self._tail_at < self._pos + n:  # a central directory larger than the tail:
+            head = self._source.read(self._pos, self._tail_at - self._pos)  # grow the tail
             self._tail, self._tail_at = head + self._tail, self._pos
         if self._pos >= self._tail_at:
             start = self._pos - self._tail_at
             data = self._tail[start : start + n]
         else:
             data = self._source.read(self._pos, n)
-        buf[: len(data)] = data
         self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buf: Any) -> int:
+        data = self.read(len(buf))
+        buf[: len(data)] = data
         return len(data)
 
 
 class ZipArchiveStore(Store):
+    verify_crc = True  # ~0.15 ms per MiB read (5.5 GB/s); xxh3 digests are the faster check
+
     def __init__(self, source: ByteSource | Path) -> None:
         if isinstance(source, Path):
             try:
@@ -118,27 +169,54 @@ class ZipArchiveStore(Store):
         # opening twice could pair one file's central directory with the bytes of an archive
         # re-published in between.
         self._source: ByteSource | None = source
+        self._fh: BinaryIO | None = None
+        self._zf: zipfile.ZipFile | None = None
+        path = self.name
         try:
+            self.stat = getattr(source, "stat", None)
+            self.identity = source.identity
             tail = int(getattr(source, "tail_hint", 64 * 1024))
-            with zipfile.ZipFile(_SourceFile(source, tail)) as zf:
-                infos = zf.infolist()
-        except zipfile.BadZipFile as exc:
-            self.close()
-            raise CorruptArchiveError(f"{self.name}: not a readable zip archive ({exc})") from None
-        except OSError as exc:
-            self.close()
-            raise CorruptArchiveError(f"{self.name}: cannot read ({exc.strerror})") from None
-        except BaseException:
+            self._fh = _SourceFile(source, tail)  # type: ignore[assignment]
+            assert self._fh is not None
+            _check_central_directory(self._fh, path)
+            self._zf = zipfile.ZipFile(self._fh)
+            infos = self._zf.infolist()
+        except CorruptArchiveError:
             self.close()
             raise
+        except OSError as exc:
+            self.close()
+            raise CorruptArchiveError(f"{path}: cannot read ({exc.strerror})") from None
+        except Exception as exc:  # zipfile raises BadZipFile, ValueError, struct.error, ...
+            self.close()
+            if isinstance(exc, DecantError):  # a byte source's StoreError keeps its kind
+                raise
+            raise CorruptArchiveError(f"{path}: not a readable zip archive ({exc})") from None
         self._entries: dict[str, zipfile.ZipInfo] = {i.filename: i for i in infos}
         self._data_offsets: dict[str, int] = {}
+        self._prefixes: dict[str, list[str]] | None = None
         self._lock = threading.Lock()
-        self.stat = getattr(source, "stat", None)
-        self.identity = source.identity
+        self._zip_lock = threading.Lock()  # the one ZipFile has one file position
 
-    def keys(self) -> list[str]:
+    def all_keys(self) -> list[str]:
         return list(self._entries)
+
+    def has(self, key: str) -> bool:
+        return key in self._entries
+
+    def listed(self, prefix: str) -> list[str]:
+        """Keys below `prefix` ("name/"), grouped once per store by their first path part."""
+        with self._lock:
+            if self._prefixes is None:
+                groups: dict[str, list[str]] = {}
+                for name in self._entries:
+                    head, sep, _ = name.partition("/")
+                    if sep:
+                        groups.setdefault(head + "/", []).append(name)
+                self._prefixes = groups
+        if prefix.endswith("/") and prefix.count("/") == 1:
+            return self._prefixes.get(prefix, [])
+        return [k for k in self._entries if k.startswith(prefix)]
 
     @property
     def source(self) -> ByteSource:
@@ -146,69 +224,224 @@ class ZipArchiveStore(Store):
             raise ValueError(f"{self.name}: store is closed")
         return self._source
 
-    def _first_read(self, info: zipfile.ZipInfo) -> bytes:
-        """An entry's data, read with its local header in one read (the header's name and
-        extra lengths are guessed from the central directory; a wrong guess costs one more)."""
-        size = self.source.size
-        guess = _LOCAL_HEADER.size + len(info.filename.encode()) + len(info.extra)
-        end = min(size, info.header_offset + guess + info.file_size)
-        if info.header_offset + _LOCAL_HEADER.size > size:
-            blob = b""
-        else:
-            blob = self.source.read(info.header_offset, end - info.header_offset)
-        header = blob[: _LOCAL_HEADER.size]
-        if len(header) < _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
-            raise CorruptArchiveError(
-                f"{self.name}: zip entry {info.filename!r} has no local header (truncated?)"
-            )
-        fields = _LOCAL_HEADER.unpack(header)
-        start = _LOCAL_HEADER.size + fields[9] + fields[10]
-        offset = info.header_offset + start
-        with self._lock:
-            self._data_offsets[info.filename] = offset
-        if start + info.file_size <= len(blob):
-            return blob[start : start + info.file_size]
-        return self._read_at(info, offset)
+    def _data_offset(self, info: zipfile.ZipInfo) -> tuple[int, bytes | None]:
+        """Where the entry's bytes start, from its local header — which must name the same entry:
+        a damaged directory offset would otherwise serve another entry's bytes under this key.
+        The first time, the header and the data are read together (one GET on a remote source:
+        the header's extra length is guessed from the central directory); the data is returned
+        when that read holds all of it."""
+        offset = self._data_offsets.get(info.filename)
+        blob = b""
+        if offset is None:
+            name = info.filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
+            want = _LOCAL_HEADER.size + len(name) + len(info.extra) + info.file_size
+            avail = self.source.size - info.header_offset
+            if info.header_offset >= 0 and avail >= _LOCAL_HEADER.size + len(name):
+                blob = self.source.read(info.header_offset, min(want, avail))
+            header = blob[: _LOCAL_HEADER.size + len(name)]
+            fields = _LOCAL_HEADER.unpack_from(header) if len(header) == len(name) + 30 else None
+            if fields is None or fields[0] != b"PK\x03\x04":
+                raise CorruptArchiveError(
+                    f"{self.path}: zip entry {info.filename!r} has no local header (truncated?)"
+                )
+            if fields[9] != len(name) or header[30:] != name or fields[3] != info.compress_type:
+                raise CorruptArchiveError(
+                    f"{self.path}: zip entry {info.filename!r}: its local header disagrees with "
+                    "the central directory"
+                )
+            offset = info.header_offset + _LOCAL_HEADER.size + fields[9] + fields[10]
+            with self._lock:
+                self._data_offsets[info.filename] = offset
+        start = offset - info.header_offset
+        if blob and start + info.file_size <= len(blob):
+            return offset, blob[start : start + info.file_size]
+        return offset, None
 
-    def _read_at(self, info: zipfile.ZipInfo, offset: int) -> bytes:
-        if offset + info.file_size > self.source.size:
-            raise CorruptArchiveError(f"{self.name}: zip entry {info.filename!r} is truncated")
-        return self.source.read(offset, info.file_size)
-
-    def get(self, key: str) -> bytes | None:
+    def get(self, key: str, limit: int) -> bytes | None:
         info = self._entries.get(key)
         if info is None:
             return None
+        if info.file_size > limit:
+            raise self._too_large(key, info.file_size, limit)
         if info.compress_type != zipfile.ZIP_STORED:
-            # Not what decant writes, but a re-zipped archive is still readable, just slower.
-            try:
-                with zipfile.ZipFile(_SourceFile(self.source, 0)) as zf:
-                    return zf.read(info)
-            except (zipfile.BadZipFile, OSError, EOFError) as exc:
-                raise CorruptArchiveError(f"{self.name}: cannot read {key!r} ({exc})") from None
-        offset = self._data_offsets.get(key)
-        if offset is None:
-            return self._first_read(info)
-        return self._read_at(info, offset)
+            return self._get_compressed(key, info)
+        if info.compress_size != info.file_size:
+            raise CorruptArchiveError(
+                f"{self.path}: stored zip entry {key!r} has compress_size {info.compress_size} "
+                f"!= file_size {info.file_size}"
+            )
+        try:
+            return self._read_stored(key, info)
+        except OSError as exc:  # EINVAL for an offset no file has, EIO from the disk
+            raise CorruptArchiveError(
+                f"{self.path}: cannot read zip entry {key!r} ({exc.strerror})"
+            ) from None
+
+    def _read_stored(self, key: str, info: zipfile.ZipInfo) -> bytes:
+        offset, data = self._data_offset(info)
+        if data is None:
+            if offset + info.file_size > self.source.size:
+                raise CorruptArchiveError(f"{self.path}: zip entry {key!r} runs past the end")
+            data = self.source.read(offset, info.file_size)
+        if len(data) != info.file_size:
+            raise CorruptArchiveError(f"{self.path}: zip entry {key!r} is truncated")
+        # The writer's CRC-32 (zipfile checks it for compressed entries, pread does not): a flipped
+        # bit on disk is an error here, not a wrong pixel that only a whole-file sha256 would see.
+        # A digest map, made from CRC-checked reads, replaces it: xxh3 is four times faster.
+        if self.digests is not None:
+            self._check_digest(key, data)
+        elif self.verify_crc and zlib.crc32(data) != info.CRC:
+            raise CorruptArchiveError(
+                f"{self.path}: zip entry {key!r} fails its CRC-32 check (damaged on disk)"
+            )
+        return data
+
+    def _get_compressed(self, key: str, info: zipfile.ZipInfo) -> bytes:
+        """Not what decant writes, but a re-zipped archive is still readable, just slower.
+        zipfile stops at the entry's file_size (checked against the limit) and checks its CRC."""
+        assert self._zf is not None
+        try:
+            with self._zip_lock:
+                data = self._zf.read(info)
+        except Exception as exc:  # BadZipFile, zlib.error, NotImplementedError, RuntimeError...
+            raise CorruptArchiveError(f"{self.path}: cannot read {key!r} ({exc})") from None
+        if self.digests is not None:
+            self._check_digest(key, data)
+        return data
 
     def close(self) -> None:
+        if self._zf is not None:
+            self._zf.close()
+            self._zf = None
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
         if self._source is not None:
             self._source.close()
             self._source = None
 
 
-class DirectoryStore(Store):
-    def __init__(self, path: Path | str, folder: Folder | None = None) -> None:
-        super().__init__(path)
-        self.folder: Folder = folder or LocalFolder(Path(path))
+def _check_central_directory(fh: BinaryIO, path: Path | str) -> None:
+    """Bound the central directory before zipfile reads it whole and makes an object per entry.
 
-    def get(self, key: str) -> bytes | None:
+    Uses zipfile's own end-record reader, so the numbers checked are the ones zipfile then uses.
+    """
+    end_record = getattr(zipfile, "_EndRecData", None)
+    if end_record is None:
+        return
+    try:
+        rec = end_record(fh)
+    except (OSError, struct.error, ValueError):
+        return  # zipfile raises BadZipFile itself
+    if not rec:
+        return
+    entries, size = rec[4], rec[5]  # _ECD_ENTRIES_TOTAL, _ECD_SIZE
+    if entries > MAX_ZIP_ENTRIES:
+        raise CorruptArchiveError(
+            f"{path}: zip end record claims {entries} entries, more than {MAX_ZIP_ENTRIES}"
+        )
+    if size > MAX_CENTRAL_DIRECTORY_BYTES:
+        raise CorruptArchiveError(
+            f"{path}: zip central directory claims {size} bytes, more than "
+            f"{human(MAX_CENTRAL_DIRECTORY_BYTES)}"
+        )
+
+
+class DirectoryStore(Store):
+    """A `.zarr/` folder. Keys are opened component by component without following symlinks:
+    an archive's owner must not make the daemon (often root) serve a file outside the archive."""
+
+    def get(self, key: str, limit: int) -> bytes | None:
+        parts = key.split("/")
+        if any(p in ("", ".", "..") for p in parts):
+            raise CorruptArchiveError(f"{self.path}: key {key!r} is not a safe relative path")
+        fds: list[int] = []
         try:
-            return self.folder.get(key)
+            fds.append(os.open(self.path, os.O_RDONLY | os.O_DIRECTORY))
+            for part in parts[:-1]:
+                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                fds.append(os.open(part, flags, dir_fd=fds[-1]))
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+            fds.append(os.open(parts[-1], flags, dir_fd=fds[-1]))
+            data = self._read_regular(key, fds[-1], limit)
+            if data is not None and self.digests is not None:
+                self._check_digest(key, data)
+            return data
+        except (FileNotFoundError, NotADirectoryError):
+            return None
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise CorruptArchiveError(f"{self.path}: {key!r} is a symlink (refused)") from None
             raise CorruptArchiveError(
                 f"{self.path}: cannot read {key!r} ({exc.strerror})"
             ) from None
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def all_keys(self) -> list[str]:
+        """Every regular file below the folder, walked without recursion or symlinks."""
+        out: list[str] = []
+        stack = [("", 0)]
+        while stack:
+            prefix, depth = stack.pop()
+            with os.scandir(self.path / prefix if prefix else self.path) as it:
+                for entry in it:
+                    key = f"{prefix}{entry.name}"
+                    if entry.is_dir(follow_symlinks=False) and depth < MAX_NDIM + 2:
+                        stack.append((f"{key}/", depth + 1))
+                    elif entry.is_file(follow_symlinks=False):
+                        out.append(key)
+                    if len(out) > MAX_ZIP_ENTRIES:
+                        raise CorruptArchiveError(
+                            f"{self.path}: holds more than {MAX_ZIP_ENTRIES} files"
+                        )
+        return out
+
+    def _read_regular(self, key: str, fd: int, limit: int) -> bytes | None:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            raise CorruptArchiveError(f"{self.path}: {key!r} is not a regular file")
+        if st.st_size > limit:
+            raise self._too_large(key, st.st_size, limit)
+        data = os.pread(fd, st.st_size + 1, 0)
+        if len(data) != st.st_size:
+            raise CorruptArchiveError(f"{self.path}: {key!r} changed while it was read")
+        return data
+
+
+class FolderStore(Store):
+    """A `.zarr/` archive in a folder that need not be local (a bucket prefix): keys are the
+    folder's keys. Sizes are checked against the limit (one HEAD) before a value is fetched."""
+
+    def __init__(self, folder: Folder) -> None:
+        super().__init__(folder.name)
+        self.folder = folder
+
+    def get(self, key: str, limit: int) -> bytes | None:
+        if any(p in ("", ".", "..") for p in key.split("/")):
+            raise CorruptArchiveError(f"{self.path}: key {key!r} is not a safe relative path")
+        info = self.folder.stat(key)
+        if info is None:
+            return None
+        if info.size > limit:
+            raise self._too_large(key, info.size, limit)
+        data = self.folder.get(key)
+        if data is None or len(data) != info.size:
+            raise CorruptArchiveError(f"{self.path}: {key!r} changed while it was read")
+        if self.digests is not None:
+            self._check_digest(key, data)
+        return data
+
+    def all_keys(self) -> list[str]:
+        out: list[str] = []
+        for info in self.folder.list():
+            out.append(info.key)
+            if len(out) > MAX_ZIP_ENTRIES:
+                raise CorruptArchiveError(f"{self.path}: holds more than {MAX_ZIP_ENTRIES} keys")
+        return out
 
 
 def open_store(path: Path) -> Store:
@@ -221,82 +454,16 @@ def open_store(path: Path) -> Store:
 
 def open_store_at(folder: Folder, key: str) -> Store:
     """The archive at `key` of any folder (a local one, a bucket prefix): `NAME.zarr` is a
-    folder of keys, anything else one zip object."""
+    folder of keys, anything else one zip object. A local folder gets the local stores, with
+    their no-symlink rules."""
+    if isinstance(folder, LocalFolder):
+        return open_store(folder.root / key)
     if key.rstrip("/").endswith(".zarr"):
         sub = folder.sub(key)
         manifest = sub.stat(MANIFEST_KEY) or sub.stat(".zgroup")
         if manifest is None:
             raise NotAnArchiveError(f"{sub.name}: no such archive")
-        store = DirectoryStore(sub.name, sub)
+        store = FolderStore(sub)
         store.identity = (sub.name, *manifest.identity)  # the manifest is written last
         return store
     return ZipArchiveStore(folder.open(key))
-
-
-@dataclass(frozen=True)
-class ArraySpec:
-    """An array's `.zarray`, as far as reading chunks needs it."""
-
-    name: str
-    shape: tuple[int, ...]
-    chunks: tuple[int, ...]
-    dtype: np.dtype[Any]
-    fill_value: Any
-    separator: str
-    compressor: Any
-    filters: tuple[Any, ...]
-
-    @property
-    def chunk_nbytes(self) -> int:
-        return math.prod(self.chunks) * self.dtype.itemsize
-
-    def chunk_key(self, index: tuple[int, ...]) -> str:
-        return f"{self.name}/" + self.separator.join(map(str, index))
-
-
-def read_array_spec(store: Store, name: str) -> ArraySpec:
-    raw = store.get(f"{name}/.zarray")
-    if raw is None:
-        raise CorruptArchiveError(f"{store.name}: array '{name}' is missing (no {name}/.zarray)")
-    try:
-        doc = json.loads(raw)
-        if doc.get("zarr_format") != 2:
-            raise UnsupportedFormatError(f"{store.name}: array '{name}' is not Zarr v2")
-        if doc.get("order", "C") != "C":
-            raise UnsupportedFormatError(f"{store.name}: array '{name}' is not in C order")
-        compressor = doc.get("compressor")
-        return ArraySpec(
-            name=name,
-            shape=tuple(int(n) for n in doc["shape"]),
-            chunks=tuple(int(n) for n in doc["chunks"]),
-            dtype=np.dtype(doc["dtype"]),
-            fill_value=doc.get("fill_value") or 0,
-            separator=doc.get("dimension_separator") or ".",
-            compressor=numcodecs.get_codec(compressor) if compressor else None,
-            filters=tuple(numcodecs.get_codec(f) for f in doc.get("filters") or ()),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CorruptArchiveError(
-            f"{store.name}: array '{name}' has bad metadata ({exc})"
-        ) from None
-
-
-def read_chunk(store: Store, spec: ArraySpec, index: tuple[int, ...]) -> bytes:
-    """One chunk's decoded bytes (always the full chunk shape, as Zarr v2 stores edge chunks)."""
-    key = spec.chunk_key(index)
-    raw = store.get(key)
-    if raw is None:
-        fill = np.full(spec.chunks, spec.fill_value, dtype=spec.dtype)
-        return fill.tobytes()
-    try:
-        data: Any = spec.compressor.decode(raw) if spec.compressor else raw
-        for codec in reversed(spec.filters):
-            data = codec.decode(data)
-        out = memoryview(data).cast("B").tobytes() if not isinstance(data, bytes) else data
-    except Exception as exc:  # codecs raise anything from RuntimeError to ValueError
-        raise CorruptArchiveError(f"{store.name}: chunk {key!r} does not decode ({exc})") from None
-    if len(out) != spec.chunk_nbytes:
-        raise CorruptArchiveError(
-            f"{store.name}: chunk {key!r} decodes to {len(out)} bytes, expected {spec.chunk_nbytes}"
-        )
-    return out

@@ -70,8 +70,8 @@ class Folder(Protocol):
 def check_range(source: ByteSource, offset: int, size: int) -> None:
     """A read must lie inside the blob: past the end means the archive is truncated or its
     directory lies, which the cores report as damage."""
-    if offset < 0 or size < 0:
-        raise ValueError(f"{source.name}: bad range ({offset}, {size})")
+    if offset < 0 or size < 0:  # as pread's EINVAL: an offset no file has
+        raise CorruptArchiveError(f"{source.name}: read of {size} bytes at {offset}: bad range")
     if offset + size > source.size:
         raise CorruptArchiveError(
             f"{source.name}: read of {size} bytes at {offset} runs past the end "
