@@ -180,8 +180,9 @@ def cmd_restore(args: argparse.Namespace) -> int:
             f"{args.archive}: cannot restore to {args.output}: a folder (-o names the file)"
         )
     try:
-        # restore_archive takes no progress callback yet, so restore draws no bar.
-        written = restore_archive(args.archive, args.output, Path.cwd())
+        total = original_bytes(args.archive)
+        with byte_progress(f"restoring {args.archive.name}", total, quiet(args)) as bar:
+            written = restore_archive(args.archive, args.output, Path.cwd(), bar)
     except OSError as exc:  # disk full, no write permission: one error line, not a traceback
         where = exc.filename2 or exc.filename or args.output or Path.cwd()
         raise OutputError(

@@ -78,7 +78,9 @@ def require_verified(path: Path, expected: dict[str, str] | None = None) -> None
             )
 
 
-def restore_archive(path: Path, out: Path | None, workdir: Path) -> list[Path]:
+def restore_archive(
+    path: Path, out: Path | None, workdir: Path, progress: Callable[[int], None] | None = None
+) -> list[Path]:
     """Write the original(s) through temp files + rename; nothing is left on a digest mismatch.
 
     `out` names the file (modes D/V) or the folder that receives series members; default: the
@@ -101,6 +103,8 @@ def restore_archive(path: Path, out: Path | None, workdir: Path) -> list[Path]:
                     for block in stream(archive.open_original(info.relpath, cache)):
                         digest.update(block)
                         fh.write(block)
+                        if progress:
+                            progress(len(block))
                     fh.flush()
                     os.fsync(fh.fileno())
                 if digest.hexdigest() != info.sha256:

@@ -107,7 +107,8 @@ class DecantOperations(pyfuse3.Operations):
         self.queue = queue
         self.watched = config.watch  # the watcher clears it if inotify fails
         self.inodes = InodeTable(tree.root_node())
-        self.integrity = Integrity(self._is_verified, self._mark_verified, self._open_reader)
+        self.integrity = Integrity(self._is_verified, self._mark_verified, self._open_reader,
+                                   self._forget_verified)  # fmt: skip
         self.reads = Reads(self.integrity, config.decode_threads)
         self._handles: dict[int, OpenFile] = {}
         self._next_fh = 1
@@ -334,7 +335,16 @@ class DecantOperations(pyfuse3.Operations):
         index = self.tree.index
         if index is None or not node.sha256:
             return
-        index.mark_verified(node.real, node.member, stamp_of(node.real), node.sha256)
+        stamp = stamp_of(node.real)
+        index.mark_verified(node.real, node.member, stamp, node.sha256)
+        record = getattr(node.backend, "chunk_digests", None)
+        if record is not None and index.digests(node.real, stamp) is None:
+            # From now on every chunk read from disk is checked against these before decoding.
+            index.put_digests(node.real, stamp, record(node.real))
+
+    def _forget_verified(self, node: Node) -> None:
+        if self.tree.index is not None:
+            self.tree.index.forget_verified(node.real, node.member)
 
     def _handle(self, fh: int) -> OpenFile:
         handle = self._handles.get(fh)
