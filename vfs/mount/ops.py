@@ -33,7 +33,7 @@ from vfs.mount.inodes import ROOT_INODE, Folder, InodeTable
 from vfs.mount.metrics import COUNTERS, daemon_section
 from vfs.mount.reads import Integrity, OpenFile, Reads
 from vfs.mount.tree import SourceTree
-from vfs.nodes import Node
+from vfs.nodes import Node, mirror_node
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +166,10 @@ class DecantOperations(pyfuse3.Operations):
         if folder is None:
             folder = self.inodes.folders[inode] = Folder()
         changed = folder.merge(kids)
+        for node in kids.values():  # the kernel's inodes see new sizes and modes at getattr
+            ino = self.inodes.known(node)
+            if ino is not None:
+                self.inodes.replace(ino, node)
         folder.mtime_ns, folder.checked = mtime, time.monotonic()
         for name in changed:
             pyfuse3.invalidate_entry_async(inode, os.fsencode(name), ignore_enoent=True)
@@ -233,6 +237,11 @@ class DecantOperations(pyfuse3.Operations):
                 self.inodes.replace(inode, node)  # writes move its size
             elif self._is_status(node):
                 node.size = len(self.status_bytes())
+            elif node.backend is None and not node.is_dir:
+                # A mirrored file may be rewritten in SRC without its folder changing.
+                st = await trio.to_thread.run_sync(os.stat, node.real)
+                node = mirror_node(node.real, st, self.tree.writable)
+                self.inodes.replace(inode, node)
             return self._attrs(inode, node)
 
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
