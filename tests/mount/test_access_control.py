@@ -355,11 +355,6 @@ def test_status_file_with_spool_elsewhere(
     assert u.errno_of("os.listdir(p)", p=s.spool) == errno.EACCES
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: with --spool DIR, SRC/.decant-spool/staging is made 0755: other users can open "
-    "archives of 0600 files while they are packed (mode set only at the end)",
-)
 def test_staging_with_spool_elsewhere_is_closed(
     spool_elsewhere: SpoolElsewhere, unprivileged: User
 ) -> None:

@@ -143,11 +143,6 @@ def real_folders(src: Path) -> set[tuple[int, int, int]]:
     return out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: the SRC watcher (watchfiles/notify) follows symlinks: SRC/etc-link puts inotify "
-    "watches on every folder of /etc",
-)
 def test_the_watcher_stays_inside_src(links: Contained) -> None:
     """The daemon never follows a link, its inotify watcher included: a link to `/` would have
     it walk and watch the whole machine (and the mount itself)."""
@@ -160,13 +155,8 @@ def test_the_watcher_stays_inside_src(links: Contained) -> None:
 
 # -- a mountpoint near SRC: the daemon never calls into itself -----------------------------------
 
-WATCH_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="BUG: watchfiles walks SRC on the trio thread before FUSE INIT is answered, following "
-    "symlinks and into the mountpoint: the walk waits on the daemon itself (deadlock)",
-)
 WATCHING = [
-    pytest.param([], id="watch", marks=WATCH_BUG),
+    pytest.param([], id="watch"),
     pytest.param(["--no-watch"], id="no-watch"),
 ]
 

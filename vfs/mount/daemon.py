@@ -65,8 +65,10 @@ def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:
     src = config.src
     # Spooled files are the writers' bytes on SRC's disk: no other local user may reach (or
     # execute) them there, whatever their modes say.
-    config.spool_root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(config.spool_root, 0o700)
+    # Archives are staged in SRC/.decant-spool whichever --spool is given.
+    for private in {config.spool_root, src / SPOOL_NAME}:
+        private.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(private, 0o700)
     spool = Spool(src, config.spool_root / "files")
     spools = [spool] + [Spool(src, inbox) for inbox in config.inbox]
     queue = PackQueue(spools, config.settle, None, config.pack_all, config.pack_workers)
