@@ -120,9 +120,10 @@ def check_all_chunks(path: Path, group: Any) -> None:
         with zipfile.ZipFile(path) as zf:
             keys = set(zf.namelist())
     for name, arr in group.arrays():
+        sep = getattr(arr.metadata, "dimension_separator", None) or "."
         grid = [range(-(-n // c)) for n, c in zip(arr.shape, arr.chunks, strict=True)]
         for index in itertools.product(*grid):
-            key = f"{name}/" + ".".join(map(str, index)) if index else f"{name}/0"
+            key = f"{name}/" + sep.join(map(str, index)) if index else f"{name}/0"
             if key not in keys:
                 raise RecoveryError(f"{path}: chunk {key!r} is missing; refusing to fill zeros")
 
