@@ -20,6 +20,7 @@ from vfs.mount.config import STATUS_NAME, MountConfig, parse_fuse_options
 log = logging.getLogger("decant-mount")
 
 
+
 def parse_size(text: str) -> int:
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
     t = text.strip().lower().removesuffix("ib").removesuffix("b")
@@ -29,6 +30,18 @@ def parse_size(text: str) -> int:
         return int(t)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512M or 2G)") from None
+
+
+def parse_duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 12h or 7d)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"not a positive duration: {text!r}")
+    return value
 
 
 def _version() -> str:
@@ -91,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="PATH",
         help="write counters here every 5 s in the Prometheus text format (textfile collector)",
+    )
+    p.add_argument(
+        "--scrub-interval",
+        type=parse_duration,
+        metavar="T",
+        help="re-verify every original in SRC this often (e.g. 7d, 12h; default: never)",
     )
     p.add_argument("--version", action="version", version=f"decant-mount {_version()}")
     w = p.add_argument_group("write side (files copied into the mount are packed)")
@@ -188,12 +207,10 @@ def print_status(mnt: Path) -> int:
     if d:
         cache = d.get("cache", {})
         errors = ", ".join(f"{k} {v}" for k, v in sorted(d.get("errors", {}).items())) or "none"
-        print(
-            f"served {d['bytes_served']} bytes in {d['reads']} reads "
-            f"({d['read_seconds']} s in backends); cache {cache.get('bytes', 0)} of "
-            f"{cache.get('limit_bytes', 0)} bytes, {cache.get('hits', 0)} hits, "
-            f"{cache.get('misses', 0)} misses, {cache.get('evictions', 0)} evictions"
-        )
+        print(f"served {d['bytes_served']} bytes in {d['reads']} reads "
+              f"({d['read_seconds']} s in backends); cache {cache.get('bytes', 0)} of "
+              f"{cache.get('limit_bytes', 0)} bytes, {cache.get('hits', 0)} hits, "
+              f"{cache.get('misses', 0)} misses, {cache.get('evictions', 0)} evictions")
         print(f"files verified {d['verified']}, failed verification "
               f"{d['failed_verification']}, pending {d['pending_verification']}; "
               f"errors: {errors}")  # fmt: skip
@@ -218,6 +235,7 @@ def config_from_args(args: argparse.Namespace, src: Path, mnt: Path) -> MountCon
         inbox=list(args.inbox),
         allow_delete=args.allow_delete,
         metrics_file=args.metrics_file,
+        scrub_interval=args.scrub_interval,
         backend_args=args,
     )
 

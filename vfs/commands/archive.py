@@ -199,9 +199,10 @@ def cmd_restore(args: argparse.Namespace) -> int:
 def _restore(archive: DecantArchive, args: argparse.Namespace) -> list[Path]:
     from vfs.decant.verify import restore_opened
 
+    total = sum(info.size for info in archive.originals())
     try:
-        # restore_opened takes no progress callback yet, so restore draws no bar.
-        return restore_opened(archive, _name(args.archive), args.output, Path.cwd())
+        with byte_progress(f"restoring {_name(args.archive)}", total, quiet(args)) as bar:
+            return restore_opened(archive, _name(args.archive), args.output, Path.cwd(), bar)
     except OSError as exc:  # disk full, no write permission: one error line, not a traceback
         where = exc.filename2 or exc.filename or args.output or Path.cwd()
         raise OutputError(

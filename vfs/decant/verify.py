@@ -85,18 +85,24 @@ def require_verified(path: Path, expected: dict[str, str] | None = None) -> None
             )
 
 
-def restore_archive(path: Path, out: Path | None, workdir: Path) -> list[Path]:
+def restore_archive(
+    path: Path, out: Path | None, workdir: Path, progress: Callable[[int], None] | None = None
+) -> list[Path]:
     """Write the original(s) through temp files + rename; nothing is left on a digest mismatch.
 
     `out` names the file (modes D/V) or the folder that receives series members; default: the
     original's name in `workdir`.
     """
     with DecantArchive.open(path) as archive:
-        return restore_opened(archive, path.name, out, workdir)
+        return restore_opened(archive, path.name, out, workdir, progress)
 
 
 def restore_opened(
-    archive: DecantArchive, name: str, out: Path | None, workdir: Path
+    archive: DecantArchive,
+    name: str,
+    out: Path | None,
+    workdir: Path,
+    progress: Callable[[int], None] | None = None,
 ) -> list[Path]:
     """`restore_archive` of an archive already open (`name`: the archive's file name)."""
     written: list[Path] = []
@@ -115,6 +121,8 @@ def restore_opened(
                 for block in stream(archive.open_original(info.relpath, cache)):
                     digest.update(block)
                     fh.write(block)
+                    if progress:
+                        progress(len(block))
                 fh.flush()
                 os.fsync(fh.fileno())
             if digest.hexdigest() != info.sha256:
