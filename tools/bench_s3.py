@@ -24,13 +24,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import obstore
-from benchlib import MiB, Report, log, mbps, percentile, workdir
-from obstore.store import S3Store
-from seaweed import SeaweedServer, weed_binary
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # this checkout's vfs, not another installed one
+    sys.path.insert(0, str(ROOT))
 
-from vfs.decant.packer import PackOptions, pack_file
-from vfs.stores.s3 import S3Folder
+import obstore  # noqa: E402
+from benchlib import MiB, Report, log, mbps, percentile, workdir  # noqa: E402
+from obstore.store import S3Store  # noqa: E402
+from seaweed import SeaweedServer, weed_binary  # noqa: E402
+
+from vfs.decant.packer import PackOptions, pack_file  # noqa: E402
+from vfs.stores.s3 import S3Folder  # noqa: E402
 
 KEY = "blob.bin"
 
@@ -77,7 +81,7 @@ def run(args: argparse.Namespace, work: Path, bucket: str, endpoint: str) -> Rep
     folder = S3Folder(f"s3://{bucket}")
     size = args.mib * MiB
     log(f"uploading a {args.mib} MiB object")
-    blob = random.Random(args.seed).randbytes(size)
+    blob = os.urandom(size)
     obstore.put(store, KEY, blob, chunk_size=16 * MiB)
     _latency(report, args, store, folder, s3fs, bucket, size, blob)
     _download(report, args, store, folder, s3fs, bucket, size)
@@ -120,7 +124,7 @@ def _latency(report: Report, args: Any, store: S3Store, folder: S3Folder, s3fs: 
     ]
     if s3fs:
         getters.append(
-            ("s3fs cat_file", lambda o: s3fs[0].cat_file(f"{bucket}/{KEY}", o, o + 4096))
+            ("s3fs cat_file", lambda o: s3fs[0].cat_file(f"{bucket}/{KEY}", start=o, end=o + 4096))
         )
     for name, get in getters:
         assert get(offsets[0]) == blob[offsets[0] : offsets[0] + 4096]

@@ -122,7 +122,7 @@ class SeaweedServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"weed exited {self.proc.returncode}: {self.tail()}")
             try:
-                self._request("PUT", f"/{probe}")
+                self._create(probe)  # a retry after a failed object write finds it there
                 self._request("PUT", f"/{probe}/probe", b"ok")
                 if self._request("GET", f"/{probe}/probe") == b"ok":
                     self._request("DELETE", f"/{probe}/probe")
@@ -139,10 +139,17 @@ class SeaweedServer:
         with urllib.request.urlopen(req, timeout=5) as resp:
             return bytes(resp.read())
 
+    def _create(self, bucket: str) -> None:
+        try:
+            self._request("PUT", f"/{bucket}")
+        except urllib.error.HTTPError as exc:
+            if exc.code != 409:  # BucketAlreadyOwnedByYou: it is there, which is what we want
+                raise
+
     def create_bucket(self, name: str | None = None) -> str:
-        """A new empty bucket (plain S3 CreateBucket); a fresh random name by default."""
+        """A bucket (plain S3 CreateBucket); a fresh random name by default."""
         name = name or f"t-{uuid.uuid4().hex[:12]}"
-        self._request("PUT", f"/{name}")
+        self._create(name)
         self.buckets.append(name)
         return name
 
