@@ -9,6 +9,7 @@ pages of PAGE_SEGMENTS segments, so a 1 MiB read costs one or two cache look-ups
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -175,6 +176,7 @@ class SegmentReader:
         self._prefix = (CACHE_PREFIX, str(self.path))
         self._fd: int | None = None
         self._lock = threading.Lock()
+        self._advised = (0, 0)  # segments whose cipher text the kernel was asked to read ahead
 
     def cache_key(self, page_no: int) -> Hashable:
         """The cache key of page `page_no` (segments page_no * PAGE_SEGMENTS onwards)."""
@@ -216,9 +218,12 @@ class SegmentReader:
         """Decrypt up to `count` segments from `first` into the cache (sequential read-ahead).
 
         A page at a time, so a reader waiting for the first page gets it before the rest are
-        done. A segment that fails is left for the read that needs it to report.
+        done. A segment that fails is left for the read that needs it to report. The cipher
+        text of the `count` segments after these is requested from the disk now (WILLNEED),
+        so the next call's pread finds it in the page cache rather than waiting for it.
         """
         n, stop = max(first, 0), min(first + count, self.segments)
+        self._advise(stop, stop + count)
         while n < stop:
             hi = min((n // PAGE_SEGMENTS + 1) * PAGE_SEGMENTS, stop)
             if self._cached(n, hi) is None:
@@ -252,6 +257,21 @@ class SegmentReader:
         self.close()
 
     # -- internals --------------------------------------------------------------------------
+
+    def _advise(self, first: int, stop: int) -> None:
+        """Start the disk reads of segments [first, stop) not advised yet (asynchronous)."""
+        lo, hi = self._advised
+        if lo <= first <= hi:
+            first = hi  # a forward reader: only what the last call did not ask for
+        stop = min(stop, self.segments)
+        if first >= stop:
+            return
+        start = cipher_offset(self.header_len, first)
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(
+                self._descriptor(), start, self._cipher_end(stop) - start, os.POSIX_FADV_WILLNEED
+            )
+        self._advised = (min(lo, first) if lo <= first <= hi else first, stop)
 
     def _page(self, page_no: int) -> _Page:
         page: _Page = self._cache.get_or_load(self.cache_key(page_no), _Page)
