@@ -19,7 +19,14 @@ from pathlib import Path
 
 from vfs.backends.base import Description, Entry
 from vfs.c4gh.header import OpenedHeader, open_header
-from vfs.c4gh.segments import CACHE_PREFIX, PAGE_SIZE, SEGMENT_SIZE, SegmentReader, SegmentStats
+from vfs.c4gh.segments import (
+    CACHE_PREFIX,
+    PAGE_SIZE,
+    SEGMENT_SIZE,
+    BufferPool,
+    SegmentReader,
+    SegmentStats,
+)
 from vfs.c4gh.tarindex import Member, TarIndex, build_index
 from vfs.cache import PageCache
 from vfs.errors import CorruptArchiveError, DecantError, DecryptError, NotAnArchiveError
@@ -42,28 +49,31 @@ DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 class MemberReader:
     """An opened member: reads clamp to the member and never return another member's bytes."""
 
-    def __init__(self, reader: SegmentReader, offset: int, size: int, name: str) -> None:
+    def __init__(
+        self, reader: SegmentReader, offset: int, size: int, name: str, pool: BufferPool
+    ) -> None:
         self.size = size
         self.name = name
         self._reader = reader
         self._offset = offset
+        self._pool = pool
 
-    def read(self, offset: int, size: int) -> bytes:
+    def read(self, offset: int, size: int) -> bytes | memoryview:
         if offset < 0 or size <= 0 or offset >= self.size:
             return b""
         want = min(size, self.size - offset)
-        data = self._reader.read(self._offset + offset, want)
+        data = self._reader.read_view(self._offset + offset, want, self._pool)
         if len(data) != want:
             # The package is shorter than the member (truncated since it was described): EIO.
             raise CorruptArchiveError(f"{self.name}: package ends before byte {offset + want}")
         return data
 
-    def read_cached(self, offset: int, size: int) -> bytes | None:
+    def read_cached(self, offset: int, size: int) -> bytes | memoryview | None:
         """`read` from segments decrypted already (on the event loop: no thread hop), or None."""
         if offset < 0 or size <= 0 or offset >= self.size:
             return b""
         want = min(size, self.size - offset)
-        data = self._reader.read_cached(self._offset + offset, want)
+        data = self._reader.read_cached(self._offset + offset, want, self._pool)
         return data if data is not None and len(data) == want else None
 
     def readahead(self, offset: int) -> None:
@@ -111,6 +121,7 @@ class C4ghBackend:
         self.writer_policy = writer_policy
         self.mode_mask = mode_mask  # see vfs.backends.base.presented_mode
         self.stats = SegmentStats()  # segments decrypted by every reader of this backend
+        self.pool = BufferPool()  # the buffers member reads are served in
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
 
@@ -143,7 +154,7 @@ class C4ghBackend:
         if offset + entry.size > reader.size:
             reader.close()
             raise CorruptArchiveError(f"{label}: member runs past the end of the package")
-        return MemberReader(reader, offset, entry.size, label)
+        return MemberReader(reader, offset, entry.size, label, self.pool)
 
     def forget(self, path: Path) -> None:
         """Drop what is remembered about a package (it changed on disk or went away)."""
