@@ -16,6 +16,9 @@ from hypothesis import strategies as st
 
 from tests.toolbox import load_tool
 from vfs.c4gh.segments import (
+    PAGE_SEGMENTS,
+    PAGE_SIZE,
+    BufferPool,
     SegmentReader,
     cipher_offset,
     plaintext_capacity,
@@ -123,3 +126,138 @@ def test_truncated_body(pkg, tmp_path: Path) -> None:
             rd.read(3 * SEG, 10)
         assert rd.verified_end() == 3 * SEG
         assert rd.read(rd.size + 5, 10) == b""
+
+
+# -- pages of segments: a read's span from one pread, cached 16 segments to a page -----------
+
+BIG = os.urandom(2 * PAGE_SIZE + 7 * SEG + 777)  # two full pages, a partial third
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    d = tmp_path_factory.mktemp("pages")
+    node, writer = corpus.make_keypair(d, "node"), corpus.make_keypair(d, "writer")
+    data = corpus.encrypt(BIG, writer.secret, [node.public])
+    stream = io.BytesIO(data)
+    session_keys, _ = c4gh_header.deconstruct(stream, [(0, node.secret, None)])
+    path = d / "big.tar.c4gh"
+    path.write_bytes(data)
+    return SimpleNamespace(path=path, data=data, hlen=stream.tell(), key=bytes(session_keys[0]))
+
+
+def big_reader(big: SimpleNamespace, path: Path | None = None) -> SegmentReader:
+    return SegmentReader(path or big.path, big.hlen, big.key, PageCache(64 * PAGE_SIZE))
+
+
+boundaries = st.sampled_from(
+    [0, SEG, PAGE_SIZE, 2 * PAGE_SIZE, len(BIG), PAGE_SIZE - 1, PAGE_SIZE + 1, 3 * SEG + 5]
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    offset=st.one_of(st.integers(0, len(BIG) + SEG), boundaries),
+    size=st.one_of(
+        st.integers(0, 3 * PAGE_SIZE),
+        st.sampled_from([1, 4096, SEG, PAGE_SIZE - 1, PAGE_SIZE, PAGE_SIZE + 1]),
+    ),
+    data=st.data(),
+)
+def test_reads_across_pages_are_slices_and_decrypt_only_touched(big, offset, size, data) -> None:
+    pool = BufferPool()
+    with big_reader(big) as rd:
+        warm = data.draw(st.integers(0, len(BIG)), label="a read before")
+        rd.read(warm, SEG)
+        before = rd.stats.decrypted
+        touched = expected_segments(offset, size, len(BIG)) - expected_segments(warm, SEG, len(BIG))
+        want = BIG[offset : offset + size]
+        assert rd.read_view(offset, size, pool) == want
+        assert rd.stats.decrypted - before == len(touched)
+        assert rd.read(offset, size) == want
+        assert rd.read_cached(offset, size, pool) in (None, want)
+        if size <= 4 * PAGE_SIZE:
+            assert rd.read_cached(offset, size, pool) == want
+        assert rd.stats.decrypted - before == len(touched)
+
+
+def test_read_cached_never_decrypts(big) -> None:
+    with big_reader(big) as rd:
+        assert rd.read_cached(PAGE_SIZE - 10, 20) is None
+        assert rd.stats.decrypted == 0
+        rd.read(PAGE_SIZE - 10, 5)  # segment 15 only
+        assert rd.read_cached(PAGE_SIZE - 10, 20) is None  # segment 16 is not decrypted yet
+        assert rd.read_cached(PAGE_SIZE - 10, 5) == BIG[PAGE_SIZE - 10 : PAGE_SIZE - 5]
+        assert rd.read_cached(len(BIG), 10) == b""
+        assert rd.stats.decrypted == 1
+
+
+def test_prefetch_fills_pages_and_one_pread_serves_a_span(big, monkeypatch) -> None:
+    calls: list[int] = []
+    real = os.preadv
+
+    def counting(fd: int, buffers: list, offset: int) -> int:
+        calls.append(offset)
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", counting)
+    with big_reader(big) as rd:
+        rd.read(SEG + 3, PAGE_SIZE)  # segments 1..17, across two pages: one pread
+        assert calls == [cipher_offset(big.hlen, 1)] and rd.stats.decrypted == 17
+        rd.prefetch(16, 2 * PAGE_SEGMENTS)  # to the end; 16 and 17 are there already
+        assert rd.stats.decrypted == rd.segments - 1  # all but segment 0
+        assert len(calls) == 3  # a pread a page: the rest of page 1, then page 2
+        assert rd.read_cached(0, len(BIG)) is None  # too large for the event loop
+        assert rd.read(0, len(BIG)) == BIG
+        assert rd.stats.decrypted == rd.segments  # segment 0 came last, through the read
+
+
+def test_tampered_segment_inside_a_page_fails_alone(big, tmp_path: Path) -> None:
+    bad = tmp_path / "tampered.tar.c4gh"
+    bad.write_bytes(corpus.tamper(big.data, 20))  # page 1, slot 4
+    with big_reader(big, bad) as rd:
+        rd.prefetch(16, PAGE_SEGMENTS)  # read-ahead over it does not raise
+        assert rd.stats.decrypted == PAGE_SEGMENTS - 1
+        with pytest.raises(CorruptArchiveError, match=r"tampered\.tar\.c4gh: segment 20 fails"):
+            rd.read(PAGE_SIZE, PAGE_SIZE)  # the whole page, the bad segment in the middle
+        with pytest.raises(CorruptArchiveError, match="segment 20"):
+            rd.read(20 * SEG - 1, 2)  # one byte of it is enough
+        assert rd.read_cached(19 * SEG, 2 * SEG) is None  # never garbage, never a partial read
+        for start in (16 * SEG, 19 * SEG, 21 * SEG, 0, 2 * PAGE_SIZE):
+            assert rd.read(start, SEG) == BIG[start : start + SEG]
+        assert rd.read(19 * SEG, SEG) == BIG[19 * SEG : 20 * SEG]
+
+
+def test_file_cut_after_it_was_measured(big, tmp_path: Path) -> None:
+    cut = tmp_path / "cut.tar.c4gh"
+    cut.write_bytes(big.data[: cipher_offset(big.hlen, 20) + 100])
+    rd = SegmentReader(cut, big.hlen, big.key, PageCache(PAGE_SIZE), file_size=len(big.data))
+    with rd:
+        assert rd.read(19 * SEG, SEG) == BIG[19 * SEG : 20 * SEG]
+        with pytest.raises(CorruptArchiveError, match="segment 20 is cut short on disk"):
+            rd.read(19 * SEG, 2 * SEG)
+
+
+def test_pool_never_hands_out_a_buffer_in_use(big) -> None:
+    pool = BufferPool(size=PAGE_SIZE, limit=2)
+    with big_reader(big) as rd:
+        first = rd.read_view(100, PAGE_SIZE, pool)
+        assert isinstance(first, memoryview) and first == BIG[100 : 100 + PAGE_SIZE]
+        second = rd.read_view(SEG + 100, PAGE_SIZE, pool)
+        third = rd.read_view(2 * SEG + 100, PAGE_SIZE, pool)  # both pooled buffers are held
+        assert isinstance(third, bytes)
+        assert first == BIG[100 : 100 + PAGE_SIZE]  # not overwritten by the later reads
+        assert second == BIG[SEG + 100 : SEG + 100 + PAGE_SIZE]
+        held = first[10:20]  # a slice of a view holds the buffer as well
+        del first
+        fourth = rd.read_view(3 * SEG + 100, PAGE_SIZE, pool)
+        assert isinstance(fourth, bytes)
+        assert held == BIG[110:120]
+        del held
+        fifth = rd.read_view(4 * SEG + 100, PAGE_SIZE, pool)
+        assert (
+            isinstance(fifth, memoryview)
+            and fifth == BIG[4 * SEG + 100 : 4 * SEG + 100 + PAGE_SIZE]
+        )
+        assert second == BIG[SEG + 100 : SEG + 100 + PAGE_SIZE]
+        one = rd.read_view(5 * SEG + 1, 100, pool)  # inside one segment: a view of the cache
+        assert isinstance(one, memoryview) and one == BIG[5 * SEG + 1 : 5 * SEG + 101]
