@@ -168,14 +168,13 @@ _FREE_REFS = 3  # the pool's list, the loop variable and getrefcount's own argum
 
 
 def _refcounts_track_views() -> bool:
-    buffers = [bytearray(1)]
-    for buf in buffers:
-        free = sys.getrefcount(buf)
-        view = memoryview(buf)
-        held = sys.getrefcount(buf)
-        del view
-        return free == _FREE_REFS and held == free + 1
-    return False
+    """Whether a buffer's reference count shows each view of it, as in CPython."""
+    probe = [bytearray(1)]
+    free = sys.getrefcount(probe[0])  # the list and the argument
+    view = memoryview(probe[0])
+    held = sys.getrefcount(probe[0])
+    del view
+    return free == _FREE_REFS - 1 and held == free + 1
 
 
 class _Page:
@@ -199,7 +198,7 @@ class SegmentReader:
 
     Decrypted segments go through the shared PageCache in pages keyed ("c4gh", package_path,
     page_no), so a member read, a read-ahead and a TAR walk never decrypt the same segment twice.
-    Reads use `os.pread` on one lazily opened descriptor, so worker threads can share a reader.
+    Reads are positional (preadv) on one lazily opened descriptor, so threads can share a reader.
     """
 
     def __init__(
