@@ -38,6 +38,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
@@ -50,6 +51,7 @@ from benchlib import (
     MiB,
     Mount,
     Report,
+    cpu_seconds,
     dd_read,
     drop_caches,
     evict_file,
@@ -304,6 +306,7 @@ class Stack:
         self.c4fs_mnt, self.tar_mnt = self.dir / "crypt4ghfs", self.dir / "ratarmount"
         self.conf = self.dir / "fs.conf"
         self._c4fs: subprocess.Popen[bytes] | None = None
+        self._pids: list[int] = []
 
     @property
     def member(self) -> Path:
@@ -365,6 +368,7 @@ class Stack:
                     [*cmd, "--index-file", index], stdout=subprocess.DEVNULL, stderr=err
                 )
             mounts.insert(0, Mount(self.tar_mnt, tar))
+            self._pids = [c4fs.pid, tar.pid]
             data = wait_for_bytes([c4fs, tar], self.tar_mnt / "manifest.json")
             seconds = time.perf_counter() - start
             if data != self.pkg.manifest:
@@ -374,6 +378,10 @@ class Stack:
         finally:
             for mount in mounts:
                 unmount(mount)
+
+    def cpu_seconds(self) -> float:
+        """CPU time crypt4ghfs and ratarmount have used so far (while they run)."""
+        return sum(cpu_seconds(pid) for pid in self._pids)
 
     def _wait(self, proc: subprocess.Popen[bytes], path: Path, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout
@@ -454,6 +462,7 @@ class Sequential:
     seconds: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     cpu: dict[str, list[CpuProfile]] = field(default_factory=lambda: defaultdict(list))
     hwm: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    stack_cpu: list[float] = field(default_factory=list)  # CPU seconds of both stack daemons
 
 
 def bench_sequential(args: argparse.Namespace, d: Daemons, stack: Stack | None) -> Sequential:
@@ -468,7 +477,9 @@ def bench_sequential(args: argparse.Namespace, d: Daemons, stack: Stack | None) 
         out.seconds["plain"].append(_dd(pkg.tar, pkg.tar.stat().st_size))
         if stack is not None:
             log(f"sequential round {r + 1}/{args.repeat}: crypt4ghfs + ratarmount")
-            out.seconds["stack"].append(stack.run(lambda: _dd(stack.member, size))[1])
+            seconds, cpu = stack.run(partial(_stack_dd, stack, size))[1]
+            out.seconds["stack"].append(seconds)
+            out.stack_cpu.append(cpu)
         index = d.index("seq")
         for key in ("hashing", "verified"):
             log(f"sequential round {r + 1}/{args.repeat}: decant-mount ({key})")
@@ -493,6 +504,13 @@ def bench_sequential(args: argparse.Namespace, d: Daemons, stack: Stack | None) 
         assert cpu.profile is not None
         out.cpu["cached"].append(cpu.profile)
     return out
+
+
+def _stack_dd(stack: Stack, size: int) -> tuple[float, float]:
+    """Seconds of dd of the member through the stack, and the CPU its daemons used meanwhile."""
+    cpu = stack.cpu_seconds()
+    seconds = _dd(stack.member, size)
+    return seconds, stack.cpu_seconds() - cpu
 
 
 def _dd(path: Path, size: int) -> float:
@@ -646,6 +664,15 @@ def _report_sequential(report: Report, seq: Sequential, size: int, tar_size: int
         )
     cached = mbps(size, median(t["cached"]))
     report.add("member: ours, package in page cache", f"{cached:.0f} MB/s", "(diagnostic: no disk)")
+    gib = size / (1 << 30)
+    work = [("hashing", [c.process for c in seq.cpu["hashing"]]),
+            ("verified", [c.process for c in seq.cpu["verified"]])]  # fmt: skip
+    if seq.stack_cpu:
+        work.append(("stack", seq.stack_cpu))
+    report.section("CPU work per GiB of member served (less load-sensitive than MB/s)")
+    for key, seconds in work:
+        report.add(f"{key}: daemon CPU-seconds per GiB", f"{median(seconds) / gib:.2f} s",
+                   _runs([x / gib for x in seconds], "{:.2f}"))  # fmt: skip
     report.section("daemon CPU while dd ran (0.1 s samples of /proc/PID/stat utime+stime)")
     for key in ("hashing", "verified", "cached"):
         for i, profile in enumerate(seq.cpu[key]):
