@@ -309,6 +309,8 @@ class SegmentReader:
         lo, hi = self._advised
         if lo <= first <= hi:
             first = hi  # a forward reader: only what the last call did not ask for
+        else:
+            lo = first
         stop = min(stop, self.segments)
         if first >= stop:
             return
@@ -317,7 +319,7 @@ class SegmentReader:
             os.posix_fadvise(
                 self._descriptor(), start, self._cipher_end(stop) - start, os.POSIX_FADV_WILLNEED
             )
-        self._advised = (min(lo, first) if lo <= first <= hi else first, stop)
+        self._advised = (lo, stop)
 
     def _page(self, page_no: int) -> _Page:
         page: _Page = self._cache.get_or_load(self.cache_key(page_no), _Page)
