@@ -43,7 +43,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import TypeVar
 
-from benchlib import (
+# This checkout's vfs, for the benchmark and every daemon it starts: an editable install of
+# another checkout (a console script, or a script run from tools/) would otherwise win.
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+
+from benchlib import (  # noqa: E402
     MB,
     TOOLS,
     CpuProfile,
@@ -65,13 +71,12 @@ from benchlib import (
     require,
     run_child,
     timed_preads,
-    tool,
     unmount,
     vm_hwm,
     workdir,
 )
 
-from vfs.cli import build_parser
+from vfs.cli import build_parser  # noqa: E402
 
 READ_SIZE = 4096
 SEGMENT = 65536
@@ -237,7 +242,7 @@ class Daemons:
         self.count += 1
         logfile = self.logs / f"decant-{self.count:02d}.log"
         mnt = self.work / "mnt-c4gh"
-        cmd = [*tool("decant-mount"), str(src), str(mnt), "-f", "--index-dir", str(index)]
+        cmd = [sys.executable, "-m", "vfs.cli", str(src), str(mnt), "-f", "--index-dir", str(index)]
         cmd += ["--log-file", str(logfile), "--c4gh-key", str(self.pkg.key), *extra]
         return cmd, mnt, logfile
 
@@ -358,6 +363,7 @@ class Stack:
                     [bin_dir / "crypt4ghfs", "--conf", self.conf, "-f", self.c4fs_mnt],
                     stdout=subprocess.DEVNULL,
                     stderr=err,
+                    env=_stack_env(),
                 )
             self._c4fs = c4fs
             mounts.append(Mount(self.c4fs_mnt, c4fs))
@@ -365,7 +371,10 @@ class Stack:
             with open(self.dir / "ratarmount.log", "ab") as err:
                 cmd = [bin_dir / "ratarmount", self.c4fs_mnt / "bench.tar", self.tar_mnt, "-f"]
                 tar = subprocess.Popen(
-                    [*cmd, "--index-file", index], stdout=subprocess.DEVNULL, stderr=err
+                    [*cmd, "--index-file", index],
+                    stdout=subprocess.DEVNULL,
+                    stderr=err,
+                    env=_stack_env(),
                 )
             mounts.insert(0, Mount(self.tar_mnt, tar))
             self._pids = [c4fs.pid, tar.pid]
@@ -391,6 +400,13 @@ class Stack:
             time.sleep(0.001)
 
 
+def _stack_env() -> dict[str, str]:
+    """The environment without the PYTHONPATH this benchmark set for its own daemons."""
+    env = dict(os.environ)
+    env.pop("PYTHONPATH", None)
+    return env
+
+
 def _ensure_stack_venv(venv: Path) -> str | None:
     """None once `venv` holds crypt4ghfs and ratarmount (pip-installing them if missing), else
     the reason they cannot be run here."""
@@ -404,7 +420,7 @@ def _ensure_stack_venv(venv: Path) -> str | None:
         [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", *STACK_PINS],
     ]
     for cmd in steps:
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=_stack_env())
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
             return f"{' '.join(cmd[:4])}… failed: {' / '.join(tail)}"
