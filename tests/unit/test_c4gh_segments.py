@@ -19,6 +19,7 @@ from vfs.c4gh.segments import (
     PAGE_SEGMENTS,
     PAGE_SIZE,
     BufferPool,
+    SegmentBuffers,
     SegmentReader,
     cipher_offset,
     plaintext_capacity,
@@ -145,8 +146,11 @@ def big(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     return SimpleNamespace(path=path, data=data, hlen=stream.tell(), key=bytes(session_keys[0]))
 
 
-def big_reader(big: SimpleNamespace, path: Path | None = None) -> SegmentReader:
-    return SegmentReader(path or big.path, big.hlen, big.key, PageCache(64 * PAGE_SIZE))
+def big_reader(
+    big: SimpleNamespace, path: Path | None = None, buffers: SegmentBuffers | None = None
+) -> SegmentReader:
+    cache = PageCache(64 * PAGE_SIZE)
+    return SegmentReader(path or big.path, big.hlen, big.key, cache, buffers=buffers)
 
 
 boundaries = st.sampled_from(
@@ -161,11 +165,14 @@ boundaries = st.sampled_from(
         st.integers(0, 3 * PAGE_SIZE),
         st.sampled_from([1, 4096, SEG, PAGE_SIZE - 1, PAGE_SIZE, PAGE_SIZE + 1]),
     ),
+    recycle=st.booleans(),
     data=st.data(),
 )
-def test_reads_across_pages_are_slices_and_decrypt_only_touched(big, offset, size, data) -> None:
+def test_reads_across_pages_are_slices_and_decrypt_only_touched(
+    big, offset, size, recycle, data
+) -> None:
     pool = BufferPool()
-    with big_reader(big) as rd:
+    with big_reader(big, buffers=SegmentBuffers(64 * PAGE_SIZE) if recycle else None) as rd:
         warm = data.draw(st.integers(0, len(BIG)), label="a read before")
         rd.read(warm, SEG)
         before = rd.stats.decrypted
@@ -214,7 +221,7 @@ def test_prefetch_fills_pages_and_one_pread_serves_a_span(big, monkeypatch) -> N
 def test_tampered_segment_inside_a_page_fails_alone(big, tmp_path: Path) -> None:
     bad = tmp_path / "tampered.tar.c4gh"
     bad.write_bytes(corpus.tamper(big.data, 20))  # page 1, slot 4
-    with big_reader(big, bad) as rd:
+    with big_reader(big, bad, SegmentBuffers(PAGE_SIZE)) as rd:
         rd.prefetch(16, PAGE_SEGMENTS)  # read-ahead over it does not raise
         assert rd.stats.decrypted == PAGE_SEGMENTS - 1
         with pytest.raises(CorruptArchiveError, match=r"tampered\.tar\.c4gh: segment 20 fails"):
@@ -261,3 +268,22 @@ def test_pool_never_hands_out_a_buffer_in_use(big) -> None:
         assert second == BIG[SEG + 100 : SEG + 100 + PAGE_SIZE]
         one = rd.read_view(5 * SEG + 1, 100, pool)  # inside one segment: a view of the cache
         assert isinstance(one, memoryview) and one == BIG[5 * SEG + 1 : 5 * SEG + 101]
+
+
+def test_segment_buffers_are_recycled_only_once_nothing_holds_them(big) -> None:
+    buffers = SegmentBuffers(2 * PAGE_SIZE)  # as many as a two-page cache holds, and a margin
+    cache = PageCache(2 * PAGE_SIZE)
+    held = []
+    with SegmentReader(big.path, big.hlen, big.key, cache, buffers=buffers) as rd:
+        for round_no in range(3):
+            for pos in range(0, len(BIG), SEG // 2):
+                view = rd.read_view(pos, SEG // 2, BufferPool())  # one segment: a view of it
+                assert view == BIG[pos : pos + SEG // 2]
+                if round_no == 0 and pos % (2 * PAGE_SIZE) == 0:
+                    held.append((pos, view))  # outlives its page in the cache
+        for pos, view in held:
+            assert view == BIG[pos : pos + SEG // 2]  # its buffer was never handed out again
+        assert rd.read(0, len(BIG)) == BIG
+        assert len(buffers._ring) <= buffers.limit
+        assert rd.stats.decrypted > rd.segments  # pages were evicted and decrypted again
+        assert len(buffers._ring) < rd.stats.decrypted  # so buffers were handed out again

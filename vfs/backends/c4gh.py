@@ -24,6 +24,7 @@ from vfs.c4gh.segments import (
     PAGE_SIZE,
     SEGMENT_SIZE,
     BufferPool,
+    SegmentBuffers,
     SegmentReader,
     SegmentStats,
 )
@@ -122,6 +123,7 @@ class C4ghBackend:
         self.mode_mask = mode_mask  # see vfs.backends.base.presented_mode
         self.stats = SegmentStats()  # segments decrypted by every reader of this backend
         self.pool = BufferPool()  # the buffers member reads are served in
+        self.buffers = SegmentBuffers(cache.max_bytes)  # the buffers segments are decrypted into
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
 
@@ -210,6 +212,7 @@ class C4ghBackend:
             self.cache,
             file_size=session.stamp[0],
             stats=self.stats,
+            buffers=self.buffers,
         )
 
     def _declared_digests(
