@@ -546,6 +546,9 @@ def bench_random(args: argparse.Namespace, d: Daemons, stack: Stack | None) -> d
     pages = (size - READ_SIZE) // READ_SIZE
     offsets = [rng.randrange(pages) * READ_SIZE for _ in range(args.samples)]
     out: dict[str, list] = {}
+    log("random preads: the package itself, a cipher segment a read (the disk's floor)")
+    segments = [o // SEGMENT * CIPHER_SEGMENT for o in offsets]
+    out["disk_floor"] = timed_preads(pkg.path, segments, evict=True, size=CIPHER_SEGMENT)
     cmd, mnt, err = d.memfs()
     with mounted(cmd, mnt, err):
         log("random preads: memfs")
@@ -699,6 +702,7 @@ def _report_random(report: Report, rnd: dict[str, list]) -> None:
     n = len(rnd["disk"])
     report.section(f"random aligned 4 KiB os.pread of the member (n={n}, kernel page evicted)")
     report.add("memfs ceiling", latency_text(rnd["memfs"]))
+    report.add("package on disk: 64 KiB pread, evicted", latency_text(rnd["disk_floor"]))
     for key, label in (
         ("disk", "ours, fresh daemon, package evicted"),
         ("pagecache", "ours, fresh daemon, package cached"),
