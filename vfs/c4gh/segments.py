@@ -182,7 +182,7 @@ class SegmentBuffers:
     views, `take` gives None and a fresh `bytes` is decrypted as before.
     """
 
-    SCAN = 32  # buffers looked at before a new one is made
+    SCAN = 32  # buffers looked at, once there are `limit`, before giving up
 
     def __init__(self, max_bytes: int) -> None:
         self.limit = max_bytes // SEGMENT_SIZE + 2 * PAGE_SEGMENTS
@@ -198,7 +198,9 @@ class SegmentBuffers:
             return None
         with self._lock:
             ring = self._ring
-            for _ in range(min(len(ring), self.SCAN)):
+            # Until the cache is full hardly any buffer comes free: look at two, then make one.
+            scan = self.SCAN if len(ring) >= self.limit else 2
+            for _ in range(min(len(ring), scan)):
                 buf = ring[0]
                 ring.rotate(-1)
                 if sys.getrefcount(buf) <= _FREE_REFS:
