@@ -15,10 +15,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.toolbox import load_tool
+from vfs.c4gh.buffers import BufferPool
 from vfs.c4gh.segments import (
     PAGE_SEGMENTS,
     PAGE_SIZE,
-    BufferPool,
     SegmentBuffers,
     SegmentReader,
     cipher_offset,
@@ -171,7 +171,7 @@ boundaries = st.sampled_from(
 def test_reads_across_pages_are_slices_and_decrypt_only_touched(
     big, offset, size, recycle, data
 ) -> None:
-    pool = BufferPool()
+    pool = BufferPool(PAGE_SIZE)
     with big_reader(big, buffers=SegmentBuffers(64 * PAGE_SIZE) if recycle else None) as rd:
         warm = data.draw(st.integers(0, len(BIG)), label="a read before")
         rd.read(warm, SEG)
@@ -277,13 +277,15 @@ def test_segment_buffers_are_recycled_only_once_nothing_holds_them(big) -> None:
     with SegmentReader(big.path, big.hlen, big.key, cache, buffers=buffers) as rd:
         for round_no in range(3):
             for pos in range(0, len(BIG), SEG // 2):
-                view = rd.read_view(pos, SEG // 2, BufferPool())  # one segment: a view of it
+                view = rd.read_view(
+                    pos, SEG // 2, BufferPool(PAGE_SIZE)
+                )  # one segment: a view of it
                 assert view == BIG[pos : pos + SEG // 2]
                 if round_no == 0 and pos % (2 * PAGE_SIZE) == 0:
                     held.append((pos, view))  # outlives its page in the cache
         for pos, view in held:
             assert view == BIG[pos : pos + SEG // 2]  # its buffer was never handed out again
         assert rd.read(0, len(BIG)) == BIG
-        assert len(buffers._ring) <= buffers.limit
+        assert len(buffers) <= buffers.limit
         assert rd.stats.decrypted > rd.segments  # pages were evicted and decrypted again
-        assert len(buffers._ring) < rd.stats.decrypted  # so buffers were handed out again
+        assert len(buffers) < rd.stats.decrypted  # so buffers were handed out again

@@ -18,15 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vfs.backends.base import Description, Entry
+from vfs.c4gh.buffers import BufferPool
 from vfs.c4gh.header import OpenedHeader, open_header
 from vfs.c4gh.segments import (
     CACHE_PREFIX,
     PAGE_SIZE,
     SEGMENT_SIZE,
-    BufferPool,
     SegmentBuffers,
     SegmentReader,
     SegmentStats,
+    output_pool,
 )
 from vfs.c4gh.tarindex import Member, TarIndex, build_index
 from vfs.cache import PageCache
@@ -122,7 +123,7 @@ class C4ghBackend:
         self.writer_policy = writer_policy
         self.mode_mask = mode_mask  # see vfs.backends.base.presented_mode
         self.stats = SegmentStats()  # segments decrypted by every reader of this backend
-        self.pool = BufferPool()  # the buffers member reads are served in
+        self.pool = output_pool()  # the buffers member reads are served in
         self.buffers = SegmentBuffers(cache.max_bytes)  # the buffers segments are decrypted into
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()

@@ -9,17 +9,16 @@ pages of PAGE_SEGMENTS segments, so a 1 MiB read costs one or two cache look-ups
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import functools
 import logging
 import os
-import sys
 import threading
 from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
+from vfs.c4gh.buffers import BufferPool, RecycledBuffers, pread_reused
 from vfs.cache import PageCache
 from vfs.errors import CorruptArchiveError
 
@@ -30,6 +29,7 @@ CIPHER_SEGMENT_SIZE = SEGMENT_SIZE + NONCE_SIZE + TAG_SIZE  # 65564, a public cr
 PAGE_SEGMENTS = 16  # segments per cache entry: 1 MiB of plaintext
 PAGE_SIZE = PAGE_SEGMENTS * SEGMENT_SIZE
 MAX_SPAN_PAGES = 4  # one pread fetches at most this many pages' cipher text (4 MiB)
+MAX_SPAN = MAX_SPAN_PAGES * PAGE_SEGMENTS * CIPHER_SEGMENT_SIZE
 CACHE_PREFIX = "c4gh"
 
 log = logging.getLogger(__name__)
@@ -134,98 +134,28 @@ class SegmentStats:
                 )
 
 
-class BufferPool:
-    """Output buffers, each handed out again only once nothing references it any more.
+class SegmentBuffers(RecycledBuffers):
+    """64 KiB buffers segments are decrypted into, as many as the cache can hold.
 
-    A read through the mount is copied out of the cached segments into one buffer. A fresh
-    1 MiB `bytes` per read costs an allocation, its page faults, and a heap that fragments
-    between the cache's 64 KiB segments (the daemon's peak RSS grew ~100 MiB past the cache).
-    Whether a buffer is still in use (by pyfuse3, or queued for hashing) is read from its
-    reference count, which a view of it holds; where counts do not behave so (not CPython), the
-    pool hands out nothing and callers allocate as before.
+    With a fresh `bytes` per segment, streaming 1 GiB through a 512 MiB cache left 90-190 MiB
+    of free but resident heap past the cache (decrypting threads come and go, and glibc keeps
+    freed memory in the allocating thread's arena); recycled, the heap stays the cache's size.
     """
-
-    def __init__(self, size: int = PAGE_SIZE, limit: int = 16) -> None:
-        self.size = size
-        self.limit = limit
-        self._buffers: list[bytearray] = []
-        self._lock = threading.Lock()
-        self._usable = _refcounts_track_views()
-
-    def view(self, nbytes: int) -> memoryview | None:
-        """A writable view of `nbytes` in a buffer nothing uses; None when all are busy."""
-        if nbytes > self.size or not self._usable:
-            return None
-        with self._lock:
-            for buf in self._buffers:
-                if sys.getrefcount(buf) <= _FREE_REFS:
-                    return memoryview(buf)[:nbytes]  # the view holds it before the lock goes
-            if len(self._buffers) >= self.limit:
-                return None
-            buf = bytearray(self.size)
-            self._buffers.append(buf)
-            return memoryview(buf)[:nbytes]
-
-
-_FREE_REFS = 3  # the pool's list, the loop variable and getrefcount's own argument
-
-
-class SegmentBuffers:
-    """64 KiB buffers that segments are decrypted into, recycled once nothing references them.
-
-    Segments are decrypted by whichever worker thread runs, and glibc keeps freed memory in the
-    arena of the thread that allocated it: with a fresh `bytes` per segment, streaming 1 GiB
-    through a 512 MiB cache left 90-190 MiB of free but resident heap past the cache. A buffer
-    is handed out again once its reference count shows that no page, read or view holds it
-    (the oldest first, as the LRU evicts the oldest first), so the heap stays the cache's size.
-    Only what the cache can hold is kept; past that, and where reference counts do not track
-    views, `take` gives None and a fresh `bytes` is decrypted as before.
-    """
-
-    SCAN = 32  # buffers looked at, once there are `limit`, before giving up
 
     def __init__(self, max_bytes: int) -> None:
-        self.limit = max_bytes // SEGMENT_SIZE + 2 * PAGE_SEGMENTS
-        self._ring: collections.deque[bytearray] = collections.deque()
-        self._lock = threading.Lock()
-        self._usable: bool | None = None  # known at the first decryption (cryptography loaded)
-
-    def take(self) -> bytearray | None:
-        """A buffer nothing else holds; the caller's reference keeps it from the others."""
-        if self._usable is None:
-            self._usable = _refcounts_track_views() and _has_decrypt_into()
-        if not self._usable:
-            return None
-        with self._lock:
-            ring = self._ring
-            # Until the cache is full hardly any buffer comes free: look at two, then make one.
-            scan = self.SCAN if len(ring) >= self.limit else 2
-            for _ in range(min(len(ring), scan)):
-                buf = ring[0]
-                ring.rotate(-1)
-                if sys.getrefcount(buf) <= _FREE_REFS:
-                    return buf
-            if len(ring) >= self.limit:
-                return None
-            buf = bytearray(SEGMENT_SIZE)
-            ring.append(buf)
-            return buf
+        super().__init__(SEGMENT_SIZE, max_bytes // SEGMENT_SIZE + 2 * PAGE_SEGMENTS)
 
 
+def output_pool() -> BufferPool:
+    """Buffers member reads are served in: a request is at most a page (FUSE: 1 MiB)."""
+    return BufferPool(PAGE_SIZE)
+
+
+@functools.lru_cache(maxsize=1)
 def _has_decrypt_into() -> bool:
     from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
     return hasattr(ChaCha20Poly1305, "decrypt_into")  # cryptography 44 and later
-
-
-def _refcounts_track_views() -> bool:
-    """Whether a buffer's reference count shows each view of it, as in CPython."""
-    probe = [bytearray(1)]
-    free = sys.getrefcount(probe[0])  # the list and the argument
-    view = memoryview(probe[0])
-    held = sys.getrefcount(probe[0])
-    del view
-    return free == _FREE_REFS - 1 and held == free + 1
 
 
 class _Page:
@@ -422,7 +352,7 @@ class SegmentReader:
     def _fill(self, pages: list[_Page], first_page: int, lo: int, hi: int, strict: bool) -> None:
         """Decrypt the empty slots of segments [lo, hi) from one pread; callers hold the locks."""
         start = cipher_offset(self.header_len, lo)
-        cipher = _pread(self._descriptor(), self._cipher_end(hi) - start, start)
+        cipher = pread_reused(self._descriptor(), self._cipher_end(hi) - start, start, MAX_SPAN)
         from cryptography.exceptions import InvalidTag
 
         aead = _aead(self._key)
@@ -477,7 +407,9 @@ class SegmentReader:
             ) from None
 
     def _recycled(self) -> bytearray | None:
-        return self._buffers.take() if self._buffers is not None else None
+        if self._buffers is None or not _has_decrypt_into():
+            return None
+        return self._buffers.take()
 
     def _cipher_end(self, stop: int) -> int:
         return min(cipher_offset(self.header_len, stop), self.file_size)
@@ -524,25 +456,6 @@ class SegmentReader:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             return self._fd
-
-
-_buffers = threading.local()
-
-
-def _pread(fd: int, size: int, offset: int) -> memoryview:
-    """Up to `size` bytes at `offset`, read into this thread's reused buffer.
-
-    Valid until the thread's next call. Reusing it spares a fresh 1 MiB allocation (and its
-    page faults) per span; only spans up to MAX_SPAN_PAGES pages are kept this way.
-    """
-    buf: bytearray | None = getattr(_buffers, "cipher", None)
-    if buf is None or len(buf) < size:
-        buf = bytearray(size)
-        if size <= MAX_SPAN_PAGES * PAGE_SEGMENTS * CIPHER_SEGMENT_SIZE:
-            _buffers.cipher = buf
-    view = memoryview(buf)
-    got = os.preadv(fd, [view[:size]], offset)
-    return view[:got]
 
 
 def _slot(pages: list[_Page], first_page: int, segment_no: int) -> Plain | None:
