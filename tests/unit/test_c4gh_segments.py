@@ -187,15 +187,54 @@ def test_reads_across_pages_are_slices_and_decrypt_only_touched(
         assert rd.stats.decrypted - before == len(touched)
 
 
-def test_read_cached_never_decrypts(big) -> None:
+def evicted(path: Path) -> bool:
+    """Drop the file's pages from the kernel's cache; True if a non-blocking read now fails."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        try:
+            os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT)
+        except BlockingIOError:
+            return True
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_read_cached_decrypts_only_small_spans_and_never_waits(big, tmp_path: Path) -> None:
     with big_reader(big) as rd:
-        assert rd.read_cached(PAGE_SIZE - 10, 20) is None
+        assert rd.read_cached(PAGE_SIZE - 10, 2 * SEG) is None  # three segments: a thread's job
         assert rd.stats.decrypted == 0
-        rd.read(PAGE_SIZE - 10, 5)  # segment 15 only
-        assert rd.read_cached(PAGE_SIZE - 10, 20) is None  # segment 16 is not decrypted yet
+        rd.read(PAGE_SIZE - 10, 5)  # segment 15
         assert rd.read_cached(PAGE_SIZE - 10, 5) == BIG[PAGE_SIZE - 10 : PAGE_SIZE - 5]
-        assert rd.read_cached(len(BIG), 10) == b""
         assert rd.stats.decrypted == 1
+        # Segment 16 is missing, its cipher text in the page cache: decrypted here, no thread.
+        assert rd.read_cached(PAGE_SIZE - 10, 20) == BIG[PAGE_SIZE - 10 : PAGE_SIZE + 10]
+        assert rd.stats.decrypted == 2
+        page = rd._page(2)
+        with page.lock:  # another thread is loading page 2: no waiting for it
+            assert rd.read_cached(2 * PAGE_SIZE + 5, 10) is None
+        assert rd.read_cached(len(BIG), 10) == b""
+        assert rd.stats.decrypted == 2
+    copy = tmp_path / "copy.tar.c4gh"
+    copy.write_bytes(big.data)
+    if not evicted(copy):
+        pytest.skip("the kernel kept the file's pages; the disk case cannot be set up here")
+    with big_reader(big, copy) as rd:
+        assert rd.read_cached(5 * SEG + 1, 10) is None  # on disk: no waiting on the event loop
+        assert rd.stats.decrypted == 0
+        assert rd.read(5 * SEG + 1, 10) == BIG[5 * SEG + 1 : 5 * SEG + 11]
+
+
+def test_tampered_segment_is_never_decrypted_inline(big, tmp_path: Path) -> None:
+    bad = tmp_path / "tampered.tar.c4gh"
+    bad.write_bytes(corpus.tamper(big.data, 3))
+    with big_reader(big, bad) as rd:
+        assert rd.read_cached(3 * SEG + 5, 10) is None  # the worker thread's read reports it
+        with pytest.raises(CorruptArchiveError, match="segment 3 fails"):
+            rd.read(3 * SEG + 5, 10)
+        assert rd.read_cached(4 * SEG + 5, 10) == BIG[4 * SEG + 5 : 4 * SEG + 15]
 
 
 def test_prefetch_fills_pages_and_one_pread_serves_a_span(big, monkeypatch) -> None:

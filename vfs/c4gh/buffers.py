@@ -101,8 +101,8 @@ class RecycledBuffers:
 _per_thread = threading.local()
 
 
-def pread_reused(fd: int, size: int, offset: int, keep_up_to: int) -> memoryview:
-    """Up to `size` bytes at `offset`, read into this thread's reused buffer.
+def pread_reused(fd: int, size: int, offset: int, keep_up_to: int, flags: int = 0) -> memoryview:
+    """Up to `size` bytes at `offset`, read into this thread's reused buffer (preadv2 `flags`).
 
     Valid until the thread's next call. Reusing it spares a fresh allocation (and its page
     faults) per read; a buffer larger than `keep_up_to` is not kept for the next call.
@@ -113,5 +113,9 @@ def pread_reused(fd: int, size: int, offset: int, keep_up_to: int) -> memoryview
         if size <= keep_up_to:
             _per_thread.buffer = buf
     view = memoryview(buf)
-    got = os.preadv(fd, [view[:size]], offset)
+    got = (
+        os.preadv(fd, [view[:size]], offset, flags)
+        if flags
+        else os.preadv(fd, [view[:size]], offset)
+    )
     return view[:got]
