@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 HASH_BACKLOG = 4  # served reads queued for hashing before reads wait for the hasher
 VERDICT_WAIT = 30.0  # how long the completing read waits for earlier reads' bytes to be hashed
 VERIFY_BLOCK = 4 << 20
+SEQUENTIAL_SLACK = 2 << 20
 IDLE_CHECK = 2.0  # an open handle whose running hash has not advanced this long: verify aside
 
 
@@ -215,8 +216,10 @@ class Reads:
             )
         if handle.hasher is not None and data:
             await self._check(handle, off, data)
-        sequential = off == handle.last_end
-        handle.last_end = off + len(data)
+        # The kernel keeps two requests in flight: a forward reader's next request may land
+        # just before or after where the last one ended.
+        sequential = handle.last_end - size <= off <= handle.last_end + SEQUENTIAL_SLACK
+        handle.last_end = max(handle.last_end, off + len(data)) if sequential else off + len(data)
         if sequential and handle.readahead_done is None and self.nursery is not None:
             handle.readahead_done = trio.Event()
             self.spawn(self._read_ahead, handle)
@@ -238,8 +241,14 @@ class Reads:
         assert hasher is not None
         try:
             async with receive:
-                async for off, data in receive:
-                    completed = await trio.to_thread.run_sync(hasher.feed, off, data)
+                async for first in receive:
+                    batch = [first]  # whatever else is queued goes in the same thread hop
+                    while len(batch) < HASH_BACKLOG:
+                        try:
+                            batch.append(receive.receive_nowait())
+                        except trio.WouldBlock:
+                            break
+                    completed = await trio.to_thread.run_sync(_feed_all, hasher, batch)
                     if completed or hasher.abandoned:
                         break
         finally:
@@ -300,6 +309,13 @@ class Reads:
             if hasher is not None and not hasher.complete:
                 self.integrity.queue(handle.node)  # read in part: verify it in the background
         await trio.to_thread.run_sync(handle.reader.close)
+
+
+def _feed_all(hasher: SequentialHasher, batch: list[tuple[int, Any]]) -> bool:
+    completed = False
+    for off, data in batch:
+        completed = hasher.feed(off, data) or completed
+    return completed
 
 
 def _unpinned(data: Any) -> Any:
