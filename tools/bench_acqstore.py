@@ -305,9 +305,10 @@ def ensure_plain_tiff(work: Path, image: Path) -> Path:
     log(f"writing {out.name} with tifffile (the disk-speed baseline)")
     array = zarr.open_array(str(image / "0"), mode="r")
     part = out.with_name(out.name + ".part")
-    with tifffile.TiffWriter(part, imagej=True) as tif:
-        for z in range(array.shape[2]):
-            tif.write(np.asarray(array[0, 0, z]), contiguous=True, metadata={"axes": "ZYX"})
+    planes = (np.asarray(array[0, 0, z]) for z in range(array.shape[2]))
+    tifffile.imwrite(
+        part, planes, shape=array.shape[2:], dtype=array.dtype, imagej=True, metadata={}
+    )
     part.replace(out)
     return out
 

@@ -7,12 +7,15 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from vfs.acqstore.paths import path_problems
 from vfs.errors import ManifestError
+
+if TYPE_CHECKING:
+    from vfs.acqstore.chunks import PlaneReader
 
 ZIP_SUFFIXES = (".zarr.zip", ".ozx")
 DECANT_MANIFEST = ".decant/manifest.json"
@@ -243,13 +246,16 @@ def _find_scale(transforms: Any, ndim: int, where: str) -> tuple[float, ...] | N
     return None
 
 
-def open_full_resolution(image: NgffImage) -> tuple[Any, Callable[[], None]]:
-    """The full-resolution zarr array and a function that releases its store.
+def open_full_resolution(image: NgffImage) -> tuple[PlaneReader, Callable[[], None]]:
+    """The full-resolution zarr array (with a fast plane reader) and a function that releases
+    its store.
 
     zarr is imported here, not at module level: validation never reads pixels and stays quick.
     """
     import zarr
     from zarr.storage import LocalStore, ZipStore
+
+    from vfs.acqstore.chunks import PlaneReader, store_folder
 
     store: Any = (
         ZipStore(image.path, mode="r", read_only=True)
@@ -259,4 +265,4 @@ def open_full_resolution(image: NgffImage) -> tuple[Any, Callable[[], None]]:
     array = zarr.open_array(
         store=store, path=image.dataset, mode="r", zarr_format=image.zarr_format
     )
-    return array, store.close
+    return PlaneReader(array, store_folder(array)), store.close
