@@ -9,8 +9,11 @@ opening a 100,000-plane image costs the same as a one-plane image.
 
 from __future__ import annotations
 
+import logging
 import struct
+import threading
 from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -20,10 +23,12 @@ from vfs.acqstore.tiff_meta import describe_planes, resolution
 from vfs.cache import PageCache
 from vfs.errors import UnsupportedFormatError
 
+log = logging.getLogger(__name__)
+
 CLASSIC_MAX_SIZE = 2**32  # every offset and count of a classic TIFF is a 32-bit LONG
 STRIP_BYTES = 1 << 20  # strips of about 1 MiB: few strip offsets per IFD, small reader buffers
 BLOCK_BYTES = 64 << 20  # read a whole zarr chunk of planes at once when it is no larger than this
-READAHEAD_PLANES = 2  # planes decoded ahead of a forward reader (at most a quarter of the cache)
+READAHEAD_PLANES = 3  # planes decoded ahead of a forward reader (at most a quarter of the cache)
 SHORT, LONG, RATIONAL, LONG8, ASCII = 3, 4, 5, 16, 2
 _SAMPLE_FORMAT = {"u": 1, "b": 1, "i": 2, "f": 3}
 _N_TAGS = 13  # tags in every IFD; the first one adds ImageDescription
@@ -235,12 +240,17 @@ class SynthesizedTiff:
         cache: PageCache,
         key: tuple[Hashable, ...],
         on_close: Callable[[], None] | None = None,
+        spawn: Callable[[Callable[[], None]], Future[None]] | None = None,
     ) -> None:
         self.layout, self.size = layout, layout.size
         self._array, self._cache, self._key, self._on_close = array, cache, key, on_close
         self._ndim = len(array.shape)
         self._head = memoryview(layout.head)
         self._ahead = max(1, min(READAHEAD_PLANES, cache.max_bytes // 4 // layout.plane_bytes))
+        self._spawn = spawn
+        self._lock = threading.Lock()
+        self._queued: dict[int, Future[None]] = {}  # planes decoding through `spawn`
+        self._closed = False
 
     def read(self, offset: int, size: int) -> bytes | memoryview:
         return self._read(offset, size, self._plane)
@@ -280,20 +290,44 @@ class SynthesizedTiff:
         return b"".join(parts)
 
     def readahead(self, offset: int) -> None:
-        """Decode the first missing plane of the few after the one holding `offset`: the mount
-        calls this in a worker thread for as long as a reader moves forward, so the next planes
-        decode on another core while this one is served."""
+        """Decode the missing planes of the few after the one holding `offset`: the first here,
+        the others through `spawn` (when given) at the same time. The mount calls this in a
+        worker thread for as long as a reader moves forward, so the next planes decode on the
+        other core while this one is served, and a busy machine gives two decoders two shares."""
         lay = self.layout
         page = 0 if offset < lay.data_offset else (offset - lay.data_offset) // lay.plane_bytes + 1
-        for ahead in range(page, min(page + self._ahead, lay.n_pages)):
-            if (*self._key, ahead) not in self._cache:
-                self._plane(ahead)
-                return
+        stop = min(page + self._ahead, lay.n_pages)
+        with self._lock:  # planes already queued are the other decoder's: take the next ones
+            missing = [
+                p
+                for p in range(page, stop)
+                if p not in self._queued and (*self._key, p) not in self._cache
+            ]
+            if self._spawn is not None and not self._closed:
+                for later in missing[1:]:
+                    self._queued[later] = self._spawn(lambda p=later: self._background(p))
+        if missing:
+            self._plane(missing[0])
+
+    def _background(self, page: int) -> None:
+        try:
+            self._plane(page)
+        except Exception as exc:  # the reader decodes it itself and sees the error there
+            log.debug("read-ahead of plane %d of %s failed: %s", page, self._key, exc)
+        finally:
+            with self._lock:
+                self._queued.pop(page, None)
 
     def close(self) -> None:
-        if self._on_close is not None:
-            self._on_close()
-            self._on_close = None
+        """Cancel queued read-ahead, wait for decodes under way, release the store."""
+        with self._lock:
+            pending = list(self._queued.values())
+            on_close, self._on_close, self._closed = self._on_close, None, True
+        for future in pending:
+            if not future.cancel():
+                future.exception()  # running: wait; its own errors are logged, not raised
+        if on_close is not None:
+            on_close()
 
     def _plane(self, page: int) -> memoryview:
         return self._cache.get_or_load((*self._key, page), lambda: self._load(page))  # type: ignore[no-any-return]
