@@ -251,6 +251,7 @@ class SynthesizedTiff:
         self._lock = threading.Lock()
         self._queued: dict[int, Future[None]] = {}  # planes decoding through `spawn`
         self._closed = False
+        self._prefetched = 0  # planes below this had their chunk files' reads started
 
     def read(self, offset: int, size: int) -> bytes | memoryview:
         return self._read(offset, size, self._plane)
@@ -297,6 +298,7 @@ class SynthesizedTiff:
         lay = self.layout
         page = 0 if offset < lay.data_offset else (offset - lay.data_offset) // lay.plane_bytes + 1
         stop = min(page + self._ahead, lay.n_pages)
+        self._prefetch(page, stop + self._ahead)
         with self._lock:  # planes already queued are the other decoder's: take the next ones
             missing = [
                 p
@@ -308,6 +310,20 @@ class SynthesizedTiff:
                     self._queued[later] = self._spawn(lambda p=later: self._background(p))
         if missing:
             self._plane(missing[0])
+
+    def _prefetch(self, start: int, stop: int) -> None:
+        """Start the disk reads of planes [start, stop) (those the next calls will decode),
+        skipping those already started."""
+        prefetch = getattr(self._array, "prefetch", None)
+        with self._lock:
+            done = self._prefetched if start < self._prefetched <= stop else start
+            first, self._prefetched = done, stop
+        if prefetch is None:
+            return
+        for page in range(first, min(stop, self.layout.n_pages)):
+            block = self._block(self.layout.page_coords(page))
+            if all(isinstance(b, int) for b in block):
+                prefetch(block)
 
     def _background(self, page: int) -> None:
         try:
