@@ -21,6 +21,7 @@ from tests.toolbox import load_tool
 from vfs.acqstore.ngff import Axis, inspect_image, open_full_resolution
 from vfs.acqstore.synth_tiff import SynthesizedTiff, TiffLayout, layout_for_image
 from vfs.cache import PageCache
+from vfs.errors import CorruptArchiveError
 
 AXES = {
     "t": Axis("t", "time", "second"),
@@ -348,3 +349,22 @@ def test_cached_windows_equal_slices_of_the_whole(case: str, data: st.DataObject
             tiff.read(offset, size)
         got = tiff.read_cached(offset, size)
         assert got is None or got == full[offset : offset + size]
+
+
+def test_an_image_folder_holding_a_symlink_is_refused(tmp_path: Path) -> None:
+    """A chunk linked to a file outside SRC would be served as pixels: never followed."""
+    data = ramp((1, 1, 2, 10, 12), np.uint16)
+    folder = tmp_path / "img.zarr"
+    load_tool("make_acqstore_corpus").write_ome_zarr(
+        folder, data, "tczyx", [1.0] * 5, chunks=(1, 1, 1, 10, 12)
+    )
+    image = inspect_image(folder)
+    _, release = open_full_resolution(image)  # intact: opens
+    release()
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s" * 240)
+    chunk = next(p for p in (folder / "0").rglob("*") if p.is_file() and not p.name.startswith("."))
+    chunk.unlink()
+    chunk.symlink_to(secret)
+    with pytest.raises(CorruptArchiveError, match="symlink"):
+        open_full_resolution(image)
