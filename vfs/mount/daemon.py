@@ -121,13 +121,15 @@ def tune_malloc(cache_size: int | None = None) -> None:
 
     Decoded planes (8 MiB) and the compressed chunks they come from (~4 MiB) churn through the
     heap at hundreds a second; freed planes leave holes that compressed chunks split, so the
-    heap keeps free memory resident beside the cache. 8 threads of random 4 KiB preads over two
-    256 MiB stacks with --cache-size 256M (tools/bench.py rss, scenario A): per-thread arenas
-    had reached 2.5x the cache; two arenas peaked at 540-610 MiB, one at 408-460, one plus these
-    trims at 395-401 (budget: cache + 150 MiB) and 308 MiB idle instead of 380-560. The trims
-    cost 10-15% more daemon CPU per pread in that worst, decode-bound pattern and nothing
-    measurable for sha256sum of the same files. A fixed mmap threshold bounded RSS too, but
-    faulting each plane's fresh pages in doubled the CPU per decoded plane (4 -> 9 ms)."""
+    heap keeps 50-250 MiB of free memory resident beside the cache. 8 threads of random 4 KiB
+    preads over two 256 MiB stacks, --cache-size 256M (tools/bench.py rss, scenario A, with the
+    cache's in-flight reservations): two arenas peaked at 537-609 MiB, one at 408-420, one plus
+    these trims at 385-401 (budget: cache + 150 = 406), and 307-355 MiB once idle instead of
+    380-400. Daemon CPU per pread with and without the trims was within run-to-run noise
+    (2355-2386 vs 2327-2395 µs), as was sha256sum of the same files. A fixed mmap threshold also
+    bounded RSS, but faulting in each plane's fresh pages doubled the CPU per decoded plane
+    (4 → 9 ms); two arenas (instead of one per thread) came from streaming c4gh with a 512 MiB
+    cache, which peaked ~200 MiB above the cache with per-thread arenas (tools/bench.py c4gh)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
