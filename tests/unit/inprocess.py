@@ -6,7 +6,8 @@ create, mkdir, each readdir entry accepted) is counted in `Kernel`, so a test ca
 what the kernel would. The pyfuse3 calls that need a live session are replaced while
 `fake_session()` is active (`readdir_reply` fills a `Token` until its room runs out).
 
-Handler calls are coroutines: run them under `trio.run`. Everything here raises what the handler
+Handler calls are coroutines: run them with `InProcessMount.run` (trio.run plus the daemon's
+background nursery). Everything here raises what the handler
 raised (`pyfuse3.FUSEError` with the errno a syscall would see).
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pyfuse3
+import trio
 
 from vfs.cache import PageCache
 from vfs.ingest.queue import PackQueue
@@ -173,6 +175,27 @@ class InProcessMount:
             self.queue.on_published = self.ops.published
         self.kernel = Kernel()
         self.ctx = ctx or FakeContext()
+
+    def run(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        """`trio.run(fn, *args)` with the nursery the daemon gives background work (hashing what
+        is served, read-ahead, verification); what is still running at the end is cancelled."""
+
+        async def serving() -> Any:
+            failed: Exception | None = None
+            async with trio.open_nursery() as nursery:
+                self.ops.nursery = nursery
+                try:
+                    result = await fn(*args)
+                except Exception as exc:  # raised as it is, not in the nursery's group
+                    failed = exc
+                finally:
+                    self.ops.nursery = None
+                    nursery.cancel_scope.cancel()
+            if failed is not None:
+                raise failed
+            return result
+
+        return trio.run(serving)
 
     # -- the kernel's side of each reply ---------------------------------------------------
 

@@ -73,9 +73,9 @@ def depth(path: str) -> int:
     return len(path.split("/")) if path else 0
 
 
-def fails_with(code: int, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+def fails_with(m: InProcessMount, code: int, fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
     with pytest.raises(pyfuse3.FUSEError) as caught:
-        trio.run(fn, *args)
+        m.run(fn, *args)
     assert caught.value.errno == code, (os.strerror(caught.value.errno), os.strerror(code))
 
 
@@ -95,7 +95,7 @@ class MountMachine(RuleBasedStateMachine):
     def run(self, what: str, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
         self.trace.append(what)
         try:
-            return trio.run(fn, *args)
+            return self.m.run(fn, *args)
         except (AssertionError, pyfuse3.FUSEError, OSError) as exc:
             steps = "\n  ".join(self.trace)
             raise AssertionError(f"{exc!r} after:\n  {steps}") from exc
@@ -231,7 +231,7 @@ class MountMachine(RuleBasedStateMachine):
         path = join(pick(data, parents, "parent"), data.draw(st.sampled_from(NAMES)))
         if self.exists(path):
             self.trace.append(f"mkdir {path} (EEXIST)")
-            fails_with(errno.EEXIST, self.m.mkdir, path)
+            fails_with(self.m, errno.EEXIST, self.m.mkdir, path)
             return
         self.run(f"mkdir {path}", self.m.mkdir, path)
         self.dirs.add(path)
@@ -243,7 +243,7 @@ class MountMachine(RuleBasedStateMachine):
             return
         if self.kids(path):
             self.trace.append(f"rmdir {path} (ENOTEMPTY)")
-            fails_with(errno.ENOTEMPTY, self.m.rmdir, path)
+            fails_with(self.m, errno.ENOTEMPTY, self.m.rmdir, path)
             return
         self.run(f"rmdir {path}", self.m.rmdir, path)
         self.dirs.discard(path)
@@ -485,7 +485,7 @@ def test_a_renamed_folder_keeps_its_inode_and_a_new_folder_gets_another(
         assert [name for name, _ in await mount.readdir(held)] == ["x"]
         assert await mount.listdir("a") == []
 
-    trio.run(go)
+    mount.run(go)
 
 
 @pytest.mark.parametrize("published", [False, True])
@@ -507,7 +507,7 @@ def test_a_file_in_a_renamed_folder_reads_through_its_inode_at_once(
         assert await mount.read_file("c/x") == b"spooled or not"
         assert await mount.read_inode(held) == b"spooled or not"
 
-    trio.run(go)
+    mount.run(go)
 
 
 def test_readdir_of_a_subfolder_goes_on_across_a_rename_of_its_parent(
@@ -534,7 +534,7 @@ def test_readdir_of_a_subfolder_goes_on_across_a_rename_of_its_parent(
 
         return [name for name, _ in await mount.readdir(held, room=2, between=between)]
 
-    listed = trio.run(go)
+    listed = mount.run(go)
     assert sorted(listed) == names, listed
 
 
@@ -550,7 +550,7 @@ def test_lookup_counts_and_forget_never_free_a_held_inode(mount: InProcessMount)
         await mount.forget([(ino, 1)])
         assert mount.ops.inodes.get(ino) is None
 
-    trio.run(go)
+    mount.run(go)
 
 
 # -- known bugs outside inodes.py (the machine keeps off them: AVOID_*) -----------------------
@@ -605,7 +605,7 @@ def test_lookup_gives_a_written_file_its_size(mount: InProcessMount) -> None:
         assert (await mount.lookup(ROOT_INODE, "x")).st_size == 5
         assert [a.st_size for _, a in await mount.readdir(ROOT_INODE)] == [5]
 
-    trio.run(go)
+    mount.run(go)
 
 
 @pytest.mark.xfail(strict=True, reason=BUG_A_PUBLISHED_FILE_WRITTEN_AGAIN_READS_AT_ONCE)
@@ -617,7 +617,7 @@ def test_a_published_file_written_again_reads_at_once(mount: InProcessMount) -> 
         attrs = await mount.lookup(ROOT_INODE, "x")
         assert await mount.read_inode(attrs.st_ino) == b"new!"
 
-    trio.run(go)
+    mount.run(go)
 
 
 @pytest.mark.xfail(strict=True, reason=BUG_A_FOLDER_MOVED_ONTO_A_HELD_NAME_KEEPS_ITS_INODE)
@@ -631,7 +631,7 @@ def test_a_folder_moved_onto_a_held_name_keeps_its_inode(mount: InProcessMount) 
         await mount.rename("c", "b")
         assert (await mount.lookup(ROOT_INODE, "b")).st_ino == held
 
-    trio.run(go)
+    mount.run(go)
 
 
 @pytest.mark.xfail(strict=True, reason=BUG_A_RENAMED_PUBLISHED_FILE_KEEPS_ITS_INODE)
@@ -646,7 +646,7 @@ def test_a_renamed_published_file_keeps_its_inode(mount: InProcessMount) -> None
         assert await mount.read_inode(held) == b"old"  # the kernel's dentry "y" has it
         assert (await mount.lookup(ROOT_INODE, "y")).st_ino == held
 
-    trio.run(go)
+    mount.run(go)
 
 
 async def _over_a_published_file(mount: InProcessMount) -> None:
@@ -665,7 +665,7 @@ def test_unlink_of_a_file_renamed_over_a_published_one(mount: InProcessMount) ->
         await mount.unlink("x")
         assert await mount.listdir("") == []
 
-    trio.run(go)
+    mount.run(go)
 
 
 @pytest.mark.xfail(strict=True, reason=BUG_RENAME_AWAY_OF_A_FILE_RENAMED_OVER_A_PUBLISHED_ONE)
@@ -675,7 +675,7 @@ def test_rename_away_of_a_file_renamed_over_a_published_one(mount: InProcessMoun
         await mount.rename("x", "z")
         assert await mount.listdir("") == ["z"]
 
-    trio.run(go)
+    mount.run(go)
 
 
 @pytest.mark.xfail(strict=True, reason=BUG_A_PUBLISHED_FILE_RENAMED_OVER_A_SPOOLED_ONE)
@@ -689,7 +689,7 @@ def test_a_published_file_renamed_over_a_spooled_one(mount: InProcessMount) -> N
         await mount.publish_all()
         assert await mount.read_file("y") == b"moved here"
 
-    trio.run(go)
+    mount.run(go)
 
 
 @pytest.mark.xfail(strict=True, reason=BUG_A_RENAME_WHILE_THE_MOUNT_SWITCHES_TO_THE_PUBLISHED_FILE)
@@ -713,7 +713,7 @@ def test_a_rename_while_the_mount_switches_to_the_published_file(mount: InProces
         assert await mount.listdir("") == ["b"]
         assert await mount.read_file("b") == b"data"
 
-    trio.run(go)
+    mount.run(go)
 
 
 @pytest.mark.xfail(strict=True, reason=BUG_A_RESCAN_THAT_RACES_A_RENAME_OF_ITS_FOLDER)
@@ -738,4 +738,4 @@ def test_a_rescan_that_races_a_rename_of_its_folder(mount: InProcessMount) -> No
         assert raced
         assert await mount.read_file("b/x") == b"spooled"
 
-    trio.run(go)
+    mount.run(go)
