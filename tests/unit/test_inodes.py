@@ -109,12 +109,13 @@ def test_rekey_below_moves_a_folder_moved_in_place_and_keeps_its_listing(
     assert table.known(spooled("b/s")) == queued
 
 
-def test_rekey_below_leaves_other_folders_alone(table: InodeTable) -> None:
+def test_rekey_below_leaves_other_folders_alone_and_counts_the_move(table: InodeTable) -> None:
     other = table.hand_out(real("ab/x"))
     queued = table.hand_out(spooled("ab/y"))
     table.rekey_below(SRC / "a", SRC / "c")
     assert table.get(other).real == SRC / "ab/x"
     assert table.get(queued).spooled == "ab/y"
+    assert table.moves == 1  # a folder scan that began before this must be read again
 
 
 # -- the whole daemon, round after round -----------------------------------------------------

@@ -84,6 +84,7 @@ class InodeTable:
         self.folders: dict[int, Folder] = {}
         self._locks: dict[int, trio.Lock] = {}
         self._pinned: dict[int, int] = {}  # open handles per inode: kept while open
+        self.moves = 0  # folders moved so far: a scan begun before a move may hold old paths
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -194,6 +195,7 @@ class InodeTable:
 
         Listings below it keep their cookies (a readdir may be half way through one) and are
         checked against SRC at their next use; files spooled below it follow too."""
+        self.moves += 1
         root = self._nodes[ROOT_INODE].real
         spool_move = (_relpath(root, old), _relpath(root, new))
         seen: dict[int, Node] = {}
