@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -13,11 +14,25 @@ if TYPE_CHECKING:  # numpy, numcodecs: imported when the first archive is read, 
     from vfs.decant.reader import DecantArchive, OriginalReader
 
 
+# The adapter's lookup of an archive's recorded chunk digests (None: not recorded yet).
+DigestSource = Callable[[Path], Mapping[str, int] | None]
+
+
 class DecantBackend:
     name = "decant"
+    # Raised whenever describe() refuses more than before: a persistent index that keys its
+    # descriptions by it re-describes archives an older, laxer describe() listed.
+    describe_version = 2
 
-    def __init__(self, cache: PageCache) -> None:
+    def __init__(self, cache: PageCache, digests: DigestSource | None = None) -> None:
         self.cache = cache
+        self.digests = digests
+
+    def chunk_digests(self, path: Path) -> dict[str, int]:
+        """xxh3 of every stored chunk, for the adapter to record (reads the whole archive)."""
+        from vfs.decant.digests import archive_digests
+
+        return archive_digests(path)
 
     def claims(self, path: Path, is_dir: bool) -> bool:
         if is_dir:
@@ -30,6 +45,9 @@ class DecantBackend:
         with DecantArchive.open(path) as archive:
             m = archive.manifest
             originals = archive.originals()
+            # Every size and chunk an original needs is checked here, without decoding: an
+            # archive that claims more than it holds is shown raw, not listed at a false size.
+            archive.check()
         if m.mode != "series":
             (info,) = originals
             return Description(info.relpath, _file_entry(info.size, info.sha256, m.mode))
@@ -45,7 +63,7 @@ class DecantBackend:
     def open(self, path: Path, member: str, entry: Entry) -> DecantFile:
         from vfs.decant.reader import DecantArchive
 
-        archive = DecantArchive.open(path)
+        archive = DecantArchive.open(path, self.digests(path) if self.digests else None)
         try:
             return DecantFile(archive, archive.open_original(member, self.cache))
         except BaseException:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vfs.decant import SUPPORTED_FORMATS
+from vfs.decant.geometry import ITEMSIZE, check_geometry
+from vfs.decant.limits import MAX_MANIFEST_ITEMS, MAX_ORIGINAL_SIZE, MAX_PAGES, MAX_SEGMENTS
 from vfs.errors import ManifestError, UnsupportedFormatError
 
 MODES = ("byte-exact", "verbatim", "series")
@@ -29,6 +33,11 @@ class PageRecord:
     @property
     def nbytes(self) -> int:
         return sum(self.databytecounts)
+
+    @property
+    def plane_nbytes(self) -> int:
+        """Bytes of the decoded plane its shape and dtype make (== nbytes once validated)."""
+        return math.prod(self.shape) * ITEMSIZE.get(self.dtype, 1)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -70,6 +79,9 @@ class Manifest:
     notes: str = ""
     members: tuple[MemberRecord, ...] = ()
     series_consolidated: bool = False
+    # Additive (spec §6): the writer stored every chunk, even all-fill ones, so a missing chunk
+    # is damage. Archives without it may omit all-fill chunks (zarr's write_empty_chunks=False).
+    all_chunks_stored: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -114,6 +126,16 @@ class _Fields:
         if value < 0:
             raise ManifestError(f"{self.source}: {self.where} field '{key}' is negative")
         return int(value)
+
+    def size(self, key: str, default: Any = None) -> int:
+        """A byte count: bounded, so a claim like 2**62 is refused here, not shown as 4.6 EB."""
+        value = self.int(key, default)
+        if value > MAX_ORIGINAL_SIZE:
+            raise ManifestError(
+                f"{self.source}: {self.where} field '{key}' claims {value} bytes, more than "
+                f"the {MAX_ORIGINAL_SIZE} a decant original may hold"
+            )
+        return value
 
     def str(self, key: str, default: Any = None) -> str:
         return str(self._get(key, str, _REQUIRED if default is None else default))
@@ -171,6 +193,7 @@ def _parse_page(doc: Any, where: str, source: str) -> PageRecord:
         raise UnsupportedFormatError(f"{source}: {where} predictor {page.predictor} is not 1")
     if bool(page.tilewidth) != bool(page.tilelength) or (page.tilewidth and page.rowsperstrip):
         raise ManifestError(f"{source}: {where} is neither cleanly striped nor tiled")
+    check_geometry(page, where, source)
     return page
 
 
@@ -187,21 +210,39 @@ def _parse_member(doc: Any, where: str, source: str) -> MemberRecord:
     )
     return MemberRecord(
         relpath=f.str("relpath"),
-        original_size=f.int("original_size"),
+        original_size=f.size("original_size"),
         original_sha256=f.str("original_sha256"),
         byteorder=_check_byteorder(f.str("byteorder", "<"), where, source),
-        husk_array=f.str("husk_array", ""),
-        husk_raw_size=f.int("husk_raw_size", 0),
+        husk_array=_name(f.str("husk_array", ""), f"{where} husk_array", source),
+        husk_raw_size=f.size("husk_raw_size", 0),
         pages=pages,
-        subarchive=f.str("subarchive", ""),
+        subarchive=_name(f.str("subarchive", ""), f"{where} subarchive", source),
     )
+
+
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,254}")
+
+
+def _name(value: str, where: str, source: str) -> str:
+    """An array or bundle name: one plain path component (it becomes a store key or a path)."""
+    if value and not _SAFE_NAME.fullmatch(value):
+        raise ManifestError(f"{source}: {where} {value[:80]!r} is not a plain name")
+    return value
 
 
 def parse_manifest(raw: bytes, source: str) -> Manifest:
     """Parse manifest bytes; `source` names the archive in every error message."""
+    # Values are counted before parsing: the lists they would become are what costs memory.
+    items = raw.count(b",")
+    if items > MAX_MANIFEST_ITEMS:
+        raise ManifestError(
+            f"{source}: manifest holds about {items} JSON values, more than {MAX_MANIFEST_ITEMS}"
+        )
     try:
         doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:
+        raise ManifestError(f"{source}: manifest JSON is nested too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int of 5000 digits
         raise ManifestError(f"{source}: manifest is not valid JSON ({exc})") from None
     f = _Fields(doc, "manifest", source)
     fmt = f._get("format", int, _REQUIRED)
@@ -228,6 +269,7 @@ def parse_manifest(raw: bytes, source: str) -> Manifest:
         "notes",
         "members",
         "series_consolidated",
+        "all_chunks_stored",
     }
     plane_order = f.list("plane_order")
     if not all(isinstance(a, str) and a for a in plane_order):
@@ -236,19 +278,20 @@ def parse_manifest(raw: bytes, source: str) -> Manifest:
         format=fmt,
         mode=mode,
         original_name=f.str("original_name"),
-        original_size=f.int("original_size"),
+        original_size=f.size("original_size"),
         original_sha256=f.str("original_sha256"),
         byteorder=_check_byteorder(f.str("byteorder", "<"), "manifest", source),
         decant_version=f.str("decant_version", ""),
         pixel_codec=f.str("pixel_codec", ""),
         pages=tuple(_parse_page(p, f"pages[{i}]", source) for i, p in enumerate(f.list("pages"))),
         plane_order=tuple(plane_order),
-        husk_raw_size=f.int("husk_raw_size", 0),
+        husk_raw_size=f.size("husk_raw_size", 0),
         notes=f.str("notes", ""),
         members=tuple(
             _parse_member(m, f"members[{i}]", source) for i, m in enumerate(f.list("members"))
         ),
         series_consolidated=f.bool("series_consolidated", False),
+        all_chunks_stored=f.bool("all_chunks_stored", False),
         extra={k: v for k, v in doc.items() if k not in known},
     )
     _check_consistency(manifest, source)
@@ -257,8 +300,10 @@ def parse_manifest(raw: bytes, source: str) -> Manifest:
 
 def _check_consistency(m: Manifest, source: str) -> None:
     if m.mode != "series":
-        if "/" in m.original_name or m.original_name in ("", ".", ".."):
-            raise ManifestError(f"{source}: original_name {m.original_name!r} is not a file name")
+        if "/" in m.original_name or not _file_name(m.original_name):
+            raise ManifestError(
+                f"{source}: original_name {m.original_name[:80]!r} is not a file name"
+            )
         if len(m.original_sha256) != 64:
             raise ManifestError(f"{source}: original_sha256 is not a 64-digit hex digest")
     if m.mode == "byte-exact" and m.husk_raw_size + sum(p.nbytes for p in m.pages) != (
@@ -268,14 +313,17 @@ def _check_consistency(m: Manifest, source: str) -> None:
             f"{source}: husk_raw_size + pixel bytes != original_size "
             f"({m.husk_raw_size} + {sum(p.nbytes for p in m.pages)} != {m.original_size})"
         )
+    _check_counts(m, source)
     if m.mode == "series":
         if not m.members:
             raise ManifestError(f"{source}: series manifest lists no members")
         seen: set[str] = set()
         for i, mem in enumerate(m.members):
             parts = mem.relpath.split("/")
-            if mem.relpath.startswith("/") or any(p in ("", ".", "..") for p in parts):
-                raise ManifestError(f"{source}: members[{i}] relpath {mem.relpath!r} is unsafe")
+            if len(parts) > MAX_DEPTH or not all(_file_name(p) for p in parts):
+                raise ManifestError(
+                    f"{source}: members[{i}] relpath {mem.relpath[:80]!r} is unsafe"
+                )
             if mem.relpath in seen:
                 raise ManifestError(f"{source}: members[{i}] relpath {mem.relpath!r} repeats")
             seen.add(mem.relpath)
@@ -283,3 +331,40 @@ def _check_consistency(m: Manifest, source: str) -> None:
                 raise ManifestError(f"{source}: members[{i}] has no husk_array")
             if not m.series_consolidated and not mem.subarchive:
                 raise ManifestError(f"{source}: members[{i}] has no subarchive")
+        if m.series_consolidated:
+            _unique([mem.husk_array for mem in m.members], "members[].husk_array", source)
+        else:
+            _unique([mem.subarchive for mem in m.members], "members[].subarchive", source)
+
+
+MAX_DEPTH = 64  # folders of a series member's relpath: the mount builds its tree from them
+
+
+def _file_name(name: str) -> bool:
+    """One path component a kernel accepts: not empty, . or .., no NUL, at most 255 bytes."""
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:  # JSON allows lone surrogates; no file name holds one
+        return False
+    return name not in ("", ".", "..") and "\0" not in name and size <= 255
+
+
+def _check_counts(m: Manifest, source: str) -> None:
+    """Pages and segments within bounds; a page index (a plane of `0`) used once per archive."""
+    pages = [*m.pages, *(p for mem in m.members for p in mem.pages)]
+    if len(pages) > MAX_PAGES:
+        raise ManifestError(f"{source}: manifest lists {len(pages)} pages, more than {MAX_PAGES}")
+    segments = sum(len(p.dataoffsets) for p in pages)
+    if segments > MAX_SEGMENTS:
+        raise ManifestError(
+            f"{source}: manifest lists {segments} pixel segments, more than {MAX_SEGMENTS}"
+        )
+    _unique([p.index for p in pages], "page index", source)
+
+
+def _unique(values: list[Any], what: str, source: str) -> None:
+    seen: set[Any] = set()
+    for value in values:
+        if value in seen:
+            raise ManifestError(f"{source}: {what} {value!r} repeats")
+        seen.add(value)

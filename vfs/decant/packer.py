@@ -205,6 +205,7 @@ def _write_byte_exact(
                 pages=layout.pages,
                 plane_order=layout.plane_order,
                 husk_raw_size=husk_size,
+                all_chunks_stored=True,
             )
         )
     except BaseException:
@@ -307,6 +308,7 @@ def _write_verbatim(
                 original_sha256=sha,
                 decant_version=vfs.__version__,
                 pixel_codec="blosc:zstd:noshuffle:clevel=5",
+                all_chunks_stored=True,
             )
         )
     except BaseException:

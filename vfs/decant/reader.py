@@ -1,9 +1,16 @@
-"""Random-access reconstruction of originals from an opened decant archive (spec §5)."""
+"""Random-access reconstruction of originals from an opened decant archive (spec §5).
+
+Opening an original checks everything it will need against the manifest and the store — array
+shapes, chunk sizes, which chunks exist — so a read either returns exactly the bytes asked for or
+raises; it never allocates more than one plane or husk block, and never serves a gap as zeros.
+"""
 
 from __future__ import annotations
 
 import math
 import os
+import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,18 +18,13 @@ from typing import Any
 import numpy as np
 
 from vfs.cache import PageCache
+from vfs.decant.chunks import ArraySpec, check_byte_chunks, read_array_spec, read_chunk
 from vfs.decant.layout import page_coordinate, serialize_page
+from vfs.decant.limits import MAX_BLOCK_BYTES, MAX_CHUNK_BYTES, MAX_CHUNKS, MAX_MANIFEST_BYTES
 from vfs.decant.manifest import Manifest, PageRecord, parse_manifest
 from vfs.decant.regions import HUSK, Region, RegionIndex
-from vfs.decant.store import (
-    MANIFEST_KEY,
-    ArraySpec,
-    Store,
-    open_store,
-    read_array_spec,
-    read_chunk,
-)
-from vfs.errors import ManifestError, NotAnArchiveError
+from vfs.decant.store import MANIFEST_KEY, Store, open_store
+from vfs.errors import CorruptArchiveError, ManifestError, NotAnArchiveError
 
 
 @dataclass(frozen=True)
@@ -46,12 +48,17 @@ class DecantArchive:
         # Keyed by identity as well as path, so a replaced archive never serves stale cached pages.
         self.cache_key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
         self._nested: dict[str, DecantArchive] = {}
+        self._specs: dict[str, ArraySpec] = {}
+        self.digests: Mapping[str, int] | None = store.digests
 
     @classmethod
-    def open(cls, path: Path) -> DecantArchive:
+    def open(cls, path: Path, digests: Mapping[str, int] | None = None) -> DecantArchive:
+        """Open an archive; with `digests` (digests.archive_digests, kept by the adapter), every
+        chunk read is checked against its recorded xxh3 before it is decoded."""
         store = open_store(path)
+        store.digests = digests
         try:
-            raw = store.get(MANIFEST_KEY)
+            raw = store.get(MANIFEST_KEY, MAX_MANIFEST_BYTES)
             if raw is None:
                 raise NotAnArchiveError(f"{path}: not a decant archive (no {MANIFEST_KEY})")
             return cls(path, store, parse_manifest(raw, str(path)))
@@ -69,6 +76,22 @@ class DecantArchive:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def spec(self, name: str, max_chunk_bytes: int) -> ArraySpec:
+        """An array's checked `.zarray`, read once per opened archive."""
+        spec = self._specs.get(f"{name}@{max_chunk_bytes}")
+        if spec is None:
+            spec = read_array_spec(
+                self.store, name, max_chunk_bytes, self.manifest.all_chunks_stored
+            )
+            self._specs[f"{name}@{max_chunk_bytes}"] = spec
+        return spec
+
+    def check(self) -> None:
+        """Open every original once without reading it: what `describe` promises, `open` keeps."""
+        probe = PageCache(0)
+        for info in self.originals():
+            self.open_original(info.relpath, probe).close()
 
     def originals(self) -> list[OriginalInfo]:
         m = self.manifest
@@ -111,13 +134,37 @@ class DecantArchive:
                 mem.byteorder,
                 cache,
             )
-        sub = self._nested.get(mem.subarchive)
-        if sub is None:
-            name = mem.subarchive
-            if "/" in name or name in ("", ".", ".."):
-                raise ManifestError(f"{self.path}: member subarchive {name!r} is unsafe")
-            sub = self._nested[name] = DecantArchive.open(self.path / name)
+        sub = self.nested(mem.subarchive)
+        got = sub.manifest
+        if (got.original_size, got.original_sha256) != (mem.original_size, mem.original_sha256):
+            raise ManifestError(
+                f"{self.path}: member {mem.relpath!r} claims {mem.original_size} bytes "
+                f"sha256 {mem.original_sha256[:12]}…, its bundle {mem.subarchive} holds "
+                f"{got.original_size} bytes sha256 {got.original_sha256[:12]}…"
+            )
         return sub.open_original("", cache)
+
+    def nested(self, name: str) -> DecantArchive:
+        """A nested member's own bundle (opened once): mode D or V, in this folder, no symlink."""
+        sub = self._nested.get(name)
+        if sub is None:
+            sub = self._nested[name] = self._open_nested(name)
+        return sub
+
+    def _open_nested(self, name: str) -> DecantArchive:
+        path = self.path / name
+        if "/" in name or name in ("", ".", ".."):
+            raise ManifestError(f"{self.path}: member subarchive {name!r} is unsafe")
+        try:
+            if stat.S_ISLNK(path.lstat().st_mode):
+                raise CorruptArchiveError(f"{path}: member bundle is a symlink (refused)")
+        except FileNotFoundError:
+            raise NotAnArchiveError(f"{path}: no such archive") from None
+        sub = DecantArchive.open(path, nested_digests(self.digests, name))
+        if sub.manifest.mode not in ("byte-exact", "verbatim"):
+            sub.close()
+            raise ManifestError(f"{path}: a member bundle must be byte-exact or verbatim")
+        return sub
 
 
 class _NotCached(Exception):
@@ -154,9 +201,14 @@ class OriginalReader:
             self._region_bytes(region, inner, n, cached_only)
             for region, inner, n in self.regions.spans(offset, size)
         ]
-        if len(parts) == 1:
-            return parts[0]
-        return b"".join(parts)
+        out = parts[0] if len(parts) == 1 else b"".join(parts)
+        want = max(0, min(size, self.size - offset))
+        if len(out) != want:  # the checks at open make this unreachable: never a short read
+            raise CorruptArchiveError(
+                f"{self.archive.path}: read of {size} bytes at {offset} produced {len(out)}, "
+                f"expected {want}"
+            )
+        return out
 
     def _cached(self, key: tuple[Any, ...], load: Any, cached_only: bool) -> Any:
         if cached_only:
@@ -195,14 +247,20 @@ class OriginalReader:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _use_husk(self, array: str, needed: int) -> None:
-        spec = read_array_spec(self.archive.store, array)
+        spec = self.archive.spec(array, MAX_BLOCK_BYTES)
+        where = f"{self.archive.path}: array '{array}'"
         if len(spec.shape) != 1 or spec.dtype != np.uint8:
-            raise ManifestError(f"{self.archive.path}: array '{array}' is not 1-D uint8")
-        if spec.shape[0] < needed:
+            raise ManifestError(f"{where} is not 1-D uint8")
+        if spec.shape[0] != needed:
+            relation = "shorter" if spec.shape[0] < needed else "longer"
             raise ManifestError(
-                f"{self.archive.path}: array '{array}' holds {spec.shape[0]} bytes, "
-                f"shorter than the {needed} the manifest needs"
+                f"{where} holds {spec.shape[0]} bytes, {relation} than the {needed} the manifest "
+                "needs"
             )
+        n_chunks = spec.grid[0]
+        if n_chunks > MAX_CHUNKS:
+            raise CorruptArchiveError(f"{where} needs {n_chunks} chunks, more than {MAX_CHUNKS}")
+        check_byte_chunks(self.archive.store, spec, n_chunks)
         self._husk_spec: ArraySpec = spec
 
 
@@ -242,20 +300,66 @@ class PixelReader(OriginalReader):
         self.byteorder = byteorder
         self.regions = RegionIndex.build(pages, size, husk_size, source)
         self._use_husk(husk, husk_size)
-        self._pixels = read_array_spec(archive.store, "0")
+        self._pixels = archive.spec("0", MAX_CHUNK_BYTES)
+        self._leading = self._check_pixels(pages, source)
+        self._plane_order = self._check_plane_order(archive.manifest, source)
+        self._check_stored(pages)
+
+    def _check_pixels(self, pages: tuple[PageRecord, ...], source: str) -> tuple[int, ...]:
+        """`0` holds one plane per chunk, each page's plane: its leading shape, checked."""
+        spec = self._pixels
         page_ndims = {len(p.shape) for p in pages}
         if len(page_ndims) > 1:
             raise ManifestError(f"{source}: pages mix (Y, X) and (Y, X, S) shapes")
         ndim = page_ndims.pop() if page_ndims else 2
-        self._leading = self._pixels.shape[: len(self._pixels.shape) - ndim]
-        if self._pixels.chunks[len(self._leading) :] != self._pixels.shape[len(self._leading) :]:
-            raise ManifestError(f"{source}: array '0' does not hold one plane per chunk")
-        n_planes = math.prod(self._leading)
+        lead = len(spec.shape) - ndim
+        if lead < 0 or spec.chunks[lead:] != spec.shape[lead:] or set(spec.chunks[:lead]) - {1}:
+            raise ManifestError(
+                f"{source}: array '0' chunks {list(spec.chunks)} do not hold one plane per chunk "
+                f"of shape {list(spec.shape)}"
+            )
+        leading = spec.shape[:lead]
+        n_planes = math.prod(leading)
+        if n_planes > MAX_CHUNKS:
+            raise CorruptArchiveError(
+                f"{source}: array '0' shape {list(spec.shape)} has {n_planes} planes, more than "
+                f"{MAX_CHUNKS}"
+            )
         for p in pages:
-            if p.index >= n_planes or tuple(p.shape) != self._pixels.shape[len(self._leading) :]:
+            if p.index >= n_planes or tuple(p.shape) != spec.shape[lead:]:
                 raise ManifestError(f"{source}: page {p.index} does not fit array '0'")
-        plane_order = archive.manifest.plane_order
-        self._plane_order = plane_order if len(plane_order) == len(self._leading) else ()
+            if spec.dtype.name != p.dtype:
+                raise ManifestError(
+                    f"{source}: page {p.index} dtype {p.dtype} differs from array '0' "
+                    f"({spec.dtype.name})"
+                )
+        return leading
+
+    def _check_plane_order(self, m: Manifest, source: str) -> tuple[str, ...]:
+        """plane_order names `0`'s leading axes. Writers that store every chunk always record
+        it (spec §4b); only older archives may leave it empty, meaning a plain unravel."""
+        if len(m.plane_order) == len(self._leading):
+            return m.plane_order
+        if m.all_chunks_stored:
+            raise ManifestError(
+                f"{source}: plane_order {list(m.plane_order)} does not name the "
+                f"{len(self._leading)} leading axes of array '0'"
+            )
+        return ()
+
+    def _check_stored(self, pages: tuple[PageRecord, ...]) -> None:
+        """Every plane the pages need is in the store (when the store can tell without reads)."""
+        store, spec = self.archive.store, self._pixels
+        if not spec.all_stored:
+            return
+        for p in pages:
+            key = spec.chunk_key(self._chunk_index(p))
+            if store.has(key) is False:
+                raise CorruptArchiveError(f"{store.name}: chunk {key!r} is missing")
+
+    def _chunk_index(self, page: PageRecord) -> tuple[int, ...]:
+        coord = page_coordinate(page.index, self._leading, self._plane_order)
+        return (*coord, *([0] * len(page.shape)))
 
     def _region_bytes(
         self, region: Region, inner: int, n: int, cached_only: bool = False
@@ -272,16 +376,9 @@ class PixelReader(OriginalReader):
 
     def _decode_page(self, index: int) -> memoryview:
         page = self.pages[index]
-        coord = page_coordinate(index, self._leading, self._plane_order)
-        chunk = (*coord, *([0] * len(page.shape)))
-        raw = read_chunk(self.archive.store, self._pixels, chunk)
+        raw = read_chunk(self.archive.store, self._pixels, self._chunk_index(page))
         dtype = self._pixels.dtype
         file_dtype = dtype.newbyteorder(self.byteorder) if dtype.itemsize > 1 else dtype
-        if dtype.name != page.dtype:
-            raise ManifestError(
-                f"{self.archive.path}: page {index} dtype {page.dtype} differs from array '0' "
-                f"({dtype.name})"
-            )
         if file_dtype == dtype and not page.tilewidth and page.planarconfig == 1:
             return memoryview(raw)  # already the on-disk bytes: no copy
         plane = np.frombuffer(raw, dtype=dtype).reshape(page.shape).astype(file_dtype, copy=False)
@@ -296,3 +393,11 @@ class PixelReader(OriginalReader):
                 return
             self._page(page)
             offset = self.regions.page_start[page]
+
+
+def nested_digests(digests: Mapping[str, int] | None, bundle: str) -> dict[str, int] | None:
+    """A nested member bundle's own map: its keys are recorded as "m0.zarr.zip/<key>"."""
+    if digests is None:
+        return None
+    prefix = f"{bundle}/"
+    return {k[len(prefix) :]: v for k, v in digests.items() if k.startswith(prefix)}

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import vfs
+from vfs.decant.limits import MAX_PAGES, MAX_SEGMENTS
 from vfs.decant.manifest import Manifest, MemberRecord
 from vfs.decant.packer import (
     PackOptions,
@@ -48,8 +49,15 @@ def pack_series(
             layouts = [scan_tiff(p, p.stat().st_size) for p in members]
         except NotByteExact:
             layouts = []
-    consolidated = bool(layouts) and all(
-        lay.dtype == layouts[0].dtype and lay.page_shape == layouts[0].page_shape for lay in layouts
+    consolidated = (
+        bool(layouts)
+        and all(
+            lay.dtype == layouts[0].dtype and lay.page_shape == layouts[0].page_shape
+            for lay in layouts
+        )
+        # One manifest lists every member's pages: it must stay within the reader's bounds.
+        and sum(len(lay.pages) for lay in layouts) <= MAX_PAGES
+        and sum(len(p.dataoffsets) for lay in layouts for p in lay.pages) <= MAX_SEGMENTS
     )
     suffix = ".zarr.zip" if consolidated else ".zarr"
     if out is None:
@@ -154,4 +162,5 @@ def _series_manifest(
         plane_order=("z",) if consolidated else (),
         members=tuple(records),
         series_consolidated=consolidated,
+        all_chunks_stored=True,
     )

@@ -11,6 +11,7 @@ import numpy as np
 import tifffile
 
 from vfs.decant.layout import axis_rank, real_segments
+from vfs.decant.limits import MAX_CHUNK_BYTES, MAX_PAGES, MAX_SEGMENTS, human
 from vfs.decant.manifest import PageRecord
 
 _AXES = {"T": "t", "C": "c", "Z": "z"}
@@ -52,7 +53,14 @@ def scan_tiff(path: Path, size: int) -> TiffLayout:
             pages = list(tif.pages)
             if not pages:
                 raise NotByteExact("the TIFF has no pages")
+            if len(pages) > MAX_PAGES:  # the reader's bound: mode D must stay readable
+                raise NotByteExact(f"{len(pages)} pages, more than the {MAX_PAGES} of mode D")
             records = [_page_record(i, p) for i, p in enumerate(pages)]  # type: ignore[arg-type]
+            segments = sum(len(r.dataoffsets) for r in records)
+            if segments > MAX_SEGMENTS:
+                raise NotByteExact(
+                    f"{segments} strips/tiles, more than the {MAX_SEGMENTS} of mode D"
+                )
             byteorder = tif.byteorder
             leading_axes, leading_shape = _leading(tif, len(pages))
     except NotByteExact:
@@ -85,6 +93,8 @@ def _page_record(index: int, page: tifffile.TiffPage) -> PageRecord:
         raise NotByteExact(f"page {index} has {page.bitspersample}-bit samples")
     y, x, s = page.imagelength, page.imagewidth, page.samplesperpixel
     shape = (y, x) if s == 1 else (y, x, s)
+    if y * x * s * page.dtype.itemsize > MAX_CHUNK_BYTES:
+        raise NotByteExact(f"page {index} is larger than the {human(MAX_CHUNK_BYTES)} of a chunk")
     tile = (page.tilelength, page.tilewidth) if page.is_tiled else None
     segments = real_segments(
         shape,

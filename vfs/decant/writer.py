@@ -22,6 +22,9 @@ HUSK_CHUNK = 256 * 1024  # a random 4 KiB husk read decodes at most this much
 VERBATIM_CHUNK = 1024 * 1024
 
 Progress = Callable[[int], None]
+# zarr skips chunks equal to the fill value by default; a reader then cannot tell an all-zero
+# plane from a lost one. Every chunk is written, and the manifest says so (all_chunks_stored).
+STORE_EVERY_CHUNK = {"write_empty_chunks": True}
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ class ArchiveWriter:
             compressors=codec.codec(),
             fill_value=0,
             overwrite=True,
+            config=STORE_EVERY_CHUNK,
         )
 
     def byte_array(self, name: str, blocks: Iterable[bytes], size: int, chunk: int) -> None:
@@ -106,6 +110,7 @@ class ArchiveWriter:
             compressors=husk_codec(),
             fill_value=0,
             overwrite=True,
+            config=STORE_EVERY_CHUNK,
         )
         pos, pending = 0, bytearray()
         for block in blocks:

@@ -1,0 +1,139 @@
+"""Per-chunk xxh3 digests (vfs.decant.digests): what the adapter records at index time, checked on
+every later chunk read before decoding — so a swapped or rewritten chunk fails a random read."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+import xxhash
+
+from tests.toolbox import load_tool
+from vfs.cache import PageCache
+from vfs.decant.digests import archive_digests
+from vfs.decant.packer import PackOptions, PackResult
+from vfs.decant.reader import DecantArchive
+from vfs.decant.series import pack_series
+from vfs.decant.store import is_chunk_key
+from vfs.errors import CorruptArchiveError
+
+fuzz = load_tool("fuzz")
+D = "imagej_hyperstack_tzc_u16.tif"
+A, B = "0/0.0.0.0.0", "0/1.1.2.0.0"
+
+
+def read_all(path: Path, digests: dict[str, int] | None = None) -> bytes:
+    with DecantArchive.open(path, digests) as archive:
+        (info,) = archive.originals()
+        reader = archive.open_original(info.relpath, PageCache(1 << 20))
+        return bytes(reader.read(0, reader.size))
+
+
+def swap(src: Path, dest: Path) -> Path:
+    """Two planes' chunks exchanged: a valid zip (CRCs recomputed), valid blosc, wrong pixels."""
+    with zipfile.ZipFile(src) as zf:
+        a, b = zf.read(A), zf.read(B)
+    return fuzz.rewrite_zip(src, dest, lambda n, d: b if n == A else a if n == B else d)
+
+
+@pytest.fixture
+def good(packed_corpus: dict[str, PackResult]) -> Path:
+    return packed_corpus[D].archive
+
+
+def test_digests_cover_every_chunk(good: Path) -> None:
+    digests = archive_digests(good)
+    with zipfile.ZipFile(good) as zf:
+        chunks = {n: zf.read(n) for n in zf.namelist() if is_chunk_key(n)}
+    assert set(digests) == set(chunks) and "husk/0" in digests and A in digests
+    assert all(digests[k] == xxhash.xxh3_64_intdigest(v) for k, v in chunks.items())
+
+
+def test_reads_with_digests_are_exact(good: Path, corpus: dict[str, Path]) -> None:
+    assert read_all(good, archive_digests(good)) == corpus[D].read_bytes()
+
+
+def test_swapped_chunks_fail_the_digest(
+    good: Path, corpus: dict[str, Path], tmp_path: Path
+) -> None:
+    digests = archive_digests(good)
+    bad = swap(good, tmp_path / "swapped.zarr.zip")
+    assert read_all(bad) != corpus[D].read_bytes()  # without digests: wrong, sha256 only catches
+    with pytest.raises(CorruptArchiveError, match=f"chunk '{A}' does not match its recorded xxh3"):
+        read_all(bad, digests)
+
+
+def test_a_chunk_missing_from_the_map(good: Path) -> None:
+    digests = archive_digests(good)
+    del digests["husk/0"]
+    with pytest.raises(CorruptArchiveError, match="'husk/0' has no recorded digest") as info:
+        read_all(good, digests)
+    assert str(good) in str(info.value)
+
+
+def test_digest_replaces_crc_on_reads(good: Path, tmp_path: Path) -> None:
+    """A byte flipped on disk after indexing: the digest names it (the CRC is not computed)."""
+    digests = archive_digests(good)
+    bad = tmp_path / "flip.zarr.zip"
+    data = bytearray(good.read_bytes())
+    with zipfile.ZipFile(good) as zf:
+        info = zf.getinfo("husk/0")
+    data[info.header_offset + 30 + len(info.filename) + len(info.extra) + 20] ^= 1
+    bad.write_bytes(bytes(data))
+    with pytest.raises(CorruptArchiveError, match="CRC-32"):
+        read_all(bad)
+    with pytest.raises(CorruptArchiveError, match="'husk/0' does not match its recorded xxh3"):
+        read_all(bad, digests)
+
+
+def test_nested_series_digests(corpus: dict[str, Path], tmp_path: Path) -> None:
+    folder = tmp_path / "plates"
+    folder.mkdir()
+    for name in ("zstack_u16.tif", "zlib_u16.tif"):
+        (folder / name).write_bytes(corpus[name].read_bytes())
+    archive = pack_series(folder, tmp_path / "plates.zarr", PackOptions()).archive
+    digests = archive_digests(archive)
+    bundles = {
+        m["subarchive"]
+        for m in json.loads((archive / ".decant/manifest.json").read_text())["members"]
+    }
+    assert {k.split("/", 1)[0] for k in digests} == bundles
+    with DecantArchive.open(archive, digests) as opened:
+        for info in opened.originals():
+            reader = opened.open_original(info.relpath, PageCache(1 << 20))
+            assert bytes(reader.read(0, reader.size)) == (folder / info.relpath).read_bytes()
+    tampered = dict(digests)
+    key = next(k for k in tampered if k.endswith("/original/0"))
+    tampered[key] ^= 1
+    with DecantArchive.open(archive, tampered) as opened:
+        infos = {i.relpath: i for i in opened.originals()}
+        reader = opened.open_original("zlib_u16.tif", PageCache(1 << 20))
+        with pytest.raises(CorruptArchiveError, match="'original/0' does not match"):
+            reader.read(0, infos["zlib_u16.tif"].size)
+
+
+def test_directory_archive_digests(good: Path, corpus: dict[str, Path], tmp_path: Path) -> None:
+    folder = tmp_path / "d.zarr"
+    with zipfile.ZipFile(good) as zf:
+        zf.extractall(folder)
+    assert archive_digests(folder) == archive_digests(good)
+    assert read_all(folder, archive_digests(good)) == corpus[D].read_bytes()
+    (folder / A).write_bytes((folder / B).read_bytes())
+    with pytest.raises(CorruptArchiveError, match=f"'{A}' does not match"):
+        read_all(folder, archive_digests(good))
+
+
+def test_backend_checks_the_adapters_digests(good: Path, tmp_path: Path) -> None:
+    from vfs.backends.decant import DecantBackend
+
+    recorded = DecantBackend(PageCache(0)).chunk_digests(good)
+    bad = swap(good, tmp_path / "swapped.zarr.zip")
+    backend = DecantBackend(PageCache(1 << 20), digests=lambda path: recorded)
+    handle = backend.open(bad, "", backend.describe(bad).root)
+    try:
+        with pytest.raises(CorruptArchiveError, match="does not match its recorded xxh3"):
+            handle.read(0, handle.size)
+    finally:
+        handle.close()
