@@ -27,6 +27,11 @@ from vfs.mount.daemon import mount_device
 MB = 1_000_000  # throughputs in MB/s (decimal), as dd prints them
 MiB = 1 << 20
 TOOLS = Path(__file__).resolve().parent
+# Children (decant, decant-mount, memfs) import `vfs` from this checkout, not from wherever the
+# environment's editable install points: a benchmark measures the code beside it.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, [str(TOOLS.parent), os.environ.get("PYTHONPATH")])
+)
 
 
 def log(message: str) -> None:
