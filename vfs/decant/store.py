@@ -58,6 +58,18 @@ class Store:
         """Whether `key` exists, or None when only a read can tell (checked lazily then)."""
         return None
 
+    def entry_size(self, key: str) -> int | None:
+        """Stored size of `key` when parts of it can be read alone (`get_range`), else None."""
+        return None
+
+    def get_range(self, key: str, start: int, size: int) -> bytes:
+        """Bytes [start, start + size) of the stored value at `key` (which `entry_size` sized).
+
+        Unchecked: the zip CRC-32 and the digest map cover whole entries only, so a caller that
+        needs a check reads the entry whole with `get` (vfs.decant.partial does, given digests).
+        """
+        raise NotImplementedError
+
     def listed(self, prefix: str) -> list[str] | None:
         """Keys starting with `prefix`, or None when listing is not cheap for this store."""
         return None
@@ -187,6 +199,32 @@ class ZipArchiveStore(Store):
             raise CorruptArchiveError(
                 f"{self.path}: cannot read zip entry {key!r} ({exc.strerror})"
             ) from None
+
+    def entry_size(self, key: str) -> int | None:
+        info = self._entries.get(key)
+        if info is None or info.compress_type != zipfile.ZIP_STORED:
+            return None
+        return int(info.file_size) if info.compress_size == info.file_size else None
+
+    def get_range(self, key: str, start: int, size: int) -> bytes:
+        info = self._entries.get(key)
+        if info is None or not 0 <= start <= start + size <= info.file_size:
+            raise CorruptArchiveError(
+                f"{self.path}: bytes [{start}, {start + size}) are not within entry {key!r}"
+            )
+        assert self.stat is not None
+        try:
+            offset = self._data_offset(info)
+            if offset + info.file_size > self.stat.st_size:
+                raise CorruptArchiveError(f"{self.path}: zip entry {key!r} runs past the end")
+            data = os.pread(self._fd, size, offset + start)
+        except OSError as exc:
+            raise CorruptArchiveError(
+                f"{self.path}: cannot read zip entry {key!r} ({exc.strerror})"
+            ) from None
+        if len(data) != size:
+            raise CorruptArchiveError(f"{self.path}: zip entry {key!r} is truncated")
+        return data
 
     def _read_stored(self, key: str, info: zipfile.ZipInfo) -> bytes:
         offset = self._data_offset(info)
