@@ -14,11 +14,13 @@ before it is used, and nothing is allocated from a size that has not been checke
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import struct
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 from numcodecs import blosc
 
 HEADER = struct.Struct("<BBBBiii")
@@ -33,6 +35,43 @@ Buffer = bytes | bytearray | memoryview
 
 class BloscChunkError(ValueError):
     """A chunk whose header or block table contradicts itself or its length."""
+
+
+def _context_decompressor() -> Any:
+    """c-blosc's blosc_decompress_ctx from numcodecs' own extension, or None.
+
+    numcodecs decodes through blosc's global context behind one process-wide mutex, so two
+    threads never decode at once, and it costs ~2.5× the CPU of a context decode here
+    (0.39 s vs 0.15 s per 512 MiB of planes). The context call takes no lock; ctypes releases
+    the GIL around it, so read-ahead decodes the next plane on the other core.
+    """
+    try:
+        fn = ctypes.CDLL(blosc.__file__).blosc_decompress_ctx
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_DECOMPRESS_CTX = _context_decompressor()
+
+
+def decompress_into(chunk: Buffer, out: Buffer, threads: int = 1) -> int:
+    """Decode a whole blosc chunk into `out` (exactly its nbytes long); returns the bytes
+    written. The caller has checked the header (cbytes is the chunk's own length, nbytes is
+    len(out)): c-blosc trusts both."""
+    src = np.frombuffer(chunk, dtype=np.uint8)
+    dst = np.frombuffer(out, dtype=np.uint8)
+    if len(dst) == 0:
+        return 0
+    if _DECOMPRESS_CTX is None or not dst.flags.writeable:
+        got: Any = blosc.decompress(chunk, out)  # type: ignore[attr-defined]
+        return int(memoryview(got).nbytes)
+    written = int(_DECOMPRESS_CTX(src.ctypes.data, dst.ctypes.data, len(dst), threads))
+    if written < 0:
+        raise BloscChunkError(f"does not decode (c-blosc error {written})")
+    return written
 
 
 @dataclass(frozen=True)
@@ -171,11 +210,11 @@ def _decode_one(h: BloscHeader, j: int, stream: memoryview, out: memoryview) -> 
     struct.pack_into("<i", frame, HEADER_SIZE, HEADER_SIZE + 4)
     frame[HEADER_SIZE + 4 :] = stream
     try:
-        got: Any = blosc.decompress(frame, out)  # type: ignore[attr-defined]
+        written = decompress_into(frame, out)
     except Exception as exc:  # c-blosc reports any failure as a RuntimeError with a code
         raise BloscChunkError(f"block {j} does not decode ({exc})") from None
-    if memoryview(got).nbytes != size:
-        raise BloscChunkError(f"block {j} decodes to {memoryview(got).nbytes} bytes, not {size}")
+    if written != size:
+        raise BloscChunkError(f"block {j} decodes to {written} bytes, not {size}")
 
 
 def decode_range(chunk: Buffer, start: int, stop: int) -> bytes:

@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 import os
 import stat
+import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -386,8 +388,7 @@ class PixelReader(OriginalReader):
         if region.page == HUSK:
             return self._husk(region.pos + inner, n, cached_only)
         start = region.pos + inner
-        key = (self.archive.cache_key, "p", region.page)
-        if not self.cache.present_or_loading(key):
+        if not self.cache.present_or_loading(self._page_key(region.page)):
             part = self._page_part(region.page, start, n, cached_only, small)
             if part is not None:
                 return part
@@ -443,13 +444,41 @@ class PixelReader(OriginalReader):
         return out if isinstance(out, memoryview) else memoryview(out)
 
     def readahead(self, offset: int, depth: int = 2) -> None:
-        """Decode up to `depth` pages that follow the one holding `offset`, in file order."""
-        for _ in range(depth):
+        """Decode the `depth` pages that follow the one holding `offset`, in parallel (the
+        decoder releases the GIL, so they take the cores the request path leaves), and ask the
+        kernel to start reading the compressed chunk after them."""
+        pages = []
+        for _ in range(depth + 1):
             page = self.regions.next_page_after(offset)
             if page is None:
-                return
-            self._page(page)
+                break
+            pages.append(page)
             offset = self.regions.page_start[page]
+        if len(pages) > depth:
+            self.archive.store.prefetch(self._pixels.chunk_key(self._chunk_index(
+                self.pages[pages.pop()])))  # fmt: skip
+        missing = [p for p in pages if not self.cache.present_or_loading(self._page_key(p))]
+        futures = [_decode_pool().submit(self._page, p) for p in missing[1:]]
+        for p in missing[:1]:
+            self._page(p)
+        for future in futures:
+            future.result()
+
+    def _page_key(self, index: int) -> tuple[Any, ...]:
+        return (self.archive.cache_key, "p", index)
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _decode_pool() -> ThreadPoolExecutor:
+    """Threads that decode read-ahead planes beside the thread asking for them."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1), "decant-decode")
+        return _POOL
 
 
 def nested_digests(digests: Mapping[str, int] | None, bundle: str) -> dict[str, int] | None:

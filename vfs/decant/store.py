@@ -8,6 +8,7 @@ can use; a larger entry is refused from its recorded size, before anything is al
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -61,6 +62,9 @@ class Store:
     def entry_size(self, key: str) -> int | None:
         """Stored size of `key` when parts of it can be read alone (`get_range`), else None."""
         return None
+
+    def prefetch(self, key: str) -> None:
+        """Ask the kernel to start reading `key`'s bytes (read-ahead of the next chunk)."""
 
     def get_range(self, key: str, start: int, size: int) -> bytes:
         """Bytes [start, start + size) of the stored value at `key` (which `entry_size` sized).
@@ -205,6 +209,14 @@ class ZipArchiveStore(Store):
         if info is None or info.compress_type != zipfile.ZIP_STORED:
             return None
         return int(info.file_size) if info.compress_size == info.file_size else None
+
+    def prefetch(self, key: str) -> None:
+        info = self._entries.get(key)
+        if info is None or self._fd < 0:
+            return
+        with contextlib.suppress(OSError, CorruptArchiveError):
+            offset = self._data_offset(info)
+            os.posix_fadvise(self._fd, offset, info.compress_size, os.POSIX_FADV_WILLNEED)
 
     def get_range(self, key: str, start: int, size: int) -> bytes:
         info = self._entries.get(key)
