@@ -76,7 +76,7 @@ def test_every_block_alone_and_from_a_range_read(pair: tuple[bytes, bytes]) -> N
 
 
 def test_a_plane_of_the_default_codec_has_many_blocks() -> None:
-    plane = (np.random.default_rng(1).integers(0, 64, (2048, 2048)) + 1000).astype(np.uint16)
+    plane = np.random.default_rng(1).integers(1000, 1064, (2048, 2048), dtype=np.uint16)
     chunk = bytes(CodecChoice().codec().encode(plane))
     h = parse_header(chunk, len(chunk))
     assert h is not None and h.nblocks > 8 and not h.memcpyed
