@@ -165,3 +165,22 @@ def test_a_damaged_block_is_an_error(
                 reader.read(start + length // 2, 16)
             except CorruptArchiveError as exc:
                 assert "0/0.0.0" in str(exc)
+
+
+def test_range_reads_stay_inside_the_entry(
+    tiny_block_archives: dict[tuple[str, str], Path],
+) -> None:
+    import zipfile
+
+    from vfs.decant.store import open_store
+
+    path = tiny_block_archives[("zstack_u16.tif", "zstd:byteshuffle")]
+    with zipfile.ZipFile(path) as zf:
+        want = zf.read("0/0.0.0")
+    with open_store(path) as store:
+        size = store.entry_size("0/0.0.0")
+        assert size == len(want) and store.entry_size("0/9.9.9") is None
+        assert store.get_range("0/0.0.0", 3, 10) == want[3:13]
+        for start, n in ((size - 1, 2), (-1, 1), (0, size + 1)):
+            with pytest.raises(CorruptArchiveError, match="not within entry"):
+                store.get_range("0/0.0.0", start, n)
