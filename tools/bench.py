@@ -20,9 +20,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "restore": ("bench_decant", "decant restore MB/s vs cp, and its peak RSS"),
     "read": ("bench_decant", "random 4 KiB reads through the core reader (and zarr-python)"),
     "mount": ("bench_decant", "decant-mount vs an in-memory pyfuse3 ceiling: dd, preads, ls -l"),
-    "c4gh": ("bench_c4gh", "GDI package: start to manifest bytes, member dd vs memfs, preads"),
+    "c4gh": ("bench_c4gh", "GDI package: dd vs plain TAR and crypt4ghfs+ratarmount; start-up"),
     "acqstore": ("bench_acqstore", "AcqStore: validate 1,000 members; synthetic TIFF dd vs memfs"),
     "ingest": ("bench_ingest", "rsync -a into the mount until published, vs rsync + decant pack"),
+    "s3": ("bench_s3", "S3 (local SeaweedFS): ranged GET p50/p99, download MB/s, verify in bucket"),
 }
 
 

@@ -1,14 +1,20 @@
-"""AcqStore benchmarks (issue 6, "Speed"): `python tools/bench.py acqstore`.
+"""AcqStore benchmarks (issue 6, "Speed"; "Reading through the mount at disk speed"):
+`python tools/bench.py acqstore`.
 
 (1) Validating a generated collection of 1,000 members: the core call (`validate_collection`) in
 this process, and `decant acqstore validate` as a fresh process (what a user waits for), each cold
 (the collection's files evicted from the page cache, dentries and inodes dropped) and warm.
 (2) A TIFF synthesized from an OME-Zarr image (uint16, one plane per blosc chunk) read
-sequentially through decant-mount (`dd bs=1M`, fresh mount, the zarr chunks evicted first) ÷ the
-in-memory pyfuse3 ceiling (tools/memfs.py serving the very same bytes), rounds interleaved in one
-run. Diagnostics beside it: zarr-python decoding every plane without FUSE, numcodecs decoding
-every chunk file without zarr-python, and decant-mount with every plane already in its cache (the
-request path alone).
+sequentially with `dd bs=1M`, rounds interleaved in one run:
+  plain  the same pixels written by tifffile as an ordinary uncompressed TIFF on the same disk,
+         read cold (its pages evicted): the disk-speed baseline of the target
+  memfs  the in-memory pyfuse3 ceiling (tools/memfs.py serving the synthesized bytes)
+  cold   decant-mount, a fresh daemon, the zarr chunks and the mount's pages evicted
+  warm   the same daemon again, the mount's pages evicted (zarr chunks in the page cache, the
+         daemon's own cache holding what it kept)
+with the daemon's CPU per core (/proc/PID/stat utime+stime sampled every 0.1 s) and its peak RSS
+against --cache-size. `--diagnostics` adds zarr-python and numcodecs decoding without FUSE.
+The daemons run this checkout's code (`python -m vfs.cli`, PYTHONPATH set to it).
 """
 
 from __future__ import annotations
@@ -22,15 +28,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from benchlib import (
+# This checkout's vfs, for the benchmark and every daemon it starts: an editable install of
+# another checkout (a console script, or a script run from tools/) would otherwise win.
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+
+import numpy as np  # noqa: E402
+from benchlib import (  # noqa: E402
     MB,
     TOOLS,
+    CpuProfile,
+    CpuSampler,
     MiB,
     Report,
-    cpu_seconds,
     dd_read,
     drop_caches,
+    evict_file,
     log,
     machine_context,
     mbps,
@@ -38,16 +52,17 @@ from benchlib import (
     mounted,
     require,
     run_child,
-    tool,
     vm_hwm,
     workdir,
 )
 
-from vfs.acqstore.validate import validate_collection, validator
-from vfs.cli import parse_size
+import vfs  # noqa: E402
+from vfs.acqstore.validate import validate_collection, validator  # noqa: E402
+from vfs.cli import parse_size  # noqa: E402
 
 VALIDATE_TARGET_S = 2.0
-READ_RATIO_TARGET = 0.5
+READ_RATIO_TARGET = 0.5  # synthesized TIFF cold ÷ plain TIFF of the same pixels from disk
+RSS_SLACK = 150 * MiB  # peak RSS target: the cache plus this
 MEMBER_NAME = "Big stack"
 SYNTH_REL = Path("coll") / "members" / MEMBER_NAME / f"{MEMBER_NAME}.tif"  # within the mount
 SCHEMA_KINDS = ("collection", "acqimage", "analyses", "reference-image")
@@ -59,7 +74,10 @@ def main(command: str, argv: list[str]) -> int:
         log("cannot drop dentries and inodes (not root?): 'cold' figures will be warm")
     with workdir(args.workdir) as work:
         report = Report(
-            "acqstore bench", machine_context(workdir=work, cache=f"{args.cache_size >> 20} MiB")
+            "acqstore bench",
+            machine_context(
+                workdir=work, cache=f"{args.cache_size >> 20} MiB", code=Path(vfs.__file__).parent
+            ),
         )
         if args.part in ("all", "validate"):
             report_validation(report, args, ensure_large(work, args.members))
@@ -81,9 +99,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, default=2048, help="plane width and height (default 2048)")
     p.add_argument(
         "--cname",
-        default="lz4",
+        default="zstd",
         choices=("lz4", "lz4hc", "zstd", "zlib", "blosclz"),
-        help="blosc codec of the image, level 5, byte shuffle (default lz4, zarr v2's default)",
+        help="blosc codec of the image, level 5, byte shuffle (default zstd)",
     )
     p.add_argument(
         "--cache-size",
@@ -94,6 +112,11 @@ def _parser(command: str) -> argparse.ArgumentParser:
     )
     p.add_argument("--repeat", type=int, default=3, help="timed rounds (default 3)")
     p.add_argument("--part", choices=("all", "validate", "read"), default="all")
+    p.add_argument(
+        "--diagnostics",
+        action="store_true",
+        help="also time zarr-python and numcodecs decoding every plane without FUSE",
+    )
     p.add_argument(
         "--workdir",
         type=Path,
@@ -230,7 +253,7 @@ def _time_validation(
         validator(kind)  # compiled once per process, outside the core timing
     core: dict[str, list[float]] = {"cold": [], "warm": []}
     cli: dict[str, list[float]] = {"cold": [], "warm": []}
-    command = [*tool("decant"), "acqstore", "validate", str(root)]
+    command = [sys.executable, "-m", "vfs.commands", "acqstore", "validate", str(root)]
     for r in range(args.repeat):
         log(f"validation round {r + 1}/{args.repeat}")
         for temperature in ("cold", "warm"):
@@ -254,75 +277,140 @@ def _time_validation(
 def report_read(report: Report, args: argparse.Namespace, work: Path) -> None:
     src = ensure_image_collection(work, args.planes, args.size, args.cname)
     image = src / "coll" / "images" / "big.zarr"
+    plain = ensure_plain_tiff(work, image)
     synth = _copy_out(args, src, work)
     size = synth.stat().st_size
-    seq = _sequential(args, src, work, synth)
-    log("diagnostics: zarr-python and numcodecs decoding without FUSE")
-    seq["zarr"] = [_zarr_decode(image) for _ in range(args.repeat)]
-    seq["codec"] = [_codec_decode(image) for _ in range(args.repeat)]
-    seq["cached"] = _served_from_cache(args, src, work, size)
+    seq = _sequential(args, src, work, synth, plain)
+    if args.diagnostics:
+        log("diagnostics: zarr-python and numcodecs decoding without FUSE")
+        seq["zarr"] = [_zarr_decode(image) for _ in range(args.repeat)]
+        seq["codec"] = [_codec_decode(image) for _ in range(args.repeat)]
     on_disk = sum(p.stat().st_size for p in image.rglob("*") if p.is_file())
     report.section(
-        f"sequential read of the synthesized TIFF: dd bs=1M, {size / MB:.1f} MB, "
-        f"{args.planes} planes {args.size}x{args.size} uint16, blosc {args.cname} "
-        f"({on_disk / MB:.1f} MB on disk, {size / on_disk:.2f}x)"
+        f"sequential read, dd bs=1M: synthesized TIFF {size / MB:.1f} MB, {args.planes} planes "
+        f"{args.size}x{args.size} uint16, blosc {args.cname} ({on_disk / MB:.1f} MB on disk, "
+        f"{size / on_disk:.2f}x); plain TIFF {plain.stat().st_size / MB:.1f} MB"
     )
-    _report_sequential(report, seq, size)
+    _report_sequential(report, args, seq, size, plain.stat().st_size)
 
 
-def _sequential(args: argparse.Namespace, src: Path, work: Path, synth: Path) -> dict[str, Any]:
-    """Rounds of: memfs cold dd; decant-mount cold dd on a fresh mount, zarr chunks evicted."""
+def ensure_plain_tiff(work: Path, image: Path) -> Path:
+    """The image's pixels as an ordinary uncompressed ImageJ TIFF on the same disk (tifffile)."""
+    import tifffile
+    import zarr
+
+    out = work / f"plain-{image.parent.parent.parent.name}.tif"
+    if out.is_file():
+        return out
+    log(f"writing {out.name} with tifffile (the disk-speed baseline)")
+    array = zarr.open_array(str(image / "0"), mode="r")
+    part = out.with_name(out.name + ".part")
+    planes = (np.asarray(array[0, 0, z]) for z in range(array.shape[2]))
+    tifffile.imwrite(
+        part, planes, shape=array.shape[2:], dtype=array.dtype, imagej=True, metadata={}
+    )
+    part.replace(out)
+    return out
+
+
+def _sequential(
+    args: argparse.Namespace, src: Path, work: Path, synth: Path, plain: Path
+) -> dict[str, Any]:
+    """Rounds of: the plain TIFF cold from disk; memfs; decant-mount cold on a fresh daemon
+    (zarr chunks evicted), then warm on the same daemon (its mount pages evicted)."""
     image = src / "coll" / "images" / "big.zarr"
     size, logs = synth.stat().st_size, work / "logs"
-    out: dict[str, Any] = {k: [] for k in ("memfs", "decant", "cpu_memfs", "cpu_decant", "hwm")}
+    out: dict[str, Any] = {k: [] for k in ("plain", "memfs", "cold", "warm", "hwm")}
+    out.update(cpu_cold=[], cpu_warm=[])
     memfs = [sys.executable, str(TOOLS / "memfs.py"), str(work / "mnt-memfs"), str(synth), "-f"]
     with mounted(memfs, work / "mnt-memfs", logs / "memfs.log") as mem:
         _dd(mem.mnt / synth.name, size)  # untimed: first touches are not the file system's
         for r in range(args.repeat):
+            log(f"sequential round {r + 1}/{args.repeat}: plain TIFF from disk, cold")
+            evict_file(plain)
+            out["plain"].append(_dd(plain, plain.stat().st_size))
             log(f"sequential round {r + 1}/{args.repeat}: memfs")
             drop_caches([mem.mnt / synth.name])
-            cpu = cpu_seconds(mem.pid)
             out["memfs"].append(_dd(mem.mnt / synth.name, size))
-            out["cpu_memfs"].append(cpu_seconds(mem.pid) - cpu)
-            log(f"sequential round {r + 1}/{args.repeat}: decant-mount (fresh mount)")
+            log(f"sequential round {r + 1}/{args.repeat}: decant-mount cold (fresh daemon), warm")
             cmd = _decant(args, src, work, f"cold-{r}")
             with mounted(cmd, work / "mnt-decant", logs / f"decant-cold-{r}.err") as dec:
-                os.stat(dec.mnt / SYNTH_REL)  # the view is built on lookup: not part of reading
-                drop_caches([image])
-                cpu = cpu_seconds(dec.pid)
-                out["decant"].append(_dd(dec.mnt / SYNTH_REL, size))
-                out["cpu_decant"].append(cpu_seconds(dec.pid) - cpu)
+                target = dec.mnt / SYNTH_REL
+                os.stat(target)  # the view is built on lookup: not part of reading
+                for temperature in ("cold", "warm"):
+                    drop_caches([image, target] if temperature == "cold" else [target])
+                    with CpuSampler(dec.pid) as cpu:
+                        out[temperature].append(_dd(target, size))
+                    out[f"cpu_{temperature}"].append(cpu.profile)
                 out["hwm"].append(vm_hwm(dec.pid))
     return out
 
 
-def _report_sequential(report: Report, seq: dict[str, Any], size: int) -> None:
-    ceiling = median(seq["memfs"])
-    _throughput(report, "(a) memfs ceiling, same bytes", size, seq["memfs"])
-    _throughput(report, "(b) decant-mount cold", size, seq["decant"])
-    ratios = [a / b for a, b in zip(seq["memfs"], seq["decant"], strict=True)]
-    report.target("(b)/(a) median", median(ratios), READ_RATIO_TARGET, "", at_most=False)
-    report.add("  per round", " ".join(f"{x:.2f}" for x in ratios))
-    for key, label in (("memfs", "(a)"), ("decant", "(b)")):
-        busy = median([c / w for c, w in zip(seq[f"cpu_{key}"], seq[key], strict=True)])
-        report.add(f"{label} daemon CPU ÷ wall", f"{busy:.2f}", "(cores busy while dd ran)")
-    report.add("(b) decant-mount peak RSS", f"{max(seq['hwm']) / MiB:.0f} MiB")
-    for key, tag, label, note in (
-        ("zarr", "(c)", "zarr-python decode, no FUSE", "decode alone, one thread"),
-        ("codec", "(c')", "numcodecs per chunk file", "no zarr-python, one thread"),
-        ("cached", "(d)", "decant-mount, planes cached", "the request path alone"),
+def _report_sequential(
+    report: Report, args: argparse.Namespace, seq: dict[str, Any], size: int, plain_size: int
+) -> None:
+    # Throughputs, so files of slightly different sizes (headers) compare by rate.
+    rates = {
+        key: [mbps(size if key != "plain" else plain_size, s) for s in seq[key]]
+        for key in ("plain", "memfs", "cold", "warm")
+    }
+    labels = {
+        "plain": "(a) plain TIFF, same disk, cold",
+        "memfs": "(b) memfs ceiling, same bytes",
+        "cold": "(c) decant-mount cold, fresh daemon",
+        "warm": "(d) decant-mount warm, same daemon",
+    }
+    for key, label in labels.items():
+        _rate_row(report, label, rates[key], seq[key])
+    ratio = [c / p for c, p in zip(rates["cold"], rates["plain"], strict=True)]
+    report.target("(c)/(a) cold ÷ plain disk", median(ratio), READ_RATIO_TARGET, "", at_most=False)
+    report.add("  per round", " ".join(f"{x:.2f}" for x in ratio))
+    for num, den in (("cold", "memfs"), ("warm", "memfs"), ("warm", "plain")):
+        each = [n / d for n, d in zip(rates[num], rates[den], strict=True)]
+        report.add(
+            f"{_tag(num)}/{_tag(den)} {num} ÷ {den}",
+            f"{median(each):.2f}",
+            "per round " + " ".join(f"{x:.2f}" for x in each),
+        )
+    for temperature in ("cold", "warm"):
+        profiles: list[CpuProfile] = seq[f"cpu_{temperature}"]
+        best = sorted(profiles, key=lambda p: p.busy)[len(profiles) // 2]
+        report.add(f"{_tag(temperature)} daemon CPU", f"{best.busy:.2f} cores", best.text())
+    peak = max(seq["hwm"])
+    report.target(
+        "peak RSS - cache", (peak - args.cache_size) / MiB, RSS_SLACK / MiB, "MiB", at_most=True
+    )
+    report.add("  peak RSS", f"{peak / MiB:.0f} MiB", f"cache {args.cache_size / MiB:.0f} MiB")
+    for key, label, note in (
+        ("zarr", "zarr-python decode, no FUSE", "one thread"),
+        ("codec", "numcodecs per chunk file", "no zarr-python, one thread"),
     ):
-        _throughput(report, f"{tag} {label}", size, seq[key])
-        report.add(f"  {tag}/(a)", f"{ceiling / median(seq[key]):.2f}", f"({note}; no target)")
+        if key in seq:
+            _rate_row(report, f"    {label}", [mbps(size, s) for s in seq[key]], seq[key], note)
+
+
+def _tag(key: str) -> str:
+    return {"plain": "(a)", "memfs": "(b)", "cold": "(c)", "warm": "(d)"}[key]
+
+
+def _rate_row(
+    report: Report, label: str, rates: list[float], seconds: list[float], note: str = ""
+) -> None:
+    shown = " ".join(f"{r:.0f}" for r in rates)
+    report.add(
+        label,
+        f"{median(rates):.0f} MB/s",
+        f"{median(seconds):.2f} s; rounds {shown} MB/s {note}".rstrip(),
+    )
 
 
 def _decant(
     args: argparse.Namespace, src: Path, work: Path, tag: str, cache: int | None = None
 ) -> list[str]:
-    """A foreground decant-mount of `src` with a fresh index (so nothing is known in advance)."""
+    """A foreground decant-mount of `src` running this checkout's code, with a fresh index."""
     index = work / "index" / f"{tag}-{time.monotonic_ns()}"
     index.mkdir(parents=True)
-    cmd = [*tool("decant-mount"), str(src), str(work / "mnt-decant"), "-f"]
+    cmd = [sys.executable, "-m", "vfs.cli", str(src), str(work / "mnt-decant"), "-f"]
     cmd += ["--index-dir", str(index), "--log-file", str(work / "logs" / f"decant-{tag}.log")]
     return [*cmd, "--cache-size", str(cache or args.cache_size)]
 
@@ -365,26 +453,8 @@ def _codec_decode(image: Path) -> float:
     return time.perf_counter() - start
 
 
-def _served_from_cache(args: argparse.Namespace, src: Path, work: Path, size: int) -> list[float]:
-    """dd with every plane already decoded in a cache big enough for the file (kernel's dropped)."""
-    log("sequential: decant-mount serving from its own cache (diagnostic)")
-    seconds = []
-    cmd = _decant(args, src, work, "cached", cache=size + 256 * MiB)
-    with mounted(cmd, work / "mnt-decant", work / "logs" / "decant-cached.err") as dec:
-        _dd(dec.mnt / SYNTH_REL, size)
-        for _ in range(args.repeat):
-            drop_caches([dec.mnt / SYNTH_REL])
-            seconds.append(_dd(dec.mnt / SYNTH_REL, size))
-    return seconds
-
-
 def _dd(path: Path, size: int) -> float:
     seconds, nbytes = dd_read(path)
     if nbytes != size:
         raise SystemExit(f"bench: dd read {nbytes} bytes of {path}, expected {size}")
     return seconds
-
-
-def _throughput(report: Report, label: str, size: int, seconds: list[float]) -> None:
-    best = median(seconds)
-    report.add(label, f"{mbps(size, best):.0f} MB/s", f"{best:.2f} s (median of {len(seconds)})")

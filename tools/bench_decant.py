@@ -25,10 +25,10 @@ import numpy as np
 from benchlib import (
     MB,
     TOOLS,
-    CpuSampler,
     CpuUse,
     MiB,
     Report,
+    ThreadCpuSampler,
     common_options,
     dd_read,
     drop_caches,
@@ -471,7 +471,7 @@ def _sequential(
             out["plain"].append(_dd(stack, size))
             log(f"sequential round {r + 1}/{args.repeat}: memfs")
             drop_caches([mem.mnt / stack.name])
-            with CpuSampler(mem.pid) as cpu:
+            with ThreadCpuSampler(mem.pid) as cpu:
                 out["memfs"].append(_dd(mem.mnt / stack.name, size))
             out["cpu_memfs"].append(cpu.use)
             index = m.fresh_index("seq")
@@ -481,7 +481,7 @@ def _sequential(
                 with mounted(cmd, mnt, logfile) as dec:
                     out["ra_decant"] = dec.read_ahead_kb
                     drop_caches([archive])
-                    with CpuSampler(dec.pid) as cpu:
+                    with ThreadCpuSampler(dec.pid) as cpu:
                         out[key].append(_dd(mnt / name, size))
                     out[f"cpu_{key}"].append(cpu.use)
                     out[hwm].append(vm_hwm(dec.pid))
@@ -510,7 +510,7 @@ def _served_from_cache(
         _dd(mnt / name, size)  # decodes every plane (and verifies, so later opens do not hash)
         for _ in range(args.repeat):
             drop_caches([mnt / name])  # the kernel's copy only
-            with CpuSampler(dec.pid) as cpu:
+            with ThreadCpuSampler(dec.pid) as cpu:
                 out.append(_dd(mnt / name, size))
             cpus.append(cpu.use)
         hwm = vm_hwm(dec.pid)

@@ -215,6 +215,103 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+@dataclass
+class CpuProfile:
+    """Where a process's CPU time went while a timed run went on (see CpuSampler)."""
+
+    wall: float
+    process: float  # CPU seconds (user + system) of the process
+    samples: list[float]  # cores the process kept busy, per sampling interval
+    threads: list[float]  # CPU seconds per thread, busiest first
+    cores: list[float]  # busy share of each CPU of the machine (every process), whole window
+
+    @property
+    def busy(self) -> float:
+        """Mean cores the process kept busy."""
+        return self.process / self.wall if self.wall > 0 else 0.0
+
+    def above(self, cores: float) -> float:
+        """Share of sampling intervals in which the process used more than `cores` cores."""
+        return sum(s > cores for s in self.samples) / len(self.samples) if self.samples else 0.0
+
+    def text(self) -> str:
+        top = " ".join(f"{t / self.wall:.2f}" for t in self.threads[:4])
+        machine = " ".join(f"cpu{i} {c:.0%}" for i, c in enumerate(self.cores))
+        return (
+            f"{self.busy:.2f} cores (p90 {percentile(self.samples, 90):.2f}, "
+            f">1 core {self.above(1.0):.0%} of the time); threads {top}; machine {machine}"
+        )
+
+
+class CpuSampler:
+    """Samples a process's CPU (/proc/PID/stat utime + stime) every `interval` seconds, its
+    threads' totals (/proc/PID/task) and each CPU's busy share (/proc/stat), in a thread."""
+
+    def __init__(self, pid: int, interval: float = 0.1) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.profile: CpuProfile | None = None
+        self._stop = threading.Event()
+        self._samples: list[float] = []
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> CpuSampler:
+        self._t0 = time.perf_counter()
+        self._cpu0 = cpu_seconds(self.pid)
+        self._threads0 = thread_cpu_seconds(self.pid)
+        self._cores0 = _cpu_ticks()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        wall = time.perf_counter() - self._t0
+        threads1 = thread_cpu_seconds(self.pid)
+        per_thread = [t - self._threads0.get(tid, 0.0) for tid, t in threads1.items()]
+        cores = [
+            (busy1 - busy0) / (total1 - total0) if total1 > total0 else 0.0
+            for (busy0, total0), (busy1, total1) in zip(self._cores0, _cpu_ticks(), strict=False)
+        ]
+        self.profile = CpuProfile(
+            wall=wall,
+            process=cpu_seconds(self.pid) - self._cpu0,
+            samples=self._samples,
+            threads=sorted(per_thread, reverse=True),
+            cores=cores,
+        )
+
+    def _run(self) -> None:
+        last, then = self._cpu0, self._t0
+        while not self._stop.wait(self.interval):
+            with contextlib.suppress(OSError):
+                now, cpu = time.perf_counter(), cpu_seconds(self.pid)
+                self._samples.append((cpu - last) / (now - then))
+                last, then = cpu, now
+
+
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """User + system CPU seconds of each live thread of a process, by thread id."""
+    out = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            out[int(task.name)] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _cpu_ticks() -> list[tuple[int, int]]:
+    """(busy, total) clock ticks of each CPU since boot, from /proc/stat."""
+    out = []
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("cpu") and line[3:4].isdigit():
+            ticks = [int(x) for x in line.split()[1:]]
+            idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+            out.append((sum(ticks) - idle, sum(ticks)))
+    return out
+
+
 def _proc_cpu_ticks(pid: int) -> dict[str, int]:
     """utime+stime ticks of each thread of `pid`, by "comm:tid" (threads come and go)."""
     out: dict[str, int] = {}
@@ -258,8 +355,9 @@ class CpuUse:
         return ", ".join(f"{name} {sec / max(self.seconds, 1e-9):.2f}" for name, sec in ranked)
 
 
-class CpuSampler:
-    """Samples a daemon's per-thread CPU ticks and /proc/stat in a thread while a block runs."""
+class ThreadCpuSampler:
+    """Samples a daemon's per-thread CPU ticks (by thread name) and /proc/stat in a thread while a
+    block runs: which threads of the daemon did the work (CpuSampler gives the totals)."""
 
     def __init__(self, pid: int, interval: float = 0.1) -> None:
         self.pid = pid
@@ -268,7 +366,7 @@ class CpuSampler:
         self._stop = threading.Event()
         self._samples: list[tuple[float, dict[str, int]]] = []
 
-    def __enter__(self) -> CpuSampler:
+    def __enter__(self) -> ThreadCpuSampler:
         self._cores0 = _cores_busy_ticks()
         self._sample()
         self._thread = threading.Thread(target=self._run, daemon=True)

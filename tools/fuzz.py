@@ -21,6 +21,7 @@ comparing with the original bytes. Outcomes:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -492,25 +493,26 @@ def fuzz(seed: int, cases: int, timeout: float, only: int | None = None) -> Tall
     with tempfile.TemporaryDirectory(prefix="decant-fuzz-") as tmp:
         work = Path(tmp)
         samples = make_samples(work)
+        _reset_peak_rss()  # packing the samples (worker threads, zarr) is not what is measured
         for index in [only] if only is not None else range(cases):
             sample = samples[index % len(samples)]
             tally.add(run_case(sample, index, seed, work, timeout))
     tally.seconds = round(time.monotonic() - start, 1)
-    tally.max_rss_mib = _own_peak_rss_kib() // 1024
+    tally.max_rss_mib = _peak_rss_mib()
     return tally
 
 
-def _own_peak_rss_kib() -> int:
-    """This process's own peak RSS (VmHWM of its address space). Not getrusage's ru_maxrss:
-    Linux carries a vfork parent's peak into the child's across exec, so under pytest it reported
-    pytest's own peak (hundreds of MiB after a test that built a large stack), not the fuzzer's."""
-    try:
+def _reset_peak_rss() -> None:
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM (Linux)
+
+
+def _peak_rss_mib() -> int:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+                return int(line.split()[1]) // 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
 
 
 def _on_alarm(signum: int, frame: Any) -> None:

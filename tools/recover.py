@@ -10,6 +10,7 @@ decant), so a bug in decant's own reader cannot hide inside the proof that archi
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import sys
 import zipfile
@@ -110,6 +111,23 @@ def open_group(path: Path, stack: ExitStack) -> Any:
     return zarr.open_group(store, mode="r", zarr_format=2)
 
 
+def check_all_chunks(path: Path, group: Any) -> None:
+    """zarr reads a missing chunk as the fill value; an archive whose writer stored every chunk
+    (`all_chunks_stored`) must not be recovered with zeros where data was lost."""
+    if path.is_dir():
+        keys = {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()}
+    else:
+        with zipfile.ZipFile(path) as zf:
+            keys = set(zf.namelist())
+    for name, arr in group.arrays():
+        sep = getattr(arr.metadata, "dimension_separator", None) or "."
+        grid = [range(-(-n // c)) for n, c in zip(arr.shape, arr.chunks, strict=True)]
+        for index in itertools.product(*grid):
+            key = f"{name}/" + sep.join(map(str, index)) if index else f"{name}/0"
+            if key not in keys:
+                raise RecoveryError(f"{path}: chunk {key!r} is missing; refusing to fill zeros")
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
     """The .decant/manifest.json store key; refuses any format but 1 (spec §6)."""
     if path.is_dir():
@@ -133,6 +151,8 @@ def originals(path: Path, stack: ExitStack) -> Iterator[Original]:
                 yield mem["relpath"], mem["original_size"], mem["original_sha256"], chunks
         return
     group = open_group(path, stack)
+    if m.get("all_chunks_stored"):
+        check_all_chunks(path, group)
     if mode == "series":
         for mem in members:
             size = mem["original_size"]

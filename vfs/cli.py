@@ -32,6 +32,18 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512M or 2G)") from None
 
 
+def parse_duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    t = text.strip().lower()
+    try:
+        value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 12h or 7d)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"not a positive duration: {text!r}")
+    return value
+
+
 def _version() -> str:
     try:
         return importlib.metadata.version("decant-mount")
@@ -92,6 +104,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="PATH",
         help="write counters here every 5 s in the Prometheus text format (textfile collector)",
+    )
+    p.add_argument(
+        "--scrub-interval",
+        type=parse_duration,
+        metavar="T",
+        help="re-verify every original in SRC this often (e.g. 7d, 12h; default: never)",
     )
     p.add_argument("--version", action="version", version=f"decant-mount {_version()}")
     w = p.add_argument_group("write side (files copied into the mount are packed)")
@@ -217,6 +235,7 @@ def config_from_args(args: argparse.Namespace, src: Path, mnt: Path) -> MountCon
         inbox=list(args.inbox),
         allow_delete=args.allow_delete,
         metrics_file=args.metrics_file,
+        scrub_interval=args.scrub_interval,
         backend_args=args,
     )
 

@@ -49,3 +49,26 @@ class NotAnArchiveError(DecantError):
 
 class PackError(DecantError):
     """Packing refused or failed; nothing was published."""
+
+
+class StoreError(DecantError):
+    """A byte source (object store, remote folder) could not deliver: unreachable, timed out or
+    failing after bounded retries. Messages name the URL and key, never a credential."""
+
+
+class ObjectMissingError(StoreError):
+    """The key (object or prefix) does not exist in the store."""
+
+    errno = errno.ENOENT
+
+
+class StoreAccessError(StoreError):
+    """The store refused the credentials or the request (wrong key, no permission)."""
+
+    errno = errno.EACCES
+
+
+class ObjectChangedError(StoreError):
+    """The object was replaced since it was opened (its ETag changed): bytes would mix versions."""
+
+    errno = errno.ESTALE

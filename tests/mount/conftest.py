@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
 import shutil
 import signal
 import subprocess
@@ -11,6 +13,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -125,3 +128,99 @@ def mount_corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     for path in load_tool("make_corpus").generate(originals, "small"):
         pack_file(path, src / default_archive_name(path))
     return originals, src
+
+
+# -- an unprivileged local user, for access-control tests --------------------------------------
+
+TEST_USER = "decant-test-user"
+RUNUSER = "/usr/sbin/runuser"
+SYSTEM_PYTHON = Path("/usr/bin/python3")  # the venv's python may sit where the user cannot reach
+# Runs one expression as the user; prints {"errno": N} if it raised OSError, else {"ok": value}.
+PROBE = """
+import errno, hashlib, json, os, stat, sys
+def read(p):
+    with open(p, "rb") as fh:
+        return hashlib.sha256(fh.read()).hexdigest()
+def write(p, data=b"x", flags=os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode=0o644):
+    fd = os.open(p, flags, mode)
+    try:
+        return os.write(fd, data)
+    finally:
+        os.close(fd)
+names = json.loads(sys.argv[2])
+try:
+    value = eval(sys.argv[1], {"os": os, "stat": stat, "read": read, "write": write, **names})
+except OSError as exc:
+    print(json.dumps({"errno": exc.errno}))
+else:
+    print(json.dumps({"ok": value}, default=repr))
+"""
+
+
+@dataclass(frozen=True)
+class User:
+    """A local user without privileges, acting on paths through real syscalls."""
+
+    name: str
+    uid: int
+    gid: int
+
+    def run(self, *cmd: str, timeout: float = 15.0) -> subprocess.CompletedProcess[str]:
+        """`cmd` as this user: its ids and groups, no capabilities. runuser, not setpriv: setpriv
+        resolves the program's path while it still holds root's capabilities, so it would run
+        a program from a folder the user cannot enter."""
+        env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+        as_user = [RUNUSER, "-u", self.name, "--", *cmd]
+        return subprocess.run(as_user, capture_output=True, text=True, timeout=timeout, cwd="/",
+                              env=env, check=False)  # fmt: skip
+
+    def _probe(self, expr: str, names: dict[str, Any]) -> dict[str, Any]:
+        args = {k: str(v) if isinstance(v, Path) else v for k, v in names.items()}
+        done = self.run(str(SYSTEM_PYTHON), "-I", "-c", PROBE, expr, json.dumps(args))
+        assert done.returncode == 0, done.stderr
+        result: dict[str, Any] = json.loads(done.stdout)
+        return result
+
+    def errno_of(self, expr: str, **names: Any) -> int:
+        """The errno the user's expression (`os.…`, `read(p)`, `write(p)`) failed with; 0 if
+        it succeeded."""
+        return int(self._probe(expr, names).get("errno", 0))
+
+    def value_of(self, expr: str, **names: Any) -> Any:
+        """What the user's expression returned; fails the test if it raised."""
+        result = self._probe(expr, names)
+        assert "ok" in result, f"{expr} {names}: errno {result.get('errno')}"
+        return result["ok"]
+
+
+@pytest.fixture(scope="session")
+def unprivileged() -> User:
+    """`decant-test-user`, created (a system user, no home) if this machine lacks it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: creates a user and runs commands as it")
+    if not SYSTEM_PYTHON.exists() or not Path(RUNUSER).exists():
+        pytest.skip(f"needs {SYSTEM_PYTHON} and {RUNUSER} (util-linux)")
+    try:
+        entry = pwd.getpwnam(TEST_USER)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                        TEST_USER], check=True, capture_output=True)  # fmt: skip
+        entry = pwd.getpwnam(TEST_USER)
+    return User(TEST_USER, entry.pw_uid, entry.pw_gid)
+
+
+def let_others_in(path: Path, basetemp: Path) -> Path:
+    """Let other users traverse (not list) `path` and its parents below `basetemp`'s parent:
+    pytest makes its temp folders 0700, which would deny the user everything for that reason."""
+    for folder in (path, *path.parents):
+        if folder != basetemp.parent and basetemp.parent not in folder.parents:
+            break
+        mode = folder.stat().st_mode
+        if mode & 0o011 != 0o011:
+            folder.chmod((mode | 0o011) & 0o7777)
+    return path
+
+
+def open_tmp(factory: pytest.TempPathFactory, name: str) -> Path:
+    """A new temp folder that other users may traverse to (see `let_others_in`)."""
+    return let_others_in(factory.mktemp(name), factory.getbasetemp())

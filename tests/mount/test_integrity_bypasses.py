@@ -6,15 +6,19 @@ byte always decodes, to wrong bytes: only the sha256 check can catch it.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import random
+import re
 import shutil
 import subprocess
+import time
 import zipfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tifffile
 
 from tests.mount.helpers import flip_byte, rewrite_zip
@@ -126,3 +130,62 @@ def test_a_clean_archive_still_reads_in_any_order(
     finally:
         os.close(fd)
     assert _sha256sum(m.mnt / "stack.tif").stdout.split()[0] == hashlib.sha256(data).hexdigest()
+
+
+def test_random_reads_of_a_verified_archive_are_checked_chunk_by_chunk(
+    tmp_path: Path, make_mount  # type: ignore[no-untyped-def]
+) -> None:
+    """Bit rot inside a folder archive leaves the folder's own stamp as it was: the chunk digests
+    recorded when it verified catch it on a partial read."""
+    work, src = tmp_path / "work", tmp_path / "src"
+    work.mkdir(), src.mkdir()
+    original = _stack(work / "stack.tif")
+    packed = work / "stack.tif.zarr.zip"
+    pack_file(original, packed, STORED)
+    folder = src / "stack.tif.zarr"
+    with zipfile.ZipFile(packed) as z:
+        z.extractall(folder)
+        chunk = folder / _first_chunk(packed)
+    m = make_mount(src)
+    assert _sha256sum(m.mnt / "stack.tif").returncode == 0
+    assert os.getxattr(m.mnt / "stack.tif", "user.decant.verified") == b"yes"
+    m.stop()
+    st = folder.stat()
+    with open(chunk, "r+b") as fh:  # one byte of the first plane, in place
+        fh.seek(-1, os.SEEK_END)
+        last = fh.read(1)
+        fh.seek(-1, os.SEEK_END)
+        fh.write(bytes([last[0] ^ 0x5A]))
+    assert folder.stat().st_mtime_ns == st.st_mtime_ns
+    m.start()
+    assert os.getxattr(m.mnt / "stack.tif", "user.decant.verified") == b"yes"  # not known yet
+    data = original.read_bytes()
+    fd = os.open(m.mnt / "stack.tif", os.O_RDONLY)
+    try:
+        with pytest.raises(OSError) as caught:
+            for off in range(0, len(data), 4096):  # a chunk read from disk is checked first
+                assert os.pread(fd, 4096, off) == data[off : off + 4096], off
+        assert caught.value.errno == errno.EIO
+    finally:
+        os.close(fd)
+    assert os.getxattr(m.mnt / "stack.tif", "user.decant.verified") == b"no"
+    assert "damaged since it verified" in m.log_text()
+
+
+def test_scrub_finds_damage_nobody_read(tmp_path: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
+    work, src = tmp_path / "work", tmp_path / "src"
+    work.mkdir(), src.mkdir()
+    good = _stack(work / "good.tif", seed=2)
+    pack_file(good, src / "good.tif.zarr.zip", STORED)
+    _damaged(work, src, "bad.tif")
+    m = make_mount(src, "--scrub-interval", "1s")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and "scrub of" not in m.log_text():
+        time.sleep(0.2)
+    assert re.search(r"scrub of .*: 1 files verified, 1 failed", m.log_text())
+    assert os.getxattr(m.mnt / "good.tif", "user.decant.verified") == b"yes"
+    assert os.getxattr(m.mnt / "bad.tif", "user.decant.verified") == b"no"
+    with pytest.raises(OSError) as caught:
+        (m.mnt / "bad.tif").read_bytes()
+    assert caught.value.errno == errno.EIO
+    assert (m.mnt / "good.tif").read_bytes() == good.read_bytes()

@@ -6,6 +6,7 @@ import io
 import shutil
 import subprocess
 import xml.etree.ElementTree as ET
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from tests.toolbox import load_tool
 from vfs.acqstore.ngff import Axis, inspect_image, open_full_resolution
 from vfs.acqstore.synth_tiff import SynthesizedTiff, TiffLayout, layout_for_image
 from vfs.cache import PageCache
+from vfs.errors import CorruptArchiveError
 
 AXES = {
     "t": Axis("t", "time", "second"),
@@ -275,3 +277,94 @@ def test_any_window_equals_a_slice_of_the_whole(case: str, data: st.DataObject) 
     size = data.draw(st.integers(0, 3 * tiff.layout.plane_bytes) | st.integers(0, 300))
     offset = max(offset, 0)
     assert tiff.read(offset, size) == full[offset : offset + size]
+
+
+def test_cached_reads_are_views_and_misses_are_none() -> None:
+    tiff, array = synth(ramp((3, 64, 64), np.uint16), "zyx")
+    lay = tiff.layout
+    inside = lay.data_offset + lay.plane_bytes + 100
+    assert tiff.read_cached(inside, 1000) is None and array.reads == 0
+    assert tiff.read_cached(0, 16) == tiff.read(0, 16)  # the header needs no decoding
+    served = tiff.read(inside, 1000)
+    again = tiff.read_cached(inside, 1000)
+    assert isinstance(served, memoryview) and isinstance(again, memoryview)
+    assert again == served and array.reads == 1
+    assert tiff.read_cached(lay.data_offset + lay.plane_bytes - 10, 20) is None  # plane 2 missing
+
+
+def test_readahead_spreads_the_window_over_two_decoders() -> None:
+    spawned: list[Any] = []
+
+    def spawn(fn: Any) -> Future[None]:
+        spawned.append(fn)
+        return Future()
+
+    data = ramp((6, 8, 8), np.uint8)
+    array = CountingArray(data)
+    layout = TiffLayout([AXES[a] for a in "zyx"], data.shape, data.dtype, [1.0] * 3)
+    tiff = SynthesizedTiff(layout, array, PageCache(1 << 20), ("t",), spawn=spawn)
+    tiff.readahead(layout.data_offset)  # inside plane 0: plane 1 here, planes 2 and 3 spawned
+    assert array.reads == 1 and len(spawned) == 2
+    tiff.readahead(layout.data_offset)  # 2 and 3 are queued: nothing more to do
+    assert array.reads == 1 and len(spawned) == 2
+    for fn in spawned:
+        fn()
+    assert array.reads == 3
+    assert tiff.read_cached(layout.data_offset + 3 * layout.plane_bytes, 64) is not None
+
+
+def test_close_cancels_queued_readahead_and_releases_once() -> None:
+    futures: list[Future[None]] = []
+
+    def spawn(fn: Any) -> Future[None]:
+        futures.append(Future())
+        return futures[-1]
+
+    released: list[int] = []
+    data = ramp((6, 8, 8), np.uint8)
+    layout = TiffLayout([AXES[a] for a in "zyx"], data.shape, data.dtype, [1.0] * 3)
+    tiff = SynthesizedTiff(
+        layout, CountingArray(data), PageCache(1 << 20), ("t",), lambda: released.append(1), spawn
+    )
+    tiff.readahead(layout.data_offset)
+    assert len(futures) == 2
+    tiff.close()
+    tiff.close()
+    assert released == [1] and all(f.cancelled() for f in futures)
+    tiff.readahead(layout.data_offset + 3 * layout.plane_bytes)  # closed: nothing is queued
+    assert len(futures) == 2
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_cached_windows_equal_slices_of_the_whole(case: str, data: st.DataObject) -> None:
+    array, axes, kw = CASES[case]
+    tiff, _ = synth(array, axes, cache_bytes=3 * array[0].nbytes * 2, **kw)
+    full = WHOLE.get(case) or WHOLE.setdefault(case, whole(tiff))
+    for _ in range(3):  # some planes decoded, some not: a cached read is exact or None
+        offset = data.draw(st.integers(0, tiff.size + 10))
+        size = data.draw(st.integers(0, 2 * tiff.layout.plane_bytes))
+        if data.draw(st.booleans()):
+            tiff.read(offset, size)
+        got = tiff.read_cached(offset, size)
+        assert got is None or got == full[offset : offset + size]
+
+
+def test_an_image_folder_holding_a_symlink_is_refused(tmp_path: Path) -> None:
+    """A chunk linked to a file outside SRC would be served as pixels: never followed."""
+    data = ramp((1, 1, 2, 10, 12), np.uint16)
+    folder = tmp_path / "img.zarr"
+    load_tool("make_acqstore_corpus").write_ome_zarr(
+        folder, data, "tczyx", [1.0] * 5, chunks=(1, 1, 1, 10, 12)
+    )
+    image = inspect_image(folder)
+    _, release = open_full_resolution(image)  # intact: opens
+    release()
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s" * 240)
+    chunk = next(p for p in (folder / "0").rglob("*") if p.is_file() and not p.name.startswith("."))
+    chunk.unlink()
+    chunk.symlink_to(secret)
+    with pytest.raises(CorruptArchiveError, match="symlink"):
+        open_full_resolution(image)

@@ -21,6 +21,8 @@ from types import SimpleNamespace
 import pyarrow.parquet as pq
 import pytest
 from crypt4gh import header as c4gh_header
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.toolbox import load_tool
 from tests.unit.c4gh_helpers import SEG, backend, files
@@ -288,3 +290,69 @@ def test_crypt4gh_cli_as_an_independent_writer(env, tmp_path: Path) -> None:
     tree = files(desc.root)
     for name, data in env.members:
         assert read_all(be, out, name, tree[name], chunk=SEG) == data
+
+
+@pytest.fixture(scope="module")
+def paged(env) -> SimpleNamespace:
+    """A package whose big member spans three 1 MiB cache pages, starting mid-segment."""
+    big = random.Random(5).randbytes(2 * PAGE + 5 * SEG + 321)
+    name = "allele-freq.chr1.0.br10000000.00000000000000aa.parquet"
+    payload = [(name, big)]
+    members = [("manifest.json", corpus.manifest(payload)), *payload]
+    path = env.dir / "paged.tar.c4gh"
+    corpus.write_package(path, members, env.keys.writer, [env.keys.node])
+    be = backend(env.keys.node)
+    entry = files(be.describe(path).root)[name]
+    assert entry.locator["offset"] % SEG  # the member starts inside a segment
+    return SimpleNamespace(path=path, name=name, big=big, entry=entry, keys=env.keys)
+
+
+PAGE = 16 * SEG
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    offset=st.one_of(
+        st.integers(0, 2 * PAGE + 6 * SEG),
+        st.sampled_from([0, SEG - 1, PAGE - 7, PAGE, 2 * PAGE + 5 * SEG + 320]),
+    ),
+    size=st.one_of(
+        st.integers(1, 3 * PAGE), st.sampled_from([1, 4096, SEG, PAGE, PAGE + 1, 128 << 10])
+    ),
+    ahead=st.booleans(),
+)
+def test_member_reads_are_slices_across_segments_and_pages(paged, offset, size, ahead) -> None:
+    be = backend(paged.keys.node)
+    handle = be.open(paged.path, paged.name, paged.entry)
+    want = paged.big[offset : offset + size]
+    if ahead:
+        handle.readahead(offset - 1)  # as the mount asks: the last byte served before
+    cached = handle.read_cached(offset, size)
+    assert cached is None or cached == want
+    got = handle.read(offset, size)
+    assert got == want
+    assert handle.read_cached(offset, size) == want  # decrypted now: served without I/O
+    handle.close()
+
+
+def test_read_ahead_serves_a_forward_reader_from_the_cache(paged) -> None:
+    be = backend(paged.keys.node)
+    handle = be.open(paged.path, paged.name, paged.entry)
+    chunk, pos, missed = 1 << 20, 0, 0
+    while pos < len(paged.big):
+        data = handle.read_cached(pos, chunk)
+        if data is None:
+            missed += 1
+            data = handle.read(pos, chunk)
+        assert data == paged.big[pos : pos + chunk]
+        pos += len(data)
+        handle.readahead(pos - 1)
+    assert missed == 1  # only the first read decrypted anything itself
+    member_segments = len(
+        range(
+            paged.entry.locator["offset"] // SEG,
+            -(-(paged.entry.locator["offset"] + len(paged.big)) // SEG),
+        )
+    )
+    assert be.stats.decrypted <= member_segments + 1  # each once (and segment 0, the header's)
+    handle.close()

@@ -15,7 +15,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.toolbox import load_tool
+from vfs.c4gh.buffers import BufferPool
 from vfs.c4gh.segments import (
+    PAGE_SEGMENTS,
+    PAGE_SIZE,
+    SegmentBuffers,
     SegmentReader,
     cipher_offset,
     plaintext_capacity,
@@ -83,7 +87,7 @@ def test_cache_keys_and_shared_counter(pkg) -> None:
     first = SegmentReader(pkg.path, pkg.hlen, pkg.key, cache)
     second = SegmentReader(pkg.path, pkg.hlen, pkg.key, cache, stats=first.stats)
     first.read(SEG + 5, 10)
-    assert ("c4gh", str(pkg.path), 1) in cache
+    assert ("c4gh", str(pkg.path), 0) in cache  # segment 1 lives in page 0
     second.read(SEG + 100, 10)
     assert first.stats.decrypted == 1
     first.close()
@@ -123,3 +127,204 @@ def test_truncated_body(pkg, tmp_path: Path) -> None:
             rd.read(3 * SEG, 10)
         assert rd.verified_end() == 3 * SEG
         assert rd.read(rd.size + 5, 10) == b""
+
+
+# -- pages of segments: a read's span from one pread, cached 16 segments to a page -----------
+
+BIG = os.urandom(2 * PAGE_SIZE + 7 * SEG + 777)  # two full pages, a partial third
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    d = tmp_path_factory.mktemp("pages")
+    node, writer = corpus.make_keypair(d, "node"), corpus.make_keypair(d, "writer")
+    data = corpus.encrypt(BIG, writer.secret, [node.public])
+    stream = io.BytesIO(data)
+    session_keys, _ = c4gh_header.deconstruct(stream, [(0, node.secret, None)])
+    path = d / "big.tar.c4gh"
+    path.write_bytes(data)
+    return SimpleNamespace(path=path, data=data, hlen=stream.tell(), key=bytes(session_keys[0]))
+
+
+def big_reader(
+    big: SimpleNamespace, path: Path | None = None, buffers: SegmentBuffers | None = None
+) -> SegmentReader:
+    cache = PageCache(64 * PAGE_SIZE)
+    return SegmentReader(path or big.path, big.hlen, big.key, cache, buffers=buffers)
+
+
+boundaries = st.sampled_from(
+    [0, SEG, PAGE_SIZE, 2 * PAGE_SIZE, len(BIG), PAGE_SIZE - 1, PAGE_SIZE + 1, 3 * SEG + 5]
+)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    offset=st.one_of(st.integers(0, len(BIG) + SEG), boundaries),
+    size=st.one_of(
+        st.integers(0, 3 * PAGE_SIZE),
+        st.sampled_from([1, 4096, SEG, PAGE_SIZE - 1, PAGE_SIZE, PAGE_SIZE + 1]),
+    ),
+    recycle=st.booleans(),
+    data=st.data(),
+)
+def test_reads_across_pages_are_slices_and_decrypt_only_touched(
+    big, offset, size, recycle, data
+) -> None:
+    pool = BufferPool(PAGE_SIZE)
+    with big_reader(big, buffers=SegmentBuffers(64 * PAGE_SIZE) if recycle else None) as rd:
+        warm = data.draw(st.integers(0, len(BIG)), label="a read before")
+        rd.read(warm, SEG)
+        before = rd.stats.decrypted
+        touched = expected_segments(offset, size, len(BIG)) - expected_segments(warm, SEG, len(BIG))
+        want = BIG[offset : offset + size]
+        assert rd.read_view(offset, size, pool) == want
+        assert rd.stats.decrypted - before == len(touched)
+        assert rd.read(offset, size) == want
+        assert rd.read_cached(offset, size, pool) in (None, want)
+        if size <= 4 * PAGE_SIZE:
+            assert rd.read_cached(offset, size, pool) == want
+        assert rd.stats.decrypted - before == len(touched)
+
+
+def evicted(path: Path) -> bool:
+    """Drop the file's pages from the kernel's cache; True if a non-blocking read now fails."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        try:
+            os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT)
+        except BlockingIOError:
+            return True
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_read_cached_decrypts_only_small_spans_and_never_waits(big, tmp_path: Path) -> None:
+    with big_reader(big) as rd:
+        assert rd.read_cached(PAGE_SIZE - 10, 2 * SEG) is None  # three segments: a thread's job
+        assert rd.stats.decrypted == 0
+        rd.read(PAGE_SIZE - 10, 5)  # segment 15
+        assert rd.read_cached(PAGE_SIZE - 10, 5) == BIG[PAGE_SIZE - 10 : PAGE_SIZE - 5]
+        assert rd.stats.decrypted == 1
+        # Segment 16 is missing, its cipher text in the page cache: decrypted here, no thread.
+        assert rd.read_cached(PAGE_SIZE - 10, 20) == BIG[PAGE_SIZE - 10 : PAGE_SIZE + 10]
+        assert rd.stats.decrypted == 2
+        page = rd._page(2)
+        with page.lock:  # another thread is loading page 2: no waiting for it
+            assert rd.read_cached(2 * PAGE_SIZE + 5, 10) is None
+        assert rd.read_cached(len(BIG), 10) == b""
+        assert rd.stats.decrypted == 2
+    copy = tmp_path / "copy.tar.c4gh"
+    copy.write_bytes(big.data)
+    if not evicted(copy):
+        pytest.skip("the kernel kept the file's pages; the disk case cannot be set up here")
+    with big_reader(big, copy) as rd:
+        assert rd.read_cached(5 * SEG + 1, 10) is None  # on disk: no waiting on the event loop
+        assert rd.stats.decrypted == 0
+        assert rd.read(5 * SEG + 1, 10) == BIG[5 * SEG + 1 : 5 * SEG + 11]
+
+
+def test_tampered_segment_is_never_decrypted_inline(big, tmp_path: Path) -> None:
+    bad = tmp_path / "tampered.tar.c4gh"
+    bad.write_bytes(corpus.tamper(big.data, 3))
+    with big_reader(big, bad) as rd:
+        assert rd.read_cached(3 * SEG + 5, 10) is None  # the worker thread's read reports it
+        with pytest.raises(CorruptArchiveError, match="segment 3 fails"):
+            rd.read(3 * SEG + 5, 10)
+        assert rd.read_cached(4 * SEG + 5, 10) == BIG[4 * SEG + 5 : 4 * SEG + 15]
+
+
+def test_prefetch_fills_pages_and_one_pread_serves_a_span(big, monkeypatch) -> None:
+    calls: list[int] = []
+    real = os.preadv
+
+    def counting(fd: int, buffers: list, offset: int) -> int:
+        calls.append(offset)
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", counting)
+    with big_reader(big) as rd:
+        rd.read(SEG + 3, PAGE_SIZE)  # segments 1..17, across two pages: one pread
+        assert calls == [cipher_offset(big.hlen, 1)] and rd.stats.decrypted == 17
+        rd.prefetch(16, 2 * PAGE_SEGMENTS)  # to the end; 16 and 17 are there already
+        assert rd.stats.decrypted == rd.segments - 1  # all but segment 0
+        assert len(calls) == 3  # a pread a page: the rest of page 1, then page 2
+        assert rd.read_cached(0, len(BIG)) is None  # too large for the event loop
+        assert rd.read(0, len(BIG)) == BIG
+        assert rd.stats.decrypted == rd.segments  # segment 0 came last, through the read
+
+
+def test_tampered_segment_inside_a_page_fails_alone(big, tmp_path: Path) -> None:
+    bad = tmp_path / "tampered.tar.c4gh"
+    bad.write_bytes(corpus.tamper(big.data, 20))  # page 1, slot 4
+    with big_reader(big, bad, SegmentBuffers(PAGE_SIZE)) as rd:
+        rd.prefetch(16, PAGE_SEGMENTS)  # read-ahead over it does not raise
+        assert rd.stats.decrypted == PAGE_SEGMENTS - 1
+        with pytest.raises(CorruptArchiveError, match=r"tampered\.tar\.c4gh: segment 20 fails"):
+            rd.read(PAGE_SIZE, PAGE_SIZE)  # the whole page, the bad segment in the middle
+        with pytest.raises(CorruptArchiveError, match="segment 20"):
+            rd.read(20 * SEG - 1, 2)  # one byte of it is enough
+        assert rd.read_cached(19 * SEG, 2 * SEG) is None  # never garbage, never a partial read
+        for start in (16 * SEG, 19 * SEG, 21 * SEG, 0, 2 * PAGE_SIZE):
+            assert rd.read(start, SEG) == BIG[start : start + SEG]
+        assert rd.read(19 * SEG, SEG) == BIG[19 * SEG : 20 * SEG]
+
+
+def test_file_cut_after_it_was_measured(big, tmp_path: Path) -> None:
+    cut = tmp_path / "cut.tar.c4gh"
+    cut.write_bytes(big.data[: cipher_offset(big.hlen, 20) + 100])
+    rd = SegmentReader(cut, big.hlen, big.key, PageCache(PAGE_SIZE), file_size=len(big.data))
+    with rd:
+        assert rd.read(19 * SEG, SEG) == BIG[19 * SEG : 20 * SEG]
+        with pytest.raises(CorruptArchiveError, match="segment 20 is cut short on disk"):
+            rd.read(19 * SEG, 2 * SEG)
+
+
+def test_pool_never_hands_out_a_buffer_in_use(big) -> None:
+    pool = BufferPool(size=PAGE_SIZE, limit=2)
+    with big_reader(big) as rd:
+        first = rd.read_view(100, PAGE_SIZE, pool)
+        assert isinstance(first, memoryview) and first == BIG[100 : 100 + PAGE_SIZE]
+        second = rd.read_view(SEG + 100, PAGE_SIZE, pool)
+        third = rd.read_view(2 * SEG + 100, PAGE_SIZE, pool)  # both pooled buffers are held
+        assert isinstance(third, bytes)
+        assert first == BIG[100 : 100 + PAGE_SIZE]  # not overwritten by the later reads
+        assert second == BIG[SEG + 100 : SEG + 100 + PAGE_SIZE]
+        held = first[10:20]  # a slice of a view holds the buffer as well
+        del first
+        fourth = rd.read_view(3 * SEG + 100, PAGE_SIZE, pool)
+        assert isinstance(fourth, bytes)
+        assert held == BIG[110:120]
+        del held
+        fifth = rd.read_view(4 * SEG + 100, PAGE_SIZE, pool)
+        assert (
+            isinstance(fifth, memoryview)
+            and fifth == BIG[4 * SEG + 100 : 4 * SEG + 100 + PAGE_SIZE]
+        )
+        assert second == BIG[SEG + 100 : SEG + 100 + PAGE_SIZE]
+        one = rd.read_view(5 * SEG + 1, 100, pool)  # inside one segment: a view of the cache
+        assert isinstance(one, memoryview) and one == BIG[5 * SEG + 1 : 5 * SEG + 101]
+
+
+def test_segment_buffers_are_recycled_only_once_nothing_holds_them(big) -> None:
+    buffers = SegmentBuffers(2 * PAGE_SIZE)  # as many as a two-page cache holds, and a margin
+    cache = PageCache(2 * PAGE_SIZE)
+    held = []
+    with SegmentReader(big.path, big.hlen, big.key, cache, buffers=buffers) as rd:
+        for round_no in range(3):
+            for pos in range(0, len(BIG), SEG // 2):
+                view = rd.read_view(
+                    pos, SEG // 2, BufferPool(PAGE_SIZE)
+                )  # one segment: a view of it
+                assert view == BIG[pos : pos + SEG // 2]
+                if round_no == 0 and pos % (2 * PAGE_SIZE) == 0:
+                    held.append((pos, view))  # outlives its page in the cache
+        for pos, view in held:
+            assert view == BIG[pos : pos + SEG // 2]  # its buffer was never handed out again
+        assert rd.read(0, len(BIG)) == BIG
+        assert len(buffers) <= buffers.limit
+        assert rd.stats.decrypted > rd.segments  # pages were evicted and decrypted again
+        assert len(buffers) < rd.stats.decrypted  # so buffers were handed out again

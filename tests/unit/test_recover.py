@@ -365,3 +365,23 @@ def test_random_layouts(
         kwargs.update(photometric="rgb", planarconfig="separate" if planar else "contig")
     raw, archive = byte_exact(tmp, data, canonical, "r.tif", ["z"], **kwargs)
     assert recover_tool.recover(archive) == {"r.tif": raw}
+
+
+def test_a_missing_chunk_is_refused_when_the_writer_stored_every_chunk(
+    tmp_path: Path, packed_corpus: dict[str, Any]
+) -> None:
+    """The packer stores every chunk (all_chunks_stored): zarr's fill value must not stand in."""
+    name = next(n for n, r in packed_corpus.items() if r.mode == "byte-exact")
+    archive = Path(packed_corpus[name].archive)
+    with zipfile.ZipFile(archive) as zin:
+        manifest_doc = json.loads(zin.read(".decant/manifest.json"))
+        assert manifest_doc.get("all_chunks_stored") is True
+        dropped = next(n for n in zin.namelist() if n.startswith("0/") and "/." not in n)
+        damaged = tmp_path / archive.name
+        with zipfile.ZipFile(damaged, "w", zipfile.ZIP_STORED) as zout:
+            for info in zin.infolist():
+                if info.filename != dropped:
+                    zout.writestr(info.filename, zin.read(info))
+    assert recover_tool.recover(archive)  # the intact archive recovers
+    with pytest.raises(recover_tool.RecoveryError, match="missing"):
+        recover_tool.recover(damaged)

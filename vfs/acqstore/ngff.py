@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from vfs.acqstore.paths import path_problems
-from vfs.errors import ManifestError
+from vfs.errors import CorruptArchiveError, ManifestError
+
+if TYPE_CHECKING:
+    from vfs.acqstore.chunks import PlaneReader
 
 ZIP_SUFFIXES = (".zarr.zip", ".ozx")
 DECANT_MANIFEST = ".decant/manifest.json"
@@ -243,14 +247,33 @@ def _find_scale(transforms: Any, ndim: int, where: str) -> tuple[float, ...] | N
     return None
 
 
-def open_full_resolution(image: NgffImage) -> tuple[Any, Callable[[], None]]:
-    """The full-resolution zarr array and a function that releases its store.
+def refuse_links(folder: Path) -> None:
+    """zarr reads chunk files by path and follows symlinks: an image folder holding one (a
+    chunk linked to /etc/shadow) would serve bytes from outside SRC as pixels. Refused whole."""
+    if folder.is_symlink():
+        raise CorruptArchiveError(f"{folder}: the image folder is a symlink (refused)")
+    for base, dirs, files in os.walk(folder, followlinks=False):
+        for name in dirs + files:
+            if os.path.islink(os.path.join(base, name)):
+                raise CorruptArchiveError(
+                    f"{folder}: {os.path.join(base, name)} is a symlink (refused: the mount never "
+                    "follows links)"
+                )
+
+
+def open_full_resolution(image: NgffImage) -> tuple[PlaneReader, Callable[[], None]]:
+    """The full-resolution zarr array (with a fast plane reader) and a function that releases
+    its store.
 
     zarr is imported here, not at module level: validation never reads pixels and stays quick.
     """
     import zarr
     from zarr.storage import LocalStore, ZipStore
 
+    from vfs.acqstore.chunks import PlaneReader, store_folder
+
+    if not image.zipped:
+        refuse_links(image.path)
     store: Any = (
         ZipStore(image.path, mode="r", read_only=True)
         if image.zipped
@@ -259,4 +282,4 @@ def open_full_resolution(image: NgffImage) -> tuple[Any, Callable[[], None]]:
     array = zarr.open_array(
         store=store, path=image.dataset, mode="r", zarr_format=image.zarr_format
     )
-    return array, store.close
+    return PlaneReader(array, store_folder(array)), store.close

@@ -9,8 +9,11 @@ opening a 100,000-plane image costs the same as a one-plane image.
 
 from __future__ import annotations
 
+import logging
 import struct
+import threading
 from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -20,9 +23,12 @@ from vfs.acqstore.tiff_meta import describe_planes, resolution
 from vfs.cache import PageCache
 from vfs.errors import UnsupportedFormatError
 
+log = logging.getLogger(__name__)
+
 CLASSIC_MAX_SIZE = 2**32  # every offset and count of a classic TIFF is a 32-bit LONG
 STRIP_BYTES = 1 << 20  # strips of about 1 MiB: few strip offsets per IFD, small reader buffers
 BLOCK_BYTES = 64 << 20  # read a whole zarr chunk of planes at once when it is no larger than this
+READAHEAD_PLANES = 3  # planes decoded ahead of a forward reader (at most a quarter of the cache)
 SHORT, LONG, RATIONAL, LONG8, ASCII = 3, 4, 5, 16, 2
 _SAMPLE_FORMAT = {"u": 1, "b": 1, "i": 2, "f": 3}
 _N_TAGS = 13  # tags in every IFD; the first one adds ImageDescription
@@ -216,8 +222,16 @@ def layout_for_image(image: NgffImage, name: str = "") -> TiffLayout:
     return TiffLayout(image.axes, image.shape, image.dtype, image.scale, name=name)
 
 
+class _NotCached(Exception):
+    """A cached-only read needs a plane that is not decoded yet."""
+
+
 class SynthesizedTiff:
-    """RandomAccess over a TiffLayout; each plane is decoded once into the shared PageCache."""
+    """RandomAccess over a TiffLayout; each plane is decoded once into the shared PageCache.
+
+    Planes are cached as flat little-endian memoryviews, so a read inside one plane is a view of
+    the cached plane (pyfuse3 replies from any buffer): a 1 MiB request costs no copy.
+    """
 
     def __init__(
         self,
@@ -226,60 +240,145 @@ class SynthesizedTiff:
         cache: PageCache,
         key: tuple[Hashable, ...],
         on_close: Callable[[], None] | None = None,
+        spawn: Callable[[Callable[[], None]], Future[None]] | None = None,
     ) -> None:
         self.layout, self.size = layout, layout.size
         self._array, self._cache, self._key, self._on_close = array, cache, key, on_close
         self._ndim = len(array.shape)
+        self._head = memoryview(layout.head)
+        self._ahead = max(1, min(READAHEAD_PLANES, cache.max_bytes // 4 // layout.plane_bytes))
+        self._spawn = spawn
+        self._lock = threading.Lock()
+        self._queued: dict[int, Future[None]] = {}  # planes decoding through `spawn`
+        self._closed = False
+        self._prefetched = 0  # planes below this had their chunk files' reads started
 
-    def read(self, offset: int, size: int) -> bytes:
+    def read(self, offset: int, size: int) -> bytes | memoryview:
+        return self._read(offset, size, self._plane)
+
+    def read_cached(self, offset: int, size: int) -> bytes | memoryview | None:
+        """The same bytes if they need no decoding (planes cached, or the precomputed header),
+        else None: cheap enough for an event loop to call without a thread hop."""
+        try:
+            return self._read(offset, size, self._cached_plane)
+        except _NotCached:
+            return None
+
+    def _read(
+        self, offset: int, size: int, plane: Callable[[int], memoryview]
+    ) -> bytes | memoryview:
         lay = self.layout
         end = min(offset + max(size, 0), self.size)
         if offset >= end:
             return b""
+        if offset >= lay.data_offset:  # the common case: inside one plane, a view of it
+            page, within = divmod(offset - lay.data_offset, lay.plane_bytes)
+            if within + end - offset <= lay.plane_bytes:
+                return plane(page)[within : within + end - offset]
+        elif end <= lay.ifd1_at:
+            return self._head[offset:end]
         parts: list[bytes | memoryview] = []
         if offset < lay.data_offset:
+            if plane == self._cached_plane and offset < lay.table_end and end > lay.ifd1_at:
+                raise _NotCached  # IFDs are generated: a thread's work for a large table
             parts.append(lay.prefix(offset, min(end, lay.data_offset)))
             offset = min(end, lay.data_offset)
         while offset < end:
             page, within = divmod(offset - lay.data_offset, lay.plane_bytes)
             take = min(end - offset, lay.plane_bytes - within)
-            parts.append(memoryview(self._plane(page))[within : within + take])
+            parts.append(plane(page)[within : within + take])
             offset += take
         return b"".join(parts)
 
     def readahead(self, offset: int) -> None:
-        """Decode the plane after the one holding `offset`: a sequential reader finds it ready."""
+        """Decode the missing planes of the few after the one holding `offset`: the first here,
+        the others through `spawn` (when given) at the same time. The mount calls this in a
+        worker thread for as long as a reader moves forward, so the next planes decode on the
+        other core while this one is served, and a busy machine gives two decoders two shares."""
         lay = self.layout
         page = 0 if offset < lay.data_offset else (offset - lay.data_offset) // lay.plane_bytes + 1
-        if page < lay.n_pages:
+        stop = min(page + self._ahead, lay.n_pages)
+        self._prefetch(page, stop + self._ahead)
+        with self._lock:  # planes already queued are the other decoder's: take the next ones
+            missing = [
+                p
+                for p in range(page, stop)
+                if p not in self._queued and (*self._key, p) not in self._cache
+            ]
+            if self._spawn is not None and not self._closed:
+                for later in missing[1:]:
+                    self._queued[later] = self._spawn(lambda p=later: self._background(p))
+        if missing:
+            self._plane(missing[0])
+
+    def _prefetch(self, start: int, stop: int) -> None:
+        """Start the disk reads of planes [start, stop) (those the next calls will decode),
+        skipping those already started."""
+        prefetch = getattr(self._array, "prefetch", None)
+        with self._lock:
+            done = self._prefetched if start < self._prefetched <= stop else start
+            first, self._prefetched = done, stop
+        if prefetch is None:
+            return
+        for page in range(first, min(stop, self.layout.n_pages)):
+            block = self._block(self.layout.page_coords(page))
+            if all(isinstance(b, int) for b in block):
+                prefetch(block)
+
+    def _background(self, page: int) -> None:
+        try:
             self._plane(page)
+        except Exception as exc:  # the reader decodes it itself and sees the error there
+            log.debug("read-ahead of plane %d of %s failed: %s", page, self._key, exc)
+        finally:
+            with self._lock:
+                self._queued.pop(page, None)
 
     def close(self) -> None:
-        if self._on_close is not None:
-            self._on_close()
-            self._on_close = None
+        """Cancel queued read-ahead, wait for decodes under way, release the store."""
+        with self._lock:
+            pending = list(self._queued.values())
+            on_close, self._on_close, self._closed = self._on_close, None, True
+        for future in pending:
+            if not future.cancel():
+                future.exception()  # running: wait; its own errors are logged, not raised
+        if on_close is not None:
+            on_close()
 
-    def _plane(self, page: int) -> bytes:
+    def _plane(self, page: int) -> memoryview:
         return self._cache.get_or_load((*self._key, page), lambda: self._load(page))  # type: ignore[no-any-return]
 
-    def _load(self, page: int) -> bytes:
+    def _cached_plane(self, page: int) -> memoryview:
+        value = self._cache.get((*self._key, page))
+        if value is None:
+            raise _NotCached
+        return value  # type: ignore[no-any-return]
+
+    def _load(self, page: int) -> memoryview:
         """Decode `page`; when its zarr chunk spans neighbouring planes, keep those too."""
         lay = self.layout
         coords = lay.page_coords(page)
         block = self._block(coords)
+        if all(isinstance(b, int) for b in block):
+            fast = getattr(self._array, "read_plane", None)
+            got = fast(block) if fast is not None else None
+            if got is not None:
+                return got  # type: ignore[no-any-return]
         data = np.asarray(self._array[(*block, slice(None), slice(None))])
         if data.ndim == 2:
-            return np.ascontiguousarray(data, dtype=lay.dtype).tobytes()
-        wanted = b""
+            return _flat(np.ascontiguousarray(data, dtype=lay.dtype))
+        wanted = None
         starts = [s.start for s in block]
         for local in np.ndindex(data.shape[:-2]):
             here = {a: starts[a] + local[a] for a in range(len(block))}
-            plane = np.ascontiguousarray(data[local], dtype=lay.dtype).tobytes()
+            # A copy per plane: a view would keep the whole block alive after others are evicted.
+            plane = _flat(np.array(data[local], dtype=lay.dtype, order="C"))
             other = lay.page_of(here)
             if other == page:
                 wanted = plane
             else:
                 self._cache.put((*self._key, other), plane)
+        assert wanted is not None
         return wanted
 
     def _block(self, coords: dict[int, int]) -> list[Any]:
@@ -308,3 +407,8 @@ def _le(values: np.ndarray, dtype: str) -> np.ndarray:
     """Integers as little-endian byte columns, ready to drop into rows of IFD bytes."""
     arr = np.ascontiguousarray(values, dtype=dtype)
     return arr.view(np.uint8).reshape(arr.shape[0], -1)
+
+
+def _flat(array: np.ndarray) -> memoryview:
+    """A C-contiguous array's bytes as a flat memoryview (its length is its size in bytes)."""
+    return memoryview(array.reshape(-1).view(np.uint8))

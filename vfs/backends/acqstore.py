@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -48,10 +49,15 @@ class AcqStoreBackend:
 
     name = "acqstore"
     overlay = True
+    # Synthesized TIFFs decode read-ahead planes here besides the mount's read-ahead thread: one
+    # more decoder, so a forward reader keeps both cores busy (decode, and serving on the loop).
+    READAHEAD_WORKERS = 1
 
     def __init__(self, cache: PageCache, decant_backend: Backend | None = None) -> None:
         self.cache = cache
         self.decant_backend = decant_backend
+        # Threads start on the first submit: a mount without synthesized TIFFs never has them.
+        self._decoders = ThreadPoolExecutor(self.READAHEAD_WORKERS, "acqstore-readahead")
 
     def claims(self, path: Path, is_dir: bool) -> bool:
         return is_dir and (path / ENTRY_POINT).is_file()
@@ -106,7 +112,9 @@ class AcqStoreBackend:
         array, release = open_full_resolution(image)
         # Keys start with the collection folder, so discard_prefix(collection) forgets its planes.
         key = (root, "acqstore-tiff", rel, image.dataset)
-        return SynthesizedTiff(layout, array, self.cache, key, on_close=release)
+        return SynthesizedTiff(
+            layout, array, self.cache, key, on_close=release, spawn=self._decoders.submit
+        )
 
     def _decant_entry(self, archive: Path) -> Entry | None:
         if self.decant_backend is None:

@@ -1,20 +1,24 @@
-"""Segment maths of a crypt4gh body and per-segment ChaCha20-Poly1305 decryption through the cache.
+"""Segment maths of a crypt4gh body, and ChaCha20-Poly1305 decryption by span through the cache.
 
 Plaintext offset p lives in segment p // SEGMENT_SIZE, whose cipher text starts at
 header_len + (p // SEGMENT_SIZE) * CIPHER_SEGMENT_SIZE: every segment but the last is full, so a
 read never needs anything but arithmetic to find its bytes, and decrypts only what it touches.
+A read's cipher segments are fetched with one pread and decrypted in a loop; the cache holds
+pages of PAGE_SEGMENTS segments, so a 1 MiB read costs one or two cache look-ups, not sixteen.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import threading
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
+from vfs.c4gh.buffers import BufferPool, RecycledBuffers, pread_reused
 from vfs.cache import PageCache
 from vfs.errors import CorruptArchiveError
 
@@ -22,9 +26,17 @@ SEGMENT_SIZE = 65536
 NONCE_SIZE = 12
 TAG_SIZE = 16
 CIPHER_SEGMENT_SIZE = SEGMENT_SIZE + NONCE_SIZE + TAG_SIZE  # 65564, a public crypt4gh constant
+PAGE_SEGMENTS = 16  # segments per cache entry: 1 MiB of plaintext
+PAGE_SIZE = PAGE_SEGMENTS * SEGMENT_SIZE
+MAX_SPAN_PAGES = 4  # one pread fetches at most this many pages' cipher text (4 MiB)
+MAX_SPAN = MAX_SPAN_PAGES * PAGE_SEGMENTS * CIPHER_SEGMENT_SIZE
+INLINE_SEGMENTS = 2  # read_cached decrypts this many itself when their cipher text is in RAM
+NOWAIT = getattr(os, "RWF_NOWAIT", 0)  # preadv2: EAGAIN rather than wait for the disk
 CACHE_PREFIX = "c4gh"
 
 log = logging.getLogger(__name__)
+
+Plain = bytes | bytearray | memoryview  # a decrypted segment as a page holds it
 
 
 def cipher_offset(header_len: int, segment_no: int) -> int:
@@ -58,13 +70,17 @@ def touched_segments(offset: int, size: int) -> range:
 @functools.lru_cache(maxsize=64)
 def _aead(session_key: bytes) -> Any:
     # cryptography's OpenSSL ChaCha20-Poly1305 is ~3x faster per segment than crypt4gh's
-    # libsodium binding here, and it is a crypt4gh dependency; imported lazily for start-up time.
+    # libsodium binding here, and recent releases (50.0 measured; upstream PR 15359) let go of
+    # the GIL while it works, so a read-ahead thread decrypts on the second core while the event
+    # loop serves (older ones hold it: still correct, less parallel). Imported lazily.
     from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
     return ChaCha20Poly1305(session_key)
 
 
-def decrypt_segment(cipher: bytes, session_key: bytes, *, name: str, segment_no: int) -> bytes:
+def decrypt_segment(
+    cipher: bytes | memoryview, session_key: bytes, *, name: str, segment_no: int
+) -> bytes:
     """Authenticate and decrypt one cipher segment (nonce ‖ cipher text ‖ tag).
 
     A failed tag raises CorruptArchiveError (EIO at the mount): tampered or cut bytes never
@@ -90,7 +106,7 @@ class SegmentStats:
 
     Each count is also a DEBUG line naming the package, the segment and both running totals: a
     daemon runs in its own process, and its log is how a test or an operator sees this counter
-    (cheap: one level check per 64 KiB decrypted when DEBUG is off).
+    (cheap: one lock and one level check per span decrypted when DEBUG is off).
     """
 
     def __init__(self) -> None:
@@ -99,26 +115,74 @@ class SegmentStats:
         self._lock = threading.Lock()
 
     def count(self, package: Path | str, segment_no: int) -> None:
+        self.count_many(package, (segment_no,))
+
+    def count_many(self, package: Path | str, segments: Sequence[int]) -> None:
+        if not segments:
+            return
         key = str(package)
         with self._lock:
-            self.decrypted += 1
-            mine = self.per_package[key] = self.per_package.get(key, 0) + 1
-            total = self.decrypted
-        log.debug(
-            "%s: decrypted segment %d (%d for this package, %d in all)",
-            key,
-            segment_no,
-            mine,
-            total,
-        )
+            before_mine = self.per_package.get(key, 0)
+            before_all = self.decrypted
+            self.per_package[key] = before_mine + len(segments)
+            self.decrypted = before_all + len(segments)
+        if log.isEnabledFor(logging.DEBUG):
+            for i, segment_no in enumerate(segments, 1):
+                log.debug(
+                    "%s: decrypted segment %d (%d for this package, %d in all)",
+                    key,
+                    segment_no,
+                    before_mine + i,
+                    before_all + i,
+                )
+
+
+class SegmentBuffers(RecycledBuffers):
+    """64 KiB buffers segments are decrypted into, as many as the cache can hold.
+
+    With a fresh `bytes` per segment, streaming 1 GiB through a 512 MiB cache left 90-190 MiB
+    of free but resident heap past the cache (decrypting threads come and go, and glibc keeps
+    freed memory in the allocating thread's arena); recycled, the heap stays the cache's size.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(SEGMENT_SIZE, max_bytes // SEGMENT_SIZE + 2 * PAGE_SEGMENTS)
+
+
+def output_pool() -> BufferPool:
+    """Buffers member reads are served in: a request is at most a page (FUSE: 1 MiB)."""
+    return BufferPool(PAGE_SIZE)
+
+
+@functools.lru_cache(maxsize=1)
+def _has_decrypt_into() -> bool:
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+    return hasattr(ChaCha20Poly1305, "decrypt_into")  # not in older cryptography releases
+
+
+class _Page:
+    """One cache entry: up to PAGE_SEGMENTS decrypted segments, each slot filled at most once.
+
+    A slot holds only plaintext that authenticated and never changes once set, so readers look
+    at slots without the lock; the lock lets one thread at a time decrypt into the page (so a
+    read and a read-ahead never decrypt a segment twice). `nbytes` is what the cache charges.
+    """
+
+    __slots__ = ("lock", "nbytes", "slots")
+
+    def __init__(self) -> None:
+        self.slots: list[Plain | None] = [None] * PAGE_SEGMENTS
+        self.nbytes = 0
+        self.lock = threading.Lock()
 
 
 class SegmentReader:
     """Plaintext of one package body, read by range, decrypting only the segments a read touches.
 
-    Decrypted segments go through the shared PageCache under ("c4gh", package_path, segment_no),
-    so a member read, a read-ahead and a TAR walk never decrypt the same segment twice. Reads use
-    `os.pread` on one lazily opened descriptor, so worker threads can share a reader.
+    Decrypted segments go through the shared PageCache in pages keyed ("c4gh", package_path,
+    page_no), so a member read, a read-ahead and a TAR walk never decrypt the same segment twice.
+    Reads are positional (preadv) on one lazily opened descriptor, so threads can share a reader.
     """
 
     def __init__(
@@ -130,6 +194,7 @@ class SegmentReader:
         *,
         file_size: int | None = None,
         stats: SegmentStats | None = None,
+        buffers: SegmentBuffers | None = None,
     ) -> None:
         self.path = Path(path)
         self.name = self.path.name
@@ -140,47 +205,67 @@ class SegmentReader:
         self.stats = stats if stats is not None else SegmentStats()
         self._key = session_key
         self._cache = cache
+        self._buffers = buffers
+        self._prefix = (CACHE_PREFIX, str(self.path))
         self._fd: int | None = None
         self._lock = threading.Lock()
+        self._advised = (0, 0)  # segments whose cipher text the kernel was asked to read ahead
+        self._nowait = bool(NOWAIT)
 
-    def cache_key(self, segment_no: int) -> Hashable:
-        return (CACHE_PREFIX, str(self.path), segment_no)
+    def cache_key(self, page_no: int) -> Hashable:
+        """The cache key of page `page_no` (segments page_no * PAGE_SEGMENTS onwards)."""
+        return (*self._prefix, page_no)
 
-    def seed(self, segment_no: int, plaintext: bytes) -> None:
+    def seed(self, segment_no: int, plaintext: Plain) -> None:
         """Keep a segment decrypted elsewhere (the header check decrypts segment 0)."""
-        self._cache.put(self.cache_key(segment_no), plaintext)
-
-    def segment(self, segment_no: int) -> bytes:
-        """Plaintext of one segment, from the cache or decrypted now."""
-        plain: bytes = self._cache.get_or_load(
-            self.cache_key(segment_no), lambda: self._load(segment_no)
-        )
-        return plain
+        page_no, slot = divmod(segment_no, PAGE_SEGMENTS)
+        page = self._page(page_no)
+        with page.lock:
+            if page.slots[slot] is None:
+                page.slots[slot] = plaintext
+                page.nbytes += len(plaintext)
+        self._cache.put(self.cache_key(page_no), page)
 
     def read(self, offset: int, size: int) -> bytes:
         """Plaintext bytes [offset, offset + size), short only at the end of the body."""
-        end = min(offset + size, self.size)
-        if offset < 0 or offset >= end:
-            return b""
-        parts: list[memoryview] = []
-        for n in touched_segments(offset, end - offset):
-            base = n * SEGMENT_SIZE
-            lo, hi = max(offset - base, 0), min(end - base, SEGMENT_SIZE)
-            plain = self.segment(n)
-            if len(plain) < hi:
-                raise CorruptArchiveError(f"{self.name}: segment {n} decrypts short")
-            parts.append(memoryview(plain)[lo:hi])
-        return parts[0].tobytes() if len(parts) == 1 else b"".join(parts)
+        found = self._span(offset, size, load=True)
+        return b"" if found is None else bytes(self._assemble(*found, None))
+
+    def read_view(self, offset: int, size: int, pool: BufferPool) -> bytes | memoryview:
+        """`read`, as a view of a cached segment or of a pooled buffer (no fresh allocation)."""
+        found = self._span(offset, size, load=True)
+        return b"" if found is None else self._assemble(*found, pool)
+
+    def read_cached(
+        self, offset: int, size: int, pool: BufferPool | None = None
+    ) -> bytes | memoryview | None:
+        """`read_view` if every segment it needs is decrypted already; None otherwise (no I/O)."""
+        if size > MAX_SPAN_PAGES * PAGE_SIZE:
+            return None  # large reads belong in a thread
+        found = self._span(offset, size, load=False)
+        if found is None:
+            if offset < 0 or offset >= min(offset + size, self.size):
+                return b""
+            found = self._decrypt_now(offset, size)
+            if found is None:
+                return None
+        return self._assemble(*found, pool)
 
     def prefetch(self, first: int, count: int) -> None:
-        """Decrypt up to `count` segments from `first` into the cache (sequential read-ahead)."""
-        for n in range(max(first, 0), min(first + count, self.segments)):
-            if self.cache_key(n) in self._cache:
-                continue
-            try:
-                self.segment(n)
-            except CorruptArchiveError:
-                return  # the read that needs it reports the failure
+        """Decrypt up to `count` segments from `first` into the cache (sequential read-ahead).
+
+        A page at a time, so a reader waiting for the first page gets it before the rest are
+        done. A segment that fails is left for the read that needs it to report. The cipher
+        text of the `count` segments after these is requested from the disk now (WILLNEED),
+        so the next call's pread finds it in the page cache rather than waiting for it.
+        """
+        n, stop = max(first, 0), min(first + count, self.segments)
+        self._advise(stop, stop + count)
+        while n < stop:
+            hi = min((n // PAGE_SEGMENTS + 1) * PAGE_SEGMENTS, stop)
+            if self._cached(n, hi) is None:
+                self._load(n, hi, strict=False)
+            n = hi
 
     def verified_end(self) -> int:
         """Plaintext length up to which every segment can authenticate, judged by the last one.
@@ -189,10 +274,11 @@ class SegmentReader:
         """
         if self.segments == 0:
             return 0
+        last = self.segments - 1
         try:
-            self.segment(self.segments - 1)
+            self._load(last, last + 1, strict=True)
         except CorruptArchiveError:
-            return (self.segments - 1) * SEGMENT_SIZE
+            return last * SEGMENT_SIZE
         return self.size
 
     def close(self) -> None:
@@ -207,20 +293,228 @@ class SegmentReader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    # -- internals --------------------------------------------------------------------------
+
+    def _advise(self, first: int, stop: int) -> None:
+        """Start the disk reads of segments [first, stop) not advised yet (asynchronous)."""
+        lo, hi = self._advised
+        if lo <= first <= hi:
+            first = hi  # a forward reader: only what the last call did not ask for
+        else:
+            lo = first
+        stop = min(stop, self.segments)
+        if first >= stop:
+            return
+        start = cipher_offset(self.header_len, first)
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(
+                self._descriptor(), start, self._cipher_end(stop) - start, os.POSIX_FADV_WILLNEED
+            )
+        self._advised = (lo, stop)
+
+    def _decrypt_now(self, offset: int, size: int) -> tuple[list[Plain], int, int, int] | None:
+        """A small read's span, decrypted on the calling thread if that cannot block: at most
+        INLINE_SEGMENTS segments, no other thread loading their pages, and their cipher text in
+        the kernel's page cache (RWF_NOWAIT). Decrypting 64 KiB (~20 us) costs less than the
+        thread hop it saves a random reader; anything else, failures included, is None and
+        left to `read` in a worker thread."""
+        end = min(offset + size, self.size)
+        first, stop = offset // SEGMENT_SIZE, (end - 1) // SEGMENT_SIZE + 1
+        if not self._nowait or stop - first > INLINE_SEGMENTS:
+            return None
+        try:
+            plains = self._load(first, stop, strict=True, nowait=True)
+        except (_WouldBlock, CorruptArchiveError):
+            return None
+        except OSError as exc:  # EOPNOTSUPP and the like: this file system has no RWF_NOWAIT
+            log.debug("%s: no non-blocking reads (%s); small reads go to threads", self.name, exc)
+            self._nowait = False
+            return None
+        return plains, first, offset, end
+
+    def _page(self, page_no: int) -> _Page:
+        page: _Page = self._cache.get_or_load(self.cache_key(page_no), _Page)
+        return page
+
+    def _cached(self, first: int, stop: int) -> list[Plain] | None:
+        """The plaintext of segments [first, stop) if all are in the cache, else None."""
+        out: list[Plain] = []
+        for page_no in range(first // PAGE_SEGMENTS, (stop - 1) // PAGE_SEGMENTS + 1):
+            page = self._cache.get(self.cache_key(page_no))
+            if page is None:
+                return None
+            base = page_no * PAGE_SEGMENTS
+            for plain in page.slots[max(first - base, 0) : min(stop - base, PAGE_SEGMENTS)]:
+                if plain is None:
+                    return None
+                out.append(plain)
+        return out
+
+    def _load(self, first: int, stop: int, *, strict: bool, nowait: bool = False) -> list[Plain]:
+        """Segments [first, stop), decrypting the missing ones with one pread.
+
+        `strict`: a segment that fails raises CorruptArchiveError (after the good ones are
+        kept); otherwise it is skipped and the list returned is incomplete. `nowait`: raise
+        _WouldBlock rather than wait for another loader or for the disk.
+        """
+        if not 0 <= first < stop <= self.segments:
+            raise CorruptArchiveError(
+                f"{self.name}: segment {max(first, stop - 1)} is past the end"
+            )
+        first_page = first // PAGE_SEGMENTS
+        pages = [self._page(p) for p in range(first_page, (stop - 1) // PAGE_SEGMENTS + 1)]
+        held = []
+        try:
+            for page in pages:  # ascending order: two loaders never wait on each other
+                if not page.lock.acquire(blocking=not nowait):
+                    raise _WouldBlock
+                held.append(page)
+            missing = [n for n in range(first, stop) if _slot(pages, first_page, n) is None]
+            if missing:
+                self._fill(pages, first_page, missing[0], missing[-1] + 1, strict, nowait)
+            plains = [_slot(pages, first_page, n) for n in range(first, stop)]
+        finally:
+            for page in reversed(held):
+                page.lock.release()
+        if missing:
+            for page_no, page in enumerate(pages, first_page):
+                self._cache.put(self.cache_key(page_no), page)  # charge what it holds now
+        return [p for p in plains if p is not None]
+
+    def _fill(
+        self, pages: list[_Page], first_page: int, lo: int, hi: int, strict: bool, nowait: bool
+    ) -> None:
+        """Decrypt the empty slots of segments [lo, hi) from one pread; callers hold the locks."""
+        start = cipher_offset(self.header_len, lo)
+        want = self._cipher_end(hi) - start
+        flags = NOWAIT if nowait else 0
+        try:
+            cipher = pread_reused(self._descriptor(), want, start, MAX_SPAN, flags)
+        except BlockingIOError:
+            raise _WouldBlock from None
+        if nowait and len(cipher) < want:
+            raise _WouldBlock  # in part on disk (or cut short: the thread's read says which)
+        from cryptography.exceptions import InvalidTag
+
+        aead = _aead(self._key)
+        done: list[int] = []
+        error: CorruptArchiveError | None = None
+        for n in range(lo, hi):
+            page = pages[n // PAGE_SEGMENTS - first_page]
+            slot = n % PAGE_SEGMENTS
+            if page.slots[slot] is not None:
+                continue
+            at = (n - lo) * CIPHER_SEGMENT_SIZE
+            piece = cipher[at : at + CIPHER_SEGMENT_SIZE]
+            try:
+                plain = self._decrypt(aead, InvalidTag, piece, n, self._recycled())
+            except CorruptArchiveError as exc:
+                error = error or exc
+                continue
+            page.slots[slot] = plain
+            page.nbytes += len(plain)
+            done.append(n)
+        self.stats.count_many(self.path, done)
+        if error is not None and strict:
+            raise error
+
+    def _decrypt(
+        self,
+        aead: Any,
+        invalid_tag: type[Exception],
+        piece: memoryview,
+        n: int,
+        into: bytearray | None,
+    ) -> Plain:
+        """Segment `n` from its cipher text, into the recycled buffer `into` when one is given."""
+        if len(piece) != self._cipher_end(n + 1) - cipher_offset(self.header_len, n):
+            raise CorruptArchiveError(f"{self.name}: segment {n} is cut short on disk")
+        if len(piece) <= NONCE_SIZE + TAG_SIZE:
+            raise CorruptArchiveError(
+                f"{self.name}: segment {n} is truncated ({len(piece)} bytes of cipher text)"
+            )
+        nonce, sealed = piece[:NONCE_SIZE], piece[NONCE_SIZE:]
+        try:
+            if into is None:
+                plain: bytes = aead.decrypt(nonce, sealed, None)
+                return plain
+            size = len(sealed) - TAG_SIZE
+            out = memoryview(into)[:size]
+            aead.decrypt_into(nonce, sealed, None, out)
+            return into if size == len(into) else out
+        except invalid_tag:
+            raise CorruptArchiveError(
+                f"{self.name}: segment {n} fails authentication (tampered or truncated package)"
+            ) from None
+
+    def _recycled(self) -> bytearray | None:
+        if self._buffers is None or not _has_decrypt_into():
+            return None
+        return self._buffers.take()
+
+    def _cipher_end(self, stop: int) -> int:
+        return min(cipher_offset(self.header_len, stop), self.file_size)
+
+    def _span(
+        self, offset: int, size: int, *, load: bool
+    ) -> tuple[list[Plain], int, int, int] | None:
+        """(segments, first segment, offset, end) of a read; None when it is empty, or (not
+        `load`) when a segment it needs is not decrypted yet."""
+        end = min(offset + size, self.size)
+        if offset < 0 or offset >= end:
+            return None
+        first, stop = offset // SEGMENT_SIZE, (end - 1) // SEGMENT_SIZE + 1
+        if not load:
+            plains = self._cached(first, stop)
+            return None if plains is None else (plains, first, offset, end)
+        plains = []
+        for lo, hi in _spans(first, stop):
+            plains += self._cached(lo, hi) or self._load(lo, hi, strict=True)
+        return plains, first, offset, end
+
+    def _assemble(
+        self, plains: list[Plain], first: int, offset: int, end: int, pool: BufferPool | None
+    ) -> bytes | memoryview:
+        views = [memoryview(p) for p in plains]
+        views[-1] = views[-1][: end - (first + len(plains) - 1) * SEGMENT_SIZE]
+        views[0] = views[0][offset - first * SEGMENT_SIZE :]
+        if sum(len(v) for v in views) != end - offset:
+            n = first + len(plains) - 1
+            raise CorruptArchiveError(f"{self.name}: segment {n} decrypts short")
+        if len(views) == 1:
+            return views[0]  # a view of an immutable cached segment: nothing to copy
+        out = pool.view(end - offset) if pool is not None else None
+        if out is None:
+            return b"".join(views)
+        pos = 0
+        for view in views:
+            out[pos : pos + len(view)] = view
+            pos += len(view)
+        return out
+
     def _descriptor(self) -> int:
         with self._lock:
             if self._fd is None:
                 self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             return self._fd
 
-    def _load(self, segment_no: int) -> bytes:
-        if not 0 <= segment_no < self.segments:
-            raise CorruptArchiveError(f"{self.name}: segment {segment_no} is past the end")
-        start = cipher_offset(self.header_len, segment_no)
-        want = min(CIPHER_SEGMENT_SIZE, self.file_size - start)
-        cipher = os.pread(self._descriptor(), want, start)
-        if len(cipher) != want:
-            raise CorruptArchiveError(f"{self.name}: segment {segment_no} is cut short on disk")
-        plain = decrypt_segment(cipher, self._key, name=self.name, segment_no=segment_no)
-        self.stats.count(self.path, segment_no)
-        return plain
+
+class _WouldBlock(Exception):
+    """A non-blocking load would have had to wait (another loader, or the disk)."""
+
+
+def _slot(pages: list[_Page], first_page: int, segment_no: int) -> Plain | None:
+    page_no, slot = divmod(segment_no, PAGE_SEGMENTS)
+    return pages[page_no - first_page].slots[slot]
+
+
+def _spans(first: int, stop: int) -> list[tuple[int, int]]:
+    """[first, stop) cut at page boundaries into runs of at most MAX_SPAN_PAGES pages."""
+    step = MAX_SPAN_PAGES * PAGE_SEGMENTS
+    out = []
+    lo = first
+    while lo < stop:
+        hi = min((lo // PAGE_SEGMENTS) * PAGE_SEGMENTS + step, stop)
+        out.append((lo, hi))
+        lo = hi
+    return out

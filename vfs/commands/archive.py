@@ -10,6 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vfs.commands.progress import byte_progress
+from vfs.commands.remote import (
+    add_s3_options,
+    location,
+    open_remote_archive,
+    remote_name,
+    stored_bytes,
+)
 from vfs.commands.status import (
     FAILED,
     OK,
@@ -48,17 +55,20 @@ def register(sub: Any) -> None:
     p.set_defaults(func=cmd_pack)
 
     p = add_command(sub, "restore", help="write the original(s) back, checking sha256")
-    p.add_argument("archive", type=Path)
+    p.add_argument("archive", type=location, help="a path or s3://BUCKET/KEY")
     p.add_argument("-o", "--output", type=Path, help="file (or folder, for a series)")
+    add_s3_options(p)
     p.set_defaults(func=cmd_restore)
 
     p = add_command(sub, "verify", help="reconstruct in memory and check every sha256")
-    p.add_argument("archives", nargs="+", type=Path, metavar="ARCHIVE")
+    p.add_argument("archives", nargs="+", type=location, metavar="ARCHIVE")
+    add_s3_options(p)
     p.set_defaults(func=cmd_verify)
 
     p = add_command(sub, "info", help="print the manifest summary")
-    p.add_argument("archive", type=Path)
+    p.add_argument("archive", type=location, help="a path or s3://BUCKET/KEY")
     p.add_argument("--json", action="store_true", help="print the whole manifest as JSON")
+    add_s3_options(p)
     p.set_defaults(func=cmd_info)
 
 
@@ -72,13 +82,16 @@ def _codec(text: str) -> CodecChoice:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def open_archive(path: Path) -> DecantArchive:
-    """Open `path` as a decant archive; UsageError (exit 2) when it is not one at all.
+def open_archive(path: Path | str, args: argparse.Namespace | None = None) -> DecantArchive:
+    """Open `path` (or an s3:// URL) as a decant archive; UsageError (exit 2) when it is not
+    one at all.
 
     Only the top level is judged here: what goes wrong once it opened is damage (exit 1).
     """
     from vfs.decant.reader import DecantArchive
 
+    if isinstance(path, str):
+        return open_remote_archive(path, args or argparse.Namespace())
     require_readable(path)
     if path.is_file():
         with open(path, "rb") as fh:
@@ -90,10 +103,8 @@ def open_archive(path: Path) -> DecantArchive:
         raise UsageError(str(exc)) from None
 
 
-def original_bytes(path: Path) -> int:
-    """What reconstructing `path` will stream: the bar's total. Opening also judges the input."""
-    with open_archive(path) as archive:
-        return sum(info.size for info in archive.originals())
+def _name(path: Path | str) -> str:
+    return remote_name(path) if isinstance(path, str) else path.name
 
 
 @contextmanager
@@ -171,45 +182,53 @@ def _print_result(result: PackResult, silent: bool) -> None:
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
-    from vfs.decant.verify import restore_archive
 
-    with open_archive(args.archive) as archive:
+    with open_archive(args.archive, args) as archive:
         series = archive.manifest.mode == "series"
-    if args.output and args.output.is_dir() and not series:
-        raise UsageError(
-            f"{args.archive}: cannot restore to {args.output}: a folder (-o names the file)"
-        )
-    try:
-        # restore_archive takes no progress callback yet, so restore draws no bar.
-        written = restore_archive(args.archive, args.output, Path.cwd())
-    except OSError as exc:  # disk full, no write permission: one error line, not a traceback
-        where = exc.filename2 or exc.filename or args.output or Path.cwd()
-        raise OutputError(
-            f"{args.archive}: cannot restore to {where}: {exc.strerror or exc}"
-        ) from None
+        if args.output and args.output.is_dir() and not series:
+            raise UsageError(
+                f"{args.archive}: cannot restore to {args.output}: a folder (-o names the file)"
+            )
+        written = _restore(archive, args)
     if not quiet(args):
         for path in written:
             print(path)
     return OK
 
 
+def _restore(archive: DecantArchive, args: argparse.Namespace) -> list[Path]:
+    from vfs.decant.verify import restore_opened
+
+    total = sum(info.size for info in archive.originals())
+    try:
+        with byte_progress(f"restoring {_name(args.archive)}", total, quiet(args)) as bar:
+            return restore_opened(archive, _name(args.archive), args.output, Path.cwd(), bar)
+    except OSError as exc:  # disk full, no write permission: one error line, not a traceback
+        where = exc.filename2 or exc.filename or args.output or Path.cwd()
+        raise OutputError(
+            f"{args.archive}: cannot restore to {where}: {exc.strerror or exc}"
+        ) from None
+
+
 def cmd_verify(args: argparse.Namespace) -> int:
     status = OK
     for archive in args.archives:
         try:
-            status = max(status, _verify_one(archive, quiet(args)))
+            status = max(status, _verify_one(archive, args))
         except (DecantError, OSError) as exc:
             status = max(status, report(exc))
     return status
 
 
-def _verify_one(archive: Path, silent: bool) -> int:
+def _verify_one(archive: Path | str, args: argparse.Namespace) -> int:
     """Print a line per original (only FAIL lines when quiet); 1 if any does not match."""
-    from vfs.decant.verify import verify_archive
+    from vfs.decant.verify import verify_opened
 
-    total = original_bytes(archive)
-    with byte_progress(f"verifying {archive.name}", total, silent) as bar:
-        verdicts = verify_archive(archive, bar)
+    silent = quiet(args)
+    with open_archive(archive, args) as opened:
+        total = sum(info.size for info in opened.originals())
+        with byte_progress(f"verifying {_name(archive)}", total, silent) as bar:
+            verdicts = verify_opened(opened, bar)
     bad = 0
     for v in verdicts:
         if not v.ok:
@@ -222,16 +241,17 @@ def _verify_one(archive: Path, silent: bool) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    with open_archive(args.archive) as archive:
+    with open_archive(args.archive, args) as archive:
         m = archive.manifest
         if args.json:
             print(json.dumps(m.to_json(), indent=1))
             return OK
-        disk = (
-            args.archive.stat().st_size
-            if args.archive.is_file()
-            else sum(p.stat().st_size for p in args.archive.rglob("*") if p.is_file())
-        )
+        if isinstance(args.archive, str):
+            disk = stored_bytes(args.archive, args)
+        elif args.archive.is_file():
+            disk = args.archive.stat().st_size
+        else:
+            disk = sum(p.stat().st_size for p in args.archive.rglob("*") if p.is_file())
         total = sum(o.size for o in archive.originals())
         print(f"archive:     {args.archive}")
         print(f"mode:        {m.mode}{' (consolidated)' if m.series_consolidated else ''}")

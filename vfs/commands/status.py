@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vfs.errors import DecantError, PackError, UnsupportedFormatError
+from vfs.errors import DecantError, PackError, StoreError, UnsupportedFormatError
 
 OK = 0
 FAILED = 1  # the data failed its check: digest mismatch, damaged archive, invalid collection
@@ -47,7 +47,8 @@ def status_of(exc: DecantError | OSError) -> int:
     reaches here happened while writing (or while reading an input that vanished part way).
     """
     # PackError: the core refused the input; Unsupported: a format or feature we do not read.
-    if isinstance(exc, UsageError | PackError | UnsupportedFormatError):
+    # StoreError: an input in object storage could not be read (unreachable, refused, replaced).
+    if isinstance(exc, UsageError | PackError | UnsupportedFormatError | StoreError):
         return BAD_INPUT
     if isinstance(exc, OutputError) or not isinstance(exc, DecantError):
         return IO_ERROR

@@ -129,6 +129,10 @@ def _publish(out: Path, st: os.stat_result, write: Any, expected: dict[str, str]
     # that the mount and the spool recovery recognise.
     tmp = out.parent / f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{out.name}"
     try:
+        if out.name.endswith(".zip"):
+            # Nobody else reads the archive of a 0600 original while it is being written: the
+            # file exists 0600 from the start; its final mode is set once it verified.
+            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         write(tmp)
         fsync_tree(tmp)
         require_verified(tmp, expected)

@@ -26,8 +26,10 @@ from vfs.decant.limits import MAX_BLOCK_BYTES, MAX_CHUNK_BYTES, MAX_CHUNKS, MAX_
 from vfs.decant.manifest import Manifest, PageRecord, parse_manifest
 from vfs.decant.partial import BlockSource, PageGeometry
 from vfs.decant.regions import HUSK, Region, RegionIndex
-from vfs.decant.store import MANIFEST_KEY, Store, open_store
+from vfs.decant.store import MANIFEST_KEY, Store, open_store, open_store_at
 from vfs.errors import CorruptArchiveError, ManifestError, NotAnArchiveError
+from vfs.stores.base import Folder, join_key
+from vfs.stores.local import LocalFolder
 
 
 @dataclass(frozen=True)
@@ -43,13 +45,23 @@ class OriginalInfo:
 class DecantArchive:
     """An opened archive: its store and manifest. Originals open lazily from it."""
 
-    def __init__(self, path: Path, store: Store, manifest: Manifest) -> None:
-        self.path = path
+    def __init__(
+        self,
+        path: Path | str,
+        store: Store,
+        manifest: Manifest,
+        at: tuple[Folder, str] | None = None,
+    ) -> None:
+        self.path = path  # a local path, or an archive's URL when it was opened `at` a folder
         self.store = store
         self.manifest = manifest
-        st = store.stat or os.stat(path)
+        self._at = at
         # Keyed by identity as well as path, so a replaced archive never serves stale cached pages.
-        self.cache_key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+        if store.identity is not None:
+            self.cache_key: tuple[object, ...] = store.identity
+        else:
+            st = store.stat or os.stat(path)
+            self.cache_key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
         self._nested: dict[str, DecantArchive] = {}
         self._specs: dict[str, ArraySpec] = {}
         self.digests: Mapping[str, int] | None = store.digests
@@ -58,13 +70,32 @@ class DecantArchive:
     def open(cls, path: Path, digests: Mapping[str, int] | None = None) -> DecantArchive:
         """Open an archive; with `digests` (digests.archive_digests, kept by the adapter), every
         chunk read is checked against its recorded xxh3 before it is decoded."""
-        store = open_store(path)
+        return cls._from_store(path, open_store(path), digests, None)
+
+    @classmethod
+    def open_at(
+        cls, folder: Folder, key: str, digests: Mapping[str, int] | None = None
+    ) -> DecantArchive:
+        """The archive at `key` of a folder that need not be local (a bucket prefix)."""
+        if isinstance(folder, LocalFolder):  # the local stores, with their no-symlink rules
+            return cls.open(folder.root / key, digests)
+        store = open_store_at(folder, key)
+        return cls._from_store(store.path, store, digests, (folder, key))
+
+    @classmethod
+    def _from_store(
+        cls,
+        path: Path | str,
+        store: Store,
+        digests: Mapping[str, int] | None,
+        at: tuple[Folder, str] | None,
+    ) -> DecantArchive:
         store.digests = digests
         try:
             raw = store.get(MANIFEST_KEY, MAX_MANIFEST_BYTES)
             if raw is None:
                 raise NotAnArchiveError(f"{path}: not a decant archive (no {MANIFEST_KEY})")
-            return cls(path, store, parse_manifest(raw, str(path)))
+            return cls(path, store, parse_manifest(raw, str(path)), at)
         except BaseException:
             store.close()
             raise
@@ -155,15 +186,26 @@ class DecantArchive:
         return sub
 
     def _open_nested(self, name: str) -> DecantArchive:
-        path = self.path / name
         if "/" in name or name in ("", ".", ".."):
             raise ManifestError(f"{self.path}: member subarchive {name!r} is unsafe")
+        if self._at is not None:  # a bucket prefix: keys, no symlinks to refuse
+            folder, key = self._at
+            sub = DecantArchive.open_at(
+                folder, join_key(key, name), nested_digests(self.digests, name)
+            )
+            return self._check_nested(sub, sub.path)
+        assert isinstance(self.path, Path)
+        path = self.path / name
         try:
             if stat.S_ISLNK(path.lstat().st_mode):
                 raise CorruptArchiveError(f"{path}: member bundle is a symlink (refused)")
         except FileNotFoundError:
             raise NotAnArchiveError(f"{path}: no such archive") from None
         sub = DecantArchive.open(path, nested_digests(self.digests, name))
+        return self._check_nested(sub, path)
+
+    @staticmethod
+    def _check_nested(sub: DecantArchive, path: Path | str) -> DecantArchive:
         if sub.manifest.mode not in ("byte-exact", "verbatim"):
             sub.close()
             raise ManifestError(f"{path}: a member bundle must be byte-exact or verbatim")

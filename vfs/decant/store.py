@@ -1,15 +1,21 @@
 """Key access to an archive's store (`.zarr.zip` or `.zarr/`), bounded: no read exceeds its limit.
 
 Reads bypass zarr-python on purpose: a STORED zip entry is a contiguous byte range, so a chunk is
-one `os.pread` at an offset found once from the central directory, with no event loop or store lock
-in the way (`tools/bench.py read` measures both paths). Every `get` names the most bytes the caller
-can use; a larger entry is refused from its recorded size, before anything is allocated.
+one positional read at an offset found once from the central directory, with no event loop or store
+lock in the way (`tools/bench.py read` measures both paths). Every `get` names the most bytes the
+caller can use; a larger entry is refused from its recorded size, before anything is allocated.
+
+Bytes come through a byte source (`vfs.stores`): a local file is one descriptor read with
+`os.pread`, an object in a bucket is read with ranged GETs. So that a remote zip costs one request
+per step, the central directory is read with the file's tail in one read, and an entry's first
+read fetches its local header and its data together.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
 import stat
 import struct
@@ -18,14 +24,16 @@ import zipfile
 import zlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import xxhash
 
 from vfs.decant import MANIFEST_KEY as MANIFEST_KEY  # re-exported: its home is vfs.decant
 from vfs.decant import archive_stem as archive_stem
 from vfs.decant.limits import MAX_CENTRAL_DIRECTORY_BYTES, MAX_NDIM, MAX_ZIP_ENTRIES, human
-from vfs.errors import CorruptArchiveError, NotAnArchiveError
+from vfs.errors import CorruptArchiveError, DecantError, NotAnArchiveError
+from vfs.stores.base import ByteSource, Folder
+from vfs.stores.local import LocalFile, LocalFolder
 
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 
@@ -43,10 +51,11 @@ def is_chunk_key(key: str) -> bool:
 class Store:
     """Read-only key/value view of one archive. Thread-safe: reads are positional."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path | str) -> None:
+        self.path = path  # a local path, or the URL of an archive in a bucket
         self.name = str(path)
-        self.stat: os.stat_result | None = None  # of the very file read (zip stores)
+        self.stat: os.stat_result | None = None  # of the very file read (local zip stores)
+        self.identity: tuple[object, ...] | None = None  # of the very bytes read (zip stores)
         # Chunk key → xxh3-64 of its stored bytes (digests.chunk_digests), from the adapter's
         # index: every chunk read is checked against it before it is decoded.
         self.digests: Mapping[str, int] | None = None
@@ -110,20 +119,81 @@ class Store:
         )
 
 
+class _SourceFile(io.RawIOBase):
+    """A byte source as the seekable file `zipfile` wants, its tail read once up front: the end
+    record and central directory of a remote zip then cost one ranged GET, not a dozen."""
+
+    def __init__(self, source: ByteSource, tail: int) -> None:
+        super().__init__()
+        self._source = source
+        self._pos = 0
+        self._tail_at = max(0, source.size - tail)
+        self._tail = source.read(self._tail_at, source.size - self._tail_at)
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = (0, self._pos, self._source.size)[whence]
+        if base + offset < 0:
+            raise OSError(errno.EINVAL, "seek before the start")
+        self._pos = base + offset
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        """At most what is left: never allocates the `size` a damaged directory may claim (the
+        default `RawIOBase.read` would zero-fill a buffer of that size first)."""
+        left = self._source.size - self._pos
+        n = left if size is None or size < 0 else max(0, min(size, left))
+        if self._pos < self._tail_at < self._pos + n:  # a central directory larger than the tail:
+            head = self._source.read(self._pos, self._tail_at - self._pos)  # grow the tail
+            self._tail, self._tail_at = head + self._tail, self._pos
+        if self._pos >= self._tail_at:
+            start = self._pos - self._tail_at
+            data = self._tail[start : start + n]
+        else:
+            data = self._source.read(self._pos, n)
+        self._pos += len(data)
+        return data
+
+    def readall(self) -> bytes:
+        return self.read(-1)
+
+    def readinto(self, buf: Any) -> int:
+        data = self.read(len(buf))
+        buf[: len(data)] = data
+        return len(data)
+
+
 class ZipArchiveStore(Store):
     verify_crc = True  # ~0.15 ms per MiB read (5.5 GB/s); xxh3 digests are the faster check
 
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        # One descriptor for the index and the reads: opening the path twice could pair one
-        # file's central directory with the bytes of an archive re-published in between.
-        self._fd = -1
+    def __init__(self, source: ByteSource | Path) -> None:
+        if isinstance(source, Path):
+            try:
+                source = LocalFile(source)
+            except OSError as exc:
+                raise CorruptArchiveError(f"{source}: cannot read ({exc.strerror})") from None
+        super().__init__(getattr(source, "path", source.name))
+        # One source for the index and the reads (one descriptor; one ETag for an object):
+        # opening twice could pair one file's central directory with the bytes of an archive
+        # re-published in between.
+        self._source: ByteSource | None = source
         self._fh: BinaryIO | None = None
         self._zf: zipfile.ZipFile | None = None
+        path = self.name
         try:
-            self._fd = os.open(path, os.O_RDONLY)
-            self.stat = os.fstat(self._fd)
-            self._fh = open(os.dup(self._fd), "rb")  # noqa: SIM115 - closed by close()
+            self.stat = getattr(source, "stat", None)
+            self.identity = source.identity
+            tail = int(getattr(source, "tail_hint", 64 * 1024))
+            self._fh = _SourceFile(source, tail)  # type: ignore[assignment]
+            assert self._fh is not None
             _check_central_directory(self._fh, path)
             self._zf = zipfile.ZipFile(self._fh)
             infos = self._zf.infolist()
@@ -135,6 +205,8 @@ class ZipArchiveStore(Store):
             raise CorruptArchiveError(f"{path}: cannot read ({exc.strerror})") from None
         except Exception as exc:  # zipfile raises BadZipFile, ValueError, struct.error, ...
             self.close()
+            if isinstance(exc, DecantError):  # a byte source's StoreError keeps its kind
+                raise
             raise CorruptArchiveError(f"{path}: not a readable zip archive ({exc})") from None
         self._entries: dict[str, zipfile.ZipInfo] = {i.filename: i for i in infos}
         self._data_offsets: dict[str, int] = {}
@@ -162,13 +234,27 @@ class ZipArchiveStore(Store):
             return self._prefixes.get(prefix, [])
         return [k for k in self._entries if k.startswith(prefix)]
 
-    def _data_offset(self, info: zipfile.ZipInfo) -> int:
+    @property
+    def source(self) -> ByteSource:
+        if self._source is None:
+            raise ValueError(f"{self.name}: store is closed")
+        return self._source
+
+    def _data_offset(self, info: zipfile.ZipInfo) -> tuple[int, bytes | None]:
         """Where the entry's bytes start, from its local header — which must name the same entry:
-        a damaged directory offset would otherwise serve another entry's bytes under this key."""
+        a damaged directory offset would otherwise serve another entry's bytes under this key.
+        The first time, the header and the data are read together (one GET on a remote source:
+        the header's extra length is guessed from the central directory); the data is returned
+        when that read holds all of it."""
         offset = self._data_offsets.get(info.filename)
+        blob = b""
         if offset is None:
             name = info.filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
-            header = os.pread(self._fd, _LOCAL_HEADER.size + len(name), info.header_offset)
+            want = _LOCAL_HEADER.size + len(name) + len(info.extra) + info.file_size
+            avail = self.source.size - info.header_offset
+            if info.header_offset >= 0 and avail >= _LOCAL_HEADER.size + len(name):
+                blob = self.source.read(info.header_offset, min(want, avail))
+            header = blob[: _LOCAL_HEADER.size + len(name)]
             fields = _LOCAL_HEADER.unpack_from(header) if len(header) == len(name) + 30 else None
             if fields is None or fields[0] != b"PK\x03\x04":
                 raise CorruptArchiveError(
@@ -182,7 +268,10 @@ class ZipArchiveStore(Store):
             offset = info.header_offset + _LOCAL_HEADER.size + fields[9] + fields[10]
             with self._lock:
                 self._data_offsets[info.filename] = offset
-        return offset
+        start = offset - info.header_offset
+        if blob and start + info.file_size <= len(blob):
+            return offset, blob[start : start + info.file_size]
+        return offset, None
 
     def get(self, key: str, limit: int) -> bytes | None:
         info = self._entries.get(key)
@@ -239,11 +328,11 @@ class ZipArchiveStore(Store):
         return data
 
     def _read_stored(self, key: str, info: zipfile.ZipInfo) -> bytes:
-        offset = self._data_offset(info)
-        assert self.stat is not None
-        if offset + info.file_size > self.stat.st_size:
-            raise CorruptArchiveError(f"{self.path}: zip entry {key!r} runs past the end")
-        data = os.pread(self._fd, info.file_size, offset)
+        offset, data = self._data_offset(info)
+        if data is None:
+            if offset + info.file_size > self.source.size:
+                raise CorruptArchiveError(f"{self.path}: zip entry {key!r} runs past the end")
+            data = self.source.read(offset, info.file_size)
         if len(data) != info.file_size:
             raise CorruptArchiveError(f"{self.path}: zip entry {key!r} is truncated")
         # The writer's CRC-32 (zipfile checks it for compressed entries, pread does not): a flipped
@@ -277,12 +366,12 @@ class ZipArchiveStore(Store):
         if self._fh is not None:
             self._fh.close()
             self._fh = None
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if self._source is not None:
+            self._source.close()
+            self._source = None
 
 
-def _check_central_directory(fh: BinaryIO, path: Path) -> None:
+def _check_central_directory(fh: BinaryIO, path: Path | str) -> None:
     """Bound the central directory before zipfile reads it whole and makes an object per entry.
 
     Uses zipfile's own end-record reader, so the numbers checked are the ones zipfile then uses.
@@ -373,9 +462,58 @@ class DirectoryStore(Store):
         return data
 
 
+class FolderStore(Store):
+    """A `.zarr/` archive in a folder that need not be local (a bucket prefix): keys are the
+    folder's keys. Sizes are checked against the limit (one HEAD) before a value is fetched."""
+
+    def __init__(self, folder: Folder) -> None:
+        super().__init__(folder.name)
+        self.folder = folder
+
+    def get(self, key: str, limit: int) -> bytes | None:
+        if any(p in ("", ".", "..") for p in key.split("/")):
+            raise CorruptArchiveError(f"{self.path}: key {key!r} is not a safe relative path")
+        info = self.folder.stat(key)
+        if info is None:
+            return None
+        if info.size > limit:
+            raise self._too_large(key, info.size, limit)
+        data = self.folder.get(key)
+        if data is None or len(data) != info.size:
+            raise CorruptArchiveError(f"{self.path}: {key!r} changed while it was read")
+        if self.digests is not None:
+            self._check_digest(key, data)
+        return data
+
+    def all_keys(self) -> list[str]:
+        out: list[str] = []
+        for info in self.folder.list():
+            out.append(info.key)
+            if len(out) > MAX_ZIP_ENTRIES:
+                raise CorruptArchiveError(f"{self.path}: holds more than {MAX_ZIP_ENTRIES} keys")
+        return out
+
+
 def open_store(path: Path) -> Store:
     if path.is_dir():
         return DirectoryStore(path)
     if path.is_file():
         return ZipArchiveStore(path)
     raise NotAnArchiveError(f"{path}: no such archive")
+
+
+def open_store_at(folder: Folder, key: str) -> Store:
+    """The archive at `key` of any folder (a local one, a bucket prefix): `NAME.zarr` is a
+    folder of keys, anything else one zip object. A local folder gets the local stores, with
+    their no-symlink rules."""
+    if isinstance(folder, LocalFolder):
+        return open_store(folder.root / key)
+    if key.rstrip("/").endswith(".zarr"):
+        sub = folder.sub(key)
+        manifest = sub.stat(MANIFEST_KEY) or sub.stat(".zgroup")
+        if manifest is None:
+            raise NotAnArchiveError(f"{sub.name}: no such archive")
+        store = FolderStore(sub)
+        store.identity = (sub.name, *manifest.identity)  # the manifest is written last
+        return store
+    return ZipArchiveStore(folder.open(key))

@@ -90,17 +90,24 @@ class Verdict:
 
 def verify_archive(path: Path, progress: Callable[[int], None] | None = None) -> list[Verdict]:
     """Reconstruct every original in `path` and compare sha256 with the manifest."""
-    verdicts = []
     with DecantArchive.open(path) as archive:
-        cache = private_cache(archive)
-        for info in archive.originals():
-            reader = archive.open_original(info.relpath, cache)
-            with _Sink(None) as sink:
-                for block in stream(reader):
-                    sink.feed(block)
-                    if progress:
-                        progress(len(block))
-                verdicts.append(Verdict(info.relpath, info.sha256, sink.hexdigest()))
+        return verify_opened(archive, progress)
+
+
+def verify_opened(
+    archive: DecantArchive, progress: Callable[[int], None] | None = None
+) -> list[Verdict]:
+    """`verify_archive` of an archive already open, wherever its bytes live."""
+    verdicts = []
+    cache = private_cache(archive)
+    for info in archive.originals():
+        reader = archive.open_original(info.relpath, cache)
+        with _Sink(None) as sink:
+            for block in stream(reader):
+                sink.feed(block)
+                if progress:
+                    progress(len(block))
+            verdicts.append(Verdict(info.relpath, info.sha256, sink.hexdigest()))
     return verdicts
 
 
@@ -114,37 +121,52 @@ def require_verified(path: Path, expected: dict[str, str] | None = None) -> None
             )
 
 
-def restore_archive(path: Path, out: Path | None, workdir: Path) -> list[Path]:
+def restore_archive(
+    path: Path, out: Path | None, workdir: Path, progress: Callable[[int], None] | None = None
+) -> list[Path]:
     """Write the original(s) through temp files + rename; nothing is left on a digest mismatch.
 
     `out` names the file (modes D/V) or the folder that receives series members; default: the
     original's name in `workdir`.
     """
-    written: list[Path] = []
     with DecantArchive.open(path) as archive:
-        cache = private_cache(archive)
-        series = archive.manifest.mode == "series"
-        for info in archive.originals():
-            if series:
-                target = (out or workdir / archive_stem(path.name)) / info.relpath
-            else:
-                target = out or workdir / info.relpath
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.parent / f".{target.name}.decant-restore-{os.getpid()}"
-            try:
-                with open(tmp, "wb") as fh, _Sink(fh) as sink:
-                    for block in stream(archive.open_original(info.relpath, cache)):
-                        sink.feed(block)
-                    actual = sink.hexdigest()
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                if actual != info.sha256:
-                    raise IntegrityError(
-                        f"{path}: {info.relpath} reconstructs to sha256 {actual}, "
-                        f"expected {info.sha256}; nothing written"
-                    )
-                os.replace(tmp, target)
-                written.append(target)
-            finally:
-                tmp.unlink(missing_ok=True)
+        return restore_opened(archive, path.name, out, workdir, progress)
+
+
+def restore_opened(
+    archive: DecantArchive,
+    name: str,
+    out: Path | None,
+    workdir: Path,
+    progress: Callable[[int], None] | None = None,
+) -> list[Path]:
+    """`restore_archive` of an archive already open (`name`: the archive's file name)."""
+    written: list[Path] = []
+    cache = private_cache(archive)
+    series = archive.manifest.mode == "series"
+    for info in archive.originals():
+        if series:
+            target = (out or workdir / archive_stem(name)) / info.relpath
+        else:
+            target = out or workdir / info.relpath
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.parent / f".{target.name}.decant-restore-{os.getpid()}"
+        try:
+            with open(tmp, "wb") as fh, _Sink(fh) as sink:
+                for block in stream(archive.open_original(info.relpath, cache)):
+                    sink.feed(block)
+                    if progress:
+                        progress(len(block))
+                actual = sink.hexdigest()
+                fh.flush()
+                os.fsync(fh.fileno())
+            if actual != info.sha256:
+                raise IntegrityError(
+                    f"{archive.path}: {info.relpath} reconstructs to sha256 "
+                    f"{actual}, expected {info.sha256}; nothing written"
+                )
+            os.replace(tmp, target)
+            written.append(target)
+        finally:
+            tmp.unlink(missing_ok=True)
     return written

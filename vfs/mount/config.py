@@ -45,6 +45,7 @@ class MountConfig:
     pack_workers: int = 1
     inbox: list[Path] = field(default_factory=list)
     allow_delete: bool = False
+    scrub_interval: float | None = None  # seconds between re-verifications of every original
     metrics_file: Path | None = None  # Prometheus text, rewritten every few seconds
     backend_args: argparse.Namespace = field(default_factory=argparse.Namespace)
 

@@ -19,9 +19,10 @@ from vfs.ingest.queue import PackQueue
 from vfs.ingest.spool import Spool
 from vfs.ingest.writeside import WriteSide
 from vfs.mount.config import SPOOL_NAME, MountConfig
-from vfs.mount.index import DescriptionIndex
+from vfs.mount.index import DescriptionIndex, stamp_of
 from vfs.mount.metrics import METRICS_INTERVAL, prometheus, write_atomically
 from vfs.mount.ops import DecantOperations
+from vfs.mount.scrub import scrub_forever
 from vfs.mount.tree import SourceTree
 from vfs.mount.watch import watch_source
 
@@ -50,6 +51,8 @@ def build_tree(config: MountConfig, cache: PageCache) -> SourceTree:
     if config.use_index:
         folder = config.index_dir or Path(os.path.expanduser("~/.cache/decant-mount"))
         index = DescriptionIndex(folder / "index.sqlite")
+        known = index
+        decant.digests = lambda path: known.digests(path, stamp_of(path))
     tree = SourceTree(config.src, backends, overlays, index, hidden=[SPOOL_NAME])
     tree.excluded = {config.mnt}
     return tree
@@ -62,8 +65,10 @@ def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:
     src = config.src
     # Spooled files are the writers' bytes on SRC's disk: no other local user may reach (or
     # execute) them there, whatever their modes say.
-    config.spool_root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(config.spool_root, 0o700)
+    # Archives are staged in SRC/.decant-spool whichever --spool is given.
+    for private in {config.spool_root, src / SPOOL_NAME}:
+        private.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(private, 0o700)
     spool = Spool(src, config.spool_root / "files")
     spools = [spool] + [Spool(src, inbox) for inbox in config.inbox]
     queue = PackQueue(spools, config.settle, None, config.pack_all, config.pack_workers)
@@ -150,6 +155,8 @@ async def _run(ops: DecantOperations, config: MountConfig, queue: PackQueue | No
         else:
             log.info("not watching %s (--no-watch): changes show after short kernel timeouts", src)
         nursery.start_soon(_census, ops, src)
+        if config.scrub_interval is not None:
+            nursery.start_soon(scrub_forever, ops, config.scrub_interval)
         if config.metrics_file is not None:
             nursery.start_soon(_write_metrics, ops, config.metrics_file)
         await pyfuse3.main()

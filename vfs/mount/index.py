@@ -14,13 +14,14 @@ import logging
 import os
 import sqlite3
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 
 from vfs.backends.base import Description
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS descriptions (
     path TEXT NOT NULL, backend TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
@@ -29,6 +30,9 @@ CREATE TABLE IF NOT EXISTS verified (
     path TEXT NOT NULL, member TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
     ino INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, sha256 TEXT NOT NULL,
     PRIMARY KEY (path, member));
+CREATE TABLE IF NOT EXISTS chunk_digests (
+    path TEXT NOT NULL PRIMARY KEY, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
+    ino INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, doc TEXT NOT NULL);
 """
 
 Stamp = tuple[int, int, int, int]  # size, mtime_ns, inode number, ctime_ns of the archive file
@@ -112,6 +116,33 @@ class DescriptionIndex:
                 "INSERT OR REPLACE INTO verified VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (str(path), member, *stamp, sha256),
             )
+
+    def forget_verified(self, path: Path, member: str) -> None:
+        with self._lock:
+            self._db.execute("DELETE FROM verified WHERE path=? AND member=?", (str(path), member))
+            self._db.execute("DELETE FROM chunk_digests WHERE path=?", (str(path),))
+
+    def put_digests(self, path: Path, stamp: Stamp, digests: Mapping[str, int]) -> None:
+        """Fast digests of every stored chunk, recorded once the archive verified."""
+        doc = json.dumps(dict(digests), separators=(",", ":"))
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO chunk_digests VALUES (?, ?, ?, ?, ?, ?)",
+                             (str(path), *stamp, doc))  # fmt: skip
+
+    def digests(self, path: Path, stamp: Stamp) -> dict[str, int] | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT doc FROM chunk_digests WHERE path=? AND size=? AND mtime_ns=? AND ino=? "
+                "AND ctime_ns=?",
+                (str(path), *stamp),
+            ).fetchone()
+        if row is None:
+            return None
+        try:
+            found = json.loads(row[0])
+        except ValueError:
+            return None
+        return found if isinstance(found, dict) else None
 
     def close(self) -> None:
         with self._lock:

@@ -33,7 +33,7 @@ from vfs.mount.inodes import ROOT_INODE, Folder, InodeTable
 from vfs.mount.metrics import COUNTERS, daemon_section
 from vfs.mount.reads import Integrity, OpenFile, Reads
 from vfs.mount.tree import SourceTree
-from vfs.nodes import Node
+from vfs.nodes import Node, mirror_node
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,8 @@ class DecantOperations(pyfuse3.Operations):
         self.queue = queue
         self.watched = config.watch  # the watcher clears it if inotify fails
         self.inodes = InodeTable(tree.root_node())
-        self.integrity = Integrity(self._is_verified, self._mark_verified, self._open_reader)
+        self.integrity = Integrity(self._is_verified, self._mark_verified, self._open_reader,
+                                   self._forget_verified)  # fmt: skip
         self.reads = Reads(self.integrity, config.decode_threads)
         self._handles: dict[int, OpenFile] = {}
         self._next_fh = 1
@@ -165,6 +166,10 @@ class DecantOperations(pyfuse3.Operations):
         if folder is None:
             folder = self.inodes.folders[inode] = Folder()
         changed = folder.merge(kids)
+        for node in kids.values():  # the kernel's inodes see new sizes and modes at getattr
+            ino = self.inodes.known(node)
+            if ino is not None:
+                self.inodes.replace(ino, node)
         folder.mtime_ns, folder.checked = mtime, time.monotonic()
         for name in changed:
             pyfuse3.invalidate_entry_async(inode, os.fsencode(name), ignore_enoent=True)
@@ -232,6 +237,11 @@ class DecantOperations(pyfuse3.Operations):
                 self.inodes.replace(inode, node)  # writes move its size
             elif self._is_status(node):
                 node.size = len(self.status_bytes())
+            elif node.backend is None and not node.is_dir:
+                # A mirrored file may be rewritten in SRC without its folder changing.
+                st = await trio.to_thread.run_sync(os.stat, node.real)
+                node = mirror_node(node.real, st, self.tree.writable)
+                self.inodes.replace(inode, node)
             return self._attrs(inode, node)
 
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
@@ -334,7 +344,16 @@ class DecantOperations(pyfuse3.Operations):
         index = self.tree.index
         if index is None or not node.sha256:
             return
-        index.mark_verified(node.real, node.member, stamp_of(node.real), node.sha256)
+        stamp = stamp_of(node.real)
+        index.mark_verified(node.real, node.member, stamp, node.sha256)
+        record = getattr(node.backend, "chunk_digests", None)
+        if record is not None and index.digests(node.real, stamp) is None:
+            # From now on every chunk read from disk is checked against these before decoding.
+            index.put_digests(node.real, stamp, record(node.real))
+
+    def _forget_verified(self, node: Node) -> None:
+        if self.tree.index is not None:
+            self.tree.index.forget_verified(node.real, node.member)
 
     def _handle(self, fh: int) -> OpenFile:
         handle = self._handles.get(fh)

@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 HASH_BACKLOG = 4  # served reads queued for hashing before reads wait for the hasher
 VERDICT_WAIT = 30.0  # how long the completing read waits for earlier reads' bytes to be hashed
 VERIFY_BLOCK = 4 << 20
+SEQUENTIAL_SLACK = 2 << 20
+IDLE_CHECK = 2.0  # an open handle whose running hash has not advanced this long: verify aside
 
 
 @dataclass
@@ -56,8 +58,10 @@ class Integrity:
         is_verified: Callable[[Node], bool],
         mark_verified: Callable[[Node], None],
         open_reader: Callable[[Node], RandomAccess],
+        forget_verified: Callable[[Node], None] | None = None,
     ) -> None:
         self._is_verified = is_verified
+        self._forget_verified = forget_verified
         self._mark_verified = mark_verified
         self._open_reader = open_reader
         self.bad: set[NodeKey] = set()
@@ -94,6 +98,17 @@ class Integrity:
         self.pending.discard(node.key)
         log.error("%s%s: reconstructed bytes hash to %s, not the recorded %s — refusing to "
                   "serve it", node.real, _member(node), digest, node.sha256)  # fmt: skip
+
+    async def lost(self, node: Node, exc: Exception) -> None:
+        """A verified file read damaged bytes (a chunk digest or decode failed): no longer
+        verified, and refused from now on until the archive changes."""
+        if node.key not in self.good:
+            return
+        self.good.discard(node.key)
+        self.bad.add(node.key)
+        log.error("%s%s: damaged since it verified: %s", node.real, _member(node), exc)
+        if self._forget_verified is not None:
+            await trio.to_thread.run_sync(self._forget_verified, node)
 
     def queue(self, node: Node) -> None:
         """Verify `node` in the background unless it is known or already queued."""
@@ -172,6 +187,7 @@ class Reads:
         send, receive = trio.open_memory_channel[tuple[int, Any]](HASH_BACKLOG)
         handle.hash_queue = send
         self.spawn(self._hash_worker, handle, receive)
+        self.spawn(self._verify_if_stalled, handle)
         return False
 
     async def read(self, handle: OpenFile, off: int, size: int) -> bytes | memoryview:
@@ -183,8 +199,12 @@ class Reads:
         data = fast(off, size) if fast is not None else None
         if data is None:
             started = time.perf_counter()
-            data = await trio.to_thread.run_sync(handle.reader.read, off, size,
-                                                 limiter=self.decode)  # fmt: skip
+            try:
+                data = await trio.to_thread.run_sync(handle.reader.read, off, size,
+                                                     limiter=self.decode)  # fmt: skip
+            except CorruptArchiveError as exc:
+                await self.integrity.lost(handle.node, exc)
+                raise
             COUNTERS.read_seconds += time.perf_counter() - started
         COUNTERS.reads += 1
         COUNTERS.bytes_served += len(data)
@@ -196,8 +216,10 @@ class Reads:
             )
         if handle.hasher is not None and data:
             await self._check(handle, off, data)
-        sequential = off == handle.last_end
-        handle.last_end = off + len(data)
+        # The kernel keeps two requests in flight: a forward reader's next request may land
+        # just before or after where the last one ended.
+        sequential = handle.last_end - size <= off <= handle.last_end + SEQUENTIAL_SLACK
+        handle.last_end = max(handle.last_end, off + len(data)) if sequential else off + len(data)
         if sequential and handle.readahead_done is None and self.nursery is not None:
             handle.readahead_done = trio.Event()
             self.spawn(self._read_ahead, handle)
@@ -219,8 +241,14 @@ class Reads:
         assert hasher is not None
         try:
             async with receive:
-                async for off, data in receive:
-                    completed = await trio.to_thread.run_sync(hasher.feed, off, data)
+                async for first in receive:
+                    batch = [first]  # whatever else is queued goes in the same thread hop
+                    while len(batch) < HASH_BACKLOG:
+                        try:
+                            batch.append(receive.receive_nowait())
+                        except trio.WouldBlock:
+                            break
+                    completed = await trio.to_thread.run_sync(_feed_all, hasher, batch)
                     if completed or hasher.abandoned:
                         break
         finally:
@@ -242,6 +270,19 @@ class Reads:
         # Served whole, but not in an order the running hash could follow: check it now.
         if not await self.integrity.verify_now(node):
             raise CorruptArchiveError(f"{node.real}: sha256 mismatch")
+
+    async def _verify_if_stalled(self, handle: OpenFile) -> None:
+        """Random access, or a shared mmap (refused on direct_io files with ENODEV), never lets
+        the running hash finish: verify such a file aside, so it soon opens cached."""
+        hasher = handle.hasher
+        assert hasher is not None
+        while not handle.hash_done.is_set():
+            pos = hasher.pos
+            with trio.move_on_after(IDLE_CHECK):
+                await handle.hash_done.wait()
+            if not handle.hash_done.is_set() and hasher.pos == pos:
+                self.integrity.queue(handle.node)
+                return
 
     async def _read_ahead(self, handle: OpenFile) -> None:
         """Keep decoding ahead for as long as the reader keeps moving forward."""
@@ -268,6 +309,13 @@ class Reads:
             if hasher is not None and not hasher.complete:
                 self.integrity.queue(handle.node)  # read in part: verify it in the background
         await trio.to_thread.run_sync(handle.reader.close)
+
+
+def _feed_all(hasher: SequentialHasher, batch: list[tuple[int, Any]]) -> bool:
+    completed = False
+    for off, data in batch:
+        completed = hasher.feed(off, data) or completed
+    return completed
 
 
 def _unpinned(data: Any) -> Any:

@@ -168,7 +168,7 @@ class SourceTree:
         """The archive's description (persistent index first), or None to show it raw."""
         self.archives_seen += 1
         if self.index is not None:
-            cached = self.index.get(path, backend.name, st.st_size, st.st_mtime_ns)
+            cached = self.index.get(path, index_key(backend), st.st_size, st.st_mtime_ns)
             if cached is not None:
                 return cached
         try:
@@ -185,7 +185,7 @@ class SourceTree:
             return None
         if self.index is not None:
             try:
-                self.index.put(path, backend.name, st.st_size, st.st_mtime_ns, desc)
+                self.index.put(path, index_key(backend), st.st_size, st.st_mtime_ns, desc)
             except (sqlite3.Error, ValueError, RecursionError) as exc:  # costs a re-describe
                 self._log_once(path, f"{path}: not kept in the index ({exc})")
         return desc
@@ -212,3 +212,6 @@ class SourceTree:
             return str(path)
 
 
+def index_key(backend: Backend) -> str:
+    """A backend whose describe() grew stricter raises its version: old descriptions miss."""
+    return f"{backend.name}@{getattr(backend, 'describe_version', 1)}"

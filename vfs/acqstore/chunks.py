@@ -1,0 +1,134 @@
+"""Planes of a directory-stored zarr array decoded straight from its chunk files with numcodecs.
+
+zarr-python reads a chunk through its async machinery and copies the decoded chunk into the
+selection (about 7 ms for an 8 MiB blosc plane here, against 3 ms for the codec alone). When the
+layout is simple (C order, no filters or transposes, one codec from blosc/zstd/gzip or none), a
+plane is read here instead: each chunk file is decoded into the plane buffer itself when one chunk
+holds exactly the plane, or into a scratch chunk copied into place otherwise. Anything else (a zip
+store, sharding, a missing chunk whose fill value zarr-python knows) returns None and the caller
+asks zarr-python.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+_V3_COMPRESSORS = {"BloscCodec": "blosc", "ZstdCodec": "zstd", "GzipCodec": "gzip"}
+
+
+class PlaneReader:
+    """The zarr array itself (for indexing) plus `read_plane`, the fast path for one plane."""
+
+    def __init__(self, array: Any, folder: Path | None) -> None:
+        self.array = array
+        self.shape: tuple[int, ...] = tuple(array.shape)
+        self.chunks: tuple[int, ...] = tuple(array.chunks)
+        self.dtype = np.dtype(array.dtype)
+        self._folder = folder
+        self._codec: Any = None
+        self._store_dtype = self.dtype
+        self._direct = folder is not None and self._plan(array.metadata)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self.array[key]
+
+    def _plan(self, meta: Any) -> bool:
+        """Whether chunks can be decoded here; picks the codec and the stored byte order."""
+        import numcodecs
+
+        if getattr(meta, "zarr_format", None) == 2:
+            if meta.filters or meta.order != "C":
+                return False
+            self._codec = meta.compressor
+            self._store_dtype = np.dtype(meta.dtype.to_native_dtype())
+            return True
+        codecs = list(getattr(meta, "codecs", ()))
+        if not codecs or type(codecs[0]).__name__ != "BytesCodec" or len(codecs) > 2:
+            return False
+        kind = _V3_COMPRESSORS.get(type(codecs[-1]).__name__) if len(codecs) == 2 else "none"
+        if kind is None or type(meta.chunk_grid).__name__ != "RegularChunkGrid":
+            return False
+        factories = {"blosc": numcodecs.Blosc, "zstd": numcodecs.Zstd, "gzip": numcodecs.GZip}
+        self._codec = factories[kind]() if kind in factories else None
+        endian = getattr(codecs[0].endian, "value", None)
+        self._store_dtype = self.dtype.newbyteorder(">" if endian == "big" else "<")
+        return True
+
+    def read_plane(self, lead: Sequence[int]) -> memoryview | None:
+        """The (y, x) plane at leading coordinates `lead` as little-endian bytes, or None when
+        this array needs zarr-python (see the module docstring)."""
+        if not self._direct:
+            return None
+        height, width = self.shape[-2:]
+        # numpy's allocation, not a bytearray: large arrays get transparent huge pages.
+        buf = np.empty(height * width * self.dtype.itemsize, np.uint8)
+        plane = buf.view(self._store_dtype).reshape(height, width)
+        cy, cx = self.chunks[-2:]
+        outer = tuple(c // s for c, s in zip(lead, self.chunks, strict=False))
+        for y0 in range(0, height, cy):
+            for x0 in range(0, width, cx):
+                if not self._decode_into((*outer, y0 // cy, x0 // cx), lead, plane, y0, x0):
+                    return None
+        if plane.dtype.byteorder == ">":
+            plane.byteswap(inplace=True)  # the TIFF is little-endian; swapped where it lies
+        return memoryview(buf)
+
+    def prefetch(self, lead: Sequence[int]) -> None:
+        """Ask the kernel to start reading the chunk files of the plane at `lead` (no waiting):
+        a cold plane then decodes without its thread first sitting in a disk read."""
+        if not self._direct:
+            return
+        outer = tuple(c // s for c, s in zip(lead, self.chunks, strict=False))
+        grid = [range(-(-n // c)) for n, c in zip(self.shape[-2:], self.chunks[-2:], strict=True)]
+        for cy in grid[0]:
+            for cx in grid[1]:
+                assert self._folder is not None
+                path = self._folder / self.array.metadata.encode_chunk_key((*outer, cy, cx))
+                try:
+                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                except OSError:
+                    continue
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                finally:
+                    os.close(fd)
+
+    def _decode_into(
+        self, index: tuple[int, ...], lead: Sequence[int], plane: np.ndarray, y0: int, x0: int
+    ) -> bool:
+        assert self._folder is not None
+        path = self._folder / self.array.metadata.encode_chunk_key(index)
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return False  # the fill value: zarr-python's business
+        height, width = plane.shape
+        whole = self.chunks[-2:] == (height, width) and all(c == 1 for c in self.chunks[:-2])
+        if whole:
+            self._decode(raw, plane)
+            return True
+        chunk = np.empty(self.chunks, self._store_dtype)
+        self._decode(raw, chunk)
+        inner = tuple(c % s for c, s in zip(lead, self.chunks, strict=False))
+        ny, nx = min(self.chunks[-2], height - y0), min(self.chunks[-1], width - x0)
+        plane[y0 : y0 + ny, x0 : x0 + nx] = chunk[inner][:ny, :nx]
+        return True
+
+    def _decode(self, raw: bytes, out: np.ndarray) -> None:
+        if self._codec is None:
+            out.reshape(-1).view(np.uint8)[:] = np.frombuffer(raw, np.uint8, count=out.nbytes)
+        else:
+            self._codec.decode(raw, out=out)
+
+
+def store_folder(array: Any) -> Path | None:
+    """The local folder holding `array`'s chunk files, or None for any other store."""
+    root = getattr(array.store, "root", None)
+    if type(array.store).__name__ != "LocalStore" or root is None:
+        return None
+    return Path(root) / array.path if array.path else Path(root)

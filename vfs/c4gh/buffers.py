@@ -1,0 +1,121 @@
+"""Reused buffers for the read path: pooled outputs, recycled segment buffers, per-thread preads.
+
+A buffer is handed out again only once its reference count shows that nothing holds it: every
+view of a buffer (a memoryview, a slice of one, a Py_buffer in C) holds a reference, so one given
+to pyfuse3, queued for hashing or kept in a cache page is never written again while it is in use.
+Where reference counts do not behave so (not CPython), nothing is pooled and callers allocate.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import sys
+import threading
+
+_FREE_REFS = 3  # the container, the loop variable and getrefcount's own argument
+
+
+def refcounts_track_views() -> bool:
+    """Whether a buffer's reference count shows each view of it, as in CPython."""
+    probe = [bytearray(1)]
+    free = sys.getrefcount(probe[0])  # the list and the argument
+    view = memoryview(probe[0])
+    held = sys.getrefcount(probe[0])
+    del view
+    return free == _FREE_REFS - 1 and held == free + 1
+
+
+class BufferPool:
+    """Output buffers of `size` bytes, at most `limit` of them.
+
+    A read through the mount is copied out of the cached segments into one buffer. A fresh
+    1 MiB `bytes` per read costs an allocation, its page faults, and a heap that fragments
+    between the cache's 64 KiB segments.
+    """
+
+    def __init__(self, size: int, limit: int = 16) -> None:
+        self.size = size
+        self.limit = limit
+        self._buffers: list[bytearray] = []
+        self._lock = threading.Lock()
+        self._usable = refcounts_track_views()
+
+    def view(self, nbytes: int) -> memoryview | None:
+        """A writable view of `nbytes` in a buffer nothing uses; None when all are busy."""
+        if nbytes > self.size or not self._usable:
+            return None
+        with self._lock:
+            for buf in self._buffers:
+                if sys.getrefcount(buf) <= _FREE_REFS:
+                    return memoryview(buf)[:nbytes]  # the view holds it before the lock goes
+            if len(self._buffers) >= self.limit:
+                return None
+            buf = bytearray(self.size)
+            self._buffers.append(buf)
+            return memoryview(buf)[:nbytes]
+
+
+class RecycledBuffers:
+    """Up to `limit` buffers of `size` bytes, handed out again, oldest first, once free.
+
+    For data a byte-bounded LRU keeps: the oldest buffers are the first it lets go of, so the
+    oldest is looked at first. Buffers are never freed, so the heap holds at most `limit` of
+    them however threads allocate (glibc keeps freed memory in the arena of the thread that
+    allocated it, and worker threads come and go).
+    """
+
+    SCAN = 32  # buffers looked at, once there are `limit`, before giving up
+
+    def __init__(self, size: int, limit: int) -> None:
+        self.size = size
+        self.limit = limit
+        self._ring: collections.deque[bytearray] = collections.deque()
+        self._lock = threading.Lock()
+        self._usable = refcounts_track_views()
+
+    def __len__(self) -> int:
+        return len(self._ring)
+
+    def take(self) -> bytearray | None:
+        """A buffer nothing else holds (the caller's reference keeps it from the others), or
+        None when all `limit` are in use."""
+        if not self._usable:
+            return None
+        with self._lock:
+            ring = self._ring
+            # Until the LRU is full hardly any buffer comes free: look at two, then make one.
+            scan = self.SCAN if len(ring) >= self.limit else 2
+            for _ in range(min(len(ring), scan)):
+                buf = ring[0]
+                ring.rotate(-1)
+                if sys.getrefcount(buf) <= _FREE_REFS:
+                    return buf
+            if len(ring) >= self.limit:
+                return None
+            buf = bytearray(self.size)
+            ring.append(buf)
+            return buf
+
+
+_per_thread = threading.local()
+
+
+def pread_reused(fd: int, size: int, offset: int, keep_up_to: int, flags: int = 0) -> memoryview:
+    """Up to `size` bytes at `offset`, read into this thread's reused buffer (preadv2 `flags`).
+
+    Valid until the thread's next call. Reusing it spares a fresh allocation (and its page
+    faults) per read; a buffer larger than `keep_up_to` is not kept for the next call.
+    """
+    buf: bytearray | None = getattr(_per_thread, "buffer", None)
+    if buf is None or len(buf) < size:
+        buf = bytearray(size)
+        if size <= keep_up_to:
+            _per_thread.buffer = buf
+    view = memoryview(buf)
+    got = (
+        os.preadv(fd, [view[:size]], offset, flags)
+        if flags
+        else os.preadv(fd, [view[:size]], offset)
+    )
+    return view[:got]

@@ -1,0 +1,85 @@
+"""The byte-source interface: what the format cores may ask of wherever an archive's bytes live.
+
+Two small protocols. A `ByteSource` is one immutable blob read by byte range (a local file, an
+object read with ranged GETs). A `Folder` holds named blobs under a root (a local folder, a bucket
+prefix): it lists, stats, fetches small ones whole and opens big ones as byte sources. This module
+and `local.py` use the standard library only, so the cores can type against them without
+importing an object-store client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from vfs.errors import CorruptArchiveError
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One blob as a listing reports it. `key` is relative to the folder listed, '/'-separated."""
+
+    key: str
+    size: int
+    mtime: float  # POSIX seconds
+    etag: str | None = None  # object stores; None for local files
+
+    @property
+    def identity(self) -> tuple[object, ...]:
+        """What changes when the blob is replaced: the index and the page cache key on it."""
+        return (self.key, self.size, self.mtime, self.etag)
+
+
+class ByteSource(Protocol):
+    """One immutable blob. `read` returns exactly `size` bytes or raises; thread-safe."""
+
+    name: str  # for messages: a path or an s3:// URL, never a credential
+    size: int
+
+    @property
+    def identity(self) -> tuple[object, ...]: ...
+
+    def read(self, offset: int, size: int) -> bytes: ...
+
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]: ...
+
+    def close(self) -> None: ...
+
+
+class Folder(Protocol):
+    """Named blobs under one root. Keys are relative, '/'-separated; folders are key prefixes."""
+
+    name: str
+
+    def stat(self, key: str) -> ObjectInfo | None: ...
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def open(self, key: str) -> ByteSource: ...
+
+    def sub(self, prefix: str) -> Folder: ...
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]: ...
+
+    def list_dir(self, prefix: str = "") -> tuple[list[str], list[ObjectInfo]]: ...
+
+    def close(self) -> None: ...
+
+
+def check_range(source: ByteSource, offset: int, size: int) -> None:
+    """A read must lie inside the blob: past the end means the archive is truncated or its
+    directory lies, which the cores report as damage."""
+    if offset < 0 or size < 0:  # as pread's EINVAL: an offset no file has
+        raise CorruptArchiveError(f"{source.name}: read of {size} bytes at {offset}: bad range")
+    if offset + size > source.size:
+        raise CorruptArchiveError(
+            f"{source.name}: read of {size} bytes at {offset} runs past the end "
+            f"({source.size} bytes; truncated?)"
+        )
+
+
+def join_key(prefix: str, key: str) -> str:
+    """`prefix` and `key` as one key; either may be empty."""
+    prefix, key = prefix.strip("/"), key.strip("/")
+    return f"{prefix}/{key}" if prefix and key else prefix or key

@@ -1,0 +1,113 @@
+"""Local byte sources: a file read with `os.pread` on one descriptor, a folder read with `open`.
+
+OSErrors pass through with their errno (the mount's errno boundary keeps it), as before byte
+sources existed; only a read past the end becomes `CorruptArchiveError` (see `check_range`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from vfs.errors import CorruptArchiveError
+from vfs.stores.base import ObjectInfo, check_range, join_key
+
+
+class LocalFile:
+    """One file on one descriptor: its size and identity are those of the very file read, so a
+    file replaced by rename after opening is never mixed with its successor."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.name = str(path)
+        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            self.stat = os.fstat(self._fd)
+        except OSError:
+            os.close(self._fd)
+            raise
+        self.size = self.stat.st_size
+
+    @property
+    def identity(self) -> tuple[object, ...]:
+        st = self.stat
+        return (self.name, st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def read(self, offset: int, size: int) -> bytes:
+        check_range(self, offset, size)
+        data = os.pread(self._fd, size, offset)
+        if len(data) != size:
+            raise CorruptArchiveError(
+                f"{self.name}: short read at {offset} ({len(data)} of {size} bytes; file shrank?)"
+            )
+        return data
+
+    def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
+        return [self.read(off, n) for off, n in ranges]
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> LocalFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LocalFolder:
+    """A folder as a `Folder`: keys are relative paths below it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.name = str(root)
+
+    def _path(self, key: str) -> Path:
+        return self.root / key if key else self.root
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        try:
+            st = self._path(key).stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return ObjectInfo(key, st.st_size, st.st_mtime)
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def open(self, key: str) -> LocalFile:
+        return LocalFile(self._path(key))
+
+    def sub(self, prefix: str) -> LocalFolder:
+        return LocalFolder(self._path(prefix))
+
+    def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        base = self._path(prefix)
+        for dirpath, _dirs, files in os.walk(base):
+            rel = os.path.relpath(dirpath, self.root)
+            for name in sorted(files):
+                key = join_key("" if rel == "." else rel.replace(os.sep, "/"), name)
+                info = self.stat(key)
+                if info is not None:
+                    yield info
+
+    def list_dir(self, prefix: str = "") -> tuple[list[str], list[ObjectInfo]]:
+        dirs: list[str] = []
+        files: list[ObjectInfo] = []
+        with os.scandir(self._path(prefix)) as it:
+            for entry in it:
+                if entry.is_dir():
+                    dirs.append(entry.name)
+                elif entry.is_file():
+                    st = entry.stat()
+                    files.append(ObjectInfo(join_key(prefix, entry.name), st.st_size, st.st_mtime))
+        return sorted(dirs), sorted(files, key=lambda i: i.key)
+
+    def close(self) -> None:
+        pass
