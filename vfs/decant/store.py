@@ -240,7 +240,9 @@ class ZipArchiveStore(Store):
             raise ValueError(f"{self.name}: store is closed")
         return self._source
 
-    def _data_offset(self, info: zipfile.ZipInfo) -> tuple[int, bytes | None]:
+    def _data_offset(
+        self, info: zipfile.ZipInfo, with_data: bool = True
+    ) -> tuple[int, bytes | None]:
         """Where the entry's bytes start, from its local header — which must name the same entry:
         a damaged directory offset would otherwise serve another entry's bytes under this key.
         The first time, the header and the data are read together (one GET on a remote source:
@@ -250,7 +252,9 @@ class ZipArchiveStore(Store):
         blob = b""
         if offset is None:
             name = info.filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
-            want = _LOCAL_HEADER.size + len(name) + len(info.extra) + info.file_size
+            want = _LOCAL_HEADER.size + len(name)
+            if with_data:  # else only the header: a ranged read wants a part of the entry
+                want += len(info.extra) + info.file_size
             avail = self.source.size - info.header_offset
             if info.header_offset >= 0 and avail >= _LOCAL_HEADER.size + len(name):
                 blob = self.source.read(info.header_offset, min(want, avail))
@@ -301,11 +305,11 @@ class ZipArchiveStore(Store):
 
     def prefetch(self, key: str) -> None:
         info = self._entries.get(key)
-        if info is None or self._fd < 0:
+        advise = getattr(self._source, "prefetch", None)
+        if info is None or advise is None:
             return
         with contextlib.suppress(OSError, CorruptArchiveError):
-            offset = self._data_offset(info)
-            os.posix_fadvise(self._fd, offset, info.compress_size, os.POSIX_FADV_WILLNEED)
+            advise(self._data_offset(info, with_data=False)[0], info.compress_size)
 
     def get_range(self, key: str, start: int, size: int) -> bytes:
         info = self._entries.get(key)
@@ -313,12 +317,11 @@ class ZipArchiveStore(Store):
             raise CorruptArchiveError(
                 f"{self.path}: bytes [{start}, {start + size}) are not within entry {key!r}"
             )
-        assert self.stat is not None
         try:
-            offset = self._data_offset(info)
-            if offset + info.file_size > self.stat.st_size:
+            offset = self._data_offset(info, with_data=False)[0]
+            if offset + info.file_size > self.source.size:
                 raise CorruptArchiveError(f"{self.path}: zip entry {key!r} runs past the end")
-            data = os.pread(self._fd, size, offset + start)
+            data = self.source.read(offset + start, size)
         except OSError as exc:
             raise CorruptArchiveError(
                 f"{self.path}: cannot read zip entry {key!r} ({exc.strerror})"
