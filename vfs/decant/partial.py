@@ -12,7 +12,6 @@ import numpy as np
 
 from vfs.cache import PageCache
 from vfs.decant.blosc_blocks import (
-    HEADER_SIZE,
     BloscChunkError,
     BloscHeader,
     block_spans,
@@ -88,7 +87,8 @@ class PageGeometry:
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
-_UNSPLIT = "unsplit"  # cached in place of a block table: this chunk is decoded whole
+_UNSPLIT = "unsplit"
+_FIRST_READ = 4096  # cached in place of a block table: this chunk is decoded whole
 
 
 class BlockSource:
@@ -151,9 +151,11 @@ class BlockSource:
                 length = self.store.entry_size(chunk)
                 if length is None:
                     return _UNSPLIT
-                head = self.store.get_range(chunk, 0, min(length, HEADER_SIZE))
+                # One read holds the header and a table of up to 1020 blocks (32 for a plane at
+                # the default codec); a longer table takes a second.
+                head = self.store.get_range(chunk, 0, min(length, _FIRST_READ))
                 h = parse_header(head, length)
-                if h is not None and not h.memcpyed:
+                if h is not None and not h.memcpyed and h.table_end > len(head):
                     head = self.store.get_range(chunk, 0, h.table_end)
             if h is None:
                 return _UNSPLIT
