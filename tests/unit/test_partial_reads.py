@@ -184,3 +184,25 @@ def test_range_reads_stay_inside_the_entry(
         for start, n in ((size - 1, 2), (-1, 1), (0, size + 1)):
             with pytest.raises(CorruptArchiveError, match="not within entry"):
                 store.get_range("0/0.0.0", start, n)
+
+
+def test_readahead_decodes_the_next_planes_and_asks_for_the_chunk_after(
+    packed_corpus: dict[str, Any], corpus: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = packed_corpus["zstack_u16.tif"].archive
+    original = corpus["zstack_u16.tif"].read_bytes()
+    with DecantArchive.open(path) as archive:
+        cache = PageCache(64 << 20)
+        (info,) = archive.originals()
+        reader = archive.open_original(info.relpath, cache)
+        asked: list[str] = []
+        monkeypatch.setattr(archive.store, "prefetch", asked.append)
+        first = min(p for p in reader.pages)
+        start = reader.regions.page_start[first]
+        reader.readahead(start)  # inside page 0: pages 1 and 2 decoded, page 3's chunk asked
+        decoded = {k[2] for k in cache._data if k[1] == "p"}
+        assert decoded == {first + 1, first + 2}
+        assert asked == [reader._pixels.chunk_key(reader._chunk_index(reader.pages[first + 3]))]
+        reader.readahead(start + 1)  # same place again: nothing new asked
+        assert len(asked) == 1
+        assert bytes(reader.read(0, reader.size)) == original

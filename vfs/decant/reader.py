@@ -364,6 +364,7 @@ class PixelReader(OriginalReader):
         self._file_dtype = dtype.newbyteorder(byteorder) if dtype.itemsize > 1 else dtype
         self._blocks = BlockSource(archive.store, self._pixels, cache, archive.cache_key)
         self._geometries: dict[tuple[Any, ...], PageGeometry] = {}
+        self._prefetched = -1  # the page whose chunk read-ahead last asked the kernel for
         self._leading = self._check_pixels(pages, source)
         self._plane_order = self._check_plane_order(archive.manifest, source)
         self._check_stored(pages)
@@ -497,8 +498,11 @@ class PixelReader(OriginalReader):
             pages.append(page)
             offset = self.regions.page_start[page]
         if len(pages) > depth:
-            self.archive.store.prefetch(self._pixels.chunk_key(self._chunk_index(
-                self.pages[pages.pop()])))  # fmt: skip
+            ahead = pages.pop()
+            if ahead != self._prefetched:  # once per chunk, not once per request
+                self._prefetched = ahead
+                key = self._pixels.chunk_key(self._chunk_index(self.pages[ahead]))
+                self.archive.store.prefetch(key)
         missing = [p for p in pages if not self.cache.present_or_loading(self._page_key(p))]
         futures = [_decode_pool().submit(self._page, p) for p in missing[1:]]
         for p in missing[:1]:
