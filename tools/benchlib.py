@@ -312,15 +312,16 @@ def _cpu_ticks() -> list[tuple[int, int]]:
     return out
 
 
-def _proc_cpu_ticks(pid: int) -> dict[str, int]:
-    """utime+stime ticks of each thread of `pid`, by "comm:tid" (threads come and go)."""
-    out: dict[str, int] = {}
+def _proc_cpu_ticks(pid: int) -> dict[int, tuple[str, int]]:
+    """(name, utime+stime ticks) of each thread of `pid`, by thread id. Keyed by id, not name:
+    trio renames a worker thread for each job it runs."""
+    out: dict[int, tuple[str, int]] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, ValueError):
             raw = (task / "stat").read_text()
             comm = raw[raw.index("(") + 1 : raw.rindex(")")]
             fields = raw.rsplit(")", 1)[1].split()
-            out[f"{comm}:{task.name}"] = int(fields[11]) + int(fields[12])
+            out[int(task.name)] = (comm, int(fields[11]) + int(fields[12]))
     return out
 
 
@@ -364,7 +365,7 @@ class ThreadCpuSampler:
         self.interval = interval
         self.use = CpuUse()
         self._stop = threading.Event()
-        self._samples: list[tuple[float, dict[str, int]]] = []
+        self._samples: list[tuple[float, dict[int, tuple[str, int]]]] = []
 
     def __enter__(self) -> ThreadCpuSampler:
         self._cores0 = _cores_busy_ticks()
@@ -390,16 +391,17 @@ class ThreadCpuSampler:
         use = self.use
         use.seconds = t1 - t0
         names: dict[str, float] = {}
-        for key, ticks in last.items():
-            name = key.rsplit(":", 1)[0]
-            names[name] = names.get(name, 0.0) + (ticks - first.get(key, 0)) / hz
+        for tid, (name, ticks) in last.items():
+            label = name if not name.startswith(("Trio thread", "wrapper from")) else "trio worker"
+            used = (ticks - first.get(tid, (name, 0))[1]) / hz
+            names[label] = names.get(label, 0.0) + used
         use.threads = names
         use.daemon_cores = sum(names.values()) / max(use.seconds, 1e-9)
         start = 0
         for i, (t, ticks) in enumerate(self._samples):
             if t - self._samples[start][0] >= 1.0 or (i == len(self._samples) - 1 and i > start):
                 before = self._samples[start][1]
-                used = sum(v - before.get(k, 0) for k, v in ticks.items()) / hz
+                used = sum(v - before.get(k, (n, 0))[1] for k, (n, v) in ticks.items()) / hz
                 use.per_second.append(used / (t - self._samples[start][0]))
                 start = i
         cores1 = _cores_busy_ticks()
