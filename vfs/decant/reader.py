@@ -253,14 +253,17 @@ class OriginalReader:
         # A small read may decode just the blosc blocks it needs, unless it continues a run of
         # sequential reads already past SEQUENTIAL_RUN: such a reader gets whole planes
         # (cheaper per byte, and read ahead).
-        run = self._run if offset == self._next else 0
+        # "Continues" allows for reordering: the kernel keeps two or more requests in flight, so
+        # the next one may start before (or a little after) where the last one to finish ended.
+        near = abs(offset - self._next) <= SEQUENTIAL_RUN
+        run = self._run if near else 0
         small = size <= self.partial_limit and run < SEQUENTIAL_RUN
         parts = [
             self._region_bytes(region, inner, n, cached_only, small)
             for region, inner, n in self.regions.spans(offset, size)
         ]
         out = parts[0] if len(parts) == 1 else b"".join(parts)
-        self._next, self._run = offset + size, run + size
+        self._next, self._run = max(offset + size, self._next if near else 0), run + size
         want = max(0, min(size, self.size - offset))
         if len(out) != want:  # the checks at open make this unreachable: never a short read
             raise CorruptArchiveError(
