@@ -17,8 +17,10 @@ class CacheStats:
 
 
 def nbytes_of(value: Any) -> int:
-    """Size charged against the budget: buffers by length, anything else by a flat guess."""
-    if isinstance(value, bytes | bytearray | memoryview):
+    """Size charged against the budget: buffers by their bytes, anything else by a flat guess."""
+    if isinstance(value, memoryview):
+        return value.nbytes  # len() counts items: a (2048, 2048) uint16 view has len 2048
+    if isinstance(value, bytes | bytearray):
         return len(value)
     size = getattr(value, "nbytes", None)
     return int(size) if size is not None else 64
@@ -29,7 +31,9 @@ class PageCache:
 
     `get_or_load` runs the loader outside the lock and makes concurrent callers asking for the same
     key wait for that one load, so a reader and a read-ahead never decode the same plane twice.
-    A value larger than the whole budget is returned but not kept.
+    A value larger than the whole budget is returned but not kept. A load that says how large its
+    value will be (`nbytes`) is given room before it runs, so decodes in flight count against the
+    budget too instead of adding to it.
     """
 
     def __init__(self, max_bytes: int) -> None:
@@ -37,6 +41,7 @@ class PageCache:
         self.stats = CacheStats()
         self._data: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self._bytes = 0
+        self._reserved = 0  # bytes promised to loads in flight
         self._lock = threading.Lock()
         self._inflight: dict[Hashable, threading.Event] = {}
 
@@ -67,21 +72,28 @@ class PageCache:
             return item[0]
 
     def put(self, key: Hashable, value: Any) -> None:
-        size = nbytes_of(value)
         with self._lock:
-            old = self._data.pop(key, None)
-            if old is not None:
-                self._bytes -= old[1]
-            if size > self.max_bytes:
-                return
-            self._data[key] = (value, size)
-            self._bytes += size
-            while self._bytes > self.max_bytes:
-                _, (_, evicted) = self._data.popitem(last=False)
-                self._bytes -= evicted
-                self.stats.evictions += 1
+            self._store(key, value)
 
-    def get_or_load(self, key: Hashable, loader: Callable[[], Any]) -> Any:
+    def _store(self, key: Hashable, value: Any) -> None:
+        size = nbytes_of(value)
+        old = self._data.pop(key, None)
+        if old is not None:
+            self._bytes -= old[1]
+        if size > self.max_bytes:
+            return
+        self._data[key] = (value, size)
+        self._bytes += size
+        self._evict()
+
+    def _evict(self) -> None:
+        while self._bytes + self._reserved > self.max_bytes and self._data:
+            _, (_, evicted) = self._data.popitem(last=False)
+            self._bytes -= evicted
+            self.stats.evictions += 1
+
+    def get_or_load(self, key: Hashable, loader: Callable[[], Any], nbytes: int = 0) -> Any:
+        reserve = nbytes if nbytes <= self.max_bytes else 0
         while True:
             with self._lock:
                 item = self._data.get(key)
@@ -93,6 +105,7 @@ class PageCache:
                 if waiting is None:
                     self.stats.misses += 1
                     event = self._inflight[key] = threading.Event()
+                    self._reserve(reserve)
                     break
             waiting.wait()
             # The loader finished (or failed); loop to take its value or to load it ourselves.
@@ -106,15 +119,26 @@ class PageCache:
                     # Loaded but too large to keep, or the loader raised: load it here.
                     self.stats.misses += 1
                     event = self._inflight[key] = threading.Event()
+                    self._reserve(reserve)
                     break
+        loaded = False
         try:
             value = loader()
-            self.put(key, value)
+            loaded = True
             return value
         finally:
             with self._lock:
+                self._reserved -= reserve
+                if loaded:
+                    self._store(key, value)
                 del self._inflight[key]
             event.set()
+
+    def _reserve(self, nbytes: int) -> None:
+        # With the lock held. Evicting for it now, rather than after the decode, means a
+        # 256 MiB cache with 4 decoders of 8 MiB planes holds 256 MiB, not 288, at its peak.
+        self._reserved += nbytes
+        self._evict()
 
     def discard_prefix(self, prefix: Hashable) -> None:
         """Drop every key whose first element is `prefix` (an archive that changed on disk)."""

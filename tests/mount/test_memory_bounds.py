@@ -1,0 +1,96 @@
+"""Daemon memory stays near --cache-size under random reads of files still being verified.
+
+A shortened `tools/bench.py rss` scenario A: two 64 MiB stacks, --cache-size 64M, a fresh index,
+4 threads of random 4 KiB preads on their own descriptors for 10 s. The bound is generous
+(cache + 400 MiB, where the target is cache + 150): it is here to catch a regression to the
+GiBs once seen, when parked and queued reads pinned whole decoded planes. No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+MiB = 1 << 20
+CACHE = 64 * MiB
+BOUND = CACHE + 400 * MiB
+PLANE = (2048, 2048)  # uint16: 8 MiB per plane, 8 planes per 64 MiB file
+
+
+@pytest.fixture(scope="module")
+def stacks(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SRC holding two packed 64 MiB uint16 stacks (a smooth field plus noise)."""
+    from vfs.decant.packer import pack_file
+
+    base = tmp_path_factory.mktemp("memory-bounds")
+    src = base / "src"
+    src.mkdir()
+    yy = np.arange(PLANE[0], dtype=np.float32)[:, None]
+    xx = np.arange(PLANE[1], dtype=np.float32)[None, :]
+    for seed, name in enumerate(("a.tif", "b.tif")):
+        rng = np.random.default_rng(seed)
+        smooth = 1500 + 900 * np.sin(xx / (300 + 40 * seed)) * np.cos(yy / 270)
+        stack = np.stack(
+            [(smooth + 30 * z).astype(np.uint16) + rng.integers(0, 64, PLANE, np.uint16)
+             for z in range(8)]
+        )  # fmt: skip
+        tifffile.imwrite(base / name, stack, metadata={"axes": "ZYX"})
+        del stack
+        pack_file(base / name, src / f"{name}.zarr.zip")
+        (base / name).unlink()
+    return src
+
+
+def status(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} for pid {pid}")
+
+
+def random_preads(paths: list[Path], threads: int, seconds: float) -> int:
+    fds = [os.open(paths[k % len(paths)], os.O_RDONLY) for k in range(threads)]
+    counts = [0] * threads
+    errors: list[OSError] = []
+    deadline = time.monotonic() + seconds
+
+    def work(k: int) -> None:
+        rng = random.Random(k)
+        pages = os.fstat(fds[k]).st_size // 4096
+        try:
+            while time.monotonic() < deadline:
+                assert len(os.pread(fds[k], 4096, rng.randrange(pages) * 4096)) == 4096
+                counts[k] += 1
+        except OSError as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    for fd in fds:
+        os.close(fd)
+    assert not errors, errors
+    return sum(counts)
+
+
+def test_random_reads_while_hashing_stay_near_the_cache_size(stacks: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
+    m = make_mount(stacks, "--read-only", "--cache-size", "64M")
+    assert m.proc is not None
+    paths = [m.mnt / "a.tif", m.mnt / "b.tif"]
+    assert {os.getxattr(p, "user.decant.verified") for p in paths} <= {b"unknown", b"pending"}
+    reads = random_preads(paths, threads=4, seconds=10.0)
+    peak = status(m.proc.pid, "VmHWM")
+    time.sleep(2)  # handles closed: queued verifications may still be reading
+    end = status(m.proc.pid, "VmRSS")
+    assert reads > 0
+    assert peak < BOUND, f"peak RSS {peak // MiB} MiB over {BOUND // MiB} after {reads} preads"
+    assert end < BOUND, f"RSS {end // MiB} MiB over {BOUND // MiB} once every handle closed"
