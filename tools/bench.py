@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     tools = str(Path(__file__).resolve().parent)
     if tools not in sys.path:  # also when imported rather than run as a script
         sys.path.insert(0, tools)
+    root = str(Path(tools).parent)  # this checkout's vfs, not an editable install's elsewhere
+    if root not in sys.path:
+        sys.path.insert(1, root)
     module = importlib.import_module(COMMANDS[command][0])
     return int(module.main(command, rest))
 

@@ -27,6 +27,11 @@ from vfs.mount.daemon import mount_device
 MB = 1_000_000  # throughputs in MB/s (decimal), as dd prints them
 MiB = 1 << 20
 TOOLS = Path(__file__).resolve().parent
+# Children (decant, decant-mount, memfs) import `vfs` from this checkout, not from wherever the
+# environment's editable install points: a benchmark measures the code beside it.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, [str(TOOLS.parent), os.environ.get("PYTHONPATH")])
+)
 
 
 def log(message: str) -> None:
@@ -305,6 +310,105 @@ def _cpu_ticks() -> list[tuple[int, int]]:
             idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
             out.append((sum(ticks) - idle, sum(ticks)))
     return out
+
+
+def _proc_cpu_ticks(pid: int) -> dict[int, tuple[str, int]]:
+    """(name, utime+stime ticks) of each thread of `pid`, by thread id. Keyed by id, not name:
+    trio renames a worker thread for each job it runs."""
+    out: dict[int, tuple[str, int]] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError):
+            raw = (task / "stat").read_text()
+            comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+            fields = raw.rsplit(")", 1)[1].split()
+            out[int(task.name)] = (comm, int(fields[11]) + int(fields[12]))
+    return out
+
+
+def _cores_busy_ticks() -> list[tuple[int, int]]:
+    """(busy, total) ticks of each CPU from /proc/stat (iowait counts as idle)."""
+    out = []
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("cpu") and line[3].isdigit():
+            v = [int(x) for x in line.split()[1:]]
+            idle = v[3] + v[4]
+            out.append((sum(v[:8]) - idle, sum(v[:8])))
+    return out
+
+
+@dataclass
+class CpuUse:
+    """CPU used while something ran: the daemon's (in cores), each core's (all processes), and
+    the daemon's threads grouped by name, from samples taken every `interval` seconds."""
+
+    seconds: float = 0.0
+    daemon_cores: float = 0.0  # daemon CPU seconds ÷ wall seconds (2.0: both cores, all daemon)
+    per_second: list[float] = field(default_factory=list)  # daemon cores in each ~1 s window
+    core_busy: list[float] = field(default_factory=list)  # each CPU's busy fraction, any process
+    threads: dict[str, float] = field(default_factory=dict)  # thread name → CPU seconds
+
+    def text(self) -> str:
+        cores = " ".join(f"{b:.0%}" for b in self.core_busy)
+        return f"daemon {self.daemon_cores:.2f} cores; per core (all processes) {cores}"
+
+    def threads_text(self, top: int = 4) -> str:
+        ranked = sorted(self.threads.items(), key=lambda kv: -kv[1])[:top]
+        return ", ".join(f"{name} {sec / max(self.seconds, 1e-9):.2f}" for name, sec in ranked)
+
+
+class ThreadCpuSampler:
+    """Samples a daemon's per-thread CPU ticks (by thread name) and /proc/stat in a thread while a
+    block runs: which threads of the daemon did the work (CpuSampler gives the totals)."""
+
+    def __init__(self, pid: int, interval: float = 0.1) -> None:
+        self.pid = pid
+        self.interval = interval
+        self.use = CpuUse()
+        self._stop = threading.Event()
+        self._samples: list[tuple[float, dict[int, tuple[str, int]]]] = []
+
+    def __enter__(self) -> ThreadCpuSampler:
+        self._cores0 = _cores_busy_ticks()
+        self._sample()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        with contextlib.suppress(OSError):
+            self._samples.append((time.perf_counter(), _proc_cpu_ticks(self.pid)))
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self._sample()
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+        hz = os.sysconf("SC_CLK_TCK")
+        (t0, first), (t1, last) = self._samples[0], self._samples[-1]
+        use = self.use
+        use.seconds = t1 - t0
+        names: dict[str, float] = {}
+        for tid, (name, ticks) in last.items():
+            label = name if not name.startswith(("Trio thread", "wrapper from")) else "trio worker"
+            used = (ticks - first.get(tid, (name, 0))[1]) / hz
+            names[label] = names.get(label, 0.0) + used
+        use.threads = names
+        use.daemon_cores = sum(names.values()) / max(use.seconds, 1e-9)
+        start = 0
+        for i, (t, ticks) in enumerate(self._samples):
+            if t - self._samples[start][0] >= 1.0 or (i == len(self._samples) - 1 and i > start):
+                before = self._samples[start][1]
+                used = sum(v - before.get(k, (n, 0))[1] for k, (n, v) in ticks.items()) / hz
+                use.per_second.append(used / (t - self._samples[start][0]))
+                start = i
+        cores1 = _cores_busy_ticks()
+        use.core_busy = [
+            (b1 - b0) / max(1, n1 - n0)
+            for (b0, n0), (b1, n1) in zip(self._cores0, cores1, strict=True)
+        ]
 
 
 def vm_hwm(pid: int) -> int:

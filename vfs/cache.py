@@ -56,6 +56,11 @@ class PageCache:
         with self._lock:
             return key in self._data
 
+    def present_or_loading(self, key: Hashable) -> bool:
+        """Cached, or being loaded by another thread (get_or_load will wait for it)."""
+        with self._lock:
+            return key in self._data or key in self._inflight
+
     def get(self, key: Hashable) -> Any | None:
         with self._lock:
             item = self._data.get(key)

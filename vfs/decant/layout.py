@@ -45,7 +45,7 @@ def _yxs(page: PageRecord) -> tuple[int, int, int]:
     return y, x, page.shape[2] if len(page.shape) == 3 else 1
 
 
-def _tile_grid(page: PageRecord) -> Iterator[tuple[int, int, int, int, int]]:
+def tile_grid(page: PageRecord) -> Iterator[tuple[int, int, int, int, int]]:
     """(sample, y0, y1, x0, x1) of each tile's real pixels, in file (serialization) order."""
     y, x, s = _yxs(page)
     samples = range(s) if page.planarconfig == 2 else [-1]
@@ -63,7 +63,7 @@ def serialize_page(plane: np.ndarray[Any, Any], page: PageRecord) -> bytes | mem
             return memoryview(np.ascontiguousarray(a)).cast("B")
         return np.ascontiguousarray(np.moveaxis(a, 2, 0)).tobytes()
     parts = []
-    for sample, y0, y1, x0, x1 in _tile_grid(page):
+    for sample, y0, y1, x0, x1 in tile_grid(page):
         tile = a[y0:y1, x0:x1] if sample < 0 else a[y0:y1, x0:x1, sample]
         parts.append(tile.tobytes())
     return b"".join(parts)
@@ -81,7 +81,7 @@ def deserialize_page(buf: bytes, page: PageRecord, dtype: np.dtype[Any]) -> np.n
     else:
         out = np.empty((y, x, s), dtype=dtype)
         pos = 0
-        for sample, y0, y1, x0, x1 in _tile_grid(page):
+        for sample, y0, y1, x0, x1 in tile_grid(page):
             n = (y1 - y0) * (x1 - x0) * (1 if sample >= 0 else s)
             tile = flat[pos : pos + n]
             if sample < 0:

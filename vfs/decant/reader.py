@@ -10,7 +10,9 @@ from __future__ import annotations
 import math
 import os
 import stat
+import threading
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ from vfs.decant.chunks import ArraySpec, check_byte_chunks, read_array_spec, rea
 from vfs.decant.layout import page_coordinate, serialize_page
 from vfs.decant.limits import MAX_BLOCK_BYTES, MAX_CHUNK_BYTES, MAX_CHUNKS, MAX_MANIFEST_BYTES
 from vfs.decant.manifest import Manifest, PageRecord, parse_manifest
+from vfs.decant.partial import BlockSource, PageGeometry
 from vfs.decant.regions import HUSK, Region, RegionIndex
 from vfs.decant.store import MANIFEST_KEY, Store, open_store, open_store_at
 from vfs.errors import CorruptArchiveError, ManifestError, NotAnArchiveError
@@ -209,6 +212,12 @@ class DecantArchive:
         return sub
 
 
+# Reads up to this size that do not continue the previous read decode only the blosc blocks they
+# need (at most 4× this much of a plane, and at most a quarter of it).
+PARTIAL_LIMIT = 256 * 1024
+SEQUENTIAL_RUN = 1 << 20
+
+
 class _NotCached(Exception):
     """A cached-only read needs something that is not in the cache."""
 
@@ -224,6 +233,8 @@ class OriginalReader:
         self.key = key
         self.sha256 = ""
         self.regions: RegionIndex
+        self.partial_limit = PARTIAL_LIMIT
+        self._next = self._run = 0  # where the last read ended; bytes read in order up to it
 
     def read(self, offset: int, size: int) -> bytes | memoryview:
         """The bytes at [offset, offset+size). A read inside one region is a zero-copy view of
@@ -239,11 +250,20 @@ class OriginalReader:
             return None
 
     def _read(self, offset: int, size: int, cached_only: bool) -> bytes | memoryview:
+        # A small read may decode just the blosc blocks it needs, unless it continues a run of
+        # sequential reads already past SEQUENTIAL_RUN: such a reader gets whole planes
+        # (cheaper per byte, and read ahead).
+        # "Continues" allows for reordering: the kernel keeps two or more requests in flight, so
+        # the next one may start before (or a little after) where the last one to finish ended.
+        near = abs(offset - self._next) <= SEQUENTIAL_RUN
+        run = self._run if near else 0
+        small = size <= self.partial_limit and run < SEQUENTIAL_RUN
         parts = [
-            self._region_bytes(region, inner, n, cached_only)
+            self._region_bytes(region, inner, n, cached_only, small)
             for region, inner, n in self.regions.spans(offset, size)
         ]
         out = parts[0] if len(parts) == 1 else b"".join(parts)
+        self._next, self._run = max(offset + size, self._next if near else 0), run + size
         want = max(0, min(size, self.size - offset))
         if len(out) != want:  # the checks at open make this unreachable: never a short read
             raise CorruptArchiveError(
@@ -267,7 +287,7 @@ class OriginalReader:
         pass
 
     def _region_bytes(
-        self, region: Region, inner: int, n: int, cached_only: bool = False
+        self, region: Region, inner: int, n: int, cached_only: bool = False, small: bool = False
     ) -> bytes | memoryview:
         return self._husk(region.pos + inner, n, cached_only)
 
@@ -345,6 +365,11 @@ class PixelReader(OriginalReader):
         self.regions = RegionIndex.build(pages, size, husk_size, source)
         self._use_husk(husk, husk_size)
         self._pixels = archive.spec("0", MAX_CHUNK_BYTES)
+        dtype = self._pixels.dtype
+        self._file_dtype = dtype.newbyteorder(byteorder) if dtype.itemsize > 1 else dtype
+        self._blocks = BlockSource(archive.store, self._pixels, cache, archive.cache_key)
+        self._geometries: dict[tuple[Any, ...], PageGeometry] = {}
+        self._prefetched = -1  # the page whose chunk read-ahead last asked the kernel for
         self._leading = self._check_pixels(pages, source)
         self._plane_order = self._check_plane_order(archive.manifest, source)
         self._check_stored(pages)
@@ -406,12 +431,49 @@ class PixelReader(OriginalReader):
         return (*coord, *([0] * len(page.shape)))
 
     def _region_bytes(
-        self, region: Region, inner: int, n: int, cached_only: bool = False
+        self, region: Region, inner: int, n: int, cached_only: bool = False, small: bool = False
     ) -> bytes | memoryview:
         if region.page == HUSK:
             return self._husk(region.pos + inner, n, cached_only)
         start = region.pos + inner
+        if not self.cache.present_or_loading(self._page_key(region.page)):
+            part = self._page_part(region.page, start, n, cached_only, small)
+            if part is not None:
+                return part
         return self._page(region.page, cached_only)[start : start + n]
+
+    def _page_part(
+        self, index: int, start: int, n: int, cached_only: bool, small: bool
+    ) -> bytes | memoryview | None:
+        """[start, start + n) of a page's bytes from the blosc blocks holding them, or None
+        when the whole plane is the better (or only) way: a large or sequential read, a codec
+        without blocks. Cached blocks serve any read, small or not."""
+        page = self.pages[index]
+        geom = self._geometry(page)
+        native = self._file_dtype == self._pixels.dtype and geom.pieces[0][0] < 0
+        if native and len(geom.pieces) == 1:  # on-disk bytes are the plane's own bytes
+            lo, hi = start, start + n
+        else:
+            r0, r1 = geom.rows_for(start, start + n)
+            lo, hi = r0 * geom.plane_rowbytes, r1 * geom.plane_rowbytes
+        if not small and not cached_only:
+            return None
+        if hi - lo > self.partial_limit * 4 or 4 * (hi - lo) > geom.nbytes:
+            return None
+        chunk = self._pixels.chunk_key(self._chunk_index(page))
+        got = self._blocks.read(chunk, lo, hi, cached_only)
+        if got is None or (native and len(geom.pieces) == 1):
+            return got
+        _y, x, s = geom.shape
+        rows = np.frombuffer(got, dtype=self._pixels.dtype).reshape(r1 - r0, x, s)
+        return geom.extract(rows.astype(self._file_dtype, copy=False), r0, start, start + n)
+
+    def _geometry(self, page: PageRecord) -> PageGeometry:
+        layout = (page.shape, page.planarconfig, page.tilewidth, page.tilelength)
+        geom = self._geometries.get(layout)
+        if geom is None:
+            geom = self._geometries[layout] = PageGeometry(page, self._pixels.dtype.itemsize)
+        return geom
 
     def _page(self, index: int, cached_only: bool = False) -> memoryview:
         return self._cached(  # type: ignore[no-any-return]
@@ -433,13 +495,44 @@ class PixelReader(OriginalReader):
         return out if isinstance(out, memoryview) else memoryview(out)
 
     def readahead(self, offset: int, depth: int = 2) -> None:
-        """Decode up to `depth` pages that follow the one holding `offset`, in file order."""
-        for _ in range(depth):
+        """Decode the `depth` pages that follow the one holding `offset`, in parallel (the
+        decoder releases the GIL, so they take the cores the request path leaves), and ask the
+        kernel to start reading the compressed chunk after them."""
+        pages = []
+        for _ in range(depth + 1):
             page = self.regions.next_page_after(offset)
             if page is None:
-                return
-            self._page(page)
+                break
+            pages.append(page)
             offset = self.regions.page_start[page]
+        if len(pages) > depth:
+            ahead = pages.pop()
+            if ahead != self._prefetched:  # once per chunk, not once per request
+                self._prefetched = ahead
+                key = self._pixels.chunk_key(self._chunk_index(self.pages[ahead]))
+                self.archive.store.prefetch(key)
+        missing = [p for p in pages if not self.cache.present_or_loading(self._page_key(p))]
+        futures = [_decode_pool().submit(self._page, p) for p in missing[1:]]
+        for p in missing[:1]:
+            self._page(p)
+        for future in futures:
+            future.result()
+
+    def _page_key(self, index: int) -> tuple[Any, ...]:
+        return (self.archive.cache_key, "p", index)
+
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _decode_pool() -> ThreadPoolExecutor:
+    """Threads that decode read-ahead planes beside the thread asking for them."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1), "decant-decode")
+        return _POOL
 
 
 def _fitted(block: Any, held: int) -> memoryview:

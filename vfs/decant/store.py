@@ -13,6 +13,7 @@ read fetches its local header and its data together.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -66,6 +67,21 @@ class Store:
     def has(self, key: str) -> bool | None:
         """Whether `key` exists, or None when only a read can tell (checked lazily then)."""
         return None
+
+    def entry_size(self, key: str) -> int | None:
+        """Stored size of `key` when parts of it can be read alone (`get_range`), else None."""
+        return None
+
+    def prefetch(self, key: str) -> None:
+        """Ask the kernel to start reading `key`'s bytes (read-ahead of the next chunk)."""
+
+    def get_range(self, key: str, start: int, size: int) -> bytes:
+        """Bytes [start, start + size) of the stored value at `key` (which `entry_size` sized).
+
+        Unchecked: the zip CRC-32 and the digest map cover whole entries only, so a caller that
+        needs a check reads the entry whole with `get` (vfs.decant.partial does, given digests).
+        """
+        raise NotImplementedError
 
     def listed(self, prefix: str) -> list[str] | None:
         """Keys starting with `prefix`, or None when listing is not cheap for this store."""
@@ -224,7 +240,9 @@ class ZipArchiveStore(Store):
             raise ValueError(f"{self.name}: store is closed")
         return self._source
 
-    def _data_offset(self, info: zipfile.ZipInfo) -> tuple[int, bytes | None]:
+    def _data_offset(
+        self, info: zipfile.ZipInfo, with_data: bool = True
+    ) -> tuple[int, bytes | None]:
         """Where the entry's bytes start, from its local header — which must name the same entry:
         a damaged directory offset would otherwise serve another entry's bytes under this key.
         The first time, the header and the data are read together (one GET on a remote source:
@@ -234,7 +252,9 @@ class ZipArchiveStore(Store):
         blob = b""
         if offset is None:
             name = info.filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
-            want = _LOCAL_HEADER.size + len(name) + len(info.extra) + info.file_size
+            want = _LOCAL_HEADER.size + len(name)
+            if with_data:  # else only the header: a ranged read wants a part of the entry
+                want += len(info.extra) + info.file_size
             avail = self.source.size - info.header_offset
             if info.header_offset >= 0 and avail >= _LOCAL_HEADER.size + len(name):
                 blob = self.source.read(info.header_offset, min(want, avail))
@@ -276,6 +296,43 @@ class ZipArchiveStore(Store):
             raise CorruptArchiveError(
                 f"{self.path}: cannot read zip entry {key!r} ({exc.strerror})"
             ) from None
+
+    def entry_size(self, key: str) -> int | None:
+        info = self._entries.get(key)
+        # Local files only: on an object store a block costs three round trips (local header,
+        # block table, block) where the whole chunk costs one.
+        if not isinstance(self._source, LocalFile):
+            return None
+        if info is None or info.compress_type != zipfile.ZIP_STORED:
+            return None
+        return int(info.file_size) if info.compress_size == info.file_size else None
+
+    def prefetch(self, key: str) -> None:
+        info = self._entries.get(key)
+        advise = getattr(self._source, "prefetch", None)
+        if info is None or advise is None:
+            return
+        with contextlib.suppress(OSError, CorruptArchiveError):
+            advise(self._data_offset(info, with_data=False)[0], info.compress_size)
+
+    def get_range(self, key: str, start: int, size: int) -> bytes:
+        info = self._entries.get(key)
+        if info is None or not 0 <= start <= start + size <= info.file_size:
+            raise CorruptArchiveError(
+                f"{self.path}: bytes [{start}, {start + size}) are not within entry {key!r}"
+            )
+        try:
+            offset = self._data_offset(info, with_data=False)[0]
+            if offset + info.file_size > self.source.size:
+                raise CorruptArchiveError(f"{self.path}: zip entry {key!r} runs past the end")
+            data = self.source.read(offset + start, size)
+        except OSError as exc:
+            raise CorruptArchiveError(
+                f"{self.path}: cannot read zip entry {key!r} ({exc.strerror})"
+            ) from None
+        if len(data) != size:
+            raise CorruptArchiveError(f"{self.path}: zip entry {key!r} is truncated")
+        return data
 
     def _read_stored(self, key: str, info: zipfile.ZipInfo) -> bytes:
         offset, data = self._data_offset(info)

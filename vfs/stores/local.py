@@ -6,6 +6,7 @@ sources existed; only a read past the end becomes `CorruptArchiveError` (see `ch
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -45,6 +46,12 @@ class LocalFile:
 
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         return [self.read(off, n) for off, n in ranges]
+
+    def prefetch(self, offset: int, size: int) -> None:
+        """Ask the kernel to start reading [offset, offset + size) (read-ahead of a chunk)."""
+        if self._fd >= 0:
+            with contextlib.suppress(OSError):
+                os.posix_fadvise(self._fd, offset, size, os.POSIX_FADV_WILLNEED)
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -1,0 +1,208 @@
+"""Small reads decode only the blosc blocks they need (vfs.decant.partial via the reader): over
+the whole corpus (striped and tiled, chunky and planar, edge tiles, big-endian), packed with tiny
+blosc blocks so a plane has many, a read of (offset, size) by blocks equals the original bytes
+and the whole-plane path; with a digest map the chunk is checked whole first."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numcodecs
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from vfs.cache import PageCache
+from vfs.decant import reader as reader_module
+from vfs.decant.digests import archive_digests
+from vfs.decant.packer import PackOptions, pack_file
+from vfs.decant.reader import DecantArchive, OriginalReader
+from vfs.decant.regions import HUSK
+from vfs.decant.writer import CodecChoice
+from vfs.errors import CorruptArchiveError
+
+CODECS = ["zstd:byteshuffle", "lz4:bitshuffle", "blosclz:noshuffle", "zlib:byteshuffle:1"]
+
+
+def _tiny_blocks(choice: CodecChoice) -> numcodecs.Blosc:
+    shuffle = {"noshuffle": 0, "byteshuffle": 1, "bitshuffle": 2}[choice.shuffle]
+    return numcodecs.Blosc(choice.cname, choice.clevel, shuffle, blocksize=256)
+
+
+@pytest.fixture(scope="session")
+def tiny_block_archives(
+    tmp_path_factory: pytest.TempPathFactory, corpus: dict[str, Path]
+) -> dict[tuple[str, str], Path]:
+    """(corpus name, codec) → its byte-exact archive, blosc blocks of 256 bytes (splitting
+    codecs keep 64 KiB blocks), for each codec the packer offers in CODECS."""
+    out = tmp_path_factory.mktemp("tiny-blocks")
+    archives = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(CodecChoice, "codec", _tiny_blocks)
+        for codec in CODECS:
+            for name, path in corpus.items():
+                dest = out / f"{name}.{codec.replace(':', '-')}.zarr.zip"
+                options = PackOptions(codec=CodecChoice.parse(codec))
+                result = pack_file(path, dest, options)
+                if result.mode == "byte-exact":
+                    archives[(name, codec)] = result.archive
+    return archives
+
+
+def _reader(archive: DecantArchive, cache: PageCache, partial: bool) -> OriginalReader:
+    (info,) = archive.originals()
+    reader = archive.open_original(info.relpath, cache)
+    reader.partial_limit = 1 << 30 if partial else 0
+    return reader
+
+
+@pytest.fixture
+def every_read_partial(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """No run of sequential reads switches a reader to whole planes."""
+    monkeypatch.setattr(reader_module, "SEQUENTIAL_RUN", 1 << 62)
+    yield
+
+
+def _pixel_spans(reader: OriginalReader) -> list[tuple[int, int, int]]:
+    return [(r.start, r.length, r.page) for r in reader.regions.regions if r.page != HUSK]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+          HealthCheck.function_scoped_fixture])  # fmt: skip
+@given(data=st.data())
+def test_partial_reads_equal_the_original_and_the_whole_plane_path(
+    data: st.DataObject,
+    tiny_block_archives: dict[tuple[str, str], Path],
+    corpus: dict[str, Path],
+    every_read_partial: None,
+) -> None:
+    name, codec = data.draw(st.sampled_from(sorted(tiny_block_archives)))
+    original = corpus[name].read_bytes()
+    with DecantArchive.open(tiny_block_archives[(name, codec)]) as archive:
+        cache = PageCache(64 << 20)
+        partial, whole = _reader(archive, cache, True), _reader(archive, PageCache(0), False)
+        spans = _pixel_spans(partial)
+        for _ in range(8):
+            start, length, page = data.draw(st.sampled_from(spans))
+            plane = partial.pages[page].nbytes
+            offset = start + data.draw(st.integers(0, length - 1))
+            size = data.draw(st.integers(1, max(1, plane // 4)))
+            got = bytes(partial.read(offset, size))
+            assert got == original[offset : offset + size]
+            assert got == bytes(whole.read(offset, size))
+            cached = partial.read_cached(offset, size)  # the blocks are cached now
+            assert cached is not None and bytes(cached) == got
+
+
+def test_a_small_read_decodes_blocks_not_the_plane(
+    tiny_block_archives: dict[tuple[str, str], Path], corpus: dict[str, Path]
+) -> None:
+    path = tiny_block_archives[("tiled_planar_rgb_u16_edge.tif", "zstd:byteshuffle")]
+    original = corpus["tiled_planar_rgb_u16_edge.tif"].read_bytes()
+    with DecantArchive.open(path) as archive:
+        cache = PageCache(64 << 20)
+        reader = _reader(archive, cache, True)
+        start, length, _page = max(_pixel_spans(reader), key=lambda s: s[1])
+        offset = start + length // 2
+        assert bytes(reader.read(offset, 100)) == original[offset : offset + 100]
+        keys: list[Any] = list(cache._data)
+        assert not any(k[1] == "p" for k in keys), "the whole plane was decoded"
+        assert 0 < sum(k[1] == "bb" for k in keys) < 10  # of the plane's 74 blocks
+
+
+def test_sequential_reads_switch_to_whole_planes(
+    tiny_block_archives: dict[tuple[str, str], Path],
+) -> None:
+    path = tiny_block_archives[("zstack_u16.tif", "zstd:byteshuffle")]
+    with DecantArchive.open(path) as archive:
+        cache = PageCache(64 << 20)
+        (info,) = archive.originals()
+        reader = archive.open_original(info.relpath, cache)
+        pos = 0
+        while pos < reader.size:
+            pos += len(reader.read(pos, 4096))
+        assert any(k[1] == "p" for k in cache._data)
+
+
+@pytest.mark.parametrize("digests", [False, True])
+def test_a_damaged_block_is_an_error(
+    tiny_block_archives: dict[tuple[str, str], Path],
+    tmp_path: Path,
+    digests: bool,
+    every_read_partial: None,
+) -> None:
+    """A byte flipped inside a block's stream: with digests the chunk fails its check before
+    decoding; without, the block fails to decode (or decodes to other bytes the file's sha256
+    catches): never a crash, never a read past the entry."""
+    import zipfile
+
+    from tests.toolbox import load_tool
+
+    fuzz = load_tool("fuzz")
+    good = tiny_block_archives[("striped_chunky_gray_u8.tif", "zstd:byteshuffle")]
+    recorded = archive_digests(good)
+
+    def flip(name: str, data: bytes) -> bytes:
+        if name != "0/0.0.0":
+            return data
+        out = bytearray(data)
+        out[len(out) // 2] ^= 0xFF
+        return bytes(out)
+
+    bad = fuzz.rewrite_zip(good, tmp_path / "bad.zarr.zip", flip)
+    with zipfile.ZipFile(bad) as zf:
+        assert "0/0.0.0" in zf.namelist()
+    with DecantArchive.open(bad, recorded if digests else None) as archive:
+        reader = _reader(archive, PageCache(64 << 20), True)
+        start, length, _page = _pixel_spans(reader)[0]
+        if digests:
+            with pytest.raises(CorruptArchiveError, match="does not match its recorded xxh3"):
+                reader.read(start + length // 2, 16)
+        else:
+            try:
+                reader.read(start + length // 2, 16)
+            except CorruptArchiveError as exc:
+                assert "0/0.0.0" in str(exc)
+
+
+def test_range_reads_stay_inside_the_entry(
+    tiny_block_archives: dict[tuple[str, str], Path],
+) -> None:
+    import zipfile
+
+    from vfs.decant.store import open_store
+
+    path = tiny_block_archives[("zstack_u16.tif", "zstd:byteshuffle")]
+    with zipfile.ZipFile(path) as zf:
+        want = zf.read("0/0.0.0")
+    with open_store(path) as store:
+        size = store.entry_size("0/0.0.0")
+        assert size == len(want) and store.entry_size("0/9.9.9") is None
+        assert store.get_range("0/0.0.0", 3, 10) == want[3:13]
+        for start, n in ((size - 1, 2), (-1, 1), (0, size + 1)):
+            with pytest.raises(CorruptArchiveError, match="not within entry"):
+                store.get_range("0/0.0.0", start, n)
+
+
+def test_readahead_decodes_the_next_planes_and_asks_for_the_chunk_after(
+    packed_corpus: dict[str, Any], corpus: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = packed_corpus["zstack_u16.tif"].archive
+    original = corpus["zstack_u16.tif"].read_bytes()
+    with DecantArchive.open(path) as archive:
+        cache = PageCache(64 << 20)
+        (info,) = archive.originals()
+        reader = archive.open_original(info.relpath, cache)
+        asked: list[str] = []
+        monkeypatch.setattr(archive.store, "prefetch", asked.append)
+        first = min(p for p in reader.pages)
+        start = reader.regions.page_start[first]
+        reader.readahead(start)  # inside page 0: pages 1 and 2 decoded, page 3's chunk asked
+        decoded = {k[2] for k in cache._data if k[1] == "p"}
+        assert decoded == {first + 1, first + 2}
+        assert asked == [reader._pixels.chunk_key(reader._chunk_index(reader.pages[first + 3]))]
+        reader.readahead(start + 1)  # same place again: nothing new asked
+        assert len(asked) == 1
+        assert bytes(reader.read(0, reader.size)) == original

@@ -1,0 +1,189 @@
+"""Part of a page without the whole plane: which plane rows a range of the page's on-disk bytes
+needs, those bytes rebuilt from just those rows (striped or tiled, chunky or planar, edge tiles;
+the caller converts byte order before `extract`), and the blosc blocks holding those rows."""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from vfs.cache import PageCache
+from vfs.decant.blosc_blocks import (
+    BloscChunkError,
+    BloscHeader,
+    block_spans,
+    decode_blocks,
+    parse_header,
+)
+from vfs.decant.chunks import ArraySpec
+from vfs.decant.layout import tile_grid
+from vfs.decant.limits import compressed_bound
+from vfs.decant.manifest import PageRecord
+from vfs.decant.store import Store
+from vfs.errors import CorruptArchiveError
+
+
+class PageGeometry:
+    """A page's serialized bytes as runs ("pieces"), each a rectangle of the plane in C order:
+    one per tile (and sample, when planar), or one per sample plane of a striped page."""
+
+    def __init__(self, page: PageRecord, itemsize: int) -> None:
+        y, x = page.shape[0], page.shape[1]
+        s = page.shape[2] if len(page.shape) == 3 else 1
+        self.shape = (y, x, s)
+        self.plane_rowbytes = x * s * itemsize
+        if page.tilewidth:
+            rects = list(tile_grid(page))
+        else:
+            samples = range(s) if page.planarconfig == 2 and s > 1 else [-1]
+            rects = [(sample, 0, y, 0, x) for sample in samples]
+        self.starts: list[int] = []
+        self.pieces: list[tuple[int, int, int, int, int, int]] = []  # sample y0 y1 x0 x1 rowbytes
+        pos = 0
+        for sample, y0, y1, x0, x1 in rects:
+            rowbytes = (x1 - x0) * (s if sample < 0 else 1) * itemsize
+            self.starts.append(pos)
+            self.pieces.append((sample, y0, y1, x0, x1, rowbytes))
+            pos += (y1 - y0) * rowbytes
+        self.nbytes = pos
+
+    def _touched(self, start: int, stop: int) -> list[tuple[int, int, int]]:
+        """(piece index, first byte, end byte) within each piece that [start, stop) overlaps."""
+        out = []
+        i = bisect_right(self.starts, start) - 1
+        while i < len(self.pieces) and self.starts[i] < stop:
+            _sample, y0, y1, _x0, _x1, rowbytes = self.pieces[i]
+            base = self.starts[i]
+            a, b = max(start, base) - base, min(stop, base + (y1 - y0) * rowbytes) - base
+            if a < b:
+                out.append((i, a, b))
+            i += 1
+        return out
+
+    def rows_for(self, start: int, stop: int) -> tuple[int, int]:
+        """Plane rows [r0, r1) that hold the serialized bytes [start, stop)."""
+        r0, r1 = self.shape[0], 0
+        for i, a, b in self._touched(start, stop):
+            y0, rowbytes = self.pieces[i][1], self.pieces[i][5]
+            r0 = min(r0, y0 + a // rowbytes)
+            r1 = max(r1, y0 - (-b // rowbytes))
+        return (r0, r1) if r0 < r1 else (0, 0)
+
+    def extract(self, rows: np.ndarray[Any, Any], r0: int, start: int, stop: int) -> bytes:
+        """Serialized bytes [start, stop) from `rows`, the plane's rows [r0, r0 + len(rows)) as a
+        (rows, X, S) array already in the file's byte order."""
+        parts = []
+        for i, a, b in self._touched(start, stop):
+            sample, y0, _y1, x0, x1, rowbytes = self.pieces[i]
+            ya, yb = y0 + a // rowbytes, y0 - (-b // rowbytes)
+            block = rows[ya - r0 : yb - r0, x0:x1]
+            if sample >= 0:
+                block = block[:, :, sample]
+            skip = a - (ya - y0) * rowbytes
+            parts.append(block.tobytes()[skip : skip + b - a])
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+_UNSPLIT = "unsplit"
+_FIRST_READ = 4096  # cached in place of a block table: this chunk is decoded whole
+
+
+class BlockSource:
+    """Decoded blosc blocks of one array's chunks, each cached on its own, for reads that need
+    a small part of a plane: a 4 KiB read decodes one block (256 KiB for a 2048×2048 uint16
+    plane at the default codec) instead of the whole 8 MiB.
+
+    Where the bytes come from decides what checks them. With a digest map (the store's
+    `digests`), the chunk is read whole with `Store.get`, which checks its xxh3 digest before
+    anything is decoded, and kept in the cache so later reads of the plane decode from it.
+    Without one, the header, the block table and each needed block's stream are read by range
+    (`Store.get_range`): two or three small preads instead of the whole compressed plane, and
+    unchecked, since the zip CRC-32 covers whole entries only. The mount serves such reads of an
+    unverified original with its sha256 check still to come (hash as served, and a background
+    verification when a handle read only part of the file).
+    """
+
+    def __init__(self, store: Store, spec: ArraySpec, cache: PageCache, key: Any) -> None:
+        self.store = store
+        self.spec = spec
+        self.cache = cache
+        self.key = key
+        codec = spec.compressor
+        self.usable = getattr(codec, "codec_id", None) == "blosc" and not spec.filters
+
+    def read(self, chunk: str, lo: int, hi: int, cached_only: bool) -> bytes | memoryview | None:
+        """Decoded bytes [lo, hi) of the chunk at store key `chunk`; None when this chunk is not
+        decoded block by block (other codecs, other blosc formats), or, with `cached_only`,
+        when something needed is not cached."""
+        if not self.usable:
+            return None
+        table = self._get((self.key, "bt", chunk), lambda: self._table(chunk), cached_only)
+        if table is None or table == _UNSPLIT:
+            return None
+        h, spans = table
+        blocks = h.blocks_for(lo, hi)
+        parts = []
+        for j in blocks:
+            block = self._get(
+                (self.key, "bb", chunk, j),
+                lambda j=j: memoryview(self._block(chunk, h, spans, j)),
+                cached_only,
+            )
+            if block is None:
+                return None
+            first = j * h.blocksize
+            parts.append(block[max(lo - first, 0) : min(hi - first, len(block))])
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _get(self, key: tuple[Any, ...], load: Callable[[], Any], cached_only: bool) -> Any:
+        return self.cache.get(key) if cached_only else self.cache.get_or_load(key, load)
+
+    def _table(self, chunk: str) -> tuple[BloscHeader, list[tuple[int, int]]] | str:
+        try:
+            if self.store.digests is not None:
+                raw = self._checked_chunk(chunk)
+                h = parse_header(raw, len(raw))
+                head = raw
+            else:
+                length = self.store.entry_size(chunk)
+                if length is None:
+                    return _UNSPLIT
+                # One read holds the header and a table of up to 1020 blocks (32 for a plane at
+                # the default codec); a longer table takes a second.
+                head = self.store.get_range(chunk, 0, min(length, _FIRST_READ))
+                h = parse_header(head, length)
+                if h is not None and not h.memcpyed and h.table_end > len(head):
+                    head = self.store.get_range(chunk, 0, h.table_end)
+            if h is None:
+                return _UNSPLIT
+            if h.nbytes != self.spec.chunk_nbytes:
+                raise BloscChunkError(
+                    f"states {h.nbytes} decoded bytes, expected {self.spec.chunk_nbytes}"
+                )
+            return h, block_spans(h, head)
+        except BloscChunkError as exc:
+            raise CorruptArchiveError(f"{self.store.name}: chunk {chunk!r} {exc}") from None
+
+    def _checked_chunk(self, chunk: str) -> bytes:
+        """The whole stored chunk, its digest checked by the store, cached for later blocks."""
+
+        def load() -> bytes:
+            raw = self.store.get(chunk, compressed_bound(self.spec.chunk_nbytes))
+            if raw is None:
+                raise CorruptArchiveError(f"{self.store.name}: chunk {chunk!r} is missing")
+            return raw
+
+        return self.cache.get_or_load((self.key, "bc", chunk), load)  # type: ignore[no-any-return]
+
+    def _block(self, chunk: str, h: BloscHeader, spans: list[tuple[int, int]], j: int) -> bytearray:
+        lo, hi = spans[j]
+        try:
+            if self.store.digests is not None:
+                return decode_blocks(h, spans, range(j, j + 1), self._checked_chunk(chunk))
+            data = self.store.get_range(chunk, lo, hi - lo)
+            return decode_blocks(h, spans, range(j, j + 1), data, base=lo)
+        except BloscChunkError as exc:
+            raise CorruptArchiveError(f"{self.store.name}: chunk {chunk!r} {exc}") from None
