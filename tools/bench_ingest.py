@@ -57,7 +57,7 @@ def main(command: str, argv: list[str]) -> int:
     if not drop_caches():
         log("cannot drop dentries and inodes (not root?): 'cold' runs may be warm")
     with workdir(args.workdir) as work:
-        report = bench_ingest(args, work)
+        report = bench_small(args, work) if args.small else bench_ingest(args, work)
     report.context["load at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     print(report.render())
     return 0
@@ -87,6 +87,14 @@ def _parser(command: str) -> argparse.ArgumentParser:
         help="pause between the reader's preads (default 0.02): a user reading, not a load test",
     )
     p.add_argument("--timeout", type=float, default=1800.0, help="give up waiting (seconds)")
+    p.add_argument(
+        "--small",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: N small files (90%% 1 KiB text, 10%% 20 KiB TIFFs) in 15 folders, "
+        "rsync -a into the mount vs into a folder on the same disk (uses --settle)",
+    )
     return p
 
 
@@ -362,3 +370,144 @@ def _report(
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     sys.exit(main("ingest", sys.argv[1:]))
+
+
+# -- many small files (`--small N`) ----------------------------------------------------------
+
+SMALL_RSYNC_TARGET = 5.0  # rsync -a into the mount ÷ rsync -a into a folder on the same disk
+SMALL_PUBLISHED_TARGET = 10.0  # everything published ÷ the same rsync into a folder
+SMALL_FOLDERS = 15
+
+
+def ensure_small_tree(work: Path, n: int) -> Path:
+    """N files in 15 folders: every tenth a 20 KiB uint16 TIFF, the rest 1 KiB of text."""
+    import numpy as np
+    import tifffile
+
+    tree, done = work / f"small-{n}", work / f"small-{n}.done"
+    if done.is_file():
+        return tree
+    log(f"generating {n} small files")
+    shutil.rmtree(tree, ignore_errors=True)
+    rng = np.random.default_rng(5)
+    for i in range(n):
+        folder = tree / f"run{i % SMALL_FOLDERS:02d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        if i % 10 == 9:
+            tifffile.imwrite(folder / f"img{i:06d}.tif",
+                             rng.integers(0, 4096, (128, 80), dtype=np.uint16))  # fmt: skip
+        else:
+            line = f"{i},{rng.random():.12f},sample-{i}\n".encode()
+            (folder / f"rec{i:06d}.csv").write_bytes((line * (1024 // len(line) + 1))[:1024])
+    done.touch()
+    return tree
+
+
+def vm_status(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM of a live process, in bytes."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key = line.split(":")[0]
+        if key in ("VmRSS", "VmHWM"):
+            out[key] = int(line.split()[1]) * 1024
+    return out
+
+
+def wait_done(mnt: Path, n: int, timeout: float) -> dict[str, Any]:
+    """Until the status says all `n` files were published (and nothing is queued or failed)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        doc = status(mnt)
+        if doc["done"] >= n and doc["queued"] == 0 and doc["packing"] == 0:
+            return doc
+        if doc["failed"] or time.monotonic() > deadline:
+            raise SystemExit(f"bench: queue {dict(doc, failed=doc['failed'][:3])} after wait")
+        time.sleep(0.05)
+
+
+def transferred(stats: str) -> int:
+    for line in stats.splitlines():
+        if line.startswith("Number of regular files transferred:"):
+            return int(line.split(":")[1].replace(",", ""))
+    raise SystemExit(f"bench: no transfer count in rsync --stats:\n{stats}")
+
+
+def small_problems(tree: Path, mnt: Path, src: Path) -> list[str]:
+    """Every file under its name with its bytes; no temp names left in SRC or the spool."""
+    problems = []
+    names = sorted(p.relative_to(tree) for p in tree.rglob("*") if p.is_file())
+    shown = sorted(p.relative_to(mnt) for p in mnt.rglob("*") if p.is_file())
+    if shown != names:
+        problems.append(f"mount lists {len(shown)} files, {len(names)} copied")
+    bad = [r for r in names if (mnt / r).read_bytes() != (tree / r).read_bytes()]
+    if bad:
+        problems.append(f"{len(bad)} files differ, e.g. {bad[:3]}")
+    left = [p for p in src.rglob(".*") if p.is_file()]
+    left += [p for p in (src / ".decant-spool").rglob("*") if p.is_file()]
+    if left:
+        problems.append(f"{len(left)} temp or spooled files left in SRC, e.g. {left[:3]}")
+    return problems
+
+
+def small_round(args: argparse.Namespace, tree: Path, work: Path, n: int) -> dict[str, Any]:
+    plain = fresh(work / "small-plain")
+    drop_caches([tree])
+    base = require(run_child(["rsync", "-a", f"{tree}/", f"{plain}/"]), "rsync to a folder")
+    shutil.rmtree(plain)
+    src, mnt, logs = fresh(work / "small-src"), work / "small-mnt", work / "logs"
+    cmd = [*tool("decant-mount"), str(src), str(mnt), "-f", "--log-file",
+           str(logs / f"small-{time.monotonic_ns()}.log"), "--index-dir",
+           str(fresh(work / "small-index")), "--settle", str(args.settle),
+           "--pack-workers", str(args.pack_workers)]  # fmt: skip
+    drop_caches([tree])
+    with mounted(cmd, mnt, logs / "small-stderr.log") as m:
+        cpu0 = cpu_seconds(m.pid)
+        start = time.perf_counter()
+        copy = require(run_child(["rsync", "-a", f"{tree}/", f"{mnt}/"]), "rsync into the mount")
+        copied = time.perf_counter() - start
+        doc = wait_done(mnt, n, args.timeout)
+        published = time.perf_counter() - start
+        cpu = cpu_seconds(m.pid) - cpu0
+        memory = vm_status(m.pid)
+        again = subprocess.run(["rsync", "-a", "--stats", f"{tree}/", f"{mnt}/"],
+                               capture_output=True, text=True, check=True)  # fmt: skip
+        problems = small_problems(tree, mnt, src)
+    shutil.rmtree(src)
+    return {"base": base.seconds, "copied": copy.seconds, "wall": copied, "published": published,
+            "cpu": cpu, "memory": memory, "second": transferred(again.stdout),
+            "problems": problems, "status": doc}  # fmt: skip
+
+
+def bench_small(args: argparse.Namespace, work: Path) -> Report:
+    n = args.small
+    tree = ensure_small_tree(work, n)
+    runs = []
+    for r in range(args.repeat):
+        log(f"round {r + 1}/{args.repeat}: {n} small files, rsync -a to a folder and the mount")
+        runs.append(small_round(args, tree, work, n))
+    ctx = machine_context(
+        input=f"{n} files in {SMALL_FOLDERS} folders: {n - n // 10} × 1 KiB text, "
+        f"{n // 10} × 20 KiB TIFFs ({tree_bytes(tree) / MB:.1f} MB)",
+        mount=f"--settle {args.settle:g} --pack-workers {args.pack_workers}",
+        disk=str(work),
+    )
+    report = Report(f"decant bench: ingest of {n} small files", ctx)
+    base, copied = median([r["base"] for r in runs]), median([r["copied"] for r in runs])
+    published = median([r["published"] for r in runs])
+    report.section("rsync -a")
+    report.add("into a folder (same disk)", f"{base:.2f} s")
+    report.add("into decant-mount", f"{copied:.2f} s", f"{n / copied:.0f} files/s")
+    report.add("all published", f"{published:.2f} s",
+               f"from rsync's start; includes the {args.settle:g} s settle")  # fmt: skip
+    report.target("rsync into mount ÷ into folder", copied / base, SMALL_RSYNC_TARGET, "",
+                  at_most=True)  # fmt: skip
+    report.target("published ÷ rsync into folder", published / base, SMALL_PUBLISHED_TARGET, "",
+                  at_most=True)  # fmt: skip
+    report.add("daemon CPU", f"{median([r['cpu'] for r in runs]):.1f} s")
+    last = runs[-1]["memory"]
+    report.add("daemon VmRSS / VmHWM", f"{last['VmRSS'] / MiB:.0f} / {last['VmHWM'] / MiB:.0f} MiB",
+               "after everything published")  # fmt: skip
+    report.add("second rsync -a", f"{runs[-1]['second']} files", "transferred (want 0)")
+    problems = [p for r in runs for p in r["problems"]]
+    report.add("check", "ok" if not problems else "FAILED", "; ".join(problems[:3]))
+    return report
