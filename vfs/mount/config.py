@@ -45,6 +45,8 @@ class MountConfig:
     pack_workers: int = 1
     inbox: list[Path] = field(default_factory=list)
     allow_delete: bool = False
+    min_free: int | None = None  # bytes kept free on the spool's fs; None: min(256M, 5 %)
+    stale_temp: float = 24 * 3600.0  # an rsync temp file left this long (s) is deleted
     backend_args: argparse.Namespace = field(default_factory=argparse.Namespace)
 
     def __post_init__(self) -> None:
