@@ -172,6 +172,7 @@ def _publish_plain(
             raise OSError(errno.EIO, "the copy differs from the spooled file", str(final))
         if signature(source.stat()) != signature(st):
             raise OSError(errno.EAGAIN, "changed while being copied", str(source))
+        check(cancel)
         place(staged, final, shadowed)
     finally:
         staged.unlink(missing_ok=True)
@@ -298,6 +299,7 @@ def _publish_archive(
     staged = _staged(spool, folder, archive_name(name))
     try:
         result = pack_file(source, staged, options or PackOptions(), progress)
+        check(cancel)  # stopping: do not publish what was finished meanwhile
         apply_metadata(staged, st)
         place(staged, target, folder / name, durable)  # a real file of that name shadows it
     finally:
