@@ -47,6 +47,7 @@ class WriteSide:
         guard: SpaceGuard | None = None,
     ) -> None:
         self.root = root
+        self._root_text = os.fspath(root).rstrip("/") + "/"
         self.spool = spool
         self.allow_delete = allow_delete
         self.guard = guard
@@ -57,6 +58,9 @@ class WriteSide:
 
     def _relpath(self, path: Path) -> str:
         """Presented path of a real folder or file of SRC ("" for SRC itself)."""
+        text, root = os.fspath(path), self._root_text
+        if text.startswith(root):  # strings, not Path.relative_to: this runs per create
+            return text[len(root) :]
         return "" if path == self.root else path.relative_to(self.root).as_posix()
 
     def _folder(self, parent: Node) -> str:

@@ -94,26 +94,35 @@ class SourceTree:
         if folder in self._irregular or folder in self.overlay_roots:
             return None
         candidates = {c for n in names for m in _related(n) for c in _related(m)}
+        # Most candidates do not exist: plain strings and one lstat each (this runs for every
+        # rename of a spooled file). The mountpoint is never statted: it would call into us.
+        skip = {p.name for p in self.excluded if p.parent == folder}
+        if folder == self.root:
+            skip |= self.hidden
+        base = os.fspath(folder)
         found: list[tuple[str, os.stat_result]] = []
         for name in sorted(candidates):
-            if self._skipped(folder, name) or name_problem(name) is not None:
+            if name in skip or name.startswith(TEMP_PREFIX):
                 continue
             try:
-                found.append((name, os.lstat(folder / name)))
+                st = os.lstat(f"{base}/{name}")
             except OSError:
                 continue  # not there (or not reachable): nothing to present
-        out, regular = self._present(folder, found)
+            if name_problem(name) is None:
+                found.append((name, st))
+        out, regular = self._present(folder, found) if found else ({}, True)
         if not regular:
             self._irregular.add(folder)
             return None
         if self.spool is not None:
             reldir = self.relpath(folder)
+            spooled = os.fspath(self.spool.files)
             for name in names:
                 rel = f"{reldir}/{name}" if reldir else name
                 if rel in self.publishing:
                     continue
                 try:
-                    st = self.spool.path(rel).lstat()
+                    st = os.lstat(f"{spooled}/{rel}")
                 except OSError:
                     continue
                 if stat.S_ISREG(st.st_mode):
