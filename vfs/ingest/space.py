@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 MIN_FREE_CAP = 256 << 20  # the default reserve: this, or 5 % of the filesystem if smaller
 MIN_FREE_FRACTION = 0.05
 REFRESH = 0.5
+NEAR = 64 << 20  # this close to the reserve, the filesystem is asked on every call
 
 
 def default_min_free(path: Path) -> int:
@@ -62,11 +63,10 @@ class SpaceGuard:
         return self._free
 
     def admit(self, nbytes: int) -> bool:
-        """May `nbytes` of new data be written without going below the reserve? (0: a new
-        entry; asked of the filesystem every time, as creates are far rarer than writes.)"""
+        """May `nbytes` of new data be written without going below the reserve?"""
         with self._lock:
             stale = time.monotonic() - self._at > REFRESH
-            if stale or not nbytes or self._free - nbytes < self.min_free:
+            if stale or self._free - nbytes < self.min_free + NEAR:
                 self._refresh()
             if self._free - nbytes >= self.min_free:
                 self._free -= nbytes

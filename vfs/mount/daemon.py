@@ -69,6 +69,9 @@ def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:
     queue = PackQueue(spools, config.settle, None, config.pack_all, config.pack_workers,
                       config.stale_temp)  # fmt: skip
     queue.guard = SpaceGuard(spool.files, config.min_free)
+    # Every publish changes SRC: watchfiles' own "N changes detected" INFO line per batch made
+    # ~10,000 log lines of a 3,000-file rsync. Its warnings still show.
+    logging.getLogger("watchfiles").setLevel(max(logging.WARNING, log.getEffectiveLevel()))
     log.info("write side: new data is refused below %d MiB free (--min-free)",
              queue.guard.min_free >> 20)  # fmt: skip
     tree.spool = spool
