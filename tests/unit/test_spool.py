@@ -471,3 +471,20 @@ def test_enospc_while_packing_is_a_wait_for_space_not_a_failure(
     put(spool, "z.tif", corpus["zstack_u16.tif"])
     outcome = spool.attempt("z.tif", False, OPTIONS, 0.0)
     assert outcome.kind == "space" and "No space left on device" in outcome.reason
+
+
+def test_without_hard_links_a_plain_file_is_copied(
+    spool: Spool, src: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filesystem that refuses links (EPERM from protected_hardlinks, vfat's EPERM, EMLINK)."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(os, "link", refuse)
+    put(spool, "x.csv", b"copied, not linked")
+    published = spool.publish("x.csv", False, OPTIONS)
+    assert published.mode == "plain" and not os.path.samefile(spool.path("x.csv"), src / "x.csv")
+    assert (src / "x.csv").read_bytes() == b"copied, not linked"
+    assert_metadata(src / "x.csv")
+    assert leftovers(src) == []

@@ -34,6 +34,7 @@ BLOCK = 8 << 20  # copy and compare in blocks this big; cancellation is checked 
 SPACE_MARGIN = 1 << 20  # packing needs the archive's size plus this much free
 _PLACING = threading.Lock()  # a folder's mtime is read, changed and put back under this lock
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+NO_LINKS = (errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOSYS)
 
 
 class PublishCancelled(Exception):
@@ -158,10 +159,16 @@ def _publish_plain(
     name = source.name
     final, shadowed = folder / name, folder / archive_name(name)
     if _same_fs(source.parent, folder):
-        mode = _link_into_place(spool, source, final, shadowed)
-        # The inode now at the final name is the one linked, whatever the spool name points at
-        # since: only that inode's spool name may be removed later.
-        return Published(relpath, final, mode, signature=signature(final.stat()))
+        try:
+            mode = _link_into_place(spool, source, final, shadowed)
+        except OSError as exc:
+            if exc.errno not in NO_LINKS:
+                raise
+            log.info("%s: cannot hard-link here (%s); copying it instead", relpath, exc.strerror)
+        else:
+            # The inode now at the final name is the one linked, whatever the spool name
+            # points at since: only that inode's spool name may be removed later.
+            return Published(relpath, final, mode, signature=signature(final.stat()))
     need = st.st_blocks * 512 + SPACE_MARGIN
     require_space(folder, need, f"needs {size_text(need)} free to copy it into SRC")
     staged = _staged(spool, folder, name)
