@@ -14,6 +14,7 @@ import os
 import resource
 import stat
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,7 +44,9 @@ LOG_EVERY = 60.0  # the same failure of the same entry is logged once a minute, 
 NAME_MAX = 255
 PRIVILEGE_BITS = stat.S_ISUID | stat.S_ISGID
 QUICK_LIMIT = 0.02  # seconds (above the GIL's 5 ms switch interval): see QuickCalls
-QUICK_COOLDOWN = 10.0
+QUICK_SLOW = 3
+QUICK_WINDOW = 5.0
+QUICK_COOLDOWN = 5.0
 QUICK_WRITE = 64 * 1024  # larger writes always go to a worker thread (the data path)
 
 _last_logged: dict[tuple[str, str], float] = {}
@@ -83,13 +86,16 @@ class QuickCalls:
     """Small syscalls on the spool (create, rename, chmod, a few KiB written) take microseconds,
     a thread hand-off ~70 µs and two context switches (far more on a loaded machine): rsync's
     ten requests per small file made the hand-offs most of its time. So they run on the trio
-    thread while they stay fast. A call that slept in the kernel (a voluntary context switch:
-    a stalled disk, NFS) for longer than QUICK_LIMIT sends them all to worker threads for
-    QUICK_COOLDOWN seconds, so the loop is held up at most once in a while. Being preempted on
-    a busy machine does not count: that is no reason to expect the next call to block."""
+    thread while they stay fast. A call that slept in the kernel (a voluntary context switch)
+    for longer than QUICK_LIMIT is slow; QUICK_SLOW of those within QUICK_WINDOW seconds (a
+    stalled disk, NFS, a journal busy with fsyncs) send them all to worker threads for
+    QUICK_COOLDOWN seconds. One stall alone does not: a journal commit holds up one create now
+    and then. Being preempted on a busy machine never counts."""
 
     def __init__(self) -> None:
         self.until = 0.0
+        self.slow: deque[float] = deque(maxlen=QUICK_SLOW)
+        self.logged = False
 
     async def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
         start = time.monotonic()
@@ -101,11 +107,19 @@ class QuickCalls:
         finally:
             took = time.monotonic() - start
             if took > QUICK_LIMIT and resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw > slept:
-                if not self.until:
-                    log.info("a spool operation blocked for %.0f ms: such calls go to worker "
-                             "threads for %g s each time this happens", took * 1e3,
-                             QUICK_COOLDOWN)  # fmt: skip
-                self.until = time.monotonic() + QUICK_COOLDOWN
+                self._slow(took)
+
+    def _slow(self, took: float) -> None:
+        now = time.monotonic()
+        self.slow.append(now)
+        if len(self.slow) < QUICK_SLOW or now - self.slow[0] > QUICK_WINDOW:
+            return
+        self.until = now + QUICK_COOLDOWN
+        self.slow.clear()
+        level = logging.DEBUG if self.logged else logging.INFO
+        self.logged = True
+        log.log(level, "spool operations blocked (the last for %.0f ms): they go to worker threads "
+                "for %g s", took * 1e3, QUICK_COOLDOWN)  # fmt: skip
 
 
 def _fail(code: int) -> pyfuse3.FUSEError:
