@@ -329,6 +329,22 @@ def test_a_failure_is_reported_kept_spooled_and_retried_with_back_off(
     assert counts(queue) == (0, 0, 0, 1) and (src / "x.csv").is_file()
 
 
+def test_a_failed_file_held_open_at_its_retry_is_retried_once_closed(
+    queue: PackQueue, spool: HookedSpool
+) -> None:
+    drop(spool, "x.csv")
+    spool.fail.add("x.csv")
+    queue.touch("x.csv")
+    pack(queue, "x.csv")
+    item = item_of(queue, "x.csv")
+    age(queue, item, SETTLE)
+    queue.opened("x.csv")  # a reader has it open when its retry comes
+    retry_now(queue, item)
+    assert ready(queue) == []
+    queue.closed("x.csv")
+    assert ready(queue) == ["x.csv"]
+
+
 def test_a_change_to_a_failed_file_queues_it_again(queue: PackQueue, spool: HookedSpool) -> None:
     drop(spool, "x.csv")
     spool.fail.add("x.csv")

@@ -47,6 +47,7 @@ RETRY_MAX = 3600.0
 SPACE_BACKOFF = (1.0, 60.0)  # waiting for space: first and longest pause between looks
 WALK_EVERY = 5.0  # the spools are walked at most this often (more seldom when walks are slow)
 STALE_TEMP = 24 * 3600.0
+WAITING = ("queued", "failed", "space")  # states an item is scheduled in
 
 
 @dataclass(eq=False)
@@ -128,8 +129,8 @@ class PackQueue:
             return
         self.open_counts.pop(relpath, None)
         item = self.items.get((0, relpath))
-        if item is not None and item.state == "queued" and not item.scheduled:
-            self._schedule(item, item.changed_at + self.settle)
+        if item is not None and item.state in WAITING and not item.scheduled:
+            self._schedule(item, item.changed_at + self.settle)  # `_ready` adds any retry wait
 
     def renamed(self, old: str, new: str) -> None:
         if self.items.pop((0, old), None) is not None:
@@ -187,7 +188,7 @@ class PackQueue:
         ready: list[Item] = []
         while self._due and self._due[0][0] <= now and len(ready) < limit:
             _at, _n, key, item = heapq.heappop(self._due)
-            if self.items.get(key) is not item or item.state not in ("queued", "failed", "space"):
+            if self.items.get(key) is not item or item.state not in WAITING:
                 continue
             if not item.scheduled:
                 continue  # a duplicate entry of an item already taken
