@@ -103,3 +103,18 @@ def test_rsync_of_3000_small_files_keeps_every_file(
                            capture_output=True, text=True, check=True)  # fmt: skip
     assert "Number of regular files transferred: 0" in again.stdout
     assert status(m.mnt)["done"] == N_FILES
+
+
+def test_a_name_looked_up_before_its_publish_still_opens_after_it(
+    src: Path, make_mount: MakeMount
+) -> None:
+    """The kernel keeps a looked-up name's inode for a while: once the file is published (its
+    spooled copy unlinked) that same inode must serve the published file, not fail with ENOENT."""
+    m = make_mount(src, "--settle", "0.2")
+    path = m.mnt / "d.csv"
+    path.write_bytes(b"x,y\n1,2\n")
+    before = os.stat(path)
+    wait_drained(m.mnt, src)
+    assert os.stat(path).st_ino == before.st_ino  # no new inode: nothing went stale
+    assert path.read_bytes() == b"x,y\n1,2\n"
+    assert (src / "d.csv").read_bytes() == b"x,y\n1,2\n" and spooled(src) == []

@@ -458,8 +458,17 @@ class DecantOperations(pyfuse3.Operations):
                 folder.drop(name)
             else:
                 folder.put(name, new)
-            if old is not None and (new is None or new.key != old.key):
-                pyfuse3.invalidate_entry_async(inode, os.fsencode(name), ignore_enoent=True)
+            if old is None or (new is not None and new.key == old.key):
+                continue
+            if new is not None and old.spooled and not new.spooled and not new.is_dir:
+                ino = self.inodes.known(old)
+                if ino is not None:
+                    # Published: the same bytes under the same inode, so a reader that looked
+                    # the name up before the switch opens the published file, not a spooled one
+                    # just unlinked (and 20,000 publishes queue no kernel invalidations).
+                    self.inodes.replace(ino, new)
+                    continue
+            pyfuse3.invalidate_entry_async(inode, os.fsencode(name), ignore_enoent=True)
 
     # -- the write side (a writable mount) -------------------------------------------------
 
