@@ -316,17 +316,22 @@ class InProcessMount:
     # -- the pack queue --------------------------------------------------------------------
 
     async def publish_all(self) -> int:
-        """One pass of the queue's loop, without settling: pick up the spool, pack and publish
+        """One pass of the queue's work, without settling: pick up the spool, pack and publish
         every file no handle holds. Returns how many were published."""
+        from vfs.ingest.queue import WAITING
+
         queue = self.queue
         assert queue is not None
-        await queue._poll()
+        await queue._walk()
         before = queue.done
-        for item in list(queue.items.values()):
-            if item.state == "packing" or queue.open_counts.get(item.relpath):
-                continue
+        batch = [item for key, item in list(queue.items.items())
+                 if item.state in WAITING and item.state != "temp"
+                 and not (key[0] == 0 and queue.open_counts.get(item.relpath))]  # fmt: skip
+        for item in batch:
             item.state, item.started = "packing", False
-            await queue._pack_guarded(item)
+        if batch:
+            outcomes = await trio.to_thread.run_sync(queue._work, batch)
+            await queue._settle(batch, outcomes)
         return queue.done - before
 
     def spooled(self) -> dict[str, os.stat_result]:

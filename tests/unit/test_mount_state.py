@@ -696,7 +696,6 @@ def test_a_published_file_renamed_over_a_spooled_one(mount: InProcessMount) -> N
     mount.run(go)
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_A_RENAME_WHILE_THE_MOUNT_SWITCHES_TO_THE_PUBLISHED_FILE)
 def test_a_rename_while_the_mount_switches_to_the_published_file(mount: InProcessMount) -> None:
     async def go() -> None:
         await mount.write_file("d", b"data")
@@ -752,7 +751,6 @@ BUG_A_FILE_OPEN_IN_A_FOLDER_THAT_MOVES = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_A_FILE_OPEN_IN_A_FOLDER_THAT_MOVES)
 def test_a_file_open_in_a_folder_that_moves(mount: InProcessMount) -> None:
     async def go() -> None:
         await mount.mkdir("a")
@@ -775,7 +773,6 @@ BUG_AN_INODE_LOOKED_UP_BEFORE_ITS_FILE_IS_PUBLISHED = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_AN_INODE_LOOKED_UP_BEFORE_ITS_FILE_IS_PUBLISHED)
 def test_an_inode_looked_up_before_its_file_is_published(mount: InProcessMount) -> None:
     async def go() -> None:
         await mount.write_file("x", b"data")
