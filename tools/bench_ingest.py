@@ -471,6 +471,29 @@ def warm(tree: Path) -> None:
             path.read_bytes()
 
 
+DELETED = ".deleted-at"  # in the work folder: when the last trees were deleted
+INODE_GRACE = 31.0  # ext4 skips (scanning past) inodes freed less than ~30 s ago
+
+
+def delete_and_mark(work: Path, folders: list[Path]) -> None:
+    if folders:
+        for folder in folders:
+            shutil.rmtree(folder)
+        (work / DELETED).write_text(str(time.time()))
+
+
+def wait_for_deletions(work: Path) -> None:
+    """No round starts within 30 s of deleting thousands of files: both copies would scan
+    past them on every create (seen: a 0.24 s folder rsync took 1.65 s)."""
+    try:
+        left = INODE_GRACE - (time.time() - float((work / DELETED).read_text()))
+    except (OSError, ValueError):
+        return
+    if left > 0:
+        log(f"waiting {left:.0f} s: files were deleted here just now")
+        time.sleep(left)
+
+
 def small_round(args: argparse.Namespace, tree: Path, work: Path, n: int) -> dict[str, Any]:
     """One round. Nothing is deleted until both copies are timed: ext4 keeps just-deleted
     inodes out of allocation for ~30 s and scans past them on every create, so deleting a
@@ -506,14 +529,14 @@ def small_round(args: argparse.Namespace, tree: Path, work: Path, n: int) -> dic
 def bench_small(args: argparse.Namespace, work: Path) -> Report:
     n = args.small
     tree = ensure_small_tree(work, n)
-    for old in [*work.glob("small-plain*"), *work.glob("small-src*")]:
-        shutil.rmtree(old)  # an earlier run's: deleted a while ago, or see small_round
+    trash = [*work.glob("small-plain*"), *work.glob("small-src*")]
+    delete_and_mark(work, trash)  # an earlier run's, if it stopped before its clean-up
+    wait_for_deletions(work)
     runs = []
     for r in range(args.repeat):
         log(f"round {r + 1}/{args.repeat}: {n} small files, rsync -a to a folder and the mount")
         runs.append(small_round(args, tree, work, n))
-    for folder in (f for r in runs for f in r["trash"]):
-        shutil.rmtree(folder)
+    delete_and_mark(work, [f for r in runs for f in r["trash"]])
     ctx = machine_context(
         input=f"{n} files in {SMALL_FOLDERS} folders: {n - n // 10} × 1 KiB text, "
         f"{n // 10} × 20 KiB TIFFs ({tree_bytes(tree) / MB:.1f} MB)",
