@@ -90,3 +90,46 @@ def test_a_getattr_waiting_in_a_thread_does_not_undo_the_switch(ops: DecantOpera
         await ops.release(info.fh)
 
     trio.run(main)
+
+
+def test_a_first_listing_read_during_a_publish_does_not_miss_the_file(
+    ops: DecantOperations,
+) -> None:
+    """The folder's listing is being read for the first time (the kernel had forgotten it)
+    while a file in it is published: the publish must wait for that listing and then show the
+    file, or the listing, having seen SRC before the publish and the spool after it, misses it
+    for good."""
+    spooled_seen, release = threading.Event(), threading.Event()
+    real_spooled = ops.tree._spooled
+
+    def gated(folder: Path) -> Any:
+        spooled_seen.set()  # SRC has been listed, the spool not yet
+        release.wait(10)
+        return real_spooled(folder)
+
+    async def main() -> None:
+        await ops.opendir(1, Ctx())  # type: ignore[arg-type]
+        attr = await ops.mkdir(1, b"d", stat.S_IFDIR | 0o755, Ctx())  # type: ignore[arg-type]
+        info, _ = await ops.create(attr.st_ino, b"x.csv", stat.S_IFREG | 0o644, os.O_RDWR,
+                                   Ctx())  # type: ignore[arg-type]  # fmt: skip
+        await ops.write(info.fh, 0, b"1,2\n")
+        await ops.release(info.fh)
+        ops.inodes.folders.pop(attr.st_ino)  # forgotten: the next look reads it afresh
+        ops.tree._spooled = gated  # type: ignore[method-assign]
+        ops._quick.until = float("inf")
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ops.opendir, attr.st_ino, Ctx())
+            await trio.to_thread.run_sync(spooled_seen.wait, 10)
+            published = publish(ops, "d/x.csv")
+            nursery.start_soon(ops.published, ["d/x.csv"])
+            await trio.sleep(0.2)  # as the queue would go on to unspool it
+            assert ops.queue is not None
+            if not ops.inodes.lock(attr.st_ino).locked():
+                pytest.fail("the listing lock was not held while reading")
+            release.set()
+        ops.queue.spool.remove("d/x.csv", published.signature)
+        ops.queue.publishing.discard("d/x.csv")
+        listing = ops.inodes.folders[attr.st_ino]
+        assert "x.csv" in listing.children and not listing.children["x.csv"].spooled
+
+    trio.run(main)

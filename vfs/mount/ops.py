@@ -429,12 +429,15 @@ class DecantOperations(pyfuse3.Operations):
             path = self.tree.root / relpath
             by_folder.setdefault(path.parent, []).append(path.name)
         for folder, names in by_folder.items():
-            found = self.inodes.folder_of(folder)
-            if found is None:
-                continue  # not listed: it is read afresh when the kernel asks
+            # By the folder's inode, listed or not: a first listing being read holds the lock
+            # and must be waited for, or it could miss a file that left the spool meanwhile.
+            ino = self.inodes.known(Node(True, 0, 0, 0, 0, 0, folder))
+            if ino is None:
+                continue  # the kernel does not hold it: it is read afresh when asked for
             with contextlib.suppress(OSError, pyfuse3.FUSEError):  # gone: the parent drops it
-                async with self.inodes.locked(found[0]):
-                    await self._show(found[0], names)
+                async with self.inodes.locked(ino):
+                    if ino in self.inodes.folders:
+                        await self._show(ino, names)
 
     async def _folder_changed(self, inode: int) -> None:
         """An entry of this real folder was made or removed in SRC: its mtime moved, and the
