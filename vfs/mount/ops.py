@@ -281,8 +281,11 @@ class DecantOperations(pyfuse3.Operations):
         with errno_boundary(f"getattr {inode}"):
             node = self._node(inode)
             if node.spooled and self.writer is not None:
-                node = await self._quick(self.writer.refresh, node)
-                self.inodes.replace(inode, node)  # writes move its size
+                seen = node
+                node, fresh = await self._on_spooled(inode, node, self.writer.refresh)
+                if self.inodes.get(inode) is seen:
+                    self.inodes.replace(inode, fresh)  # writes move its size
+                node = self._node(inode)
             elif self._is_status(node):
                 node.size = len(self.status_bytes())
             elif node.backend is None and not node.is_dir:
@@ -360,7 +363,7 @@ class DecantOperations(pyfuse3.Operations):
             if node.key in self.integrity.bad:
                 raise _fail(errno.EIO)
             if node.spooled:  # a plain file of the spool: see QuickCalls
-                reader = await self._quick(self._open_reader, node)
+                node, reader = await self._on_spooled(inode, node, self._open_reader)
             else:
                 reader = await trio.to_thread.run_sync(self._open_reader, node)
             handle = OpenFile(node, inode, reader)
@@ -457,12 +460,15 @@ class DecantOperations(pyfuse3.Operations):
             path = self.tree.root / relpath
             by_folder.setdefault(path.parent, []).append(path.name)
         for folder, names in by_folder.items():
-            found = self.inodes.folder_of(folder)
-            if found is None:
-                continue  # not listed: it is read afresh when the kernel asks
+            # By the folder's inode, listed or not: a first listing being read holds the lock
+            # and must be waited for, or it could miss a file that left the spool meanwhile.
+            ino = self.inodes.known(Node(True, 0, 0, 0, 0, 0, folder))
+            if ino is None:
+                continue  # the kernel does not hold it: it is read afresh when asked for
             with contextlib.suppress(OSError, pyfuse3.FUSEError):  # gone: the parent drops it
-                async with self.inodes.locked(found[0]):
-                    await self._show(found[0], names)
+                async with self.inodes.locked(ino):
+                    if ino in self.inodes.folders:
+                        await self._show(ino, names)
 
     async def _folder_changed(self, inode: int) -> None:
         """An entry of this real folder was made or removed in SRC: its mtime moved, and the
@@ -512,6 +518,22 @@ class DecantOperations(pyfuse3.Operations):
         if node.spooled and self.queue is not None:
             self.queue.touch(node.spooled)
 
+    async def _on_spooled(
+        self, inode: int, node: Node, fn: Callable[..., Any], *args: Any
+    ) -> tuple[Node, Any]:
+        """fn(node, *args) for a spooled node. Its file may be published and its spooled name
+        unlinked while the call waits in a worker thread: then it runs once more on what the
+        inode stands for now (the published file). Returns the node used and fn's result; the
+        caller puts a result back into the inode table only if the inode still stands for the
+        node it started with."""
+        try:
+            return node, await self._quick(fn, node, *args)
+        except FileNotFoundError:
+            current = self._node(inode)
+            if current is node:
+                raise
+            return current, await self._quick(fn, current, *args)
+
     @staticmethod
     def _check_name(name: bytes) -> str:
         if len(name) > NAME_MAX:
@@ -527,8 +549,14 @@ class DecantOperations(pyfuse3.Operations):
 
     async def _open_for_write(self, inode: int, node: Node, flags: int) -> pyfuse3.FileInfo:
         writer = self._writer()
-        new, fd = await self._quick(writer.open_for_write, node, flags)
-        self.inodes.replace(inode, new)
+        seen = node
+        if node.spooled:
+            node, (new, fd) = await self._on_spooled(inode, node, writer.open_for_write, flags)
+        else:
+            new, fd = await self._quick(writer.open_for_write, node, flags)
+        current = self.inodes.get(inode)
+        if current is seen or current is node:
+            self.inodes.replace(inode, new)
         self._touch(new)
         if self.queue is not None:
             self.queue.opened(new.spooled)
@@ -599,8 +627,13 @@ class DecantOperations(pyfuse3.Operations):
                 mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
             )
             self._check_owner_change(node, attrs, ctx)
-            new = await self._quick(writer.setattr, node, attrs)
-            self.inodes.replace(inode, new)
+            seen = node
+            if node.spooled:
+                node, new = await self._on_spooled(inode, node, writer.setattr, attrs)
+            else:
+                new = await self._quick(writer.setattr, node, attrs)
+            if self.inodes.get(inode) is seen:
+                self.inodes.replace(inode, new)
             self._touch(new)
             return self._attrs(inode, new)
 
