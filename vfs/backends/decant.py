@@ -94,4 +94,7 @@ class DecantFile:
         self.reader.readahead(offset)
 
     def close(self) -> None:
-        self.archive.close()
+        try:
+            self.reader.close()
+        finally:
+            self.archive.close()
