@@ -719,7 +719,6 @@ def test_a_rename_while_the_mount_switches_to_the_published_file(mount: InProces
     mount.run(go)
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_A_RESCAN_THAT_RACES_A_RENAME_OF_ITS_FOLDER)
 def test_a_rescan_that_races_a_rename_of_its_folder(mount: InProcessMount) -> None:
     scan = mount.tree.scan
     raced = False

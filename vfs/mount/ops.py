@@ -206,11 +206,20 @@ class DecantOperations(pyfuse3.Operations):
             return folder
         if folder is not None and not force and time.monotonic() - folder.checked < max_age:
             return folder
-        mtime = (await trio.to_thread.run_sync(os.stat, node.real)).st_mtime_ns
-        if folder is not None and folder.mtime_ns == mtime and not force:
-            folder.checked = time.monotonic()
-            return folder
-        kids = await trio.to_thread.run_sync(self.tree.scan, node.real)
+        while True:
+            moves, real = self.inodes.moves, node.real
+            try:
+                mtime = (await trio.to_thread.run_sync(os.stat, real)).st_mtime_ns
+                if folder is not None and folder.mtime_ns == mtime and not force:
+                    folder.checked = time.monotonic()
+                    return folder
+                kids = await trio.to_thread.run_sync(self.tree.scan, real)
+            except FileNotFoundError:
+                if moves == self.inodes.moves:
+                    raise
+                continue
+            if moves == self.inodes.moves:
+                break  # else a folder at or above it moved while it was read: read it again
         if folder is None:
             folder = self.inodes.folders[inode] = Folder()
         changed = folder.merge(kids)
