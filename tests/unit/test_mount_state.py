@@ -602,7 +602,6 @@ BUG_A_RENAME_WHILE_THE_MOUNT_SWITCHES_TO_THE_PUBLISHED_FILE = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_LOOKUP_GIVES_A_WRITTEN_FILE_ITS_SIZE)
 def test_lookup_gives_a_written_file_its_size(mount: InProcessMount) -> None:
     async def go() -> None:
         await mount.write_file("x", b"hello")

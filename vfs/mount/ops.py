@@ -284,7 +284,15 @@ class DecantOperations(pyfuse3.Operations):
                 node.size = len(self.status_bytes())
             if node is None:
                 raise _fail(errno.ENOENT)
+            node = await self._current(node)
             return self._attrs(self.inodes.hand_out(node), node)
+
+    async def _current(self, node: Node) -> Node:
+        """A spooled file's size and times move with its writes, not with its folder listing."""
+        if node.spooled and self.writer is not None:
+            with contextlib.suppress(FileNotFoundError):  # published meanwhile: as listed
+                return await trio.to_thread.run_sync(self.writer.refresh, node)
+        return node
 
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         with errno_boundary(f"getattr {inode}"):
@@ -312,7 +320,8 @@ class DecantOperations(pyfuse3.Operations):
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         with errno_boundary(f"readdir {fh}"):
             folder = await self._listing(fh)
-            for cookie, name, node in folder.after(start_id):
+            for cookie, name, listed in folder.after(start_id):
+                node = await self._current(listed)
                 ino = self.inodes.assign(node)
                 if not pyfuse3.readdir_reply(
                     token, os.fsencode(name), self._attrs(ino, node), cookie
