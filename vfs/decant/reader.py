@@ -239,9 +239,6 @@ class OriginalReader:
         self.sha256 = ""
         self.regions: RegionIndex
         self.partial_limit = PARTIAL_LIMIT
-        self._background: list[Future[memoryview]] = []  # whole-plane decodes in the pool
-        self._closed = False
-        self._lock = threading.Lock()
         archive._readers.add(self)
         self._next = self._run = 0  # where the last read ended; bytes read in order up to it
 
@@ -293,16 +290,7 @@ class OriginalReader:
         """Warm the cache for what follows `offset` (pages; a verbatim file has none to decode)."""
 
     def close(self) -> None:
-        """Wait for background decodes: they read through the archive's descriptor."""
-        with self._lock:
-            self._closed = True
-            pending, self._background = self._background, []
-        for future in pending:
-            future.cancel()
-        for future in pending:
-            with contextlib.suppress(Exception):  # a failed background decode costs nothing
-                if not future.cancelled():
-                    future.result()
+        pass
 
     def _region_bytes(
         self, region: Region, inner: int, n: int, cached_only: bool = False, small: bool = False
@@ -389,6 +377,9 @@ class PixelReader(OriginalReader):
         self._geometries: dict[tuple[Any, ...], PageGeometry] = {}
         self._prefetched = -1  # the page whose chunk read-ahead last asked the kernel for
         self._touched: set[int] = set()  # pages read by blocks
+        self._background: list[Future[memoryview]] = []
+        self._closed = False
+        self._lock = threading.Lock()
         self._leading = self._check_pixels(pages, source)
         self._plane_order = self._check_plane_order(archive.manifest, source)
         self._check_stored(pages)
@@ -504,6 +495,18 @@ class PixelReader(OriginalReader):
                 self._background = [f for f in self._background if not f.done()]
                 if not self._closed:
                     self._background.append(pool.submit(self._page, index))
+
+    def close(self) -> None:
+        """Wait for background decodes: they read through the archive's descriptor."""
+        with self._lock:
+            self._closed = True
+            pending, self._background = self._background, []
+        for future in pending:
+            future.cancel()
+        for future in pending:
+            with contextlib.suppress(Exception):  # a failed background decode costs nothing
+                if not future.cancelled():
+                    future.result()
 
     def _geometry(self, page: PageRecord) -> PageGeometry:
         layout = (page.shape, page.planarconfig, page.tilewidth, page.tilelength)
