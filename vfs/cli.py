@@ -33,14 +33,17 @@ def parse_size(text: str) -> int:
 
 
 def parse_duration(text: str) -> float:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    """Seconds from `90`, `90s`, `30m`, `24h`, `2d`; `never` is forever."""
     t = text.strip().lower()
+    if t in ("never", "inf", "off"):
+        return float("inf")
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     try:
         value = float(t[:-1]) * units[t[-1]] if t and t[-1] in units else float(t)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 12h or 7d)") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"not a positive duration: {text!r}")
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 90s, 30m, 24h, never)")
     return value
 
 
@@ -146,6 +149,21 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument(
         "--allow-delete", action="store_true", help="let unlink remove archives and files from SRC"
     )
+    w.add_argument(
+        "--min-free",
+        type=parse_size,
+        metavar="SIZE",
+        help="refuse new data (ENOSPC) while the spool's filesystem has less free, so what is "
+        "spooled can always be packed (default 256M or 5%% of the filesystem, if smaller)",
+    )
+    w.add_argument(
+        "--stale-temp",
+        type=parse_duration,
+        default=24 * 3600.0,
+        metavar="TIME",
+        help="delete an rsync temp file (.NAME.XXXXXX) left unchanged this long; such files "
+        "are never published (default 24h; 30m, 90s, never)",
+    )
     _add_backend_options(p)
     return p
 
@@ -203,6 +221,14 @@ def print_status(mnt: Path) -> int:
               f"done {doc['done']}")  # fmt: skip
         for failure in doc["failed"]:
             print(f"failed: {failure['path']}: {failure['reason']}")
+        for waiting in doc.get("waiting_for_space", []):
+            print(f"waiting for space: {waiting['path']}: {waiting['reason']}")
+        if doc.get("temp"):
+            print(f"rsync temp files waiting for their rename: {doc['temp']}")
+        space = doc.get("space")
+        if space and space.get("refusing_writes"):
+            print(f"refusing new data: {space['free'] >> 20} MiB free, below --min-free "
+                  f"{space['min_free'] >> 20} MiB")  # fmt: skip
     d = doc.get("daemon", {})
     if d:
         cache = d.get("cache", {})
@@ -236,6 +262,8 @@ def config_from_args(args: argparse.Namespace, src: Path, mnt: Path) -> MountCon
         allow_delete=args.allow_delete,
         metrics_file=args.metrics_file,
         scrub_interval=args.scrub_interval,
+        min_free=args.min_free,
+        stale_temp=args.stale_temp,
         backend_args=args,
     )
 

@@ -367,7 +367,7 @@ def test_staging_with_spool_elsewhere_is_closed(
         fh.write(data)
     wait_for((s.src / "secret.txt").exists, "published")
     assert u.errno_of("read(p)", p=s.m.mnt / "secret.txt") == errno.EACCES  # control
-    staging = s.src / ".decant-spool" / "staging"
-    assert staging.is_dir()  # where the file was built
-    assert u.errno_of("os.listdir(p)", p=staging) == errno.EACCES
-    assert u.errno_of("os.stat(p)", p=staging / "x") == errno.EACCES
+    private = s.src / ".decant-spool"  # its staging/ is where archives are built
+    assert private.is_dir()
+    assert u.errno_of("os.listdir(p)", p=private) == errno.EACCES
+    assert u.errno_of("os.stat(p)", p=private / "staging" / "x") == errno.EACCES

@@ -472,7 +472,7 @@ def test_a_file_that_fails_to_pack_stays_spooled_readable_and_reported(
     assert "Is a directory" in failure["reason"] or "errno 21" in failure["reason"]
     assert (m.mnt / "clash.csv").read_bytes() == data
     assert spooled(src) == ["clash.csv"] and temps(src) == []
-    assert "clash.csv: not archived, stays spooled" in m.log_text()
+    assert "clash.csv: not published, stays spooled" in m.log_text()
     cli = subprocess.run([sys.executable, "-m", "vfs.cli", "--status", str(m.mnt)],
                          capture_output=True, text=True, check=True)  # fmt: skip
     assert "failed 1" in cli.stdout and "failed: clash.csv: " in cli.stdout
@@ -514,37 +514,47 @@ def test_sigkill_while_packing_loses_nothing(
     assert "a temp archive left by an interrupted pack" in m.log_text()
 
 
-def test_full_src_gives_enospc_publishes_nothing_half_and_keeps_serving(
+def test_a_small_src_publishes_without_a_second_copy_and_refuses_writes_at_the_reserve(
     small_src: Path, corpus: dict[str, Path], make_mount: MakeMount
 ) -> None:
+    """SRC on a 4 MiB tmpfs, --min-free 1M: a 2.5 MiB plain file is published by a hard link
+    (it could never be copied), and new data is refused with ENOSPC while less than 1 MiB is
+    free, so what is spooled can still be packed; nothing half is published, reads go on."""
     src = small_src
-    m = make_mount(src, *FAST)
+    m = make_mount(src, *FAST, "--min-free", "1M")
     small = corpus["zstack_u16.tif"].read_bytes()
     write_file(m.mnt / "small.tif", small)
-    wait_drained(m.mnt, src)
-    assert (src / "small.tif.zarr.zip").is_file()
-
-    blob = os.urandom(5 << 19)  # 2.5 MiB fits in the spool, but not twice (its published copy)
+    blob = os.urandom(5 << 19)  # 2.5 MiB: there is no room for a copy of it
     write_file(m.mnt / "blob.bin", blob)
-    doc = wait_status(m.mnt, lambda d: bool(d["failed"]))
-    assert doc["failed"][0]["path"] == "blob.bin"
-    assert "No space left on device" in doc["failed"][0]["reason"]
+    wait_drained(m.mnt, src)
+    assert (src / "small.tif.zarr.zip").is_file() and (src / "blob.bin").read_bytes() == blob
 
-    chunk = os.urandom(1 << 20)
+    chunk = os.urandom(1 << 18)
     fd = os.open(m.mnt / "big.bin", os.O_CREAT | os.O_WRONLY, 0o644)
     try:
         with pytest.raises(OSError) as caught:
-            for _ in range(4):
+            for _ in range(16):
                 view = memoryview(chunk)
                 while view:
                     view = view[os.write(fd, view) :]
     finally:
         os.close(fd)
     assert caught.value.errno == errno.ENOSPC
+    st = os.statvfs(src)
+    assert st.f_bavail * st.f_frsize >= 1 << 20  # the reserve is left for packing
+    doc = status(m.mnt)
+    assert doc["space"]["refusing_writes"] and doc["space"]["min_free"] == 1 << 20
+    filler = src / "filler.bin"  # SRC filled by other means: below the reserve
+    write_file(filler, bytes(st.f_bavail * st.f_frsize - (1 << 19)))
+    expect_errno((errno.ENOSPC,), write_file, m.mnt / "more.bin", b"x")  # even a create
+    filler.unlink()
     os.unlink(m.mnt / "big.bin")  # a partly written file is the writer's to clean up
 
-    assert sorted(os.listdir(src)) == [".decant-spool", "small.tif.zarr.zip"]
-    assert temps(src) == [] and spooled(src) == ["blob.bin"]
+    assert sorted(os.listdir(src)) == [".decant-spool", "blob.bin", "small.tif.zarr.zip"]
+    assert temps(src) == [] and spooled(src) == []
     assert sha256(m.mnt / "small.tif") == sha256_of(small)
     assert (m.mnt / "blob.bin").read_bytes() == blob
-    assert "blob.bin: not archived, stays spooled" in m.log_text()
+    write_file(m.mnt / "after.csv", b"room again")  # space returned: accepted
+    wait_drained(m.mnt, src)
+    assert (src / "after.csv").read_bytes() == b"room again"
+    assert "new data is refused" in m.log_text()

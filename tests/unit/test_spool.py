@@ -1,5 +1,6 @@
-"""vfs/spool.py without a mount: the spool tree, publishing (archive, verbatim, plain, already),
-the restart shortcut, and the clean-up of what a crash leaves behind."""
+"""vfs/ingest/spool.py and publish.py without a mount: the spool tree, publishing (archive,
+verbatim, plain by hard link or sparse copy, already), attempts (settle, space, cancel), the
+restart shortcut, and the clean-up of what a crash leaves behind."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from vfs.decant import TEMP_PREFIX
 from vfs.decant.packer import PackOptions, pack_file
 from vfs.decant.reader import DecantArchive
 from vfs.decant.verify import require_verified
-from vfs.ingest import spool as spool_mod
+from vfs.ingest import publish as publish_mod
 from vfs.ingest.spool import Spool, archive_name, is_temp_name, remove_orphans
 
 OPTIONS = PackOptions()
@@ -237,13 +238,13 @@ def test_archive_holds_only_exactly_these_bytes(src: Path, corpus: dict[str, Pat
     original = corpus["zstack_u16.tif"]
     archive = src / "z.tif.zarr.zip"
     size, sha = original.stat().st_size, sha256(original)
-    assert not spool_mod._archive_holds(archive, size, sha)  # missing
+    assert not publish_mod._archive_holds(archive, size, sha)  # missing
     pack_file(original, archive)
-    assert spool_mod._archive_holds(archive, size, sha)
-    assert not spool_mod._archive_holds(archive, size, "0" * 64)
-    assert not spool_mod._archive_holds(archive, size + 1, sha)
+    assert publish_mod._archive_holds(archive, size, sha)
+    assert not publish_mod._archive_holds(archive, size, "0" * 64)
+    assert not publish_mod._archive_holds(archive, size + 1, sha)
     archive.write_bytes(b"PK\x03\x04 not really a zip")
-    assert not spool_mod._archive_holds(archive, size, sha)
+    assert not publish_mod._archive_holds(archive, size, sha)
 
 
 def test_a_missing_folder_is_created(spool: Spool, src: Path, corpus: dict[str, Path]) -> None:
@@ -276,7 +277,7 @@ def test_a_vanished_spooled_file_fails_without_creating_folders(spool: Spool, sr
 def test_without_a_shared_filesystem_it_stages_beside_the_target(
     spool: Spool, src: Path, corpus: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(spool_mod, "_same_fs", lambda a, b: False)
+    monkeypatch.setattr(publish_mod, "_same_fs", lambda a, b: False)
     put(spool, "z.tif", corpus["zstack_u16.tif"])
     put(spool, "n.csv", corpus["not_a_tiff.csv"])
     assert spool.publish("z.tif", False, OPTIONS).mode == "byte-exact"
@@ -317,3 +318,173 @@ def test_clear_staging(spool: Spool, src: Path) -> None:
     (spool.staging / f"{TEMP_PREFIX}2-cd-y.zarr").mkdir()
     assert len(spool.clear_staging()) == 2
     assert list(spool.staging.iterdir()) == []
+
+
+# -- plain files: a hard link, or a sparse copy across filesystems ----------------------------
+
+
+def test_a_plain_file_is_published_as_a_hard_link_of_the_spooled_inode(
+    spool: Spool, src: Path
+) -> None:
+    """No copy: the same inode gets its final name (no extra space, O(1) for any size); the
+    spooled name is removed by the caller once the mount has switched."""
+    spooled = put(spool, "d/big.bin", os.urandom(100_000))
+    published = spool.publish("d/big.bin", False, OPTIONS)
+    final = src / "d" / "big.bin"
+    assert (published.target, published.mode) == (final, "plain")
+    assert os.path.samefile(spooled, final) and final.stat().st_nlink == 2
+    assert spool.remove("d/big.bin", published.signature) is True
+    assert final.stat().st_nlink == 1 and sha256(final) == hashlib.sha256(
+        (src / "d" / "big.bin").read_bytes()).hexdigest()  # fmt: skip
+    assert leftovers(src) == []
+
+
+def test_a_plain_file_linked_before_a_crash_is_already_published(spool: Spool, src: Path) -> None:
+    put(spool, "x.csv", b"a,b\n")
+    spool.publish("x.csv", False, OPTIONS)  # crash here: both names left
+    again = spool.publish("x.csv", False, OPTIONS)
+    assert again.mode == "already" and spool.remove("x.csv", again.signature)
+    assert (src / "x.csv").read_bytes() == b"a,b\n" and leftovers(src) == []
+
+
+def test_the_signature_is_that_of_the_inode_linked(spool: Spool, src: Path) -> None:
+    """A spooled name replaced after the link must never be removed as if published."""
+    put(spool, "x.csv", b"old")
+    published = spool.publish("x.csv", False, OPTIONS)
+    put(spool, "x.new", b"newer")
+    os.replace(spool.path("x.new"), spool.path("x.csv"))
+    assert spool.remove("x.csv", published.signature) is False
+    assert spool.path("x.csv").read_bytes() == b"newer" and (src / "x.csv").read_bytes() == b"old"
+
+
+def make_sparse(path: Path, size: int, chunks: dict[int, bytes]) -> None:
+    with open(path, "wb") as fh:
+        fh.truncate(size)
+        for offset, data in chunks.items():
+            fh.seek(offset)
+            fh.write(data)
+
+
+def test_a_sparse_file_is_copied_by_its_data_extents(
+    spool: Spool, src: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--spool on another filesystem: 8 GiB apparent, a few MiB of data: the copy costs its
+    data, keeps its holes, and is compared byte for byte."""
+    monkeypatch.setattr(publish_mod, "_same_fs", lambda a, b: False)
+    chunks = {0: b"head" * 1000, 3 << 30: os.urandom(1 << 20), (8 << 30) - 5: b"tail!"}
+    path = spool.path("sparse.bin")
+    make_sparse(path, 8 << 30, chunks)
+    os.utime(path, ns=(MTIME, MTIME))
+    published = spool.publish("sparse.bin", False, OPTIONS)
+    copy = src / "sparse.bin"
+    assert published.mode == "plain" and not os.path.samefile(copy, path)
+    st = copy.stat()
+    assert st.st_size == 8 << 30 and st.st_blocks * 512 < 64 << 20 and st.st_mtime_ns == MTIME
+    with open(copy, "rb") as fh:
+        for offset, data in chunks.items():
+            fh.seek(offset)
+            assert fh.read(len(data)) == data
+        fh.seek(1 << 30)
+        assert fh.read(4096) == bytes(4096)
+    assert leftovers(src) == []
+
+
+def test_data_extents_and_same_bytes(tmp_path: Path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    make_sparse(a, 10 << 20, {0: b"x" * 10, 5 << 20: b"y" * 10})
+    fd = os.open(a, os.O_RDONLY)
+    try:
+        extents = publish_mod.data_extents(fd, 10 << 20)
+    finally:
+        os.close(fd)
+    assert extents[0][0] == 0 and any(s <= 5 << 20 < e for s, e in extents)
+    assert sum(e - s for s, e in extents) < 10 << 20  # holes were seen
+    publish_mod.copy_sparse(a, b, None)
+    assert publish_mod.same_bytes(a, b, None)
+    with open(b, "r+b") as fh:
+        fh.seek((5 << 20) + 3)
+        fh.write(b"!")
+    assert not publish_mod.same_bytes(a, b, None)
+
+
+def test_a_copy_stops_between_blocks_when_cancelled(
+    spool: Spool, src: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Unmount or SIGTERM during a long publish: it stops at the next block, leaves nothing
+    behind, and the file stays spooled."""
+    import threading
+
+    monkeypatch.setattr(publish_mod, "_same_fs", lambda a, b: False)
+    monkeypatch.setattr(publish_mod, "BLOCK", 1 << 20)
+    path = spool.path("big.bin")
+    make_sparse(path, 64 << 20, {i << 20: b"z" * 4096 for i in range(64)})
+    cancel = threading.Event()
+    calls = 0
+    real = os.copy_file_range
+
+    def counting(*args: int) -> int:
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            cancel.set()  # the daemon is told to stop while the copy runs
+        return real(*args)
+
+    monkeypatch.setattr(os, "copy_file_range", counting)
+    outcome = spool.attempt("big.bin", False, OPTIONS, 0.0, cancel)
+    assert outcome.kind == "skipped" and calls == 3
+    assert path.is_file() and not (src / "big.bin").exists() and leftovers(src) == []
+
+
+# -- attempts: settle, vanished, space ------------------------------------------------------
+
+
+def test_an_attempt_waits_for_a_file_changed_less_than_settle_ago(spool: Spool, src: Path) -> None:
+    put(spool, "x.csv", b"fresh")  # ctime: now (mtime set back, as rsync does)
+    outcome = spool.attempt("x.csv", False, OPTIONS, 30.0)
+    assert outcome.kind == "unsettled" and 25 < outcome.wait <= 30
+    assert not (src / "x.csv").exists()
+    assert spool.attempt("x.csv", False, OPTIONS, 0.0).kind == "published"
+    assert spool.attempt("gone.csv", False, OPTIONS, 0.0).kind == "vanished"
+
+
+def test_an_archive_waits_for_space_naming_the_file_and_the_need(
+    spool: Spool, src: Path, corpus: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    put(spool, "z.tif", corpus["zstack_u16.tif"])
+    put(spool, "n.csv", b"plain: needs no room")
+    monkeypatch.setattr(publish_mod, "free_bytes", lambda path: 4096)
+    outcome = spool.attempt("z.tif", False, OPTIONS, 0.0)
+    assert outcome.kind == "space" and "needs about" in outcome.reason
+    assert "4.0 KiB free" in outcome.reason and leftovers(src) == []
+    assert spool.attempt("n.csv", False, OPTIONS, 0.0).kind == "published"  # a hard link
+
+
+def test_enospc_while_packing_is_a_wait_for_space_not_a_failure(
+    spool: Spool, src: Path, corpus: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vfs.decant import packer
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(spool.staging / "tmp"))
+
+    monkeypatch.setattr(packer, "pack_file", full)
+    put(spool, "z.tif", corpus["zstack_u16.tif"])
+    outcome = spool.attempt("z.tif", False, OPTIONS, 0.0)
+    assert outcome.kind == "space" and "No space left on device" in outcome.reason
+
+
+def test_without_hard_links_a_plain_file_is_copied(
+    spool: Spool, src: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filesystem that refuses links (EPERM from protected_hardlinks, vfat's EPERM, EMLINK)."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EPERM, os.strerror(errno.EPERM))
+
+    monkeypatch.setattr(os, "link", refuse)
+    put(spool, "x.csv", b"copied, not linked")
+    published = spool.publish("x.csv", False, OPTIONS)
+    assert published.mode == "plain" and not os.path.samefile(spool.path("x.csv"), src / "x.csv")
+    assert (src / "x.csv").read_bytes() == b"copied, not linked"
+    assert_metadata(src / "x.csv")
+    assert leftovers(src) == []

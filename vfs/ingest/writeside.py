@@ -1,7 +1,10 @@
 """What writing through the mount does to SRC and the spool: the rules, without FUSE.
 
 Every call is synchronous (the FUSE layer runs it in a worker thread) and refuses with an
-OSError carrying the errno the writer should see.
+OSError carrying the errno the writer should see. New data (a create, a write or truncate that
+grows a file, a mkdir) is refused with ENOSPC while the spool's filesystem is below its reserve
+(`SpaceGuard`, `--min-free`). Changes to SRC's folders hold the publisher's placing lock, so a
+publish putting a folder's mtime back never undoes a change made meanwhile.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from vfs.ingest.publish import placing_lock
+from vfs.ingest.space import SpaceGuard
 from vfs.ingest.spool import Spool
 from vfs.nodes import Node, mirror_node, spooled_node
 
@@ -34,13 +39,28 @@ class Attrs:
 
 
 class WriteSide:
-    def __init__(self, root: Path, spool: Spool, allow_delete: bool = False) -> None:
+    def __init__(
+        self,
+        root: Path,
+        spool: Spool,
+        allow_delete: bool = False,
+        guard: SpaceGuard | None = None,
+    ) -> None:
         self.root = root
+        self._root_text = os.fspath(root).rstrip("/") + "/"
         self.spool = spool
         self.allow_delete = allow_delete
+        self.guard = guard
+
+    def _need_room(self, nbytes: int, what: str) -> None:
+        if self.guard is not None and not self.guard.admit(nbytes):
+            raise refuse(errno.ENOSPC, f"{what}: below the free-space reserve (--min-free)")
 
     def _relpath(self, path: Path) -> str:
         """Presented path of a real folder or file of SRC ("" for SRC itself)."""
+        text, root = os.fspath(path), self._root_text
+        if text.startswith(root):  # strings, not Path.relative_to: this runs per create
+            return text[len(root) :]
         return "" if path == self.root else path.relative_to(self.root).as_posix()
 
     def _folder(self, parent: Node) -> str:
@@ -55,8 +75,16 @@ class WriteSide:
 
     def create(self, parent: Node, name: str, mode: int, uid: int, gid: int) -> tuple[Node, int]:
         rel = self._rel(parent, name)
+        self._need_room(0, rel)
         fd = self.spool.create(rel, mode, uid, gid)
         return spooled_node(self.spool.path(rel), rel, os.fstat(fd)), fd
+
+    def write(self, fd: int, data: bytes, offset: int, rel: str) -> int:
+        """pwrite into a spooled file; near the reserve, only writes within its size pass."""
+        room = self.guard is None or self.guard.admit(len(data))
+        if not room and offset + len(data) > os.fstat(fd).st_size:
+            raise refuse(errno.ENOSPC, f"{rel}: below the free-space reserve (--min-free)")
+        return os.pwrite(fd, data, offset)
 
     def open_for_write(self, node: Node, flags: int) -> tuple[Node, int]:
         """An fd on the spooled file behind `node`; a real plain file is moved into the spool
@@ -65,7 +93,8 @@ class WriteSide:
             raise refuse(errno.EPERM, f"{node.real}: archived originals are not written in place")
         if not node.spooled:
             rel = self._relpath(node.real)
-            self.spool.adopt(node.real, rel)
+            with placing_lock():
+                self.spool.adopt(node.real, rel)
             node = spooled_node(self.spool.path(rel), rel, self.spool.path(rel).stat())
         fd = os.open(node.real, os.O_RDWR | (flags & (os.O_TRUNC | os.O_APPEND)))
         return spooled_node(node.real, node.spooled, os.fstat(fd)), fd
@@ -78,7 +107,15 @@ class WriteSide:
             os.close(fd)
         path = node.real
         if attrs.size is not None:
+            if attrs.size > os.stat(path).st_size:
+                self._need_room(0, node.spooled or str(path))  # a hole, but new data to come
             os.truncate(path, attrs.size)
+        if node.is_dir and not node.spooled:
+            with placing_lock():  # rsync setting a folder's mtime, while a publish restores it
+                return self._set(node, path, attrs)
+        return self._set(node, path, attrs)
+
+    def _set(self, node: Node, path: Path, attrs: Attrs) -> Node:
         if attrs.mode is not None:
             os.chmod(path, stat.S_IMODE(attrs.mode))
         if attrs.uid is not None or attrs.gid is not None:
@@ -111,7 +148,8 @@ class WriteSide:
         if node.backend is not None:
             raise refuse(errno.EPERM, f"{node.real}: archived originals cannot be renamed")
         target = self.root / new_rel
-        os.rename(node.real, target)
+        with placing_lock():
+            os.rename(node.real, target)
         if node.is_dir and self.spool.path(old_rel).is_dir():
             self.spool.rename(old_rel, new_rel)  # files still spooled inside move along
         return self.refresh(_moved(node, target))
@@ -126,15 +164,18 @@ class WriteSide:
             raise refuse(errno.EPERM, f"{node.real}: deleting needs decant-mount --allow-delete")
         if node.member:
             raise refuse(errno.EPERM, f"{node.real}: members of an archive cannot be deleted")
-        if node.real.is_dir():
-            shutil.rmtree(node.real)  # a directory archive (NAME.zarr/)
-        else:
-            node.real.unlink()
+        with placing_lock():
+            if node.real.is_dir():
+                shutil.rmtree(node.real)  # a directory archive (NAME.zarr/)
+            else:
+                node.real.unlink()
 
     def mkdir(self, parent: Node, name: str, mode: int, uid: int, gid: int) -> Node:
         rel = self._rel(parent, name)
+        self._need_room(0, rel)
         path = self.root / rel
-        os.mkdir(path, stat.S_IMODE(mode))
+        with placing_lock():
+            os.mkdir(path, stat.S_IMODE(mode))
         if os.geteuid() == 0:
             os.chown(path, uid, gid)
         return mirror_node(path, os.stat(path), writable=True)
@@ -145,7 +186,8 @@ class WriteSide:
         rel = self._rel(parent, name)
         if self.spool.listdir(rel):
             raise refuse(errno.ENOTEMPTY, name)
-        os.rmdir(node.real)
+        with placing_lock():
+            os.rmdir(node.real)
         self.spool.prune_dirs(rel)
 
 

@@ -47,6 +47,8 @@ class MountConfig:
     allow_delete: bool = False
     scrub_interval: float | None = None  # seconds between re-verifications of every original
     metrics_file: Path | None = None  # Prometheus text, rewritten every few seconds
+    min_free: int | None = None  # bytes kept free on the spool's fs; None: min(256M, 5 %)
+    stale_temp: float = 24 * 3600.0  # an rsync temp file left this long (s) is deleted
     backend_args: argparse.Namespace = field(default_factory=argparse.Namespace)
 
     def __post_init__(self) -> None:

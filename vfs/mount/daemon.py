@@ -18,6 +18,7 @@ import trio
 from vfs.backends.decant import DecantBackend
 from vfs.cache import PageCache
 from vfs.ingest.queue import PackQueue
+from vfs.ingest.space import SpaceGuard
 from vfs.ingest.spool import Spool
 from vfs.ingest.writeside import WriteSide
 from vfs.mount.config import SPOOL_NAME, MountConfig
@@ -74,7 +75,14 @@ def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:
         os.chmod(private, 0o700)
     spool = Spool(src, config.spool_root / "files")
     spools = [spool] + [Spool(src, inbox) for inbox in config.inbox]
-    queue = PackQueue(spools, config.settle, None, config.pack_all, config.pack_workers)
+    queue = PackQueue(spools, config.settle, None, config.pack_all, config.pack_workers,
+                      config.stale_temp)  # fmt: skip
+    queue.guard = SpaceGuard(spool.files, config.min_free)
+    # Every publish changes SRC: watchfiles' own "N changes detected" INFO line per batch made
+    # ~10,000 log lines of a 3,000-file rsync. Its warnings still show.
+    logging.getLogger("watchfiles").setLevel(max(logging.WARNING, log.getEffectiveLevel()))
+    log.info("write side: new data is refused below %d MiB free (--min-free)",
+             queue.guard.min_free >> 20)  # fmt: skip
     tree.spool = spool
     tree.publishing = queue.publishing
     return queue
@@ -168,7 +176,9 @@ def serve(config: MountConfig, ready: Callable[[], None]) -> int:
     cache = PageCache(config.cache_size)
     tree = build_tree(config, cache)
     queue = build_write_side(config, tree)
-    writer = WriteSide(src, tree.spool, config.allow_delete) if queue and tree.spool else None
+    writer = None
+    if queue is not None and tree.spool is not None:
+        writer = WriteSide(src, tree.spool, config.allow_delete, queue.guard)
     ops = DecantOperations(tree, config, writer, queue, cache)
     if queue is not None:
         queue.on_published = ops.published
@@ -203,7 +213,9 @@ async def _run(ops: DecantOperations, config: MountConfig, queue: PackQueue | No
         if config.metrics_file is not None:
             nursery.start_soon(_write_metrics, ops, config.metrics_file)
         await pyfuse3.main()
-        nursery.cancel_scope.cancel()  # unmounted from outside (fusermount3 -u)
+        if queue is not None:
+            queue.stop()  # a publish in a worker thread gives up at its next block
+        nursery.cancel_scope.cancel()  # unmounted from outside (fusermount3 -u), or a signal
 
 
 async def _signals(scope: trio.CancelScope) -> None:

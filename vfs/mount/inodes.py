@@ -13,11 +13,12 @@ always locked in inode order. Everything here runs on the trio thread; nothing b
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import trio
 
@@ -75,11 +76,15 @@ class InodeTable:
     def __init__(self, root: Node) -> None:
         self._nodes: dict[int, Node] = {ROOT_INODE: root}
         self._ino_of: dict[NodeKey, int] = {root.key: ROOT_INODE}
+        # The key each inode was registered under: a node moved in place (the write side renames
+        # it) no longer shows its old key, and that mapping must still go.
+        self._key_of: dict[int, NodeKey] = {ROOT_INODE: root.key}
         self._refs: dict[int, int] = {ROOT_INODE: 1}
         self._next = ROOT_INODE + 1
         self.folders: dict[int, Folder] = {}
         self._locks: dict[int, trio.Lock] = {}
         self._pinned: dict[int, int] = {}  # open handles per inode: kept while open
+        self.moves = 0  # folders moved so far: a scan begun before a move may hold old paths
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -104,6 +109,7 @@ class InodeTable:
         ino = self._ino_of.get(node.key)
         if ino is None:
             ino = self._ino_of[node.key] = self._next
+            self._key_of[ino] = node.key
             self._next += 1
         self._nodes[ino] = node
         return ino
@@ -117,11 +123,15 @@ class InodeTable:
 
     def replace(self, ino: int, node: Node) -> None:
         """The same inode now stands for `node` (a write moved it into the spool, a rename)."""
-        old = self._nodes.get(ino)
-        if old is not None and self._ino_of.get(old.key) == ino and old.key != node.key:
-            del self._ino_of[old.key]
-        self._ino_of[node.key] = ino
+        self._register(ino, node.key)
         self._nodes[ino] = node
+
+    def _register(self, ino: int, key: NodeKey) -> None:
+        old = self._key_of.get(ino)
+        if old is not None and old != key and self._ino_of.get(old) == ino:
+            del self._ino_of[old]
+        self._ino_of[key] = ino
+        self._key_of[ino] = key
 
     def forget(self, ino: int, n: int) -> None:
         if ino == ROOT_INODE:
@@ -147,9 +157,10 @@ class InodeTable:
             self._drop(ino)
 
     def _drop(self, ino: int) -> None:
-        node = self._nodes.pop(ino, None)
-        if node is not None and self._ino_of.get(node.key) == ino:
-            del self._ino_of[node.key]
+        self._nodes.pop(ino, None)
+        key = self._key_of.pop(ino, None)
+        if key is not None and self._ino_of.get(key) == ino:
+            del self._ino_of[key]
         self.folders.pop(ino, None)
         lock = self._locks.get(ino)
         if lock is not None and not lock.locked():
@@ -179,22 +190,66 @@ class InodeTable:
             yield
 
     def rekey_below(self, old: Path, new: Path) -> None:
-        """A real folder moved from `old` to `new`: every node below it follows (same inodes).
+        """A real folder moved from `old` to `new`: every node below it follows (same inodes),
+        the folder itself included, whether or not the caller already moved its `real`.
 
-        Listings of folders inside it are dropped and read afresh under their new paths."""
+        Listings below it keep their cookies (a readdir may be half way through one) and are
+        checked against SRC at their next use; files spooled below it follow too."""
+        self.moves += 1
+        root = self._nodes[ROOT_INODE].real
+        spool_move = (_relpath(root, old), _relpath(root, new))
+        seen: dict[int, Node] = {}
         for ino, node in list(self._nodes.items()):
-            real = node.real
-            if real != old and old not in real.parents:
-                continue
-            moved = new / real.relative_to(old)
-            key = node.key
-            node.real = moved
-            if self._ino_of.get(key) == ino:
-                del self._ino_of[key]
-            self._ino_of[node.key] = ino
-            if ino in self.folders and node.backend is None:
-                self.folders.pop(ino)
+            node = self._nodes[ino] = _follow(node, old, new, spool_move, seen)
+            if self._key_of.get(ino) != node.key:
+                self._register(ino, node.key)
+        for ino, folder in self.folders.items():
+            for name, child in list(folder.children.items()):
+                folder.children[name] = _follow(child, old, new, spool_move, seen)
+            node = self._nodes.get(ino)
+            if node is not None and node.backend is None and _below(node.real, new):
+                folder.checked, folder.mtime_ns = 0.0, 0  # spooled names: read afresh
 
     def stale_folders(self, older_than: float) -> list[int]:
         now = time.monotonic()
         return [i for i, f in self.folders.items() if now - f.checked > older_than]
+
+
+def _below(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _relpath(root: Path, path: Path) -> str | None:
+    return path.relative_to(root).as_posix() if _below(path, root) and path != root else None
+
+
+def _follow(
+    node: Node,
+    old: Path,
+    new: Path,
+    spool_move: tuple[str | None, str | None],
+    seen: dict[int, Node],
+) -> Node:
+    """`node` as it is after the folder `old` moved to `new` (once per node object: `seen`)."""
+    done = seen.get(id(node))
+    if done is not None:
+        return done
+    seen[id(node)] = node
+    if _below(node.real, old):
+        node.real = new / node.real.relative_to(old)  # in place: listings share the object
+        return node
+    old_rel, new_rel = spool_move
+    rel = node.spooled
+    if not rel or old_rel is None or new_rel is None:
+        return node
+    if rel != old_rel and not rel.startswith(old_rel + "/"):
+        return node
+    depth = len(PurePosixPath(rel).parts)
+    files = node.real.parents[depth - 1]
+    if files / rel != node.real:
+        return node
+    moved_rel = new_rel + rel[len(old_rel) :]
+    # A copy, not in place: open handles share this object, and the pack queue counts their
+    # opens and closes under the relpath they were opened with.
+    moved = seen[id(node)] = dataclasses.replace(node, real=files / moved_rel, spooled=moved_rel)
+    return moved

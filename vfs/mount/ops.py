@@ -11,9 +11,11 @@ import errno
 import json
 import logging
 import os
+import resource
 import stat
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,11 @@ RESCAN_INTERVAL = 1.0  # a folder's mtime is re-checked at most this often
 LOG_EVERY = 60.0  # the same failure of the same entry is logged once a minute, not per call
 NAME_MAX = 255
 PRIVILEGE_BITS = stat.S_ISUID | stat.S_ISGID
+QUICK_LIMIT = 0.02  # seconds (above the GIL's 5 ms switch interval): see QuickCalls
+QUICK_SLOW = 3
+QUICK_WINDOW = 5.0
+QUICK_COOLDOWN = 5.0
+QUICK_WRITE = 64 * 1024  # larger writes always go to a worker thread (the data path)
 
 _last_logged: dict[tuple[str, str], float] = {}
 
@@ -82,6 +89,46 @@ def errno_boundary(what: str) -> Iterator[None]:
         raise pyfuse3.FUSEError(errno.EIO) from None
 
 
+class QuickCalls:
+    """Small syscalls on the spool (create, rename, chmod, a few KiB written) take microseconds,
+    a thread hand-off ~70 µs and two context switches (far more on a loaded machine): rsync's
+    ten requests per small file made the hand-offs most of its time. So they run on the trio
+    thread while they stay fast. A call that slept in the kernel (a voluntary context switch)
+    for longer than QUICK_LIMIT is slow; QUICK_SLOW of those within QUICK_WINDOW seconds (a
+    stalled disk, NFS, a journal busy with fsyncs) send them all to worker threads for
+    QUICK_COOLDOWN seconds. One stall alone does not: a journal commit holds up one create now
+    and then. Being preempted on a busy machine never counts."""
+
+    def __init__(self) -> None:
+        self.until = 0.0
+        self.slow: deque[float] = deque(maxlen=QUICK_SLOW)
+        self.logged = False
+
+    async def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
+        start = time.monotonic()
+        if start < self.until:
+            return await trio.to_thread.run_sync(fn, *args)
+        slept = resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw
+        try:
+            return fn(*args)
+        finally:
+            took = time.monotonic() - start
+            if took > QUICK_LIMIT and resource.getrusage(resource.RUSAGE_THREAD).ru_nvcsw > slept:
+                self._slow(took)
+
+    def _slow(self, took: float) -> None:
+        now = time.monotonic()
+        self.slow.append(now)
+        if len(self.slow) < QUICK_SLOW or now - self.slow[0] > QUICK_WINDOW:
+            return
+        self.until = now + QUICK_COOLDOWN
+        self.slow.clear()
+        level = logging.DEBUG if self.logged else logging.INFO
+        self.logged = True
+        log.log(level, "spool operations blocked (the last for %.0f ms): they go to worker threads "
+                "for %g s", took * 1e3, QUICK_COOLDOWN)  # fmt: skip
+
+
 def _fail(code: int) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(code)
 
@@ -112,6 +159,7 @@ class DecantOperations(pyfuse3.Operations):
         self.reads = Reads(self.integrity, config.decode_threads)
         self._handles: dict[int, OpenFile] = {}
         self._next_fh = 1
+        self._quick = QuickCalls()
         self._status = Node(False, 0, time.time_ns(), 0o444, os.getuid(), os.getgid(),
                             tree.root / STATUS_NAME, member=STATUS_NAME)  # fmt: skip
 
@@ -233,8 +281,11 @@ class DecantOperations(pyfuse3.Operations):
         with errno_boundary(f"getattr {inode}"):
             node = self._node(inode)
             if node.spooled and self.writer is not None:
-                node = await trio.to_thread.run_sync(self.writer.refresh, node)
-                self.inodes.replace(inode, node)  # writes move its size
+                seen = node
+                node, fresh = await self._on_spooled(inode, node, self.writer.refresh)
+                if self.inodes.get(inode) is seen:
+                    self.inodes.replace(inode, fresh)  # writes move its size
+                node = self._node(inode)
             elif self._is_status(node):
                 node.size = len(self.status_bytes())
             elif node.backend is None and not node.is_dir:
@@ -311,7 +362,10 @@ class DecantOperations(pyfuse3.Operations):
                 return await self._open_for_write(inode, node, flags)
             if node.key in self.integrity.bad:
                 raise _fail(errno.EIO)
-            reader = await trio.to_thread.run_sync(self._open_reader, node)
+            if node.spooled:  # a plain file of the spool: see QuickCalls
+                node, reader = await self._on_spooled(inode, node, self._open_reader)
+            else:
+                reader = await trio.to_thread.run_sync(self._open_reader, node)
             handle = OpenFile(node, inode, reader)
             cache = await self.reads.prepare(handle)
             if node.spooled and self.queue is not None:
@@ -374,7 +428,11 @@ class DecantOperations(pyfuse3.Operations):
             try:
                 if handle.node.spooled and self.queue is not None:
                     self.queue.closed(handle.node.spooled)
-                await self.reads.close(handle)
+                spooled = handle.node.spooled and handle.hasher is None
+                if spooled and handle.readahead_done is None:
+                    await self._quick(handle.reader.close)  # a plain file of the spool
+                else:
+                    await self.reads.close(handle)
             finally:
                 self.inodes.unpin(handle.inode)
 
@@ -394,9 +452,60 @@ class DecantOperations(pyfuse3.Operations):
             with contextlib.suppress(OSError, pyfuse3.FUSEError):  # gone: the parent drops it
                 await self.rescan(found[0], force)
 
-    async def published(self, relpath: str) -> None:
-        """The pack queue published `relpath`: show the archive in place of the spooled file."""
-        await self._rescan_path((self.tree.root / relpath).parent, force=True)
+    async def published(self, relpaths: list[str]) -> None:
+        """The pack queue published (or withdrew, or found) these files: each name is looked up
+        afresh in its folder's listing, one entry each, not by rescanning the folder."""
+        by_folder: dict[Path, list[str]] = {}
+        for relpath in relpaths:
+            path = self.tree.root / relpath
+            by_folder.setdefault(path.parent, []).append(path.name)
+        for folder, names in by_folder.items():
+            # By the folder's inode, listed or not: a first listing being read holds the lock
+            # and must be waited for, or it could miss a file that left the spool meanwhile.
+            ino = self.inodes.known(Node(True, 0, 0, 0, 0, 0, folder))
+            if ino is None:
+                continue  # the kernel does not hold it: it is read afresh when asked for
+            with contextlib.suppress(OSError, pyfuse3.FUSEError):  # gone: the parent drops it
+                async with self.inodes.locked(ino):
+                    if ino in self.inodes.folders:
+                        await self._show(ino, names)
+
+    async def _folder_changed(self, inode: int) -> None:
+        """An entry of this real folder was made or removed in SRC: its mtime moved, and the
+        kernel (which drops the folder's attributes after such a call) must see the new one,
+        or `rsync -a` would not set the folder's time again once it is done inside."""
+        node = self._node(inode)
+        if self.writer is not None and node.backend is None and node.is_dir:
+            self.inodes.replace(inode, await self._quick(self.writer.refresh, node))
+
+    async def _show(self, inode: int, names: list[str]) -> None:
+        """Update these names of a listed folder from SRC and the spool (the caller holds the
+        folder's lock); a full rescan where the tree cannot tell names one by one."""
+        folder = self.inodes.folders.get(inode)
+        node = self._node(inode)
+        if folder is None or node.backend is not None:
+            return
+        fresh = await self._quick(self.tree.entries, node.real, names)
+        if fresh is None:
+            await self._fresh(inode, force=True)
+            return
+        for name, new in fresh.items():
+            old = folder.children.get(name)
+            if new is None:
+                folder.drop(name)
+            else:
+                folder.put(name, new)
+            if old is None or (new is not None and new.key == old.key):
+                continue
+            if new is not None and old.spooled and not new.spooled and not new.is_dir:
+                ino = self.inodes.known(old)
+                if ino is not None:
+                    # Published: the same bytes under the same inode, so a reader that looked
+                    # the name up before the switch opens the published file, not a spooled one
+                    # just unlinked (and 20,000 publishes queue no kernel invalidations).
+                    self.inodes.replace(ino, new)
+                    continue
+            pyfuse3.invalidate_entry_async(inode, os.fsencode(name), ignore_enoent=True)
 
     # -- the write side (a writable mount) -------------------------------------------------
 
@@ -408,6 +517,22 @@ class DecantOperations(pyfuse3.Operations):
     def _touch(self, node: Node) -> None:
         if node.spooled and self.queue is not None:
             self.queue.touch(node.spooled)
+
+    async def _on_spooled(
+        self, inode: int, node: Node, fn: Callable[..., Any], *args: Any
+    ) -> tuple[Node, Any]:
+        """fn(node, *args) for a spooled node. Its file may be published and its spooled name
+        unlinked while the call waits in a worker thread: then it runs once more on what the
+        inode stands for now (the published file). Returns the node used and fn's result; the
+        caller puts a result back into the inode table only if the inode still stands for the
+        node it started with."""
+        try:
+            return node, await self._quick(fn, node, *args)
+        except FileNotFoundError:
+            current = self._node(inode)
+            if current is node:
+                raise
+            return current, await self._quick(fn, current, *args)
 
     @staticmethod
     def _check_name(name: bytes) -> str:
@@ -424,8 +549,14 @@ class DecantOperations(pyfuse3.Operations):
 
     async def _open_for_write(self, inode: int, node: Node, flags: int) -> pyfuse3.FileInfo:
         writer = self._writer()
-        new, fd = await trio.to_thread.run_sync(writer.open_for_write, node, flags)
-        self.inodes.replace(inode, new)
+        seen = node
+        if node.spooled:
+            node, (new, fd) = await self._on_spooled(inode, node, writer.open_for_write, flags)
+        else:
+            new, fd = await self._quick(writer.open_for_write, node, flags)
+        current = self.inodes.get(inode)
+        if current is seen or current is node:
+            self.inodes.replace(inode, new)
         self._touch(new)
         if self.queue is not None:
             self.queue.opened(new.spooled)
@@ -440,7 +571,7 @@ class DecantOperations(pyfuse3.Operations):
             async with self.inodes.locked(parent_inode):
                 folder = await self._fresh(parent_inode, max_age=RESCAN_INTERVAL)
                 parent = self._node(parent_inode)
-                node, fd = await trio.to_thread.run_sync(
+                node, fd = await self._quick(
                     writer.create, parent, text, self._safe_mode(mode, ctx), ctx.uid, ctx.gid
                 )
                 folder.put(text, node)
@@ -456,7 +587,12 @@ class DecantOperations(pyfuse3.Operations):
         if handle.fd < 0:
             raise _fail(errno.EBADF)
         with errno_boundary(f"write {handle.node.spooled}"):
-            written = await trio.to_thread.run_sync(os.pwrite, handle.fd, buf, off)
+            writer = self._writer()
+            args = (writer.write, handle.fd, buf, off, handle.node.spooled)
+            if len(buf) <= QUICK_WRITE:
+                written = await self._quick(*args)
+            else:
+                written = await trio.to_thread.run_sync(*args)
             self._touch(handle.node)
             return written
 
@@ -491,8 +627,13 @@ class DecantOperations(pyfuse3.Operations):
                 mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
             )
             self._check_owner_change(node, attrs, ctx)
-            new = await trio.to_thread.run_sync(writer.setattr, node, attrs)
-            self.inodes.replace(inode, new)
+            seen = node
+            if node.spooled:
+                node, new = await self._on_spooled(inode, node, writer.setattr, attrs)
+            else:
+                new = await self._quick(writer.setattr, node, attrs)
+            if self.inodes.get(inode) is seen:
+                self.inodes.replace(inode, new)
             self._touch(new)
             return self._attrs(inode, new)
 
@@ -535,15 +676,23 @@ class DecantOperations(pyfuse3.Operations):
                 if flags & pyfuse3.RENAME_NOREPLACE and new in dst_folder.children:
                     raise _fail(errno.EEXIST)
                 old_real = node.real
-                moved = await trio.to_thread.run_sync(
+                moved = await self._quick(
                     writer.rename, self._node(parent_inode_old), old, node,
                     self._node(parent_inode_new), new,
                 )  # fmt: skip
                 self._moved(src_folder, old, dst_folder, new, node, moved, old_real)
-                if node.spooled and self.queue is not None:
+                if self.queue is not None and node.spooled:
                     self.queue.renamed(node.spooled, moved.spooled)
-                # A spooled file left a name: whatever it shadowed (an archive, a file) shows.
-                await self._fresh(parent_inode_old, force=True)
+                elif self.queue is not None and node.is_dir:  # spooled files inside move along
+                    self.queue.renamed_folder(self.tree.relpath(old_real),
+                                              self.tree.relpath(moved.real))  # fmt: skip
+                if node.spooled:
+                    # Whatever the spooled file shadowed (an archive, a file) shows again.
+                    await self._show(parent_inode_old, [old])
+                else:
+                    await self._fresh(parent_inode_old, force=True)
+                    for changed in {parent_inode_old, parent_inode_new}:
+                        await self._folder_changed(changed)
 
     def _moved(self, src: Folder, old: str, dst: Folder, new: str, node: Node, moved: Node,
                old_real: Path) -> None:  # fmt: skip
@@ -568,11 +717,18 @@ class DecantOperations(pyfuse3.Operations):
                 node = folder.children.get(text)
                 if node is None:
                     raise _fail(errno.ENOENT)
-                await trio.to_thread.run_sync(writer.unlink, self._node(parent_inode), text, node)
-                if node.spooled and self.queue is not None:
-                    self.queue.removed(node.spooled)
+                await self._quick(writer.unlink, self._node(parent_inode), text, node)
+                if self.queue is not None:
+                    if node.spooled:
+                        self.queue.removed(node.spooled)
+                    else:
+                        self.queue.space_freed()
                 folder.drop(text)
-                await self._fresh(parent_inode, force=True)
+                if node.spooled:
+                    await self._show(parent_inode, [text])  # what it shadowed shows again
+                else:
+                    await self._fresh(parent_inode, force=True)
+                    await self._folder_changed(parent_inode)
 
     async def mkdir(
         self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
@@ -584,12 +740,13 @@ class DecantOperations(pyfuse3.Operations):
                 folder = await self._fresh(parent_inode, max_age=RESCAN_INTERVAL)
                 if text in folder.children:
                     raise _fail(errno.EEXIST)
-                node = await trio.to_thread.run_sync(
+                node = await self._quick(
                     writer.mkdir, self._node(parent_inode), text, self._safe_mode(mode, ctx),
                     ctx.uid, ctx.gid,
                 )  # fmt: skip
                 folder.put(text, node)
                 ino = self.inodes.hand_out(node)
+                await self._folder_changed(parent_inode)
             return self._attrs(ino, node)
 
     async def rmdir(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
@@ -601,8 +758,9 @@ class DecantOperations(pyfuse3.Operations):
                 node = folder.children.get(text)
                 if node is None:
                     raise _fail(errno.ENOENT)
-                await trio.to_thread.run_sync(writer.rmdir, self._node(parent_inode), text, node)
+                await self._quick(writer.rmdir, self._node(parent_inode), text, node)
                 folder.drop(text)
                 ino = self.inodes.known(node)
                 if ino is not None:
                     self.inodes.folders.pop(ino, None)
+                await self._folder_changed(parent_inode)

@@ -32,7 +32,6 @@ log = logging.getLogger(__name__)
 HASH_BACKLOG = 4  # served reads queued for hashing before reads wait for the hasher
 VERDICT_WAIT = 30.0  # how long the completing read waits for earlier reads' bytes to be hashed
 VERIFY_BLOCK = 4 << 20
-SEQUENTIAL_SLACK = 2 << 20
 IDLE_CHECK = 2.0  # an open handle whose running hash has not advanced this long: verify aside
 
 
@@ -216,10 +215,10 @@ class Reads:
             )
         if handle.hasher is not None and data:
             await self._check(handle, off, data)
-        # The kernel keeps two requests in flight: a forward reader's next request may land
-        # just before or after where the last one ended.
-        sequential = handle.last_end - size <= off <= handle.last_end + SEQUENTIAL_SLACK
-        handle.last_end = max(handle.last_end, off + len(data)) if sequential else off + len(data)
+        # The kernel keeps two requests in flight: a forward reader's next request may start
+        # one request past where the last one served ended.
+        sequential = handle.last_end <= off <= handle.last_end + size
+        handle.last_end = off + len(data)
         if sequential and handle.readahead_done is None and self.nursery is not None:
             handle.readahead_done = trio.Event()
             self.spawn(self._read_ahead, handle)

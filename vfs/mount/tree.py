@@ -51,6 +51,7 @@ class SourceTree:
         self.archives_seen = 0
         self.excluded: set[Path] = set()  # never scanned into (the mountpoint, if inside SRC)
         self.overlay_roots: set[Path] = set()  # folders an overlay claimed: rebuilt on change
+        self._irregular: set[Path] = set()  # folders `entries` cannot answer for: see there
 
     def _log_once(self, path: Path, message: str, level: int = logging.WARNING) -> None:
         if (str(path), message) not in self._logged:
@@ -62,35 +63,104 @@ class SourceTree:
 
     def scan(self, folder: Path) -> dict[str, Node]:
         """The presented children of a real folder of SRC."""
-        plain: dict[str, Node] = {}
-        archives: list[tuple[str, os.stat_result, Backend]] = []
+        found: list[tuple[str, os.stat_result]] = []
         with os.scandir(folder) as it:
             for de in it:
-                if folder == self.root and de.name in self.hidden:
+                if self._skipped(folder, de.name):
                     continue
-                if de.name.startswith(TEMP_PREFIX):
-                    continue  # an archive being written: it appears once renamed into place
-                path = Path(de.path)
-                if path in self.excluded:
-                    continue  # the mountpoint itself: statting it would call into this daemon
                 try:
-                    st = de.stat(follow_symlinks=False)
+                    found.append((de.name, de.stat(follow_symlinks=False)))
                 except OSError:
                     continue  # vanished
-                if stat.S_ISLNK(st.st_mode):
-                    self._log_once(path, f"{path}: a symlink; not shown (the mount never follows "
-                                         "links out of SRC)", logging.INFO)  # fmt: skip
+        out, regular = self._present(folder, found)
+        if self.spool is not None:
+            out.update(self._spooled(folder))
+        for overlay in self.overlays:
+            if overlay.claims(folder, True):
+                self.overlay_roots.add(folder)
+                self._add_overlay(overlay, folder, out)
+                regular = False
+        if regular:
+            self._irregular.discard(folder)
+        else:
+            self._irregular.add(folder)
+        return out
+
+    def entries(self, folder: Path, names: Sequence[str]) -> dict[str, Node | None] | None:
+        """What `scan(folder)` would present under each of `names` (None: nothing), from a few
+        lstats instead of a scan of the whole folder. None when that cannot be told without a
+        full scan: an overlay's folder, or one holding an archive that presents a name other
+        than its own (less .zarr.zip / .zarr), seen at its last scan or now."""
+        if folder in self._irregular or folder in self.overlay_roots:
+            return None
+        candidates = {c for n in names for m in _related(n) for c in _related(m)}
+        # Most candidates do not exist: plain strings and one lstat each (this runs for every
+        # rename of a spooled file). The mountpoint is never statted: it would call into us.
+        skip = {p.name for p in self.excluded if p.parent == folder}
+        if folder == self.root:
+            skip |= self.hidden
+        base = os.fspath(folder)
+        found: list[tuple[str, os.stat_result]] = []
+        for name in sorted(candidates):
+            if name in skip or name.startswith(TEMP_PREFIX):
+                continue
+            try:
+                st = os.lstat(f"{base}/{name}")
+            except OSError:
+                continue  # not there (or not reachable): nothing to present
+            if name_problem(name) is None:
+                found.append((name, st))
+        out, regular = self._present(folder, found) if found else ({}, True)
+        if not regular:
+            self._irregular.add(folder)
+            return None
+        if self.spool is not None:
+            reldir = self.relpath(folder)
+            spooled = os.fspath(self.spool.files)
+            for name in names:
+                rel = f"{reldir}/{name}" if reldir else name
+                if rel in self.publishing:
                     continue
-                is_dir = stat.S_ISDIR(st.st_mode)
-                if not (is_dir or stat.S_ISREG(st.st_mode)):
+                try:
+                    st = os.lstat(f"{spooled}/{rel}")
+                except OSError:
                     continue
-                backend = next((b for b in self.backends if b.claims(path, is_dir)), None)
-                if backend is not None:
-                    archives.append((de.name, st, backend))
-                else:
-                    plain[de.name] = mirror_node(path, st, self.writable)
+                if stat.S_ISREG(st.st_mode):
+                    out[name] = spooled_node(self.spool.path(rel), rel, st)
+        return {name: out.get(name) for name in names}
+
+    def _skipped(self, folder: Path, name: str) -> bool:
+        if folder == self.root and name in self.hidden:
+            return True
+        if name.startswith(TEMP_PREFIX):
+            return True  # an archive being written: it appears once renamed into place
+        # The mountpoint itself: statting it would call into this daemon.
+        return folder / name in self.excluded
+
+    def _present(
+        self, folder: Path, found: list[tuple[str, os.stat_result]]
+    ) -> tuple[dict[str, Node], bool]:
+        """Real entries of `folder` as presented, and whether every archive among them presents
+        its own name (less .zarr.zip / .zarr): then a name depends only on its related names."""
+        plain: dict[str, Node] = {}
+        archives: list[tuple[str, os.stat_result, Backend]] = []
+        for name, st in found:
+            path = folder / name
+            if stat.S_ISLNK(st.st_mode):
+                self._log_once(path, f"{path}: a symlink; not shown (the mount never follows "
+                                     "links out of SRC)", logging.INFO)  # fmt: skip
+                continue
+            is_dir = stat.S_ISDIR(st.st_mode)
+            if not (is_dir or stat.S_ISREG(st.st_mode)):
+                continue
+            backend = next((b for b in self.backends if b.claims(path, is_dir)), None)
+            if backend is not None:
+                archives.append((name, st, backend))
+            else:
+                plain[name] = mirror_node(path, st, self.writable)
         out = dict(plain)
         described = [(name, st, b, self.describe(b, folder / name, st)) for name, st, b in archives]
+        regular = all(d is None or d.name in _related(n) for n, _s, _b, d in described)
         # Of two archives presenting one name, the one named after it (NAME.zarr.zip) wins.
         described.sort(key=lambda a: (a[3] is None or a[0] != f"{a[3].name}.zarr.zip", a[0]))
         for name, st, backend, desc in described:
@@ -117,13 +187,7 @@ class SourceTree:
             if self.writable and not node.is_dir:
                 node.mode = stat.S_IMODE(st.st_mode)  # what rsync -a / cp -a gave the original
             out[shown] = node
-        if self.spool is not None:
-            out.update(self._spooled(folder))
-        for overlay in self.overlays:
-            if overlay.claims(folder, True):
-                self.overlay_roots.add(folder)
-                self._add_overlay(overlay, folder, out)
-        return out
+        return out, regular
 
     @property
     def writable(self) -> bool:
@@ -215,3 +279,13 @@ class SourceTree:
 def index_key(backend: Backend) -> str:
     """A backend whose describe() grew stricter raises its version: old descriptions miss."""
     return f"{backend.name}@{getattr(backend, 'describe_version', 1)}"
+
+
+def _related(name: str) -> set[str]:
+    """The names whose real entries can decide what is presented under `name` in a folder
+    whose archives present their own names: itself, its archives, the name an archive shows."""
+    out = {name, f"{name}.zarr.zip", f"{name}.zarr"}
+    for suffix in (".zarr.zip", ".zarr"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            out.add(name[: -len(suffix)])
+    return out

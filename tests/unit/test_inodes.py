@@ -1,0 +1,220 @@
+"""The inode table: kernel lookup counts, forget, pins, renames in place, and its size over time.
+
+The lifecycle test plays the kernel exactly (+1 per lookup, create, mkdir and readdir entry
+accepted; forget gives them back) through whole rounds of writing, listing, reading, renaming,
+publishing and deleting, and checks that forgetting everything leaves the table at the root and
+that nothing the daemon keeps grows from one round to the next.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+from tests.unit.inprocess import InProcessMount, fake_session
+from vfs.mount.inodes import ROOT_INODE, Folder, InodeTable
+from vfs.nodes import Node
+
+SRC = Path("/srv/src")
+
+
+def real(path: str, is_dir: bool = False) -> Node:
+    return Node(is_dir, 0, 1, 0o755 if is_dir else 0o644, 0, 0, SRC / path if path else SRC)
+
+
+def spooled(rel: str) -> Node:
+    return Node(False, 3, 1, 0o644, 0, 0, SRC / ".decant-spool/files" / rel, spooled=rel)
+
+
+@pytest.fixture
+def table() -> InodeTable:
+    return InodeTable(real("", is_dir=True))
+
+
+def sizes(t: InodeTable) -> dict[str, int]:
+    return {
+        "nodes": len(t),
+        "keys": len(t._ino_of),
+        "registered": len(t._key_of),
+        "refs": len(t._refs),
+        "pinned": len(t._pinned),
+        "folders": len(t.folders),
+        "locks": len(t._locks),
+    }
+
+
+def test_forget_frees_at_zero_and_never_the_root(table: InodeTable) -> None:
+    ino = table.hand_out(real("x"))
+    assert table.hand_out(real("x")) == ino  # the same key keeps its inode
+    table.forget(ino, 1)
+    assert table.get(ino) is not None
+    table.forget(ino, 1)
+    assert table.get(ino) is None
+    assert table.hand_out(real("x")) != ino  # never reused for another life
+    table.forget(ROOT_INODE, 100)
+    assert table.get(ROOT_INODE) is not None
+
+
+def test_a_pinned_inode_outlives_its_last_forget(table: InodeTable) -> None:
+    ino = table.hand_out(real("x"))
+    table.pin(ino)
+    table.forget(ino, 1)
+    assert table.get(ino) is not None
+    table.unpin(ino)
+    assert table.get(ino) is None
+    assert sizes(table) == sizes(InodeTable(real("", is_dir=True)))
+
+
+def test_a_readdir_entry_the_kernel_did_not_take_is_released(table: InodeTable) -> None:
+    ino = table.assign(real("x"))
+    table.release_unused(ino)
+    assert table.get(ino) is None and len(table._ino_of) == 1
+
+
+def test_replace_drops_the_old_key_even_when_the_node_moved_in_place(table: InodeTable) -> None:
+    node = real("a")
+    ino = table.hand_out(node)
+    node.real = SRC / "b"  # what the write side's rename does to a real entry
+    table.replace(ino, node)
+    assert table.known(real("a")) is None
+    assert table.known(real("b")) == ino
+    table.forget(ino, 1)
+    assert sizes(table)["keys"] == 1
+
+
+def test_rekey_below_moves_a_folder_moved_in_place_and_keeps_its_listing(
+    table: InodeTable,
+) -> None:
+    folder = real("a", is_dir=True)
+    ino = table.hand_out(folder)
+    listing = table.folders[ino] = Folder()
+    listing.put("x", real("a/x"))
+    listing.put("s", spooled("a/s"))
+    kid = table.hand_out(listing.children["x"])
+    queued = table.hand_out(listing.children["s"])
+    folder.real = SRC / "b"  # the caller moved it before telling the table
+    table.rekey_below(SRC / "a", SRC / "b")
+    assert table.known(real("b", is_dir=True)) == ino
+    assert table.known(real("a", is_dir=True)) is None
+    assert table.folders[ino] is listing and listing.cookies == {"x": 1, "s": 2}
+    assert listing.checked == 0.0  # read afresh at its next use
+    assert table.get(kid).real == SRC / "b/x" and table.known(real("b/x")) == kid
+    moved = table.get(queued)
+    assert (moved.real, moved.spooled) == (SRC / ".decant-spool/files/b/s", "b/s")
+    assert listing.children["s"] is moved
+    assert table.known(spooled("b/s")) == queued
+
+
+def test_rekey_below_leaves_other_folders_alone_and_counts_the_move(table: InodeTable) -> None:
+    other = table.hand_out(real("ab/x"))
+    queued = table.hand_out(spooled("ab/y"))
+    table.rekey_below(SRC / "a", SRC / "c")
+    assert table.get(other).real == SRC / "ab/x"
+    assert table.get(queued).spooled == "ab/y"
+    assert table.moves == 1  # a folder scan that began before this must be read again
+
+
+# -- the whole daemon, round after round -----------------------------------------------------
+
+
+@pytest.fixture
+def mount(tmp_path: Path) -> Iterator[InProcessMount]:
+    with fake_session():
+        src = tmp_path / "src"
+        src.mkdir()
+        yield InProcessMount(src, tmp_path)
+
+
+def tiff_bytes(tmp: Path, seed: int) -> bytes:
+    data = np.random.default_rng(seed).integers(0, 60000, (2, 16, 12), dtype=np.uint16)
+    path = tmp / f"t{seed}.tif"
+    tifffile.imwrite(path, data, photometric="minisblack")
+    return path.read_bytes()
+
+
+async def one_round(m: InProcessMount, n: int, tiff: bytes) -> None:
+    """Write, list in small batches, read, rename (files and a folder), publish, delete."""
+    await m.mkdir("run")
+    await m.mkdir("run/sub")
+    for i in range(n):
+        await m.write_file(f"run/sub/f{i}", f"file {i}".encode())
+        await m.write_file(f"top{i}", b"x" * i)
+    await m.write_file("run/scan.tif", tiff)
+    for name, _attrs in await m.readdir(await m.resolve("run/sub"), room=4):
+        assert await m.read_file(f"run/sub/{name}") == f"file {name[1:]}".encode()
+    await m.write_file(".top0.Ab12Cd", b"rsync")
+    await m.rename(".top0.Ab12Cd", "top0")
+    assert await m.publish_all() == 2 * n + 1  # top0 was replaced by the rsync temp file
+    assert (m.config.src / "run/scan.tif.zarr.zip").is_file()
+    assert await m.read_file("run/scan.tif") == tiff  # the archive's original
+    await m.rename("run", "moved")
+    await m.readdir(await m.resolve("moved/sub"), room=3)
+    for i in range(n):
+        await m.unlink(f"moved/sub/f{i}")
+        await m.unlink(f"top{i}")
+    await m.unlink("moved/scan.tif")
+    await m.rmdir("moved/sub")
+    await m.rmdir("moved")
+    assert await m.listdir("") == []
+
+
+def daemon_sizes(m: InProcessMount) -> dict[str, int]:
+    assert m.queue is not None
+    root = m.ops.inodes.folders.get(ROOT_INODE, Folder())
+    return {
+        **sizes(m.ops.inodes),
+        "handles": len(m.ops._handles),
+        "root listing": len(root.children) + len(root.cookies),
+        "queue items": len(m.queue.items),
+        "open counts": len(m.queue.open_counts),
+        "publishing": len(m.queue.publishing),
+        "bad/good/pending": len(m.ops.integrity.bad) + len(m.ops.integrity.pending),
+    }
+
+
+def test_forgetting_everything_shrinks_the_table_to_the_root_round_after_round(
+    mount: InProcessMount, tmp_path: Path
+) -> None:
+    tiff = tiff_bytes(tmp_path, 1)
+    after: list[dict[str, int]] = []
+
+    async def rounds() -> None:
+        for _ in range(3):
+            await one_round(mount, 6, tiff)
+            assert mount.kernel.refs, "the round handed out inodes"
+            await mount.forget_all()
+            after.append(daemon_sizes(mount))
+
+    mount.run(rounds)
+    table = mount.ops.inodes
+    assert len(table) == 1 and table.get(ROOT_INODE) is not None
+    assert set(table.folders) <= {ROOT_INODE}, "listings of forgotten folders are dropped"
+    assert after[0]["keys"] == after[0]["registered"] == after[0]["refs"] == 1
+    assert after[0]["handles"] == after[0]["pinned"] == after[0]["open counts"] == 0
+    assert after[0] == after[-1], after
+    assert mount.spooled() == {}
+
+
+def test_renaming_published_files_leaves_nothing_behind(mount: InProcessMount) -> None:
+    """The write side moves a real file's node in place, so its old key is only known by the
+    table itself (ops looks it up too late): forgetting it must still drop that key."""
+
+    async def rounds() -> list[int]:
+        keys = []
+        for r in range(3):
+            for i in range(5):
+                await mount.write_file(f"f{r}-{i}", b"data")
+            await mount.publish_all()
+            for i in range(5):
+                await mount.resolve(f"f{r}-{i}")  # stat, then mv: what the kernel does
+                await mount.rename(f"f{r}-{i}", f"g{r}-{i}")
+                await mount.unlink(f"g{r}-{i}")
+            await mount.forget_all()
+            keys.append(len(mount.ops.inodes._ino_of))
+        return keys
+
+    assert mount.run(rounds) == [1, 1, 1]

@@ -1,0 +1,49 @@
+"""QuickCalls (vfs/mount/ops.py): small spool syscalls run inline while fast, and go to worker
+threads for a while once several calls in a row slept in the kernel."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import trio
+
+from vfs.mount import ops
+from vfs.mount.ops import QuickCalls
+
+
+def test_fast_calls_run_on_the_trio_thread() -> None:
+    quick = QuickCalls()
+
+    async def main() -> int | None:
+        return await quick(threading.get_ident)  # type: ignore[no-any-return]
+
+    assert trio.run(main) == threading.get_ident()
+
+
+def test_calls_that_block_go_to_threads_after_a_few(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ops, "QUICK_LIMIT", 0.001)
+    quick = QuickCalls()
+
+    def blocking() -> int:
+        time.sleep(0.005)  # sleeps in the kernel: a voluntary context switch
+        return threading.get_ident()
+
+    def busy() -> int:
+        end = time.monotonic() + 0.005
+        while time.monotonic() < end:  # slow, but never sleeps: not the disk's fault
+            pass
+        return threading.get_ident()
+
+    async def main() -> list[bool]:
+        here = threading.get_ident()
+        inline = [await quick(busy) == here for _ in range(5)]
+        inline += [await quick(blocking) == here for _ in range(ops.QUICK_SLOW + 1)]
+        return inline
+
+    seen = trio.run(main)
+    assert seen[:5] == [True] * 5  # busy calls stay inline
+    assert seen[5 : 5 + ops.QUICK_SLOW] == [True] * ops.QUICK_SLOW  # one stall is no pattern
+    assert seen[-1] is False  # after QUICK_SLOW stalls: a worker thread
+    assert quick.until > time.monotonic()

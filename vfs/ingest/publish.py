@@ -1,0 +1,436 @@
+"""Publishing one spooled file into SRC: a hard link for plain files, a verified archive for TIFFs.
+
+A plain file on the spool's filesystem is published by linking its inode at the final name (no
+copy, no extra space, O(1) whatever its size); the spool name is unlinked later, once the mount
+has switched, so both names are the same bytes meanwhile. Across filesystems (`--spool` elsewhere)
+it is copied with `copy_file_range`, data extents only (holes stay holes), compared, and fsynced.
+Every long loop checks `cancel` between blocks, so unmount and SIGTERM stop a publish promptly.
+Synchronous and FUSE-free: the pack queue calls it in worker threads.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import secrets
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from vfs.decant import TEMP_PREFIX
+from vfs.ingest.space import free_bytes
+
+if TYPE_CHECKING:
+    from vfs.decant.packer import PackOptions
+    from vfs.ingest.spool import Spool
+
+log = logging.getLogger(__name__)
+
+BLOCK = 8 << 20  # copy and compare in blocks this big; cancellation is checked between them
+SPACE_MARGIN = 1 << 20  # packing needs the archive's size plus this much free
+_PLACING = threading.Lock()  # a folder's mtime is read, changed and put back under this lock
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+NO_LINKS = (errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOSYS)
+
+
+class PublishCancelled(Exception):
+    """The daemon is stopping: the file stays spooled and is published after the restart."""
+
+
+class NoSpaceError(OSError):
+    """Not enough free space to publish this file now; it waits until there is."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(errno.ENOSPC, reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Published:
+    relpath: str
+    target: Path  # the archive, or the plain file in SRC
+    mode: str  # byte-exact | verbatim | plain | already (published before a restart)
+    reason: str = ""
+    signature: tuple[int, ...] = ()  # the spooled file as published: see `Spool.remove`
+    synced: bool = True  # False: durable only after `sync_placed` (see `publish`)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one attempt did: published, unsettled (`wait` s more), vanished, space, failed or
+    skipped (not tried: the batch ran out of time or the daemon is stopping)."""
+
+    relpath: str
+    kind: str
+    published: Published | None = None
+    reason: str = ""
+    wait: float = 0.0
+    error: Exception | None = None
+
+
+def archive_name(name: str) -> str:
+    return f"{name}.zarr.zip"
+
+
+def publish(
+    spool: Spool,
+    relpath: str,
+    pack_all: bool,
+    options: PackOptions | None,
+    cancel: threading.Event | None = None,
+    durable: bool = True,
+) -> Published:
+    """Put the spooled file into SRC: a verified archive (TIFFs, or all with `pack_all`) or the
+    plain file itself. The spool name is left for the caller to remove once the mount switched.
+    Without `durable`, an archive's metadata and name are not fsynced here: the caller does it
+    for a batch at once (`sync_placed`) before any spool name goes."""
+    source = spool.path(relpath)
+    st = source.stat()
+    if not stat.S_ISREG(st.st_mode):
+        raise FileNotFoundError(errno.ENOENT, "not a regular file", str(source))
+    folder = spool.src / Path(relpath).parent
+    folder.mkdir(parents=True, exist_ok=True)  # e.g. a new subfolder of an inbox
+    if not pack_all and not _looks_like_tiff(source, st.st_size):
+        return _publish_plain(spool, relpath, source, st, folder, cancel)
+    return _publish_archive(spool, relpath, source, st, folder, options, cancel, durable)
+
+
+def attempt(
+    spool: Spool,
+    relpath: str,
+    pack_all: bool,
+    options: PackOptions | None,
+    settle: float,
+    cancel: threading.Event | None = None,
+) -> Outcome:
+    """One file, never raising: settled on disk (ctime, for files that did not come through the
+    mount), then published; ENOSPC of any kind is a wait for space, not a failure."""
+    try:
+        st = spool.path(relpath).lstat()
+    except (FileNotFoundError, NotADirectoryError):
+        return Outcome(relpath, "vanished")
+    except OSError as exc:
+        return Outcome(relpath, "failed", reason=describe_error(exc), error=exc)
+    if not stat.S_ISREG(st.st_mode):
+        return Outcome(relpath, "vanished")
+    left = settle - (time.time_ns() - st.st_ctime_ns) / 1e9  # ctime: rsync sets mtime back
+    if 0 < left <= settle + 1:  # far in the future: the clock was set back; do not wait for it
+        return Outcome(relpath, "unsettled", wait=left)
+    try:
+        published = spool.publish(relpath, pack_all, options, cancel, durable=False)
+        return Outcome(relpath, "published", published)
+    except PublishCancelled:
+        return Outcome(relpath, "skipped")
+    except NoSpaceError as exc:
+        return Outcome(relpath, "space", reason=exc.reason)
+    except OSError as exc:
+        if exc.errno in NO_SPACE:
+            return Outcome(relpath, "space", reason=describe_error(exc))
+        if isinstance(exc, FileNotFoundError) and not spool.path(relpath).exists():
+            return Outcome(relpath, "vanished")
+        return Outcome(relpath, "failed", reason=describe_error(exc), error=exc)
+    except Exception as exc:
+        return Outcome(relpath, "failed", reason=describe_error(exc), error=exc)
+
+
+def describe_error(exc: BaseException) -> str:
+    """The cause, without naming a staging temp file (the status already names the file)."""
+    if isinstance(exc, OSError) and exc.strerror:
+        where = f"{exc.filename}: " if exc.filename and TEMP_PREFIX not in str(exc.filename) else ""
+        return f"{where}{exc.strerror} (errno {exc.errno})"
+    return str(exc) or exc.__class__.__name__
+
+
+# -- plain files ---------------------------------------------------------------------------
+
+
+def _publish_plain(
+    spool: Spool,
+    relpath: str,
+    source: Path,
+    st: os.stat_result,
+    folder: Path,
+    cancel: threading.Event | None,
+) -> Published:
+    name = source.name
+    final, shadowed = folder / name, folder / archive_name(name)
+    if _same_fs(source.parent, folder):
+        try:
+            mode = _link_into_place(spool, source, final, shadowed)
+        except OSError as exc:
+            if exc.errno not in NO_LINKS:
+                raise
+            log.info("%s: cannot hard-link here (%s); copying it instead", relpath, exc.strerror)
+        else:
+            # The inode now at the final name is the one linked, whatever the spool name
+            # points at since: only that inode's spool name may be removed later.
+            return Published(relpath, final, mode, signature=signature(final.stat()))
+    need = st.st_blocks * 512 + SPACE_MARGIN
+    require_space(folder, need, f"needs {size_text(need)} free to copy it into SRC")
+    staged = _staged(spool, folder, name)
+    try:
+        copy_sparse(source, staged, cancel)
+        apply_metadata(staged, st)
+        if not same_bytes(source, staged, cancel):
+            raise OSError(errno.EIO, "the copy differs from the spooled file", str(final))
+        if signature(source.stat()) != signature(st):
+            raise OSError(errno.EAGAIN, "changed while being copied", str(source))
+        check(cancel)
+        place(staged, final, shadowed)
+    finally:
+        staged.unlink(missing_ok=True)
+    return Published(relpath, final, "plain", signature=signature(st))
+
+
+def _link_into_place(spool: Spool, source: Path, final: Path, shadowed: Path) -> str:
+    """The spooled inode gets its final name too (the folder keeps its mtime)."""
+    folder = final.parent
+    with _PLACING:
+        before = folder.stat()
+        try:
+            try:
+                os.link(source, final)
+            except FileExistsError:
+                if os.path.samefile(source, final):
+                    return "already"  # linked before a crash: only the spool name is left
+                staged = _staged(spool, folder, final.name)
+                try:
+                    os.link(source, staged)
+                    os.replace(staged, final)  # over an older file, atomically
+                finally:
+                    staged.unlink(missing_ok=True)
+            shadowed.unlink(missing_ok=True)  # an archive of the name the file replaces
+        finally:
+            os.utime(folder, ns=(before.st_atime_ns, before.st_mtime_ns))
+    return "plain"
+
+
+def copy_sparse(source: Path, dest: Path, cancel: threading.Event | None) -> None:
+    """Copy data extents only (SEEK_DATA/SEEK_HOLE): a 1 TiB sparse file costs its data."""
+    fd_in = os.open(source, os.O_RDONLY)
+    try:
+        fd_out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            size = os.fstat(fd_in).st_size
+            os.ftruncate(fd_out, size)
+            for start, end in data_extents(fd_in, size):
+                _copy_range(fd_in, fd_out, start, end, cancel)
+            os.fsync(fd_out)
+        finally:
+            os.close(fd_out)
+    finally:
+        os.close(fd_in)
+
+
+def data_extents(fd: int, size: int) -> list[tuple[int, int]]:
+    """(start, end) of each data extent; the whole file where holes cannot be asked for."""
+    out, pos = [], 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:
+                break  # only a hole is left
+            return [(0, size)]  # SEEK_DATA not supported here
+        end = min(os.lseek(fd, start, os.SEEK_HOLE), size)
+        out.append((start, end))
+        pos = end
+    return out
+
+
+def _copy_range(
+    fd_in: int, fd_out: int, start: int, end: int, cancel: threading.Event | None
+) -> None:
+    pos = start
+    while pos < end:
+        check(cancel)
+        count = min(BLOCK, end - pos)
+        try:
+            done = os.copy_file_range(fd_in, fd_out, count, pos, pos)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise
+            data = os.pread(fd_in, count, pos)
+            done = os.pwrite(fd_out, data, pos) if data else 0
+        if done == 0:
+            raise OSError(errno.EAGAIN, "the file shrank while being copied")
+        pos += done
+
+
+def same_bytes(a: Path, b: Path, cancel: threading.Event | None) -> bool:
+    """Equal sizes and equal bytes over `a`'s data extents (its holes read as zeros in both:
+    `b` was written at those extents only)."""
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        size = os.fstat(fa.fileno()).st_size
+        if os.fstat(fb.fileno()).st_size != size:
+            return False
+        for start, end in data_extents(fa.fileno(), size):
+            for off in range(start, end, BLOCK):
+                check(cancel)
+                count = min(BLOCK, end - off)
+                if os.pread(fa.fileno(), count, off) != os.pread(fb.fileno(), count, off):
+                    return False
+    return True
+
+
+# -- archives ------------------------------------------------------------------------------
+
+
+def _publish_archive(
+    spool: Spool,
+    relpath: str,
+    source: Path,
+    st: os.stat_result,
+    folder: Path,
+    options: PackOptions | None,
+    cancel: threading.Event | None,
+    durable: bool,
+) -> Published:
+    # Imported here: zarr and tifffile cost the daemon's start-up ~0.2 s it need not pay.
+    from vfs.decant.packer import PackOptions, file_sha256, pack_file
+
+    def progress(_nbytes: int) -> None:
+        check(cancel)
+
+    name = source.name
+    target = folder / archive_name(name)
+    # Hashing first only pays when an archive is there: a restart after publish, pre-cleanup.
+    if target.is_file() and _archive_holds(target, st.st_size, file_sha256(source, progress)):
+        return Published(relpath, target, "already", signature=signature(st))
+    need = st.st_blocks * 512 + SPACE_MARGIN
+    require_space(folder, need, f"needs about {size_text(need)} free to pack")
+    staged = _staged(spool, folder, archive_name(name))
+    try:
+        result = pack_file(source, staged, options or PackOptions(), progress)
+        check(cancel)  # stopping: do not publish what was finished meanwhile
+        apply_metadata(staged, st)
+        place(staged, target, folder / name, durable)  # a real file of that name shadows it
+    finally:
+        staged.unlink(missing_ok=True)
+    return Published(relpath, target, result.mode, result.reason, signature(st), durable)
+
+
+def _looks_like_tiff(path: Path, size: int) -> bool:
+    from vfs.decant.tiffscan import NotByteExact, scan_tiff
+
+    with open(path, "rb") as fh:
+        head = fh.read(4)
+    if head[:2] not in (b"II", b"MM"):
+        return False
+    try:
+        scan_tiff(path, size)
+    except NotByteExact as exc:
+        return "not a TIFF" not in str(exc)  # compressed TIFFs are still archived (mode V)
+    return True
+
+
+def _archive_holds(archive: Path, size: int, sha: str) -> bool:
+    """True when `archive` already holds exactly these bytes (it verified before it was renamed
+    into place), so a restart after a crash between publish and cleanup need not pack again."""
+    from vfs.decant.reader import DecantArchive
+
+    if not archive.is_file():
+        return False
+    try:
+        with DecantArchive.open(archive) as a:
+            (info,) = a.originals()
+    except Exception:
+        return False
+    return info.size == size and info.sha256 == sha
+
+
+# -- shared steps --------------------------------------------------------------------------
+
+
+def check(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise PublishCancelled("the daemon is stopping")
+
+
+def require_space(folder: Path, need: int, what: str) -> None:
+    free = free_bytes(folder)
+    if free < need:
+        raise NoSpaceError(f"{what}; {size_text(free)} free on the filesystem of {folder}")
+
+
+def size_text(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} bytes"
+
+
+def _staged(spool: Spool, folder: Path, name: str) -> Path:
+    """A temp name to build `name` under: in the staging folder, so the target folder sees
+    one rename and keeps its mtime (what `rsync -a` set), else beside the target."""
+    spool.staging.mkdir(parents=True, exist_ok=True)
+    where = spool.staging if _same_fs(spool.staging, folder) else folder
+    return where / f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{name}"
+
+
+def apply_metadata(path: Path, st: os.stat_result) -> None:
+    """What `rsync -a` gave the file: mode bits, owner, group and (last) mtime."""
+    os.chmod(path, stat.S_IMODE(st.st_mode))
+    if os.geteuid() == 0:
+        os.chown(path, st.st_uid, st.st_gid)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def signature(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _same_fs(a: Path, b: Path) -> bool:
+    return os.stat(a).st_dev == os.stat(b).st_dev
+
+
+def place(staged: Path, final: Path, shadowed: Path, durable: bool = True) -> None:
+    """Rename a verified file to its final name and drop the entry it replaces in the mount
+    (a plain file shadowing a new archive, or the archive a plain file replaces). The folder
+    keeps its mtime: publishing changes nothing the mount shows, and a second `rsync -a`
+    must find the folder as it left it."""
+    from vfs.decant.writer import fsync_dir
+
+    if durable:
+        fd = os.open(staged, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # its bytes and the metadata just given, before the name points at it
+        finally:
+            os.close(fd)
+    folder = final.parent
+    with _PLACING:  # two workers placing into one folder must not restore each other's mtime
+        before = folder.stat()
+        os.replace(staged, final)
+        try:
+            shadowed.unlink(missing_ok=True)
+        finally:
+            if durable:
+                fsync_dir(folder)
+            os.utime(folder, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def sync_placed(targets: list[Path]) -> None:
+    """fsync archives placed without it, then each of their folders once: a batch's metadata
+    and names are durable before its spooled copies are deleted. On a journaling filesystem
+    the first fsync commits them all, so the others cost little (not syncfs: on a shared disk
+    that waits for everyone's dirty data)."""
+    from vfs.decant.writer import fsync_dir
+
+    for target in targets:
+        fd = os.open(target, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    for folder in {t.parent for t in targets}:
+        fsync_dir(folder)
+
+
+def placing_lock() -> threading.Lock:
+    """Held by anything else that changes a folder of SRC, so a publish restoring that folder's
+    mtime never puts back a value from before the change (rsync setting it, a mkdir)."""
+    return _PLACING
