@@ -206,24 +206,3 @@ def test_readahead_decodes_the_next_planes_and_asks_for_the_chunk_after(
         reader.readahead(start + 1)  # same place again: nothing new asked
         assert len(asked) == 1
         assert bytes(reader.read(0, reader.size)) == original
-
-
-def test_a_plane_read_by_blocks_twice_is_decoded_whole_in_the_background(
-    tiny_block_archives: dict[tuple[str, str], Path], corpus: dict[str, Path]
-) -> None:
-    path = tiny_block_archives[("zstack_u16.tif", "zstd:byteshuffle")]
-    original = corpus["zstack_u16.tif"].read_bytes()
-    with DecantArchive.open(path) as archive:
-        cache = PageCache(64 << 20)
-        reader = _reader(archive, cache, True)
-        start, length, page = _pixel_spans(reader)[2]
-        far = start + length - 8
-        assert bytes(reader.read(start, 8)) == original[start : start + 8]
-        assert not cache.present_or_loading((archive.cache_key, "p", page))
-        assert bytes(reader.read(far, 8)) == original[far : far + 8]  # second time: whole
-        (background,) = reader._background
-        background.result()
-        assert (archive.cache_key, "p", page) in cache
-        middle = start + length // 2
-        assert bytes(reader.read_cached(middle, 8) or b"") == original[middle : middle + 8]
-        reader.close()

@@ -94,7 +94,4 @@ class DecantFile:
         self.reader.readahead(offset)
 
     def close(self) -> None:
-        try:
-            self.reader.close()
-        finally:
-            self.archive.close()
+        self.archive.close()

@@ -7,14 +7,12 @@ raises; it never allocates more than one plane or husk block, and never serves a
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import stat
 import threading
-import weakref
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,7 +63,6 @@ class DecantArchive:
             st = store.stat or os.stat(path)
             self.cache_key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
         self._nested: dict[str, DecantArchive] = {}
-        self._readers: weakref.WeakSet[OriginalReader] = weakref.WeakSet()
         self._specs: dict[str, ArraySpec] = {}
         self.digests: Mapping[str, int] | None = store.digests
 
@@ -104,8 +101,6 @@ class DecantArchive:
             raise
 
     def close(self) -> None:
-        for reader in list(self._readers):  # their background decodes read through the store
-            reader.close()
         for sub in self._nested.values():
             sub.close()
         self.store.close()
@@ -239,10 +234,6 @@ class OriginalReader:
         self.sha256 = ""
         self.regions: RegionIndex
         self.partial_limit = PARTIAL_LIMIT
-        self._background: list[Future[memoryview]] = []  # whole-plane decodes in the pool
-        self._closed = False
-        self._lock = threading.Lock()
-        archive._readers.add(self)
         self._next = self._run = 0  # where the last read ended; bytes read in order up to it
 
     def read(self, offset: int, size: int) -> bytes | memoryview:
@@ -293,16 +284,7 @@ class OriginalReader:
         """Warm the cache for what follows `offset` (pages; a verbatim file has none to decode)."""
 
     def close(self) -> None:
-        """Wait for background decodes: they read through the archive's descriptor."""
-        with self._lock:
-            self._closed = True
-            pending, self._background = self._background, []
-        for future in pending:
-            future.cancel()
-        for future in pending:
-            with contextlib.suppress(Exception):  # a failed background decode costs nothing
-                if not future.cancelled():
-                    future.result()
+        pass
 
     def _region_bytes(
         self, region: Region, inner: int, n: int, cached_only: bool = False, small: bool = False
@@ -388,7 +370,6 @@ class PixelReader(OriginalReader):
         self._blocks = BlockSource(archive.store, self._pixels, cache, archive.cache_key)
         self._geometries: dict[tuple[Any, ...], PageGeometry] = {}
         self._prefetched = -1  # the page whose chunk read-ahead last asked the kernel for
-        self._touched: set[int] = set()  # pages read by blocks
         self._leading = self._check_pixels(pages, source)
         self._plane_order = self._check_plane_order(archive.manifest, source)
         self._check_stored(pages)
@@ -455,10 +436,7 @@ class PixelReader(OriginalReader):
         if region.page == HUSK:
             return self._husk(region.pos + inner, n, cached_only)
         start = region.pos + inner
-        key = self._page_key(region.page)
-        # A cached-only read may use blocks while the whole page is still loading; a read that
-        # may wait takes the whole page when it is cached or being decoded.
-        if key not in self.cache if cached_only else not self.cache.present_or_loading(key):
+        if not self.cache.present_or_loading(self._page_key(region.page)):
             part = self._page_part(region.page, start, n, cached_only, small)
             if part is not None:
                 return part
@@ -484,26 +462,11 @@ class PixelReader(OriginalReader):
             return None
         chunk = self._pixels.chunk_key(self._chunk_index(page))
         got = self._blocks.read(chunk, lo, hi, cached_only)
-        if not cached_only and got is not None:
-            self._touch(index)
         if got is None or (native and len(geom.pieces) == 1):
             return got
         _y, x, s = geom.shape
         rows = np.frombuffer(got, dtype=self._pixels.dtype).reshape(r1 - r0, x, s)
         return geom.extract(rows.astype(self._file_dtype, copy=False), r0, start, start + n)
-
-    def _touch(self, index: int) -> None:
-        """A plane read by blocks a second time is decoded whole in the background: a reader
-        that comes back to a plane gets cache hits (~0.1 ms) instead of a block decode each
-        time, and the read that comes back does not wait for it."""
-        if index not in self._touched:
-            self._touched.add(index)
-        elif not self.cache.present_or_loading(self._page_key(index)):
-            pool = _decode_pool()
-            with self._lock:
-                self._background = [f for f in self._background if not f.done()]
-                if not self._closed:
-                    self._background.append(pool.submit(self._page, index))
 
     def _geometry(self, page: PageRecord) -> PageGeometry:
         layout = (page.shape, page.planarconfig, page.tilewidth, page.tilelength)
