@@ -133,6 +133,14 @@ def _fail(code: int) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(code)
 
 
+def _listed(folder: Folder, name: str) -> Node:
+    """The node a folder listing holds under `name`, or ENOENT."""
+    node = folder.children.get(name)
+    if node is None:
+        raise _fail(errno.ENOENT)
+    return node
+
+
 class DecantOperations(pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
@@ -732,9 +740,7 @@ class DecantOperations(pyfuse3.Operations):
             text = self._check_name(name)
             async with self.inodes.locked(parent_inode):
                 folder = await self._fresh(parent_inode, max_age=RESCAN_INTERVAL)
-                node = folder.children.get(text)
-                if node is None:
-                    raise _fail(errno.ENOENT)
+                node = _listed(folder, text)
                 await self._quick(writer.unlink, self._node(parent_inode), text, node)
                 if self.queue is not None:
                     if node.spooled:
@@ -773,9 +779,7 @@ class DecantOperations(pyfuse3.Operations):
             text = self._check_name(name)
             async with self.inodes.locked(parent_inode):
                 folder = await self._fresh(parent_inode, max_age=RESCAN_INTERVAL)
-                node = folder.children.get(text)
-                if node is None:
-                    raise _fail(errno.ENOENT)
+                node = _listed(folder, text)
                 await self._quick(writer.rmdir, self._node(parent_inode), text, node)
                 folder.drop(text)
                 ino = self.inodes.known(node)
