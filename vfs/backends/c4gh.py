@@ -16,7 +16,7 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -174,8 +174,17 @@ class C4ghBackend:
         offset = _member_offset(path.name, member, entry)
         return self._member(self._reader(path, self._session(path)), member, entry, offset)
 
-    def open_at(self, folder: Folder, key: str, member: str, entry: Entry) -> MemberReader:
-        """`open` for the package at `key` of a folder that need not be local."""
+    def open_at(
+        self,
+        folder: Folder,
+        key: str,
+        member: str,
+        entry: Entry,
+        digests: Mapping[str, int] | None = None,
+    ) -> MemberReader:
+        """`open` for the package at `key` of a folder that need not be local. `digests` is
+        accepted for the shape every backend's `open_at` shares, and unused: each segment
+        carries its own MAC."""
         if isinstance(folder, LocalFolder):
             return self.open(folder.root / key, member, entry)
         offset = _member_offset(key.rpartition("/")[2], member, entry)
