@@ -85,6 +85,9 @@ def test_pack_several_inputs_under_a_prefix(
         url = s3_bucket.url(f"d/{name}.zarr.zip")
         assert f" -> {url}: " in out
         assert decant_cli("verify", url)[0] == 0
+    status, out, err = decant_cli("pack", corpus[TIFF], "-o", s3_bucket.url("one/"))
+    assert (status, err) == (0, "")  # one input, -o ending in '/': a prefix too
+    assert f" -> {s3_bucket.url(f'one/{TIFF}.zarr.zip')}: " in out
 
 
 def test_pack_to_a_bucket_refusals(
