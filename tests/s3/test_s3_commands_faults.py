@@ -118,7 +118,7 @@ def doomed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, K
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(seaweed, "free_ports", same_ports)  # a restart keeps ports (and volumes)
-        server.start()
+        start(server)
         proxy = KillingProxy(server)
         try:
             for key, value in server.env().items():
@@ -132,10 +132,14 @@ def doomed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[object, K
 
 
 def restart(server: object) -> None:
-    """Start the killed server again. Without the AWS_* variables: `weed` given them makes them
-    its only identity, and its unsigned readiness probe is then refused (403)."""
-    if server.proc is not None and server.proc.poll() is None:  # type: ignore[attr-defined]
-        return
+    """Start the killed server again (same ports, same data)."""
+    if server.proc is None or server.proc.poll() is not None:  # type: ignore[attr-defined]
+        start(server)
+
+
+def start(server: object) -> None:
+    """Start `weed` without the AWS_* variables (the session's server may have set them): given
+    them, it makes them its only identity, and its unsigned readiness probe is refused (403)."""
     with pytest.MonkeyPatch.context() as mp:
         for name in [n for n in os.environ if n.startswith("AWS_")]:
             mp.delenv(name)
