@@ -34,30 +34,30 @@ TEMP_SUFFIXES = ("Ab12Cd", "x9Y8z7")  # rsync: .NAME.XXXXXX
 # A spooled file that shadows a published one (rsync's rename over it) brings the old one back
 # when it is unlinked or renamed away; a published file renamed over a spooled one is hidden by
 # it. See test_unlink_of_a_file_renamed_over_a_published_one and its neighbours.
-AVOID_SHADOWING = True
+AVOID_SHADOWING = False
 # ops.rename looks the moved node's inode up after the write side changed the node's path: a
 # renamed real file, or a folder moved onto a name whose old inode the kernel still holds, gets
 # another inode (test_a_renamed_published_file_keeps_its_inode and ..._folder_...). The machine
 # then skips the "keeps its inode" checks.
-AVOID_INODE_LOOKUP_AFTER_MOVE = True
+AVOID_INODE_LOOKUP_AFTER_MOVE = False
 # A rename of a spooled file while the queue switches the mount over to its published copy
 # leaves that copy under the old name: see test_a_rename_while_the_mount_switches_to_...
-AVOID_RENAME_DURING_SWITCH = True
+AVOID_RENAME_DURING_SWITCH = False
 # Writing over a published file moves it into the spool, but its folder's listing keeps the old
 # entry, whose file is gone (ENOENT) until the folder is rescanned: see
 # test_a_published_file_written_again_reads_at_once. The machine rescans after such writes.
-AVOID_STALE_ENTRY_AFTER_REWRITE = True
+AVOID_STALE_ENTRY_AFTER_REWRITE = False
 # A rescan of a folder (its own lock) can read it under its old path while a rename (its
 # parents' locks) moves it, and then keeps the stale entries: see
 # test_a_rescan_that_races_a_rename_of_its_folder. The machine rescans only the parents then.
-AVOID_RESCAN_OF_A_MOVING_FOLDER = True
+AVOID_RESCAN_OF_A_MOVING_FOLDER = False
 # An inode handed out for a spooled file stops working (ENOENT) once the queue has published
 # it and deleted the spooled copy: see test_an_inode_looked_up_before_its_file_is_published.
 # The machine reads no bystander while publishing at once.
-AVOID_OPEN_ACROSS_PUBLISH = True
+AVOID_OPEN_ACROSS_PUBLISH = False
 # lookup and readdir give a spooled file the size it had when listed (0 after create): see
 # test_lookup_gives_a_written_file_its_size. The machine checks those sizes with getattr.
-AVOID_STALE_SPOOLED_SIZE = True
+AVOID_STALE_SPOOLED_SIZE = False
 
 payloads = st.one_of(st.just(b""), st.binary(min_size=0, max_size=2000).map(lambda b: b"x" + b))
 
@@ -102,7 +102,17 @@ class MountMachine(RuleBasedStateMachine):
             return self.m.run(fn, *args)
         except (AssertionError, pyfuse3.FUSEError, OSError) as exc:
             steps = "\n  ".join(self.trace)
-            raise AssertionError(f"{exc!r} after:\n  {steps}") from exc
+            raise AssertionError(f"{exc!r} after:\n  {steps}\n{self.disk()}") from exc
+
+    def disk(self) -> str:
+        """SRC and the spool as they are, for a failure's message."""
+        real = {
+            str(p.relative_to(self.src)): p.read_bytes() if p.is_file() else "dir"
+            for p in sorted(self.src.rglob("*"))
+            if ".decant-spool" not in p.parts
+        }
+        spooled = {rel: self.m.spool_path(rel).read_bytes() for rel in sorted(self.m.spooled())}
+        return f"SRC {real}\nspool {spooled}\nmodel {self.files}"
 
     def teardown(self) -> None:
         self._stack.close()
@@ -611,7 +621,6 @@ def test_lookup_gives_a_written_file_its_size(mount: InProcessMount) -> None:
     mount.run(go)
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_A_PUBLISHED_FILE_WRITTEN_AGAIN_READS_AT_ONCE)
 def test_a_published_file_written_again_reads_at_once(mount: InProcessMount) -> None:
     async def go() -> None:
         await mount.write_file("x", b"old")
@@ -623,7 +632,28 @@ def test_a_published_file_written_again_reads_at_once(mount: InProcessMount) -> 
     mount.run(go)
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_A_FOLDER_MOVED_ONTO_A_HELD_NAME_KEEPS_ITS_INODE)
+def test_a_published_file_truncated_reads_at_once(mount: InProcessMount) -> None:
+    from tests.unit.inprocess import FakeSetattrFields
+
+    async def go() -> None:
+        await mount.mkdir("d")
+        await mount.write_file("d/x", b"old data")
+        await mount.publish_all()
+        held = await mount.resolve("d/x")
+        await mount.readdir(await mount.resolve("d"))
+        attrs = pyfuse3.EntryAttributes()
+        attrs.st_size = 3
+        await mount.ops.setattr(held, attrs, FakeSetattrFields(update_size=True), None, mount.ctx)
+        assert (await mount.lookup(await mount.resolve("d"), "x")).st_ino == held
+        listed = await mount.readdir(await mount.resolve("d"))
+        assert [(n, a.st_ino, a.st_size) for n, a in listed] == [("x", held, 3)]
+        assert await mount.read_file("d/x") == b"old"
+        await mount.publish_all()
+        assert await mount.read_inode(held) == b"old"
+
+    mount.run(go)
+
+
 def test_a_folder_moved_onto_a_held_name_keeps_its_inode(mount: InProcessMount) -> None:
     async def go() -> None:
         await mount.write_file("b", b"file")
@@ -637,7 +667,6 @@ def test_a_folder_moved_onto_a_held_name_keeps_its_inode(mount: InProcessMount) 
     mount.run(go)
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_A_RENAMED_PUBLISHED_FILE_KEEPS_ITS_INODE)
 def test_a_renamed_published_file_keeps_its_inode(mount: InProcessMount) -> None:
     async def go() -> None:
         await mount.write_file("x", b"old")
@@ -661,7 +690,6 @@ async def _over_a_published_file(mount: InProcessMount) -> None:
     assert await mount.read_file("x") == b"new"
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_UNLINK_OF_A_FILE_RENAMED_OVER_A_PUBLISHED_ONE)
 def test_unlink_of_a_file_renamed_over_a_published_one(mount: InProcessMount) -> None:
     async def go() -> None:
         await _over_a_published_file(mount)
@@ -671,7 +699,6 @@ def test_unlink_of_a_file_renamed_over_a_published_one(mount: InProcessMount) ->
     mount.run(go)
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_RENAME_AWAY_OF_A_FILE_RENAMED_OVER_A_PUBLISHED_ONE)
 def test_rename_away_of_a_file_renamed_over_a_published_one(mount: InProcessMount) -> None:
     async def go() -> None:
         await _over_a_published_file(mount)
@@ -681,7 +708,6 @@ def test_rename_away_of_a_file_renamed_over_a_published_one(mount: InProcessMoun
     mount.run(go)
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_A_PUBLISHED_FILE_RENAMED_OVER_A_SPOOLED_ONE)
 def test_a_published_file_renamed_over_a_spooled_one(mount: InProcessMount) -> None:
     async def go() -> None:
         await mount.write_file("x", b"moved here")
@@ -778,5 +804,223 @@ def test_an_inode_looked_up_before_its_file_is_published(mount: InProcessMount) 
         assert await mount.publish_all() == 1
         assert (await mount.ops.getattr(held, mount.ctx)).st_size == 4
         assert await mount.read_inode(held) == b"data"
+
+    mount.run(go)
+
+
+# -- shadowing: a spooled file in front of a published one ---------------------------------
+
+
+@pytest.fixture
+def keeping(tmp_path: Path) -> Iterator[InProcessMount]:
+    """A mount without --allow-delete."""
+    with fake_session() as session:
+        src = tmp_path / "src"
+        src.mkdir()
+        m = InProcessMount(src, tmp_path, allow_delete=False)
+        m.session = session  # type: ignore[attr-defined]
+        yield m
+
+
+def test_without_allow_delete_a_file_replacing_a_published_one_is_not_deleted(
+    keeping: InProcessMount,
+) -> None:
+    async def go() -> None:
+        await _over_a_published_file(keeping)
+        with pytest.raises(pyfuse3.FUSEError) as caught:
+            await keeping.unlink("x")
+        assert caught.value.errno == errno.EPERM
+        assert await keeping.read_file("x") == b"new"
+        assert (keeping.config.src / "x").read_bytes() == b"old"
+        await keeping.rename("x", "z")  # a rename keeps the data: allowed, the old one goes
+        assert await keeping.listdir("") == ["z"]
+        await keeping.publish_all()
+        assert sorted(p.name for p in keeping.config.src.iterdir() if p.name[0] != ".") == ["z"]
+        assert await keeping.read_file("z") == b"new"
+
+    keeping.run(go)
+
+
+def test_without_allow_delete_a_file_just_published_can_still_be_deleted(
+    keeping: InProcessMount,
+) -> None:
+    """Its own published copy is in SRC before the mount switches to it: not an older
+    version, so the unlink is allowed, and nothing of it is left."""
+
+    async def go() -> None:
+        await keeping.write_file("x", b"data")
+        published = keeping.ops.published
+
+        done = False
+
+        async def switch(relpaths: list[str]) -> None:
+            nonlocal done
+            if not done:
+                done = True
+                assert (keeping.config.src / "x").is_file()
+                await keeping.unlink("x")
+            await published(relpaths)
+
+        assert keeping.queue is not None
+        keeping.queue.on_published = switch
+        await keeping.publish_all()
+        assert await keeping.listdir("") == []
+        assert not (keeping.config.src / "x").exists()
+        assert keeping.spooled() == {}
+
+    keeping.run(go)
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_real_file_renamed_over_one_being_switched_to_its_published_copy(
+    mount: InProcessMount, when: str
+) -> None:
+    """The spooled y is published; x is renamed over y before or after the mount shows the
+    published y: x wins, and the spooled y is never published over it."""
+
+    async def go() -> None:
+        await mount.write_file("x", b"moved here")
+        await mount.publish_all()
+        await mount.write_file("y", b"replaced")
+        published = mount.ops.published
+
+        done = False
+
+        async def switch(relpaths: list[str]) -> None:
+            nonlocal done
+            if done:
+                await published(relpaths)
+                return
+            done = True
+            if when == "after":
+                await published(relpaths)
+            await mount.rename("x", "y")
+            if when == "before":
+                await published(relpaths)
+
+        assert mount.queue is not None
+        mount.queue.on_published = switch
+        await mount.publish_all()
+        mount.queue.on_published = published
+        await mount.publish_all()
+        assert await mount.listdir("") == ["y"]
+        assert await mount.read_file("y") == b"moved here"
+        assert (mount.config.src / "y").read_bytes() == b"moved here"
+        assert mount.spooled() == {}
+
+    mount.run(go)
+
+
+def test_a_file_renamed_over_an_archive_and_away_takes_the_archive_along(
+    mount: InProcessMount, tmp_path: Path
+) -> None:
+    import numpy as np
+    import tifffile
+
+    tif = tmp_path / "t.tif"
+    tifffile.imwrite(tif, np.arange(64 * 64, dtype=np.uint16).reshape(64, 64))
+
+    async def go() -> None:
+        await mount.write_file("t.tif", tif.read_bytes())
+        await mount.publish_all()
+        assert (mount.config.src / "t.tif.zarr.zip").is_file()
+        await mount.write_file(".t.tif.Ab12Cd", b"not a tiff any more")
+        await mount.rename(".t.tif.Ab12Cd", "t.tif")
+        await mount.rename("t.tif", "u")
+        assert await mount.listdir("") == ["u"]
+        await mount.publish_all()
+        assert await mount.listdir("") == ["u"]
+        assert sorted(p.name for p in mount.config.src.iterdir() if p.name[0] != ".") == ["u"]
+
+    mount.run(go)
+
+
+def test_a_published_file_renamed_while_its_spooled_name_is_still_there(
+    mount: InProcessMount,
+) -> None:
+    """Found by the state machine: the mount shows the published x (a hard link of the spooled
+    file) and x is renamed before the queue removes the spooled name. The rename changed the
+    inode's ctime, so the queue took the spooled name for a newer version and published it
+    again: x came back beside its new name."""
+
+    async def go() -> None:
+        await mount.write_file("x", b"data")
+        published = mount.ops.published
+        done = False
+
+        async def switch(relpaths: list[str]) -> None:
+            nonlocal done
+            await published(relpaths)
+            if not done:
+                done = True
+                await mount.rename("x", "y")
+
+        assert mount.queue is not None
+        mount.queue.on_published = switch
+        await mount.publish_all()
+        await mount.publish_all()
+        assert await mount.listdir("") == ["y"]
+        assert await mount.read_file("y") == b"data"
+        assert sorted(p.name for p in mount.config.src.iterdir() if p.name[0] != ".") == ["y"]
+        assert mount.spooled() == {}
+
+    mount.run(go)
+
+
+def test_a_lookup_that_races_the_switch_to_the_published_file(mount: InProcessMount) -> None:
+    """Found by the state machine: lookup refreshes a spooled file's size in a worker thread;
+    the mount switched to the published file meanwhile and the spooled copy went, and the
+    lookup handed out a new inode for the spooled copy: open gave ENOENT."""
+    assert mount.ops.writer is not None
+    refresh = mount.ops.writer.refresh
+    raced = False
+
+    def refresh_then_publish(node: Any) -> Any:
+        nonlocal raced
+        fresh = refresh(node)
+        if node.spooled and not raced:
+            raced = True
+            trio.from_thread.run(mount.publish_all)
+        return fresh
+
+    async def go() -> None:
+        await mount.write_file("x", b"data")
+        mount.ops._quick.until = float("inf")  # spool calls in worker threads
+        mount.ops.writer.refresh = refresh_then_publish  # type: ignore[method-assign,union-attr]
+        attrs = await mount.lookup(ROOT_INODE, "x")
+        assert raced
+        assert await mount.read_inode(attrs.st_ino) == b"data"
+
+    mount.run(go)
+
+
+def test_a_spooled_file_renamed_over_one_the_mount_is_switching_to(
+    mount: InProcessMount,
+) -> None:
+    """Found by the state machine: the new file renamed over x while the mount switched x
+    to its published (older) copy; the listing kept showing the older copy."""
+
+    async def go() -> None:
+        await mount.write_file("x", b"older")
+        await mount.write_file("y", b"new")
+        published = mount.ops.published
+        done = False
+
+        async def switch(relpaths: list[str]) -> None:
+            nonlocal done
+            if not done:
+                done = True
+                await mount.rename("y", "x")
+            await published(relpaths)
+
+        assert mount.queue is not None
+        mount.queue.on_published = switch
+        await mount.publish_all()
+        assert await mount.listdir("") == ["x"]
+        assert (await mount.lookup(ROOT_INODE, "x")).st_size == 3
+        assert await mount.read_file("x") == b"new"
+        mount.queue.on_published = published
+        await mount.publish_all()
+        assert await mount.read_file("x") == b"new"
 
     mount.run(go)

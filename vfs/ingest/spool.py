@@ -47,6 +47,10 @@ class Spool:
         self.files = files
         self.staging = staging or src / STAGING
         self.files.mkdir(parents=True, exist_ok=True)
+        # (st_dev, st_ino) of what publishing each relpath put into SRC, until its spooled
+        # name goes: that entry is the file's own copy, not an older version it replaces.
+        # Written and read under the placing lock.
+        self._placed: dict[str, tuple[int, int]] = {}
 
     def path(self, relpath: str) -> Path:
         return self.files / relpath
@@ -163,6 +167,36 @@ class Spool:
                 removed.append(path)
         return removed
 
+    def mark_placed(self, relpath: str, st: os.stat_result) -> None:
+        self._placed[relpath] = (st.st_dev, st.st_ino)
+
+    def placed_copy(self, relpath: str, path: Path) -> bool:
+        """Is the entry at `path` what publishing `relpath` put there (a hard link of it, or
+        the archive or copy made of it), rather than an older version it replaces?"""
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            return True
+        ident = (st.st_dev, st.st_ino)
+        if ident == self._placed.get(relpath):
+            return True
+        try:
+            mine = self.path(relpath).lstat()
+        except FileNotFoundError:
+            return False
+        return ident == (mine.st_dev, mine.st_ino)
+
+    def discard(self, relpath: str) -> bool:
+        """Delete the spooled file `relpath` if there is one (a file renamed or deleted over
+        its name through the mount); True if there was."""
+        self._placed.pop(relpath, None)
+        try:
+            os.unlink(self.path(relpath))
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return False
+        self.prune_dirs(str(Path(relpath).parent))
+        return True
+
     def remove_many(self, done: list[tuple[str, tuple[int, ...]]]) -> list[bool]:
         """`remove` for a batch of (relpath, signature): one worker-thread call, not one each."""
         return [self.remove(relpath, sig) for relpath, sig in done]
@@ -178,6 +212,7 @@ class Spool:
             except FileNotFoundError:
                 return True
         path.unlink(missing_ok=True)
+        self._placed.pop(relpath, None)
         self.prune_dirs(str(Path(relpath).parent))
         return True
 
