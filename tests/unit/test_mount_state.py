@@ -100,7 +100,7 @@ class MountMachine(RuleBasedStateMachine):
         self.trace.append(what)
         try:
             return self.m.run(fn, *args)
-        except (AssertionError, pyfuse3.FUSEError, OSError) as exc:
+        except (AssertionError, pyfuse3.FUSEError, OSError, ExceptionGroup) as exc:
             steps = "\n  ".join(self.trace)
             raise AssertionError(f"{exc!r} after:\n  {steps}\n{self.disk()}") from exc
 

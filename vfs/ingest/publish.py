@@ -180,6 +180,7 @@ def _publish_plain(
             if exc.errno not in NO_LINKS:
                 raise
             log.info("%s: cannot hard-link here (%s); copying it instead", relpath, exc.strerror)
+            st = source.stat()  # a link made and undone meanwhile moved its ctime
         else:
             # The inode now at the final name is the one linked, whatever the spool name
             # points at since: only that inode's spool name may be removed later.
@@ -194,7 +195,7 @@ def _publish_plain(
         if not same_bytes(source, staged, cancel):
             raise OSError(errno.EIO, "the copy differs from the spooled file", str(final))
         check(cancel)
-        placed = place(staged, final, shadowed, source=(spool, relpath, st))
+        placed = place(spool, staged, final, shadowed, source=(relpath, st))
     finally:
         staged.unlink(missing_ok=True)
     return Published(relpath, final, "plain", signature=signature(st), placed=placed)
@@ -209,6 +210,7 @@ def _link_into_place(
     finds its published copy in place (and replaces or removes it)."""
     folder = final.parent
     mode = "plain"
+    doomed: list[Path | None] = []
     with _PLACING:
         before = folder.stat()
         try:
@@ -221,15 +223,18 @@ def _link_into_place(
                     staged = _staged(spool, folder, final.name)
                     try:
                         os.link(source, staged)
+                        doomed.append(_keep_older(spool, final))
                         os.replace(staged, final)  # over an older file, atomically
                     finally:
                         staged.unlink(missing_ok=True)
             if mode == "plain":
-                shadowed.unlink(missing_ok=True)  # an archive of the name the file replaces
+                doomed.append(set_aside(spool, shadowed))  # an archive of the name
             placed = final.stat()
             spool.mark_placed(relpath, placed)
         finally:
             os.utime(folder, ns=(before.st_atime_ns, before.st_mtime_ns))
+    for path in doomed:
+        remove_tree(path)
     return mode, placed
 
 
@@ -335,7 +340,7 @@ def _publish_archive(
         check(cancel)  # stopping: do not publish what was finished meanwhile
         apply_metadata(staged, st)
         # A real file of that name would shadow it: it goes.
-        placed = place(staged, target, folder / name, durable, source=(spool, relpath, st))
+        placed = place(spool, staged, target, folder / name, durable, source=(relpath, st))
     finally:
         staged.unlink(missing_ok=True)
     return Published(relpath, target, result.mode, result.reason, signature(st), durable, placed)
@@ -415,7 +420,7 @@ def _ident(st: os.stat_result) -> tuple[int, int]:
     return (st.st_dev, st.st_ino)
 
 
-def retract(target: Path, placed: tuple[int, int]) -> None:
+def retract(spool: Spool, target: Path, placed: tuple[int, int]) -> None:
     """Withdraw what a publish placed at `target` (its source was deleted or renamed through
     the mount meanwhile), if it is still there: not a file renamed over it since."""
     with _PLACING:
@@ -424,27 +429,48 @@ def retract(target: Path, placed: tuple[int, int]) -> None:
                 return
         except FileNotFoundError:
             return
-        doomed = set_aside(target)
+        doomed = set_aside(spool, target)
     remove_tree(doomed)
 
 
-def set_aside(path: Path) -> Path:
-    """Take `path` off its name at once (the caller holds the placing lock): a folder is
-    renamed to a temp name (never shown, removed at start if a crash leaves it) for
-    `remove_tree` to delete outside the lock; a file is unlinked."""
-    if path.is_dir() and not path.is_symlink():
-        doomed = path.parent / f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-gone"
-        os.rename(path, doomed)
-        return doomed
-    path.unlink(missing_ok=True)
-    return path
+def set_aside(spool: Spool, path: Path) -> Path | None:
+    """Take `path` off its name at once (the caller holds the placing lock): renamed into the
+    staging folder (never shown; cleared at start if a crash leaves it there), for
+    `remove_tree` to delete outside the lock. Freeing a large file's blocks or a folder
+    archive's files takes long, and handlers on the event loop wait for this lock. None if
+    there was nothing."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return None
+    doomed = _staged(spool, path.parent, "gone")
+    os.rename(path, doomed)
+    return doomed
 
 
-def remove_tree(doomed: Path) -> None:
+def _keep_older(spool: Spool, final: Path) -> Path | None:
+    """An older file at `final` gets a staging name too, so replacing it does not free its
+    blocks under the placing lock (`remove_tree` does, after). None if there is none, or it
+    cannot be linked (then the replace frees it)."""
+    try:
+        if stat.S_ISDIR(os.lstat(final).st_mode):
+            return None
+        older = _staged(spool, final.parent, "gone")
+        os.link(final, older)
+    except OSError:
+        return None
+    return older
+
+
+def remove_tree(doomed: Path | None) -> None:
     import shutil
 
+    if doomed is None:
+        return
     if doomed.is_dir() and not doomed.is_symlink():
         shutil.rmtree(doomed, ignore_errors=True)
+    else:
+        doomed.unlink(missing_ok=True)
 
 
 def _same_fs(a: Path, b: Path) -> bool:
@@ -452,17 +478,18 @@ def _same_fs(a: Path, b: Path) -> bool:
 
 
 def place(
+    spool: Spool,
     staged: Path,
     final: Path,
     shadowed: Path,
     durable: bool = True,
-    source: tuple[Spool, str, os.stat_result] | None = None,
+    source: tuple[str, os.stat_result] | None = None,
 ) -> tuple[int, int]:
     """Rename a verified file to its final name and drop the entry it replaces in the mount
     (a plain file shadowing a new archive, or the archive a plain file replaces). The folder
     keeps its mtime: publishing changes nothing the mount shows, and a second `rsync -a`
-    must find the folder as it left it. With `source` (the spool, relpath and stat the file
-    was built from), nothing is placed unless that spooled file is still there unchanged,
+    must find the folder as it left it. With `source` (the relpath and stat of the spooled
+    file it was built from), nothing is placed unless that spooled file is still there unchanged,
     checked under the placing lock: one renamed away or deleted through the mount meanwhile
     is never published over a name that holds something else now. Returns (st_dev, st_ino)
     of what was placed."""
@@ -475,20 +502,24 @@ def place(
         finally:
             os.close(fd)
     folder = final.parent
+    doomed: list[Path | None] = []
     with _PLACING:  # two workers placing into one folder must not restore each other's mtime
         if source is not None:
-            spool, relpath, st = source
+            relpath, st = source
             if signature(spool.path(relpath).stat()) != signature(st):
                 raise SourceChangedError(spool.path(relpath))
         before = folder.stat()
-        os.replace(staged, final)
         try:
-            shadowed.unlink(missing_ok=True)
+            doomed.append(_keep_older(spool, final))
+            os.replace(staged, final)
+            doomed.append(set_aside(spool, shadowed))
             placed = final.stat()
             if source is not None:
-                source[0].mark_placed(source[1], placed)
+                spool.mark_placed(source[0], placed)
         finally:
             os.utime(folder, ns=(before.st_atime_ns, before.st_mtime_ns))
+    for path in doomed:
+        remove_tree(path)
     if durable:
         fsync_dir(folder)  # not under the lock: handlers on the event loop wait for it
     return _ident(placed)

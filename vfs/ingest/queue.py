@@ -406,7 +406,8 @@ class PackQueue:
                          "own", item.relpath)  # fmt: skip
                 changed.append(item.relpath)  # the mount may have switched to what was published
                 continue
-            await trio.to_thread.run_sync(retract, published.target, published.placed)
+            await trio.to_thread.run_sync(retract, item.spool, published.target,
+                                          published.placed)  # fmt: skip
             changed.append(item.relpath)
             log.info("%s: removed while publishing; what was published is withdrawn",
                      item.relpath)  # fmt: skip

@@ -159,7 +159,7 @@ class WriteSide:
             else:
                 self._check_removable(behind)
                 with placing_lock():
-                    doomed = set_aside(behind.real)
+                    doomed = set_aside(self.spool, behind.real)
                     self.spool.rename(old_rel, new_rel)
                 remove_tree(doomed)
             return spooled_node(self.spool.path(new_rel), new_rel, self.spool.path(new_rel).stat())
@@ -203,7 +203,7 @@ class WriteSide:
                 if not self.allow_delete and not own:
                     why = "deleting needs --allow-delete (a newer version is not yet published)"
                     raise refuse(errno.EPERM, f"{behind.real}: {why}")
-                doomed = set_aside(behind.real)
+                doomed = set_aside(self.spool, behind.real)
                 self.spool.discard(node.spooled)
             remove_tree(doomed)
             return
@@ -213,7 +213,7 @@ class WriteSide:
         with placing_lock():
             if not node.real.exists():
                 raise refuse(errno.ENOENT, str(node.real))
-            doomed = set_aside(node.real)  # a directory archive (NAME.zarr/) is deleted after
+            doomed = set_aside(self.spool, node.real)  # deleted after the lock
             if not node.is_dir:
                 self.spool.discard(self._rel(parent, name))  # one being switched to this file
         remove_tree(doomed)
