@@ -47,3 +47,29 @@ def test_calls_that_block_go_to_threads_after_a_few(monkeypatch: pytest.MonkeyPa
     assert seen[5 : 5 + ops.QUICK_SLOW] == [True] * ops.QUICK_SLOW  # one stall is no pattern
     assert seen[-1] is False  # after QUICK_SLOW stalls: a worker thread
     assert quick.until > time.monotonic()
+
+
+def test_one_long_stall_is_enough_and_stalls_that_go_on_wait_longer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ops, "QUICK_STALL", 0.01)
+    monkeypatch.setattr(ops, "QUICK_COOLDOWN", 0.05)
+    quick = QuickCalls()
+
+    def stalled() -> int:
+        time.sleep(0.02)  # one call blocked past QUICK_STALL
+        return threading.get_ident()
+
+    async def main() -> tuple[bool, float, float]:
+        here = threading.get_ident()
+        inline = await quick(stalled) == here
+        first = quick.until - time.monotonic()
+        while time.monotonic() < quick.until:
+            await trio.sleep(0.01)
+        await quick(stalled)  # blocks again right after the cooldown: a longer one
+        return inline, first, quick.until - time.monotonic()
+
+    inline, first, second = trio.run(main)
+    assert inline
+    assert 0 < first <= 0.05
+    assert second > 0.05

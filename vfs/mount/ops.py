@@ -50,6 +50,8 @@ QUICK_LIMIT = 0.02  # seconds (above the GIL's 5 ms switch interval): see QuickC
 QUICK_SLOW = 3
 QUICK_WINDOW = 5.0
 QUICK_COOLDOWN = 5.0
+QUICK_STALL = 0.1  # one call blocked this long sends them to threads at once
+QUICK_COOLDOWN_MAX = 120.0  # cooldowns double while stalls go on, up to this
 QUICK_WRITE = 64 * 1024  # larger writes always go to a worker thread (the data path)
 QUICK_FREE = 16 << 20  # truncating or deleting a larger file frees blocks: a worker thread
 
@@ -97,13 +99,22 @@ class QuickCalls:
     thread while they stay fast. A call that slept in the kernel (a voluntary context switch)
     for longer than QUICK_LIMIT is slow; QUICK_SLOW of those within QUICK_WINDOW seconds (a
     stalled disk, NFS, a journal busy with fsyncs) send them all to worker threads for
-    QUICK_COOLDOWN seconds. One stall alone does not: a journal commit holds up one create now
-    and then. Being preempted on a busy machine never counts."""
+    QUICK_COOLDOWN seconds. One short stall alone does not: a journal commit holds up one
+    create now and then. Being preempted on a busy machine never counts.
+
+    What this cannot bound: a call runs to its end once started, so one call on a disk that
+    stops answering holds the event loop (and every read of the mount) until the disk
+    answers. It bounds how often: a call blocked for QUICK_STALL sends them to threads at once,
+    and each cooldown that ends in another stall doubles (up to QUICK_COOLDOWN_MAX), so a
+    stalled disk costs one blocked call per cooldown, not one per request. Calls whose cost
+    grows with the data (truncating or deleting large files, folder archives) never come here
+    (`DecantOperations._io`), and nothing slow holds the placing lock these calls can take."""
 
     def __init__(self) -> None:
         self.until = 0.0
         self.slow: deque[float] = deque(maxlen=QUICK_SLOW)
         self.logged = False
+        self.cooldown = QUICK_COOLDOWN
 
     async def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
         start = time.monotonic()
@@ -120,14 +131,18 @@ class QuickCalls:
     def _slow(self, took: float) -> None:
         now = time.monotonic()
         self.slow.append(now)
-        if len(self.slow) < QUICK_SLOW or now - self.slow[0] > QUICK_WINDOW:
+        pattern = len(self.slow) >= QUICK_SLOW and now - self.slow[0] <= QUICK_WINDOW
+        if not pattern and took < QUICK_STALL:
             return
-        self.until = now + QUICK_COOLDOWN
+        # Stalling again soon after a cooldown: the disk is still slow, wait longer.
+        again = now - self.until < self.cooldown
+        self.cooldown = min(QUICK_COOLDOWN_MAX, 2 * self.cooldown) if again else QUICK_COOLDOWN
+        self.until = now + self.cooldown
         self.slow.clear()
         level = logging.DEBUG if self.logged else logging.INFO
         self.logged = True
         log.log(level, "spool operations blocked (the last for %.0f ms): they go to worker threads "
-                "for %g s", took * 1e3, QUICK_COOLDOWN)  # fmt: skip
+                "for %g s", took * 1e3, self.cooldown)  # fmt: skip
 
 
 def _fail(code: int) -> pyfuse3.FUSEError:
