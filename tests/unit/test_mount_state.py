@@ -1024,3 +1024,36 @@ def test_a_spooled_file_renamed_over_one_the_mount_is_switching_to(
         assert await mount.read_file("x") == b"new"
 
     mount.run(go)
+
+
+def test_a_folder_renamed_while_a_publish_takes_its_last_spooled_file(
+    mount: InProcessMount,
+) -> None:
+    """Found by the state machine: the queue removed the folder's last spooled file (and the
+    emptied spool folder) between the folder's rename in SRC and in the spool: the rename
+    failed with ENOENT after SRC had moved."""
+    spool = mount.tree.spool
+    assert spool is not None and mount.queue is not None
+    rename = spool.rename
+
+    def emptied_first(old: str, new: str) -> None:
+        if old == "c":
+            spool.remove("c/x")  # what the switch does once the mount shows the published x
+        rename(old, new)
+
+    async def go() -> None:
+        await mount.mkdir("c")
+        await mount.write_file("c/x", b"data")
+        batch = list(mount.queue.items.values())
+        for item in batch:
+            item.state = "packing"
+        outcomes = await trio.to_thread.run_sync(mount.queue._work, batch)
+        spool.rename = emptied_first  # type: ignore[method-assign]
+        await mount.rename("c", "d")
+        await mount.queue._settle(batch, outcomes)
+        await mount.publish_all()
+        assert await mount.listdir("") == ["d"]
+        assert await mount.listdir("d") == ["x"]
+        assert await mount.read_file("d/x") == b"data"
+
+    mount.run(go)

@@ -15,8 +15,9 @@ import re
 import shutil
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from vfs.decant import TEMP_PREFIX
 from vfs.ingest.publish import Outcome, Published, archive_name, attempt, publish
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from vfs.decant.packer import PackOptions
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # rsync writes `.name.XXXXXX` and renames it into place when the transfer is done.
 _TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9]{6}$")
@@ -76,11 +78,7 @@ class Spool:
         """Create (or truncate) a spooled file; returns an fd open for reading and writing."""
         path = self.path(relpath)
         flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
-        try:
-            fd = os.open(path, flags, stat.S_IMODE(mode) | 0o600)
-        except FileNotFoundError:  # its folder is not in the spool yet
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, flags, stat.S_IMODE(mode) | 0o600)
+        fd: int = _into_folder(path, lambda: os.open(path, flags, stat.S_IMODE(mode) | 0o600))
         try:
             os.fchmod(fd, stat.S_IMODE(mode))
             if os.geteuid() == 0:
@@ -91,20 +89,13 @@ class Spool:
         return fd
 
     def rename(self, old: str, new: str) -> None:
-        target = self.path(new)
-        try:
-            os.replace(self.path(old), target)
-        except FileNotFoundError:
-            if not self.path(old).exists():
-                raise
-            target.parent.mkdir(parents=True, exist_ok=True)  # a folder not in the spool yet
-            os.replace(self.path(old), target)
+        source, target = self.path(old), self.path(new)
+        _into_folder(target, lambda: os.replace(source, target), source)
 
     def adopt(self, real: Path, relpath: str) -> None:
         """Move a real file of SRC into the spool (a real file renamed or reopened for writing)."""
         target = self.path(relpath)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(real, target)
+        _into_folder(target, lambda: os.replace(real, target), real)
 
     def walk(self) -> dict[str, os.stat_result]:
         """Every spooled file, by relpath."""
@@ -215,6 +206,20 @@ class Spool:
         self._placed.pop(relpath, None)
         self.prune_dirs(str(Path(relpath).parent))
         return True
+
+
+def _into_folder(target: Path, make: Callable[[], T], source: Path | None = None) -> T:
+    """make() something at `target` in the spool, making its folder when it is missing: a
+    folder not spooled into yet, or one a publish just pruned as empty (so, a few times).
+    FileNotFoundError when `source` is the missing one."""
+    for _ in range(3):
+        try:
+            return make()
+        except FileNotFoundError:
+            if source is not None and not os.path.lexists(source):
+                raise
+            target.parent.mkdir(parents=True, exist_ok=True)
+    return make()
 
 
 def remove_orphans(src: Path, skip: Path) -> list[Path]:

@@ -9,6 +9,7 @@ publish putting a folder's mtime back never undoes a change made meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -168,9 +169,11 @@ class WriteSide:
         target = self.root / new_rel
         with placing_lock():
             os.rename(node.real, target)
-            if node.is_dir:
-                if self.spool.path(old_rel).is_dir():
-                    self.spool.rename(old_rel, new_rel)  # files still spooled inside move along
+            if node.is_dir and self.spool.path(old_rel).is_dir():
+                # Files still spooled inside move along (none, if a publish just took the
+                # last of them and pruned the folder).
+                with contextlib.suppress(FileNotFoundError):
+                    self.spool.rename(old_rel, new_rel)
             else:
                 self.spool.discard(new_rel)
                 self._discard_link(old_rel, target)
