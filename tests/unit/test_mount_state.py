@@ -4,8 +4,7 @@ unlinks, mkdir/rmdir, forgets, rescans, readdir in small batches while the folde
 publishing by the pack queue, some of them at once in one trio nursery. After every step the
 visible tree (readdir, lookup sizes, file bytes) must equal a plain-dict model.
 
-Known bugs in ops.py/writeside.py are shown by the xfail tests at the end; while they stand,
-`AVOID_*` keep the machine off those paths so it can find others."""
+Bugs it found, and the ones found before it, stay below as single scenarios."""
 
 from __future__ import annotations
 
@@ -31,33 +30,6 @@ from vfs.mount.inodes import ROOT_INODE
 NAMES = ("a", "b", "c", "d")  # files and folders share them, so they collide
 MAX_DEPTH = 2
 TEMP_SUFFIXES = ("Ab12Cd", "x9Y8z7")  # rsync: .NAME.XXXXXX
-# A spooled file that shadows a published one (rsync's rename over it) brings the old one back
-# when it is unlinked or renamed away; a published file renamed over a spooled one is hidden by
-# it. See test_unlink_of_a_file_renamed_over_a_published_one and its neighbours.
-AVOID_SHADOWING = False
-# ops.rename looks the moved node's inode up after the write side changed the node's path: a
-# renamed real file, or a folder moved onto a name whose old inode the kernel still holds, gets
-# another inode (test_a_renamed_published_file_keeps_its_inode and ..._folder_...). The machine
-# then skips the "keeps its inode" checks.
-AVOID_INODE_LOOKUP_AFTER_MOVE = False
-# A rename of a spooled file while the queue switches the mount over to its published copy
-# leaves that copy under the old name: see test_a_rename_while_the_mount_switches_to_...
-AVOID_RENAME_DURING_SWITCH = False
-# Writing over a published file moves it into the spool, but its folder's listing keeps the old
-# entry, whose file is gone (ENOENT) until the folder is rescanned: see
-# test_a_published_file_written_again_reads_at_once. The machine rescans after such writes.
-AVOID_STALE_ENTRY_AFTER_REWRITE = False
-# A rescan of a folder (its own lock) can read it under its old path while a rename (its
-# parents' locks) moves it, and then keeps the stale entries: see
-# test_a_rescan_that_races_a_rename_of_its_folder. The machine rescans only the parents then.
-AVOID_RESCAN_OF_A_MOVING_FOLDER = False
-# An inode handed out for a spooled file stops working (ENOENT) once the queue has published
-# it and deleted the spooled copy: see test_an_inode_looked_up_before_its_file_is_published.
-# The machine reads no bystander while publishing at once.
-AVOID_OPEN_ACROSS_PUBLISH = False
-# lookup and readdir give a spooled file the size it had when listed (0 after create): see
-# test_lookup_gives_a_written_file_its_size. The machine checks those sizes with getattr.
-AVOID_STALE_SPOOLED_SIZE = False
 
 payloads = st.one_of(st.just(b""), st.binary(min_size=0, max_size=2000).map(lambda b: b"x" + b))
 
@@ -133,32 +105,8 @@ class MountMachine(RuleBasedStateMachine):
     def spooled(self, path: str) -> bool:
         return self.m.spool_path(path).is_file()
 
-    def has_spooled(self, path: str) -> bool:
-        """`path` is a spooled file, or a folder with spooled files below it."""
-        return self.spooled(path) or any(self.m.spooled_below(path))
-
-    def shadowing(self, path: str) -> bool:
-        """A spooled file in front of a published one of the same name."""
-        return self.spooled(path) and (self.src / path).is_file()
-
     def movable_files(self) -> list[str]:
-        return sorted(p for p in self.files if not (AVOID_SHADOWING and self.shadowing(p)))
-
-    def rename_ok(self, old: str, new: str) -> bool:
-        # a published file renamed over a spooled one
-        return not (AVOID_SHADOWING and not self.spooled(old) and self.spooled(new))
-
-    def keeps_inode(self, old: str, new: str) -> bool:
-        """Whether the rename of `old` to `new` can be held to keep its inode (AVOID_...): not
-        while another inode stands for either path, nor for a real file."""
-        if not AVOID_INODE_LOOKUP_AFTER_MOVE:
-            return True
-        table = self.m.ops.inodes
-        paths = {self.src / old, self.src / new}
-        if sum(1 for ino in list(table._nodes) if table.get(ino).real in paths) > 1:
-            return False
-        taken = (str(self.src / new), "", "", ()) in table._ino_of
-        return (old in self.dirs and not taken) or self.spooled(old)
+        return sorted(self.files)
 
     def model_rename(self, old: str, new: str) -> None:
         if old in self.files:
@@ -187,10 +135,7 @@ class MountMachine(RuleBasedStateMachine):
         self.files[path] = payload
 
     async def write_file(self, path: str, payload: bytes) -> None:
-        rewrite = (self.src / path).is_file() and not self.spooled(path)
         await self.m.write_file(path, payload)
-        if rewrite and AVOID_STALE_ENTRY_AFTER_REWRITE:
-            await self.m.ops.rescan(await self.m.resolve(path.rpartition("/")[0]), force=True)
 
     @rule(data=st.data(), payload=payloads, publish_between=st.booleans())
     def rsync_write(self, data: st.DataObject, payload: bytes, publish_between: bool) -> None:
@@ -212,19 +157,17 @@ class MountMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def rename_file(self, data: st.DataObject) -> None:
-        pairs = [(o, n) for o in self.movable_files() for n in self.file_targets(exclude=o)
-                 if self.rename_ok(o, n)]  # fmt: skip
+        pairs = [(o, n) for o in self.movable_files() for n in self.file_targets(exclude=o)]
         old, new = pick(data, pairs, "rename") or ("", "")
         if not old:
             return
 
         async def go() -> None:
             held = await self.m.resolve(old)
-            keeps = self.keeps_inode(old, new)
             await self.m.rename(old, new)
             parent = await self.m.resolve(new.rpartition("/")[0])
             attrs = await self.m.lookup(parent, new.rpartition("/")[2])
-            assert attrs.st_ino == held or not keeps, "a renamed file keeps its inode"
+            assert attrs.st_ino == held, "a renamed file keeps its inode"
             assert await self.m.read_inode(held) == self.files[old]
 
         self.run(f"rename {old} {new}", go)
@@ -286,11 +229,10 @@ class MountMachine(RuleBasedStateMachine):
         async def go() -> None:
             held = await self.m.resolve(old)
             child = await self.m.resolve(inside[0]) if inside else None
-            keeps = self.keeps_inode(old, new)
             await self.m.rename(old, new)
             parent = await self.m.resolve(new.rpartition("/")[0])
             got = (await self.m.lookup(parent, new.rpartition("/")[2])).st_ino
-            assert got == held or not keeps, "a renamed folder keeps its inode"
+            assert got == held, "a renamed folder keeps its inode"
             for path in inside:  # at once, under the new name and through the held inode
                 name = path.rpartition("/")[2]
                 attrs = await self.m.lookup(held, name)
@@ -364,7 +306,7 @@ class MountMachine(RuleBasedStateMachine):
                 await self.m.unlink(path)
                 del self.files[path]
             elif (kind == "rename" and path in self.movable_files() and dest != path
-                  and dest not in self.dirs and self.rename_ok(path, dest)):  # fmt: skip
+                  and dest not in self.dirs):  # fmt: skip
                 await self.m.rename(path, dest)
                 self.model_rename(path, dest)
             else:
@@ -386,14 +328,11 @@ class MountMachine(RuleBasedStateMachine):
     def concurrent_rename_and_rescans(self, data: st.DataObject, publish: bool) -> None:
         """A rename, rescans of both folders (and of a moved folder), a lookup and maybe the
         pack queue, all at once in one nursery."""
-        moves = [(o, n) for o in self.movable_files() for n in self.file_targets(exclude=o)
-                 if self.rename_ok(o, n)]  # fmt: skip
+        moves = [(o, n) for o in self.movable_files() for n in self.file_targets(exclude=o)]
         moves += self.folder_moves()
         old, new = pick(data, moves, "move") or ("", "")
         if not old:
             return
-        if AVOID_RENAME_DURING_SWITCH and self.has_spooled(old):
-            publish = False
         folders = {old.rpartition("/")[0], new.rpartition("/")[0]}
         bystanders = sorted(p for p in self.files if p != old and p != new
                             and not p.startswith(old + "/"))  # fmt: skip
@@ -407,10 +346,10 @@ class MountMachine(RuleBasedStateMachine):
                 for folder, ino in inos.items():
                     nursery.start_soon(m.ops.rescan, ino, True)
                     nursery.start_soon(m.ops.on_changed, {self.src / folder})
-                if old in self.dirs and not AVOID_RESCAN_OF_A_MOVING_FOLDER:
+                if old in self.dirs:
                     nursery.start_soon(m.ops.on_changed, {self.src / old})
                     nursery.start_soon(self._rescan_quietly, moved_ino)
-                if bystanders and not (publish and AVOID_OPEN_ACROSS_PUBLISH):
+                if bystanders:
                     nursery.start_soon(m.read_file, bystanders[0])
                 if publish:
                     nursery.start_soon(m.publish_all)
@@ -430,8 +369,6 @@ class MountMachine(RuleBasedStateMachine):
             assert stat.S_ISDIR(attrs.st_mode), path
             return
         assert stat.S_ISREG(attrs.st_mode), path
-        if AVOID_STALE_SPOOLED_SIZE and self.spooled(path):
-            attrs = await self.m.ops.getattr(attrs.st_ino, self.m.ctx)
         assert attrs.st_size == len(self.files[path]), path
 
     @invariant()
@@ -567,49 +504,7 @@ def test_lookup_counts_and_forget_never_free_a_held_inode(mount: InProcessMount)
     mount.run(go)
 
 
-# -- known bugs outside inodes.py (the machine keeps off them: AVOID_*) -----------------------
-
-BUG_LOOKUP_GIVES_A_WRITTEN_FILE_ITS_SIZE = (
-    "BUG: lookup/readdir give a spooled file its size at create (0): after the kernel's 2 s "
-    "timeout stat shows 0 and reads stop at 0 (seen on a real mount); ops.lookup/readdir "
-    "must refresh spooled nodes"
-)
-BUG_A_PUBLISHED_FILE_WRITTEN_AGAIN_READS_AT_ONCE = (
-    "BUG: open(O_TRUNC)/truncate of a published file moves it into the spool but leaves the "
-    "folder listing's entry for the real file: lookup or readdirplus then hands out a new "
-    "inode for a file that is gone (ENOENT) until the folder is rescanned"
-)
-BUG_A_FOLDER_MOVED_ONTO_A_HELD_NAME_KEEPS_ITS_INODE = (
-    "BUG: ops.rename asks inodes.known(node) after writer.rename moved the node in place: it "
-    "finds the inode of whatever had the new name (a file unlinked but still held) and gives "
-    "the folder that one"
-)
-BUG_A_RESCAN_THAT_RACES_A_RENAME_OF_ITS_FOLDER = (
-    "BUG: ops._fresh reads a folder under its path at the start and merges the result after "
-    "awaiting the scan; a rename of that folder meanwhile (it holds only the parents' locks) "
-    "leaves entries with old paths, marked fresh: lookup then gives ENOENT"
-)
-BUG_A_RENAMED_PUBLISHED_FILE_KEEPS_ITS_INODE = (
-    "BUG: ops.rename asks inodes.known(node) after writer.rename moved the node in place: a "
-    "renamed real file gets a new inode and a new file of the old name takes over the old "
-    "one"
-)
-BUG_UNLINK_OF_A_FILE_RENAMED_OVER_A_PUBLISHED_ONE = (
-    "BUG: unlink of a spooled file that replaced a published one (rsync) drops only the "
-    "spooled copy: the old file comes back"
-)
-BUG_RENAME_AWAY_OF_A_FILE_RENAMED_OVER_A_PUBLISHED_ONE = (
-    "BUG: renaming away a spooled file that replaced a published one brings the old one "
-    "back under the old name"
-)
-BUG_A_PUBLISHED_FILE_RENAMED_OVER_A_SPOOLED_ONE = (
-    "BUG: a real file renamed over a spooled one is hidden by it, and publishing the "
-    "spooled one then overwrites it (data loss)"
-)
-BUG_A_RENAME_WHILE_THE_MOUNT_SWITCHES_TO_THE_PUBLISHED_FILE = (
-    "BUG: queue._pack checks for a rename only before the mount switches over; a rename in "
-    "that window leaves the published copy under the old name too"
-)
+# -- bugs found before (each was a known bug, then fixed) -------------------------------------
 
 
 def test_lookup_gives_a_written_file_its_size(mount: InProcessMount) -> None:
@@ -768,13 +663,6 @@ def test_a_rescan_that_races_a_rename_of_its_folder(mount: InProcessMount) -> No
     mount.run(go)
 
 
-BUG_A_FILE_OPEN_IN_A_FOLDER_THAT_MOVES = (
-    "BUG: the pack queue counts open handles and keeps items by relpath, and is not told when a "
-    "folder above a spooled file moves: a file still open for writing is published and its "
-    "spooled copy deleted, and the writes that follow are lost"
-)
-
-
 def test_a_file_open_in_a_folder_that_moves(mount: InProcessMount) -> None:
     async def go() -> None:
         await mount.mkdir("a")
@@ -788,13 +676,6 @@ def test_a_file_open_in_a_folder_that_moves(mount: InProcessMount) -> None:
         assert await mount.read_file("b/x") == b"first half, second half"
 
     mount.run(go)
-
-
-BUG_AN_INODE_LOOKED_UP_BEFORE_ITS_FILE_IS_PUBLISHED = (
-    "BUG: the inode of a spooled file keeps pointing at the spooled copy, which the queue deletes "
-    "once published: an open or getattr that comes after a lookup and after the publish (the "
-    "kernel's cached dentry, or a lookup racing the switch) fails with ENOENT"
-)
 
 
 def test_an_inode_looked_up_before_its_file_is_published(mount: InProcessMount) -> None:
