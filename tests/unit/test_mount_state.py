@@ -938,3 +938,23 @@ def test_a_folder_renamed_while_a_publish_takes_its_last_spooled_file(
         assert await mount.read_file("d/x") == b"data"
 
     mount.run(go)
+
+
+def test_a_missing_name_is_a_negative_entry_and_a_new_one_is_invalidated(
+    mount: InProcessMount,
+) -> None:
+    """rsync asks for each name three times before creating it: the kernel may remember that
+    it is missing. A name that then appears in SRC by other means is invalidated when a
+    rescan finds it, so the kernel asks again."""
+
+    async def go() -> None:
+        await mount.write_file("x", b"here")
+        attrs = await mount.ops.lookup(ROOT_INODE, b"y", mount.ctx)
+        assert attrs.st_ino == 0 and attrs.entry_timeout > 0
+        (mount.config.src / "y").write_bytes(b"dropped in")
+        mount.session.invalidated.clear()  # type: ignore[attr-defined]
+        await mount.ops.rescan(ROOT_INODE, force=True)
+        assert (ROOT_INODE, b"y") in mount.session.invalidated  # type: ignore[attr-defined]
+        assert await mount.read_file("y") == b"dropped in"
+
+    mount.run(go)

@@ -53,23 +53,23 @@ def test_one_long_stall_is_enough_and_stalls_that_go_on_wait_longer(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(ops, "QUICK_STALL", 0.01)
-    monkeypatch.setattr(ops, "QUICK_COOLDOWN", 0.05)
+    monkeypatch.setattr(ops, "QUICK_COOLDOWN", 5.0)
     quick = QuickCalls()
 
     def stalled() -> int:
         time.sleep(0.02)  # one call blocked past QUICK_STALL
         return threading.get_ident()
 
-    async def main() -> tuple[bool, float, float]:
+    async def main() -> tuple[bool, float, bool]:
         here = threading.get_ident()
         inline = await quick(stalled) == here
-        first = quick.until - time.monotonic()
-        while time.monotonic() < quick.until:
-            await trio.sleep(0.01)
-        await quick(stalled)  # blocks again right after the cooldown: a longer one
-        return inline, first, quick.until - time.monotonic()
+        first = quick.cooldown
+        quick.until = time.monotonic()  # the cooldown is over
+        again = await quick(stalled) == here  # and the disk blocks again at once
+        return inline, first, again
 
-    inline, first, second = trio.run(main)
-    assert inline
-    assert 0 < first <= 0.05
-    assert second > 0.05
+    inline, first, again = trio.run(main)
+    assert inline and again
+    assert first == 5.0
+    assert quick.cooldown == 10.0  # a longer one
+    assert quick.until > time.monotonic() + 5.0

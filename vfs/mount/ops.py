@@ -28,6 +28,7 @@ from vfs.backends.plain import BytesFile, PlainFile, SpoolFile
 from vfs.cache import PageCache
 from vfs.errors import DecantError
 from vfs.ingest.queue import PackQueue
+from vfs.ingest.spool import is_temp_name
 from vfs.ingest.writeside import Attrs, WriteSide
 from vfs.mount.config import STATUS_NAME, MountConfig
 from vfs.mount.index import stamp_of
@@ -251,7 +252,11 @@ class DecantOperations(pyfuse3.Operations):
                 break  # else a folder at or above it moved while it was read: read it again
         if folder is None:
             folder = self.inodes.folders[inode] = Folder()
-        changed = folder.merge(kids)
+            changed = []  # a first listing: the kernel has no names of it cached
+            folder.merge(kids)
+        else:  # new names too: the kernel may remember that they were not there
+            changed = [name for name in kids if name not in folder.children]
+            changed += folder.merge(kids)
         for node in kids.values():  # the kernel's inodes see new sizes and modes at getattr
             ino = self.inodes.known(node)
             if ino is not None:
@@ -314,12 +319,25 @@ class DecantOperations(pyfuse3.Operations):
                 node = self._status  # found by name only: listings and rsync skip it
                 node.size = len(self.status_bytes())
                 return self._attrs(self.inodes.hand_out(node), node)
+            if node is not None:
+                node = await self._current(folder, text, node)
             if node is None:
-                raise _fail(errno.ENOENT)
-            node = await self._current(folder, text, node)
-            if node is None:
-                raise _fail(errno.ENOENT)
+                return self._negative(parent_inode)
             return self._attrs(self.inodes.hand_out(node), node)
+
+    def _negative(self, parent_inode: int) -> pyfuse3.EntryAttributes:
+        """No such name, and the kernel may remember that as long as it keeps the folder's
+        names: rsync asks for each name three times before it creates it. Names that appear
+        without the kernel's knowing (SRC changed, a file dropped into the spool) are
+        invalidated when the listing takes them (`_fresh`, `_show`)."""
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = 0
+        parent = self.inodes.get(parent_inode)
+        if parent is not None and parent.backend is not None:
+            a.entry_timeout = ARCHIVE_TIMEOUT
+        else:
+            a.entry_timeout = MIRROR_TIMEOUT if self.watched else UNWATCHED_TIMEOUT
+        return a
 
     async def _current(self, folder: Folder, name: str, node: Node) -> Node | None:
         """A spooled file's size and times move with its writes, not with its folder listing.
@@ -554,9 +572,12 @@ class DecantOperations(pyfuse3.Operations):
                 folder.drop(name)
             else:
                 folder.put(name, new)
-            if old is None or (new is not None and new.key == old.key):
+            if old is None or new is None:
+                if old is None and new is None:
+                    continue
+            elif new.key == old.key:
                 continue
-            if new is not None and old.spooled and not new.spooled and not new.is_dir:
+            elif old.spooled and not new.spooled and not new.is_dir:
                 ino = self.inodes.known(old)
                 if ino is not None:
                     # Published: the same bytes under the same inode, so a reader that looked
@@ -644,8 +665,8 @@ class DecantOperations(pyfuse3.Operations):
         """What SRC itself presents under `name` in `parent` that the spooled `node` hides (the
         published file, or archive, that it replaces), or None. The caller holds the folder's
         lock."""
-        if not node.spooled or self.queue is None:
-            return None
+        if not node.spooled or self.queue is None or is_temp_name(name):
+            return None  # an rsync temp name is never published: nothing of it is in SRC
         hidden = self.queue.publishing
         hidden.hide([node.spooled])  # the tree skips spooled names being hidden
         try:
