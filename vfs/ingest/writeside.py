@@ -76,8 +76,8 @@ class WriteSide:
     def create(self, parent: Node, name: str, mode: int, uid: int, gid: int) -> tuple[Node, int]:
         rel = self._rel(parent, name)
         self._need_room(0, rel)
-        fd = self.spool.create(rel, mode, uid, gid)
-        return spooled_node(self.spool.path(rel), rel, os.fstat(fd)), fd
+        fd, st = self.spool.create_stat(rel, mode, uid, gid)
+        return spooled_node(self.spool.path(rel), rel, st), fd
 
     def write(self, fd: int, data: bytes, offset: int, rel: str) -> int:
         """pwrite into a spooled file; near the reserve, only writes within its size pass."""

@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 ARCHIVE_TIMEOUT = 300.0  # archive contents never change in place: let the kernel keep them
 MIRROR_TIMEOUT = 2.0  # SRC itself can change; the watcher invalidates sooner when it can
 UNWATCHED_TIMEOUT = 1.0  # no inotify: entries that can change expire this soon
+# A missing name, watched: new names are invalidated when the watcher's rescan finds them.
+# rsync's generator looks names up seconds before its receiver does, on a busy machine.
+NEGATIVE_TIMEOUT = 10.0
 RESCAN_INTERVAL = 1.0  # a folder's mtime is re-checked at most this often
 LOG_EVERY = 60.0  # the same failure of the same entry is logged once a minute, not per call
 NAME_MAX = 255
@@ -336,7 +339,7 @@ class DecantOperations(pyfuse3.Operations):
         if parent is not None and parent.backend is not None:
             a.entry_timeout = ARCHIVE_TIMEOUT
         else:
-            a.entry_timeout = MIRROR_TIMEOUT if self.watched else UNWATCHED_TIMEOUT
+            a.entry_timeout = NEGATIVE_TIMEOUT if self.watched else UNWATCHED_TIMEOUT
         return a
 
     async def _current(self, folder: Folder, name: str, node: Node) -> Node | None:
