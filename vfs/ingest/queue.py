@@ -451,7 +451,11 @@ class PackQueue:
 
     @staticmethod
     def _remove_spooled(keep: list[tuple[Item, Published]]) -> list[bool]:
-        return [item.spool.remove(item.relpath, p.signature) for item, p in keep]
+        """In a worker thread: the batch's spooled names, then each emptied folder once."""
+        done = [item.spool.remove(item.relpath, p.signature, prune=False) for item, p in keep]
+        for spool, folder in {(item.spool, str(Path(item.relpath).parent)) for item, _p in keep}:
+            spool.prune_dirs(folder)
+        return done
 
     async def _announce(self, relpaths: list[str]) -> None:
         if self.on_published is not None and relpaths:

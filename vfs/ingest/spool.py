@@ -205,9 +205,10 @@ class Spool:
         """`remove` for a batch of (relpath, signature): one worker-thread call, not one each."""
         return [self.remove(relpath, sig) for relpath, sig in done]
 
-    def remove(self, relpath: str, signature: tuple[int, ...] = ()) -> bool:
+    def remove(self, relpath: str, signature: tuple[int, ...] = (), prune: bool = True) -> bool:
         """Delete a spooled file; with `signature`, only if it is still the file that was
-        published (not one renamed over it since). False if it was kept."""
+        published (not one renamed over it since). False if it was kept. Without `prune`
+        the caller removes emptied folders (`prune_dirs`), once per folder for a batch."""
         path = self.path(relpath)
         if signature:
             try:
@@ -217,7 +218,8 @@ class Spool:
                 return True
         path.unlink(missing_ok=True)
         self._placed.pop(relpath, None)
-        self.prune_dirs(str(Path(relpath).parent))
+        if prune:
+            self.prune_dirs(str(Path(relpath).parent))
         return True
 
 
