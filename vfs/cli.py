@@ -20,7 +20,6 @@ from vfs.mount.config import STATUS_NAME, MountConfig, parse_fuse_options
 log = logging.getLogger("decant-mount")
 
 
-
 def parse_size(text: str) -> int:
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
     t = text.strip().lower().removesuffix("ib").removesuffix("b")
@@ -233,10 +232,12 @@ def print_status(mnt: Path) -> int:
     if d:
         cache = d.get("cache", {})
         errors = ", ".join(f"{k} {v}" for k, v in sorted(d.get("errors", {}).items())) or "none"
-        print(f"served {d['bytes_served']} bytes in {d['reads']} reads "
-              f"({d['read_seconds']} s in backends); cache {cache.get('bytes', 0)} of "
-              f"{cache.get('limit_bytes', 0)} bytes, {cache.get('hits', 0)} hits, "
-              f"{cache.get('misses', 0)} misses, {cache.get('evictions', 0)} evictions")
+        print(
+            f"served {d['bytes_served']} bytes in {d['reads']} reads "
+            f"({d['read_seconds']} s in backends); cache {cache.get('bytes', 0)} of "
+            f"{cache.get('limit_bytes', 0)} bytes, {cache.get('hits', 0)} hits, "
+            f"{cache.get('misses', 0)} misses, {cache.get('evictions', 0)} evictions"
+        )
         print(f"files verified {d['verified']}, failed verification "
               f"{d['failed_verification']}, pending {d['pending_verification']}; "
               f"errors: {errors}")  # fmt: skip

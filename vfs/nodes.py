@@ -85,4 +85,3 @@ def archive_node(
         xattrs=xattrs,
         version=(st.st_ino, st.st_size, st.st_mtime_ns),
     )
-

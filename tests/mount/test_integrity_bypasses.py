@@ -53,7 +53,8 @@ def _sha256sum(path: Path) -> subprocess.CompletedProcess[str]:
 
 
 def test_partial_read_first_does_not_let_a_full_read_skip_the_check(
-    tmp_path: Path, make_mount  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    make_mount,  # type: ignore[no-untyped-def]
 ) -> None:
     work, src = tmp_path / "work", tmp_path / "src"
     work.mkdir(), src.mkdir()
@@ -67,7 +68,8 @@ def test_partial_read_first_does_not_let_a_full_read_skip_the_check(
 
 
 def test_bit_rot_after_verification_is_caught_after_a_remount(
-    tmp_path: Path, make_mount  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    make_mount,  # type: ignore[no-untyped-def]
 ) -> None:
     work, src = tmp_path / "work", tmp_path / "src"
     work.mkdir(), src.mkdir()
@@ -89,7 +91,8 @@ def test_bit_rot_after_verification_is_caught_after_a_remount(
 
 
 def test_whole_file_read_in_random_order_fails_on_damage(
-    tmp_path: Path, make_mount  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    make_mount,  # type: ignore[no-untyped-def]
 ) -> None:
     work, src = tmp_path / "work", tmp_path / "src"
     work.mkdir(), src.mkdir()
@@ -112,7 +115,8 @@ def test_whole_file_read_in_random_order_fails_on_damage(
 
 
 def test_a_clean_archive_still_reads_in_any_order(
-    tmp_path: Path, make_mount  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    make_mount,  # type: ignore[no-untyped-def]
 ) -> None:
     """The control: the checks above fail only on damage."""
     work, src = tmp_path / "work", tmp_path / "src"
@@ -133,7 +137,8 @@ def test_a_clean_archive_still_reads_in_any_order(
 
 
 def test_random_reads_of_a_verified_archive_are_checked_chunk_by_chunk(
-    tmp_path: Path, make_mount  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    make_mount,  # type: ignore[no-untyped-def]
 ) -> None:
     """Bit rot inside a folder archive leaves the folder's own stamp as it was: the chunk digests
     recorded when it verified catch it on a partial read."""

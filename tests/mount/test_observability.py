@@ -17,7 +17,9 @@ def _metric(text: str, name: str) -> float:
 
 
 def test_status_and_metrics_count_what_was_served(
-    tmp_path: Path, make_mount, mount_corpus  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    make_mount,
+    mount_corpus,  # type: ignore[no-untyped-def]
 ) -> None:
     originals, src = mount_corpus
     metrics = tmp_path / "decant.prom"

@@ -13,6 +13,7 @@ raised (`pyfuse3.FUSEError` with the errno a syscall would see).
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections import Counter
@@ -201,6 +202,8 @@ class InProcessMount:
 
     async def lookup(self, parent: int, name: str) -> pyfuse3.EntryAttributes:
         attrs = await self.ops.lookup(parent, os.fsencode(name), self.ctx)
+        if attrs.st_ino == 0:  # a negative entry: the caller sees ENOENT
+            raise pyfuse3.FUSEError(errno.ENOENT)
         self.kernel.took(attrs.st_ino)
         return attrs
 
@@ -251,7 +254,7 @@ class InProcessMount:
         try:
             ino = (await self.lookup(parent, name)).st_ino
         except pyfuse3.FUSEError as exc:
-            if exc.errno != 2:
+            if exc.errno != errno.ENOENT:
                 raise
             fh, ino = await self.create(parent, name, mode)
         else:

@@ -4,8 +4,7 @@ unlinks, mkdir/rmdir, forgets, rescans, readdir in small batches while the folde
 publishing by the pack queue, some of them at once in one trio nursery. After every step the
 visible tree (readdir, lookup sizes, file bytes) must equal a plain-dict model.
 
-Known bugs in ops.py/writeside.py are shown by the xfail tests at the end; while they stand,
-`AVOID_*` keep the machine off those paths so it can find others."""
+Bugs it found, and the ones found before it, stay below as single scenarios."""
 
 from __future__ import annotations
 
@@ -31,33 +30,6 @@ from vfs.mount.inodes import ROOT_INODE
 NAMES = ("a", "b", "c", "d")  # files and folders share them, so they collide
 MAX_DEPTH = 2
 TEMP_SUFFIXES = ("Ab12Cd", "x9Y8z7")  # rsync: .NAME.XXXXXX
-# A spooled file that shadows a published one (rsync's rename over it) brings the old one back
-# when it is unlinked or renamed away; a published file renamed over a spooled one is hidden by
-# it. See test_unlink_of_a_file_renamed_over_a_published_one and its neighbours.
-AVOID_SHADOWING = True
-# ops.rename looks the moved node's inode up after the write side changed the node's path: a
-# renamed real file, or a folder moved onto a name whose old inode the kernel still holds, gets
-# another inode (test_a_renamed_published_file_keeps_its_inode and ..._folder_...). The machine
-# then skips the "keeps its inode" checks.
-AVOID_INODE_LOOKUP_AFTER_MOVE = True
-# A rename of a spooled file while the queue switches the mount over to its published copy
-# leaves that copy under the old name: see test_a_rename_while_the_mount_switches_to_...
-AVOID_RENAME_DURING_SWITCH = True
-# Writing over a published file moves it into the spool, but its folder's listing keeps the old
-# entry, whose file is gone (ENOENT) until the folder is rescanned: see
-# test_a_published_file_written_again_reads_at_once. The machine rescans after such writes.
-AVOID_STALE_ENTRY_AFTER_REWRITE = True
-# A rescan of a folder (its own lock) can read it under its old path while a rename (its
-# parents' locks) moves it, and then keeps the stale entries: see
-# test_a_rescan_that_races_a_rename_of_its_folder. The machine rescans only the parents then.
-AVOID_RESCAN_OF_A_MOVING_FOLDER = True
-# An inode handed out for a spooled file stops working (ENOENT) once the queue has published
-# it and deleted the spooled copy: see test_an_inode_looked_up_before_its_file_is_published.
-# The machine reads no bystander while publishing at once.
-AVOID_OPEN_ACROSS_PUBLISH = True
-# lookup and readdir give a spooled file the size it had when listed (0 after create): see
-# test_lookup_gives_a_written_file_its_size. The machine checks those sizes with getattr.
-AVOID_STALE_SPOOLED_SIZE = True
 
 payloads = st.one_of(st.just(b""), st.binary(min_size=0, max_size=2000).map(lambda b: b"x" + b))
 
@@ -100,9 +72,19 @@ class MountMachine(RuleBasedStateMachine):
         self.trace.append(what)
         try:
             return self.m.run(fn, *args)
-        except (AssertionError, pyfuse3.FUSEError, OSError) as exc:
+        except (AssertionError, pyfuse3.FUSEError, OSError, ExceptionGroup) as exc:
             steps = "\n  ".join(self.trace)
-            raise AssertionError(f"{exc!r} after:\n  {steps}") from exc
+            raise AssertionError(f"{exc!r} after:\n  {steps}\n{self.disk()}") from exc
+
+    def disk(self) -> str:
+        """SRC and the spool as they are, for a failure's message."""
+        real = {
+            str(p.relative_to(self.src)): p.read_bytes() if p.is_file() else "dir"
+            for p in sorted(self.src.rglob("*"))
+            if ".decant-spool" not in p.parts
+        }
+        spooled = {rel: self.m.spool_path(rel).read_bytes() for rel in sorted(self.m.spooled())}
+        return f"SRC {real}\nspool {spooled}\nmodel {self.files}"
 
     def teardown(self) -> None:
         self._stack.close()
@@ -123,32 +105,8 @@ class MountMachine(RuleBasedStateMachine):
     def spooled(self, path: str) -> bool:
         return self.m.spool_path(path).is_file()
 
-    def has_spooled(self, path: str) -> bool:
-        """`path` is a spooled file, or a folder with spooled files below it."""
-        return self.spooled(path) or any(self.m.spooled_below(path))
-
-    def shadowing(self, path: str) -> bool:
-        """A spooled file in front of a published one of the same name."""
-        return self.spooled(path) and (self.src / path).is_file()
-
     def movable_files(self) -> list[str]:
-        return sorted(p for p in self.files if not (AVOID_SHADOWING and self.shadowing(p)))
-
-    def rename_ok(self, old: str, new: str) -> bool:
-        # a published file renamed over a spooled one
-        return not (AVOID_SHADOWING and not self.spooled(old) and self.spooled(new))
-
-    def keeps_inode(self, old: str, new: str) -> bool:
-        """Whether the rename of `old` to `new` can be held to keep its inode (AVOID_...): not
-        while another inode stands for either path, nor for a real file."""
-        if not AVOID_INODE_LOOKUP_AFTER_MOVE:
-            return True
-        table = self.m.ops.inodes
-        paths = {self.src / old, self.src / new}
-        if sum(1 for ino in list(table._nodes) if table.get(ino).real in paths) > 1:
-            return False
-        taken = (str(self.src / new), "", "", ()) in table._ino_of
-        return (old in self.dirs and not taken) or self.spooled(old)
+        return sorted(self.files)
 
     def model_rename(self, old: str, new: str) -> None:
         if old in self.files:
@@ -177,10 +135,7 @@ class MountMachine(RuleBasedStateMachine):
         self.files[path] = payload
 
     async def write_file(self, path: str, payload: bytes) -> None:
-        rewrite = (self.src / path).is_file() and not self.spooled(path)
         await self.m.write_file(path, payload)
-        if rewrite and AVOID_STALE_ENTRY_AFTER_REWRITE:
-            await self.m.ops.rescan(await self.m.resolve(path.rpartition("/")[0]), force=True)
 
     @rule(data=st.data(), payload=payloads, publish_between=st.booleans())
     def rsync_write(self, data: st.DataObject, payload: bytes, publish_between: bool) -> None:
@@ -202,19 +157,17 @@ class MountMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def rename_file(self, data: st.DataObject) -> None:
-        pairs = [(o, n) for o in self.movable_files() for n in self.file_targets(exclude=o)
-                 if self.rename_ok(o, n)]  # fmt: skip
+        pairs = [(o, n) for o in self.movable_files() for n in self.file_targets(exclude=o)]
         old, new = pick(data, pairs, "rename") or ("", "")
         if not old:
             return
 
         async def go() -> None:
             held = await self.m.resolve(old)
-            keeps = self.keeps_inode(old, new)
             await self.m.rename(old, new)
             parent = await self.m.resolve(new.rpartition("/")[0])
             attrs = await self.m.lookup(parent, new.rpartition("/")[2])
-            assert attrs.st_ino == held or not keeps, "a renamed file keeps its inode"
+            assert attrs.st_ino == held, "a renamed file keeps its inode"
             assert await self.m.read_inode(held) == self.files[old]
 
         self.run(f"rename {old} {new}", go)
@@ -276,11 +229,10 @@ class MountMachine(RuleBasedStateMachine):
         async def go() -> None:
             held = await self.m.resolve(old)
             child = await self.m.resolve(inside[0]) if inside else None
-            keeps = self.keeps_inode(old, new)
             await self.m.rename(old, new)
             parent = await self.m.resolve(new.rpartition("/")[0])
             got = (await self.m.lookup(parent, new.rpartition("/")[2])).st_ino
-            assert got == held or not keeps, "a renamed folder keeps its inode"
+            assert got == held, "a renamed folder keeps its inode"
             for path in inside:  # at once, under the new name and through the held inode
                 name = path.rpartition("/")[2]
                 attrs = await self.m.lookup(held, name)
@@ -354,7 +306,7 @@ class MountMachine(RuleBasedStateMachine):
                 await self.m.unlink(path)
                 del self.files[path]
             elif (kind == "rename" and path in self.movable_files() and dest != path
-                  and dest not in self.dirs and self.rename_ok(path, dest)):  # fmt: skip
+                  and dest not in self.dirs):  # fmt: skip
                 await self.m.rename(path, dest)
                 self.model_rename(path, dest)
             else:
@@ -376,14 +328,11 @@ class MountMachine(RuleBasedStateMachine):
     def concurrent_rename_and_rescans(self, data: st.DataObject, publish: bool) -> None:
         """A rename, rescans of both folders (and of a moved folder), a lookup and maybe the
         pack queue, all at once in one nursery."""
-        moves = [(o, n) for o in self.movable_files() for n in self.file_targets(exclude=o)
-                 if self.rename_ok(o, n)]  # fmt: skip
+        moves = [(o, n) for o in self.movable_files() for n in self.file_targets(exclude=o)]
         moves += self.folder_moves()
         old, new = pick(data, moves, "move") or ("", "")
         if not old:
             return
-        if AVOID_RENAME_DURING_SWITCH and self.has_spooled(old):
-            publish = False
         folders = {old.rpartition("/")[0], new.rpartition("/")[0]}
         bystanders = sorted(p for p in self.files if p != old and p != new
                             and not p.startswith(old + "/"))  # fmt: skip
@@ -397,10 +346,10 @@ class MountMachine(RuleBasedStateMachine):
                 for folder, ino in inos.items():
                     nursery.start_soon(m.ops.rescan, ino, True)
                     nursery.start_soon(m.ops.on_changed, {self.src / folder})
-                if old in self.dirs and not AVOID_RESCAN_OF_A_MOVING_FOLDER:
+                if old in self.dirs:
                     nursery.start_soon(m.ops.on_changed, {self.src / old})
                     nursery.start_soon(self._rescan_quietly, moved_ino)
-                if bystanders and not (publish and AVOID_OPEN_ACROSS_PUBLISH):
+                if bystanders:
                     nursery.start_soon(m.read_file, bystanders[0])
                 if publish:
                     nursery.start_soon(m.publish_all)
@@ -420,8 +369,6 @@ class MountMachine(RuleBasedStateMachine):
             assert stat.S_ISDIR(attrs.st_mode), path
             return
         assert stat.S_ISREG(attrs.st_mode), path
-        if AVOID_STALE_SPOOLED_SIZE and self.spooled(path):
-            attrs = await self.m.ops.getattr(attrs.st_ino, self.m.ctx)
         assert attrs.st_size == len(self.files[path]), path
 
     @invariant()
@@ -557,49 +504,7 @@ def test_lookup_counts_and_forget_never_free_a_held_inode(mount: InProcessMount)
     mount.run(go)
 
 
-# -- known bugs outside inodes.py (the machine keeps off them: AVOID_*) -----------------------
-
-BUG_LOOKUP_GIVES_A_WRITTEN_FILE_ITS_SIZE = (
-    "BUG: lookup/readdir give a spooled file its size at create (0): after the kernel's 2 s "
-    "timeout stat shows 0 and reads stop at 0 (seen on a real mount); ops.lookup/readdir "
-    "must refresh spooled nodes"
-)
-BUG_A_PUBLISHED_FILE_WRITTEN_AGAIN_READS_AT_ONCE = (
-    "BUG: open(O_TRUNC)/truncate of a published file moves it into the spool but leaves the "
-    "folder listing's entry for the real file: lookup or readdirplus then hands out a new "
-    "inode for a file that is gone (ENOENT) until the folder is rescanned"
-)
-BUG_A_FOLDER_MOVED_ONTO_A_HELD_NAME_KEEPS_ITS_INODE = (
-    "BUG: ops.rename asks inodes.known(node) after writer.rename moved the node in place: it "
-    "finds the inode of whatever had the new name (a file unlinked but still held) and gives "
-    "the folder that one"
-)
-BUG_A_RESCAN_THAT_RACES_A_RENAME_OF_ITS_FOLDER = (
-    "BUG: ops._fresh reads a folder under its path at the start and merges the result after "
-    "awaiting the scan; a rename of that folder meanwhile (it holds only the parents' locks) "
-    "leaves entries with old paths, marked fresh: lookup then gives ENOENT"
-)
-BUG_A_RENAMED_PUBLISHED_FILE_KEEPS_ITS_INODE = (
-    "BUG: ops.rename asks inodes.known(node) after writer.rename moved the node in place: a "
-    "renamed real file gets a new inode and a new file of the old name takes over the old "
-    "one"
-)
-BUG_UNLINK_OF_A_FILE_RENAMED_OVER_A_PUBLISHED_ONE = (
-    "BUG: unlink of a spooled file that replaced a published one (rsync) drops only the "
-    "spooled copy: the old file comes back"
-)
-BUG_RENAME_AWAY_OF_A_FILE_RENAMED_OVER_A_PUBLISHED_ONE = (
-    "BUG: renaming away a spooled file that replaced a published one brings the old one "
-    "back under the old name"
-)
-BUG_A_PUBLISHED_FILE_RENAMED_OVER_A_SPOOLED_ONE = (
-    "BUG: a real file renamed over a spooled one is hidden by it, and publishing the "
-    "spooled one then overwrites it (data loss)"
-)
-BUG_A_RENAME_WHILE_THE_MOUNT_SWITCHES_TO_THE_PUBLISHED_FILE = (
-    "BUG: queue._pack checks for a rename only before the mount switches over; a rename in "
-    "that window leaves the published copy under the old name too"
-)
+# -- bugs found before (each was a known bug, then fixed) -------------------------------------
 
 
 def test_lookup_gives_a_written_file_its_size(mount: InProcessMount) -> None:
@@ -611,7 +516,6 @@ def test_lookup_gives_a_written_file_its_size(mount: InProcessMount) -> None:
     mount.run(go)
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_A_PUBLISHED_FILE_WRITTEN_AGAIN_READS_AT_ONCE)
 def test_a_published_file_written_again_reads_at_once(mount: InProcessMount) -> None:
     async def go() -> None:
         await mount.write_file("x", b"old")
@@ -623,7 +527,28 @@ def test_a_published_file_written_again_reads_at_once(mount: InProcessMount) -> 
     mount.run(go)
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_A_FOLDER_MOVED_ONTO_A_HELD_NAME_KEEPS_ITS_INODE)
+def test_a_published_file_truncated_reads_at_once(mount: InProcessMount) -> None:
+    from tests.unit.inprocess import FakeSetattrFields
+
+    async def go() -> None:
+        await mount.mkdir("d")
+        await mount.write_file("d/x", b"old data")
+        await mount.publish_all()
+        held = await mount.resolve("d/x")
+        await mount.readdir(await mount.resolve("d"))
+        attrs = pyfuse3.EntryAttributes()
+        attrs.st_size = 3
+        await mount.ops.setattr(held, attrs, FakeSetattrFields(update_size=True), None, mount.ctx)
+        assert (await mount.lookup(await mount.resolve("d"), "x")).st_ino == held
+        listed = await mount.readdir(await mount.resolve("d"))
+        assert [(n, a.st_ino, a.st_size) for n, a in listed] == [("x", held, 3)]
+        assert await mount.read_file("d/x") == b"old"
+        await mount.publish_all()
+        assert await mount.read_inode(held) == b"old"
+
+    mount.run(go)
+
+
 def test_a_folder_moved_onto_a_held_name_keeps_its_inode(mount: InProcessMount) -> None:
     async def go() -> None:
         await mount.write_file("b", b"file")
@@ -637,7 +562,6 @@ def test_a_folder_moved_onto_a_held_name_keeps_its_inode(mount: InProcessMount) 
     mount.run(go)
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_A_RENAMED_PUBLISHED_FILE_KEEPS_ITS_INODE)
 def test_a_renamed_published_file_keeps_its_inode(mount: InProcessMount) -> None:
     async def go() -> None:
         await mount.write_file("x", b"old")
@@ -661,7 +585,6 @@ async def _over_a_published_file(mount: InProcessMount) -> None:
     assert await mount.read_file("x") == b"new"
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_UNLINK_OF_A_FILE_RENAMED_OVER_A_PUBLISHED_ONE)
 def test_unlink_of_a_file_renamed_over_a_published_one(mount: InProcessMount) -> None:
     async def go() -> None:
         await _over_a_published_file(mount)
@@ -671,7 +594,6 @@ def test_unlink_of_a_file_renamed_over_a_published_one(mount: InProcessMount) ->
     mount.run(go)
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_RENAME_AWAY_OF_A_FILE_RENAMED_OVER_A_PUBLISHED_ONE)
 def test_rename_away_of_a_file_renamed_over_a_published_one(mount: InProcessMount) -> None:
     async def go() -> None:
         await _over_a_published_file(mount)
@@ -681,7 +603,6 @@ def test_rename_away_of_a_file_renamed_over_a_published_one(mount: InProcessMoun
     mount.run(go)
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_A_PUBLISHED_FILE_RENAMED_OVER_A_SPOOLED_ONE)
 def test_a_published_file_renamed_over_a_spooled_one(mount: InProcessMount) -> None:
     async def go() -> None:
         await mount.write_file("x", b"moved here")
@@ -742,13 +663,6 @@ def test_a_rescan_that_races_a_rename_of_its_folder(mount: InProcessMount) -> No
     mount.run(go)
 
 
-BUG_A_FILE_OPEN_IN_A_FOLDER_THAT_MOVES = (
-    "BUG: the pack queue counts open handles and keeps items by relpath, and is not told when a "
-    "folder above a spooled file moves: a file still open for writing is published and its "
-    "spooled copy deleted, and the writes that follow are lost"
-)
-
-
 def test_a_file_open_in_a_folder_that_moves(mount: InProcessMount) -> None:
     async def go() -> None:
         await mount.mkdir("a")
@@ -764,13 +678,6 @@ def test_a_file_open_in_a_folder_that_moves(mount: InProcessMount) -> None:
     mount.run(go)
 
 
-BUG_AN_INODE_LOOKED_UP_BEFORE_ITS_FILE_IS_PUBLISHED = (
-    "BUG: the inode of a spooled file keeps pointing at the spooled copy, which the queue deletes "
-    "once published: an open or getattr that comes after a lookup and after the publish (the "
-    "kernel's cached dentry, or a lookup racing the switch) fails with ENOENT"
-)
-
-
 def test_an_inode_looked_up_before_its_file_is_published(mount: InProcessMount) -> None:
     async def go() -> None:
         await mount.write_file("x", b"data")
@@ -778,5 +685,276 @@ def test_an_inode_looked_up_before_its_file_is_published(mount: InProcessMount) 
         assert await mount.publish_all() == 1
         assert (await mount.ops.getattr(held, mount.ctx)).st_size == 4
         assert await mount.read_inode(held) == b"data"
+
+    mount.run(go)
+
+
+# -- shadowing: a spooled file in front of a published one ---------------------------------
+
+
+@pytest.fixture
+def keeping(tmp_path: Path) -> Iterator[InProcessMount]:
+    """A mount without --allow-delete."""
+    with fake_session() as session:
+        src = tmp_path / "src"
+        src.mkdir()
+        m = InProcessMount(src, tmp_path, allow_delete=False)
+        m.session = session  # type: ignore[attr-defined]
+        yield m
+
+
+def test_without_allow_delete_a_file_replacing_a_published_one_is_not_deleted(
+    keeping: InProcessMount,
+) -> None:
+    async def go() -> None:
+        await _over_a_published_file(keeping)
+        with pytest.raises(pyfuse3.FUSEError) as caught:
+            await keeping.unlink("x")
+        assert caught.value.errno == errno.EPERM
+        assert await keeping.read_file("x") == b"new"
+        assert (keeping.config.src / "x").read_bytes() == b"old"
+        await keeping.rename("x", "z")  # a rename keeps the data: allowed, the old one goes
+        assert await keeping.listdir("") == ["z"]
+        await keeping.publish_all()
+        assert sorted(p.name for p in keeping.config.src.iterdir() if p.name[0] != ".") == ["z"]
+        assert await keeping.read_file("z") == b"new"
+
+    keeping.run(go)
+
+
+def test_without_allow_delete_a_file_just_published_can_still_be_deleted(
+    keeping: InProcessMount,
+) -> None:
+    """Its own published copy is in SRC before the mount switches to it: not an older
+    version, so the unlink is allowed, and nothing of it is left."""
+
+    async def go() -> None:
+        await keeping.write_file("x", b"data")
+        published = keeping.ops.published
+
+        done = False
+
+        async def switch(relpaths: list[str]) -> None:
+            nonlocal done
+            if not done:
+                done = True
+                assert (keeping.config.src / "x").is_file()
+                await keeping.unlink("x")
+            await published(relpaths)
+
+        assert keeping.queue is not None
+        keeping.queue.on_published = switch
+        await keeping.publish_all()
+        assert await keeping.listdir("") == []
+        assert not (keeping.config.src / "x").exists()
+        assert keeping.spooled() == {}
+
+    keeping.run(go)
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_real_file_renamed_over_one_being_switched_to_its_published_copy(
+    mount: InProcessMount, when: str
+) -> None:
+    """The spooled y is published; x is renamed over y before or after the mount shows the
+    published y: x wins, and the spooled y is never published over it."""
+
+    async def go() -> None:
+        await mount.write_file("x", b"moved here")
+        await mount.publish_all()
+        await mount.write_file("y", b"replaced")
+        published = mount.ops.published
+
+        done = False
+
+        async def switch(relpaths: list[str]) -> None:
+            nonlocal done
+            if done:
+                await published(relpaths)
+                return
+            done = True
+            if when == "after":
+                await published(relpaths)
+            await mount.rename("x", "y")
+            if when == "before":
+                await published(relpaths)
+
+        assert mount.queue is not None
+        mount.queue.on_published = switch
+        await mount.publish_all()
+        mount.queue.on_published = published
+        await mount.publish_all()
+        assert await mount.listdir("") == ["y"]
+        assert await mount.read_file("y") == b"moved here"
+        assert (mount.config.src / "y").read_bytes() == b"moved here"
+        assert mount.spooled() == {}
+
+    mount.run(go)
+
+
+def test_a_file_renamed_over_an_archive_and_away_takes_the_archive_along(
+    mount: InProcessMount, tmp_path: Path
+) -> None:
+    import numpy as np
+    import tifffile
+
+    tif = tmp_path / "t.tif"
+    tifffile.imwrite(tif, np.arange(64 * 64, dtype=np.uint16).reshape(64, 64))
+
+    async def go() -> None:
+        await mount.write_file("t.tif", tif.read_bytes())
+        await mount.publish_all()
+        assert (mount.config.src / "t.tif.zarr.zip").is_file()
+        await mount.write_file(".t.tif.Ab12Cd", b"not a tiff any more")
+        await mount.rename(".t.tif.Ab12Cd", "t.tif")
+        await mount.rename("t.tif", "u")
+        assert await mount.listdir("") == ["u"]
+        await mount.publish_all()
+        assert await mount.listdir("") == ["u"]
+        assert sorted(p.name for p in mount.config.src.iterdir() if p.name[0] != ".") == ["u"]
+
+    mount.run(go)
+
+
+def test_a_published_file_renamed_while_its_spooled_name_is_still_there(
+    mount: InProcessMount,
+) -> None:
+    """Found by the state machine: the mount shows the published x (a hard link of the spooled
+    file) and x is renamed before the queue removes the spooled name. The rename changed the
+    inode's ctime, so the queue took the spooled name for a newer version and published it
+    again: x came back beside its new name."""
+
+    async def go() -> None:
+        await mount.write_file("x", b"data")
+        published = mount.ops.published
+        done = False
+
+        async def switch(relpaths: list[str]) -> None:
+            nonlocal done
+            await published(relpaths)
+            if not done:
+                done = True
+                await mount.rename("x", "y")
+
+        assert mount.queue is not None
+        mount.queue.on_published = switch
+        await mount.publish_all()
+        await mount.publish_all()
+        assert await mount.listdir("") == ["y"]
+        assert await mount.read_file("y") == b"data"
+        assert sorted(p.name for p in mount.config.src.iterdir() if p.name[0] != ".") == ["y"]
+        assert mount.spooled() == {}
+
+    mount.run(go)
+
+
+def test_a_lookup_that_races_the_switch_to_the_published_file(mount: InProcessMount) -> None:
+    """Found by the state machine: lookup refreshes a spooled file's size in a worker thread;
+    the mount switched to the published file meanwhile and the spooled copy went, and the
+    lookup handed out a new inode for the spooled copy: open gave ENOENT."""
+    assert mount.ops.writer is not None
+    refresh = mount.ops.writer.refresh
+    raced = False
+
+    def refresh_then_publish(node: Any) -> Any:
+        nonlocal raced
+        fresh = refresh(node)
+        if node.spooled and not raced:
+            raced = True
+            trio.from_thread.run(mount.publish_all)
+        return fresh
+
+    async def go() -> None:
+        await mount.write_file("x", b"data")
+        mount.ops._quick.until = float("inf")  # spool calls in worker threads
+        mount.ops.writer.refresh = refresh_then_publish  # type: ignore[method-assign,union-attr]
+        attrs = await mount.lookup(ROOT_INODE, "x")
+        assert raced
+        assert await mount.read_inode(attrs.st_ino) == b"data"
+
+    mount.run(go)
+
+
+def test_a_spooled_file_renamed_over_one_the_mount_is_switching_to(
+    mount: InProcessMount,
+) -> None:
+    """Found by the state machine: the new file renamed over x while the mount switched x
+    to its published (older) copy; the listing kept showing the older copy."""
+
+    async def go() -> None:
+        await mount.write_file("x", b"older")
+        await mount.write_file("y", b"new")
+        published = mount.ops.published
+        done = False
+
+        async def switch(relpaths: list[str]) -> None:
+            nonlocal done
+            if not done:
+                done = True
+                await mount.rename("y", "x")
+            await published(relpaths)
+
+        assert mount.queue is not None
+        mount.queue.on_published = switch
+        await mount.publish_all()
+        assert await mount.listdir("") == ["x"]
+        assert (await mount.lookup(ROOT_INODE, "x")).st_size == 3
+        assert await mount.read_file("x") == b"new"
+        mount.queue.on_published = published
+        await mount.publish_all()
+        assert await mount.read_file("x") == b"new"
+
+    mount.run(go)
+
+
+def test_a_folder_renamed_while_a_publish_takes_its_last_spooled_file(
+    mount: InProcessMount,
+) -> None:
+    """Found by the state machine: the queue removed the folder's last spooled file (and the
+    emptied spool folder) between the folder's rename in SRC and in the spool: the rename
+    failed with ENOENT after SRC had moved."""
+    spool = mount.tree.spool
+    assert spool is not None and mount.queue is not None
+    rename = spool.rename
+
+    def emptied_first(old: str, new: str) -> None:
+        if old == "c":
+            spool.remove("c/x")  # what the switch does once the mount shows the published x
+        rename(old, new)
+
+    async def go() -> None:
+        await mount.mkdir("c")
+        await mount.write_file("c/x", b"data")
+        batch = list(mount.queue.items.values())
+        for item in batch:
+            item.state = "packing"
+        outcomes = await trio.to_thread.run_sync(mount.queue._work, batch)
+        spool.rename = emptied_first  # type: ignore[method-assign]
+        await mount.rename("c", "d")
+        await mount.queue._settle(batch, outcomes)
+        await mount.publish_all()
+        assert await mount.listdir("") == ["d"]
+        assert await mount.listdir("d") == ["x"]
+        assert await mount.read_file("d/x") == b"data"
+
+    mount.run(go)
+
+
+def test_a_missing_name_is_a_negative_entry_and_a_new_one_is_invalidated(
+    mount: InProcessMount,
+) -> None:
+    """rsync asks for each name three times before creating it: the kernel may remember that
+    it is missing. A name that then appears in SRC by other means is invalidated when a
+    rescan finds it, so the kernel asks again."""
+
+    async def go() -> None:
+        await mount.write_file("x", b"here")
+        attrs = await mount.ops.lookup(ROOT_INODE, b"y", mount.ctx)
+        assert attrs.st_ino == 0 and attrs.entry_timeout > 0
+        (mount.config.src / "y").write_bytes(b"dropped in")
+        mount.session.invalidated.clear()  # type: ignore[attr-defined]
+        await mount.ops.rescan(ROOT_INODE, force=True)
+        assert (ROOT_INODE, b"y") in mount.session.invalidated  # type: ignore[attr-defined]
+        assert await mount.read_file("y") == b"dropped in"
 
     mount.run(go)

@@ -47,3 +47,29 @@ def test_calls_that_block_go_to_threads_after_a_few(monkeypatch: pytest.MonkeyPa
     assert seen[5 : 5 + ops.QUICK_SLOW] == [True] * ops.QUICK_SLOW  # one stall is no pattern
     assert seen[-1] is False  # after QUICK_SLOW stalls: a worker thread
     assert quick.until > time.monotonic()
+
+
+def test_one_long_stall_is_enough_and_stalls_that_go_on_wait_longer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(ops, "QUICK_STALL", 0.01)
+    monkeypatch.setattr(ops, "QUICK_COOLDOWN", 5.0)
+    quick = QuickCalls()
+
+    def stalled() -> int:
+        time.sleep(0.02)  # one call blocked past QUICK_STALL
+        return threading.get_ident()
+
+    async def main() -> tuple[bool, float, bool]:
+        here = threading.get_ident()
+        inline = await quick(stalled) == here
+        first = quick.cooldown
+        quick.until = time.monotonic()  # the cooldown is over
+        again = await quick(stalled) == here  # and the disk blocks again at once
+        return inline, first, again
+
+    inline, first, again = trio.run(main)
+    assert inline and again
+    assert first == 5.0
+    assert quick.cooldown == 10.0  # a longer one
+    assert quick.until > time.monotonic() + 5.0

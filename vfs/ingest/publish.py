@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+CHANGED_WAIT = 1.0  # a file that changed while being published is tried again this much later
 BLOCK = 8 << 20  # copy and compare in blocks this big; cancellation is checked between them
 SPACE_MARGIN = 1 << 20  # packing needs the archive's size plus this much free
 _PLACING = threading.Lock()  # a folder's mtime is read, changed and put back under this lock
@@ -39,6 +40,14 @@ NO_LINKS = (errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.EXDEV, errno.ENOS
 
 class PublishCancelled(Exception):
     """The daemon is stopping: the file stays spooled and is published after the restart."""
+
+
+class SourceChangedError(OSError):
+    """The spooled file changed (or was replaced) while it was being published: nothing was
+    put into SRC; it is tried again once it settles."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(errno.EAGAIN, "changed while being published", str(path))
 
 
 class NoSpaceError(OSError):
@@ -57,6 +66,7 @@ class Published:
     reason: str = ""
     signature: tuple[int, ...] = ()  # the spooled file as published: see `Spool.remove`
     synced: bool = True  # False: durable only after `sync_placed` (see `publish`)
+    placed: tuple[int, int] = (0, 0)  # (st_dev, st_ino) of `target` as placed: see `retract`
 
 
 @dataclass(frozen=True)
@@ -93,7 +103,10 @@ def publish(
     if not stat.S_ISREG(st.st_mode):
         raise FileNotFoundError(errno.ENOENT, "not a regular file", str(source))
     folder = spool.src / Path(relpath).parent
-    folder.mkdir(parents=True, exist_ok=True)  # e.g. a new subfolder of an inbox
+    if not folder.is_dir():  # e.g. a new subfolder of an inbox
+        with _PLACING:  # not one just renamed away, with the spooled file (see WriteSide)
+            source.stat()
+            folder.mkdir(parents=True, exist_ok=True)
     if not pack_all and not _looks_like_tiff(source, st.st_size):
         return _publish_plain(spool, relpath, source, st, folder, cancel)
     return _publish_archive(spool, relpath, source, st, folder, options, cancel, durable)
@@ -127,6 +140,8 @@ def attempt(
         return Outcome(relpath, "skipped")
     except NoSpaceError as exc:
         return Outcome(relpath, "space", reason=exc.reason)
+    except SourceChangedError:
+        return Outcome(relpath, "unsettled", wait=CHANGED_WAIT)
     except OSError as exc:
         if exc.errno in NO_SPACE:
             return Outcome(relpath, "space", reason=describe_error(exc))
@@ -160,15 +175,17 @@ def _publish_plain(
     final, shadowed = folder / name, folder / archive_name(name)
     if _same_fs(source.parent, folder):
         try:
-            mode = _link_into_place(spool, source, final, shadowed)
+            mode, placed = _link_into_place(spool, relpath, source, final, shadowed)
         except OSError as exc:
             if exc.errno not in NO_LINKS:
                 raise
             log.info("%s: cannot hard-link here (%s); copying it instead", relpath, exc.strerror)
+            st = source.stat()  # a link made and undone meanwhile moved its ctime
         else:
             # The inode now at the final name is the one linked, whatever the spool name
             # points at since: only that inode's spool name may be removed later.
-            return Published(relpath, final, mode, signature=signature(final.stat()))
+            sig, ident = signature(placed), _ident(placed)
+            return Published(relpath, final, mode, signature=sig, placed=ident)
     need = st.st_blocks * 512 + SPACE_MARGIN
     require_space(folder, need, f"needs {size_text(need)} free to copy it into SRC")
     staged = _staged(spool, folder, name)
@@ -177,18 +194,23 @@ def _publish_plain(
         apply_metadata(staged, st)
         if not same_bytes(source, staged, cancel):
             raise OSError(errno.EIO, "the copy differs from the spooled file", str(final))
-        if signature(source.stat()) != signature(st):
-            raise OSError(errno.EAGAIN, "changed while being copied", str(source))
         check(cancel)
-        place(staged, final, shadowed)
+        placed = place(spool, staged, final, shadowed, source=(relpath, st))
     finally:
         staged.unlink(missing_ok=True)
-    return Published(relpath, final, "plain", signature=signature(st))
+    return Published(relpath, final, "plain", signature=signature(st), placed=placed)
 
 
-def _link_into_place(spool: Spool, source: Path, final: Path, shadowed: Path) -> str:
-    """The spooled inode gets its final name too (the folder keeps its mtime)."""
+def _link_into_place(
+    spool: Spool, relpath: str, source: Path, final: Path, shadowed: Path
+) -> tuple[str, os.stat_result]:
+    """The spooled inode gets its final name too (the folder keeps its mtime). Under the
+    placing lock, like every change the write side makes to SRC and to spooled names there:
+    a file renamed or deleted through the mount is either gone here (nothing is linked) or
+    finds its published copy in place (and replaces or removes it)."""
     folder = final.parent
+    mode = "plain"
+    doomed: list[Path | None] = []
     with _PLACING:
         before = folder.stat()
         try:
@@ -196,17 +218,24 @@ def _link_into_place(spool: Spool, source: Path, final: Path, shadowed: Path) ->
                 os.link(source, final)
             except FileExistsError:
                 if os.path.samefile(source, final):
-                    return "already"  # linked before a crash: only the spool name is left
-                staged = _staged(spool, folder, final.name)
-                try:
-                    os.link(source, staged)
-                    os.replace(staged, final)  # over an older file, atomically
-                finally:
-                    staged.unlink(missing_ok=True)
-            shadowed.unlink(missing_ok=True)  # an archive of the name the file replaces
+                    mode = "already"  # linked before a crash: only the spool name is left
+                else:
+                    staged = _staged(spool, folder, final.name)
+                    try:
+                        os.link(source, staged)
+                        doomed.append(_keep_older(spool, final))
+                        os.replace(staged, final)  # over an older file, atomically
+                    finally:
+                        staged.unlink(missing_ok=True)
+            if mode == "plain":
+                doomed.append(set_aside(spool, shadowed))  # an archive of the name
+            placed = final.stat()
+            spool.mark_placed(relpath, placed)
         finally:
             os.utime(folder, ns=(before.st_atime_ns, before.st_mtime_ns))
-    return "plain"
+    for path in doomed:
+        remove_tree(path)
+    return mode, placed
 
 
 def copy_sparse(source: Path, dest: Path, cancel: threading.Event | None) -> None:
@@ -300,6 +329,8 @@ def _publish_archive(
     target = folder / archive_name(name)
     # Hashing first only pays when an archive is there: a restart after publish, pre-cleanup.
     if target.is_file() and _archive_holds(target, st.st_size, file_sha256(source, progress)):
+        with _PLACING:
+            spool.mark_placed(relpath, target.stat())
         return Published(relpath, target, "already", signature=signature(st))
     need = st.st_blocks * 512 + SPACE_MARGIN
     require_space(folder, need, f"needs about {size_text(need)} free to pack")
@@ -308,10 +339,11 @@ def _publish_archive(
         result = pack_file(source, staged, options or PackOptions(), progress)
         check(cancel)  # stopping: do not publish what was finished meanwhile
         apply_metadata(staged, st)
-        place(staged, target, folder / name, durable)  # a real file of that name shadows it
+        # A real file of that name would shadow it: it goes.
+        placed = place(spool, staged, target, folder / name, durable, source=(relpath, st))
     finally:
         staged.unlink(missing_ok=True)
-    return Published(relpath, target, result.mode, result.reason, signature(st), durable)
+    return Published(relpath, target, result.mode, result.reason, signature(st), durable, placed)
 
 
 def _looks_like_tiff(path: Path, size: int) -> bool:
@@ -384,15 +416,83 @@ def signature(st: os.stat_result) -> tuple[int, ...]:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
+def _ident(st: os.stat_result) -> tuple[int, int]:
+    return (st.st_dev, st.st_ino)
+
+
+def retract(spool: Spool, target: Path, placed: tuple[int, int]) -> None:
+    """Withdraw what a publish placed at `target` (its source was deleted or renamed through
+    the mount meanwhile), if it is still there: not a file renamed over it since."""
+    with _PLACING:
+        try:
+            if _ident(target.lstat()) != placed:
+                return
+        except FileNotFoundError:
+            return
+        doomed = set_aside(spool, target)
+    remove_tree(doomed)
+
+
+def set_aside(spool: Spool, path: Path) -> Path | None:
+    """Take `path` off its name at once (the caller holds the placing lock): renamed into the
+    staging folder (never shown; cleared at start if a crash leaves it there), for
+    `remove_tree` to delete outside the lock. Freeing a large file's blocks or a folder
+    archive's files takes long, and handlers on the event loop wait for this lock. None if
+    there was nothing."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return None
+    doomed = _staged(spool, path.parent, "gone")
+    os.rename(path, doomed)
+    return doomed
+
+
+def _keep_older(spool: Spool, final: Path) -> Path | None:
+    """An older file at `final` gets a staging name too, so replacing it does not free its
+    blocks under the placing lock (`remove_tree` does, after). None if there is none, or it
+    cannot be linked (then the replace frees it)."""
+    try:
+        if stat.S_ISDIR(os.lstat(final).st_mode):
+            return None
+        older = _staged(spool, final.parent, "gone")
+        os.link(final, older)
+    except OSError:
+        return None
+    return older
+
+
+def remove_tree(doomed: Path | None) -> None:
+    import shutil
+
+    if doomed is None:
+        return
+    if doomed.is_dir() and not doomed.is_symlink():
+        shutil.rmtree(doomed, ignore_errors=True)
+    else:
+        doomed.unlink(missing_ok=True)
+
+
 def _same_fs(a: Path, b: Path) -> bool:
     return os.stat(a).st_dev == os.stat(b).st_dev
 
 
-def place(staged: Path, final: Path, shadowed: Path, durable: bool = True) -> None:
+def place(
+    spool: Spool,
+    staged: Path,
+    final: Path,
+    shadowed: Path,
+    durable: bool = True,
+    source: tuple[str, os.stat_result] | None = None,
+) -> tuple[int, int]:
     """Rename a verified file to its final name and drop the entry it replaces in the mount
     (a plain file shadowing a new archive, or the archive a plain file replaces). The folder
     keeps its mtime: publishing changes nothing the mount shows, and a second `rsync -a`
-    must find the folder as it left it."""
+    must find the folder as it left it. With `source` (the relpath and stat of the spooled
+    file it was built from), nothing is placed unless that spooled file is still there unchanged,
+    checked under the placing lock: one renamed away or deleted through the mount meanwhile
+    is never published over a name that holds something else now. Returns (st_dev, st_ino)
+    of what was placed."""
     from vfs.decant.writer import fsync_dir
 
     if durable:
@@ -402,15 +502,27 @@ def place(staged: Path, final: Path, shadowed: Path, durable: bool = True) -> No
         finally:
             os.close(fd)
     folder = final.parent
+    doomed: list[Path | None] = []
     with _PLACING:  # two workers placing into one folder must not restore each other's mtime
+        if source is not None:
+            relpath, st = source
+            if signature(spool.path(relpath).stat()) != signature(st):
+                raise SourceChangedError(spool.path(relpath))
         before = folder.stat()
-        os.replace(staged, final)
         try:
-            shadowed.unlink(missing_ok=True)
+            doomed.append(_keep_older(spool, final))
+            os.replace(staged, final)
+            doomed.append(set_aside(spool, shadowed))
+            placed = final.stat()
+            if source is not None:
+                spool.mark_placed(source[0], placed)
         finally:
-            if durable:
-                fsync_dir(folder)
             os.utime(folder, ns=(before.st_atime_ns, before.st_mtime_ns))
+    for path in doomed:
+        remove_tree(path)
+    if durable:
+        fsync_dir(folder)  # not under the lock: handlers on the event loop wait for it
+    return _ident(placed)
 
 
 def sync_placed(targets: list[Path]) -> None:

@@ -18,18 +18,24 @@ import heapq
 import itertools
 import logging
 import math
-import shutil
 import threading
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from vfs.ingest.publish import Outcome, Published, describe_error, signature, sync_placed
+from vfs.ingest.publish import (
+    Outcome,
+    Published,
+    describe_error,
+    retract,
+    signature,
+    sync_placed,
+)
 from vfs.ingest.spool import Spool, is_temp_name, remove_orphans
 
 if TYPE_CHECKING:
@@ -48,6 +54,30 @@ SPACE_BACKOFF = (1.0, 60.0)  # waiting for space: first and longest pause betwee
 WALK_EVERY = 5.0  # the spools are walked at most this often (more seldom when walks are slow)
 STALE_TEMP = 24 * 3600.0
 WAITING = ("queued", "failed", "space")  # states an item is scheduled in
+
+
+class HiddenNames(set[str]):
+    """Spooled relpaths the mount's listings skip (`SourceTree` asks `in`): files switching to
+    their published copies, or one whose shadowed entry the mount is looking at. Counted, so
+    two that hide one name never show it while the other still hides it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._counts: Counter[str] = Counter()
+
+    def hide(self, relpaths: Iterable[str]) -> None:
+        for rel in relpaths:
+            self._counts[rel] += 1
+            self.add(rel)
+
+    def unhide(self, relpaths: Iterable[str]) -> None:
+        for rel in relpaths:
+            left = self._counts[rel] - 1
+            if left > 0:
+                self._counts[rel] = left
+            else:
+                self._counts.pop(rel, None)
+                self.discard(rel)
 
 
 @dataclass(eq=False)
@@ -87,7 +117,7 @@ class PackQueue:
         self.disk_settle = settle
         self.items: dict[Key, Item] = {}
         self.open_counts: dict[str, int] = {}
-        self.publishing: set[str] = set()  # relpaths hidden from the mount while switching
+        self.publishing = HiddenNames()  # relpaths hidden from the mount while switching
         self.done = 0
         self.limiter = trio.CapacityLimiter(self.workers)
         self.on_published: Callable[[list[str]], Awaitable[None]] | None = None
@@ -374,8 +404,10 @@ class PackQueue:
             if key in self.items or key[0] != 0 or published.mode == "already":
                 log.info("%s: changed while publishing; its newer state is published on its "
                          "own", item.relpath)  # fmt: skip
+                changed.append(item.relpath)  # the mount may have switched to what was published
                 continue
-            await trio.to_thread.run_sync(retract, published.target)
+            await trio.to_thread.run_sync(retract, item.spool, published.target,
+                                          published.placed)  # fmt: skip
             changed.append(item.relpath)
             log.info("%s: removed while publishing; what was published is withdrawn",
                      item.relpath)  # fmt: skip
@@ -384,7 +416,7 @@ class PackQueue:
     async def _switch(self, switch: list[tuple[Item, Published]], changed: list[str]) -> None:
         """The mount shows the published files first; only then do the spooled names go."""
         main = [item.relpath for item, _p in switch if item.spool is self.spool]
-        self.publishing.update(main)
+        self.publishing.hide(main)
         try:
             await self._announce([item.relpath for item, _p in switch] + changed)
             keep, reshow = [], []
@@ -396,7 +428,7 @@ class PackQueue:
                     keep.append((item, published))
             removed = await trio.to_thread.run_sync(self._remove_spooled, keep)
         finally:
-            self.publishing.difference_update(main)
+            self.publishing.unhide(main)
         withdrawn = []
         for (item, published), ok in zip(keep, removed, strict=True):
             key = self._key(item)
@@ -419,7 +451,11 @@ class PackQueue:
 
     @staticmethod
     def _remove_spooled(keep: list[tuple[Item, Published]]) -> list[bool]:
-        return [item.spool.remove(item.relpath, p.signature) for item, p in keep]
+        """In a worker thread: the batch's spooled names, then each emptied folder once."""
+        done = [item.spool.remove(item.relpath, p.signature, prune=False) for item, p in keep]
+        for spool, folder in {(item.spool, str(Path(item.relpath).parent)) for item, _p in keep}:
+            spool.prune_dirs(folder)
+        return done
 
     async def _announce(self, relpaths: list[str]) -> None:
         if self.on_published is not None and relpaths:
@@ -506,14 +542,6 @@ class PackQueue:
         if self.guard is not None:
             doc["space"] = self.guard.status()
         return doc
-
-
-def retract(target: Path) -> None:
-    """Withdraw a just-published archive (or plain file) whose source was deleted meanwhile."""
-    if target.is_dir() and not target.is_symlink():
-        shutil.rmtree(target, ignore_errors=True)
-    else:
-        target.unlink(missing_ok=True)
 
 
 def _duration(seconds: float) -> str:

@@ -15,8 +15,9 @@ import re
 import shutil
 import stat
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from vfs.decant import TEMP_PREFIX
 from vfs.ingest.publish import Outcome, Published, archive_name, attempt, publish
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from vfs.decant.packer import PackOptions
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # rsync writes `.name.XXXXXX` and renames it into place when the transfer is done.
 _TEMP_NAME = re.compile(r"^\..+\.[A-Za-z0-9]{6}$")
@@ -47,6 +49,10 @@ class Spool:
         self.files = files
         self.staging = staging or src / STAGING
         self.files.mkdir(parents=True, exist_ok=True)
+        # (st_dev, st_ino) of what publishing each relpath put into SRC, until its spooled
+        # name goes: that entry is the file's own copy, not an older version it replaces.
+        # Written and read under the placing lock.
+        self._placed: dict[str, tuple[int, int]] = {}
 
     def path(self, relpath: str) -> Path:
         return self.files / relpath
@@ -70,37 +76,39 @@ class Spool:
 
     def create(self, relpath: str, mode: int, uid: int, gid: int) -> int:
         """Create (or truncate) a spooled file; returns an fd open for reading and writing."""
+        return self.create_stat(relpath, mode, uid, gid)[0]
+
+    def create_stat(
+        self, relpath: str, mode: int, uid: int, gid: int
+    ) -> tuple[int, os.stat_result]:
+        """`create`, returning the fd and the file's stat. Mode and owner are set only where
+        the open did not give them already (rsync creates every file 0600 as the caller: two
+        syscalls fewer per file)."""
         path = self.path(relpath)
         flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
+        fd: int = _into_folder(path, lambda: os.open(path, flags, stat.S_IMODE(mode) | 0o600))
         try:
-            fd = os.open(path, flags, stat.S_IMODE(mode) | 0o600)
-        except FileNotFoundError:  # its folder is not in the spool yet
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, flags, stat.S_IMODE(mode) | 0o600)
-        try:
-            os.fchmod(fd, stat.S_IMODE(mode))
-            if os.geteuid() == 0:
+            st = os.fstat(fd)
+            changed = False
+            if stat.S_IMODE(st.st_mode) != stat.S_IMODE(mode):
+                os.fchmod(fd, stat.S_IMODE(mode))
+                changed = True
+            if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (uid, gid):
                 os.fchown(fd, uid, gid)
+                changed = True
+            return fd, os.fstat(fd) if changed else st
         except BaseException:
             os.close(fd)
             raise
-        return fd
 
     def rename(self, old: str, new: str) -> None:
-        target = self.path(new)
-        try:
-            os.replace(self.path(old), target)
-        except FileNotFoundError:
-            if not self.path(old).exists():
-                raise
-            target.parent.mkdir(parents=True, exist_ok=True)  # a folder not in the spool yet
-            os.replace(self.path(old), target)
+        source, target = self.path(old), self.path(new)
+        _into_folder(target, lambda: os.replace(source, target), source)
 
     def adopt(self, real: Path, relpath: str) -> None:
         """Move a real file of SRC into the spool (a real file renamed or reopened for writing)."""
         target = self.path(relpath)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(real, target)
+        _into_folder(target, lambda: os.replace(real, target), real)
 
     def walk(self) -> dict[str, os.stat_result]:
         """Every spooled file, by relpath."""
@@ -163,13 +171,44 @@ class Spool:
                 removed.append(path)
         return removed
 
+    def mark_placed(self, relpath: str, st: os.stat_result) -> None:
+        self._placed[relpath] = (st.st_dev, st.st_ino)
+
+    def placed_copy(self, relpath: str, path: Path) -> bool:
+        """Is the entry at `path` what publishing `relpath` put there (a hard link of it, or
+        the archive or copy made of it), rather than an older version it replaces?"""
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            return True
+        ident = (st.st_dev, st.st_ino)
+        if ident == self._placed.get(relpath):
+            return True
+        try:
+            mine = self.path(relpath).lstat()
+        except FileNotFoundError:
+            return False
+        return ident == (mine.st_dev, mine.st_ino)
+
+    def discard(self, relpath: str) -> bool:
+        """Delete the spooled file `relpath` if there is one (a file renamed or deleted over
+        its name through the mount); True if there was."""
+        self._placed.pop(relpath, None)
+        try:
+            os.unlink(self.path(relpath))
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            return False
+        self.prune_dirs(str(Path(relpath).parent))
+        return True
+
     def remove_many(self, done: list[tuple[str, tuple[int, ...]]]) -> list[bool]:
         """`remove` for a batch of (relpath, signature): one worker-thread call, not one each."""
         return [self.remove(relpath, sig) for relpath, sig in done]
 
-    def remove(self, relpath: str, signature: tuple[int, ...] = ()) -> bool:
+    def remove(self, relpath: str, signature: tuple[int, ...] = (), prune: bool = True) -> bool:
         """Delete a spooled file; with `signature`, only if it is still the file that was
-        published (not one renamed over it since). False if it was kept."""
+        published (not one renamed over it since). False if it was kept. Without `prune`
+        the caller removes emptied folders (`prune_dirs`), once per folder for a batch."""
         path = self.path(relpath)
         if signature:
             try:
@@ -178,8 +217,24 @@ class Spool:
             except FileNotFoundError:
                 return True
         path.unlink(missing_ok=True)
-        self.prune_dirs(str(Path(relpath).parent))
+        self._placed.pop(relpath, None)
+        if prune:
+            self.prune_dirs(str(Path(relpath).parent))
         return True
+
+
+def _into_folder(target: Path, make: Callable[[], T], source: Path | None = None) -> T:
+    """make() something at `target` in the spool, making its folder when it is missing: a
+    folder not spooled into yet, or one a publish just pruned as empty (so, a few times).
+    FileNotFoundError when `source` is the missing one."""
+    for _ in range(3):
+        try:
+            return make()
+        except FileNotFoundError:
+            if source is not None and not os.path.lexists(source):
+                raise
+            target.parent.mkdir(parents=True, exist_ok=True)
+    return make()
 
 
 def remove_orphans(src: Path, skip: Path) -> list[Path]:

@@ -9,14 +9,14 @@ publish putting a folder's mtime back never undoes a change made meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
-import shutil
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from vfs.ingest.publish import placing_lock
+from vfs.ingest.publish import placing_lock, remove_tree, set_aside
 from vfs.ingest.space import SpaceGuard
 from vfs.ingest.spool import Spool
 from vfs.nodes import Node, mirror_node, spooled_node
@@ -76,8 +76,8 @@ class WriteSide:
     def create(self, parent: Node, name: str, mode: int, uid: int, gid: int) -> tuple[Node, int]:
         rel = self._rel(parent, name)
         self._need_room(0, rel)
-        fd = self.spool.create(rel, mode, uid, gid)
-        return spooled_node(self.spool.path(rel), rel, os.fstat(fd)), fd
+        fd, st = self.spool.create_stat(rel, mode, uid, gid)
+        return spooled_node(self.spool.path(rel), rel, st), fd
 
     def write(self, fd: int, data: bytes, offset: int, rel: str) -> int:
         """pwrite into a spooled file; near the reserve, only writes within its size pass."""
@@ -140,35 +140,93 @@ class WriteSide:
         node.size = 0 if node.is_dir else st.st_size
         return node
 
-    def rename(self, old_parent: Node, old: str, node: Node, new_parent: Node, new: str) -> Node:
+    def rename(
+        self,
+        old_parent: Node,
+        old: str,
+        node: Node,
+        new_parent: Node,
+        new: str,
+        behind: Node | None = None,
+    ) -> Node:
+        """`behind`: what SRC presents under the old name that the spooled `node` hides (the
+        published version it replaced): it goes, or it would show again under that name.
+        A real file renamed over a spooled one replaces it: the spooled file goes, or it
+        would hide the real one and later be published over it."""
         old_rel, new_rel = self._rel(old_parent, old), self._rel(new_parent, new)
         if node.spooled:
-            self.spool.rename(old_rel, new_rel)
+            if behind is None:
+                self.spool.rename(old_rel, new_rel)
+            else:
+                self._check_removable(behind)
+                with placing_lock():
+                    doomed = set_aside(self.spool, behind.real)
+                    self.spool.rename(old_rel, new_rel)
+                remove_tree(doomed)
             return spooled_node(self.spool.path(new_rel), new_rel, self.spool.path(new_rel).stat())
         if node.backend is not None:
             raise refuse(errno.EPERM, f"{node.real}: archived originals cannot be renamed")
         target = self.root / new_rel
         with placing_lock():
             os.rename(node.real, target)
-        if node.is_dir and self.spool.path(old_rel).is_dir():
-            self.spool.rename(old_rel, new_rel)  # files still spooled inside move along
+            if node.is_dir and self.spool.path(old_rel).is_dir():
+                # Files still spooled inside move along (none, if a publish just took the
+                # last of them and pruned the folder).
+                with contextlib.suppress(FileNotFoundError):
+                    self.spool.rename(old_rel, new_rel)
+            else:
+                self.spool.discard(new_rel)
+                self._discard_link(old_rel, target)
         return self.refresh(_moved(node, target))
 
-    def unlink(self, parent: Node, name: str, node: Node) -> None:
+    def _discard_link(self, relpath: str, real: Path) -> None:
+        """A published file's spooled name, not yet removed while the mount switches to it,
+        goes once the file itself is renamed: it is the same inode (a hard link), so the
+        rename changed its ctime and the queue would take it for a newer version and publish
+        it again under the old name."""
+        try:
+            same = os.path.samestat(os.lstat(self.spool.path(relpath)), os.lstat(real))
+        except OSError:
+            return
+        if same:
+            self.spool.discard(relpath)
+
+    def unlink(self, parent: Node, name: str, node: Node, behind: Node | None = None) -> None:
+        """`behind`: as for `rename`. Deleting it, an older version in SRC, needs
+        --allow-delete like any file of SRC (its own just-published copy does not)."""
         if node.is_dir:
             raise refuse(errno.EISDIR, str(node.real))
         if node.spooled:
-            self.spool.remove(node.spooled)
+            if behind is None:
+                self.spool.remove(node.spooled)
+                return
+            self._check_removable(behind)
+            with placing_lock():
+                own = self.spool.placed_copy(node.spooled, behind.real)
+                if not self.allow_delete and not own:
+                    why = "deleting needs --allow-delete (a newer version is not yet published)"
+                    raise refuse(errno.EPERM, f"{behind.real}: {why}")
+                doomed = set_aside(self.spool, behind.real)
+                self.spool.discard(node.spooled)
+            remove_tree(doomed)
             return
         if not self.allow_delete:
             raise refuse(errno.EPERM, f"{node.real}: deleting needs decant-mount --allow-delete")
+        self._check_removable(node)
+        with placing_lock():
+            if not node.real.exists():
+                raise refuse(errno.ENOENT, str(node.real))
+            doomed = set_aside(self.spool, node.real)  # deleted after the lock
+            if not node.is_dir:
+                self.spool.discard(self._rel(parent, name))  # one being switched to this file
+        remove_tree(doomed)
+
+    @staticmethod
+    def _check_removable(node: Node) -> None:
         if node.member:
             raise refuse(errno.EPERM, f"{node.real}: members of an archive cannot be deleted")
-        with placing_lock():
-            if node.real.is_dir():
-                shutil.rmtree(node.real)  # a directory archive (NAME.zarr/)
-            else:
-                node.real.unlink()
+        if node.is_dir and node.backend is None:
+            raise refuse(errno.EISDIR, str(node.real))
 
     def mkdir(self, parent: Node, name: str, mode: int, uid: int, gid: int) -> Node:
         rel = self._rel(parent, name)

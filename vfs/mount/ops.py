@@ -28,6 +28,7 @@ from vfs.backends.plain import BytesFile, PlainFile, SpoolFile
 from vfs.cache import PageCache
 from vfs.errors import DecantError
 from vfs.ingest.queue import PackQueue
+from vfs.ingest.spool import is_temp_name
 from vfs.ingest.writeside import Attrs, WriteSide
 from vfs.mount.config import STATUS_NAME, MountConfig
 from vfs.mount.index import stamp_of
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 ARCHIVE_TIMEOUT = 300.0  # archive contents never change in place: let the kernel keep them
 MIRROR_TIMEOUT = 2.0  # SRC itself can change; the watcher invalidates sooner when it can
 UNWATCHED_TIMEOUT = 1.0  # no inotify: entries that can change expire this soon
+# A missing name, watched: new names are invalidated when the watcher's rescan finds them.
+# rsync's generator looks names up seconds before its receiver does, on a busy machine.
+NEGATIVE_TIMEOUT = 10.0
 RESCAN_INTERVAL = 1.0  # a folder's mtime is re-checked at most this often
 LOG_EVERY = 60.0  # the same failure of the same entry is logged once a minute, not per call
 NAME_MAX = 255
@@ -50,7 +54,10 @@ QUICK_LIMIT = 0.02  # seconds (above the GIL's 5 ms switch interval): see QuickC
 QUICK_SLOW = 3
 QUICK_WINDOW = 5.0
 QUICK_COOLDOWN = 5.0
+QUICK_STALL = 0.1  # one call blocked this long sends them to threads at once
+QUICK_COOLDOWN_MAX = 120.0  # cooldowns double while stalls go on, up to this
 QUICK_WRITE = 64 * 1024  # larger writes always go to a worker thread (the data path)
+QUICK_FREE = 16 << 20  # truncating or deleting a larger file frees blocks: a worker thread
 
 _last_logged: dict[tuple[str, str], float] = {}
 
@@ -96,13 +103,22 @@ class QuickCalls:
     thread while they stay fast. A call that slept in the kernel (a voluntary context switch)
     for longer than QUICK_LIMIT is slow; QUICK_SLOW of those within QUICK_WINDOW seconds (a
     stalled disk, NFS, a journal busy with fsyncs) send them all to worker threads for
-    QUICK_COOLDOWN seconds. One stall alone does not: a journal commit holds up one create now
-    and then. Being preempted on a busy machine never counts."""
+    QUICK_COOLDOWN seconds. One short stall alone does not: a journal commit holds up one
+    create now and then. Being preempted on a busy machine never counts.
+
+    What this cannot bound: a call runs to its end once started, so one call on a disk that
+    stops answering holds the event loop (and every read of the mount) until the disk
+    answers. It bounds how often: a call blocked for QUICK_STALL sends them to threads at once,
+    and each cooldown that ends in another stall doubles (up to QUICK_COOLDOWN_MAX), so a
+    stalled disk costs one blocked call per cooldown, not one per request. Calls whose cost
+    grows with the data (truncating or deleting large files, folder archives) never come here
+    (`DecantOperations._io`), and nothing slow holds the placing lock these calls can take."""
 
     def __init__(self) -> None:
         self.until = 0.0
         self.slow: deque[float] = deque(maxlen=QUICK_SLOW)
         self.logged = False
+        self.cooldown = QUICK_COOLDOWN
 
     async def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
         start = time.monotonic()
@@ -119,28 +135,27 @@ class QuickCalls:
     def _slow(self, took: float) -> None:
         now = time.monotonic()
         self.slow.append(now)
-        if len(self.slow) < QUICK_SLOW or now - self.slow[0] > QUICK_WINDOW:
+        pattern = len(self.slow) >= QUICK_SLOW and now - self.slow[0] <= QUICK_WINDOW
+        if not pattern and took < QUICK_STALL:
             return
-        self.until = now + QUICK_COOLDOWN
+        # Stalling again soon after a cooldown: the disk is still slow, wait longer.
+        again = now - self.until < self.cooldown
+        self.cooldown = min(QUICK_COOLDOWN_MAX, 2 * self.cooldown) if again else QUICK_COOLDOWN
+        self.until = now + self.cooldown
         self.slow.clear()
         level = logging.DEBUG if self.logged else logging.INFO
         self.logged = True
         log.log(level, "spool operations blocked (the last for %.0f ms): they go to worker threads "
-                "for %g s", took * 1e3, QUICK_COOLDOWN)  # fmt: skip
+                "for %g s", took * 1e3, self.cooldown)  # fmt: skip
 
 
 def _fail(code: int) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(code)
 
 
-def _negative_entry() -> pyfuse3.EntryAttributes:
-    """ENOENT the kernel may remember (st_ino 0): probes for absent names inside an archive
-    (sidecar files, `.git`, locale lookups) stop reaching the daemon. A changed archive gets
-    new inodes, so nothing cached here can hide a name that appears later."""
-    a = pyfuse3.EntryAttributes()
-    a.st_ino = 0
-    a.entry_timeout = ARCHIVE_TIMEOUT
-    return a
+def _heavy(node: Node | None) -> bool:
+    """Deleting it may take long whatever the disk (see QUICK_FREE)."""
+    return node is not None and (node.is_dir or node.backend is not None or node.size > QUICK_FREE)
 
 
 def _listed(folder: Folder, name: str) -> Node:
@@ -240,7 +255,11 @@ class DecantOperations(pyfuse3.Operations):
                 break  # else a folder at or above it moved while it was read: read it again
         if folder is None:
             folder = self.inodes.folders[inode] = Folder()
-        changed = folder.merge(kids)
+            changed = []  # a first listing: the kernel has no names of it cached
+            folder.merge(kids)
+        else:  # new names too: the kernel may remember that they were not there
+            changed = [name for name in kids if name not in folder.children]
+            changed += folder.merge(kids)
         for node in kids.values():  # the kernel's inodes see new sizes and modes at getattr
             ino = self.inodes.known(node)
             if ino is not None:
@@ -296,16 +315,32 @@ class DecantOperations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         with errno_boundary(f"lookup {name!r}"):
-            node = (await self._listing(parent_inode)).children.get(os.fsdecode(name))
+            text = os.fsdecode(name)
+            folder = await self._listing(parent_inode)
+            node = folder.children.get(text)
             if node is None and self._status_name(parent_inode, name):
                 node = self._status  # found by name only: listings and rsync skip it
                 node.size = len(self.status_bytes())
+                return self._attrs(self.inodes.hand_out(node), node)
+            if node is not None:
+                node = await self._current(folder, text, node)
             if node is None:
-                if self._fixed_listing(self._node(parent_inode)):
-                    return _negative_entry()
-                raise _fail(errno.ENOENT)
-            node = await self._current(node)
+                return self._negative(parent_inode)
             return self._attrs(self.inodes.hand_out(node), node)
+
+    def _negative(self, parent_inode: int) -> pyfuse3.EntryAttributes:
+        """No such name, and the kernel may remember that as long as it keeps the folder's
+        names: rsync asks for each name three times before it creates it. Names that appear
+        without the kernel's knowing (SRC changed, a file dropped into the spool) are
+        invalidated when the listing takes them (`_fresh`, `_show`)."""
+        a = pyfuse3.EntryAttributes()
+        a.st_ino = 0
+        parent = self.inodes.get(parent_inode)
+        if parent is not None and self._fixed_listing(parent):
+            a.entry_timeout = ARCHIVE_TIMEOUT
+        else:
+            a.entry_timeout = NEGATIVE_TIMEOUT if self.watched else UNWATCHED_TIMEOUT
+        return a
 
     def _fixed_listing(self, folder: Node) -> bool:
         """An archive's folder: its listing never changes under one inode (a changed archive
@@ -315,12 +350,17 @@ class DecantOperations(pyfuse3.Operations):
         real = folder.real
         return not any(r == real or r in real.parents for r in self.tree.overlay_roots)
 
-    async def _current(self, node: Node) -> Node:
-        """A spooled file's size and times move with its writes, not with its folder listing."""
-        if node.spooled and self.writer is not None:
-            with contextlib.suppress(FileNotFoundError):  # published meanwhile: as listed
-                return await trio.to_thread.run_sync(self.writer.refresh, node)
-        return node
+    async def _current(self, folder: Folder, name: str, node: Node) -> Node | None:
+        """A spooled file's size and times move with its writes, not with its folder listing.
+        While they are read the name may switch to its published file (or go): then what the
+        listing holds now, or the spooled node would get an inode of its own that is gone."""
+        if not node.spooled or self.writer is None:
+            return node
+        with contextlib.suppress(FileNotFoundError):  # published meanwhile: as listed
+            fresh: Node = await self._quick(self.writer.refresh, node)
+            now = folder.children.get(name)
+            return fresh if now is not None and now.key == node.key else now
+        return folder.children.get(name)
 
     async def getattr(self, inode: int, ctx: pyfuse3.RequestContext) -> pyfuse3.EntryAttributes:
         with errno_boundary(f"getattr {inode}"):
@@ -349,7 +389,9 @@ class DecantOperations(pyfuse3.Operations):
         with errno_boundary(f"readdir {fh}"):
             folder = await self._listing(fh)
             for cookie, name, listed in folder.after(start_id):
-                node = await self._current(listed)
+                node = await self._current(folder, name, listed)
+                if node is None:
+                    continue
                 ino = self.inodes.assign(node)
                 if not pyfuse3.readdir_reply(
                     token, os.fsencode(name), self._attrs(ino, node), cookie
@@ -541,9 +583,12 @@ class DecantOperations(pyfuse3.Operations):
                 folder.drop(name)
             else:
                 folder.put(name, new)
-            if old is None or (new is not None and new.key == old.key):
+            if old is None or new is None:
+                if old is None and new is None:
+                    continue
+            elif new.key == old.key:
                 continue
-            if new is not None and old.spooled and not new.spooled and not new.is_dir:
+            elif old.spooled and not new.spooled and not new.is_dir:
                 ino = self.inodes.known(old)
                 if ino is not None:
                     # Published: the same bytes under the same inode, so a reader that looked
@@ -599,7 +644,8 @@ class DecantOperations(pyfuse3.Operations):
         if node.spooled:
             node, (new, fd) = await self._on_spooled(inode, node, writer.open_for_write, flags)
         else:
-            new, fd = await self._quick(writer.open_for_write, node, flags)
+            heavy = bool(flags & os.O_TRUNC) and node.size > QUICK_FREE
+            new, fd = await self._adopting(node, heavy, writer.open_for_write, node, flags)
         current = self.inodes.get(inode)
         if current is seen or current is node:
             self.inodes.replace(inode, new)
@@ -607,6 +653,49 @@ class DecantOperations(pyfuse3.Operations):
         if self.queue is not None:
             self.queue.opened(new.spooled)
         return self._new_handle(OpenFile(new, inode, SpoolFile(fd), fd=fd))
+
+    async def _adopting(self, node: Node, heavy: bool, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args) moves the real file behind `node` into the spool (a write or truncation of
+        a published file): under its folder's lock, and the listing then holds the spooled
+        node (same inode), so lookup and readdir never hand out the real file that is gone."""
+        found = self.inodes.folder_of(node.real.parent)
+        if found is None:
+            return await self._io(heavy, fn, *args)
+        ino, _folder = found
+        async with self.inodes.locked(ino):
+            result = await self._io(heavy, fn, *args)
+            folder = self.inodes.folders.get(ino)
+            new = result[0] if isinstance(result, tuple) else result
+            name = node.real.name
+            listed = folder.children.get(name) if folder is not None else None
+            if folder is not None and listed is not None and listed.key == node.key:
+                folder.put(name, new)
+            return result
+
+    async def _behind(self, parent: Node, name: str, node: Node) -> Node | None:
+        """What SRC itself presents under `name` in `parent` that the spooled `node` hides (the
+        published file, or archive, that it replaces), or None. The caller holds the folder's
+        lock."""
+        if not node.spooled or self.queue is None or is_temp_name(name):
+            return None  # an rsync temp name is never published: nothing of it is in SRC
+        hidden = self.queue.publishing
+        hidden.hide([node.spooled])  # the tree skips spooled names being hidden
+        try:
+            fresh = await self._quick(self.tree.entries, parent.real, [name])
+            if fresh is None:  # a folder the tree cannot tell name by name
+                found = (await trio.to_thread.run_sync(self.tree.scan, parent.real)).get(name)
+            else:
+                found = fresh[name]
+        finally:
+            hidden.unhide([node.spooled])
+        return found if found is not None and not found.spooled else None
+
+    async def _io(self, heavy: bool, fn: Callable[..., Any], *args: Any) -> Any:
+        """A spool call that may take long whatever the disk (freeing a large file's blocks,
+        deleting a folder archive) goes to a worker thread; others are QuickCalls."""
+        if heavy:
+            return await trio.to_thread.run_sync(fn, *args)
+        return await self._quick(fn, *args)
 
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
@@ -676,6 +765,9 @@ class DecantOperations(pyfuse3.Operations):
             seen = node
             if node.spooled:
                 node, new = await self._on_spooled(inode, node, writer.setattr, attrs)
+            elif attrs.size is not None and not node.is_dir:  # moves it into the spool
+                heavy = node.size > QUICK_FREE
+                new = await self._adopting(node, heavy, writer.setattr, node, attrs)
             else:
                 new = await self._quick(writer.setattr, node, attrs)
             if self.inodes.get(inode) is seen:
@@ -722,27 +814,33 @@ class DecantOperations(pyfuse3.Operations):
                 if flags & pyfuse3.RENAME_NOREPLACE and new in dst_folder.children:
                     raise _fail(errno.EEXIST)
                 old_real = node.real
-                moved = await self._quick(
-                    writer.rename, self._node(parent_inode_old), old, node,
-                    self._node(parent_inode_new), new,
-                )  # fmt: skip
-                self._moved(src_folder, old, dst_folder, new, node, moved, old_real)
+                # Asked before the write side moves a real node in place (its key changes).
+                ino = self.inodes.known(node)
+                src_parent, dst_parent = self._node(parent_inode_old), self._node(parent_inode_new)
+                behind = await self._behind(src_parent, old, node)
+                moved = await self._io(
+                    _heavy(behind), writer.rename, src_parent, old, node, dst_parent, new, behind
+                )
+                self._moved(src_folder, old, dst_folder, new, ino, node, moved, old_real)
                 if self.queue is not None and node.spooled:
                     self.queue.renamed(node.spooled, moved.spooled)
                 elif self.queue is not None and node.is_dir:  # spooled files inside move along
                     self.queue.renamed_folder(self.tree.relpath(old_real),
                                               self.tree.relpath(moved.real))  # fmt: skip
+                elif self.queue is not None:  # a spooled file of either name went
+                    self.queue.removed(self.tree.relpath(moved.real))
+                    self.queue.removed(self.tree.relpath(old_real))
                 if node.spooled:
-                    # Whatever the spooled file shadowed (an archive, a file) shows again.
-                    await self._show(parent_inode_old, [old])
+                    if behind is not None:  # gone: whatever else presents the name shows
+                        await self._show(parent_inode_old, [old])
+                        await self._folder_changed(parent_inode_old)
                 else:
                     await self._fresh(parent_inode_old, force=True)
                     for changed in {parent_inode_old, parent_inode_new}:
                         await self._folder_changed(changed)
 
-    def _moved(self, src: Folder, old: str, dst: Folder, new: str, node: Node, moved: Node,
-               old_real: Path) -> None:  # fmt: skip
-        ino = self.inodes.known(node)
+    def _moved(self, src: Folder, old: str, dst: Folder, new: str, ino: int | None, node: Node,
+               moved: Node, old_real: Path) -> None:  # fmt: skip
         src.drop(old)
         dst.put(new, moved)
         if node.is_dir and moved.real != old_real:
@@ -761,18 +859,24 @@ class DecantOperations(pyfuse3.Operations):
             async with self.inodes.locked(parent_inode):
                 folder = await self._fresh(parent_inode, max_age=RESCAN_INTERVAL)
                 node = _listed(folder, text)
-                await self._quick(writer.unlink, self._node(parent_inode), text, node)
+                parent = self._node(parent_inode)
+                behind = await self._behind(parent, text, node)
+                heavy = _heavy(node) or _heavy(behind)
+                if node.spooled and not heavy:  # its listed size may be from its create
+                    with contextlib.suppress(OSError):
+                        heavy = (await self._quick(os.stat, node.real)).st_size > QUICK_FREE
+                await self._io(heavy, writer.unlink, parent, text, node, behind)
                 if self.queue is not None:
-                    if node.spooled:
-                        self.queue.removed(node.spooled)
-                    else:
-                        self.queue.space_freed()
+                    # A spooled file of a real file's name (being switched to it) went too.
+                    self.queue.removed(node.spooled or self.tree.relpath(node.real))
                 folder.drop(text)
-                if node.spooled:
-                    await self._show(parent_inode, [text])  # what it shadowed shows again
+                if node.spooled and behind is None:
+                    return
+                if node.spooled:  # whatever else presents the name shows
+                    await self._show(parent_inode, [text])
                 else:
                     await self._fresh(parent_inode, force=True)
-                    await self._folder_changed(parent_inode)
+                await self._folder_changed(parent_inode)
 
     async def mkdir(
         self, parent_inode: int, name: bytes, mode: int, ctx: pyfuse3.RequestContext
