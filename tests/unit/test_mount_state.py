@@ -958,3 +958,22 @@ def test_a_missing_name_is_a_negative_entry_and_a_new_one_is_invalidated(
         assert await mount.read_file("y") == b"dropped in"
 
     mount.run(go)
+
+
+def test_a_file_published_into_a_folder_new_to_src_is_found_at_once(
+    mount: InProcessMount,
+) -> None:
+    """An inbox drop publishes `run1/x.csv` into a `run1/` made for it. The kernel holds only
+    the root: the publish must show `run1` there, or a lookup right after the status says
+    "done" gets ENOENT until the watcher's rescan arrives (a flake in the inbox mount test)."""
+
+    async def go() -> None:
+        assert await mount.listdir("") == []
+        drop = mount.config.src / ".decant-spool" / "files" / "run1" / "x.csv"
+        drop.parent.mkdir(parents=True)
+        drop.write_bytes(b"a,b\n1,2\n")
+        assert await mount.publish_all() == 1
+        assert (mount.config.src / "run1" / "x.csv").is_file()
+        assert await mount.read_file("run1/x.csv") == b"a,b\n1,2\n"  # no rescan in between
+
+    mount.run(go)

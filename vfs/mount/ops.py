@@ -543,20 +543,30 @@ class DecantOperations(pyfuse3.Operations):
     async def published(self, relpaths: list[str]) -> None:
         """The pack queue published (or withdrew, or found) these files: each name is looked up
         afresh in its folder's listing, one entry each, not by rescanning the folder."""
-        by_folder: dict[Path, list[str]] = {}
+        by_folder: dict[Path, set[str]] = {}
+        held: dict[Path, int | None] = {}
         for relpath in relpaths:
             path = self.tree.root / relpath
-            by_folder.setdefault(path.parent, []).append(path.name)
+            # A folder the kernel does not hold is read afresh when asked for; but it may be
+            # new in SRC (an inbox drop publishes `run1/img.tif` into a `run1/` made for it):
+            # then its name is shown in the nearest folder the kernel does hold.
+            while path != self.tree.root:
+                if path.parent not in held:
+                    held[path.parent] = self.inodes.known(Node(True, 0, 0, 0, 0, 0, path.parent))
+                if held[path.parent] is not None:
+                    by_folder.setdefault(path.parent, set()).add(path.name)
+                    break
+                path = path.parent
         for folder, names in by_folder.items():
             # By the folder's inode, listed or not: a first listing being read holds the lock
             # and must be waited for, or it could miss a file that left the spool meanwhile.
-            ino = self.inodes.known(Node(True, 0, 0, 0, 0, 0, folder))
+            ino = held[folder]
             if ino is None:
-                continue  # the kernel does not hold it: it is read afresh when asked for
+                continue
             with contextlib.suppress(OSError, pyfuse3.FUSEError):  # gone: the parent drops it
                 async with self.inodes.locked(ino):
                     if ino in self.inodes.folders:
-                        await self._show(ino, names)
+                        await self._show(ino, sorted(names))
 
     async def _folder_changed(self, inode: int) -> None:
         """An entry of this real folder was made or removed in SRC: its mtime moved, and the
