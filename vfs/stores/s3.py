@@ -94,6 +94,8 @@ def translate(exc: BaseException, url: str, what: str = "") -> StoreError:
         return StoreAccessError(
             f"{where} no credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
         )
+    if what == "listing:" and "404 Not Found" in reason:
+        return ObjectMissingError(f"{where} no such bucket")
     if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)):
         return StoreAccessError(f"{where} access refused; check the credentials ({reason})")
     return StoreError(f"{where} object store failed after retries ({reason})")
