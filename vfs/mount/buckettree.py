@@ -173,6 +173,10 @@ class BucketTree(SourceTree):
             exc, (ObjectMissingError, ObjectChangedError)
         )
 
+    def _describe_fresh(self, backend: Backend, path: Path) -> Description | None:
+        log.debug("%s: describing (not in the index)", path)
+        return super()._describe_fresh(backend, path)
+
     def describe(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:
         self.archives_seen += 1
         assert isinstance(path, ObjectPath)

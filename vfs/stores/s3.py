@@ -96,7 +96,8 @@ def translate(exc: BaseException, url: str, what: str = "") -> StoreError:
         )
     if what == "listing:" and "404 Not Found" in reason:
         return ObjectMissingError(f"{where} no such bucket")
-    if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)):
+    refused = "403 Forbidden" in reason or "401 Unauthorized" in reason  # a listing's plain error
+    if refused or isinstance(exc, (PermissionDeniedError, UnauthenticatedError)):
         return StoreAccessError(f"{where} access refused; check the credentials ({reason})")
     return StoreError(f"{where} object store failed after retries ({reason})")
 
