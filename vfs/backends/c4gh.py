@@ -3,6 +3,9 @@
 Descriptions carry no secret: each member's plaintext data offset goes into Entry.locator (so a
 persisted index opens members without re-walking the TAR), while session keys stay in memory,
 re-derived from the header with the secret keys whenever a package is first touched.
+
+A package is named by a local path (`describe`, `open`) or by (Folder, key) (`describe_at`,
+`open_at`: a bucket prefix read by ranged GETs; a `LocalFolder` goes the local path's way).
 """
 
 from __future__ import annotations
@@ -13,13 +16,13 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from vfs.backends.base import Description, Entry
 from vfs.c4gh.buffers import BufferPool
-from vfs.c4gh.header import OpenedHeader, open_header
+from vfs.c4gh.header import OpenedHeader, open_header, source_read_at
 from vfs.c4gh.segments import (
     CACHE_PREFIX,
     PAGE_SIZE,
@@ -32,6 +35,8 @@ from vfs.c4gh.segments import (
 from vfs.c4gh.tarindex import Member, TarIndex, build_index
 from vfs.cache import PageCache
 from vfs.errors import CorruptArchiveError, DecantError, DecryptError, NotAnArchiveError
+from vfs.stores.base import ByteSource, Folder
+from vfs.stores.local import LocalFolder
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +97,10 @@ class MemberReader:
 
 @dataclass(frozen=True)
 class _Session:
-    stamp: tuple[int, int]  # (size, mtime_ns) of the package the header was opened from
+    # What changes when the package is replaced: (size, mtime_ns) of a file, a byte source's
+    # identity (URL, ETag, size, mtime) for an object.
+    stamp: tuple[object, ...]
+    file_size: int
     header: OpenedHeader
     writer: str
 
@@ -134,9 +142,25 @@ class C4ghBackend:
     def describe(self, path: Path) -> Description:
         session = self._session(path)
         with self._reader(path, session) as reader:
-            index = build_index(reader, path.name)
-            digests = self._declared_digests(reader, index, path)
-        _log_index(path, index)
+            return self._describe(reader, session)
+
+    def describe_at(self, folder: Folder, key: str) -> Description:
+        """`describe` for the package at `key` of a folder that need not be local."""
+        if isinstance(folder, LocalFolder):
+            return self.describe(folder.root / key)
+        source = folder.open(key)
+        try:
+            session = self._session_at(source)
+        except BaseException:
+            source.close()
+            raise
+        with self._reader(source, session) as reader:
+            return self._describe(reader, session)
+
+    def _describe(self, reader: SegmentReader, session: _Session) -> Description:
+        index = build_index(reader, reader.name)
+        digests = self._declared_digests(reader, index, reader.name)
+        _log_index(reader.name, index)
         root = Entry(
             is_dir=True,
             xattrs={WRITER_XATTR: session.writer, PACKETS_XATTR: str(session.header.packet_count)},
@@ -144,23 +168,46 @@ class C4ghBackend:
         )
         for member in index.members:
             _insert(root, member, digests.get(member.name))
-        return Description(name=path.name, root=root)
+        return Description(name=reader.name, root=root)
 
     def open(self, path: Path, member: str, entry: Entry) -> MemberReader:
-        label = f"{path.name}/{member}"
-        if entry.is_dir:
-            raise NotAnArchiveError(f"{label} is a folder, not a member")
-        offset = entry.locator.get("offset")
-        if not isinstance(offset, int) or offset < 0:
-            raise CorruptArchiveError(f"{label}: no data offset recorded for this member")
-        reader = self._reader(path, self._session(path))
+        offset = _member_offset(path.name, member, entry)
+        return self._member(self._reader(path, self._session(path)), member, entry, offset)
+
+    def open_at(
+        self,
+        folder: Folder,
+        key: str,
+        member: str,
+        entry: Entry,
+        digests: Mapping[str, int] | None = None,
+    ) -> MemberReader:
+        """`open` for the package at `key` of a folder that need not be local. `digests` is
+        accepted for the shape every backend's `open_at` shares, and unused: each segment
+        carries its own MAC."""
+        if isinstance(folder, LocalFolder):
+            return self.open(folder.root / key, member, entry)
+        offset = _member_offset(key.rpartition("/")[2], member, entry)
+        source = folder.open(key)
+        try:
+            session = self._session_at(source)
+        except BaseException:
+            source.close()
+            raise
+        return self._member(self._reader(source, session), member, entry, offset)
+
+    def _member(
+        self, reader: SegmentReader, member: str, entry: Entry, offset: int
+    ) -> MemberReader:
+        label = f"{reader.name}/{member}"
         if offset + entry.size > reader.size:
             reader.close()
             raise CorruptArchiveError(f"{label}: member runs past the end of the package")
         return MemberReader(reader, offset, entry.size, label, self.pool)
 
-    def forget(self, path: Path) -> None:
-        """Drop what is remembered about a package (it changed on disk or went away)."""
+    def forget(self, path: Path | str) -> None:
+        """Drop what is remembered about a package (it changed on disk or went away); a package
+        in a bucket is named by its URL."""
         with self._lock:
             self._sessions.pop(str(path), None)
         self._discard_segments()
@@ -174,50 +221,74 @@ class C4ghBackend:
     def _session(self, path: Path) -> _Session:
         st = os.stat(path)
         stamp = (st.st_size, st.st_mtime_ns)
-        with self._lock:
-            session = self._sessions.get(str(path))
-        if session is not None and session.stamp == stamp:
-            return session
+        session = self._known(str(path), stamp, path.name)
         if session is not None:
-            log.info("%s changed on disk; dropping its cached segments", path.name)
-            self._discard_segments()
+            return session
         with open(path, "rb") as f:
             fd = f.fileno()
             header, first = open_header(
                 lambda off, n: os.pread(fd, n, off), st.st_size, self.secret_keys, path.name
             )
-        session = _Session(stamp, header, self._check_writer(path, header))
-        self.stats.count(path, 0)  # decrypted to find the writer; kept for the first read
-        self._reader(path, session).seed(0, first)
+        session = _Session(stamp, st.st_size, header, self._check_writer(path.name, header))
+        return self._keep(path, session, path, first)
+
+    def _session_at(self, source: ByteSource) -> _Session:
+        """The session of a package in a byte source, opened from its header when new."""
+        name = source.name.rpartition("/")[2]
+        session = self._known(source.name, source.identity, name)
+        if session is not None:
+            return session
+        read_at = source_read_at(source)
+        header, first = open_header(read_at, source.size, self.secret_keys, name)
+        session = _Session(source.identity, source.size, header, self._check_writer(name, header))
+        return self._keep(source.name, session, source, first)
+
+    def _known(self, label: str, stamp: tuple[object, ...], name: str) -> _Session | None:
         with self._lock:
-            self._sessions[str(path)] = session
+            session = self._sessions.get(label)
+        if session is not None and session.stamp == stamp:
+            return session
+        if session is not None:
+            log.info("%s changed; dropping its cached segments", name)
+            self._discard_segments()
+        return None
+
+    def _keep(
+        self, label: Path | str, session: _Session, source: Path | ByteSource, first: bytes
+    ) -> _Session:
+        self.stats.count(label, 0)  # decrypted to find the writer; kept for the first read
+        # A reader only to seed the cache: it reads nothing, and is not closed (the caller's
+        # reader owns `source`).
+        self._reader(source, session).seed(0, first)
+        with self._lock:
+            self._sessions[str(label)] = session
         return session
 
-    def _check_writer(self, path: Path, header: OpenedHeader) -> str:
+    def _check_writer(self, name: str, header: OpenedHeader) -> str:
         if self.allowed_writers is None:
             return header.writer_fingerprint
         listed = [w for w in header.writers if w in self.allowed_writers]
         if listed:
             return listed[0]
-        message = f"{path.name}: writer {header.writer_fingerprint} is not an allowed writer"
+        message = f"{name}: writer {header.writer_fingerprint} is not an allowed writer"
         if self.writer_policy == "enforce":
             raise DecryptError(f"{message} (writer policy 'enforce': package not opened)")
         log.warning("%s (writer policy 'warn': served anyway)", message)
         return header.writer_fingerprint
 
-    def _reader(self, path: Path, session: _Session) -> SegmentReader:
+    def _reader(self, source: Path | ByteSource, session: _Session) -> SegmentReader:
         return SegmentReader(
-            path,
+            source,
             session.header.header_len,
             session.header.session_key,
             self.cache,
-            file_size=session.stamp[0],
+            file_size=session.file_size,
             stats=self.stats,
             buffers=self.buffers,
         )
 
     def _declared_digests(
-        self, reader: SegmentReader, index: TarIndex, path: Path
+        self, reader: SegmentReader, index: TarIndex, name: str
     ) -> dict[str, str]:
         """payload.members sha256 by member name; a bad manifest costs the xattrs, not the mount."""
         manifest = index.get("manifest.json")
@@ -232,11 +303,21 @@ class C4ghBackend:
                 if isinstance(item, dict) and DIGEST_RE.fullmatch(str(item.get("sha256")))
             }
         except (DecantError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.info("%s: no member digests from manifest.json (%s)", path.name, exc)
+            log.info("%s: no member digests from manifest.json (%s)", name, exc)
             return {}
         except RecursionError:  # json's C decoder recurses per nesting level
-            log.info("%s: no member digests: manifest.json nests too deeply", path.name)
+            log.info("%s: no member digests: manifest.json nests too deeply", name)
             return {}
+
+
+def _member_offset(package: str, member: str, entry: Entry) -> int:
+    label = f"{package}/{member}"
+    if entry.is_dir:
+        raise NotAnArchiveError(f"{label} is a folder, not a member")
+    offset = entry.locator.get("offset")
+    if not isinstance(offset, int) or offset < 0:
+        raise CorruptArchiveError(f"{label}: no data offset recorded for this member")
+    return offset
 
 
 def _insert(root: Entry, member: Member, digest: str | None) -> None:
@@ -252,7 +333,7 @@ def _insert(root: Entry, member: Member, digest: str | None) -> None:
     )
 
 
-def _log_index(path: Path, index: TarIndex) -> None:
+def _log_index(name: str, index: TarIndex) -> None:
     """One line for the walk's problems and one naming the dropped members (at most 50 named)."""
     for problem in index.problems:
         log.warning("%s", problem)
@@ -261,7 +342,7 @@ def _log_index(path: Path, index: TarIndex) -> None:
         more = len(index.dropped) - LOGGED_DROPS
         if more > 0:
             listed += f"; and {more} more"
-        log.warning("%s: not serving %d member(s): %s", path.name, len(index.dropped), listed)
+        log.warning("%s: not serving %d member(s): %s", name, len(index.dropped), listed)
 
 
 def load_allowed_writers(path: Path) -> set[str]:

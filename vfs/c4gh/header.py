@@ -17,6 +17,7 @@ from pathlib import Path
 from vfs.c4gh.segments import CIPHER_SEGMENT_SIZE, SegmentReader, SegmentStats, decrypt_segment
 from vfs.cache import PageCache
 from vfs.errors import CorruptArchiveError, DecryptError, NotAnArchiveError, UnsupportedFormatError
+from vfs.stores.base import ByteSource
 
 log = logging.getLogger(__name__)
 
@@ -239,13 +240,52 @@ def open_header(
     return opened, plain
 
 
-def open_package(
-    path: Path | str,
+def source_read_at(source: ByteSource) -> ReadAt:
+    """`read_at` over a byte source, short at its end as a pread is (the framing checks lengths)."""
+
+    def read_at(offset: int, size: int) -> bytes:
+        have = max(0, min(size, source.size - offset))
+        return source.read(offset, have) if have else b""
+
+    return read_at
+
+
+def open_source(
+    source: ByteSource,
     secret_keys: Sequence[bytes],
     cache: PageCache,
     stats: SegmentStats | None = None,
 ) -> tuple[OpenedHeader, SegmentReader]:
-    """Open a package file's header and return a reader of its plaintext, segment 0 cached."""
+    """`open_package` for a package in a byte source (a LocalFile, an object in a bucket).
+
+    The reader returned owns `source`; on failure `source` is closed before the error propagates.
+    """
+    name = source.name.rpartition("/")[2]
+    try:
+        header, first = open_header(source_read_at(source), source.size, secret_keys, name)
+    except BaseException:
+        source.close()
+        raise
+    reader = SegmentReader(
+        source, header.header_len, header.session_key, cache, file_size=source.size, stats=stats
+    )
+    reader.stats.count(reader.label, 0)
+    reader.seed(0, first)
+    return header, reader
+
+
+def open_package(
+    path: Path | str | ByteSource,
+    secret_keys: Sequence[bytes],
+    cache: PageCache,
+    stats: SegmentStats | None = None,
+) -> tuple[OpenedHeader, SegmentReader]:
+    """Open a package's header and return a reader of its plaintext, segment 0 cached.
+
+    `path` is a local path or a byte source (see `open_source`, which owns the source).
+    """
+    if not isinstance(path, (str, Path)):
+        return open_source(path, secret_keys, cache, stats)
     path = Path(path)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size

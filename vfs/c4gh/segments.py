@@ -5,6 +5,10 @@ header_len + (p // SEGMENT_SIZE) * CIPHER_SEGMENT_SIZE: every segment but the la
 read never needs anything but arithmetic to find its bytes, and decrypts only what it touches.
 A read's cipher segments are fetched with one pread and decrypted in a loop; the cache holds
 pages of PAGE_SEGMENTS segments, so a 1 MiB read costs one or two cache look-ups, not sixteen.
+
+The cipher text comes from a local file (a path, or a `LocalFile`: preads into reused buffers,
+RWF_NOWAIT inline decryption, WILLNEED read-ahead) or from any other `ByteSource` (an object in
+a bucket: one ranged GET per span), so the same maths serves packages wherever they live.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 from vfs.c4gh.buffers import BufferPool, RecycledBuffers, pread_reused
 from vfs.cache import PageCache
 from vfs.errors import CorruptArchiveError
+from vfs.stores.base import ByteSource
 
 SEGMENT_SIZE = 65536
 NONCE_SIZE = 12
@@ -180,14 +185,17 @@ class _Page:
 class SegmentReader:
     """Plaintext of one package body, read by range, decrypting only the segments a read touches.
 
-    Decrypted segments go through the shared PageCache in pages keyed ("c4gh", package_path,
-    page_no), so a member read, a read-ahead and a TAR walk never decrypt the same segment twice.
-    Reads are positional (preadv) on one lazily opened descriptor, so threads can share a reader.
+    Decrypted segments go through the shared PageCache in pages keyed ("c4gh", label, page_no)
+    (label: the package's path or URL), so a member read, a read-ahead and a TAR walk never
+    decrypt the same segment twice. `source` is a path (read with positional preads on one
+    lazily opened descriptor), a `LocalFile` (the same, on its descriptor) or any other
+    `ByteSource` (its `read`); a reader given a byte source owns it and closes it. Threads can
+    share a reader.
     """
 
     def __init__(
         self,
-        path: Path | str,
+        source: Path | str | ByteSource,
         header_len: int,
         session_key: bytes,
         cache: PageCache,
@@ -196,21 +204,35 @@ class SegmentReader:
         stats: SegmentStats | None = None,
         buffers: SegmentBuffers | None = None,
     ) -> None:
-        self.path = Path(path)
-        self.name = self.path.name
+        self._fd: int | None = None
+        self._source: ByteSource | None = None
+        if isinstance(source, (str, Path)):
+            self.path: Path | None = Path(source)
+            self.label = str(self.path)
+            self.name = self.path.name
+            size = os.stat(self.path).st_size if file_size is None else file_size
+        else:
+            self.path = None
+            self._source = source
+            self.label = source.name
+            self.name = source.name.rpartition("/")[2]
+            size = source.size if file_size is None else file_size
+            fileno = getattr(source, "fileno", None)  # a LocalFile: the descriptor fast paths
+            if callable(fileno):
+                self._fd = fileno()
         self.header_len = header_len
-        self.file_size = os.stat(self.path).st_size if file_size is None else file_size
+        self.file_size = size
         self.size = plaintext_capacity(header_len, self.file_size)
         self.segments = segment_count(header_len, self.file_size)
         self.stats = stats if stats is not None else SegmentStats()
         self._key = session_key
         self._cache = cache
         self._buffers = buffers
-        self._prefix = (CACHE_PREFIX, str(self.path))
-        self._fd: int | None = None
+        self._prefix = (CACHE_PREFIX, self.label)
         self._lock = threading.Lock()
         self._advised = (0, 0)  # segments whose cipher text the kernel was asked to read ahead
-        self._nowait = bool(NOWAIT)
+        self._local = self.path is not None or self._fd is not None
+        self._nowait = bool(NOWAIT) and self._local
 
     def cache_key(self, page_no: int) -> Hashable:
         """The cache key of page `page_no` (segments page_no * PAGE_SEGMENTS onwards)."""
@@ -283,9 +305,11 @@ class SegmentReader:
 
     def close(self) -> None:
         with self._lock:
-            if self._fd is not None:
+            if self._source is not None:
+                self._source.close()  # a LocalFile closes its own descriptor
+            elif self._fd is not None:
                 os.close(self._fd)
-                self._fd = None
+            self._fd = None
 
     def __enter__(self) -> SegmentReader:
         return self
@@ -303,7 +327,7 @@ class SegmentReader:
         else:
             lo = first
         stop = min(stop, self.segments)
-        if first >= stop:
+        if first >= stop or not self._local:
             return
         start = cipher_offset(self.header_len, first)
         with contextlib.suppress(OSError):
@@ -389,7 +413,11 @@ class SegmentReader:
         want = self._cipher_end(hi) - start
         flags = NOWAIT if nowait else 0
         try:
-            cipher = pread_reused(self._descriptor(), want, start, MAX_SPAN, flags)
+            cipher = (
+                pread_reused(self._descriptor(), want, start, MAX_SPAN, flags)
+                if self._local
+                else self._fetch(start, want)
+            )
         except BlockingIOError:
             raise _WouldBlock from None
         if nowait and len(cipher) < want:
@@ -414,7 +442,7 @@ class SegmentReader:
             page.slots[slot] = plain
             page.nbytes += len(plain)
             done.append(n)
-        self.stats.count_many(self.path, done)
+        self.stats.count_many(self.label, done)
         if error is not None and strict:
             raise error
 
@@ -495,8 +523,17 @@ class SegmentReader:
     def _descriptor(self) -> int:
         with self._lock:
             if self._fd is None:
+                if self.path is None:
+                    raise ValueError(f"{self.name}: reader is closed")
                 self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             return self._fd
+
+    def _fetch(self, start: int, want: int) -> memoryview:
+        """Up to `want` cipher bytes at `start` from a byte source, short (as a pread is) where
+        the source ends before `file_size` says: the segments cut off then fail one by one."""
+        assert self._source is not None
+        have = max(0, min(want, self._source.size - start))
+        return memoryview(self._source.read(start, have) if have else b"")
 
 
 class _WouldBlock(Exception):

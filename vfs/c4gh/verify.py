@@ -19,6 +19,7 @@ from vfs.c4gh.segments import SEGMENT_SIZE, SegmentReader
 from vfs.c4gh.tarindex import Member, TarIndex, build_index
 from vfs.cache import PageCache
 from vfs.errors import DecantError
+from vfs.stores.base import ByteSource
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
@@ -200,21 +201,24 @@ def verify_index(reader: SegmentReader, index: TarIndex) -> list[str]:
 
 
 def verify_package(
-    path: Path | str, secret_keys: Sequence[bytes], cache: PageCache | None = None
+    path: Path | str | ByteSource, secret_keys: Sequence[bytes], cache: PageCache | None = None
 ) -> VerifyReport:
-    """Open, index and check one package; a package that cannot be opened is one problem."""
-    path = Path(path)
-    report = VerifyReport(package=str(path))
+    """Open, index and check one package; a package that cannot be opened is one problem.
+
+    `path` is a local path or a byte source (an object in a bucket), which this closes.
+    """
+    target: Path | ByteSource = Path(path) if isinstance(path, (str, Path)) else path
+    report = VerifyReport(package=str(target) if isinstance(target, Path) else target.name)
     cache = cache or PageCache(8 * SEGMENT_SIZE)  # verification streams; nothing worth keeping
     try:
-        header, reader = open_package(path, secret_keys, cache)
+        header, reader = open_package(target, secret_keys, cache)
     except (DecantError, OSError) as exc:
         report.problems.append(str(exc))
         return report
     _fill_header(report, header)
     with reader as rd:
         try:
-            index = build_index(rd, path.name)
+            index = build_index(rd, rd.name)
         except DecantError as exc:  # refused outright (too many members): one problem
             report.problems.append(str(exc))
             return report

@@ -41,7 +41,13 @@ ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 def register(sub: Any) -> None:
     p = add_command(sub, "pack", help="pack TIFFs (or any file) into decant archives")
     p.add_argument("inputs", nargs="+", type=Path, metavar="INPUT")
-    p.add_argument("-o", "--output", type=Path, help="archive (one input) or folder (several)")
+    p.add_argument(
+        "-o",
+        "--output",
+        type=location,
+        help="archive (one input) or folder (several); s3://BUCKET/KEY.zarr.zip or "
+        "s3://BUCKET/PREFIX/ uploads (packed to a temp file, uploaded, read back and checked)",
+    )
     p.add_argument("--mode", choices=("auto", "byte-exact", "verbatim"), default="auto")
     p.add_argument(
         "--codec",
@@ -52,6 +58,7 @@ def register(sub: Any) -> None:
     p.add_argument("--pyramid", type=int, default=0, metavar="N", help="XY pyramid levels to add")
     p.add_argument("--series", action="store_true", help="pack a folder of TIFFs as one series")
     p.add_argument("--force", action="store_true", help="replace an existing archive")
+    add_s3_options(p)
     p.set_defaults(func=cmd_pack)
 
     p = add_command(sub, "restore", help="write the original(s) back, checking sha256")
@@ -120,6 +127,10 @@ def cmd_pack(args: argparse.Namespace) -> int:
     from vfs.decant.packer import PackOptions
 
     options = PackOptions(args.mode, args.codec, args.pyramid, overwrite=args.force)
+    if isinstance(args.output, str):
+        from vfs.commands.upload import pack_to_bucket
+
+        return pack_to_bucket(args, options)
     if args.series:
         if len(args.inputs) != 1 or not args.inputs[0].is_dir():
             raise UsageError("--series takes exactly one folder")

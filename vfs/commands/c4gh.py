@@ -1,4 +1,6 @@
-"""`decant c4gh ls|verify PACKAGE --key K`: look inside a GDI .tar.c4gh package without a mount."""
+"""`decant c4gh ls|verify PACKAGE --key K`: look inside a GDI .tar.c4gh package without a mount.
+
+PACKAGE is a path or an s3://BUCKET/KEY URL (read with ranged GETs; --s3-* options)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vfs.commands.remote import add_s3_options, location, open_remote_source, remote_name
 from vfs.commands.status import (
     EXIT_STATUS,
     FAILED,
@@ -16,11 +19,12 @@ from vfs.commands.status import (
     quiet,
     require_readable,
 )
-from vfs.errors import DecryptError, NotAnArchiveError
+from vfs.errors import DecryptError, NotAnArchiveError, StoreError
 
 if TYPE_CHECKING:
     from vfs.c4gh.header import OpenedHeader
     from vfs.c4gh.segments import SegmentReader
+    from vfs.stores import ByteSource
 
 # At the header these mean the wrong input or key (exit 2). A damaged header stays damage (1),
 # and so does a DecryptError from a body segment that fails authentication later.
@@ -43,7 +47,9 @@ def register(sub: Any) -> None:
         commands, "verify", help="check members against the manifest and the spec's layout"
     )
     for command in (ls, verify):
-        command.add_argument("package", type=Path, metavar="PACKAGE")
+        command.add_argument(
+            "package", type=location, metavar="PACKAGE", help="a path or s3://BUCKET/KEY"
+        )
         command.add_argument(
             "--key",
             action="append",
@@ -54,6 +60,7 @@ def register(sub: Any) -> None:
             "--passphrase-file or a terminal prompt",
         )
         command.add_argument("--passphrase-file", type=Path, metavar="FILE")
+        add_s3_options(command)
     ls.set_defaults(func=run_ls)
     verify.set_defaults(func=run_verify)
 
@@ -68,17 +75,32 @@ def _keys(args: argparse.Namespace) -> list[bytes]:
         raise UsageError(str(exc)) from None
 
 
-def open_checked(path: Path, keys: list[bytes]) -> tuple[OpenedHeader, SegmentReader]:
-    """Open a package's header; UsageError (exit 2) when it is not one our keys open."""
+def _package(package: Path | str, args: argparse.Namespace) -> Path | ByteSource:
+    """A local package checked readable, or the object at an s3:// URL opened (exit 2 if not)."""
+    if isinstance(package, str):
+        return open_remote_source(package, args)
+    require_readable(package)
+    return package
+
+
+def open_checked(
+    package: Path | str, keys: list[bytes], args: argparse.Namespace | None = None
+) -> tuple[OpenedHeader, SegmentReader]:
+    """Open a package's header; UsageError (exit 2) when it is not one our keys open, or (in a
+    bucket) cannot be reached."""
     from vfs.c4gh.header import open_package
     from vfs.c4gh.segments import SEGMENT_SIZE
     from vfs.cache import PageCache
 
-    require_readable(path)
+    target = _package(package, args or argparse.Namespace())
     try:
-        return open_package(path, keys, PageCache(16 * SEGMENT_SIZE))
-    except _REFUSALS as exc:
+        return open_package(target, keys, PageCache(16 * SEGMENT_SIZE))
+    except (*_REFUSALS, StoreError) as exc:
         raise UsageError(str(exc)) from None
+
+
+def _name(package: Path | str) -> str:
+    return remote_name(package) if isinstance(package, str) else package.name
 
 
 def run_ls(args: argparse.Namespace) -> int:
@@ -86,10 +108,10 @@ def run_ls(args: argparse.Namespace) -> int:
     from vfs.c4gh.tarindex import build_index
     from vfs.c4gh.verify import check_manifest, read_manifest
 
-    path = args.package
-    header, reader = open_checked(path, _keys(args))
+    package = args.package
+    header, reader = open_checked(package, _keys(args), args)
     with reader as rd:
-        index = build_index(rd, path.name)
+        index = build_index(rd, _name(package))
         declared = check_manifest(read_manifest(rd, index)[0])[0] if args.long else {}
     if args.long:
         print(f"# writer {header.writer_fingerprint}, {header.packet_count} header packet(s)")
@@ -99,7 +121,7 @@ def run_ls(args: argparse.Namespace) -> int:
     for problem in index.problems:
         print(f"decant: {problem}", file=sys.stderr)
     for name, reason in index.dropped:
-        print(f"decant: {path.name}: not listed {name!r}: {reason}", file=sys.stderr)
+        print(f"decant: {_name(package)}: not listed {name!r}: {reason}", file=sys.stderr)
     return OK
 
 
@@ -110,8 +132,8 @@ def run_verify(args: argparse.Namespace) -> int:
     keys = _keys(args)
     # Opened once here only to refuse a non-package or a wrong key with exit 2, as `ls` does;
     # verify_package would fold that into its problems (exit 1).
-    open_checked(args.package, keys)[1].close()
-    report = verify_package(args.package, keys)
+    open_checked(args.package, keys, args)[1].close()
+    report = verify_package(_package(args.package, args), keys)
     silent = quiet(args)
     if not silent:
         print(f"package: {report.package}")

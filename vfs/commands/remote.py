@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from vfs.commands.status import UsageError
 from vfs.errors import NotAnArchiveError, StoreError
-from vfs.stores import Folder, is_url, split_location
+from vfs.stores import ByteSource, Folder, is_url, split_location
 from vfs.stores.locate import open_folder
 
 if TYPE_CHECKING:
@@ -76,6 +76,15 @@ def open_remote_archive(url: str, args: argparse.Namespace) -> DecantArchive:
                 raise UsageError(f"{url}: not a decant archive (not a zip file)")
         return DecantArchive.open_at(folder, key)
     except (NotAnArchiveError, StoreError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def open_remote_source(url: str, args: argparse.Namespace) -> ByteSource:
+    """The object at an s3:// URL, opened (one HEAD); missing or unreachable is exit 2."""
+    folder, key = split(url, args)
+    try:
+        return folder.open(key)
+    except StoreError as exc:
         raise UsageError(str(exc)) from None
 
 

@@ -47,6 +47,11 @@ class LocalFile:
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         return [self.read(off, n) for off, n in ranges]
 
+    def fileno(self) -> int:
+        """The descriptor, for readers with their own fast paths (preadv2 into reused buffers,
+        RWF_NOWAIT, fadvise): the c4gh SegmentReader. Valid until `close`."""
+        return self._fd
+
     def prefetch(self, offset: int, size: int) -> None:
         """Ask the kernel to start reading [offset, offset + size) (read-ahead of a chunk)."""
         if self._fd >= 0:

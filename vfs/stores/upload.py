@@ -1,0 +1,200 @@
+"""Publishing a local file to an object key: upload, read back, check, and only then succeed.
+
+`put_verified(folder, key, local_path, verify)` is the one write path to a bucket, shared by
+`decant pack -o s3://…` and (later) the mount's write side:
+
+1. Upload. Files up to `single_put_max` go in one PUT with `If-None-Match: *` (obstore
+   `mode="create"`): the store refuses it when the key exists, so two writers never overwrite
+   each other's object silently. Larger files go as a multipart upload of `chunk_size` parts,
+   which obstore cannot make conditional (a conditional put is always one request, its body held
+   in memory): for those a HEAD first refuses an existing key, and a writer racing us between
+   that HEAD and the upload's completion can be overwritten, or overwrite us. Either way an S3
+   PUT (single or completed multipart) is atomic: no reader ever sees half an object under the
+   key, and a failed or aborted upload leaves nothing there.
+2. Check it is ours: a HEAD must show the ETag the upload returned (else another writer won).
+3. `verify(folder, key)` reads the object back through the store (ranged GETs) and raises if it
+   is not what was meant to be published (the caller decides what "byte-exact" means: the
+   archive's originals against the source, or `same_bytes` against the local file).
+4. On any failure after the upload, the object is deleted only if its ETag is still ours (S3
+   has no conditional DELETE: a replacement landing between that HEAD and the DELETE would be
+   lost; the window is one round trip). The local file is never touched.
+
+SeaweedFS (4.x, measured in tests/s3/test_s3_commands_pack.py) answers `If-None-Match: *` on an
+existing key with 412 Precondition Failed, as AWS S3 does; a store that ignores the header would
+let a single PUT overwrite silently, which the ETag check after the upload then reports.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import obstore
+from obstore.exceptions import AlreadyExistsError, BaseError
+
+from vfs.errors import DecantError, StoreError
+from vfs.stores.base import Folder
+from vfs.stores.s3 import S3Folder, translate
+
+log = logging.getLogger(__name__)
+
+SINGLE_PUT_MAX = 256 << 20  # one conditional PUT up to this (its body is held in memory)
+CHUNK_SIZE = 16 << 20  # multipart part size: 10,000 parts (S3's limit) reach 160 GiB
+PART_CONCURRENCY = 4
+COMPARE_BLOCK = 8 << 20
+
+Verify = Callable[[Folder, str], None]
+
+
+class ObjectExistsError(StoreError):
+    """The key already holds an object and overwriting was not asked for."""
+
+
+class UploadError(StoreError):
+    """The upload did not complete, or the object under the key is not the one uploaded."""
+
+
+class UploadVerifyError(DecantError):
+    """The object uploaded does not read back as what was meant to be published."""
+
+
+@dataclass(frozen=True)
+class Uploaded:
+    """What was published: its URL, size and ETag, and whether the store guarded the key."""
+
+    url: str
+    size: int
+    etag: str
+    conditional: bool  # one PUT with If-None-Match: * (False: HEAD-then-multipart, or overwrite)
+
+
+def put_verified(
+    folder: Folder,
+    key: str,
+    local_path: Path,
+    verify: Verify | None = None,
+    *,
+    overwrite: bool = False,
+    single_put_max: int = SINGLE_PUT_MAX,
+    chunk_size: int = CHUNK_SIZE,
+) -> Uploaded:
+    """Upload `local_path` to `key` of an S3 folder, check it back, and return what was published.
+
+    `verify` defaults to `same_bytes(local_path)`. Raises ObjectExistsError (key taken, nothing
+    written), UploadError (the store failed, or another writer replaced the object) or
+    UploadVerifyError (read back wrong); after the upload, a failure deletes the object first
+    if it is still ours. The local file is only read.
+    """
+    if not isinstance(folder, S3Folder):
+        raise TypeError(f"{folder.name}: put_verified writes to S3 folders only")
+    url = folder.url_of(key)
+    size = local_path.stat().st_size
+    etag, conditional = _upload(
+        folder, key, local_path, size, overwrite, single_put_max, chunk_size
+    )
+    try:
+        _check_ours(folder, key, etag, size)
+        (verify or same_bytes(local_path))(folder, key)
+        _check_ours(folder, key, etag, size)
+    except (DecantError, OSError) as exc:
+        gone = _delete_if_ours(folder, key, etag)
+        fate = "deleted it" if gone else "left it (it is not ours, or could not be deleted)"
+        if isinstance(exc, StoreError) and not isinstance(exc, UploadVerifyError):
+            # The store failed or the object changed under the check: not bad bytes of ours.
+            raise UploadError(f"{exc}; {fate}") from None
+        raise UploadVerifyError(
+            f"{url}: uploaded, but it does not read back as {local_path.name}: {exc}; {fate}"
+        ) from None
+    log.info("%s: %d bytes published (ETag %s)", url, size, etag)
+    return Uploaded(url, size, etag, conditional)
+
+
+def _upload(
+    folder: S3Folder,
+    key: str,
+    local_path: Path,
+    size: int,
+    overwrite: bool,
+    single_put_max: int,
+    chunk_size: int,
+) -> tuple[str, bool]:
+    """(ETag, conditional) of the object written; nothing is written when the key is taken."""
+    url = folder.url_of(key)
+    conditional = not overwrite and size <= single_put_max
+    options: dict[str, Any]
+    if conditional:
+        options = {"mode": "create", "use_multipart": False}
+    else:
+        if not overwrite and folder.stat(key) is not None:
+            raise ObjectExistsError(f"{url}: already exists (--force replaces it)")
+        options = {"chunk_size": chunk_size, "max_concurrency": PART_CONCURRENCY}
+    try:
+        result = obstore.put(folder.client, folder.full_key(key), local_path, **options)
+    except AlreadyExistsError:
+        raise ObjectExistsError(f"{url}: already exists (--force replaces it)") from None
+    except (BaseError, OSError) as exc:
+        raise UploadError(str(translate(exc, url, "upload:"))) from None
+    etag = result.get("e_tag")
+    if not etag:
+        raise UploadError(f"{url}: the store returned no ETag for the upload")
+    return etag, conditional
+
+
+def _check_ours(folder: S3Folder, key: str, etag: str, size: int) -> None:
+    info = folder.stat(key)
+    url = folder.url_of(key)
+    if info is None:
+        raise UploadError(f"{url}: gone after the upload (deleted by another writer?)")
+    if info.etag != etag or info.size != size:
+        raise UploadError(
+            f"{url}: replaced by another writer after the upload "
+            f"(ETag {info.etag}, {info.size} bytes; ours {etag}, {size} bytes)"
+        )
+
+
+def _delete_if_ours(folder: S3Folder, key: str, etag: str) -> bool:
+    try:
+        info = folder.stat(key)
+        if info is None or info.etag != etag:
+            return False
+        obstore.delete(folder.client, folder.full_key(key))
+    except (DecantError, BaseError, OSError) as exc:
+        log.warning("%s: could not delete the bad upload: %s", folder.url_of(key), exc)
+        return False
+    log.warning("%s: deleted the upload that failed its check", folder.url_of(key))
+    return True
+
+
+def same_bytes(local_path: Path, block: int = COMPARE_BLOCK) -> Verify:
+    """A verifier: the object, read by ranged GETs, equals `local_path` byte for byte."""
+
+    def verify(folder: Folder, key: str) -> None:
+        source = folder.open(key)
+        try:
+            with open(local_path, "rb") as fh:
+                if source.size != fh.seek(0, 2):
+                    raise UploadVerifyError(f"{source.name}: {source.size} bytes, local differs")
+                fh.seek(0)
+                for offset in range(0, source.size, block):
+                    want = min(block, source.size - offset)
+                    if fh.read(want) != source.read(offset, want):
+                        raise UploadVerifyError(f"{source.name}: bytes differ at {offset}")
+        finally:
+            source.close()
+
+    return verify
+
+
+__all__ = [
+    "CHUNK_SIZE",
+    "SINGLE_PUT_MAX",
+    "ObjectExistsError",
+    "UploadError",
+    "UploadVerifyError",
+    "Uploaded",
+    "put_verified",
+    "same_bytes",
+]
