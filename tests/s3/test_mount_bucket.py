@@ -186,6 +186,35 @@ def test_two_hosts_see_each_others_uploads_and_deletions(
         assert sha256sum(host.mnt / "a" / gone) == digest(corpus[gone])
 
 
+def test_a_c4gh_package_in_the_bucket_serves_its_members(
+    s3_bucket: S3Bucket, tmp_path: Path, bucket_mount: MountFactory
+) -> None:
+    import io
+    import tarfile
+
+    from crypt4gh import lib as c4gh_lib
+
+    from tests.toolbox import load_tool
+
+    corpus = load_tool("make_c4gh_corpus")
+    node, writer = (corpus.make_keypair(tmp_path / "keys", n) for n in ("node", "writer"))
+    package = tmp_path / "run.tar.c4gh"
+    corpus.write_package(package, corpus.gdi_members(parquet_rows=(150000, 900)), writer, [node])
+    obstore.put(client(s3_bucket), s3_bucket.key("gdi/run.tar.c4gh"), package.read_bytes())
+    plain = io.BytesIO()
+    c4gh_lib.decrypt([(0, node.secret, None)], io.BytesIO(package.read_bytes()), plain)
+    with tarfile.open(fileobj=io.BytesIO(plain.getvalue())) as tar:
+        data = plain.getvalue()
+        expected = {m.name: data[m.offset_data : m.offset_data + m.size] for m in tar if m.isfile()}
+    m = bucket_mount(s3_bucket.url(), "--c4gh-key", str(node.secret_path))
+    (shown,) = os.listdir(m.mnt / "gdi")
+    top = m.mnt / "gdi" / shown
+    served = {p.relative_to(top).as_posix(): p for p in top.rglob("*") if p.is_file()}
+    assert set(served) == set(expected)
+    for name, path in served.items():
+        assert sha256sum(path) == hashlib.sha256(expected[name]).hexdigest(), name
+
+
 # -- a server of our own: stopped and restarted, and one that checks credentials ---------------
 
 IDENTITIES = {

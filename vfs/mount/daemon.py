@@ -98,6 +98,14 @@ def build_bucket_tree(config: MountConfig, cache: PageCache) -> SourceTree:
         return tree.key_of(path)
 
     backends: list[Any] = [BoundBackend(decant, folder, key_of, (".zarr.zip",), (".zarr",))]
+    try:
+        from vfs.backends.c4gh import SUFFIX, backend_from_args
+    except ImportError:
+        pass
+    else:
+        c4gh = backend_from_args(config.backend_args, cache)
+        if c4gh is not None:
+            backends.append(BoundBackend(c4gh, folder, key_of, (SUFFIX,)))
     tree = BucketTree(folder, root, backends, index, b.relist)
     return tree
 
