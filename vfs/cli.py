@@ -176,6 +176,9 @@ def _add_bucket_options(p: argparse.ArgumentParser) -> None:
     )
     b.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint (default AWS_ENDPOINT_URL)")
     b.add_argument("--s3-region", metavar="NAME", help="region (default AWS_REGION)")
+    b.add_argument("--s3-profile", metavar="NAME",
+                   help="AWS profile in ~/.aws/credentials and ~/.aws/config, used when "
+                   "AWS_ACCESS_KEY_ID is unset (default AWS_PROFILE, else 'default')")  # fmt: skip
     b.add_argument("--s3-timeout", type=float, default=10.0, metavar="S",
                    help="one request, connect to last byte; while the store is down a read "
                    "gives EIO after at most ~3x this, retries included (default 10)")  # fmt: skip
@@ -265,6 +268,7 @@ def print_status(mnt: Path) -> int:
 
 def bucket_config(args: argparse.Namespace, url: str) -> BucketConfig:
     return BucketConfig(url=url.rstrip("/"), endpoint=args.s3_endpoint, region=args.s3_region,
+                        profile=args.s3_profile,
                         timeout=args.s3_timeout, retries=args.s3_retries,
                         relist=args.relist)  # fmt: skip
 
@@ -357,7 +361,8 @@ def check_bucket(bucket: BucketConfig) -> str | None:
     from vfs.stores.s3 import S3Folder, S3Options
 
     options = S3Options(endpoint=bucket.endpoint, region=bucket.region, timeout=bucket.timeout,
-                        retries=min(bucket.retries, 1), retry_timeout=bucket.timeout)  # fmt: skip
+                        retries=min(bucket.retries, 1), retry_timeout=bucket.timeout,
+                        profile=bucket.profile)  # fmt: skip
     try:
         folder = S3Folder(bucket.url, options)
         try:
@@ -390,11 +395,13 @@ def _main_bucket(args: argparse.Namespace) -> int:
         return 1
     bucket = bucket_config(args, args.source)
     src = ObjectPath.of_url(bucket.url)
+    # After the fork: obstore's runtime threads would not survive it (its calls in the child
+    # would hang). Until ready, the child's stderr is still the caller's terminal.
+    ready_fd = None if args.foreground else _daemonize()
     problem = check_bucket(bucket)
     if problem:
         print(f"decant-mount: {problem}", file=sys.stderr)
         return 1
-    ready_fd = None if args.foreground else _daemonize()
     setup_logging(args, detached=ready_fd is not None)
     try:
         from vfs.mount.daemon import serve

@@ -106,6 +106,28 @@ def test_every_corpus_layout_reads_byte_exact_from_the_bucket(
     assert err.value.errno == errno.EROFS
 
 
+def test_without_f_the_command_returns_once_mounted(
+    s3_bucket: S3Bucket, uploaded: dict[str, str], corpus: dict[str, Path], tmp_path: Path
+) -> None:
+    """The daemonizing form: the bucket is checked in the forked child (obstore's runtime does
+    not survive a fork: a check before it made the child hang on its first request)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    cmd = [sys.executable, "-m", "vfs.cli", s3_bucket.url(), str(mnt),
+           "--index-dir", str(tmp_path / "index"), "--log-file", str(tmp_path / "log")]  # fmt: skip
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        assert is_mounted(mnt)
+        name = "zlib_u16.tif"
+        assert sha256sum(mnt / "a" / name) == digest(corpus[name])
+    finally:
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True, check=False)
+    bad = subprocess.run([*cmd[:3], "s3://no-such-bucket-here/x", *cmd[4:]],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 1 and "no such bucket" in bad.stderr, bad.stderr
+
+
 def test_a_zarr_directory_archive_is_a_key_prefix(
     s3_bucket: S3Bucket,
     corpus: dict[str, Path],
@@ -309,3 +331,33 @@ def test_wrong_credentials_are_a_clear_error_at_start(own_server: object, tmp_pa
     )  # fmt: skip
     assert down.returncode == 1 and len(down.stderr.strip().splitlines()) == 1, down.stderr
     assert "object store failed" in down.stderr
+
+
+def test_credentials_from_a_profile(
+    own_server: object, tmp_path: Path, bucket_mount: MountFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No AWS_ACCESS_KEY_ID: the profile named by --s3-profile is used (and a wrong one is
+    refused), from the shared credentials file as the AWS CLI reads it."""
+    endpoint = own_server.endpoint  # type: ignore[attr-defined]
+    bucket = own_server.create_bucket("profiles")  # type: ignore[attr-defined]
+    store = S3Store(bucket, config={"endpoint": endpoint}, client_options={"allow_http": True})
+    obstore.put(store, "p/hello.txt", b"from a profile\n")
+    creds = tmp_path / "credentials"
+    creds.write_text(
+        f"[lab]\naws_access_key_id = {seaweed.ACCESS_KEY}\n"
+        f"aws_secret_access_key = {seaweed.SECRET_KEY}\n"
+        "[stale]\naws_access_key_id = nobody\naws_secret_access_key = stale-secret-1234\n"
+    )
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var)
+    m = bucket_mount(f"s3://{bucket}/p", "--s3-profile", "lab")
+    assert (m.mnt / "hello.txt").read_bytes() == b"from a profile\n"
+    (tmp_path / "other").mkdir()
+    refused = subprocess.run(
+        [sys.executable, "-m", "vfs.cli", f"s3://{bucket}/p", str(tmp_path / "other"), "-f",
+         "--s3-profile", "stale", "--index-dir", str(tmp_path / "index")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 1 and "access refused" in refused.stderr
+    assert "stale-secret-1234" not in refused.stderr

@@ -23,7 +23,7 @@ from typing import Any
 
 from vfs.backends.base import Backend, Description, Entry
 from vfs.backends.objects import ObjectBackend
-from vfs.decant import MANIFEST_KEY
+from vfs.decant import MANIFEST_KEY, TEMP_PREFIX
 from vfs.errors import DecantError, ObjectChangedError, ObjectMissingError, StoreError
 from vfs.mount.index import DescriptionIndex, etag_number
 from vfs.mount.tree import SourceTree, index_key
@@ -63,6 +63,7 @@ class BucketTree(SourceTree):
         self._lock = threading.Lock()
         self._uid, self._gid = os.getuid(), os.getgid()
         self._started_ns = time.time_ns()
+        self._root_url = str(root)
         self._scanning = threading.local()  # the listing a worker thread's scan presents
 
     def key_of(self, path: Path) -> str:
@@ -141,6 +142,12 @@ class BucketTree(SourceTree):
             self._log_once(folder / "?", f"{folder}/{name[:80]!r}: not shown ({problem})")
             return False
         return not self._skipped(folder, name)
+
+    def _skipped(self, folder: Path, name: str) -> bool:
+        return name.startswith(TEMP_PREFIX)  # no mountpoint, spool or hidden names in a bucket
+
+    def _relative(self, path: Path) -> str:
+        return str(path)[len(self._root_url) + 1 :]
 
     def entries(self, folder: Path, names: Sequence[str]) -> None:
         return None  # only the write side asks, and a bucket mount has none

@@ -35,6 +35,7 @@ class BucketConfig:
     url: str  # s3://BUCKET/PREFIX
     endpoint: str | None = None  # None: AWS_ENDPOINT_URL
     region: str | None = None  # None: AWS_REGION / AWS_DEFAULT_REGION
+    profile: str | None = None  # used when AWS_ACCESS_KEY_ID is unset; None: AWS_PROFILE/default
     timeout: float = 10.0  # one request, seconds
     retries: int = 3  # after the first try
     relist: float = 30.0  # seconds a folder's listing is trusted

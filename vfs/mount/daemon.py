@@ -83,7 +83,8 @@ def build_bucket_tree(config: MountConfig, cache: PageCache) -> SourceTree:
     b = config.bucket
     assert b is not None
     options = S3Options(endpoint=b.endpoint, region=b.region, timeout=b.timeout,
-                        retries=b.retries, retry_timeout=2 * b.timeout)  # fmt: skip
+                        retries=b.retries, retry_timeout=2 * b.timeout,
+                        profile=b.profile)  # fmt: skip
     folder = S3Folder(b.url, options)
     folder.check()
     root = ObjectPath.of_url(folder.name)

@@ -13,6 +13,7 @@ never carry credentials (obstore's own text is cut to its first line and scrubbe
 
 from __future__ import annotations
 
+import configparser
 import os
 import re
 import threading
@@ -20,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import obstore
@@ -41,6 +43,7 @@ from vfs.stores.base import ObjectInfo, check_range, join_key
 
 SCHEME = "s3://"
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
+_PROFILE_SECRETS: set[str] = set()  # values read from a profile, scrubbed like the variables
 _SIGNED = re.compile(r"(X-Amz-[A-Za-z-]+|Signature|Credential|AWSAccessKeyId)=[^&\s]*")
 
 
@@ -56,6 +59,7 @@ class S3Options:
     retries: int = 3  # after the first try; 5xx, dropped connections and timeouts
     retry_timeout: float = 20.0  # no new try starts later than this after the first
     concurrency: int = 8  # ranged GETs in flight for one read_many
+    profile: str | None = None  # AWS profile when no AWS_ACCESS_KEY_ID is set (else AWS_PROFILE)
 
 
 def is_s3_url(text: str) -> bool:
@@ -75,8 +79,7 @@ def split_url(url: str) -> tuple[str, str]:
 def _scrub(text: str) -> str:
     """obstore's message, first line only, with anything credential-like removed."""
     line = text.strip().splitlines()[0] if text.strip() else ""
-    for var in _SECRET_ENV:
-        value = os.environ.get(var)
+    for value in [os.environ.get(var) for var in _SECRET_ENV] + sorted(_PROFILE_SECRETS):
         if value and len(value) >= 4:
             line = line.replace(value, "***")
     return _SIGNED.sub(r"\1=***", line)[:300]
@@ -102,14 +105,54 @@ def translate(exc: BaseException, url: str, what: str = "") -> StoreError:
     return StoreError(f"{where} object store failed after retries ({reason})")
 
 
+def profile_settings(name: str | None = None) -> dict[str, str]:
+    """Credentials, region and endpoint of an AWS profile (`name`, else AWS_PROFILE, else
+    "default") from the shared files (AWS_SHARED_CREDENTIALS_FILE / ~/.aws/credentials and
+    AWS_CONFIG_FILE / ~/.aws/config), as obstore config keys. Used only when the environment
+    holds no AWS_ACCESS_KEY_ID: variables win, as with the AWS CLI. {} when there is none."""
+    name = name or os.environ.get("AWS_PROFILE") or "default"
+    home = Path(os.path.expanduser("~"))
+    files = (
+        (os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or home / ".aws/credentials", name),
+        (os.environ.get("AWS_CONFIG_FILE") or home / ".aws/config",
+         name if name == "default" else f"profile {name}"),
+    )  # fmt: skip
+    keys = {"aws_access_key_id": "access_key_id", "aws_secret_access_key": "secret_access_key",
+            "aws_session_token": "session_token", "region": "region",
+            "endpoint_url": "endpoint"}  # fmt: skip
+    out: dict[str, str] = {}
+    for path, section in files:
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read(path)
+        except (OSError, configparser.Error):
+            continue
+        if parser.has_section(section):
+            for key, value in parser.items(section):
+                if key in keys and value.strip():
+                    out.setdefault(keys[key], value.strip())
+    if os.environ.get("AWS_ENDPOINT_URL"):
+        out.pop("endpoint", None)
+    if os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"):
+        out.pop("region", None)
+    for key in ("secret_access_key", "session_token", "access_key_id"):
+        if key in out:
+            _PROFILE_SECRETS.add(out[key])
+    return out
+
+
 def _client(bucket: str, options: S3Options) -> S3Store:
-    endpoint = options.endpoint or os.environ.get("AWS_ENDPOINT_URL") or None
     config: dict[str, Any] = {}
+    if not os.environ.get("AWS_ACCESS_KEY_ID"):
+        config.update(profile_settings(options.profile))
+    endpoint = (options.endpoint or os.environ.get("AWS_ENDPOINT_URL")
+                or config.get("endpoint"))  # fmt: skip
     if options.endpoint:
         config["endpoint"] = options.endpoint
     if options.region:
         config["region"] = options.region
-    elif not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
+    elif not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+              or config.get("region")):  # fmt: skip
         config["region"] = "us-east-1"  # S3-compatible stores rarely care; AWS needs it set
     client: dict[str, Any] = {
         "timeout": timedelta(seconds=options.timeout),
