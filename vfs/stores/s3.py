@@ -14,11 +14,12 @@ never carry credentials (obstore's own text is cut to its first line and scrubbe
 from __future__ import annotations
 
 import configparser
+import contextlib
 import os
 import re
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -43,6 +44,9 @@ from vfs.stores.base import ObjectInfo, check_range, join_key
 
 SCHEME = "s3://"
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
+PREFETCH_MAX = 64 << 20  # one prefetched range at most (a chunk is at most this)
+PREFETCH_KEEP = 4  # prefetched ranges held per open object
+POOL_PREFIX = "s3-get"
 _PROFILE_SECRETS: set[str] = set()  # values read from a profile, scrubbed like the variables
 _SIGNED = re.compile(r"(X-Amz-[A-Za-z-]+|Signature|Credential|AWSAccessKeyId)=[^&\s]*")
 
@@ -191,15 +195,41 @@ class S3Object:
         self.name = folder.url_of(key)
         self.info = info
         self.size = info.size
+        self._ahead: dict[tuple[int, int], Future[bytes]] = {}
+        self._lock = threading.Lock()
 
     @property
     def identity(self) -> tuple[object, ...]:
         return (self.name, self.info.etag, self.size, self.info.mtime)
 
+    def prefetch(self, offset: int, size: int) -> None:
+        """Start fetching [offset, offset + size) in the background (the decant reader asks for
+        the chunk after the ones it is decoding ahead): sequential reads keep GETs in flight.
+        At most PREFETCH_KEEP ranges of up to PREFETCH_MAX bytes are held per object."""
+        if size <= 0 or size > PREFETCH_MAX or offset < 0 or offset + size > self.size:
+            return
+        with self._lock:
+            if (offset, size) in self._ahead:
+                return
+            while len(self._ahead) >= PREFETCH_KEEP:
+                self._ahead.pop(next(iter(self._ahead)))
+            self._ahead[(offset, size)] = self._folder.conn.pool.submit(self._get, offset, size)
+
     def read(self, offset: int, size: int) -> bytes:
         check_range(self, offset, size)
         if size == 0:
             return b""
+        if self._ahead:
+            with self._lock:
+                ahead = self._ahead.pop((offset, size), None)
+            # A pool thread never waits on a queued prefetch (read_many runs reads there).
+            usable = ahead is not None and (ahead.done() or not _in_pool())
+            if ahead is not None and usable:
+                with contextlib.suppress(StoreError):  # a failed prefetch: asked again below
+                    return ahead.result()
+        return self._get(offset, size)
+
+    def _get(self, offset: int, size: int) -> bytes:
         options: dict[str, Any] = {"range": (offset, offset + size)}
         if self.info.etag:
             options["if_match"] = self.info.etag
@@ -223,7 +253,12 @@ class S3Object:
         return list(self._folder.conn.pool.map(lambda r: self.read(*r), ranges))
 
     def close(self) -> None:
-        pass
+        with self._lock:
+            self._ahead.clear()
+
+
+def _in_pool() -> bool:
+    return threading.current_thread().name.startswith(POOL_PREFIX)
 
 
 class S3Connection:
@@ -242,7 +277,7 @@ class S3Connection:
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
-                    self.options.concurrency, thread_name_prefix="s3-get"
+                    self.options.concurrency, thread_name_prefix=POOL_PREFIX
                 )
             return self._pool
 
