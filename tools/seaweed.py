@@ -104,9 +104,13 @@ class SeaweedServer:
                "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3g}",
                "-s3.port.iceberg=0", "-s3.port.lance=0", *self.extra_args]  # fmt: skip
         with open(self.log, "ab") as log:
+            # Without the AWS_* variables: weed turns AWS_ACCESS_KEY_ID/SECRET into an admin
+            # identity, and then refuses the unsigned requests `_wait_ready` makes (a server
+            # started after a test set them never became ready).
+            env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
             self.proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.workdir, start_new_session=True, preexec_fn=_die_with_parent,
+                cwd=self.workdir, start_new_session=True, preexec_fn=_die_with_parent, env=env,
             )  # fmt: skip
         try:
             self._wait_ready(timeout)
