@@ -9,6 +9,7 @@ import errno
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -278,12 +279,12 @@ def test_the_store_stopped_under_a_reader_gives_eio_and_reads_resume(
     endpoint = own_server.endpoint  # type: ignore[attr-defined]
     bucket = own_server.create_bucket("faults")  # type: ignore[attr-defined]
     store = S3Store(bucket, config={"endpoint": endpoint}, client_options={"allow_http": True})
-    names = ("striped_i16.tif", "tiled_f32_narrow.tif", "zlib_u16.tif")
+    names = ("striped_i16.tif", "tiled_f32_narrow.tif", "zlib_u16.tif", "lzw_u8.tif")
     for name in names:
         obstore.put(store, f"p/{name}.zarr.zip", packed_corpus[name].archive.read_bytes())
     m = bucket_mount(f"s3://{bucket}/p", "--s3-endpoint", endpoint, "--s3-timeout", "2",
                      "--s3-retries", "1")  # fmt: skip
-    first, held, later = (m.mnt / n for n in names)
+    first, held, later, hung = (m.mnt / n for n in names)
     assert sha256sum(first) == digest(corpus[names[0]])
     fd = os.open(held, os.O_RDONLY)  # opened while the store is up, read while it is down
     try:
@@ -304,7 +305,20 @@ def test_the_store_stopped_under_a_reader_gives_eio_and_reads_resume(
     finally:
         os.close(fd)
     assert sha256sum(later) == digest(corpus[names[2]])
-    assert is_mounted(m.mnt)
+    # A store that stops answering (SIGSTOP: connections hang) rather than refusing: EIO once
+    # the request timeout and its retry are spent, then reads resume when it answers again.
+    proc = own_server.proc  # type: ignore[attr-defined]
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(OSError) as err:
+            hung.read_bytes()
+        assert err.value.errno == errno.EIO
+        assert time.monotonic() - start < 3 * 2 + 10, "a read outlived its timeouts"
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    assert sha256sum(hung) == digest(corpus[names[3]])
+    assert is_mounted(m.mnt) and m.proc.poll() is None
 
 
 def test_wrong_credentials_are_a_clear_error_at_start(own_server: object, tmp_path: Path) -> None:
