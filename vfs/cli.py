@@ -184,6 +184,11 @@ def _add_bucket_options(p: argparse.ArgumentParser) -> None:
                    "gives EIO after at most ~3x this, retries included (default 10)")  # fmt: skip
     b.add_argument("--s3-retries", type=int, default=3, metavar="N",
                    help="retries of a failed request (default 3)")  # fmt: skip
+    b.add_argument("--disk-cache", type=Path, metavar="DIR",
+                   help="keep byte ranges fetched from the bucket in DIR (reused across "
+                   "restarts; keyed by ETag, so never stale)")  # fmt: skip
+    b.add_argument("--disk-cache-size", type=parse_size, default=parse_size("10G"),
+                   metavar="SIZE", help="bound of --disk-cache (default 10G)")  # fmt: skip
     b.add_argument("--relist", type=parse_duration, default=30.0, metavar="T",
                    help="re-list the bucket this often, so archives other hosts add or remove "
                    "show (default 30s)")  # fmt: skip
@@ -268,7 +273,8 @@ def print_status(mnt: Path) -> int:
 
 def bucket_config(args: argparse.Namespace, url: str) -> BucketConfig:
     return BucketConfig(url=url.rstrip("/"), endpoint=args.s3_endpoint, region=args.s3_region,
-                        profile=args.s3_profile,
+                        profile=args.s3_profile, disk_cache=args.disk_cache,
+                        disk_cache_size=args.disk_cache_size,
                         timeout=args.s3_timeout, retries=args.s3_retries,
                         relist=args.relist)  # fmt: skip
 

@@ -239,6 +239,36 @@ def test_a_c4gh_package_in_the_bucket_serves_its_members(
         assert sha256sum(path) == hashlib.sha256(expected[name]).hexdigest(), name
 
 
+def test_the_disk_cache_is_bounded_and_reused_after_a_restart(
+    s3_bucket: S3Bucket, uploaded: dict[str, str], corpus: dict[str, Path], tmp_path: Path,
+    bucket_mount: MountFactory,
+) -> None:  # fmt: skip
+    cache = tmp_path / "ranges"
+    bound = 256 * 1024
+    names = ["tiled_chunky_u16.tif", "zstack_u16.tif", "imagej_hyperstack_tzc_u16.tif"]
+
+    def stored() -> dict[str, float]:
+        return {p.name: p.stat().st_mtime for p in cache.iterdir()}
+
+    first = bucket_mount(s3_bucket.url(), "--disk-cache", str(cache), "--disk-cache-size",
+                         str(bound), "--no-index")  # fmt: skip
+    for name in names:
+        assert sha256sum(first.mnt / "a" / name) == digest(corpus[name])
+    first.stop()
+    kept = stored()
+    assert kept and sum(p.stat().st_size for p in cache.iterdir()) <= bound
+    second = Mount(s3_bucket.url(), first.mnt, tmp_path / "second.log", first.index)  # type: ignore[arg-type]
+    try:
+        second.start("--disk-cache", str(cache), "--disk-cache-size", str(bound), "--no-index")
+        name = names[-1]  # read last: its ranges are the ones still kept
+        assert sha256sum(second.mnt / "a" / name) == digest(corpus[name])
+    finally:
+        second.stop()
+    again = stored()
+    assert any(again[k] > kept[k] for k in set(kept) & set(again)), "no kept range was used"
+    assert sum(p.stat().st_size for p in cache.iterdir()) <= bound
+
+
 # -- a server of our own: stopped and restarted, and one that checks credentials ---------------
 
 IDENTITIES = {

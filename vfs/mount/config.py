@@ -39,6 +39,8 @@ class BucketConfig:
     timeout: float = 10.0  # one request, seconds
     retries: int = 3  # after the first try
     relist: float = 30.0  # seconds a folder's listing is trusted
+    disk_cache: Path | None = None  # fetched ranges kept on disk, reused across restarts
+    disk_cache_size: int = 10 << 30
 
 
 @dataclass

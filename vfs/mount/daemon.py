@@ -84,7 +84,8 @@ def build_bucket_tree(config: MountConfig, cache: PageCache) -> SourceTree:
     assert b is not None
     options = S3Options(endpoint=b.endpoint, region=b.region, timeout=b.timeout,
                         retries=b.retries, retry_timeout=2 * b.timeout,
-                        profile=b.profile)  # fmt: skip
+                        profile=b.profile, disk_cache=b.disk_cache,
+                        disk_cache_size=b.disk_cache_size)  # fmt: skip
     folder = S3Folder(b.url, options)
     folder.check()
     root = ObjectPath.of_url(folder.name)

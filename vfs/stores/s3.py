@@ -41,6 +41,7 @@ from vfs.errors import (
     StoreError,
 )
 from vfs.stores.base import ObjectInfo, check_range, join_key
+from vfs.stores.diskcache import DiskCache
 
 SCHEME = "s3://"
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
@@ -64,6 +65,8 @@ class S3Options:
     retry_timeout: float = 20.0  # no new try starts later than this after the first
     concurrency: int = 8  # ranged GETs in flight for one read_many
     profile: str | None = None  # AWS profile when no AWS_ACCESS_KEY_ID is set (else AWS_PROFILE)
+    disk_cache: Path | None = None  # keep fetched ranges here (vfs.stores.diskcache)
+    disk_cache_size: int = 10 << 30
 
 
 def is_s3_url(text: str) -> bool:
@@ -213,7 +216,7 @@ class S3Object:
                 return
             while len(self._ahead) >= PREFETCH_KEEP:
                 self._ahead.pop(next(iter(self._ahead)))
-            self._ahead[(offset, size)] = self._folder.conn.pool.submit(self._get, offset, size)
+            self._ahead[(offset, size)] = self._folder.conn.pool.submit(self._fetch, offset, size)
 
     def read(self, offset: int, size: int) -> bytes:
         check_range(self, offset, size)
@@ -227,7 +230,19 @@ class S3Object:
             if ahead is not None and usable:
                 with contextlib.suppress(StoreError):  # a failed prefetch: asked again below
                     return ahead.result()
-        return self._get(offset, size)
+        return self._fetch(offset, size)
+
+    def _fetch(self, offset: int, size: int) -> bytes:
+        """The range from the on-disk cache (--disk-cache) if it holds it, else a GET."""
+        cache = self._folder.conn.disk_cache
+        if cache is None or not self.info.etag:
+            return self._get(offset, size)
+        key = cache.key(self.name, self.info.etag, offset, size)
+        data = cache.get(key, size)
+        if data is None:
+            data = self._get(offset, size)
+            cache.put(key, data)
+        return data
 
     def _get(self, offset: int, size: int) -> bytes:
         options: dict[str, Any] = {"range": (offset, offset + size)}
@@ -269,6 +284,9 @@ class S3Connection:
         self.bucket = bucket
         self.options = options
         self.client = _client(bucket, options)
+        self.disk_cache: DiskCache | None = None
+        if options.disk_cache is not None:
+            self.disk_cache = DiskCache(options.disk_cache, options.disk_cache_size)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
