@@ -7,7 +7,10 @@ and prints:
   dependency: imported by name only if found, so nothing here requires it);
 - whole-object download MB/s of an N MiB object: one obstore GET, 8 MiB ranges with 8 in flight
   (`read_many`), and s3fs;
-- `decant verify` of one archive in the bucket vs the same archive on local disk (in-process).
+- `decant verify` of one archive in the bucket vs the same archive on local disk (in-process);
+- decant-mount s3://… figures (tools/bench_s3_mount.py): sequential and cold random reads
+  through a bucket mount against obstore, `ls -l` of 1,000 archives from a warm index, warm
+  reads against a mount of a local SRC.
 """
 
 from __future__ import annotations
@@ -68,6 +71,11 @@ def _parser(command: str) -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=3, help="rounds for throughputs (default 3)")
     p.add_argument("--workdir", type=Path, metavar="DIR", help="scratch folder (default: temp)")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--mount-mib", type=int, default=512,
+                   help="original read through the bucket mount (MiB, default 512)")  # fmt: skip
+    p.add_argument("--mount-samples", type=int, default=200,
+                   help="random 4 KiB preads through the mount (default 200)")  # fmt: skip
+    p.add_argument("--no-mount", action="store_true", help="skip the decant-mount figures")
     return p
 
 
@@ -88,6 +96,10 @@ def run(args: argparse.Namespace, work: Path, bucket: str, endpoint: str) -> Rep
     del blob
     _verify(report, args, work, store, bucket)
     folder.close()
+    if not args.no_mount:
+        import bench_s3_mount
+
+        bench_s3_mount.run(report, args, work, store, bucket)
     return report
 
 

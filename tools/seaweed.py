@@ -70,6 +70,8 @@ class SeaweedServer:
     s3_port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     buckets: list[str] = field(default_factory=list)
+    extra_args: list[str] = field(default_factory=list)  # e.g. -s3.config=FILE (identities)
+    ports: list[int] = field(default_factory=list)  # kept: a restart listens where it did
 
     @property
     def endpoint(self) -> str:
@@ -90,7 +92,8 @@ class SeaweedServer:
         }
 
     def start(self, timeout: float = 30.0) -> SeaweedServer:
-        s3, s3g, mp, mg, vp, vg, fp, fg = free_ports(8)
+        self.ports = self.ports or free_ports(8)
+        s3, s3g, mp, mg, vp, vg, fp, fg = self.ports
         self.s3_port = s3
         data = self.workdir / "data"
         data.mkdir(parents=True, exist_ok=True)
@@ -99,11 +102,15 @@ class SeaweedServer:
                f"-volume.port={vp}", f"-volume.port.grpc={vg}", "-volume.max=100",
                f"-filer.port={fp}", f"-filer.port.grpc={fg}",
                "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3g}",
-               "-s3.port.iceberg=0", "-s3.port.lance=0"]  # fmt: skip
-        with open(self.log, "wb") as log:
+               "-s3.port.iceberg=0", "-s3.port.lance=0", *self.extra_args]  # fmt: skip
+        with open(self.log, "ab") as log:
+            # Without the AWS_* variables: weed turns AWS_ACCESS_KEY_ID/SECRET into an admin
+            # identity, and then refuses the unsigned requests `_wait_ready` makes (a server
+            # started after a test set them never became ready).
+            env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
             self.proc = subprocess.Popen(
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.workdir, start_new_session=True, preexec_fn=_die_with_parent,
+                cwd=self.workdir, start_new_session=True, preexec_fn=_die_with_parent, env=env,
             )  # fmt: skip
         try:
             self._wait_ready(timeout)

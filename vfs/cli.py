@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from vfs.errors import DecantError
-from vfs.mount.config import STATUS_NAME, MountConfig, parse_fuse_options
+from vfs.mount.config import STATUS_NAME, BucketConfig, MountConfig, parse_fuse_options
 
 log = logging.getLogger("decant-mount")
 
@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="decant-mount",
         description="Mount a folder of archives: decant archives appear as their original files.",
     )
-    p.add_argument("source", nargs="?", type=Path, metavar="SRC", help="folder of archives")
+    p.add_argument("source", nargs="?", type=str, metavar="SRC",
+                   help="folder of archives, or s3://BUCKET/PREFIX (read-only)")  # fmt: skip
     p.add_argument("mountpoint", nargs="?", type=Path, metavar="MNT", help="where to mount it")
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     p.add_argument(
@@ -163,8 +164,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="delete an rsync temp file (.NAME.XXXXXX) left unchanged this long; such files "
         "are never published (default 24h; 30m, 90s, never)",
     )
+    _add_bucket_options(p)
     _add_backend_options(p)
     return p
+
+
+def _add_bucket_options(p: argparse.ArgumentParser) -> None:
+    b = p.add_argument_group(
+        "SRC in object storage (s3://BUCKET/PREFIX; credentials from AWS_ACCESS_KEY_ID/"
+        "AWS_SECRET_ACCESS_KEY or a profile, never from the command line)"
+    )
+    b.add_argument("--s3-endpoint", metavar="URL", help="S3 endpoint (default AWS_ENDPOINT_URL)")
+    b.add_argument("--s3-region", metavar="NAME", help="region (default AWS_REGION)")
+    b.add_argument("--s3-profile", metavar="NAME",
+                   help="AWS profile in ~/.aws/credentials and ~/.aws/config, used when "
+                   "AWS_ACCESS_KEY_ID is unset (default AWS_PROFILE, else 'default')")  # fmt: skip
+    b.add_argument("--s3-timeout", type=float, default=10.0, metavar="S",
+                   help="one request, connect to last byte; while the store is down a read "
+                   "gives EIO after at most ~3x this, retries included (default 10)")  # fmt: skip
+    b.add_argument("--s3-retries", type=int, default=3, metavar="N",
+                   help="retries of a failed request (default 3)")  # fmt: skip
+    b.add_argument("--disk-cache", type=Path, metavar="DIR",
+                   help="keep byte ranges fetched from the bucket in DIR (reused across "
+                   "restarts; keyed by ETag, so never stale)")  # fmt: skip
+    b.add_argument("--disk-cache-size", type=parse_size, default=parse_size("10G"),
+                   metavar="SIZE", help="bound of --disk-cache (default 10G)")  # fmt: skip
+    b.add_argument("--relist", type=parse_duration, default=30.0, metavar="T",
+                   help="re-list the bucket this often, so archives other hosts add or remove "
+                   "show (default 30s)")  # fmt: skip
 
 
 def _add_backend_options(p: argparse.ArgumentParser) -> None:
@@ -244,8 +271,19 @@ def print_status(mnt: Path) -> int:
     return 0
 
 
-def config_from_args(args: argparse.Namespace, src: Path, mnt: Path) -> MountConfig:
+def bucket_config(args: argparse.Namespace, url: str) -> BucketConfig:
+    return BucketConfig(url=url.rstrip("/"), endpoint=args.s3_endpoint, region=args.s3_region,
+                        profile=args.s3_profile, disk_cache=args.disk_cache,
+                        disk_cache_size=args.disk_cache_size,
+                        timeout=args.s3_timeout, retries=args.s3_retries,
+                        relist=args.relist)  # fmt: skip
+
+
+def config_from_args(
+    args: argparse.Namespace, src: Path, mnt: Path, bucket: BucketConfig | None = None
+) -> MountConfig:
     return MountConfig(
+        bucket=bucket,
         src=src,
         mnt=mnt,
         options=parse_fuse_options(args.options),
@@ -294,7 +332,9 @@ def main(argv: list[str] | None = None) -> int:
         return print_status(args.status)
     if args.source is None or args.mountpoint is None:
         build_parser().error("SRC and MNT are required")
-    src, mnt = args.source.resolve(), args.mountpoint.absolute()
+    if args.source.startswith("s3://"):
+        return _main_bucket(args)
+    src, mnt = Path(args.source).resolve(), args.mountpoint.absolute()
     if not src.is_dir():
         print(f"decant-mount: {src}: not a folder", file=sys.stderr)
         return 1
@@ -319,6 +359,67 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         log.exception("%s", exc)
         print(f"decant-mount: {exc}", file=sys.stderr)  # still the caller's terminal until ready
+        return 1
+
+
+def check_bucket(bucket: BucketConfig) -> str | None:
+    """One LIST of the prefix, before anything is mounted: a clear reason it fails, or None."""
+    from vfs.stores.s3 import S3Folder, S3Options
+
+    options = S3Options(endpoint=bucket.endpoint, region=bucket.region, timeout=bucket.timeout,
+                        retries=min(bucket.retries, 1), retry_timeout=bucket.timeout,
+                        profile=bucket.profile)  # fmt: skip
+    try:
+        folder = S3Folder(bucket.url, options)
+        try:
+            folder.check()
+        finally:
+            folder.close()
+    except DecantError as exc:
+        return str(exc)
+    return None
+
+
+def _main_bucket(args: argparse.Namespace) -> int:
+    """`decant-mount s3://BUCKET/PREFIX MNT`: the bucket is checked (one LIST) before mounting."""
+    from vfs.stores.base import ObjectPath
+    from vfs.stores.s3 import split_url
+
+    try:
+        split_url(args.source)
+    except ValueError as exc:
+        print(f"decant-mount: {exc}", file=sys.stderr)
+        return 2
+    if args.relist <= 0 or args.s3_timeout <= 0 or args.s3_retries < 0:
+        print("decant-mount: --relist and --s3-timeout must be > 0, --s3-retries >= 0",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    mnt = args.mountpoint.absolute()
+    problem = check_mountpoint(mnt)
+    if problem:
+        print(f"decant-mount: {problem}", file=sys.stderr)
+        return 1
+    bucket = bucket_config(args, args.source)
+    src = ObjectPath.of_url(bucket.url)
+    # After the fork: obstore's runtime threads would not survive it (its calls in the child
+    # would hang). Until ready, the child's stderr is still the caller's terminal.
+    ready_fd = None if args.foreground else _daemonize()
+    problem = check_bucket(bucket)
+    if problem:
+        print(f"decant-mount: {problem}", file=sys.stderr)
+        return 1
+    setup_logging(args, detached=ready_fd is not None)
+    try:
+        from vfs.mount.daemon import serve
+
+        return serve(config_from_args(args, src, mnt, bucket), lambda: _ready(ready_fd))  # type: ignore[arg-type]
+    except DecantError as exc:  # wrong credentials, endpoint down: StoreError says which
+        log.error("%s", exc)
+        print(f"decant-mount: {exc}", file=sys.stderr)
+        return 1
+    except Exception as exc:
+        log.exception("%s", exc)
+        print(f"decant-mount: {exc}", file=sys.stderr)
         return 1
 
 

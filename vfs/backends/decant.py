@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from vfs.backends.base import Description, Entry
 from vfs.cache import PageCache
 from vfs.decant import MANIFEST_KEY, archive_stem
+from vfs.stores.base import Folder
 
 if TYPE_CHECKING:  # numpy, numcodecs: imported when the first archive is read, not at start-up
     from vfs.decant.reader import DecantArchive, OriginalReader
@@ -43,32 +44,74 @@ class DecantBackend:
         from vfs.decant.reader import DecantArchive
 
         with DecantArchive.open(path) as archive:
-            m = archive.manifest
-            originals = archive.originals()
-            # Every size and chunk an original needs is checked here, without decoding: an
-            # archive that claims more than it holds is shown raw, not listed at a false size.
-            archive.check()
-        if m.mode != "series":
-            (info,) = originals
-            return Description(info.relpath, _file_entry(info.size, info.sha256, m.mode))
-        root = Entry(is_dir=True)
-        for info in originals:
-            *folders, leaf = info.relpath.split("/")
-            node = root
-            for folder in folders:
-                node = node.children.setdefault(folder, Entry(is_dir=True))
-            node.children[leaf] = _file_entry(info.size, info.sha256, info.mode)
-        return Description(archive_stem(path.name), root)
+            return _describe(archive, path.name)
+
+    def describe_at(self, folder: Folder, key: str) -> Description:
+        """As `describe`, for the archive at `key` of any folder (a bucket prefix)."""
+        from vfs.decant.reader import DecantArchive
+
+        with DecantArchive.open_at(folder, key) as archive:
+            return _describe(archive, key.rstrip("/").rpartition("/")[2])
 
     def open(self, path: Path, member: str, entry: Entry) -> DecantFile:
         from vfs.decant.reader import DecantArchive
 
         archive = DecantArchive.open(path, self.digests(path) if self.digests else None)
-        try:
-            return DecantFile(archive, archive.open_original(member, self.cache))
-        except BaseException:
-            archive.close()
-            raise
+        return _open_original(archive, member, self.cache)
+
+    def open_at(
+        self,
+        folder: Folder,
+        key: str,
+        member: str,
+        entry: Entry,
+        digests: Mapping[str, int] | None = None,
+    ) -> DecantFile:
+        from vfs.decant.reader import DecantArchive
+
+        return _open_original(DecantArchive.open_at(folder, key, digests), member, self.cache)
+
+    def chunk_digests_at(self, folder: Folder, key: str) -> dict[str, int]:
+        """As `chunk_digests`, for the archive at `key` of any folder (GETs every chunk once)."""
+        from vfs.decant.digests import store_digests
+        from vfs.decant.reader import DecantArchive
+
+        with DecantArchive.open_at(folder, key) as archive:
+            m = archive.manifest
+            if m.mode != "series" or m.series_consolidated:
+                return store_digests(archive.store)
+            out: dict[str, int] = {}
+            for mem in m.members:
+                for k, digest in store_digests(archive.nested(mem.subarchive).store).items():
+                    out[f"{mem.subarchive}/{k}"] = digest
+            return out
+
+
+def _describe(archive: DecantArchive, name: str) -> Description:
+    m = archive.manifest
+    originals = archive.originals()
+    # Every size and chunk an original needs is checked here, without decoding: an archive
+    # that claims more than it holds is shown raw, not listed at a false size.
+    archive.check()
+    if m.mode != "series":
+        (info,) = originals
+        return Description(info.relpath, _file_entry(info.size, info.sha256, m.mode))
+    root = Entry(is_dir=True)
+    for info in originals:
+        *folders, leaf = info.relpath.split("/")
+        node = root
+        for folder in folders:
+            node = node.children.setdefault(folder, Entry(is_dir=True))
+        node.children[leaf] = _file_entry(info.size, info.sha256, info.mode)
+    return Description(archive_stem(name), root)
+
+
+def _open_original(archive: DecantArchive, member: str, cache: PageCache) -> DecantFile:
+    try:
+        return DecantFile(archive, archive.open_original(member, cache))
+    except BaseException:
+        archive.close()
+        raise
 
 
 def _file_entry(size: int, sha256: str, mode: str) -> Entry:

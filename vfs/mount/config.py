@@ -29,6 +29,21 @@ def parse_fuse_options(raw: list[str]) -> set[str]:
 
 
 @dataclass
+class BucketConfig:
+    """SRC in object storage: where, how to reach it, how often to re-list it."""
+
+    url: str  # s3://BUCKET/PREFIX
+    endpoint: str | None = None  # None: AWS_ENDPOINT_URL
+    region: str | None = None  # None: AWS_REGION / AWS_DEFAULT_REGION
+    profile: str | None = None  # used when AWS_ACCESS_KEY_ID is unset; None: AWS_PROFILE/default
+    timeout: float = 10.0  # one request, seconds
+    retries: int = 3  # after the first try
+    relist: float = 30.0  # seconds a folder's listing is trusted
+    disk_cache: Path | None = None  # fetched ranges kept on disk, reused across restarts
+    disk_cache_size: int = 10 << 30
+
+
+@dataclass
 class MountConfig:
     src: Path
     mnt: Path
@@ -50,10 +65,13 @@ class MountConfig:
     min_free: int | None = None  # bytes kept free on the spool's fs; None: min(256M, 5 %)
     stale_temp: float = 24 * 3600.0  # an rsync temp file left this long (s) is deleted
     backend_args: argparse.Namespace = field(default_factory=argparse.Namespace)
+    bucket: BucketConfig | None = None  # SRC is s3://BUCKET/PREFIX (then `src` is its ObjectPath)
 
     def __post_init__(self) -> None:
-        if "ro" in self.options:
-            self.read_only = True
+        if "ro" in self.options or self.bucket is not None:
+            self.read_only = True  # the write side to a bucket is not built yet: EROFS
+        if self.bucket is not None:
+            self.watch = False  # no inotify on a bucket: it is re-listed instead
 
     @property
     def spool_root(self) -> Path:

@@ -17,6 +17,7 @@ import trio
 
 from vfs.backends.decant import DecantBackend
 from vfs.cache import PageCache
+from vfs.errors import DecantError
 from vfs.ingest.queue import PackQueue
 from vfs.ingest.space import SpaceGuard
 from vfs.ingest.spool import Spool
@@ -34,6 +35,8 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 def build_tree(config: MountConfig, cache: PageCache) -> SourceTree:
+    if config.bucket is not None:
+        return build_bucket_tree(config, cache)
     decant = DecantBackend(cache)
     backends: list[Any] = [decant]
     try:
@@ -59,6 +62,53 @@ def build_tree(config: MountConfig, cache: PageCache) -> SourceTree:
         decant.digests = lambda path: known.digests(path, stamp_of(path))
     tree = SourceTree(config.src, backends, overlays, index, hidden=[SPOOL_NAME])
     tree.excluded = {config.mnt}
+    return tree
+
+
+def open_index(config: MountConfig) -> DescriptionIndex | None:
+    if not config.use_index:
+        return None
+    folder = config.index_dir or Path(os.path.expanduser("~/.cache/decant-mount"))
+    return DescriptionIndex(folder / "index.sqlite")
+
+
+def build_bucket_tree(config: MountConfig, cache: PageCache) -> SourceTree:
+    """SRC in a bucket: the formats bound to its folder; one LIST first, so wrong credentials
+    or an unreachable endpoint fail here, before anything is mounted (StoreError)."""
+    from vfs.backends.objects import BoundBackend
+    from vfs.mount.buckettree import BucketTree
+    from vfs.stores.base import ObjectPath
+    from vfs.stores.s3 import S3Folder, S3Options
+
+    b = config.bucket
+    assert b is not None
+    options = S3Options(endpoint=b.endpoint, region=b.region, timeout=b.timeout,
+                        retries=b.retries, retry_timeout=2 * b.timeout,
+                        profile=b.profile, disk_cache=b.disk_cache,
+                        disk_cache_size=b.disk_cache_size)  # fmt: skip
+    folder = S3Folder(b.url, options)
+    folder.check()
+    root = ObjectPath.of_url(folder.name)
+    index = open_index(config)
+    decant = DecantBackend(cache)
+    if index is not None:
+        known = index
+        decant.digests = lambda path: known.digests(path, stamp_of(path))
+    tree: BucketTree
+
+    def key_of(path: Path) -> str:
+        return tree.key_of(path)
+
+    backends: list[Any] = [BoundBackend(decant, folder, key_of, (".zarr.zip",), (".zarr",))]
+    try:
+        from vfs.backends.c4gh import SUFFIX, backend_from_args
+    except ImportError:
+        pass
+    else:
+        c4gh = backend_from_args(config.backend_args, cache)
+        if c4gh is not None:
+            backends.append(BoundBackend(c4gh, folder, key_of, (SUFFIX,)))
+    tree = BucketTree(folder, root, backends, index, b.relist)
     return tree
 
 
@@ -207,8 +257,13 @@ async def _run(ops: DecantOperations, config: MountConfig, queue: PackQueue | No
             nursery.start_soon(watch_source, ops, src, config.spool_root)
         else:
             log.info("not watching %s (--no-watch): changes show after short kernel timeouts", src)
-        nursery.start_soon(_census, ops, src)
-        if config.scrub_interval is not None:
+        if config.bucket is not None:
+            nursery.start_soon(_relist_forever, ops, config.bucket.relist)
+        else:
+            nursery.start_soon(_census, ops, src)
+        if config.scrub_interval is not None and config.bucket is not None:
+            log.warning("--scrub-interval is not supported on a bucket yet: no scrubbing")
+        elif config.scrub_interval is not None:
             nursery.start_soon(scrub_forever, ops, config.scrub_interval)
         if config.metrics_file is not None:
             nursery.start_soon(_write_metrics, ops, config.metrics_file)
@@ -234,6 +289,24 @@ async def _write_metrics(ops: DecantOperations, path: Path) -> None:
         except OSError as exc:
             log.warning("cannot write metrics to %s: %s", path, exc)
         await trio.sleep(METRICS_INTERVAL)
+
+
+async def _relist_forever(ops: DecantOperations, interval: float) -> None:
+    """Every `interval` seconds, re-list the bucket folders the kernel holds listings of: what
+    other hosts added or removed appears or disappears (and the kernel forgets changed names).
+    Folders nobody holds are re-listed when next looked at (their listings have expired)."""
+    tree: Any = ops.tree
+    while True:
+        await trio.sleep(interval)
+        tree.expire()
+        for ino in list(ops.inodes.folders):
+            node = ops.inodes.get(ino)
+            if node is None or node.backend is not None:
+                continue  # archive contents never change in place
+            try:
+                await ops.rescan(ino)
+            except (OSError, pyfuse3.FUSEError, DecantError) as exc:
+                log.debug("relist of %s failed: %s", node.real, exc)
 
 
 async def _census(ops: DecantOperations, src: Path) -> None:

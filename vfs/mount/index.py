@@ -1,14 +1,16 @@
 """Persistent index of archive descriptions and verified digests: a remount lists without reopening.
 
 Descriptions are keyed by archive path, size and mtime: a changed archive misses and is described
-afresh. A verified state is keyed by more (inode number and ctime too), so an archive rewritten
-in place with its mtime restored is no longer "verified". The schema version is kept in SQLite's
+afresh (objects of a mounted bucket: by URL, size, last-modified and ETag, in a table of their
+own). A verified state is keyed by more (inode number and ctime too), so an archive rewritten in
+place with its mtime restored is no longer "verified". The schema version is kept in SQLite's
 `user_version`; an index of another version is set aside and rebuilt (as ratarmount does), never
 misread. SQLite gives atomic, crash-safe writes; a damaged index file is set aside the same way.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -18,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from vfs.backends.base import Description
+from vfs.stores.base import ObjectInfo, ObjectPath
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +33,9 @@ CREATE TABLE IF NOT EXISTS verified (
     path TEXT NOT NULL, member TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
     ino INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, sha256 TEXT NOT NULL,
     PRIMARY KEY (path, member));
+CREATE TABLE IF NOT EXISTS object_descriptions (
+    url TEXT NOT NULL, backend TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
+    etag TEXT NOT NULL, doc TEXT NOT NULL, PRIMARY KEY (url, backend));
 CREATE TABLE IF NOT EXISTS chunk_digests (
     path TEXT NOT NULL PRIMARY KEY, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
     ino INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, doc TEXT NOT NULL);
@@ -39,8 +45,20 @@ Stamp = tuple[int, int, int, int]  # size, mtime_ns, inode number, ctime_ns of t
 
 
 def stamp_of(path: Path) -> Stamp:
+    """The archive's stamp; for an object, from the identity its listing gave (no request)."""
+    if isinstance(path, ObjectPath):
+        info = getattr(path, "info", None)
+        if info is None:
+            raise OSError(f"{path}: no listing identity")
+        return info.size, int(info.mtime * 1e9), etag_number(info.etag), 0
     st = os.stat(path)
     return st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns
+
+
+def etag_number(etag: str | None) -> int:
+    """An ETag as a signed 63-bit integer for the stamp's inode column (SQLite INTEGER)."""
+    digest = hashlib.blake2b((etag or "").encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 class _OtherVersionError(sqlite3.DatabaseError):
@@ -99,6 +117,30 @@ class DescriptionIndex:
             self._db.execute(
                 "INSERT OR REPLACE INTO descriptions VALUES (?, ?, ?, ?, ?)",
                 (str(path), backend, size, mtime_ns, doc),
+            )
+
+    def get_object(self, url: str, backend: str, info: ObjectInfo) -> Description | None:
+        """An object's description, if the index holds one for this very identity (key, size,
+        last-modified and ETag): a remount lists a bucket without a GET per archive."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT doc FROM object_descriptions WHERE url=? AND backend=? AND size=? "
+                "AND mtime_ns=? AND etag=?",
+                (url, backend, info.size, int(info.mtime * 1e9), info.etag or ""),
+            ).fetchone()
+        if row is None:
+            return None
+        try:
+            return Description.from_json(json.loads(row[0]))
+        except (ValueError, KeyError, TypeError, RecursionError):
+            return None
+
+    def put_object(self, url: str, backend: str, info: ObjectInfo, desc: Description) -> None:
+        doc = json.dumps(desc.to_json(), separators=(",", ":"))
+        with self._lock:
+            self._db.execute(
+                "INSERT OR REPLACE INTO object_descriptions VALUES (?, ?, ?, ?, ?, ?)",
+                (url, backend, info.size, int(info.mtime * 1e9), info.etag or "", doc),
             )
 
     def is_verified(self, path: Path, member: str, stamp: Stamp, sha256: str) -> bool:

@@ -242,7 +242,7 @@ class DecantOperations(pyfuse3.Operations):
         while True:
             moves, real = self.inodes.moves, node.real
             try:
-                mtime = (await trio.to_thread.run_sync(os.stat, real)).st_mtime_ns
+                mtime = await trio.to_thread.run_sync(self.tree.stamp_folder, real)
                 if folder is not None and folder.mtime_ns == mtime and not force:
                     folder.checked = time.monotonic()
                     return folder
@@ -406,7 +406,7 @@ class DecantOperations(pyfuse3.Operations):
 
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
         with errno_boundary("statfs"):
-            st = await trio.to_thread.run_sync(os.statvfs, self.tree.root)
+            st = await trio.to_thread.run_sync(self.tree.statvfs)
             out = pyfuse3.StatvfsData()
             for name in ("f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files",
                          "f_ffree", "f_favail", "f_namemax"):  # fmt: skip

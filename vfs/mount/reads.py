@@ -22,7 +22,7 @@ from typing import Any
 import trio
 
 from vfs.backends.base import RandomAccess
-from vfs.errors import CorruptArchiveError
+from vfs.errors import CorruptArchiveError, StoreError
 from vfs.integrity import Coverage, SequentialHasher
 from vfs.mount.metrics import COUNTERS
 from vfs.nodes import Node, NodeKey
@@ -127,6 +127,10 @@ class Integrity:
                 return node.key in self.good
             try:
                 digest = await trio.to_thread.run_sync(self._hash_whole, node)
+            except StoreError as exc:  # the object store unreachable: no verdict, try later
+                self.pending.discard(node.key)
+                log.warning("%s%s: not verified now: %s", node.real, _member(node), exc)
+                return False
             except Exception as exc:
                 self.pending.discard(node.key)
                 self.bad.add(node.key)

@@ -143,9 +143,9 @@ class SourceTree:
         """Real entries of `folder` as presented, and whether every archive among them presents
         its own name (less .zarr.zip / .zarr): then a name depends only on its related names."""
         plain: dict[str, Node] = {}
-        archives: list[tuple[str, os.stat_result, Backend]] = []
+        archives: list[tuple[str, os.stat_result, Backend, Path]] = []
         for name, st in found:
-            path = folder / name
+            path = self._child(folder, name)
             if stat.S_ISLNK(st.st_mode):
                 self._log_once(path, f"{path}: a symlink; not shown (the mount never follows "
                                      "links out of SRC)", logging.INFO)  # fmt: skip
@@ -155,18 +155,17 @@ class SourceTree:
                 continue
             backend = next((b for b in self.backends if b.claims(path, is_dir)), None)
             if backend is not None:
-                archives.append((name, st, backend))
+                archives.append((name, st, backend, path))
             else:
-                plain[name] = mirror_node(path, st, self.writable)
+                plain[name] = self._raw_node(path, st)
         out = dict(plain)
-        described = [(name, st, b, self.describe(b, folder / name, st)) for name, st, b in archives]
-        regular = all(d is None or d.name in _related(n) for n, _s, _b, d in described)
+        described = [(n, st, b, self.describe(b, p, st), p) for n, st, b, p in archives]
+        regular = all(d is None or d.name in _related(n) for n, _s, _b, d, _p in described)
         # Of two archives presenting one name, the one named after it (NAME.zarr.zip) wins.
         described.sort(key=lambda a: (a[3] is None or a[0] != f"{a[3].name}.zarr.zip", a[0]))
-        for name, st, backend, desc in described:
-            path = folder / name
+        for name, st, backend, desc, path in described:
             if desc is None:
-                out[name] = mirror_node(path, st, self.writable)
+                out[name] = self._raw_node(path, st)
                 continue
             shown = desc.name
             problem = name_problem(shown)
@@ -188,6 +187,29 @@ class SourceTree:
                 node.mode = stat.S_IMODE(st.st_mode)  # what rsync -a / cp -a gave the original
             out[shown] = node
         return out, regular
+
+    def _raw_node(self, path: Path, st: os.stat_result) -> Node:
+        """A real entry shown as it is (no backend claims it, or its archive cannot be read)."""
+        return mirror_node(path, st, self.writable)
+
+    def _transient(self, exc: DecantError) -> bool:
+        """An error that must fail the listing rather than show the archive raw: none locally
+        (a bucket tree: the store unreachable, so the next listing tries again)."""
+        return False
+
+    def _child(self, folder: Path, name: str) -> Path:
+        """The path an entry of `folder` is named by (a bucket tree attaches its identity)."""
+        return folder / name
+
+    def stamp_folder(self, folder: Path) -> int:
+        """What changes when `folder`'s entries do: a real folder's mtime."""
+        return os.stat(folder).st_mtime_ns
+
+    def statvfs(self) -> os.statvfs_result:
+        return os.statvfs(self.root)
+
+    def _stat(self, path: Path) -> os.stat_result:
+        return os.stat(path)
 
     @property
     def writable(self) -> bool:
@@ -235,9 +257,21 @@ class SourceTree:
             cached = self.index.get(path, index_key(backend), st.st_size, st.st_mtime_ns)
             if cached is not None:
                 return cached
+        desc = self._describe_fresh(backend, path)
+        if desc is not None and self.index is not None:
+            try:
+                self.index.put(path, index_key(backend), st.st_size, st.st_mtime_ns, desc)
+            except (sqlite3.Error, ValueError, RecursionError) as exc:  # costs a re-describe
+                self._log_once(path, f"{path}: not kept in the index ({exc})")
+        return desc
+
+    def _describe_fresh(self, backend: Backend, path: Path) -> Description | None:
+        """The backend's description, or None (logged once) when it cannot be served."""
         try:
             desc = backend.describe(path)
         except DecantError as exc:
+            if self._transient(exc):
+                raise
             self._log_once(path, f"{exc} — shown as the raw file")
             return None
         except OSError as exc:
@@ -247,16 +281,11 @@ class SourceTree:
             log.exception("%s: unexpected error describing the archive", path)
             self._log_once(path, f"{path}: {exc.__class__.__name__} — shown as the raw file")
             return None
-        if self.index is not None:
-            try:
-                self.index.put(path, index_key(backend), st.st_size, st.st_mtime_ns, desc)
-            except (sqlite3.Error, ValueError, RecursionError) as exc:  # costs a re-describe
-                self._log_once(path, f"{path}: not kept in the index ({exc})")
         return desc
 
     def children_of_archive_node(self, node: Node) -> dict[str, Node]:
         assert node.entry is not None and node.backend is not None
-        st = os.stat(node.real)
+        st = self._stat(node.real)
         rel = self._relative(node.real)
         kids = {}
         for name, child in node.entry.children.items():

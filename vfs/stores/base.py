@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Protocol
 
 from vfs.errors import CorruptArchiveError
@@ -83,3 +84,26 @@ def join_key(prefix: str, key: str) -> str:
     """`prefix` and `key` as one key; either may be empty."""
     prefix, key = prefix.strip("/"), key.strip("/")
     return f"{prefix}/{key}" if prefix and key else prefix or key
+
+
+class ObjectPath(PurePosixPath):
+    """A key of a mounted bucket where the mount expects a path: `/`, `.name`, `.parent` and
+    `relative_to` work as for paths, `str()` is the s3:// URL (logs, index keys), and any os call
+    on it fails loudly instead of touching a local file of the same name.
+
+    `/BUCKET/PREFIX/KEY` is kept as the path; an archive's own ObjectPath also carries `info`,
+    the listing's ObjectInfo, so what keys on identity (index stamps) needs no request."""
+
+    info: ObjectInfo | None
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return f"s3:/{text}" if self.is_absolute() else text
+
+    def __fspath__(self) -> str:
+        raise TypeError(f"{self}: an object key, not a local path")
+
+    @classmethod
+    def of_url(cls, url: str) -> ObjectPath:
+        """s3://BUCKET/PREFIX → its ObjectPath."""
+        return cls("/" + url.removeprefix("s3://").strip("/"))

@@ -13,13 +13,16 @@ never carry credentials (obstore's own text is cut to its first line and scrubbe
 
 from __future__ import annotations
 
+import configparser
+import contextlib
 import os
 import re
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import obstore
@@ -38,9 +41,14 @@ from vfs.errors import (
     StoreError,
 )
 from vfs.stores.base import ObjectInfo, check_range, join_key
+from vfs.stores.diskcache import DiskCache
 
 SCHEME = "s3://"
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
+PREFETCH_MAX = 64 << 20  # one prefetched range at most (a chunk is at most this)
+PREFETCH_KEEP = 4  # prefetched ranges held per open object
+POOL_PREFIX = "s3-get"
+_PROFILE_SECRETS: set[str] = set()  # values read from a profile, scrubbed like the variables
 _SIGNED = re.compile(r"(X-Amz-[A-Za-z-]+|Signature|Credential|AWSAccessKeyId)=[^&\s]*")
 
 
@@ -56,6 +64,9 @@ class S3Options:
     retries: int = 3  # after the first try; 5xx, dropped connections and timeouts
     retry_timeout: float = 20.0  # no new try starts later than this after the first
     concurrency: int = 8  # ranged GETs in flight for one read_many
+    profile: str | None = None  # AWS profile when no AWS_ACCESS_KEY_ID is set (else AWS_PROFILE)
+    disk_cache: Path | None = None  # keep fetched ranges here (vfs.stores.diskcache)
+    disk_cache_size: int = 10 << 30
 
 
 def is_s3_url(text: str) -> bool:
@@ -75,8 +86,7 @@ def split_url(url: str) -> tuple[str, str]:
 def _scrub(text: str) -> str:
     """obstore's message, first line only, with anything credential-like removed."""
     line = text.strip().splitlines()[0] if text.strip() else ""
-    for var in _SECRET_ENV:
-        value = os.environ.get(var)
+    for value in [os.environ.get(var) for var in _SECRET_ENV] + sorted(_PROFILE_SECRETS):
         if value and len(value) >= 4:
             line = line.replace(value, "***")
     return _SIGNED.sub(r"\1=***", line)[:300]
@@ -94,19 +104,62 @@ def translate(exc: BaseException, url: str, what: str = "") -> StoreError:
         return StoreAccessError(
             f"{where} no credentials found (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
         )
-    if isinstance(exc, (PermissionDeniedError, UnauthenticatedError)):
+    if what == "listing:" and "404 Not Found" in reason:
+        return ObjectMissingError(f"{where} no such bucket")
+    refused = "403 Forbidden" in reason or "401 Unauthorized" in reason  # a listing's plain error
+    if refused or isinstance(exc, (PermissionDeniedError, UnauthenticatedError)):
         return StoreAccessError(f"{where} access refused; check the credentials ({reason})")
     return StoreError(f"{where} object store failed after retries ({reason})")
 
 
+def profile_settings(name: str | None = None) -> dict[str, str]:
+    """Credentials, region and endpoint of an AWS profile (`name`, else AWS_PROFILE, else
+    "default") from the shared files (AWS_SHARED_CREDENTIALS_FILE / ~/.aws/credentials and
+    AWS_CONFIG_FILE / ~/.aws/config), as obstore config keys. Used only when the environment
+    holds no AWS_ACCESS_KEY_ID: variables win, as with the AWS CLI. {} when there is none."""
+    name = name or os.environ.get("AWS_PROFILE") or "default"
+    home = Path(os.path.expanduser("~"))
+    files = (
+        (os.environ.get("AWS_SHARED_CREDENTIALS_FILE") or home / ".aws/credentials", name),
+        (os.environ.get("AWS_CONFIG_FILE") or home / ".aws/config",
+         name if name == "default" else f"profile {name}"),
+    )  # fmt: skip
+    keys = {"aws_access_key_id": "access_key_id", "aws_secret_access_key": "secret_access_key",
+            "aws_session_token": "session_token", "region": "region",
+            "endpoint_url": "endpoint"}  # fmt: skip
+    out: dict[str, str] = {}
+    for path, section in files:
+        parser = configparser.ConfigParser(interpolation=None)
+        try:
+            parser.read(path)
+        except (OSError, configparser.Error):
+            continue
+        if parser.has_section(section):
+            for key, value in parser.items(section):
+                if key in keys and value.strip():
+                    out.setdefault(keys[key], value.strip())
+    if os.environ.get("AWS_ENDPOINT_URL"):
+        out.pop("endpoint", None)
+    if os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION"):
+        out.pop("region", None)
+    for key in ("secret_access_key", "session_token", "access_key_id"):
+        if key in out:
+            _PROFILE_SECRETS.add(out[key])
+    return out
+
+
 def _client(bucket: str, options: S3Options) -> S3Store:
-    endpoint = options.endpoint or os.environ.get("AWS_ENDPOINT_URL") or None
     config: dict[str, Any] = {}
+    if not os.environ.get("AWS_ACCESS_KEY_ID"):
+        config.update(profile_settings(options.profile))
+    endpoint = (options.endpoint or os.environ.get("AWS_ENDPOINT_URL")
+                or config.get("endpoint"))  # fmt: skip
     if options.endpoint:
         config["endpoint"] = options.endpoint
     if options.region:
         config["region"] = options.region
-    elif not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")):
+    elif not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+              or config.get("region")):  # fmt: skip
         config["region"] = "us-east-1"  # S3-compatible stores rarely care; AWS needs it set
     client: dict[str, Any] = {
         "timeout": timedelta(seconds=options.timeout),
@@ -145,15 +198,53 @@ class S3Object:
         self.name = folder.url_of(key)
         self.info = info
         self.size = info.size
+        self._ahead: dict[tuple[int, int], Future[bytes]] = {}
+        self._lock = threading.Lock()
 
     @property
     def identity(self) -> tuple[object, ...]:
         return (self.name, self.info.etag, self.size, self.info.mtime)
 
+    def prefetch(self, offset: int, size: int) -> None:
+        """Start fetching [offset, offset + size) in the background (the decant reader asks for
+        the chunk after the ones it is decoding ahead): sequential reads keep GETs in flight.
+        At most PREFETCH_KEEP ranges of up to PREFETCH_MAX bytes are held per object."""
+        if size <= 0 or size > PREFETCH_MAX or offset < 0 or offset + size > self.size:
+            return
+        with self._lock:
+            if (offset, size) in self._ahead:
+                return
+            while len(self._ahead) >= PREFETCH_KEEP:
+                self._ahead.pop(next(iter(self._ahead)))
+            self._ahead[(offset, size)] = self._folder.conn.pool.submit(self._fetch, offset, size)
+
     def read(self, offset: int, size: int) -> bytes:
         check_range(self, offset, size)
         if size == 0:
             return b""
+        if self._ahead:
+            with self._lock:
+                ahead = self._ahead.pop((offset, size), None)
+            # A pool thread never waits on a queued prefetch (read_many runs reads there).
+            usable = ahead is not None and (ahead.done() or not _in_pool())
+            if ahead is not None and usable:
+                with contextlib.suppress(StoreError):  # a failed prefetch: asked again below
+                    return ahead.result()
+        return self._fetch(offset, size)
+
+    def _fetch(self, offset: int, size: int) -> bytes:
+        """The range from the on-disk cache (--disk-cache) if it holds it, else a GET."""
+        cache = self._folder.conn.disk_cache
+        if cache is None or not self.info.etag:
+            return self._get(offset, size)
+        key = cache.key(self.name, self.info.etag, offset, size)
+        data = cache.get(key, size)
+        if data is None:
+            data = self._get(offset, size)
+            cache.put(key, data)
+        return data
+
+    def _get(self, offset: int, size: int) -> bytes:
         options: dict[str, Any] = {"range": (offset, offset + size)}
         if self.info.etag:
             options["if_match"] = self.info.etag
@@ -177,7 +268,12 @@ class S3Object:
         return list(self._folder.conn.pool.map(lambda r: self.read(*r), ranges))
 
     def close(self) -> None:
-        pass
+        with self._lock:
+            self._ahead.clear()
+
+
+def _in_pool() -> bool:
+    return threading.current_thread().name.startswith(POOL_PREFIX)
 
 
 class S3Connection:
@@ -188,6 +284,9 @@ class S3Connection:
         self.bucket = bucket
         self.options = options
         self.client = _client(bucket, options)
+        self.disk_cache: DiskCache | None = None
+        if options.disk_cache is not None:
+            self.disk_cache = DiskCache(options.disk_cache, options.disk_cache_size)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
@@ -196,7 +295,7 @@ class S3Connection:
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
-                    self.options.concurrency, thread_name_prefix="s3-get"
+                    self.options.concurrency, thread_name_prefix=POOL_PREFIX
                 )
             return self._pool
 

@@ -1,0 +1,408 @@
+"""`decant-mount s3://BUCKET/PREFIX MNT` against a real SeaweedFS, read through real mounts with
+real clients (sha256sum, cat, ls): every corpus layout byte-exact, a NAME.zarr/ prefix, a remount
+from the index, two hosts seeing each other's uploads and deletions, the store stopped and
+restarted under a reader, and wrong credentials refused at start."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import obstore
+import pytest
+from obstore.store import S3Store
+
+from tests.mount.conftest import HAVE_FUSE, Mount, is_mounted
+from tests.s3.conftest import WEED, S3Bucket, seaweed
+from vfs.decant.packer import PackResult
+
+pytestmark = [
+    pytest.mark.mount,
+    pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3"),
+]
+
+MountFactory = Callable[..., Mount]
+
+
+def client(bucket: S3Bucket) -> S3Store:
+    return S3Store(bucket.name, client_options={"allow_http": True})  # endpoint from AWS_*
+
+
+def sha256sum(path: Path) -> str:
+    """The digest `sha256sum` (a real client, reading through the mount) prints."""
+    out = subprocess.run(["sha256sum", str(path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()[0]
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> float:
+    start = time.monotonic()
+    while not check():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"{what}: not after {timeout} s")
+        time.sleep(0.2)
+    return time.monotonic() - start
+
+
+@pytest.fixture
+def bucket_mount(tmp_path: Path) -> Iterator[MountFactory]:
+    mounts: list[Mount] = []
+
+    def factory(url: str, *extra: str, name: str = "mnt", wait: bool = True) -> Mount:
+        m = Mount(url, tmp_path / name, tmp_path / f"{name}.log", tmp_path / f"{name}-index")  # type: ignore[arg-type]
+        mounts.append(m)
+        return m.start(*extra, wait=wait)
+
+    yield factory
+    for m in mounts:
+        m.stop()
+
+
+@pytest.fixture
+def uploaded(s3_bucket: S3Bucket, packed_corpus: dict[str, PackResult]) -> dict[str, str]:
+    """Every corpus file's archive at a/NAME.zarr.zip, and a plain object: name → key."""
+    store = client(s3_bucket)
+    keys = {}
+    for name, result in packed_corpus.items():
+        keys[name] = f"a/{name}.zarr.zip"
+        obstore.put(store, s3_bucket.key(keys[name]), result.archive.read_bytes())
+    obstore.put(store, s3_bucket.key("notes.txt"), b"plain object\n")
+    return keys
+
+
+def test_every_corpus_layout_reads_byte_exact_from_the_bucket(
+    s3_bucket: S3Bucket,
+    uploaded: dict[str, str],
+    corpus: dict[str, Path],
+    bucket_mount: MountFactory,
+) -> None:
+    m = bucket_mount(s3_bucket.url())
+    assert sorted(os.listdir(m.mnt)) == ["a", "notes.txt"]
+    assert sorted(os.listdir(m.mnt / "a")) == sorted(corpus)
+    wrong = [n for n in corpus if sha256sum(m.mnt / "a" / n) != digest(corpus[n])]
+    assert not wrong, f"not byte-exact through the bucket mount: {wrong}"
+    one = "tiled_chunky_rgb_u8_edge.tif"
+    cat = subprocess.run(["cat", str(m.mnt / "a" / one)], capture_output=True, timeout=30)
+    assert cat.stdout == corpus[one].read_bytes()
+    assert (m.mnt / "notes.txt").read_bytes() == b"plain object\n"
+    assert os.stat(m.mnt / "a" / one).st_size == corpus[one].stat().st_size
+    # Read-only for now: every write is EROFS.
+    with pytest.raises(OSError) as err:
+        (m.mnt / "new.txt").write_bytes(b"x")
+    assert err.value.errno == errno.EROFS
+    with pytest.raises(OSError) as err:
+        os.unlink(m.mnt / "notes.txt")
+    assert err.value.errno == errno.EROFS
+
+
+def test_without_f_the_command_returns_once_mounted(
+    s3_bucket: S3Bucket, uploaded: dict[str, str], corpus: dict[str, Path], tmp_path: Path
+) -> None:
+    """The daemonizing form: the bucket is checked in the forked child (obstore's runtime does
+    not survive a fork: a check before it made the child hang on its first request)."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    cmd = [sys.executable, "-m", "vfs.cli", s3_bucket.url(), str(mnt),
+           "--index-dir", str(tmp_path / "index"), "--log-file", str(tmp_path / "log")]  # fmt: skip
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 0, run.stderr
+        assert is_mounted(mnt)
+        name = "zlib_u16.tif"
+        assert sha256sum(mnt / "a" / name) == digest(corpus[name])
+    finally:
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True, check=False)
+    bad = subprocess.run([*cmd[:3], "s3://no-such-bucket-here/x", *cmd[4:]],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert bad.returncode == 1 and "no such bucket" in bad.stderr, bad.stderr
+
+
+def test_a_zarr_directory_archive_is_a_key_prefix(
+    s3_bucket: S3Bucket,
+    corpus: dict[str, Path],
+    tmp_path: Path,
+    bucket_mount: MountFactory,
+) -> None:
+    folder = tmp_path / "run1"
+    folder.mkdir()
+    names = ("striped_i16.tif", "zlib_u16.tif", "not_a_tiff.csv")
+    for name in names:
+        (folder / name).write_bytes(corpus[name].read_bytes())
+    packed = subprocess.run(
+        [sys.executable, "-m", "vfs.commands", "pack", str(folder), "--series",
+         "-o", str(tmp_path / "run1.zarr")], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert packed.returncode == 0, packed.stderr
+    store = client(s3_bucket)
+    archive = tmp_path / "run1.zarr"
+    for path in sorted(p for p in archive.rglob("*") if p.is_file()):
+        key = f"runs/run1.zarr/{path.relative_to(archive).as_posix()}"
+        obstore.put(store, s3_bucket.key(key), path.read_bytes())
+    m = bucket_mount(s3_bucket.url())
+    assert os.listdir(m.mnt / "runs") == ["run1"]
+    assert sorted(os.listdir(m.mnt / "runs" / "run1")) == sorted(names)
+    for name in names:
+        assert sha256sum(m.mnt / "runs" / "run1" / name) == digest(corpus[name]), name
+
+
+def test_a_remount_lists_from_the_index_without_a_get_per_archive(
+    s3_bucket: S3Bucket, uploaded: dict[str, str], bucket_mount: MountFactory
+) -> None:
+    first = bucket_mount(s3_bucket.url(), "--log-level", "DEBUG")
+    listed = subprocess.run(["ls", "-l", str(first.mnt / "a")], capture_output=True, text=True)
+    first.stop()
+    described = first.log_text().count("describing (not in the index)")
+    assert described == len(uploaded)
+    second = Mount(s3_bucket.url(), first.mnt, first.log.with_name("again.log"), first.index)  # type: ignore[arg-type]
+    try:
+        second.start("--log-level", "DEBUG")
+        again = subprocess.run(["ls", "-l", str(second.mnt / "a")], capture_output=True, text=True)
+        assert again.stdout == listed.stdout and again.returncode == 0
+        assert "describing (not in the index)" not in second.log_text()
+    finally:
+        second.stop()
+
+
+def test_two_hosts_see_each_others_uploads_and_deletions(
+    s3_bucket: S3Bucket,
+    uploaded: dict[str, str],
+    packed_corpus: dict[str, PackResult],
+    corpus: dict[str, Path],
+    bucket_mount: MountFactory,
+) -> None:
+    """Two mounts with their own index (two hosts); an archive uploaded while both are mounted
+    appears in both within the relist interval and both serve it; a deleted one disappears."""
+    relist = 2.0
+    hosts = [bucket_mount(s3_bucket.url(), "--relist", str(relist), name=f"host{i}")
+             for i in (1, 2)]  # fmt: skip
+    gone, new = "zlib_u16.tif", "striped_odd_u16_37x53.tif"
+    limit = 4 * relist + 5  # the interval, a kernel timeout, a loaded machine
+    for host in hosts:
+        assert gone in os.listdir(host.mnt / "a")
+    store = client(s3_bucket)
+    obstore.delete(store, s3_bucket.key(f"a/{gone}.zarr.zip"))
+    for host in hosts:
+        wait_for(lambda h=host: gone not in os.listdir(h.mnt / "a"), limit, f"{host}: deletion")
+        # A name the kernel looked up before stays until its entry expires (1 s) or the
+        # daemon's invalidation lands: then a lookup finds nothing.
+        wait_for(lambda h=host: not (h.mnt / "a" / gone).exists(), 3, f"{host}: lookup")
+    archive = packed_corpus[new].archive.read_bytes()
+    obstore.put(store, s3_bucket.key(f"b/{new}.zarr.zip"), archive)  # a new prefix
+    obstore.put(
+        store, s3_bucket.key(f"a/{gone}.zarr.zip"), packed_corpus[gone].archive.read_bytes()
+    )
+    for host in hosts:
+        wait_for(lambda h=host: "b" in os.listdir(h.mnt), limit, f"{host}: the new prefix")
+        assert sha256sum(host.mnt / "b" / new) == digest(corpus[new])
+        wait_for(lambda h=host: gone in os.listdir(h.mnt / "a"), limit, f"{host}: the upload")
+        assert sha256sum(host.mnt / "a" / gone) == digest(corpus[gone])
+
+
+def test_a_c4gh_package_in_the_bucket_serves_its_members(
+    s3_bucket: S3Bucket, tmp_path: Path, bucket_mount: MountFactory
+) -> None:
+    import io
+    import tarfile
+
+    from crypt4gh import lib as c4gh_lib
+
+    from tests.toolbox import load_tool
+
+    corpus = load_tool("make_c4gh_corpus")
+    node, writer = (corpus.make_keypair(tmp_path / "keys", n) for n in ("node", "writer"))
+    package = tmp_path / "run.tar.c4gh"
+    corpus.write_package(package, corpus.gdi_members(parquet_rows=(150000, 900)), writer, [node])
+    obstore.put(client(s3_bucket), s3_bucket.key("gdi/run.tar.c4gh"), package.read_bytes())
+    plain = io.BytesIO()
+    c4gh_lib.decrypt([(0, node.secret, None)], io.BytesIO(package.read_bytes()), plain)
+    with tarfile.open(fileobj=io.BytesIO(plain.getvalue())) as tar:
+        data = plain.getvalue()
+        expected = {m.name: data[m.offset_data : m.offset_data + m.size] for m in tar if m.isfile()}
+    m = bucket_mount(s3_bucket.url(), "--c4gh-key", str(node.secret_path))
+    (shown,) = os.listdir(m.mnt / "gdi")
+    top = m.mnt / "gdi" / shown
+    served = {p.relative_to(top).as_posix(): p for p in top.rglob("*") if p.is_file()}
+    assert set(served) == set(expected)
+    for name, path in served.items():
+        assert sha256sum(path) == hashlib.sha256(expected[name]).hexdigest(), name
+
+
+def test_the_disk_cache_is_bounded_and_reused_after_a_restart(
+    s3_bucket: S3Bucket, uploaded: dict[str, str], corpus: dict[str, Path], tmp_path: Path,
+    bucket_mount: MountFactory,
+) -> None:  # fmt: skip
+    cache = tmp_path / "ranges"
+    bound = 256 * 1024
+    names = ["tiled_chunky_u16.tif", "zstack_u16.tif", "imagej_hyperstack_tzc_u16.tif"]
+
+    def stored() -> dict[str, float]:
+        return {p.name: p.stat().st_mtime for p in cache.iterdir()}
+
+    first = bucket_mount(s3_bucket.url(), "--disk-cache", str(cache), "--disk-cache-size",
+                         str(bound), "--no-index")  # fmt: skip
+    for name in names:
+        assert sha256sum(first.mnt / "a" / name) == digest(corpus[name])
+    first.stop()
+    kept = stored()
+    assert kept and sum(p.stat().st_size for p in cache.iterdir()) <= bound
+    second = Mount(s3_bucket.url(), first.mnt, tmp_path / "second.log", first.index)  # type: ignore[arg-type]
+    try:
+        second.start("--disk-cache", str(cache), "--disk-cache-size", str(bound), "--no-index")
+        name = names[-1]  # read last: its ranges are the ones still kept
+        assert sha256sum(second.mnt / "a" / name) == digest(corpus[name])
+    finally:
+        second.stop()
+    again = stored()
+    assert any(again[k] > kept[k] for k in set(kept) & set(again)), "no kept range was used"
+    assert sum(p.stat().st_size for p in cache.iterdir()) <= bound
+
+
+# -- a server of our own: stopped and restarted, and one that checks credentials ---------------
+
+IDENTITIES = {
+    "identities": [
+        {"name": "anonymous", "actions": ["Admin", "Read", "List", "Tagging", "Write"]},
+        {
+            "name": "tester",
+            "credentials": [{"accessKey": seaweed.ACCESS_KEY, "secretKey": seaweed.SECRET_KEY}],
+            "actions": ["Admin", "Read", "List", "Tagging", "Write"],
+        },
+    ]
+}
+
+
+@pytest.fixture
+def own_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """A SeaweedFS that checks signatures (known key or unsigned; a wrong key is refused); the
+    AWS_* variables point at it for the test."""
+    assert WEED is not None
+    config = tmp_path / "s3.json"
+    config.write_text(json.dumps(IDENTITIES))
+    server = seaweed.SeaweedServer(tmp_path / "weed", WEED, extra_args=[f"-s3.config={config}"])
+    server.start()
+    try:
+        for key, value in server.env().items():
+            monkeypatch.setenv(key, value)
+        yield server
+    finally:
+        server.stop()
+
+
+def test_the_store_stopped_under_a_reader_gives_eio_and_reads_resume(
+    own_server: object,
+    packed_corpus: dict[str, PackResult],
+    corpus: dict[str, Path],
+    bucket_mount: MountFactory,
+) -> None:
+    endpoint = own_server.endpoint  # type: ignore[attr-defined]
+    bucket = own_server.create_bucket("faults")  # type: ignore[attr-defined]
+    store = S3Store(bucket, config={"endpoint": endpoint}, client_options={"allow_http": True})
+    names = ("striped_i16.tif", "tiled_f32_narrow.tif", "zlib_u16.tif", "lzw_u8.tif")
+    for name in names:
+        obstore.put(store, f"p/{name}.zarr.zip", packed_corpus[name].archive.read_bytes())
+    m = bucket_mount(f"s3://{bucket}/p", "--s3-endpoint", endpoint, "--s3-timeout", "2",
+                     "--s3-retries", "1")  # fmt: skip
+    first, held, later, hung = (m.mnt / n for n in names)
+    assert sha256sum(first) == digest(corpus[names[0]])
+    fd = os.open(held, os.O_RDONLY)  # opened while the store is up, read while it is down
+    try:
+        own_server.stop()  # type: ignore[attr-defined]
+        start = time.monotonic()
+        with pytest.raises(OSError) as err:
+            os.pread(fd, 4096, 0)
+        assert err.value.errno == errno.EIO
+        with pytest.raises(OSError) as err:
+            later.read_bytes()
+        assert err.value.errno == errno.EIO
+        assert time.monotonic() - start < 30, "a read waited past its bounded retries"
+        assert m.proc is not None and m.proc.poll() is None, "the daemon died with the store"
+        assert sorted(os.listdir(m.mnt)) == sorted(names)  # the last listing stays shown
+        own_server.start()  # type: ignore[attr-defined]
+        data = os.pread(fd, corpus[names[1]].stat().st_size + 1, 0)
+        assert data == corpus[names[1]].read_bytes()
+    finally:
+        os.close(fd)
+    assert sha256sum(later) == digest(corpus[names[2]])
+    # A store that stops answering (SIGSTOP: connections hang) rather than refusing: EIO once
+    # the request timeout and its retry are spent, then reads resume when it answers again.
+    proc = own_server.proc  # type: ignore[attr-defined]
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with pytest.raises(OSError) as err:
+            hung.read_bytes()
+        assert err.value.errno == errno.EIO
+        assert time.monotonic() - start < 3 * 2 + 10, "a read outlived its timeouts"
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    assert sha256sum(hung) == digest(corpus[names[3]])
+    assert is_mounted(m.mnt) and m.proc.poll() is None
+
+
+def test_wrong_credentials_are_a_clear_error_at_start(own_server: object, tmp_path: Path) -> None:
+    endpoint = own_server.endpoint  # type: ignore[attr-defined]
+    bucket = own_server.create_bucket("creds")  # type: ignore[attr-defined]
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    secret = "not-the-secret-1234"
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "nobody", "AWS_SECRET_ACCESS_KEY": secret}
+    run = subprocess.run(
+        [sys.executable, "-m", "vfs.cli", f"s3://{bucket}/p", str(mnt), "-f",
+         "--s3-endpoint", endpoint, "--index-dir", str(tmp_path / "index")],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert run.returncode == 1
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1, run.stderr
+    assert "access refused" in lines[0] and f"s3://{bucket}/p" in lines[0]
+    assert secret not in run.stderr and secret not in run.stdout
+    assert not is_mounted(mnt)
+    down = subprocess.run(
+        [sys.executable, "-m", "vfs.cli", f"s3://{bucket}/p", str(mnt), "-f",
+         "--s3-endpoint", "http://127.0.0.1:9", "--index-dir", str(tmp_path / "index")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert down.returncode == 1 and len(down.stderr.strip().splitlines()) == 1, down.stderr
+    assert "object store failed" in down.stderr
+
+
+def test_credentials_from_a_profile(
+    own_server: object, tmp_path: Path, bucket_mount: MountFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No AWS_ACCESS_KEY_ID: the profile named by --s3-profile is used (and a wrong one is
+    refused), from the shared credentials file as the AWS CLI reads it."""
+    endpoint = own_server.endpoint  # type: ignore[attr-defined]
+    bucket = own_server.create_bucket("profiles")  # type: ignore[attr-defined]
+    store = S3Store(bucket, config={"endpoint": endpoint}, client_options={"allow_http": True})
+    obstore.put(store, "p/hello.txt", b"from a profile\n")
+    creds = tmp_path / "credentials"
+    creds.write_text(
+        f"[lab]\naws_access_key_id = {seaweed.ACCESS_KEY}\n"
+        f"aws_secret_access_key = {seaweed.SECRET_KEY}\n"
+        "[stale]\naws_access_key_id = nobody\naws_secret_access_key = stale-secret-1234\n"
+    )
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(creds))
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(var)
+    m = bucket_mount(f"s3://{bucket}/p", "--s3-profile", "lab")
+    assert (m.mnt / "hello.txt").read_bytes() == b"from a profile\n"
+    (tmp_path / "other").mkdir()
+    refused = subprocess.run(
+        [sys.executable, "-m", "vfs.cli", f"s3://{bucket}/p", str(tmp_path / "other"), "-f",
+         "--s3-profile", "stale", "--index-dir", str(tmp_path / "index")],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert refused.returncode == 1 and "access refused" in refused.stderr
+    assert "stale-secret-1234" not in refused.stderr

@@ -1,0 +1,172 @@
+"""BucketTree without a server or a mount: listings presented with the local rules, the listing
+generation that stands in for a folder's mtime, a failed LIST keeping the last listing, the
+index keyed by object identity, and keys that cannot be names left out."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+
+from vfs.backends.decant import DecantBackend
+from vfs.backends.objects import BoundBackend, ObjectBackend
+from vfs.cache import PageCache
+from vfs.decant.packer import PackResult
+from vfs.errors import StoreError
+from vfs.mount.buckettree import BucketTree
+from vfs.mount.index import DescriptionIndex, stamp_of
+from vfs.stores.base import ObjectInfo, ObjectPath, join_key
+from vfs.stores.local import LocalFile
+
+
+class Blob:
+    def __init__(self, name: str, data: bytes) -> None:
+        self.name, self.data, self.size = name, data, len(data)
+
+    @property
+    def identity(self) -> tuple[object, ...]:
+        return (self.name, hashlib.md5(self.data).hexdigest())
+
+    def read(self, offset: int, size: int) -> bytes:
+        assert offset + size <= self.size
+        return self.data[offset : offset + size]
+
+    def read_many(self, ranges: list[tuple[int, int]]) -> list[bytes]:
+        return [self.read(o, n) for o, n in ranges]
+
+    def close(self) -> None:
+        pass
+
+
+class FakeBucket:
+    """A Folder with S3's listing shape (prefixes and objects one level down), counting LISTs."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        self.files = files
+        self.name = "s3://bkt/pre"
+        self.lists = 0
+        self.down = False
+
+    def _info(self, key: str) -> ObjectInfo:
+        data = self.files[key]
+        return ObjectInfo(key, len(data), 1_700_000_000.0, hashlib.md5(data).hexdigest())
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        return self._info(key) if key in self.files else None
+
+    def get(self, key: str) -> bytes | None:
+        return self.files.get(key)
+
+    def open(self, key: str) -> Blob:
+        return Blob(f"{self.name}/{key}", self.files[key])
+
+    def list_dir(self, prefix: str = "") -> tuple[list[str], list[ObjectInfo]]:
+        self.lists += 1
+        if self.down:
+            raise StoreError(f"{self.name}: listing: object store failed after retries")
+        cut = f"{prefix}/" if prefix else ""
+        dirs, files = set(), []
+        for key in sorted(self.files):
+            if key.startswith(cut):
+                rest = key[len(cut) :]
+                if "/" in rest:
+                    dirs.add(rest.split("/", 1)[0])
+                else:
+                    files.append(self._info(key))
+        return sorted(dirs), files
+
+    def sub(self, prefix: str) -> FakeBucket:
+        raise NotImplementedError
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        return [self._info(k) for k in sorted(self.files) if k.startswith(join_key(prefix, ""))]
+
+    def close(self) -> None:
+        pass
+
+
+def make_tree(bucket: FakeBucket, index: DescriptionIndex | None = None) -> BucketTree:
+    decant = DecantBackend(PageCache(8 << 20))
+    tree: BucketTree
+
+    def key_of(path: Path) -> str:
+        return tree.key_of(path)
+
+    bound = BoundBackend(decant, bucket, key_of, (".zarr.zip",), (".zarr",))
+    tree = BucketTree(bucket, ObjectPath.of_url(bucket.name), [bound], index, relist=3600)  # type: ignore[arg-type]
+    return tree
+
+
+@pytest.fixture
+def archive(packed_corpus: dict[str, PackResult]) -> tuple[str, bytes]:
+    name = "striped_i16.tif"
+    return name, packed_corpus[name].archive.read_bytes()
+
+
+def test_a_listing_is_presented_with_the_local_rules(archive: tuple[str, bytes]) -> None:
+    name, data = archive
+    bucket = FakeBucket({f"{name}.zarr.zip": data, "notes.txt": b"hello", "sub/x.bin": b"x",
+                         "..": b"dots", "a" * 300: b"long"})  # fmt: skip
+    tree = make_tree(bucket)
+    kids = tree.scan(tree.root)
+    assert sorted(kids) == sorted([name, "notes.txt", "sub"])
+    original = kids[name]
+    assert original.backend is not None and original.backend.name == "decant"
+    assert str(original.real) == f"s3://bkt/pre/{name}.zarr.zip"
+    assert original.xattrs["user.decant.archive"] == f"{name}.zarr.zip"
+    plain = kids["notes.txt"]
+    assert isinstance(plain.backend, ObjectBackend) and plain.size == 5
+    assert plain.backend.open(plain.real, "", plain.entry).read(0, 100) == b"hello"  # type: ignore[arg-type]
+    assert kids["sub"].is_dir and kids["sub"].backend is None
+    assert sorted(tree.scan(kids["sub"].real)) == ["x.bin"]
+    # An archive's name carries its listing identity: its stamp needs no request.
+    assert stamp_of(original.real)[:2] == (len(data), 1_700_000_000 * 10**9)
+    with pytest.raises(TypeError):
+        LocalFile(original.real)  # no os call reaches a local file of the same name
+
+
+def test_the_generation_moves_only_when_a_fresh_listing_differs() -> None:
+    bucket = FakeBucket({"a.bin": b"1"})
+    tree = make_tree(bucket)
+    first = tree.stamp_folder(tree.root)
+    assert tree.stamp_folder(tree.root) == first and bucket.lists == 1  # trusted for --relist
+    tree.expire()
+    assert tree.stamp_folder(tree.root) == first and bucket.lists == 2  # same objects
+    bucket.files["b.bin"] = b"2"
+    tree.expire()
+    assert tree.stamp_folder(tree.root) == first + 1
+    bucket.files["a.bin"] = b"replaced"  # same key, new ETag and size
+    tree.expire()
+    assert tree.stamp_folder(tree.root) == first + 2
+
+
+def test_a_failed_listing_keeps_the_last_one_and_the_first_one_raises() -> None:
+    bucket = FakeBucket({"a.bin": b"1"})
+    tree = make_tree(bucket)
+    assert sorted(tree.scan(tree.root)) == ["a.bin"]
+    bucket.down = True
+    tree.expire()
+    assert sorted(tree.scan(tree.root)) == ["a.bin"]
+    fresh = make_tree(bucket)
+    with pytest.raises(StoreError):
+        fresh.scan(fresh.root)
+
+
+def test_a_second_tree_describes_from_the_index(
+    archive: tuple[str, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    name, data = archive
+    bucket = FakeBucket({f"{name}.zarr.zip": data})
+    index = DescriptionIndex(tmp_path / "index.sqlite")
+    first = make_tree(bucket, index).scan(ObjectPath.of_url(bucket.name))
+    described: list[str] = []
+    real = DecantBackend.describe_at
+    monkeypatch.setattr(DecantBackend, "describe_at",
+                        lambda self, f, k: described.append(k) or real(self, f, k))  # fmt: skip
+    again = make_tree(bucket, index).scan(ObjectPath.of_url(bucket.name))
+    assert described == [] and again[name].entry == first[name].entry
+    bucket.files[f"{name}.zarr.zip"] = data + b"\0"  # replaced: a new ETag and size miss
+    make_tree(bucket, index).scan(ObjectPath.of_url(bucket.name))
+    assert described == [f"{name}.zarr.zip"]
+    index.close()

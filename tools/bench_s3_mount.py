@@ -1,0 +1,219 @@
+"""The mount figures of `tools/bench.py s3`: decant-mount s3://… against the same SeaweedFS.
+
+- sequential read (dd bs=1M) of a large original through a bucket mount ÷ one obstore GET of
+  the plain TIFF object (target ≥ 1.0), each cold: a fresh daemon with an empty index, caches
+  dropped;
+- cold random 4 KiB pread p99 through the mount ÷ p99 of one ranged 4 KiB GET (target ≤ 3);
+- `ls -l` of 1,000 archives from a warm index (fresh daemon, index kept; target ≤ 0.3 s);
+- warm reads (third dd, random preads) through the bucket mount vs a mount of a local SRC.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import obstore
+import tifffile
+from benchlib import (
+    MiB,
+    Report,
+    cpu_seconds,
+    dd_read,
+    drop_caches,
+    log,
+    mbps,
+    median,
+    mounted,
+    percentile,
+    time_ls,
+    timed_preads,
+)
+from obstore.store import S3Store
+
+from vfs.decant.packer import PackOptions, pack_file
+
+MANY = 1000
+
+
+def daemon(src: str | Path, mnt: Path, index: Path, logs: Path) -> list[str | Path]:
+    return [sys.executable, "-m", "vfs.cli", str(src), mnt, "-f", "--index-dir", index,
+            "--log-file", logs / f"{mnt.name}.log"]  # fmt: skip
+
+
+def run(report: Report, args: Any, work: Path, store: S3Store, bucket: str) -> None:
+    tif, archive = _inputs(work, args.mount_mib)
+    size = tif.stat().st_size
+    log(f"uploading the {size / MiB:.0f} MiB original and its archive")
+    obstore.put(store, f"plain/{tif.name}", tif.read_bytes(), chunk_size=16 * MiB)
+    obstore.put(store, f"big/{archive.name}", archive.read_bytes(), chunk_size=16 * MiB)
+    url, logs = f"s3://{bucket}/big", work / "logs"
+    logs.mkdir(exist_ok=True)
+    report.section(
+        f"bucket mount: {size / MiB:.0f} MiB original (--mount-mib {args.mount_mib}), archive "
+        f"{archive.stat().st_size / MiB:.0f} MiB; cold = fresh daemon, empty index, caches dropped"
+    )
+    _sequential(report, args, work, store, tif, url, logs)
+    _random(report, args, work, store, tif, archive, url, logs)
+    _listing(report, args, work, store, bucket, logs)
+    _warm(report, args, work, tif, archive, url, logs)
+
+
+def _inputs(work: Path, mib: int) -> tuple[Path, Path]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from make_corpus import write_stack
+
+    tif = work / f"stack-{mib}MiB.tif"
+    if not tif.exists():
+        log(f"generating {tif.name}")
+        write_stack(tif, mib / 1024)
+    archive = work / "local" / f"{tif.name}.zarr.zip"
+    if not archive.exists():
+        log("packing it")
+        archive.parent.mkdir(exist_ok=True)
+        pack_file(tif, archive, PackOptions())
+    return tif, archive
+
+
+def _fresh(work: Path, name: str) -> tuple[Path, Path]:
+    """A new mountpoint and an empty index folder."""
+    stamp = f"{name}-{time.monotonic_ns()}"
+    return work / "mnt" / stamp, work / "index" / stamp
+
+
+def _sequential(report: Report, args: Any, work: Path, store: S3Store, tif: Path, url: str,
+                logs: Path) -> None:  # fmt: skip
+    size = tif.stat().st_size
+    got, mounts = [], []
+    for _ in range(args.repeat):
+        start = time.perf_counter()
+        data = obstore.get(store, f"plain/{tif.name}").bytes()
+        got.append(time.perf_counter() - start)
+        assert len(data) == size
+        del data
+        mnt, index = _fresh(work, "seq")
+        drop_caches()
+        with mounted(daemon(url, mnt, index, logs), mnt, logs / "stderr.log"):
+            seconds, nbytes = dd_read(mnt / tif.name)
+            assert nbytes == size, f"dd read {nbytes} of {size} bytes"
+            mounts.append(seconds)
+    base, mount = mbps(size, min(got)), mbps(size, min(mounts))
+    report.add("obstore GET of the plain TIFF", f"{base:.0f} MB/s", f"best of {args.repeat}")
+    report.add("dd bs=1M through the bucket mount", f"{mount:.0f} MB/s",
+               f"best of {args.repeat}, cold; rounds {_list(size, mounts)}")  # fmt: skip
+    report.target("sequential: mount ÷ obstore download", mount / base, 1.0, "x", at_most=False)
+
+
+def _random(report: Report, args: Any, work: Path, store: S3Store, tif: Path, archive: Path,
+            url: str, logs: Path) -> None:  # fmt: skip
+    rng = random.Random(args.seed)
+    size, stored = tif.stat().st_size, archive.stat().st_size
+    offsets = [rng.randrange(size - 4096) for _ in range(args.mount_samples)]
+    key = f"big/{archive.name}"
+    gets = []
+    for off in (rng.randrange(stored - 4096) for _ in range(args.mount_samples)):
+        start = time.perf_counter()
+        obstore.get_range(store, key, start=off, length=4096)
+        gets.append(time.perf_counter() - start)
+    mnt, index = _fresh(work, "rand")
+    drop_caches()
+    with mounted(daemon(url, mnt, index, logs), mnt, logs / "stderr.log"):
+        preads = timed_preads(mnt / tif.name, offsets, evict=False)
+    got, p99 = percentile(gets, 99), percentile(preads, 99)
+    report.add("ranged 4 KiB GET of the archive", _lat(gets), f"{len(gets)} samples")
+    report.add("cold random 4 KiB pread, mount", _lat(preads),
+               f"{len(preads)} samples, one fresh daemon")  # fmt: skip
+    report.target("random: pread p99 ÷ GET p99", p99 / got, 3.0, "x", at_most=True)
+
+
+def _listing(report: Report, args: Any, work: Path, store: S3Store, bucket: str,
+             logs: Path) -> None:  # fmt: skip
+    folder = work / "many"
+    if not (folder / "done").exists():
+        log(f"packing {MANY} small archives")
+        folder.mkdir(exist_ok=True)
+        for i in range(MANY):
+            tif = folder / f"img{i:04d}.tif"
+            tifffile.imwrite(tif, np.full((16, 16), i % 65536, dtype=np.uint16))
+            pack_file(tif, folder / f"{tif.name}.zarr.zip", PackOptions())
+            tif.unlink()
+        (folder / "done").write_text("")
+    log(f"uploading {MANY} archives")
+    for path in sorted(folder.glob("*.zarr.zip")):
+        obstore.put(store, f"many/{path.name}", path.read_bytes())
+    url = f"s3://{bucket}/many"
+    mnt, index = _fresh(work, "many")
+    with mounted(daemon(url, mnt, index, logs), mnt, logs / "stderr.log"):
+        cold = time_ls(mnt)
+        shown = len(os.listdir(mnt))
+    times = []
+    for _ in range(args.repeat):
+        drop_caches()
+        with mounted(daemon(url, mnt, index, logs), mnt, logs / "stderr.log"):
+            times.append(time_ls(mnt))
+    report.add(f"ls -l of {shown} archives, empty index", f"{cold:.2f} s", "describes each (GETs)")
+    report.add(f"ls -l of {shown} archives, warm index", f"{min(times):.3f} s",
+               f"fresh daemon each; rounds {', '.join(f'{t:.3f}' for t in times)}")  # fmt: skip
+    report.target("ls -l warm index (worst round)", max(times), 0.3, "s", at_most=True)
+
+
+def _warm(report: Report, args: Any, work: Path, tif: Path, archive: Path, url: str,
+          logs: Path) -> None:  # fmt: skip
+    """Both mounts up at once; once each verified the file and went idle, their reads alternate
+    (the machine's load drifts: alternating keeps it from favouring one side)."""
+    size = tif.stat().st_size
+    rng = random.Random(args.seed + 1)
+    offsets = [rng.randrange(size - 4096) for _ in range(args.mount_samples)]
+    sides = (("local SRC", archive.parent), ("bucket", url))
+    mnts = {name: _fresh(work, "warm") for name, _src in sides}
+    with contextlib.ExitStack() as stack:
+        for name, src in sides:
+            mnt, index = mnts[name]
+            m = stack.enter_context(mounted(daemon(src, mnt, index, logs), mnt, logs / "e.log"))
+            # The first read verifies the file (then it opens with the kernel page cache), and
+            # the daemon then records every chunk's digest (reading the whole archive again).
+            dd_read(mnt / tif.name)
+            _wait_idle(m.pid)
+        times: dict[str, list[float]] = {name: [] for name, _src in sides}
+        for _ in range(2 + 2 * args.repeat):
+            for name, _src in sides:
+                times[name].append(dd_read(mnts[name][0] / tif.name)[0])
+        # The median, not the best: one read in several ran at 13 GB/s on this shared machine.
+        best = {name: mbps(size, median(t[2:])) for name, t in times.items()}
+        for name, _src in sides:
+            preads = timed_preads(mnts[name][0] / tif.name, offsets, evict=False)
+            report.add(f"warm dd, {name}", f"{best[name]:.0f} MB/s",
+                       f"median of reads 3-{len(times[name])} after verifying; all: "
+                       f"{_list(size, times[name])}")  # fmt: skip
+            report.add(f"warm random 4 KiB pread, {name}", _lat(preads))
+    # "As fast as a local SRC": both are served from the kernel's page cache once verified, so
+    # run-to-run noise decides the last few percent; within 10 % counts.
+    ratio = best["bucket"] / best["local SRC"]
+    report.target("warm sequential: bucket ÷ local SRC", ratio, 0.9, "x", at_most=False)
+
+
+def _wait_idle(pid: int, timeout: float = 120.0) -> None:
+    """Until the daemon used under 0.05 s of CPU in the last second."""
+    deadline = time.monotonic() + timeout
+    last = cpu_seconds(pid)
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = cpu_seconds(pid)
+        if now - last < 0.05:
+            return
+        last = now
+    log(f"warning: daemon {pid} still busy after {timeout:.0f} s")
+
+
+def _lat(samples: list[float]) -> str:
+    return f"p50 {percentile(samples, 50) * 1e3:.2f} ms  p99 {percentile(samples, 99) * 1e3:.2f} ms"
+
+
+def _list(size: int, times: list[float]) -> str:
+    return ", ".join(f"{mbps(size, t):.0f}" for t in times) + " MB/s"

@@ -1,0 +1,100 @@
+"""Backends bound to a bucket: the mount's `Backend` interface over (Folder, key) instead of paths.
+
+A mount of s3://BUCKET/PREFIX names each entry by an `ObjectPath` (see vfs.stores.base); these
+adapters turn it back into a key of the mounted folder and call the format backend's `*_at`
+methods, so the tree, the inode table and the read path stay the ones a local SRC uses. Plain
+objects (no format claims them) are served as they are by `ObjectBackend`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import PurePosixPath
+from typing import Any
+
+from vfs.backends.base import Description, Entry
+from vfs.stores.base import ByteSource, Folder, ObjectPath
+
+KeyOf = Callable[[PurePosixPath], str]
+
+
+class BoundBackend:
+    """One format backend reading archives of one bucket folder: `claims` by name only (a
+    listing gives names, and a HEAD per `.zarr/` prefix would cost a request per folder)."""
+
+    def __init__(self, inner: Any, folder: Folder, key_of: KeyOf, suffixes: tuple[str, ...],
+                 dir_suffixes: tuple[str, ...] = ()) -> None:  # fmt: skip
+        self.inner = inner
+        self.folder = folder
+        self.key_of = key_of
+        self.name: str = inner.name
+        self.describe_version = getattr(inner, "describe_version", 1)
+        self._suffixes = suffixes
+        self._dir_suffixes = dir_suffixes
+
+    def __getattr__(self, name: str) -> Any:  # mode_mask, authenticated, …: the format's own
+        if name == "chunk_digests":  # only for formats that record them (decant)
+            record = getattr(self.inner, "chunk_digests_at", None)
+            if record is None:
+                raise AttributeError(name)
+            return lambda path: record(self.folder, self.key_of(path))
+        return getattr(self.inner, name)
+
+    def claims(self, path: PurePosixPath, is_dir: bool) -> bool:
+        ends = self._dir_suffixes if is_dir else self._suffixes
+        return any(path.name.endswith(s) and len(path.name) > len(s) for s in ends)
+
+    def describe(self, path: PurePosixPath) -> Description:
+        return self.inner.describe_at(self.folder, self.key_of(path))  # type: ignore[no-any-return]
+
+    def open(self, path: PurePosixPath, member: str, entry: Entry) -> Any:
+        digests: Mapping[str, int] | None = None
+        lookup = getattr(self.inner, "digests", None)
+        if lookup is not None:
+            digests = lookup(path)
+        return self.inner.open_at(self.folder, self.key_of(path), member, entry, digests)
+
+
+class ObjectBackend:
+    """Objects no format claims, shown as they are: one presented file, read by ranged GETs."""
+
+    name = "object"
+    mode_mask = 0o444
+
+    def __init__(self, folder: Folder, key_of: KeyOf) -> None:
+        self.folder = folder
+        self.key_of = key_of
+
+    def claims(self, path: PurePosixPath, is_dir: bool) -> bool:
+        return not is_dir
+
+    def describe_info(self, path: ObjectPath) -> Description:
+        """No request: the listing gave the size."""
+        info = path.info
+        assert info is not None
+        return Description(path.name, Entry(size=info.size))
+
+    def describe(self, path: PurePosixPath) -> Description:
+        assert isinstance(path, ObjectPath)
+        return self.describe_info(path)
+
+    def open(self, path: PurePosixPath, member: str, entry: Entry) -> ObjectFile:
+        return ObjectFile(self.folder.open(self.key_of(path)))
+
+
+class ObjectFile:
+    """A plain object read by ranged GETs; a read past the end is short, as a file's is."""
+
+    def __init__(self, source: ByteSource) -> None:
+        self.source = source
+        self.size = source.size
+
+    def read(self, offset: int, size: int) -> bytes:
+        size = max(0, min(size, self.size - offset))
+        return self.source.read(offset, size) if size else b""
+
+    def readahead(self, offset: int) -> None:
+        pass
+
+    def close(self) -> None:
+        self.source.close()

@@ -1,0 +1,227 @@
+"""A bucket prefix as the mount presents it: the SourceTree rules over listings instead of scandir.
+
+Folders are key prefixes. Each folder's listing (one LIST with a delimiter) is kept for
+`relist` seconds; `stamp_folder` stands in for a real folder's mtime: a counter that moves when
+a fresh listing differs from the last, so the mount's ordinary rescan logic (merge, invalidate
+changed names) shows objects added or removed by other hosts. A listing that fails while an
+older one is known keeps the older one (the mount stays browsable while the store is down;
+reads fail with EIO). Pure and synchronous: the daemon calls it from worker threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import threading
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vfs.backends.base import Backend, Description, Entry
+from vfs.backends.objects import ObjectBackend
+from vfs.decant import MANIFEST_KEY, TEMP_PREFIX
+from vfs.errors import DecantError, ObjectChangedError, ObjectMissingError, StoreError
+from vfs.mount.index import DescriptionIndex, etag_number
+from vfs.mount.tree import SourceTree, index_key
+from vfs.names import name_problem
+from vfs.nodes import Node, archive_node, mirror_node
+from vfs.stores.base import Folder, ObjectInfo, ObjectPath, join_key
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RELIST = 30.0  # seconds; see README "Many hosts, one bucket"
+MAX_LISTED = 1_000_000  # entries of one folder kept; more are left out (and logged)
+
+
+@dataclass
+class _Listing:
+    at: float  # time.monotonic() of the last attempt
+    dirs: list[str] = field(default_factory=list)
+    files: list[ObjectInfo] = field(default_factory=list)
+    generation: int = 1
+    failed: bool = False
+
+
+class BucketTree(SourceTree):
+    def __init__(
+        self,
+        folder: Folder,
+        root: ObjectPath,
+        backends: Sequence[Backend],
+        index: DescriptionIndex | None = None,
+        relist: float = DEFAULT_RELIST,
+    ) -> None:
+        super().__init__(root, backends, (), index)  # type: ignore[arg-type]
+        self.folder = folder
+        self.relist = relist
+        self.objects = ObjectBackend(folder, self.key_of)
+        self._listings: dict[str, _Listing] = {}
+        self._lock = threading.Lock()
+        self._uid, self._gid = os.getuid(), os.getgid()
+        self._started_ns = time.time_ns()
+        self._root_url = str(root)
+        self._scanning = threading.local()  # the listing a worker thread's scan presents
+
+    def key_of(self, path: Path) -> str:
+        return "" if path == self.root else path.relative_to(self.root).as_posix()
+
+    def root_node(self) -> Node:
+        return mirror_node(self.root, self._dir_stat(""), False)
+
+    def statvfs(self) -> os.statvfs_result:
+        return os.statvfs(self.index.path.parent if self.index is not None else "/")
+
+    # -- listings --------------------------------------------------------------------------
+
+    def expire(self) -> None:
+        """Every listing is re-read at its next use (the periodic relist)."""
+        with self._lock:
+            for listing in self._listings.values():
+                listing.at = float("-inf")
+
+    def stamp_folder(self, folder: Path) -> int:
+        return self._listing(self.key_of(folder)).generation
+
+    def _listing(self, prefix: str) -> _Listing:
+        with self._lock:
+            listing = self._listings.get(prefix)
+        now = time.monotonic()
+        if listing is not None and now - listing.at < self.relist:
+            return listing
+        try:
+            dirs, files = self.folder.list_dir(prefix)
+        except StoreError as exc:
+            if listing is None:
+                raise
+            if not listing.failed:
+                log.warning("%s: cannot list (%s); showing the listing of %.0f s ago",
+                            self.folder.name, exc, now - listing.at)  # fmt: skip
+            listing.failed, listing.at = True, now  # tried again after `relist` seconds
+            return listing
+        if len(dirs) + len(files) > MAX_LISTED:
+            self._log_once(Path(prefix), f"{self.folder.name}/{prefix}: more than {MAX_LISTED} "
+                           "entries; the rest are not shown")  # fmt: skip
+            dirs, files = dirs[:MAX_LISTED], files[: max(0, MAX_LISTED - len(dirs))]
+        with self._lock:
+            old = self._listings.get(prefix)
+            fresh = _Listing(now, dirs, files, old.generation if old else 1)
+            if old is not None and (old.dirs != dirs or _ids(old.files) != _ids(files)):
+                fresh.generation = old.generation + 1
+            if old is not None and old.failed:
+                log.info("%s: listing again", self.folder.name)
+            self._listings[prefix] = fresh
+        return fresh
+
+    def scan(self, folder: Path) -> dict[str, Node]:
+        prefix = self.key_of(folder)
+        listing = self._listing(prefix)
+        found: list[tuple[str, os.stat_result]] = []
+        infos: dict[str, ObjectInfo] = {}
+        for name in listing.dirs:
+            if self._shown(folder, name):
+                found.append((name, self._dir_stat(join_key(prefix, name))))
+        for info in listing.files:
+            name = info.key.rpartition("/")[2]
+            if self._shown(folder, name):
+                infos[name] = info
+                found.append((name, _file_stat(info, self._uid, self._gid)))
+        self._scanning.infos = infos
+        try:
+            out, _regular = self._present(folder, found)
+        finally:
+            self._scanning.infos = {}
+        return out
+
+    def _shown(self, folder: Path, name: str) -> bool:
+        problem = name_problem(name) if name not in (".", "..") else "a dot name"
+        if problem is not None:
+            self._log_once(folder / "?", f"{folder}/{name[:80]!r}: not shown ({problem})")
+            return False
+        return not self._skipped(folder, name)
+
+    def _skipped(self, folder: Path, name: str) -> bool:
+        return name.startswith(TEMP_PREFIX)  # no mountpoint, spool or hidden names in a bucket
+
+    def _relative(self, path: Path) -> str:
+        return str(path)[len(self._root_url) + 1 :]
+
+    def entries(self, folder: Path, names: Sequence[str]) -> None:
+        return None  # only the write side asks, and a bucket mount has none
+
+    # -- the SourceTree hooks --------------------------------------------------------------
+
+    def _child(self, folder: Path, name: str) -> Path:
+        path = ObjectPath(folder) / name
+        path.info = getattr(self._scanning, "infos", {}).get(name)
+        return path
+
+    def _dir_stat(self, key: str) -> os.stat_result:
+        ino = zlib.crc32(key.encode()) | 1 << 40
+        return _make_stat(stat.S_IFDIR | 0o555, ino, 0, self._started_ns, self._uid, self._gid)
+
+    def _raw_node(self, path: Path, st: os.stat_result) -> Node:
+        if stat.S_ISDIR(st.st_mode):
+            return mirror_node(path, st, False)
+        entry = Entry(size=st.st_size)
+        return archive_node(self.objects, path, st, "", entry, self._relative(path))  # type: ignore[arg-type]
+
+    def _stat(self, path: Path) -> os.stat_result:
+        info = getattr(path, "info", None)
+        if info is None or isinstance(info, _DirInfo):
+            return self._dir_stat(self.key_of(path))
+        return _file_stat(info, self._uid, self._gid)
+
+    def _transient(self, exc: DecantError) -> bool:
+        return isinstance(exc, StoreError) and not isinstance(
+            exc, (ObjectMissingError, ObjectChangedError)
+        )
+
+    def _describe_fresh(self, backend: Backend, path: Path) -> Description | None:
+        log.debug("%s: describing (not in the index)", path)
+        return super()._describe_fresh(backend, path)
+
+    def describe(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:
+        self.archives_seen += 1
+        assert isinstance(path, ObjectPath)
+        if path.info is None:  # a NAME.zarr/ prefix: its manifest (written last) is its identity
+            manifest = self.folder.stat(join_key(self.key_of(path), MANIFEST_KEY))
+            if manifest is None:
+                return None
+            path.info = _DirInfo(manifest.key, manifest.size, manifest.mtime, manifest.etag)
+        url, key, info = str(path), index_key(backend), path.info
+        if self.index is not None:
+            cached = self.index.get_object(url, key, info)
+            if cached is not None:
+                return cached
+        desc = self._describe_fresh(backend, path)
+        if desc is not None and self.index is not None:
+            try:
+                self.index.put_object(url, key, info, desc)
+            except Exception as exc:  # sqlite3.Error, ValueError, RecursionError: re-described
+                self._log_once(path, f"{path}: not kept in the index ({exc})")
+        return desc
+
+
+@dataclass(frozen=True)
+class _DirInfo(ObjectInfo):
+    """The identity of a NAME.zarr/ archive: its manifest object's."""
+
+
+def _ids(files: list[ObjectInfo]) -> list[tuple[object, ...]]:
+    return [f.identity for f in files]
+
+
+def _file_stat(info: ObjectInfo, uid: int, gid: int) -> os.stat_result:
+    ino = etag_number(f"{info.key}\0{info.etag}") or 1
+    return _make_stat(stat.S_IFREG | 0o444, ino, info.size, int(info.mtime * 1e9), uid, gid)
+
+
+def _make_stat(mode: int, ino: int, size: int, mtime_ns: int, uid: int, gid: int) -> Any:
+    seconds = mtime_ns / 1e9
+    fields = (mode, ino, 0, 1, uid, gid, size, seconds, seconds, seconds)
+    ns = {"st_atime_ns": mtime_ns, "st_mtime_ns": mtime_ns, "st_ctime_ns": mtime_ns}
+    return os.stat_result(fields, ns)
