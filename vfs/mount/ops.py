@@ -333,6 +333,7 @@ class DecantOperations(pyfuse3.Operations):
         names: rsync asks for each name three times before it creates it. Names that appear
         without the kernel's knowing (SRC changed, a file dropped into the spool) are
         invalidated when the listing takes them (`_fresh`, `_show`)."""
+        COUNTERS.error(errno.ENOENT)  # what the caller sees, as if raised
         a = pyfuse3.EntryAttributes()
         a.st_ino = 0
         parent = self.inodes.get(parent_inode)
