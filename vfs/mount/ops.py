@@ -410,7 +410,7 @@ class DecantOperations(pyfuse3.Operations):
 
     def _open_reader(self, node: Node) -> RandomAccess:
         if node.backend is None:
-            return PlainFile(node.real)
+            return PlainFile(node.real, self.tree.root)
         assert node.entry is not None
         return node.backend.open(node.real, node.member, node.entry)
 
