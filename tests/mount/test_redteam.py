@@ -181,13 +181,6 @@ def test_read_through_a_file_swapped_for_a_symlink(swaps: Swaps, unprivileged: U
     still_serves(swaps)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: WriteSide._set chmods/chowns/utimes node.real by path as root, following a symlink "
-        "swapped in by the file's owner (chmod 0666 of any root file)"
-    ),
-)
 def test_chmod_through_a_file_swapped_for_a_symlink(swaps: Swaps, unprivileged: User) -> None:
     """fchmod/fchown/futimes on the user's own file after it became a link: the daemon must
     not chmod, chgrp or touch the link's target (root's file) on the user's behalf."""
@@ -201,13 +194,6 @@ def test_chmod_through_a_file_swapped_for_a_symlink(swaps: Swaps, unprivileged: 
     still_serves(swaps)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: open_for_write adopts the swapped-in symlink into the spool and os.open follows it:"
-        " the user overwrites any root file"
-    ),
-)
 def test_write_through_a_file_swapped_for_a_symlink(swaps: Swaps, unprivileged: User) -> None:
     """Opening the user's own file for writing after it became a link: the daemon adopts it
     into the spool and opens it there; it must never open the link's target for writing."""
@@ -249,13 +235,6 @@ def test_list_a_folder_swapped_for_a_symlink(swaps: Swaps, unprivileged: User) -
     still_serves(swaps)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: WriteSide.mkdir makes root/rel by path: a parent folder swapped for a link puts a "
-        "user-owned folder anywhere"
-    ),
-)
 def test_mkdir_in_a_folder_swapped_for_a_symlink(swaps: Swaps, unprivileged: User) -> None:
     """mkdir in the user's own folder after it became a link to a folder of root's: the daemon
     must not create (and chown to the user) a folder there."""
