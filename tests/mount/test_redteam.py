@@ -219,13 +219,6 @@ def test_open_of_a_file_swapped_for_a_fifo_does_not_hang(swaps: Swaps, unprivile
     still_serves(swaps)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: SourceTree.scan lists node.real by path, following a folder swapped for a link: "
-        "names (and 0644 files) of root's 0700 folders"
-    ),
-)
 def test_list_a_folder_swapped_for_a_symlink(swaps: Swaps, unprivileged: User) -> None:
     """The user's own folder, held open, becomes a link to root's 0700 folder: listing the
     descriptor again must not list (or open) what is inside root's folder."""

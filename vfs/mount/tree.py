@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vfs.backends.base import Backend, Description
+from vfs.beneath import open_beneath
 from vfs.decant import TEMP_PREFIX
 from vfs.errors import DecantError
 from vfs.mount.index import DescriptionIndex
@@ -64,14 +65,19 @@ class SourceTree:
     def scan(self, folder: Path) -> dict[str, Node]:
         """The presented children of a real folder of SRC."""
         found: list[tuple[str, os.stat_result]] = []
-        with os.scandir(folder) as it:
-            for de in it:
-                if self._skipped(folder, de.name):
-                    continue
-                try:
-                    found.append((de.name, de.stat(follow_symlinks=False)))
-                except OSError:
-                    continue  # vanished
+        # Reached without links: a folder swapped for one must not list its target (beneath.py).
+        fd = open_beneath(self.root, folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with os.scandir(fd) as it:
+                for de in it:
+                    if self._skipped(folder, de.name):
+                        continue
+                    try:
+                        found.append((de.name, de.stat(follow_symlinks=False)))
+                    except OSError:
+                        continue  # vanished
+        finally:
+            os.close(fd)
         out, regular = self._present(folder, found)
         if self.spool is not None:
             out.update(self._spooled(folder))
