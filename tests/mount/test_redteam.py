@@ -236,13 +236,6 @@ def test_mkdir_in_a_folder_swapped_for_a_symlink(swaps: Swaps, unprivileged: Use
     still_serves(swaps)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: publishing links the spooled file to folder/name by path: a folder swapped for a "
-        "link places the user's file in any folder of root's"
-    ),
-)
 def test_publish_into_a_folder_swapped_for_a_symlink(swaps: Swaps, unprivileged: User) -> None:
     """A file written into the user's folder, and the folder swapped for a link to root's
     folder before the file settles: publishing must not place the user's file there (think

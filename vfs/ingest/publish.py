@@ -10,6 +10,7 @@ Synchronous and FUSE-free: the pack queue calls it in worker threads.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from vfs.beneath import parent_fd
 from vfs.decant import TEMP_PREFIX
 from vfs.ingest.space import free_bytes
 
@@ -180,33 +182,45 @@ def _publish_plain(
         if signature(source.stat()) != signature(st):
             raise OSError(errno.EAGAIN, "changed while being copied", str(source))
         check(cancel)
-        place(staged, final, shadowed)
+        place(staged, final, shadowed, root=spool.src)
     finally:
         staged.unlink(missing_ok=True)
     return Published(relpath, final, "plain", signature=signature(st))
 
 
 def _link_into_place(spool: Spool, source: Path, final: Path, shadowed: Path) -> str:
-    """The spooled inode gets its final name too (the folder keeps its mtime)."""
+    """The spooled inode gets its final name too (the folder keeps its mtime). The folder is
+    reached from SRC without following links: its owner may have swapped it for one."""
     folder = final.parent
-    with _PLACING:
-        before = folder.stat()
-        try:
+    dfd = parent_fd(spool.src, final)
+    try:
+        with _PLACING:
+            before = os.stat(dfd)
             try:
-                os.link(source, final)
-            except FileExistsError:
-                if os.path.samefile(source, final):
-                    return "already"  # linked before a crash: only the spool name is left
-                staged = _staged(spool, folder, final.name)
                 try:
-                    os.link(source, staged)
-                    os.replace(staged, final)  # over an older file, atomically
-                finally:
-                    staged.unlink(missing_ok=True)
-            shadowed.unlink(missing_ok=True)  # an archive of the name the file replaces
-        finally:
-            os.utime(folder, ns=(before.st_atime_ns, before.st_mtime_ns))
+                    os.link(source, final.name, dst_dir_fd=dfd)
+                except FileExistsError:
+                    there = os.stat(final.name, dir_fd=dfd, follow_symlinks=False)
+                    if os.path.samestat(os.stat(source), there):
+                        return "already"  # linked before a crash: only the spool name is left
+                    staged = _staged(spool, folder, final.name)
+                    try:
+                        os.link(source, staged)
+                        os.replace(staged, final.name, dst_dir_fd=dfd)  # over an older file
+                    finally:
+                        staged.unlink(missing_ok=True)
+                with contextlib.suppress(FileNotFoundError):  # an archive the file replaces
+                    os.unlink(shadowed.name, dir_fd=dfd)
+            finally:
+                os.utime(_fd_path(dfd), ns=(before.st_atime_ns, before.st_mtime_ns))
+    finally:
+        os.close(dfd)
     return "plain"
+
+
+def _fd_path(fd: int) -> str:
+    """The folder an O_PATH descriptor holds, for calls that take no descriptor."""
+    return f"/proc/self/fd/{fd}"
 
 
 def copy_sparse(source: Path, dest: Path, cancel: threading.Event | None) -> None:
@@ -308,7 +322,8 @@ def _publish_archive(
         result = pack_file(source, staged, options or PackOptions(), progress)
         check(cancel)  # stopping: do not publish what was finished meanwhile
         apply_metadata(staged, st)
-        place(staged, target, folder / name, durable)  # a real file of that name shadows it
+        # A real file of that name shadows the archive: `place` drops it.
+        place(staged, target, folder / name, durable, spool.src)
     finally:
         staged.unlink(missing_ok=True)
     return Published(relpath, target, result.mode, result.reason, signature(st), durable)
@@ -388,7 +403,9 @@ def _same_fs(a: Path, b: Path) -> bool:
     return os.stat(a).st_dev == os.stat(b).st_dev
 
 
-def place(staged: Path, final: Path, shadowed: Path, durable: bool = True) -> None:
+def place(
+    staged: Path, final: Path, shadowed: Path, durable: bool = True, root: Path | None = None
+) -> None:
     """Rename a verified file to its final name and drop the entry it replaces in the mount
     (a plain file shadowing a new archive, or the archive a plain file replaces). The folder
     keeps its mtime: publishing changes nothing the mount shows, and a second `rsync -a`
@@ -401,16 +418,20 @@ def place(staged: Path, final: Path, shadowed: Path, durable: bool = True) -> No
             os.fsync(fd)  # its bytes and the metadata just given, before the name points at it
         finally:
             os.close(fd)
-    folder = final.parent
-    with _PLACING:  # two workers placing into one folder must not restore each other's mtime
-        before = folder.stat()
-        os.replace(staged, final)
-        try:
-            shadowed.unlink(missing_ok=True)
-        finally:
-            if durable:
-                fsync_dir(folder)
-            os.utime(folder, ns=(before.st_atime_ns, before.st_mtime_ns))
+    dfd = parent_fd(root or final.parent, final)  # reached without links: see _link_into_place
+    try:
+        with _PLACING:  # two workers placing into one folder must not restore each other's mtime
+            before = os.stat(dfd)
+            os.replace(staged, final.name, dst_dir_fd=dfd)
+            try:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(shadowed.name, dir_fd=dfd)
+            finally:
+                if durable:
+                    fsync_dir(Path(_fd_path(dfd)))
+                os.utime(_fd_path(dfd), ns=(before.st_atime_ns, before.st_mtime_ns))
+    finally:
+        os.close(dfd)
 
 
 def sync_placed(targets: list[Path]) -> None:
