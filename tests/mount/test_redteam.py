@@ -245,13 +245,6 @@ def test_publish_into_a_folder_swapped_for_a_symlink(swaps: Swaps, unprivileged:
     still_serves(swaps)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: backends open node.real by path, following a link swapped in for the user's "
-        "archive: root's 0600 archive decoded and served before any hash can object"
-    ),
-)
 def test_read_through_an_archive_swapped_for_a_symlink(
     swaps: Swaps, unprivileged: User, tmp_path: Path
 ) -> None:

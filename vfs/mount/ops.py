@@ -412,7 +412,14 @@ class DecantOperations(pyfuse3.Operations):
         if node.backend is None:
             return PlainFile(node.real, self.tree.root)
         assert node.entry is not None
-        return node.backend.open(node.real, node.member, node.entry)
+        reader = node.backend.open(node.real, node.member, node.entry)
+        opened = getattr(reader, "opened", None)
+        if opened is not None and len(node.version) == 3 and opened != node.version:
+            # Not the archive listed: replaced since, or swapped for a link by the folder's
+            # owner (which must not make root decode someone else's archive for them).
+            reader.close()
+            raise OSError(errno.ESTALE, "the archive changed since it was listed", str(node.real))
+        return reader
 
     def _is_verified(self, node: Node) -> bool:
         index = self.tree.index
