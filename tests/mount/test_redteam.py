@@ -94,6 +94,22 @@ elif what == "publish":
     os.close(fd)                             # published once settled (0.5 s)
     time.sleep(4)
     out["done"] = True
+elif what in ("rename", "rmdir"):
+    os.mkdir(p["real"])
+    inner = p["real"] + "/" + p["inner"]
+    if what == "rename":
+        mine(p["real"] + ".mine")
+        shown(p["shown"] + ".mine")
+    else:
+        os.mkdir(inner)
+        shown(p["shown"] + "/" + p["inner"])
+    dfd = os.open(p["shown"], os.O_RDONLY | os.O_DIRECTORY)
+    os.listdir(dfd)
+    swap(p["real"], lambda t: os.symlink(p["target"], t))
+    if what == "rename":                     # into the folder, by its descriptor
+        step("rename", lambda: os.rename(p["shown"] + ".mine", "planted", dst_dir_fd=dfd))
+    else:
+        step("rmdir", lambda: os.rmdir(p["inner"], dir_fd=dfd))
 elif what in ("list", "mkdir"):
     os.mkdir(p["real"])
     shown(p["shown"])
@@ -159,7 +175,7 @@ def attack(
     u: User, s: Swaps, what: str, name: str, target: Path, timeout: float = 20.0, shown: str = ""
 ) -> dict[str, Any]:
     paths = {"real": s.src / "userdir" / name, "shown": s.m.mnt / "userdir" / (shown or name),
-             "target": target}  # fmt: skip
+             "target": target, "inner": "keep"}  # fmt: skip
     args = json.dumps({k: str(v) for k, v in paths.items()})
     done = u.run(str(SYSTEM_PYTHON), "-I", "-c", ATTACK, what, args, timeout=timeout)
     assert done.returncode == 0, done.stderr
@@ -265,6 +281,50 @@ def test_read_through_an_archive_swapped_for_a_symlink(
                  swaps.base / "victim.bin.zarr.zip", shown="mine.bin")  # fmt: skip
     assert "root's secret" not in str(got["read"]), str(got)[:200]
     still_serves(swaps)
+
+
+def test_rename_into_a_folder_swapped_for_a_symlink(swaps: Swaps, unprivileged: User) -> None:
+    """rename(2) of the user's own file into their folder (by its descriptor) after the
+    folder became a link to root's folder: the file must not land in root's folder."""
+    got = attack(unprivileged, swaps, "rename", "n", swaps.public)
+    assert os.listdir(swaps.public) == [], got
+    still_serves(swaps)
+
+
+def test_rmdir_in_a_folder_swapped_for_a_symlink(swaps: Swaps, unprivileged: User) -> None:
+    """rmdir of an (empty) folder the user made, after its parent became a link to root's
+    folder holding an empty folder of that name: root's folder must stay."""
+    roots = swaps.base / "roots-folder"
+    (roots / "keep").mkdir(parents=True)
+    got = attack(unprivileged, swaps, "rmdir", "o", roots)
+    assert (roots / "keep").is_dir(), got
+    still_serves(swaps)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "BUG: .decant-status (0444, for everyone) lists the relpath and reason of every failed or"
+        " waiting file, names in other users' 0700 folders included"
+    ),
+)
+def test_the_status_file_names_no_file_of_root_s_private_folder(
+    swaps: Swaps, unprivileged: User
+) -> None:
+    """`.decant-status` is readable by everyone: the files it names as failed (with reasons)
+    must not include what the reader could not even list, like a file in root's 0700 folder."""
+    private = swaps.m.mnt / "private"
+    private.mkdir(mode=0o700)
+    (private / "offer-for-carol.csv").write_bytes(b"root's private file\n")  # spooled
+    (swaps.src / "private" / "offer-for-carol.csv").mkdir()  # its name taken: publish fails
+    deadline = time.monotonic() + 20
+    while "offer-for-carol" not in (swaps.m.mnt / ".decant-status").read_text():
+        assert time.monotonic() < deadline, "never reported as failed"
+        time.sleep(0.2)
+    assert unprivileged.errno_of("os.listdir(p)", p=private) == errno.EACCES  # control
+    seen = unprivileged.run("cat", str(swaps.m.mnt / ".decant-status"))
+    assert seen.returncode == 0, seen.stderr
+    assert "offer-for-carol" not in seen.stdout, seen.stdout
 
 
 def test_the_targets_are_out_of_the_users_reach(swaps: Swaps, unprivileged: User) -> None:

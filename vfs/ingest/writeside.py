@@ -13,6 +13,8 @@ import errno
 import os
 import shutil
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,8 +159,13 @@ class WriteSide:
         if node.backend is not None:
             raise refuse(errno.EPERM, f"{node.real}: archived originals cannot be renamed")
         target = self.root / new_rel
-        with placing_lock():
-            os.rename(node.real, target)
+        # Both folders reached without links: vfs/beneath.py.
+        with (
+            _folder_of(self.root, node.real) as sfd,
+            _folder_of(self.root, target) as dfd,
+            placing_lock(),
+        ):
+            os.rename(node.real.name, target.name, src_dir_fd=sfd, dst_dir_fd=dfd)
         if node.is_dir and self.spool.path(old_rel).is_dir():
             self.spool.rename(old_rel, new_rel)  # files still spooled inside move along
         return self.refresh(_moved(node, target))
@@ -173,25 +180,23 @@ class WriteSide:
             raise refuse(errno.EPERM, f"{node.real}: deleting needs decant-mount --allow-delete")
         if node.member:
             raise refuse(errno.EPERM, f"{node.real}: members of an archive cannot be deleted")
-        with placing_lock():
-            if node.real.is_dir():
-                shutil.rmtree(node.real)  # a directory archive (NAME.zarr/)
+        name = node.real.name
+        with _folder_of(self.root, node.real) as dfd, placing_lock():
+            if stat.S_ISDIR(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode):
+                shutil.rmtree(name, dir_fd=dfd)  # a directory archive (NAME.zarr/)
             else:
-                node.real.unlink()
+                os.unlink(name, dir_fd=dfd)
 
     def mkdir(self, parent: Node, name: str, mode: int, uid: int, gid: int) -> Node:
         rel = self._rel(parent, name)
         self._need_room(0, rel)
         path = self.root / rel
-        dfd = parent_fd(self.root, path)  # its folder, reached without links: vfs/beneath.py
-        try:
+        with _folder_of(self.root, path) as dfd:
             with placing_lock():
                 os.mkdir(name, stat.S_IMODE(mode), dir_fd=dfd)
             if os.geteuid() == 0:
                 os.chown(name, uid, gid, dir_fd=dfd, follow_symlinks=False)
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
-        finally:
-            os.close(dfd)
         return mirror_node(path, st, writable=True)
 
     def rmdir(self, parent: Node, name: str, node: Node) -> None:
@@ -200,9 +205,20 @@ class WriteSide:
         rel = self._rel(parent, name)
         if self.spool.listdir(rel):
             raise refuse(errno.ENOTEMPTY, name)
-        with placing_lock():
-            os.rmdir(node.real)
+        with _folder_of(self.root, node.real) as dfd, placing_lock():
+            os.rmdir(node.real.name, dir_fd=dfd)
         self.spool.prune_dirs(rel)
+
+
+@contextmanager
+def _folder_of(root: Path, path: Path) -> Iterator[int]:
+    """The folder holding `path`, reached from SRC without following a link: its owner may have
+    swapped it (or a folder above it) for one since the mount looked (vfs/beneath.py)."""
+    fd = parent_fd(root, path)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _moved(node: Node, target: Path) -> Node:
