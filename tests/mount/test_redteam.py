@@ -301,13 +301,6 @@ def test_rmdir_in_a_folder_swapped_for_a_symlink(swaps: Swaps, unprivileged: Use
     still_serves(swaps)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: .decant-status (0444, for everyone) lists the relpath and reason of every failed or"
-        " waiting file, names in other users' 0700 folders included"
-    ),
-)
 def test_the_status_file_names_no_file_of_root_s_private_folder(
     swaps: Swaps, unprivileged: User
 ) -> None:

@@ -277,8 +277,25 @@ class DecantOperations(pyfuse3.Operations):
         doc["daemon"] = daemon_section(self.cache, self.integrity, len(self.inodes))
         return doc
 
-    def status_bytes(self) -> bytes:
-        return (json.dumps(self.status(), indent=1) + "\n").encode()
+    def status_bytes(self, viewer: int = 0) -> bytes:
+        """The status as JSON. It is readable by everyone: a caller other than root sees only
+        its own files among those named (failed, waiting for space), never names from folders
+        it may not list."""
+        doc = self.status()
+        if viewer != 0:
+            for key in ("failed", "waiting_for_space"):
+                listed = doc.get(key)
+                if isinstance(listed, list):
+                    doc[key] = [e for e in listed if self._spooled_by(e.get("path"), viewer)]
+        return (json.dumps(doc, indent=1) + "\n").encode()
+
+    def _spooled_by(self, relpath: object, uid: int) -> bool:
+        if self.writer is None or not isinstance(relpath, str):
+            return False
+        try:
+            return os.lstat(self.writer.spool.path(relpath)).st_uid == uid
+        except OSError:
+            return False
 
     # -- namespace handlers ----------------------------------------------------------------
 
@@ -382,7 +399,7 @@ class DecantOperations(pyfuse3.Operations):
             if self._is_status(node):
                 if writing:
                     raise _fail(errno.EACCES)
-                handle = OpenFile(node, inode, BytesFile(self.status_bytes()))
+                handle = OpenFile(node, inode, BytesFile(self.status_bytes(ctx.uid)))
                 return self._new_handle(handle, direct_io=True)
             if writing:
                 return await self._open_for_write(inode, node, flags)
