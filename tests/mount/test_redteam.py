@@ -18,6 +18,7 @@ import os
 import stat
 import subprocess
 import time
+import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -279,6 +280,32 @@ def test_read_through_an_archive_swapped_for_a_symlink(
             out.chmod(0o600)
     got = attack(unprivileged, swaps, "archive", "mine.bin.zarr.zip",
                  swaps.base / "victim.bin.zarr.zip", shown="mine.bin")  # fmt: skip
+    assert "root's secret" not in str(got["read"]), str(got)[:200]
+    still_serves(swaps)
+
+
+def test_read_through_a_folder_archive_swapped_for_a_symlink(
+    swaps: Swaps, unprivileged: User, tmp_path: Path
+) -> None:
+    """The same with `.zarr/` folder archives: the user's own, swapped for a link to root's
+    (in a 0700 folder) while its original is open."""
+    secret_text = SECRET * 8000
+    vault = swaps.base / "vault2"
+    vault.mkdir(mode=0o700)
+    mine = b"m" * len(secret_text)
+    for name, data, where in (("victim2", secret_text, vault),
+                              ("mine2", mine, swaps.src / "userdir")):  # fmt: skip
+        (tmp_path / f"{name}.bin").write_bytes(data)
+        packed = tmp_path / f"{name}.bin.zarr.zip"
+        pack_file(tmp_path / f"{name}.bin", packed, PackOptions(mode="verbatim"))
+        folder = where / f"{name}.bin.zarr"
+        with zipfile.ZipFile(packed) as zf:
+            zf.extractall(folder)  # the same keys as files: a directory archive
+        if where != vault:
+            for path in (folder, *folder.rglob("*")):
+                os.chown(path, unprivileged.uid, unprivileged.gid)
+    got = attack(unprivileged, swaps, "archive", "mine2.bin.zarr",
+                 vault / "victim2.bin.zarr", shown="mine2.bin")  # fmt: skip
     assert "root's secret" not in str(got["read"]), str(got)[:200]
     still_serves(swaps)
 
