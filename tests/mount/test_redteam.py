@@ -27,7 +27,10 @@ from typing import Any
 import pytest
 
 from tests.mount.conftest import SYSTEM_PYTHON, Mount, User, open_tmp
+from tests.toolbox import load_tool
 from vfs.decant.packer import PackOptions, pack_file
+
+corpus = load_tool("make_c4gh_corpus")
 
 SECRET = b"root's secret: never through the mount\n"
 
@@ -85,7 +88,8 @@ elif what == "archive":
     fd = os.open(p["shown"], os.O_RDONLY)
     os.read(fd, 16)                          # the daemon has opened the user's own archive
     swap(p["real"], lambda t: os.symlink(p["target"], t))
-    step("read", lambda: os.read(os.open("/proc/self/fd/%d" % fd, os.O_RDONLY), 4096))
+    again = "/proc/self/fd/%d" % fd          # read where the kernel has cached nothing
+    step("read", lambda: os.pread(os.open(again, os.O_RDONLY), 4096, int(p["offset"])))
 elif what == "publish":
     os.mkdir(p["real"])
     shown(p["shown"])
@@ -134,6 +138,7 @@ class Swaps:
     vault: Path  # root's 0700 folder outside SRC
     base: Path
     public: Path  # root's 0755 folder outside SRC, which nobody else may write
+    keys: dict[str, Any]  # crypt4gh key pairs: the mount's ("node") and a package writer's
 
     def secret(self, name: str) -> Path:
         """A root's 0600 file outside SRC, one per attack (a successful one changes it)."""
@@ -155,10 +160,11 @@ def swaps(tmp_path_factory: pytest.TempPathFactory, unprivileged: User) -> Itera
     (vault / "inside.txt").write_bytes(b"0644, but in root's 0700 folder\n")
     (vault / "inside.txt").chmod(0o644)
     public.mkdir(mode=0o755)
+    keys = {n: corpus.make_keypair(base / "keys", n) for n in ("node", "writer")}
     m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
-    m.start("-o", "allow_other", "--settle", "0.5")
+    m.start("-o", "allow_other", "--settle", "0.5", "--c4gh-key", str(keys["node"].secret_path))
     try:
-        yield Swaps(m, src, vault, base, public)
+        yield Swaps(m, src, vault, base, public, keys)
     finally:
         unblock_fifos(src)
         m.stop()
@@ -173,10 +179,17 @@ def unblock_fifos(src: Path) -> None:
 
 
 def attack(
-    u: User, s: Swaps, what: str, name: str, target: Path, timeout: float = 20.0, shown: str = ""
+    u: User,
+    s: Swaps,
+    what: str,
+    name: str,
+    target: Path,
+    timeout: float = 20.0,
+    shown: str = "",
+    offset: int = 0,
 ) -> dict[str, Any]:
     paths = {"real": s.src / "userdir" / name, "shown": s.m.mnt / "userdir" / (shown or name),
-             "target": target, "inner": "keep"}  # fmt: skip
+             "target": target, "inner": "keep", "offset": offset}  # fmt: skip
     args = json.dumps({k: str(v) for k, v in paths.items()})
     done = u.run(str(SYSTEM_PYTHON), "-I", "-c", ATTACK, what, args, timeout=timeout)
     assert done.returncode == 0, done.stderr
@@ -280,6 +293,25 @@ def test_read_through_an_archive_swapped_for_a_symlink(
             out.chmod(0o600)
     got = attack(unprivileged, swaps, "archive", "mine.bin.zarr.zip",
                  swaps.base / "victim.bin.zarr.zip", shown="mine.bin")  # fmt: skip
+    assert "root's secret" not in str(got["read"]), str(got)[:200]
+    still_serves(swaps)
+
+
+def test_read_through_a_package_swapped_for_a_symlink(swaps: Swaps, unprivileged: User) -> None:
+    """The same with GDI packages: the user's own package (encrypted to the node's public key,
+    which anyone may do), swapped for a link to root's 0600 package while a member is open,
+    must not make the daemon decrypt root's package for the user."""
+    secret_text = SECRET * ((4 << 20) // len(SECRET))  # 4 MiB: far past the kernel's read-ahead
+    vault = swaps.base / "vault3"
+    vault.mkdir(mode=0o700)
+    node, writer = swaps.keys["node"], swaps.keys["writer"]
+    victim, mine = vault / "victim.tar.c4gh", swaps.src / "userdir" / "mine.tar.c4gh"
+    corpus.write_package(victim, [("data.txt", secret_text)], writer, [node])
+    victim.chmod(0o600)
+    corpus.write_package(mine, [("data.txt", b"m" * len(secret_text))], writer, [node])
+    os.chown(mine, unprivileged.uid, unprivileged.gid)
+    got = attack(unprivileged, swaps, "archive", "mine.tar.c4gh", victim,
+                 shown="mine.tar.c4gh/data.txt", offset=3 << 20)  # fmt: skip
     assert "root's secret" not in str(got["read"]), str(got)[:200]
     still_serves(swaps)
 
