@@ -66,6 +66,15 @@ def not_shown(path: Path, st: os.stat_result) -> OSError:
                    str(path))  # fmt: skip
 
 
+def stat_beneath(root: Path, path: Path) -> os.stat_result:
+    """lstat of `path` reached from `root` without following a link on the way."""
+    fd = open_beneath(root, path, os.O_PATH)
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def entry_path(root: Path, path: Path) -> Iterator[str]:
     """A path naming exactly the file or folder at `path` as reached without links (its
@@ -80,4 +89,4 @@ def entry_path(root: Path, path: Path) -> Iterator[str]:
         os.close(fd)
 
 
-__all__ = ["entry_path", "not_shown", "open_beneath", "parent_fd"]
+__all__ = ["entry_path", "not_shown", "open_beneath", "parent_fd", "stat_beneath"]

@@ -59,7 +59,7 @@ def shown(path):
     deadline = time.monotonic() + 15          # until the watcher or a re-check shows it
     while not os.path.exists(path) and time.monotonic() < deadline:
         time.sleep(0.1)
-if what in ("read", "chmod", "write", "fifo"):
+if what in ("read", "chmod", "write", "fifo", "stat"):
     mine(p["real"])
     shown(p["shown"])
     fd = os.open(p["shown"], os.O_RDONLY)   # the kernel and the daemon know the inode now
@@ -69,7 +69,10 @@ if what in ("read", "chmod", "write", "fifo"):
     else:
         swap(p["real"], lambda t: os.symlink(p["target"], t))
     again = "/proc/self/fd/%d" % fd         # the same inode, without a fresh lookup
-    if what == "read" or what == "fifo":
+    if what == "stat":
+        time.sleep(2.5)                      # past the attribute timeout: the kernel asks again
+        step("stat", lambda: [os.fstat(fd).st_size, os.fstat(fd).st_uid])
+    elif what == "read" or what == "fifo":
         step("read", lambda: os.read(os.open(again, os.O_RDONLY), 4096))
     elif what == "chmod":
         step("fchmod", lambda: os.fchmod(fd, 0o666))
@@ -208,6 +211,16 @@ def test_read_through_a_file_swapped_for_a_symlink(swaps: Swaps, unprivileged: U
     the same inode must not make the daemon open the link's target as root."""
     got = attack(unprivileged, swaps, "read", "r.txt", swaps.secret("read"))
     assert "root's secret" not in str(got["read"]), got
+    still_serves(swaps)
+
+
+def test_stat_through_a_file_swapped_for_a_symlink(swaps: Swaps, unprivileged: User) -> None:
+    """fstat of the user's own file after it became a link to root's file in a 0700 folder:
+    the daemon must not report the target's size and owner (it stats by path)."""
+    hidden = swaps.vault / "sized.txt"
+    hidden.write_bytes(b"x" * 12345)
+    got = attack(unprivileged, swaps, "stat", "s.txt", hidden)
+    assert got["stat"] != [12345, 0], got
     still_serves(swaps)
 
 

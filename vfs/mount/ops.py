@@ -25,6 +25,7 @@ import trio
 
 from vfs.backends.base import RandomAccess
 from vfs.backends.plain import BytesFile, PlainFile, SpoolFile
+from vfs.beneath import stat_beneath
 from vfs.cache import PageCache
 from vfs.errors import DecantError
 from vfs.ingest.queue import PackQueue
@@ -331,8 +332,11 @@ class DecantOperations(pyfuse3.Operations):
             elif self._is_status(node):
                 node.size = len(self.status_bytes())
             elif node.backend is None and not node.is_dir:
-                # A mirrored file may be rewritten in SRC without its folder changing.
-                st = await trio.to_thread.run_sync(os.stat, node.real)
+                # A mirrored file may be rewritten in SRC without its folder changing. Reached
+                # without links: one swapped in must not lend the mount its target's attributes.
+                st = await trio.to_thread.run_sync(stat_beneath, self.tree.root, node.real)
+                if not stat.S_ISREG(st.st_mode):
+                    raise _fail(errno.ENOENT)
                 node = mirror_node(node.real, st, self.tree.writable)
                 self.inodes.replace(inode, node)
             return self._attrs(inode, node)
