@@ -24,13 +24,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import tifffile
 
 from tests.mount.conftest import SYSTEM_PYTHON, Mount, User, open_tmp
 from tests.toolbox import load_tool
 from vfs.decant.packer import PackOptions, pack_file
 
 corpus = load_tool("make_c4gh_corpus")
+acq = load_tool("make_acqstore_corpus")
 
 SECRET = b"root's secret: never through the mount\n"
 
@@ -91,8 +94,11 @@ elif what == "archive":
     fd = os.open(p["shown"], os.O_RDONLY)
     os.read(fd, 16)                          # the daemon has opened the user's own archive
     swap(p["real"], lambda t: os.symlink(p["target"], t))
-    again = "/proc/self/fd/%d" % fd          # read where the kernel has cached nothing
-    step("read", lambda: os.pread(os.open(again, os.O_RDONLY), 4096, int(p["offset"])))
+    def reread():
+        again = os.open("/proc/self/fd/%d" % fd, os.O_RDONLY)
+        os.posix_fadvise(again, 0, 0, os.POSIX_FADV_DONTNEED)  # drop what the kernel cached
+        return os.pread(again, 4096, int(p["offset"]))
+    step("read", reread)
 elif what == "publish":
     os.mkdir(p["real"])
     shown(p["shown"])
@@ -325,6 +331,27 @@ def test_read_through_a_package_swapped_for_a_symlink(swaps: Swaps, unprivileged
     os.chown(mine, unprivileged.uid, unprivileged.gid)
     got = attack(unprivileged, swaps, "archive", "mine.tar.c4gh", victim,
                  shown="mine.tar.c4gh/data.txt", offset=3 << 20)  # fmt: skip
+    assert "root's secret" not in str(got["read"]), str(got)[:200]
+    still_serves(swaps)
+
+
+def test_read_through_a_collection_document_swapped_for_a_symlink(
+    swaps: Swaps, unprivileged: User, tmp_path: Path
+) -> None:
+    """An AcqStore collection the user owns: a table its members/ view shows, swapped for a
+    link to root's 0600 file while open, must not be read as root for the user."""
+    tif = tmp_path / "scan.tif"
+    tifffile.imwrite(tif, np.arange(2 * 16 * 16, dtype=np.uint16).reshape(2, 16, 16))
+    packed = pack_file(tif, tmp_path / "scan.tif.zarr.zip")
+    coll = swaps.src / "userdir" / "coll"
+    acq.make_collection(coll, decant_archive=packed.archive)
+    for path in (coll, *coll.rglob("*")):
+        os.chown(path, unprivileged.uid, unprivileged.gid, follow_symlinks=False)
+    doc = json.loads((coll / "acqstore/collection.json").read_text())
+    table = doc["resources"]["tables"][0]
+    secret = swaps.secret("table")
+    got = attack(unprivileged, swaps, "archive", f"coll/{table['path']}", secret,
+                 shown=f"coll/members/tables/{table['id']}.csv")  # fmt: skip
     assert "root's secret" not in str(got["read"]), str(got)[:200]
     still_serves(swaps)
 
