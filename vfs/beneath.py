@@ -75,6 +75,20 @@ def stat_beneath(root: Path, path: Path) -> os.stat_result:
         os.close(fd)
 
 
+def read_beneath(root: Path, path: Path) -> bytes:
+    """The whole regular file at `path`, opened from `root` without following a link and
+    without waiting (a FIFO or device is refused, not read)."""
+    fd = open_beneath(root, path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_shown(path, st)
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read()
+    finally:
+        os.close(fd)
+
+
 @contextmanager
 def entry_path(root: Path, path: Path) -> Iterator[str]:
     """A path naming exactly the file or folder at `path` as reached without links (its
@@ -89,4 +103,4 @@ def entry_path(root: Path, path: Path) -> Iterator[str]:
         os.close(fd)
 
 
-__all__ = ["entry_path", "not_shown", "open_beneath", "parent_fd", "stat_beneath"]
+__all__ = ["entry_path", "not_shown", "open_beneath", "parent_fd", "read_beneath", "stat_beneath"]
