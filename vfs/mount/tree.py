@@ -30,6 +30,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+MAX_FAILED = 100_000  # archives remembered as failed (then forgotten all at once)
+
+
 class SourceTree:
     def __init__(
         self,
@@ -53,6 +56,7 @@ class SourceTree:
         self.excluded: set[Path] = set()  # never scanned into (the mountpoint, if inside SRC)
         self.overlay_roots: set[Path] = set()  # folders an overlay claimed: rebuilt on change
         self._irregular: set[Path] = set()  # folders `entries` cannot answer for: see there
+        self._failed: dict[Path, tuple[object, ...]] = {}  # archives shown raw, by stamp
 
     def _log_once(self, path: Path, message: str, level: int = logging.WARNING) -> None:
         if (str(path), message) not in self._logged:
@@ -241,10 +245,22 @@ class SourceTree:
             cached = self.index.get(path, index_key(backend), st.st_size, st.st_mtime_ns)
             if cached is not None:
                 return cached
+        # An archive file that failed is not parsed again until it changes: a folder of junk
+        # named like archives would otherwise be re-read at every rescan of its folder. (Not a
+        # folder archive: files added deep inside one leave its own stamp as it was.)
+        stamp = (index_key(backend), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+        if stat.S_ISDIR(st.st_mode):
+            stamp = ()
+        if self._failed.get(path) == stamp:
+            return None
         try:
             desc = backend.describe(path)
         except DecantError as exc:
             self._log_once(path, f"{exc} — shown as the raw file")
+            if len(self._failed) >= MAX_FAILED:
+                self._failed.clear()
+            if stamp:
+                self._failed[path] = stamp
             return None
         except OSError as exc:
             self._log_once(path, f"{path}: cannot read ({exc}) — shown as the raw file")
