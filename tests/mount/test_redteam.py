@@ -419,6 +419,20 @@ def test_the_status_file_names_no_file_of_root_s_private_folder(
     assert "offer-for-carol" not in seen.stdout, seen.stdout
 
 
+def test_the_log_file_is_not_readable_by_others(swaps: Swaps, unprivileged: User) -> None:
+    """The log names files of every user (failures, links refused, archives shown raw): a
+    --log-file the daemon creates must not be readable by other users (as the journal is
+    not), wherever the operator puts it."""
+    swaps.m.log.parent.chmod(0o755)  # a folder anyone may list, like /var/log
+    (swaps.src / "userdir" / "broken.tif.zarr.zip").write_bytes(b"not a zip")  # logged
+    deadline = time.monotonic() + 20
+    while "broken.tif.zarr.zip" not in swaps.m.log_text():
+        os.listdir(swaps.m.mnt / "userdir")
+        assert time.monotonic() < deadline, "never logged"
+        time.sleep(0.2)
+    assert unprivileged.errno_of("read(p)", p=swaps.m.log) == errno.EACCES
+
+
 def test_the_targets_are_out_of_the_users_reach(swaps: Swaps, unprivileged: User) -> None:
     """Control: the user is really denied root's file and folder when asking SRC directly."""
     assert unprivileged.errno_of("read(p)", p=swaps.secret("control")) == errno.EACCES
