@@ -433,6 +433,39 @@ def test_the_log_file_is_not_readable_by_others(swaps: Swaps, unprivileged: User
     assert unprivileged.errno_of("read(p)", p=swaps.m.log) == errno.EACCES
 
 
+def test_a_spool_planted_by_a_user_is_refused(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """SRC is a shared drop folder (1777) and a user made `.decant-spool` there before the
+    first writable start, with a link where the daemon will create a spooled file. A daemon
+    using that spool would create (truncate) the link's target as root: it must refuse to
+    start instead, saying why."""
+    base = open_tmp(tmp_path_factory, "planted-spool")
+    src = base / "src"
+    src.mkdir()
+    src.chmod(0o1777)
+    victim = base / "victim.txt"
+    victim.write_bytes(SECRET)
+    victim.chmod(0o600)
+    plant = "import os, sys; os.makedirs(sys.argv[1]); os.symlink(sys.argv[2], sys.argv[3])"
+    files = src / ".decant-spool" / "files"
+    done = unprivileged.run(str(SYSTEM_PYTHON), "-I", "-c", plant, str(files), str(victim),
+                            str(files / "x.txt"))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    m.start("-o", "allow_other", wait=False)
+    assert m.proc is not None
+    try:
+        code = m.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        (m.mnt / "x.txt").write_bytes(b"")  # it did start: root creates x.txt through it
+        m.stop()
+        pytest.fail(f"started on a spool the user owns; victim now {victim.read_bytes()!r}")
+    _out, err = m.proc.communicate()
+    assert code != 0 and ".decant-spool" in err.decode(), err.decode()
+    assert victim.read_bytes() == SECRET
+
+
 def test_the_targets_are_out_of_the_users_reach(swaps: Swaps, unprivileged: User) -> None:
     """Control: the user is really denied root's file and folder when asking SRC directly."""
     assert unprivileged.errno_of("read(p)", p=swaps.secret("control")) == errno.EACCES
