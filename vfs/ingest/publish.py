@@ -388,11 +388,19 @@ def _staged(spool: Spool, folder: Path, name: str) -> Path:
 
 
 def apply_metadata(path: Path, st: os.stat_result) -> None:
-    """What `rsync -a` gave the file: mode bits, owner, group and (last) mtime."""
-    os.chmod(path, stat.S_IMODE(st.st_mode))
-    if os.geteuid() == 0:
-        os.chown(path, st.st_uid, st.st_gid)
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    """What `rsync -a` gave the file: mode bits, owner, group and (last) mtime. Set through a
+    descriptor of the file itself: a temp name beside the target sits in the writer's folder,
+    where it could be swapped for a link (the daemon must not chmod/chown its target)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EPERM, "not a regular file (swapped?)", str(path))
+        os.fchmod(fd, stat.S_IMODE(st.st_mode))
+        if os.geteuid() == 0:
+            os.fchown(fd, st.st_uid, st.st_gid)
+        os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+    finally:
+        os.close(fd)
 
 
 def signature(st: os.stat_result) -> tuple[int, ...]:
