@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 
 @dataclass
@@ -26,6 +29,51 @@ def nbytes_of(value: Any) -> int:
     return int(size) if size is not None else 64
 
 
+class BufferPool:
+    """Decode buffers of values the cache let go, handed to the next decode of the same size.
+
+    A fresh 8 MiB buffer costs its page faults and the kernel zeroing it (clear_page was ~30%
+    of the daemon's CPU streaming a file here); one that was faulted in before costs neither.
+    A buffer is reused only when nothing but this pool refers to it: every memoryview, slice or
+    numpy view of it holds a reference to it, so a view still served or queued for hashing
+    keeps it out of reach. At most `keep_bytes` of idle buffers are kept.
+    """
+
+    MIN_BYTES = 1 << 20  # smaller buffers come from malloc's free lists anyway
+
+    def __init__(self, keep_bytes: int = 32 << 20) -> None:
+        self.keep_bytes = keep_bytes
+        self.reused = 0
+        self._free: list[np.ndarray[Any, Any]] = []
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> np.ndarray[Any, Any]:
+        """A uint8 array of `nbytes`, uninitialized: a released buffer if one fits, else new."""
+        if nbytes >= self.MIN_BYTES:
+            with self._lock:
+                for i in range(len(self._free)):
+                    arr = self._free[i]
+                    # References: the list, `arr`, and getrefcount's argument; any more is a
+                    # view somewhere (each memoryview, slice or array over it holds one).
+                    if arr.nbytes == nbytes and sys.getrefcount(arr) == 3:
+                        del self._free[i]
+                        self.reused += 1
+                        return arr
+        return np.empty(nbytes, dtype=np.uint8)
+
+    def give(self, value: Any) -> None:
+        """Offer an evicted value: kept if it is a view of a whole buffer `take` could return."""
+        arr = value.obj if isinstance(value, memoryview) else None
+        if not isinstance(arr, np.ndarray) or arr.nbytes < self.MIN_BYTES:
+            return
+        if arr.dtype != np.uint8 or arr.ndim != 1 or not arr.flags.owndata:
+            return
+        with self._lock:
+            self._free.append(arr)
+            while sum(a.nbytes for a in self._free) > self.keep_bytes:
+                self._free.pop(0)
+
+
 class PageCache:
     """LRU over decoded pages, husk blocks and cipher segments, bounded in bytes.
 
@@ -39,6 +87,7 @@ class PageCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.stats = CacheStats()
+        self.buffers = BufferPool()  # decodes reuse what eviction releases
         self._data: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self._bytes = 0
         self._reserved = 0  # bytes promised to loads in flight
@@ -80,6 +129,7 @@ class PageCache:
         old = self._data.pop(key, None)
         if old is not None:
             self._bytes -= old[1]
+            self.buffers.give(old[0])
         if size > self.max_bytes:
             return
         self._data[key] = (value, size)
@@ -88,9 +138,10 @@ class PageCache:
 
     def _evict(self) -> None:
         while self._bytes + self._reserved > self.max_bytes and self._data:
-            _, (_, evicted) = self._data.popitem(last=False)
+            _, (value, evicted) = self._data.popitem(last=False)
             self._bytes -= evicted
             self.stats.evictions += 1
+            self.buffers.give(value)
 
     def get_or_load(self, key: Hashable, loader: Callable[[], Any], nbytes: int = 0) -> Any:
         reserve = nbytes if nbytes <= self.max_bytes else 0

@@ -107,3 +107,33 @@ def test_other_layouts_are_left_to_zarr(tmp_path: Path, kw: dict[str, Any]) -> N
     reader = _reader(tmp_path / "a.zarr", data, **kw)
     assert reader.read_plane((0, 0)) is None
     assert np.array_equal(reader[0, 0], data[0, 0])
+
+
+def test_blosc_tiles_decode_into_a_reused_dirty_buffer(tmp_path: Path) -> None:
+    """Blosc chunks go through c-blosc's context call; a recycled buffer's old bytes never
+    show through (every byte of the plane is written)."""
+    data = _data("<u2")
+    kw = {"chunks": (1, 2, 16, 10), "compressors": numcodecs.Blosc("lz4", shuffle=2)}
+    reader = _reader(tmp_path / "a.zarr", data, zarr_format=2, **kw)
+
+    def dirty(nbytes: int) -> np.ndarray:
+        return np.full(nbytes, 0xAB, np.uint8)
+
+    for lead in np.ndindex(SHAPE[:2]):
+        got = reader.read_plane(lead, dirty)
+        assert got is not None and bytes(got) == _expected(data, lead)
+
+
+def test_a_blosc_chunk_whose_header_lies_is_refused_naming_the_file(tmp_path: Path) -> None:
+    from vfs.errors import CorruptArchiveError
+
+    data = _data("<u2")
+    kw = {"chunks": (1, 1, 37, 29), "compressors": numcodecs.Blosc("zstd")}
+    reader = _reader(tmp_path / "a.zarr", data, zarr_format=2, **kw)
+    chunk = tmp_path / "a.zarr" / "0.1.0.0"
+    raw = bytearray(chunk.read_bytes())
+    raw[12:16] = (len(raw) + 4096).to_bytes(4, "little")  # cbytes past the end of the file
+    chunk.write_bytes(bytes(raw))
+    with pytest.raises(CorruptArchiveError, match=r"0\.1\.0\.0"):
+        reader.read_plane((0, 1))
+    assert bytes(reader.read_plane((0, 0)) or b"") == _expected(data, (0, 0))

@@ -190,3 +190,31 @@ def test_discard_prefix() -> None:
     assert ("a", 1) not in cache and ("a", 2) not in cache
     assert ("b", 1) in cache and "a" in cache
     assert cache.current_bytes == 4
+
+
+def test_an_evicted_buffer_is_reused_only_when_no_view_of_it_is_left() -> None:
+    size = 1 << 20
+    cache = PageCache(size)
+    first = cache.get_or_load("a", lambda: memoryview(cache.buffers.take(size)), size)
+    view = first[10:20]  # a read served from the plane, e.g. still queued for hashing
+    del first
+    cache.get_or_load("b", lambda: memoryview(cache.buffers.take(size)), size)  # evicts "a"
+    held = id(view.obj)  # not a reference: one would keep it from reuse
+    fresh = cache.buffers.take(size)
+    assert id(fresh) != held  # a view of it is alive: never handed out again
+    del view, fresh
+    again = cache.buffers.take(size)
+    assert id(again) == held  # nothing refers to it any more: reused
+    assert cache.buffers.reused == 1
+
+
+def test_the_pool_keeps_only_whole_uint8_buffers_within_its_bound() -> None:
+    pool = PageCache(0).buffers
+    pool.give(b"x" * (2 << 20))  # not a view of an array
+    pool.give(memoryview(np.zeros(1 << 20, np.uint16)))  # another dtype
+    whole = np.zeros(4 << 20, np.uint8)
+    pool.give(memoryview(whole[1:]))  # memoryview of a slice: obj is the slice, no own data
+    assert pool.take(2 << 20) is not None and pool.reused == 0
+    for _ in range(3 * pool.keep_bytes // (8 << 20)):
+        pool.give(memoryview(np.empty(8 << 20, np.uint8)))
+    assert sum(a.nbytes for a in pool._free) <= pool.keep_bytes

@@ -285,9 +285,9 @@ def test_a_read_decodes_only_what_it_touches(
     decoded: list[str] = []
     real = reader_module.read_chunk
 
-    def spy(store: Any, spec: Any, index: tuple[int, ...]) -> bytes:
+    def spy(store: Any, spec: Any, index: tuple[int, ...], *alloc: Any) -> bytes:
         decoded.append(spec.chunk_key(index))
-        return real(store, spec, index)
+        return real(store, spec, index, *alloc)
 
     monkeypatch.setattr(reader_module, "read_chunk", spy)
     original = corpus[name].read_bytes()

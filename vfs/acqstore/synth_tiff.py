@@ -361,7 +361,7 @@ class SynthesizedTiff:
         block = self._block(coords)
         if all(isinstance(b, int) for b in block):
             fast = getattr(self._array, "read_plane", None)
-            got = fast(block) if fast is not None else None
+            got = fast(block, self._cache.buffers.take) if fast is not None else None
             if got is not None:
                 return got  # type: ignore[no-any-return]
         data = np.asarray(self._array[(*block, slice(None), slice(None))])

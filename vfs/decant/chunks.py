@@ -15,6 +15,7 @@ import os
 import re
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -200,10 +201,16 @@ def check_byte_chunks(store: Store, spec: ArraySpec, n_chunks: int) -> None:
         )
 
 
-def read_chunk(store: Store, spec: ArraySpec, index: tuple[int, ...]) -> Buffer:
+def read_chunk(
+    store: Store,
+    spec: ArraySpec,
+    index: tuple[int, ...],
+    alloc: Callable[[int], np.ndarray[Any, Any]] | None = None,
+) -> Buffer:
     """One chunk's decoded bytes: always exactly the full chunk shape (Zarr v2 stores edge
     chunks whole). A missing chunk is an error when the archive stored every chunk, else the
-    array's fill value (archives from before `all_chunks_stored` omitted all-fill chunks)."""
+    array's fill value (archives from before `all_chunks_stored` omitted all-fill chunks).
+    `alloc(nbytes)` gives the uint8 buffer a blosc chunk decodes into (PageCache.buffers.take)."""
     key = spec.chunk_key(index)
     expected = spec.chunk_nbytes
     raw = store.get(key, compressed_bound(expected))
@@ -213,7 +220,7 @@ def read_chunk(store: Store, spec: ArraySpec, index: tuple[int, ...]) -> Buffer:
         fill = np.full(expected // spec.dtype.itemsize, spec.fill_value, dtype=spec.dtype)
         return memoryview(fill.view(np.uint8))
     try:
-        out = _decode(spec, raw, expected)
+        out = _decode(spec, raw, expected, alloc)
         for codec in reversed(spec.filters):
             out = _exact(codec.decode(out), expected)
     except _SizeError as exc:
@@ -234,7 +241,12 @@ def _exact(data: Any, expected: int) -> Buffer:
     return out
 
 
-def _decode(spec: ArraySpec, raw: bytes, expected: int) -> Buffer:
+def _decode(
+    spec: ArraySpec,
+    raw: Buffer,
+    expected: int,
+    alloc: Callable[[int], np.ndarray[Any, Any]] | None = None,
+) -> Buffer:
     codec = spec.compressor
     if codec is None:
         return _exact(raw, expected)
@@ -248,7 +260,7 @@ def _decode(spec: ArraySpec, raw: bytes, expected: int) -> Buffer:
         raise _SizeError(f"states {stated} decoded bytes, expected {expected}")
     if codec_id == "blosc":  # lock-free, and parallel across threads (blosc_blocks)
         # Uninitialized: zeroing 8 MiB first costs as much memory traffic as the decode writes.
-        plane = np.empty(expected, dtype=np.uint8)
+        plane = alloc(expected) if alloc is not None else np.empty(expected, dtype=np.uint8)
         if decompress_into(raw, plane, DECODE_THREADS) != expected:
             raise _SizeError(f"does not decode to the {expected} bytes it states")
         return memoryview(plane)
@@ -256,7 +268,7 @@ def _decode(spec: ArraySpec, raw: bytes, expected: int) -> Buffer:
     return _exact(codec.decode(raw, out=out), expected)
 
 
-def _blosc_size(raw: bytes) -> int | None:
+def _blosc_size(raw: Buffer) -> int | None:
     """nbytes from the blosc header, once the header is sane: cbytes must be the entry's own
     length (c-blosc trusts cbytes and would read past the buffer) and the block table must fit."""
     if len(raw) < _BLOSC_HEADER.size:
@@ -270,7 +282,7 @@ def _blosc_size(raw: bytes) -> int | None:
     return int(nbytes)
 
 
-def _zstd_size(raw: bytes) -> int | None:
+def _zstd_size(raw: Buffer) -> int | None:
     """Frame_Content_Size from the first frame header (RFC 8878 §3.1.1.1), None if absent."""
     if len(raw) < 6 or raw[:4] != _ZSTD_MAGIC:
         return None
@@ -284,11 +296,11 @@ def _zstd_size(raw: bytes) -> int | None:
     return value + 256 if width == 2 else value
 
 
-def _lz4_size(raw: bytes) -> int | None:
+def _lz4_size(raw: Buffer) -> int | None:
     return int.from_bytes(raw[:4], "little") if len(raw) >= 4 else None
 
 
-def _decode_stream(codec_id: str, raw: bytes, expected: int) -> bytes:
+def _decode_stream(codec_id: str, raw: Buffer, expected: int) -> bytes:
     """zlib, gzip and bz2 state no size: decode at most one byte more than expected."""
     dec: Any = (
         bz2.BZ2Decompressor()

@@ -167,10 +167,10 @@ class BlockSource:
         except BloscChunkError as exc:
             raise CorruptArchiveError(f"{self.store.name}: chunk {chunk!r} {exc}") from None
 
-    def _checked_chunk(self, chunk: str) -> bytes:
+    def _checked_chunk(self, chunk: str) -> bytes | memoryview:
         """The whole stored chunk, its digest checked by the store, cached for later blocks."""
 
-        def load() -> bytes:
+        def load() -> bytes | memoryview:
             raw = self.store.get(chunk, compressed_bound(self.spec.chunk_nbytes))
             if raw is None:
                 raise CorruptArchiveError(f"{self.store.name}: chunk {chunk!r} is missing")

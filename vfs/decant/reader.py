@@ -485,13 +485,16 @@ class PixelReader(OriginalReader):
 
     def _decode_page(self, index: int) -> memoryview:
         page = self.pages[index]
-        raw = read_chunk(self.archive.store, self._pixels, self._chunk_index(page))
+        store, spec, cache = self.archive.store, self._pixels, self.cache
+        raw = read_chunk(store, spec, self._chunk_index(page), cache.buffers.take)
         dtype = self._pixels.dtype
         file_dtype = dtype.newbyteorder(self.byteorder) if dtype.itemsize > 1 else dtype
         if file_dtype == dtype and not page.tilewidth and page.planarconfig == 1:
             return memoryview(raw)  # already the on-disk bytes: no copy
         plane = np.frombuffer(raw, dtype=dtype).reshape(page.shape).astype(file_dtype, copy=False)
         out = serialize_page(plane, page)
+        del plane
+        cache.buffers.give(raw)  # reused once no view of it is left (the pool checks)
         return out if isinstance(out, memoryview) else memoryview(out)
 
     def readahead(self, offset: int, depth: int = 2) -> None:

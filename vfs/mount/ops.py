@@ -134,6 +134,16 @@ def _fail(code: int) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(code)
 
 
+def _negative_entry() -> pyfuse3.EntryAttributes:
+    """ENOENT the kernel may remember (st_ino 0): probes for absent names inside an archive
+    (sidecar files, `.git`, locale lookups) stop reaching the daemon. A changed archive gets
+    new inodes, so nothing cached here can hide a name that appears later."""
+    a = pyfuse3.EntryAttributes()
+    a.st_ino = 0
+    a.entry_timeout = ARCHIVE_TIMEOUT
+    return a
+
+
 def _listed(folder: Folder, name: str) -> Node:
     """The node a folder listing holds under `name`, or ENOENT."""
     node = folder.children.get(name)
@@ -309,9 +319,19 @@ class DecantOperations(pyfuse3.Operations):
                 node = self._status  # found by name only: listings and rsync skip it
                 node.size = len(self.status_bytes())
             if node is None:
+                if self._fixed_listing(self._node(parent_inode)):
+                    return _negative_entry()
                 raise _fail(errno.ENOENT)
             node = await self._current(node)
             return self._attrs(self.inodes.hand_out(node), node)
+
+    def _fixed_listing(self, folder: Node) -> bool:
+        """An archive's folder: its listing never changes under one inode (a changed archive
+        gets new ones). Not a collection's view, which is rebuilt in place when it changes."""
+        if folder.backend is None:
+            return False
+        real = folder.real
+        return not any(r == real or r in real.parents for r in self.tree.overlay_roots)
 
     async def _current(self, node: Node) -> Node:
         """A spooled file's size and times move with its writes, not with its folder listing."""
