@@ -13,7 +13,8 @@ round on, RSS grows no more than `--tolerance` over the first round's.
 RSS includes the allocator's slack: memory freed after a round's peak (every file of the round
 spooled, listed and looked up at once) is not always returned to the system, so RSS moves by
 10-20 % from round to round even when nothing is kept (`peak MiB` is VmHWM, for comparison);
-read the trend over several rounds. tests/unit/test_inodes.py checks the table itself.
+read the trend over several rounds. `inodes` is the daemon's inode table size after the round
+(.decant-status), which should fall back each time. tests/unit/test_inodes.py checks the table.
 
 Needs root (drop_caches) and /dev/fuse. `python tools/stress.py --files 50000 --rounds 4`.
 Exit status 0 if RSS stayed flat, 1 if not, 2 on a setup failure.
@@ -149,7 +150,9 @@ def run(args: argparse.Namespace, work: Path) -> bool:
         print(f"daemon pid {mount.pid}; {args.files} files in {args.folders} folders per round, "
               f"written through {'the mount' if args.via == 'mount' else 'SRC'}; "
               f"RSS at start {first / 2**20:.1f} MiB", flush=True)  # fmt: skip
-        print("round  create s  publish s  ls -l s  delete s  RSS MiB  peak MiB  vs round 1")
+        print(
+            "round  create s  publish s  ls -l s  delete s  inodes  RSS MiB  peak MiB  vs round 1"
+        )
         done = 0
         rss: list[int] = []
         for r in range(1, args.rounds + 1):
@@ -166,10 +169,12 @@ def run(args: argparse.Namespace, work: Path) -> bool:
             if not drop_caches():
                 raise SystemExit("stress: cannot write /proc/sys/vm/drop_caches (needs root)")
             rss.append(idle_rss(mount.pid))
+            inodes = queue_status(mnt)["daemon"]["inodes"]  # type: ignore[index]
             change = f"{(rss[-1] / rss[0] - 1) * 100:+.1f} %" if r > 1 else ""
             peak = vm_rss(mount.pid, "VmHWM")
             print(f"{r:5d}  {t1 - t0:8.1f}  {t2 - t1:9.1f}  {t3 - t2:7.1f}  {t4 - t3:8.1f}  "
-                  f"{rss[-1] / 2**20:7.1f}  {peak / 2**20:8.1f}  {change}", flush=True)  # fmt: skip
+                  f"{inodes:6d}  {rss[-1] / 2**20:7.1f}  {peak / 2**20:8.1f}  {change}",
+                  flush=True)  # fmt: skip
         leftovers = sorted(p.name for p in src.iterdir() if p.name != ".decant-spool")
         if leftovers:
             print(f"left in SRC: {leftovers[:5]}")
