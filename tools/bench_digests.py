@@ -247,6 +247,12 @@ def _report(
             report.add(f"{v} daemon CPU s/GB", f"{per_gb:.2f}", f"runs: {cpu}")
         cost = _cost(out[kind], "no digests", higher_is_better=True)
         report.target(f"{kind}: cost vs no digests", cost, TARGET * 100, "%", at_most=True)
+        # Each repetition's two runs are minutes apart at most: their ratio drifts less with load.
+        paired = [
+            b / a - 1 for a, b in zip(out[kind]["digests"], out[kind]["no digests"], strict=True)
+        ]
+        spread = f"{min(paired) * 100:+.0f} … {max(paired) * 100:+.0f} %"
+        report.add(f"{kind}: same, median of paired runs", f"{median(paired) * 100:+.1f} %", spread)
         cost = _cost(out[kind], "unchecked", higher_is_better=True)
         report.add(f"{kind}: cost vs unchecked", f"{cost:+.1f} %", "no CRC-32 either")
         cpu_cost = _cost(out[f"cpu_{kind}"], "no digests", higher_is_better=False)

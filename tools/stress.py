@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -121,6 +122,29 @@ def idle_rss(pid: int, quiet: float = 1.0, timeout: float = 120.0) -> int:
     return vm_rss(pid)
 
 
+def take_snapshot(pid: int, path: Path, timeout: float = 300.0) -> None:
+    """Ask the daemon (started with DECANT_TRACEMALLOC) for a tracemalloc snapshot; wait for it."""
+    os.kill(pid, signal.SIGUSR2)
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"stress: no tracemalloc snapshot {path} after {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def kept_since(first: Path, last: Path, top: int = 15) -> None:
+    """What the daemon's Python heap holds after the last round that it did not after round 1."""
+    import tracemalloc
+
+    old, new = tracemalloc.Snapshot.load(str(first)), tracemalloc.Snapshot.load(str(last))
+    diff = new.compare_to(old, "traceback")
+    total = sum(d.size_diff for d in diff)
+    print(f"tracemalloc, last round vs round 1: {total / 2**20:+.2f} MiB traced; largest growth:")
+    for d in diff[:top]:
+        where = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in d.traceback[:4])
+        print(f"  {d.size_diff / 2**10:+9.1f} KiB  {d.count_diff:+7d} blocks  {where}")
+
+
 @contextlib.contextmanager
 def workdir(given: Path | None) -> Iterator[Path]:
     if given is not None:
@@ -143,6 +167,9 @@ def run(args: argparse.Namespace, work: Path) -> bool:
            "--log-file", work / "daemon.log"]  # fmt: skip
     if args.no_watch:
         cmd.append("--no-watch")
+    snapshots = work / "tracemalloc"
+    if args.tracemalloc:
+        os.environ["DECANT_TRACEMALLOC"] = str(snapshots)  # vfs/mount/daemon.py TRACEMALLOC
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     via = mnt if args.via == "mount" else src
     with mounted(cmd, mnt, work / "daemon.stderr") as mount:
@@ -169,6 +196,8 @@ def run(args: argparse.Namespace, work: Path) -> bool:
             if not drop_caches():
                 raise SystemExit("stress: cannot write /proc/sys/vm/drop_caches (needs root)")
             rss.append(idle_rss(mount.pid))
+            if args.tracemalloc:
+                take_snapshot(mount.pid, snapshots / f"snapshot-{r}.pickle")
             inodes = queue_status(mnt)["daemon"]["inodes"]  # type: ignore[index]
             change = f"{(rss[-1] / rss[0] - 1) * 100:+.1f} %" if r > 1 else ""
             peak = vm_rss(mount.pid, "VmHWM")
@@ -178,6 +207,8 @@ def run(args: argparse.Namespace, work: Path) -> bool:
         leftovers = sorted(p.name for p in src.iterdir() if p.name != ".decant-spool")
         if leftovers:
             print(f"left in SRC: {leftovers[:5]}")
+    if args.tracemalloc and len(rss) > 1:
+        kept_since(snapshots / "snapshot-1.pickle", snapshots / f"snapshot-{len(rss)}.pickle")
     # Growth is what a leak shows; RSS may also drop when the allocator returns memory.
     worst = max((x / rss[0] - 1 for x in rss[1:]), default=0.0)
     flat = worst <= args.tolerance
@@ -202,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-watch", action="store_true", help="run the daemon with --no-watch")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for publishing")
     p.add_argument("--tolerance", type=float, default=0.10, help="allowed RSS change (0.10)")
+    p.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="trace the daemon's allocations (slower) and print what the last round kept",
+    )
     p.add_argument("--work", type=Path, help="work folder (default: a temp folder, removed)")
     args = p.parse_args(argv)
     if os.geteuid() != 0:

@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,10 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 # `tools/bench.py digests` can measure what the checks cost. "crc-too": not the CRC-32 either,
 # for the cost of checking anything at all.
 NO_CHUNK_DIGESTS = "DECANT_NO_CHUNK_DIGESTS"
+# Diagnosis: with DECANT_TRACEMALLOC=DIR the daemon traces Python allocations (slower) and, on
+# SIGUSR2, writes a tracemalloc snapshot to DIR/snapshot-N.pickle (tools/stress.py --tracemalloc
+# diffs them between rounds to find what a churn keeps).
+TRACEMALLOC = "DECANT_TRACEMALLOC"
 
 
 def build_tree(config: MountConfig, cache: PageCache) -> SourceTree:
@@ -188,6 +193,8 @@ def _rss() -> int:
 
 def serve(config: MountConfig, ready: Callable[[], None]) -> int:
     tune_malloc(config.cache_size)
+    if os.environ.get(TRACEMALLOC):
+        tracemalloc.start(8)
     src, mnt = config.src, config.mnt
     cache = PageCache(config.cache_size)
     tree = build_tree(config, cache)
@@ -224,6 +231,8 @@ async def _run(ops: DecantOperations, config: MountConfig, queue: PackQueue | No
         else:
             log.info("not watching %s (--no-watch): changes show after short kernel timeouts", src)
         nursery.start_soon(_census, ops, src)
+        if tracemalloc.is_tracing():
+            nursery.start_soon(_snapshots, Path(os.environ[TRACEMALLOC]))
         if config.scrub_interval is not None:
             nursery.start_soon(scrub_forever, ops, config.scrub_interval)
         if config.metrics_file is not None:
@@ -240,6 +249,20 @@ async def _signals(scope: trio.CancelScope) -> None:
             log.info("%s: unmounting", signal.Signals(signum).name)
             pyfuse3.terminate()
             return
+
+
+async def _snapshots(folder: Path) -> None:
+    """A tracemalloc snapshot to `folder` on each SIGUSR2 (see TRACEMALLOC)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with trio.open_signal_receiver(signal.SIGUSR2) as signals:
+        n = 0
+        async for _ in signals:
+            n += 1
+            snapshot = tracemalloc.take_snapshot()  # on the trio thread: the tables hold still
+            path = folder / f"snapshot-{n}.pickle"
+            await trio.to_thread.run_sync(snapshot.dump, str(path) + ".part")
+            os.replace(str(path) + ".part", path)
+            log.info("tracemalloc snapshot %s", path)
 
 
 async def _write_metrics(ops: DecantOperations, path: Path) -> None:
