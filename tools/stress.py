@@ -122,14 +122,25 @@ def idle_rss(pid: int, quiet: float = 1.0, timeout: float = 120.0) -> int:
     return vm_rss(pid)
 
 
-def take_snapshot(pid: int, path: Path, timeout: float = 300.0) -> None:
-    """Ask the daemon (started with DECANT_TRACEMALLOC) for a tracemalloc snapshot; wait for it."""
+def diagnose(pid: int, folder: Path, n: int, timeout: float = 300.0) -> None:
+    """Ask the daemon (started with DECANT_DIAGNOSE) for its allocator statistics and, traced,
+    a tracemalloc snapshot; print the pymalloc lines and wait for them."""
     os.kill(pid, signal.SIGUSR2)
     deadline = time.monotonic() + timeout
-    while not path.exists():
+    while not (folder / f"done-{n}").exists():
         if time.monotonic() > deadline:
-            raise SystemExit(f"stress: no tracemalloc snapshot {path} after {timeout:.0f} s")
+            raise SystemExit(f"stress: no diagnosis {n} in {folder} after {timeout:.0f} s")
         time.sleep(0.2)
+    wanted = {"# arenas allocated current": "arenas", "# bytes in allocated blocks": "in use",
+              "# bytes in available blocks": "free in pools"}  # fmt: skip
+    shown = []
+    for line in (folder / f"mallocstats-{n}.txt").read_text().splitlines():
+        key, _, value = (part.strip() for part in line.partition("="))
+        if key in wanted:
+            number = int(value.replace(",", ""))
+            shown_value = f"{number / 2**20:.1f} MiB" if "bytes" in key else str(number)
+            shown.append(f"{wanted.pop(key)} {shown_value}")
+    print(f"       pymalloc: {', '.join(shown)}")
 
 
 def kept_since(first: Path, last: Path, top: int = 15) -> None:
@@ -167,9 +178,11 @@ def run(args: argparse.Namespace, work: Path) -> bool:
            "--log-file", work / "daemon.log"]  # fmt: skip
     if args.no_watch:
         cmd.append("--no-watch")
-    snapshots = work / "tracemalloc"
-    if args.tracemalloc:
-        os.environ["DECANT_TRACEMALLOC"] = str(snapshots)  # vfs/mount/daemon.py TRACEMALLOC
+    diag = work / "diagnose"
+    if args.diagnose or args.tracemalloc:  # vfs/mount/daemon.py DIAGNOSE, TRACEMALLOC
+        os.environ["DECANT_DIAGNOSE"] = str(diag)
+        if args.tracemalloc:
+            os.environ["DECANT_TRACEMALLOC"] = "1"
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     via = mnt if args.via == "mount" else src
     with mounted(cmd, mnt, work / "daemon.stderr") as mount:
@@ -196,8 +209,8 @@ def run(args: argparse.Namespace, work: Path) -> bool:
             if not drop_caches():
                 raise SystemExit("stress: cannot write /proc/sys/vm/drop_caches (needs root)")
             rss.append(idle_rss(mount.pid))
-            if args.tracemalloc:
-                take_snapshot(mount.pid, snapshots / f"snapshot-{r}.pickle")
+            if args.diagnose or args.tracemalloc:
+                diagnose(mount.pid, diag, r)
             inodes = queue_status(mnt)["daemon"]["inodes"]  # type: ignore[index]
             change = f"{(rss[-1] / rss[0] - 1) * 100:+.1f} %" if r > 1 else ""
             peak = vm_rss(mount.pid, "VmHWM")
@@ -208,7 +221,7 @@ def run(args: argparse.Namespace, work: Path) -> bool:
         if leftovers:
             print(f"left in SRC: {leftovers[:5]}")
     if args.tracemalloc and len(rss) > 1:
-        kept_since(snapshots / "snapshot-1.pickle", snapshots / f"snapshot-{len(rss)}.pickle")
+        kept_since(diag / "snapshot-1.pickle", diag / f"snapshot-{len(rss)}.pickle")
     # Growth is what a leak shows; RSS may also drop when the allocator returns memory.
     worst = max((x / rss[0] - 1 for x in rss[1:]), default=0.0)
     flat = worst <= args.tolerance
@@ -234,9 +247,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for publishing")
     p.add_argument("--tolerance", type=float, default=0.10, help="allowed RSS change (0.10)")
     p.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="after each round, print the daemon's pymalloc statistics (arenas, bytes in use)",
+    )
+    p.add_argument(
         "--tracemalloc",
         action="store_true",
-        help="trace the daemon's allocations (slower) and print what the last round kept",
+        help="--diagnose, and trace the daemon's allocations (slower): print what the last round "
+        "kept that round 1 did not",
     )
     p.add_argument("--work", type=Path, help="work folder (default: a temp folder, removed)")
     args = p.parse_args(argv)

@@ -6,6 +6,7 @@ import ctypes
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import tracemalloc
@@ -38,9 +39,11 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 # `tools/bench.py digests` can measure what the checks cost. "crc-too": not the CRC-32 either,
 # for the cost of checking anything at all.
 NO_CHUNK_DIGESTS = "DECANT_NO_CHUNK_DIGESTS"
-# Diagnosis: with DECANT_TRACEMALLOC=DIR the daemon traces Python allocations (slower) and, on
-# SIGUSR2, writes a tracemalloc snapshot to DIR/snapshot-N.pickle (tools/stress.py --tracemalloc
-# diffs them between rounds to find what a churn keeps).
+# Diagnosis of memory kept (tools/stress.py --diagnose): with DECANT_DIAGNOSE=DIR, on each
+# SIGUSR2 the daemon writes Python's allocator statistics (pymalloc arenas and pools in use) to
+# DIR/mallocstats-N.txt; with DECANT_TRACEMALLOC=1 too, it traces allocations (slower) and
+# writes a tracemalloc snapshot to DIR/snapshot-N.pickle, for stress to diff between rounds.
+DIAGNOSE = "DECANT_DIAGNOSE"
 TRACEMALLOC = "DECANT_TRACEMALLOC"
 
 
@@ -193,7 +196,7 @@ def _rss() -> int:
 
 def serve(config: MountConfig, ready: Callable[[], None]) -> int:
     tune_malloc(config.cache_size)
-    if os.environ.get(TRACEMALLOC):
+    if os.environ.get(DIAGNOSE) and os.environ.get(TRACEMALLOC):
         tracemalloc.start(8)
     src, mnt = config.src, config.mnt
     cache = PageCache(config.cache_size)
@@ -231,8 +234,8 @@ async def _run(ops: DecantOperations, config: MountConfig, queue: PackQueue | No
         else:
             log.info("not watching %s (--no-watch): changes show after short kernel timeouts", src)
         nursery.start_soon(_census, ops, src)
-        if tracemalloc.is_tracing():
-            nursery.start_soon(_snapshots, Path(os.environ[TRACEMALLOC]))
+        if os.environ.get(DIAGNOSE):
+            nursery.start_soon(_diagnose, Path(os.environ[DIAGNOSE]))
         if config.scrub_interval is not None:
             nursery.start_soon(scrub_forever, ops, config.scrub_interval)
         if config.metrics_file is not None:
@@ -251,18 +254,31 @@ async def _signals(scope: trio.CancelScope) -> None:
             return
 
 
-async def _snapshots(folder: Path) -> None:
-    """A tracemalloc snapshot to `folder` on each SIGUSR2 (see TRACEMALLOC)."""
+async def _diagnose(folder: Path) -> None:
+    """Allocator statistics (and a tracemalloc snapshot) to `folder` on each SIGUSR2."""
     folder.mkdir(parents=True, exist_ok=True)
     with trio.open_signal_receiver(signal.SIGUSR2) as signals:
         n = 0
         async for _ in signals:
             n += 1
-            snapshot = tracemalloc.take_snapshot()  # on the trio thread: the tables hold still
-            path = folder / f"snapshot-{n}.pickle"
-            await trio.to_thread.run_sync(snapshot.dump, str(path) + ".part")
-            os.replace(str(path) + ".part", path)
-            log.info("tracemalloc snapshot %s", path)
+            # On the trio thread, so the tables hold still. sys._debugmallocstats writes to the
+            # C stderr: point fd 2 at the file meanwhile (the log goes to --log-file).
+            stats = folder / f"mallocstats-{n}.txt"
+            fd, saved = os.open(stats, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), os.dup(2)
+            try:
+                os.dup2(fd, 2)
+                sys._debugmallocstats()
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+                os.close(fd)
+            if tracemalloc.is_tracing():
+                snapshot = tracemalloc.take_snapshot()
+                path = folder / f"snapshot-{n}.pickle"
+                await trio.to_thread.run_sync(snapshot.dump, str(path) + ".part")
+                os.replace(str(path) + ".part", path)
+            log.info("diagnosis %d written to %s", n, folder)
+            (folder / f"done-{n}").touch()
 
 
 async def _write_metrics(ops: DecantOperations, path: Path) -> None:
