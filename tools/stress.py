@@ -36,8 +36,6 @@ from pathlib import Path
 
 from benchlib import cpu_seconds, drop_caches, log, mounted
 
-from vfs.mount.daemon import IDLE_AFTER
-
 REPO = Path(__file__).resolve().parents[1]
 PAYLOAD = b"decant stress: a small plain file, moved into SRC as it is\n"
 
@@ -112,9 +110,7 @@ def wait_published(mnt: Path, done_before: int, files: int, timeout: float) -> i
 
 def idle_rss(pid: int, quiet: float = 1.0, timeout: float = 120.0) -> int:
     """RSS once the daemon has gone `quiet` seconds using (almost) no CPU: the kernel's forgets
-    (they arrive after drop_caches) and the watcher's rescans have been handled. Then a few
-    seconds more: an idle daemon collects and trims once (vfs/mount/daemon.py IDLE_AFTER), and
-    the RSS wanted is the one it settles at, not the one during that clean-up."""
+    (they arrive after drop_caches) and the watcher's rescans have been handled."""
     deadline = time.monotonic() + timeout
     before = cpu_seconds(pid)
     while time.monotonic() < deadline:
@@ -123,7 +119,6 @@ def idle_rss(pid: int, quiet: float = 1.0, timeout: float = 120.0) -> int:
         if now - before < 0.02 * quiet:
             break
         before = now
-    time.sleep(IDLE_AFTER + 2 * quiet)
     return vm_rss(pid)
 
 

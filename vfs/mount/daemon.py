@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import gc
 import logging
 import os
 import signal
@@ -147,9 +146,6 @@ M_ARENA_MAX = -8  # glibc mallopt parameter
 TRIM_ABOVE = 100 << 20  # RSS over the cache size that starts a malloc_trim
 TRIM_STEP = 32 << 20  # after a trim that could not get under it, trim again this much higher
 TRIM_POLL = 0.25
-IDLE_AFTER = 2.0  # seconds without (almost) any CPU: the daemon is idle
-IDLE_CPU = 0.02  # "almost": CPU seconds per second
-IDLE_GROWTH = 16 << 20  # RSS grown since the daemon last settled that starts an idle clean-up
 
 
 def tune_malloc(cache_size: int | None = None) -> None:
@@ -177,17 +173,11 @@ def tune_malloc(cache_size: int | None = None) -> None:
 
 
 def _trim_forever(libc: Any, limit: int) -> None:
-    """Give free heap pages back once RSS passes `limit`, and when the daemon goes idle having
-    grown IDLE_GROWTH since it last settled (a thread: it never touches trio)."""
+    """Give free heap pages back once RSS passes `limit` (a thread: it never touches trio)."""
     floor = limit
-    settled = _rss()  # RSS after the last idle clean-up (or the lowest seen since)
-    cpu, quiet = time.process_time(), 0.0
     while True:
         time.sleep(TRIM_POLL)
         rss = _rss()
-        now = time.process_time()  # every thread's CPU: idle means (almost) none of it
-        quiet = quiet + TRIM_POLL if now - cpu < IDLE_CPU * TRIM_POLL else 0.0
-        cpu = now
         if rss > floor:
             libc.malloc_trim(0)  # ctypes drops the GIL; ~20-60 ms with 300 MiB of heap
             after = _rss()
@@ -197,21 +187,6 @@ def _trim_forever(libc: Any, limit: int) -> None:
             log.debug("malloc_trim: RSS %d → %d MiB", rss >> 20, after >> 20)
         elif rss < limit:
             floor = limit
-        if quiet >= IDLE_AFTER and rss > settled + IDLE_GROWTH:
-            settled = _idle_cleanup(libc, rss)
-            cpu = time.process_time()  # the clean-up's own CPU is not activity
-        settled = min(settled, rss)
-
-
-def _idle_cleanup(libc: Any, rss: int) -> int:
-    """After a burst of namespace work (a churn of 50,000 names: tools/stress.py), unreachable
-    cycles wait for the collector's next full pass and freed heap stays resident, so idle RSS
-    drifted by a burst's worth from one burst to the next. Collect, then trim; returns RSS."""
-    gc.collect()
-    libc.malloc_trim(0)
-    after = _rss()
-    log.debug("idle: gc and malloc_trim, RSS %d → %d MiB", rss >> 20, after >> 20)
-    return after
 
 
 def _rss() -> int:
