@@ -134,3 +134,35 @@ def test_archives_added_and_removed_while_mounted(tmp_path: Path, make_mount, ex
     assert _wait_for(lambda: not os.path.exists(m.mnt / "deep" / "later.tif"), timeout=5.0)
     assert "later.tif" not in os.listdir(m.mnt / "deep")
     assert ("not watching" in m.log_text()) == bool(extra)
+
+
+def test_watching_survives_folders_removed_while_it_rewalks(tmp_path: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
+    """`rm -r` of a tree of folders: each removal makes the watcher walk SRC again, and folders
+    the walk found are gone before they are watched. That once ended watching for good."""
+    work, src = tmp_path / "work", tmp_path / "src"
+    src.mkdir()
+    work.mkdir()
+    pack_file(_tiff(work / "later.tif", 5), work / "later.tif.zarr.zip")
+    m = make_mount(src)
+    for round_no in range(3):
+        trees = [src / f"t{round_no}-{i}" for i in range(10)]
+        for tree in trees:
+            for j in range(20):
+                (tree / f"a{j}" / "b" / "c").mkdir(parents=True)
+        time.sleep(0.5)  # watched: the walk found them all
+        for tree in trees:  # removed over ~1 s, so removals race the watcher's walks
+            for j in range(20):
+                shutil.rmtree(tree / f"a{j}")
+                time.sleep(0.005)
+            tree.rmdir()
+    time.sleep(1.0)
+    assert "watching" not in m.log_text() or "failed" not in m.log_text(), m.log_text()
+    (src / "deep").mkdir()
+    assert _wait_for(lambda: os.path.isdir(m.mnt / "deep"), timeout=5.0)
+    assert os.listdir(m.mnt / "deep") == []
+    shutil.copy(work / "later.tif.zarr.zip", src / "deep" / "later.tif.zarr.zip")
+    assert _wait_for(lambda: os.path.exists(m.mnt / "deep" / "later.tif"), timeout=5.0)
+    # Names a generic file watcher ignores (editor backups, .git) are SRC's names too.
+    for name in ("draft.txt~", ".git", "x.swp"):
+        (src / "deep" / name).write_bytes(b"x")
+    assert _wait_for(lambda: {"draft.txt~", ".git", "x.swp"} <= set(os.listdir(m.mnt / "deep")))

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MAX_FOLDERS = 100_000  # beyond this, watching costs more than mtime checks: fall back
+VANISHED_RETRIES = 50  # walks in a row that raced folders being removed, before giving up
 
 
 def real_folders(src: Path, skip: set[Path]) -> list[Path]:
@@ -60,21 +61,42 @@ async def watch_source(ops: DecantOperations, src: Path, spool_root: Path) -> No
         ops.watched = False
         return
     skip = {ops.config.mnt, spool_root}
+    vanished = 0
     try:
         while True:
             folders = await trio.to_thread.run_sync(real_folders, src, skip)
             watched = set(folders)
-            async for changes in watchfiles.awatch(
-                *folders,
-                recursive=False,
-                debounce=100,
-                step=20,
-                rust_timeout=200,  # how long the notify thread blocks: it delays shutdown
-            ):
-                paths = {Path(p) for _change, p in changes}
-                await ops.on_changed({p.parent for p in paths} - skip)
-                if await trio.to_thread.run_sync(_folders_changed, paths, watched, skip):
-                    break  # watch the new set of folders
+            caught_up = False
+            try:
+                async for changes in watchfiles.awatch(
+                    *folders,
+                    watch_filter=None,  # the default one hides `.git`, `*~`, `*.swp`... names
+                    recursive=False,
+                    debounce=100,
+                    step=20,
+                    rust_timeout=200,  # how long the notify thread blocks: it delays shutdown
+                    yield_on_timeout=True,  # the first yield says the watches are in place
+                ):
+                    vanished = 0
+                    if not caught_up:
+                        # What changed between the walk and the watches went unseen: the
+                        # folders the kernel holds are checked once, now that any later
+                        # change is reported.
+                        caught_up = True
+                        await ops.on_changed(watched - skip)
+                    if not changes:
+                        continue
+                    paths = {Path(p) for _change, p in changes}
+                    await ops.on_changed({p.parent for p in paths} - skip)
+                    if await trio.to_thread.run_sync(_folders_changed, paths, watched, skip):
+                        break  # watch the new set of folders
+            except (FileNotFoundError, NotADirectoryError):
+                # A folder went between the walk and the watch (an `rm -r` in progress): walk
+                # again. Only SRC itself gone for good ends watching.
+                vanished += 1
+                if vanished > VANISHED_RETRIES or not src.is_dir():
+                    raise
+                await trio.sleep(0.05 * vanished)  # the next watch catches up on changes
     except Exception as exc:  # e.g. the inotify watch limit: degrade, keep serving
         ops.watched = False
         log.warning("watching %s failed (%s); changes show after a folder's mtime check", src, exc)
