@@ -65,6 +65,11 @@ class BucketTree(SourceTree):
         self._started_ns = time.time_ns()
         self._root_url = str(root)
         self._scanning = threading.local()  # the listing a worker thread's scan presents
+        # (key, ETag) → the stat of the spooled file this mount published there: its mode,
+        # owner and mtime are shown instead of the object's (so a second `rsync -a` finds
+        # what it wrote). Kept in memory: after a remount, or on other hosts, an object shows
+        # its upload time and mode 0444 (see README, "Writing into a bucket").
+        self._published: dict[tuple[str, str], os.stat_result] = {}
 
     def key_of(self, path: Path) -> str:
         return "" if path == self.root else path.relative_to(self.root).as_posix()
@@ -82,6 +87,30 @@ class BucketTree(SourceTree):
         with self._lock:
             for listing in self._listings.values():
                 listing.at = float("-inf")
+
+    def note_published(self, key: str, etag: str, st: os.stat_result) -> None:
+        """The write side placed an object at `key`: its folder (and the folders above, one
+        of which may be new) are listed afresh at their next use, and the object shows the
+        spooled file's metadata. Called from the pack queue's worker threads."""
+        with self._lock:
+            self._published[(key, etag)] = st
+            prefix = key
+            while prefix:
+                prefix = prefix.rpartition("/")[0]
+                listing = self._listings.get(prefix)
+                if listing is not None:
+                    listing.at = float("-inf")
+
+    def _object_stat(self, info: ObjectInfo) -> os.stat_result:
+        st = _file_stat(info, self._uid, self._gid)
+        mine = self._published.get((info.key, info.etag or "")) if self._published else None
+        if mine is None:
+            return st
+        fields = (stat.S_IFREG | stat.S_IMODE(mine.st_mode), st.st_ino, 0, 1, mine.st_uid,
+                  mine.st_gid, st.st_size, mine.st_mtime, mine.st_mtime, mine.st_mtime)  # fmt: skip
+        ns = {"st_atime_ns": mine.st_mtime_ns, "st_mtime_ns": mine.st_mtime_ns,
+              "st_ctime_ns": mine.st_mtime_ns}  # fmt: skip
+        return os.stat_result(fields, ns)
 
     def stamp_folder(self, folder: Path) -> int:
         return self._listing(self.key_of(folder)).generation
@@ -118,7 +147,12 @@ class BucketTree(SourceTree):
 
     def scan(self, folder: Path) -> dict[str, Node]:
         prefix = self.key_of(folder)
-        listing = self._listing(prefix)
+        try:
+            listing = self._listing(prefix)
+        except StoreError:
+            if self.spool is None or not self.spool.path(prefix).is_dir():
+                raise
+            listing = _Listing(float("-inf"), failed=True)  # made here: its spool shows
         found: list[tuple[str, os.stat_result]] = []
         infos: dict[str, ObjectInfo] = {}
         for name in listing.dirs:
@@ -128,13 +162,28 @@ class BucketTree(SourceTree):
             name = info.key.rpartition("/")[2]
             if self._shown(folder, name):
                 infos[name] = info
-                found.append((name, _file_stat(info, self._uid, self._gid)))
+                found.append((name, self._object_stat(info)))
+        if self.spool is not None:  # folders made through the mount, not yet in the bucket
+            listed = set(listing.dirs)
+            for name in self._spool_dirs(prefix):
+                if name not in listed and self._shown(folder, name):
+                    found.append((name, self._dir_stat(join_key(prefix, name))))
         self._scanning.infos = infos
         try:
             out, _regular = self._present(folder, found)
         finally:
             self._scanning.infos = {}
+        if self.spool is not None:
+            out.update(self._spooled(folder))
         return out
+
+    def _spool_dirs(self, prefix: str) -> list[str]:
+        assert self.spool is not None
+        try:
+            with os.scandir(self.spool.path(prefix) if prefix else self.spool.files) as it:
+                return [de.name for de in it if de.is_dir(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def _shown(self, folder: Path, name: str) -> bool:
         problem = name_problem(name) if name not in (".", "..") else "a dot name"
@@ -161,19 +210,23 @@ class BucketTree(SourceTree):
 
     def _dir_stat(self, key: str) -> os.stat_result:
         ino = zlib.crc32(key.encode()) | 1 << 40
-        return _make_stat(stat.S_IFDIR | 0o555, ino, 0, self._started_ns, self._uid, self._gid)
+        mode = 0o755 if self.spool is not None else 0o555  # writable with --spool
+        return _make_stat(stat.S_IFDIR | mode, ino, 0, self._started_ns, self._uid, self._gid)
 
     def _raw_node(self, path: Path, st: os.stat_result) -> Node:
         if stat.S_ISDIR(st.st_mode):
             return mirror_node(path, st, False)
         entry = Entry(size=st.st_size)
-        return archive_node(self.objects, path, st, "", entry, self._relative(path))  # type: ignore[arg-type]
+        node = archive_node(self.objects, path, st, "", entry, self._relative(path))  # type: ignore[arg-type]
+        if self.writable:
+            node.mode = stat.S_IMODE(st.st_mode)  # what `rsync -a` gave what this mount published
+        return node
 
     def _stat(self, path: Path) -> os.stat_result:
         info = getattr(path, "info", None)
         if info is None or isinstance(info, _DirInfo):
             return self._dir_stat(self.key_of(path))
-        return _file_stat(info, self._uid, self._gid)
+        return self._object_stat(info)
 
     def _transient(self, exc: DecantError) -> bool:
         return isinstance(exc, StoreError) and not isinstance(
