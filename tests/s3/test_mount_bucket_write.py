@@ -162,11 +162,10 @@ def test_a_key_another_host_wrote_is_not_overwritten(
     mine_tif = corpus["zlib_u16.tif"].read_bytes()  # other bytes under the same name
     (m.mnt / "lzw_u8.tif").write_bytes(mine_tif)
     (m.mnt / "notes.txt").write_bytes(b"my notes\n")
-    # The same bytes as the object there: nothing to overwrite, the spooled copy goes.
-    shutil.copyfile(corpus["tiled_f32_narrow.tif"], tmp_path / "same.tif")
-    obstore.put(store, s3_bucket.key("same.tif.zarr.zip"),
-                packed_corpus["tiled_f32_narrow.tif"].archive.read_bytes())  # fmt: skip
-    shutil.copyfile(tmp_path / "same.tif", m.mnt / "same.tif")
+    # The same original as the archive there: nothing to overwrite, the spooled copy goes.
+    same = "tiled_f32_narrow.tif"
+    obstore.put(store, s3_bucket.key(f"{same}.zarr.zip"), packed_corpus[same].archive.read_bytes())
+    shutil.copyfile(corpus[same], m.mnt / same)
 
     def failed() -> dict[str, str]:
         return {f["path"]: f["reason"] for f in status(m.mnt)["failed"]}
@@ -178,12 +177,12 @@ def test_a_key_another_host_wrote_is_not_overwritten(
     assert (
         bytes(obstore.get(store, s3_bucket.key("lzw_u8.tif.zarr.zip")).bytes()) == theirs_tif
     )
-    wait_for(lambda: "same.tif" not in spooled(spool), 60, "the identical file unspooled")
+    wait_for(lambda: same not in spooled(spool), 60, "the identical file unspooled")
     assert spooled(spool) == ["lzw_u8.tif", "notes.txt"]
     # Still readable through the mount: the spooled bytes win their names on this host.
     assert (m.mnt / "lzw_u8.tif").read_bytes() == mine_tif
     assert (m.mnt / "notes.txt").read_bytes() == b"my notes\n"
-    assert (m.mnt / "same.tif").read_bytes() == corpus["tiled_f32_narrow.tif"].read_bytes()
+    assert (m.mnt / same).read_bytes() == corpus[same].read_bytes()
     assert "not published, stays spooled" in m.log_text()
 
 

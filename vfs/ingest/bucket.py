@@ -93,7 +93,7 @@ class BucketPlacer:
             check(cancel)
 
         sha = file_sha256(source, progress) if archive else ""
-        verify = _restores_to(sha, st.st_size) if archive else _same_as(source)
+        verify = _restores_to(source.name, sha, st.st_size) if archive else _same_as(source)
         existing = self.folder.stat(key)
         if existing is not None:
             return self._already(spool, relpath, key, existing.etag or "", st, verify)
@@ -211,9 +211,9 @@ def _same_as(local: Path) -> Verify:
     return same_bytes(local)
 
 
-def _restores_to(sha: str, size: int) -> Verify:
+def _restores_to(name: str, sha: str, size: int) -> Verify:
     """A verifier: the archive, opened from the bucket by ranged GETs, restores to one original
-    of `size` bytes whose sha256 is the spooled file's."""
+    `name` of `size` bytes whose sha256 is the spooled file's."""
 
     def verify(folder: object, key: str) -> None:
         from vfs.decant.reader import DecantArchive
@@ -223,10 +223,10 @@ def _restores_to(sha: str, size: int) -> Verify:
         with DecantArchive.open_at(folder, key) as archive:  # type: ignore[arg-type]
             sizes = [info.size for info in archive.originals()]
             verdicts = verify_opened(archive)
-        bad = [v for v in verdicts if not v.ok or v.actual != sha]
+        bad = [v for v in verdicts if not v.ok or v.actual != sha or v.relpath != name]
         if len(verdicts) != 1 or bad or sizes != [size]:
             got = ", ".join(f"{v.relpath} {v.actual}" for v in verdicts) or "no original"
-            raise UploadVerifyError(f"restores to {got}, the spooled file's sha256 is {sha}")
+            raise UploadVerifyError(f"restores to {got}, not {name} {sha}")
 
     return verify
 

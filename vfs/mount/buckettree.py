@@ -113,7 +113,17 @@ class BucketTree(SourceTree):
         return os.stat_result(fields, ns)
 
     def stamp_folder(self, folder: Path) -> int:
-        return self._listing(self.key_of(folder)).generation
+        return self._listed(self.key_of(folder)).generation
+
+    def _listed(self, prefix: str) -> _Listing:
+        """The listing of `prefix`; an empty one for a folder made through the mount that the
+        bucket cannot be asked about now (its spooled files still show)."""
+        try:
+            return self._listing(prefix)
+        except StoreError:
+            if self.spool is None or not prefix or not self.spool.path(prefix).is_dir():
+                raise
+            return _Listing(float("-inf"), failed=True)
 
     def _listing(self, prefix: str) -> _Listing:
         with self._lock:
@@ -147,12 +157,7 @@ class BucketTree(SourceTree):
 
     def scan(self, folder: Path) -> dict[str, Node]:
         prefix = self.key_of(folder)
-        try:
-            listing = self._listing(prefix)
-        except StoreError:
-            if self.spool is None or not self.spool.path(prefix).is_dir():
-                raise
-            listing = _Listing(float("-inf"), failed=True)  # made here: its spool shows
+        listing = self._listed(prefix)
         found: list[tuple[str, os.stat_result]] = []
         infos: dict[str, ObjectInfo] = {}
         for name in listing.dirs:
