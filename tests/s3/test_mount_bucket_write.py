@@ -123,7 +123,7 @@ def test_rsync_into_a_bucket_mount_publishes_verified_objects(
     wait_for(lambda: not spooled(spool), 120, "the spool drained")
     doc = status(m.mnt)
     assert doc["failed"] == [] and doc["done"] == len(want), doc
-    assert keys_of(store, s3_bucket.key()) == sorted(expected_keys(want) + ["old.txt"])
+    assert keys_of(store, s3_bucket.key()) == sorted([*expected_keys(want), "old.txt"])
     for rel, data in want.items():
         key = s3_bucket.key(f"{rel}.zarr.zip" if rel.endswith(".tif") else rel)
         if not rel.endswith(".tif"):
