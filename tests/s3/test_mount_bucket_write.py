@@ -174,9 +174,7 @@ def test_a_key_another_host_wrote_is_not_overwritten(
     assert "already exists" in failed()["notes.txt"] and "not overwritten" in failed()["notes.txt"]
     assert "already exists" in failed()["lzw_u8.tif"]
     assert bytes(obstore.get(store, s3_bucket.key("notes.txt")).bytes()) == b"their notes\n"
-    assert (
-        bytes(obstore.get(store, s3_bucket.key("lzw_u8.tif.zarr.zip")).bytes()) == theirs_tif
-    )
+    assert bytes(obstore.get(store, s3_bucket.key("lzw_u8.tif.zarr.zip")).bytes()) == theirs_tif
     wait_for(lambda: same not in spooled(spool), 60, "the identical file unspooled")
     assert spooled(spool) == ["lzw_u8.tif", "notes.txt"]
     # Still readable through the mount: the spooled bytes win their names on this host.
