@@ -227,3 +227,44 @@ def test_the_store_down_during_ingest_keeps_files_spooled_until_it_returns(
     assert keys_of(store, "p") == expected_keys(want)
     for rel, data in want.items():
         assert (m.mnt / rel).read_bytes() == data, rel
+
+
+def test_the_placer_publishes_checks_and_withdraws_only_its_own(
+    s3_bucket: S3Bucket, corpus: dict[str, Path], tmp_path: Path
+) -> None:
+    """BucketPlacer without a mount: the key it writes, what it reports, and `retract`
+    deleting what it uploaded but never an object it did not."""
+    from vfs.ingest.bucket import BucketPlacer, KeyTakenError
+    from vfs.ingest.spool import Spool
+    from vfs.stores.base import ObjectPath
+    from vfs.stores.s3 import S3Folder
+
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    folder = S3Folder(s3_bucket.url())
+    seen: list[tuple[str, bool]] = []
+    placer = BucketPlacer(folder, lambda key, _etag, st: seen.append((key, st is not None)))
+    spool = Spool(ObjectPath.of_url(s3_bucket.url()), tmp_path / "files", tmp_path / "staging")
+    spool.placer = placer
+    name = "tiled_f32_narrow.tif"
+    (tmp_path / "files" / "d").mkdir(parents=True)
+    shutil.copyfile(corpus[name], tmp_path / "files" / "d" / name)
+    done = spool.publish(f"d/{name}", False, None)
+    assert done.mode in ("byte-exact", "verbatim") and str(done.target) == s3_bucket.url(
+        f"d/{name}.zarr.zip"
+    )
+    assert seen == [(f"d/{name}.zarr.zip", True)]
+    assert list(tmp_path.joinpath("staging").iterdir()) == []  # the staged archive went
+    assert spool.publish(f"d/{name}", False, None).mode == "already"
+    placer.retract(done.target, done.placed)
+    assert keys_of(store, s3_bucket.key()) == []
+    assert seen[-1] == (f"d/{name}.zarr.zip", False)
+    again = spool.publish(f"d/{name}", False, None)
+    key = s3_bucket.key(f"d/{name}.zarr.zip")
+    obstore.put(store, key, b"replaced by another writer")
+    placer.retract(again.target, again.placed)  # not ours any more: it stays
+    assert bytes(obstore.get(store, key).bytes()) == b"replaced by another writer"
+    obstore.delete(store, key)
+    obstore.put(store, s3_bucket.key(f"d/{name}"), b"theirs")  # the plain form of the name
+    with pytest.raises(KeyTakenError, match="one would hide the other"):
+        spool.publish(f"d/{name}", False, None)
+    assert keys_of(store, s3_bucket.key()) == [f"d/{name}"]

@@ -54,8 +54,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # What a placed object is remembered by: its key (relative to the mounted folder), its ETag
-# and the spooled file's stat (mode, owner, mtime: what `rsync -a` gave it).
-OnPlaced = Callable[[str, str, os.stat_result], None]
+# and the spooled file's stat (mode, owner, mtime: what `rsync -a` gave it); None: withdrawn.
+OnPlaced = Callable[[str, str, os.stat_result | None], None]
 
 
 class KeyTakenError(StoreError):
@@ -203,6 +203,11 @@ class BucketPlacer:
             obstore.delete(self.folder.client, self.folder.full_key(key))
         except Exception as exc:  # obstore errors, StoreError: logged, the object stays
             log.warning("%s: could not withdraw it: %s", self.folder.url_of(key), exc)
+            return
+        with self._lock:
+            self._ours.pop(str(target), None)
+        if self.on_placed is not None:
+            self.on_placed(key, etag, None)
 
 
 def _same_as(local: Path) -> Verify:

@@ -88,12 +88,15 @@ class BucketTree(SourceTree):
             for listing in self._listings.values():
                 listing.at = float("-inf")
 
-    def note_published(self, key: str, etag: str, st: os.stat_result) -> None:
-        """The write side placed an object at `key`: its folder (and the folders above, one
-        of which may be new) are listed afresh at their next use, and the object shows the
-        spooled file's metadata. Called from the pack queue's worker threads."""
+    def note_published(self, key: str, etag: str, st: os.stat_result | None) -> None:
+        """The write side placed an object at `key` (`st`: the spooled file's stat, which it
+        shows) or withdrew it (None): its folder (and the folders above, one of which may be
+        new) are listed afresh at their next use. Called from the pack queue's threads."""
         with self._lock:
-            self._published[(key, etag)] = st
+            if st is None:
+                self._published.pop((key, etag), None)
+            else:
+                self._published[(key, etag)] = st
             prefix = key
             while prefix:
                 prefix = prefix.rpartition("/")[0]
