@@ -314,6 +314,9 @@ def setup_logging(args: argparse.Namespace, detached: bool) -> None:
         raise SystemExit(f"decant-mount: unknown --log-level {args.log_level!r}")
     handler: logging.Handler
     if args.log_file:
+        # The log names every user's files: created 0600 (an operator may widen it, as for
+        # the journal), never with the umask's 0644 beside other users.
+        os.close(os.open(args.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
         handler = logging.FileHandler(args.log_file)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     elif detached and os.path.exists("/dev/log"):

@@ -184,5 +184,7 @@ def test_backend_at_a_local_folder_takes_the_path(env) -> None:
     assert desc == be.describe(env.path)
     entry = files(desc.root)["manifest.json"]
     handle = be.open_at(LocalFolder(env.dir), env.path.name, "manifest.json", entry)
-    assert handle._reader.path == env.path
+    # The local way: one descriptor on the package (the LocalFile the backend opened), with the
+    # local fast paths, labelled by the path.
+    assert handle._reader._local and handle._reader.label == str(env.path)
     handle.close()

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from vfs.beneath import read_beneath
 from vfs.decant.blosc_blocks import BloscChunkError, decompress_into, parse_header
 from vfs.errors import CorruptArchiveError
 
@@ -111,7 +112,9 @@ class PlaneReader:
         assert self._folder is not None
         path = self._folder / self.array.metadata.encode_chunk_key(index)
         try:
-            raw = path.read_bytes()
+            # The image folder was checked for links when opened; a chunk swapped for one (or
+            # for a FIFO) since must not be read as root: see vfs/beneath.py.
+            raw = read_beneath(self._folder, path)
         except FileNotFoundError:
             return False  # the fill value: zarr-python's business
         height, width = plane.shape

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 from vfs.acqstore import paths
 from vfs.acqstore.paths import ENTRY_POINT
 from vfs.backends.base import Backend, Description, Entry, RandomAccess
+from vfs.beneath import not_shown, open_beneath
 from vfs.cache import PageCache
 from vfs.errors import DecantError, ManifestError
 
@@ -23,9 +25,15 @@ log = logging.getLogger(__name__)
 class FileAccess:
     """A plain file of the collection (JSON, CSV), read with pread so threads can share it."""
 
-    def __init__(self, path: Path, size: int) -> None:
+    def __init__(self, path: Path, size: int, root: Path | None = None) -> None:
         self.size = size
-        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # From the collection folder without following a link, and without waiting on a FIFO:
+        # the collection's owner may have swapped the file since the view was built.
+        self._fd = open_beneath(root or path.parent, path, os.O_RDONLY | os.O_NONBLOCK)
+        st = os.fstat(self._fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(self._fd)
+            raise not_shown(path, st)
 
     def read(self, offset: int, size: int) -> bytes:
         end = min(offset + max(size, 0), self.size)
@@ -84,7 +92,7 @@ class AcqStoreBackend:
             raise ManifestError(f"{path}: {member}: bad locator {entry.locator!r}")
         target = paths.resolve(path, rel)
         if kind == "file":
-            return FileAccess(target, entry.size)
+            return FileAccess(target, entry.size, path)
         if kind == "decant":
             if self.decant_backend is None:
                 raise ManifestError(f"{target}: a decant archive, but no decant backend is loaded")

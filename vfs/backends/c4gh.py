@@ -36,7 +36,7 @@ from vfs.c4gh.tarindex import Member, TarIndex, build_index
 from vfs.cache import PageCache
 from vfs.errors import CorruptArchiveError, DecantError, DecryptError, NotAnArchiveError
 from vfs.stores.base import ByteSource, Folder
-from vfs.stores.local import LocalFolder
+from vfs.stores.local import LocalFile, LocalFolder
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,8 @@ class MemberReader:
     ) -> None:
         self.size = size
         self.name = name
+        # (inode, size, mtime_ns) of the package file read, when local (see C4ghBackend.open).
+        self.opened: tuple[int, int, int] | None = None
         self._reader = reader
         self._offset = offset
         self._pool = pool
@@ -172,7 +174,18 @@ class C4ghBackend:
 
     def open(self, path: Path, member: str, entry: Entry) -> MemberReader:
         offset = _member_offset(path.name, member, entry)
-        return self._member(self._reader(path, self._session(path)), member, entry, offset)
+        # One descriptor for the header and the segments: the package whose identity the mount
+        # checks (`opened`) is the one decrypted, even if its path names another one meanwhile.
+        source = LocalFile(path)
+        try:
+            session = self._session(path, source)
+            reader = self._member(self._reader(source, session), member, entry, offset)
+        except BaseException:
+            source.close()
+            raise
+        st = source.stat
+        reader.opened = (st.st_ino, st.st_size, st.st_mtime_ns)
+        return reader
 
     def open_at(
         self,
@@ -218,19 +231,23 @@ class C4ghBackend:
         # once served (spec), so this is rare; it keeps a replaced file from serving old bytes.
         self.cache.discard_prefix(CACHE_PREFIX)
 
-    def _session(self, path: Path) -> _Session:
-        st = os.stat(path)
+    def _session(self, path: Path, source: LocalFile | None = None) -> _Session:
+        """The package's session; with `source`, read from (and stamped by) that descriptor."""
+        st = source.stat if source is not None else os.stat(path)
         stamp = (st.st_size, st.st_mtime_ns)
         session = self._known(str(path), stamp, path.name)
         if session is not None:
             return session
-        with open(path, "rb") as f:
-            fd = f.fileno()
-            header, first = open_header(
-                lambda off, n: os.pread(fd, n, off), st.st_size, self.secret_keys, path.name
-            )
+        if source is not None:
+            header, first = self._header(source.fileno(), st.st_size, path.name)
+        else:
+            with open(path, "rb") as f:
+                header, first = self._header(f.fileno(), st.st_size, path.name)
         session = _Session(stamp, st.st_size, header, self._check_writer(path.name, header))
-        return self._keep(path, session, path, first)
+        return self._keep(path, session, source or path, first)
+
+    def _header(self, fd: int, size: int, name: str) -> tuple[OpenedHeader, bytes]:
+        return open_header(lambda off, n: os.pread(fd, n, off), size, self.secret_keys, name)
 
     def _session_at(self, source: ByteSource) -> _Session:
         """The session of a package in a byte source, opened from its header when new."""

@@ -127,6 +127,13 @@ class DecantFile:
         self.reader = reader
         self.size = reader.size
 
+    @property
+    def opened(self) -> tuple[int, int, int] | None:
+        """(inode, size, mtime_ns) of the local zip this handle really opened (from its
+        descriptor), for the mount to check against the archive it listed; None otherwise."""
+        st = self.archive.store.stat
+        return None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns)
+
     def read(self, offset: int, size: int) -> bytes | memoryview:
         return self.reader.read(offset, size)
 

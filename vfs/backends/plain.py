@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
+
+from vfs.beneath import not_shown, open_beneath
 
 
 class PlainFile:
-    """A real file read by position; never written through the mount."""
+    """A real file read by position; never written through the mount.
 
-    def __init__(self, path: Path) -> None:
-        self._fd = os.open(path, os.O_RDONLY)
-        self.size = os.fstat(self._fd).st_size
+    Opened from `root` (SRC) with no symlink followed and without blocking: the file may have
+    been swapped for a link or a FIFO since it was listed (see vfs/beneath.py)."""
+
+    def __init__(self, path: Path, root: Path | None = None) -> None:
+        self._fd = open_beneath(root or path.parent, path, os.O_RDONLY | os.O_NONBLOCK)
+        st = os.fstat(self._fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(self._fd)
+            raise not_shown(path, st)
+        self.size = st.st_size
 
     def read(self, offset: int, size: int) -> bytes:
         return os.pread(self._fd, size, offset)

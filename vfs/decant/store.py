@@ -412,20 +412,37 @@ def _check_central_directory(fh: BinaryIO, path: Path | str) -> None:
 
 class DirectoryStore(Store):
     """A `.zarr/` folder. Keys are opened component by component without following symlinks:
-    an archive's owner must not make the daemon (often root) serve a file outside the archive."""
+    an archive's owner must not make the daemon (often root) serve a file outside the archive.
+    The folder itself is opened once: every key is read below that very folder (its `stat`
+    is the one checked by the mount), never below whatever its path names later."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self._dir = -1
+        try:
+            self._dir = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise CorruptArchiveError(f"{path}: cannot read ({exc.strerror})") from None
+        self.stat = os.fstat(self._dir)
+
+    def close(self) -> None:
+        if self._dir >= 0:
+            os.close(self._dir)
+            self._dir = -1
 
     def get(self, key: str, limit: int) -> bytes | None:
         parts = key.split("/")
         if any(p in ("", ".", "..") for p in parts):
             raise CorruptArchiveError(f"{self.path}: key {key!r} is not a safe relative path")
+        if self._dir < 0:
+            raise CorruptArchiveError(f"{self.path}: read after close")
         fds: list[int] = []
         try:
-            fds.append(os.open(self.path, os.O_RDONLY | os.O_DIRECTORY))
             for part in parts[:-1]:
                 flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-                fds.append(os.open(part, flags, dir_fd=fds[-1]))
+                fds.append(os.open(part, flags, dir_fd=fds[-1] if fds else self._dir))
             flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-            fds.append(os.open(parts[-1], flags, dir_fd=fds[-1]))
+            fds.append(os.open(parts[-1], flags, dir_fd=fds[-1] if fds else self._dir))
             data = self._read_regular(key, fds[-1], limit)
             if data is not None and self.digests is not None:
                 self._check_digest(key, data)

@@ -50,26 +50,31 @@ def scan_tiff(path: Path, size: int) -> TiffLayout:
     """Describe `path` for mode D, or raise NotByteExact saying why it needs mode V."""
     try:
         with tifffile.TiffFile(path) as tif:
-            pages = list(tif.pages)
-            if not pages:
+            # Page by page, without keeping tifffile's page objects (a few KiB each: a hostile
+            # file of 18-byte IFDs would cost ~40x its size), and no further than mode D's
+            # bound (the reader's: mode D must stay readable).
+            first, records = None, []
+            for i, page in enumerate(tif.pages):
+                if i >= MAX_PAGES:
+                    raise NotByteExact(f"more than the {MAX_PAGES} pages of mode D")
+                if first is None:
+                    first = page
+                records.append(_page_record(i, page))  # type: ignore[arg-type]
+            if first is None:
                 raise NotByteExact("the TIFF has no pages")
-            if len(pages) > MAX_PAGES:  # the reader's bound: mode D must stay readable
-                raise NotByteExact(f"{len(pages)} pages, more than the {MAX_PAGES} of mode D")
-            records = [_page_record(i, p) for i, p in enumerate(pages)]  # type: ignore[arg-type]
             segments = sum(len(r.dataoffsets) for r in records)
             if segments > MAX_SEGMENTS:
                 raise NotByteExact(
                     f"{segments} strips/tiles, more than the {MAX_SEGMENTS} of mode D"
                 )
             byteorder = tif.byteorder
-            leading_axes, leading_shape = _leading(tif, len(pages))
+            leading_axes, leading_shape = _leading(tif, len(records))
     except NotByteExact:
         raise
     except Exception as exc:  # tifffile raises many types on malformed input
         raise NotByteExact(
             f"not a TIFF tifffile can read ({exc.__class__.__name__}: {exc})"
         ) from None
-    first = pages[0]
     dtype = np.dtype(first.dtype.name)  # type: ignore[union-attr]
     dtype = dtype.newbyteorder(byteorder) if dtype.itemsize > 1 else dtype
     shape = records[0].shape

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from vfs.beneath import parent_fd
 from vfs.decant import TEMP_PREFIX
 from vfs.ingest.space import free_bytes
 
@@ -225,35 +226,46 @@ def _link_into_place(
     """The spooled inode gets its final name too (the folder keeps its mtime). Under the
     placing lock, like every change the write side makes to SRC and to spooled names there:
     a file renamed or deleted through the mount is either gone here (nothing is linked) or
-    finds its published copy in place (and replaces or removes it)."""
+    finds its published copy in place (and replaces or removes it). The folder is reached
+    from SRC without following links: its owner may have swapped it for one."""
     folder = final.parent
     mode = "plain"
     doomed: list[Path | None] = []
-    with _PLACING:
-        before = folder.stat()
-        try:
+    dfd = parent_fd(spool.src, final)
+    try:
+        with _PLACING:
+            before = os.stat(dfd)
             try:
-                os.link(source, final)
-            except FileExistsError:
-                if os.path.samefile(source, final):
-                    mode = "already"  # linked before a crash: only the spool name is left
-                else:
-                    staged = _staged(spool, folder, final.name)
-                    try:
-                        os.link(source, staged)
-                        doomed.append(_keep_older(spool, final))
-                        os.replace(staged, final)  # over an older file, atomically
-                    finally:
-                        staged.unlink(missing_ok=True)
-            if mode == "plain":
-                doomed.append(set_aside(spool, shadowed))  # an archive of the name
-            placed = final.stat()
-            spool.mark_placed(relpath, placed)
-        finally:
-            os.utime(folder, ns=(before.st_atime_ns, before.st_mtime_ns))
+                try:
+                    os.link(source, final.name, dst_dir_fd=dfd)
+                except FileExistsError:
+                    there = os.stat(final.name, dir_fd=dfd, follow_symlinks=False)
+                    if os.path.samestat(os.stat(source), there):
+                        mode = "already"  # linked before a crash: only the spool name is left
+                    else:
+                        staged = _staged(spool, folder, final.name)
+                        try:
+                            os.link(source, staged)
+                            doomed.append(_keep_older(spool, final, dfd))
+                            os.replace(staged, final.name, dst_dir_fd=dfd)  # over an older one
+                        finally:
+                            staged.unlink(missing_ok=True)
+                if mode == "plain":
+                    doomed.append(set_aside(spool, shadowed, dfd))  # an archive of the name
+                placed = os.stat(final.name, dir_fd=dfd, follow_symlinks=False)
+                spool.mark_placed(relpath, placed)
+            finally:
+                os.utime(_fd_path(dfd), ns=(before.st_atime_ns, before.st_mtime_ns))
+    finally:
+        os.close(dfd)
     for path in doomed:
         remove_tree(path)
     return mode, placed
+
+
+def _fd_path(fd: int) -> str:
+    """The folder an O_PATH descriptor holds, for calls that take no descriptor."""
+    return f"/proc/self/fd/{fd}"
 
 
 def copy_sparse(source: Path, dest: Path, cancel: threading.Event | None) -> None:
@@ -426,11 +438,19 @@ def _staged(spool: Spool, folder: Path, name: str) -> Path:
 
 
 def apply_metadata(path: Path, st: os.stat_result) -> None:
-    """What `rsync -a` gave the file: mode bits, owner, group and (last) mtime."""
-    os.chmod(path, stat.S_IMODE(st.st_mode))
-    if os.geteuid() == 0:
-        os.chown(path, st.st_uid, st.st_gid)
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    """What `rsync -a` gave the file: mode bits, owner, group and (last) mtime. Set through a
+    descriptor of the file itself: a temp name beside the target sits in the writer's folder,
+    where it could be swapped for a link (the daemon must not chmod/chown its target)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EPERM, "not a regular file (swapped?)", str(path))
+        os.fchmod(fd, stat.S_IMODE(st.st_mode))
+        if os.geteuid() == 0:
+            os.fchown(fd, st.st_uid, st.st_gid)
+        os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+    finally:
+        os.close(fd)
 
 
 def signature(st: os.stat_result) -> tuple[int, ...]:
@@ -447,40 +467,54 @@ def retract(spool: Spool, target: Path, placed: tuple[int, int]) -> None:
     if spool.placer is not None:
         spool.placer.retract(target, placed)
         return
-    with _PLACING:
-        try:
-            if _ident(target.lstat()) != placed:
+    try:
+        dfd = parent_fd(spool.src, target)
+    except OSError:
+        return  # its folder is gone (or is a link now): nothing of ours to withdraw there
+    try:
+        with _PLACING:
+            try:
+                if _ident(os.lstat(target.name, dir_fd=dfd)) != placed:
+                    return
+            except FileNotFoundError:
                 return
-        except FileNotFoundError:
-            return
-        doomed = set_aside(spool, target)
+            doomed = set_aside(spool, target, dfd)
+    finally:
+        os.close(dfd)
     remove_tree(doomed)
 
 
-def set_aside(spool: Spool, path: Path) -> Path | None:
+def set_aside(spool: Spool, path: Path, dfd: int | None = None) -> Path | None:
     """Take `path` off its name at once (the caller holds the placing lock): renamed into the
     staging folder (never shown; cleared at start if a crash leaves it there), for
     `remove_tree` to delete outside the lock. Freeing a large file's blocks or a folder
     archive's files takes long, and handlers on the event loop wait for this lock. None if
-    there was nothing."""
+    there was nothing. Its folder is reached from SRC without links (`dfd`, or opened here):
+    a folder swapped for a link must not make the daemon delete the link's target."""
+    own = dfd is None
+    fd = parent_fd(spool.src, path) if dfd is None else dfd
     try:
-        os.lstat(path)
-    except FileNotFoundError:
-        return None
-    doomed = _staged(spool, path.parent, "gone")
-    os.rename(path, doomed)
-    return doomed
+        try:
+            os.lstat(path.name, dir_fd=fd)
+        except FileNotFoundError:
+            return None
+        doomed = _staged(spool, path.parent, "gone")
+        os.rename(path.name, doomed, src_dir_fd=fd)
+        return doomed
+    finally:
+        if own:
+            os.close(fd)
 
 
-def _keep_older(spool: Spool, final: Path) -> Path | None:
-    """An older file at `final` gets a staging name too, so replacing it does not free its
-    blocks under the placing lock (`remove_tree` does, after). None if there is none, or it
-    cannot be linked (then the replace frees it)."""
+def _keep_older(spool: Spool, final: Path, dfd: int) -> Path | None:
+    """An older file at `final` (in the folder `dfd` holds) gets a staging name too, so
+    replacing it does not free its blocks under the placing lock (`remove_tree` does, after).
+    None if there is none, or it cannot be linked (then the replace frees it)."""
     try:
-        if stat.S_ISDIR(os.lstat(final).st_mode):
+        if stat.S_ISDIR(os.lstat(final.name, dir_fd=dfd).st_mode):
             return None
         older = _staged(spool, final.parent, "gone")
-        os.link(final, older)
+        os.link(final.name, older, src_dir_fd=dfd, follow_symlinks=False)
     except OSError:
         return None
     return older
@@ -525,27 +559,30 @@ def place(
             os.fsync(fd)  # its bytes and the metadata just given, before the name points at it
         finally:
             os.close(fd)
-    folder = final.parent
     doomed: list[Path | None] = []
-    with _PLACING:  # two workers placing into one folder must not restore each other's mtime
-        if source is not None:
-            relpath, st = source
-            if signature(spool.path(relpath).stat()) != signature(st):
-                raise SourceChangedError(spool.path(relpath))
-        before = folder.stat()
-        try:
-            doomed.append(_keep_older(spool, final))
-            os.replace(staged, final)
-            doomed.append(set_aside(spool, shadowed))
-            placed = final.stat()
+    dfd = parent_fd(spool.src, final)  # reached without links: see _link_into_place
+    try:
+        with _PLACING:  # two workers placing into one folder must not restore each other's mtime
             if source is not None:
-                spool.mark_placed(source[0], placed)
-        finally:
-            os.utime(folder, ns=(before.st_atime_ns, before.st_mtime_ns))
-    for path in doomed:
-        remove_tree(path)
-    if durable:
-        fsync_dir(folder)  # not under the lock: handlers on the event loop wait for it
+                relpath, st = source
+                if signature(spool.path(relpath).stat()) != signature(st):
+                    raise SourceChangedError(spool.path(relpath))
+            before = os.stat(dfd)
+            try:
+                doomed.append(_keep_older(spool, final, dfd))
+                os.replace(staged, final.name, dst_dir_fd=dfd)
+                doomed.append(set_aside(spool, shadowed, dfd))
+                placed = os.stat(final.name, dir_fd=dfd, follow_symlinks=False)
+                if source is not None:
+                    spool.mark_placed(source[0], placed)
+            finally:
+                os.utime(_fd_path(dfd), ns=(before.st_atime_ns, before.st_mtime_ns))
+        for path in doomed:
+            remove_tree(path)
+        if durable:
+            fsync_dir(Path(_fd_path(dfd)))  # not under the lock: handlers on the loop wait for it
+    finally:
+        os.close(dfd)
     return _ident(placed)
 
 

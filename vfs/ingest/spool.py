@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from vfs.beneath import not_shown, parent_fd
 from vfs.decant import TEMP_PREFIX
 from vfs.ingest.publish import Outcome, Published, archive_name, attempt, publish
 from vfs.ingest.publish import signature as file_signature
@@ -107,10 +108,23 @@ class Spool:
         source, target = self.path(old), self.path(new)
         _into_folder(target, lambda: os.replace(source, target), source)
 
-    def adopt(self, real: Path, relpath: str) -> None:
-        """Move a real file of SRC into the spool (a real file renamed or reopened for writing)."""
+    def adopt(self, real: Path, relpath: str, root: Path | None = None) -> None:
+        """Move a real file of SRC into the spool (a real file renamed or reopened for writing).
+        With `root` (SRC), its folder is reached without following links, and anything but a
+        regular file (a link or FIFO swapped in by the folder's owner) is put back, refused."""
         target = self.path(relpath)
-        _into_folder(target, lambda: os.replace(real, target), real)
+        dfd = parent_fd(root or real.parent, real)
+        try:
+            _into_folder(target, lambda: os.replace(real.name, target, src_dir_fd=dfd), real)
+            st = target.lstat()
+            if not stat.S_ISREG(st.st_mode):
+                try:
+                    os.replace(target, real.name, dst_dir_fd=dfd)
+                except OSError:
+                    target.unlink(missing_ok=True)
+                raise not_shown(real, st)
+        finally:
+            os.close(dfd)
 
     def walk(self) -> dict[str, os.stat_result]:
         """Every spooled file, by relpath."""

@@ -13,9 +13,12 @@ import contextlib
 import errno
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from vfs.beneath import entry_path, not_shown, parent_fd
 from vfs.ingest.publish import placing_lock, remove_tree, set_aside
 from vfs.ingest.space import SpaceGuard
 from vfs.ingest.spool import Spool
@@ -94,10 +97,17 @@ class WriteSide:
         if not node.spooled:
             rel = self._relpath(node.real)
             with placing_lock():
-                self.spool.adopt(node.real, rel)
+                self.spool.adopt(node.real, rel, self.root)
             node = spooled_node(self.spool.path(rel), rel, self.spool.path(rel).stat())
-        fd = os.open(node.real, os.O_RDWR | (flags & (os.O_TRUNC | os.O_APPEND)))
-        return spooled_node(node.real, node.spooled, os.fstat(fd)), fd
+        # No link followed, no FIFO waited on: see vfs/beneath.py (adopt refuses those too).
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | (flags & (os.O_TRUNC | os.O_APPEND))
+        fd = os.open(node.real, flags)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise not_shown(node.real, st)
+        os.set_blocking(fd, True)
+        return spooled_node(node.real, node.spooled, st), fd
 
     def setattr(self, node: Node, attrs: Attrs) -> Node:
         if node.backend is not None and (node.member or attrs.size is not None):
@@ -116,16 +126,17 @@ class WriteSide:
         return self._set(node, path, attrs)
 
     def _set(self, node: Node, path: Path, attrs: Attrs) -> Node:
-        if attrs.mode is not None:
-            os.chmod(path, stat.S_IMODE(attrs.mode))
-        if attrs.uid is not None or attrs.gid is not None:
-            os.chown(path, -1 if attrs.uid is None else attrs.uid,
-                     -1 if attrs.gid is None else attrs.gid)  # fmt: skip
-        if attrs.atime_ns is not None or attrs.mtime_ns is not None:
-            st = os.stat(path)
-            atime = st.st_atime_ns if attrs.atime_ns is None else attrs.atime_ns
-            mtime = st.st_mtime_ns if attrs.mtime_ns is None else attrs.mtime_ns
-            os.utime(path, ns=(atime, mtime))
+        with entry_path(self.root, path) as target:  # never a link's target: vfs/beneath.py
+            if attrs.mode is not None:
+                os.chmod(target, stat.S_IMODE(attrs.mode))
+            if attrs.uid is not None or attrs.gid is not None:
+                os.chown(target, -1 if attrs.uid is None else attrs.uid,
+                         -1 if attrs.gid is None else attrs.gid)  # fmt: skip
+            if attrs.atime_ns is not None or attrs.mtime_ns is not None:
+                st = os.stat(target)
+                atime = st.st_atime_ns if attrs.atime_ns is None else attrs.atime_ns
+                mtime = st.st_mtime_ns if attrs.mtime_ns is None else attrs.mtime_ns
+                os.utime(target, ns=(atime, mtime))
         return self.refresh(node)
 
     def refresh(self, node: Node) -> Node:
@@ -167,8 +178,13 @@ class WriteSide:
         if node.backend is not None:
             raise refuse(errno.EPERM, f"{node.real}: archived originals cannot be renamed")
         target = self.root / new_rel
-        with placing_lock():
-            os.rename(node.real, target)
+        # Both folders reached without links: vfs/beneath.py.
+        with (
+            _folder_of(self.root, node.real) as sfd,
+            _folder_of(self.root, target) as dfd,
+            placing_lock(),
+        ):
+            os.rename(node.real.name, target.name, src_dir_fd=sfd, dst_dir_fd=dfd)
             if node.is_dir and self.spool.path(old_rel).is_dir():
                 # Files still spooled inside move along (none, if a publish just took the
                 # last of them and pruned the folder).
@@ -232,11 +248,13 @@ class WriteSide:
         rel = self._rel(parent, name)
         self._need_room(0, rel)
         path = self.root / rel
-        with placing_lock():
-            os.mkdir(path, stat.S_IMODE(mode))
-        if os.geteuid() == 0:
-            os.chown(path, uid, gid)
-        return mirror_node(path, os.stat(path), writable=True)
+        with _folder_of(self.root, path) as dfd:
+            with placing_lock():
+                os.mkdir(name, stat.S_IMODE(mode), dir_fd=dfd)
+            if os.geteuid() == 0:
+                os.chown(name, uid, gid, dir_fd=dfd, follow_symlinks=False)
+            st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        return mirror_node(path, st, writable=True)
 
     def rmdir(self, parent: Node, name: str, node: Node) -> None:
         if node.backend is not None or not node.is_dir:
@@ -244,9 +262,20 @@ class WriteSide:
         rel = self._rel(parent, name)
         if self.spool.listdir(rel):
             raise refuse(errno.ENOTEMPTY, name)
-        with placing_lock():
-            os.rmdir(node.real)
+        with _folder_of(self.root, node.real) as dfd, placing_lock():
+            os.rmdir(node.real.name, dir_fd=dfd)
         self.spool.prune_dirs(rel)
+
+
+@contextmanager
+def _folder_of(root: Path, path: Path) -> Iterator[int]:
+    """The folder holding `path`, reached from SRC without following a link: its owner may have
+    swapped it (or a folder above it) for one since the mount looked (vfs/beneath.py)."""
+    fd = parent_fd(root, path)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _moved(node: Node, target: Path) -> Node:

@@ -6,6 +6,7 @@ import ctypes
 import logging
 import os
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -112,6 +113,19 @@ def build_bucket_tree(config: MountConfig, cache: PageCache) -> SourceTree:
     return tree
 
 
+def _check_private(folder: Path) -> None:
+    """A spool someone else made (a shared, world-writable SRC, before the first writable
+    start) may hold their links: the daemon would create and truncate files through them as
+    root. Refuse it rather than use it."""
+    st = os.lstat(folder)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        what = "a symlink" if stat.S_ISLNK(st.st_mode) else f"owned by uid {st.st_uid}"
+        raise DecantError(
+            f"{folder}: {what}, not a folder of this daemon's user: another user could plant "
+            "links in it; remove it and start again (or pass --spool)"
+        )
+
+
 def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:
     """The spool, pack queue and write rules, unless the mount is read-only."""
     if config.read_only:
@@ -124,6 +138,7 @@ def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:
     # Archives are staged in SRC/.decant-spool whichever --spool is given.
     for private in {config.spool_root, src / SPOOL_NAME}:
         private.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _check_private(private)
         os.chmod(private, 0o700)
     spool = Spool(src, config.spool_root / "files")
     spools = [spool] + [Spool(src, inbox) for inbox in config.inbox]
@@ -149,6 +164,7 @@ def build_bucket_write_side(config: MountConfig, tree: SourceTree) -> PackQueue:
     assert isinstance(tree, BucketTree)
     root = config.spool_root
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_private(root)
     os.chmod(root, 0o700)  # the writers' bytes: no other local user may reach them here
     spool = Spool(config.src, root / "files", staging=root / "staging")
     spool.placer = BucketPlacer(tree.folder, tree.note_published)  # type: ignore[arg-type]

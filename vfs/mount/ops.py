@@ -25,6 +25,7 @@ import trio
 
 from vfs.backends.base import RandomAccess
 from vfs.backends.plain import BytesFile, PlainFile, SpoolFile
+from vfs.beneath import stat_beneath
 from vfs.cache import PageCache
 from vfs.errors import DecantError
 from vfs.ingest.queue import PackQueue
@@ -306,8 +307,25 @@ class DecantOperations(pyfuse3.Operations):
         doc["daemon"] = daemon_section(self.cache, self.integrity, len(self.inodes))
         return doc
 
-    def status_bytes(self) -> bytes:
-        return (json.dumps(self.status(), indent=1) + "\n").encode()
+    def status_bytes(self, viewer: int = 0) -> bytes:
+        """The status as JSON. It is readable by everyone: a caller other than root sees only
+        its own files among those named (failed, waiting for space), never names from folders
+        it may not list."""
+        doc = self.status()
+        if viewer != 0:
+            for key in ("failed", "waiting_for_space"):
+                listed = doc.get(key)
+                if isinstance(listed, list):
+                    doc[key] = [e for e in listed if self._spooled_by(e.get("path"), viewer)]
+        return (json.dumps(doc, indent=1) + "\n").encode()
+
+    def _spooled_by(self, relpath: object, uid: int) -> bool:
+        if self.writer is None or not isinstance(relpath, str):
+            return False
+        try:
+            return os.lstat(self.writer.spool.path(relpath)).st_uid == uid
+        except OSError:
+            return False
 
     # -- namespace handlers ----------------------------------------------------------------
 
@@ -333,6 +351,7 @@ class DecantOperations(pyfuse3.Operations):
         names: rsync asks for each name three times before it creates it. Names that appear
         without the kernel's knowing (SRC changed, a file dropped into the spool) are
         invalidated when the listing takes them (`_fresh`, `_show`)."""
+        COUNTERS.error(errno.ENOENT)  # what the caller sees, as if raised
         a = pyfuse3.EntryAttributes()
         a.st_ino = 0
         parent = self.inodes.get(parent_inode)
@@ -374,8 +393,11 @@ class DecantOperations(pyfuse3.Operations):
             elif self._is_status(node):
                 node.size = len(self.status_bytes())
             elif node.backend is None and not node.is_dir:
-                # A mirrored file may be rewritten in SRC without its folder changing.
-                st = await trio.to_thread.run_sync(os.stat, node.real)
+                # A mirrored file may be rewritten in SRC without its folder changing. Reached
+                # without links: one swapped in must not lend the mount its target's attributes.
+                st = await trio.to_thread.run_sync(stat_beneath, self.tree.root, node.real)
+                if not stat.S_ISREG(st.st_mode):
+                    raise _fail(errno.ENOENT)
                 node = mirror_node(node.real, st, self.tree.writable)
                 self.inodes.replace(inode, node)
             return self._attrs(inode, node)
@@ -444,7 +466,7 @@ class DecantOperations(pyfuse3.Operations):
             if self._is_status(node):
                 if writing:
                     raise _fail(errno.EACCES)
-                handle = OpenFile(node, inode, BytesFile(self.status_bytes()))
+                handle = OpenFile(node, inode, BytesFile(self.status_bytes(ctx.uid)))
                 return self._new_handle(handle, direct_io=True)
             if writing:
                 return await self._open_for_write(inode, node, flags)
@@ -472,9 +494,16 @@ class DecantOperations(pyfuse3.Operations):
 
     def _open_reader(self, node: Node) -> RandomAccess:
         if node.backend is None:
-            return PlainFile(node.real)
+            return PlainFile(node.real, self.tree.root)
         assert node.entry is not None
-        return node.backend.open(node.real, node.member, node.entry)
+        reader = node.backend.open(node.real, node.member, node.entry)
+        opened = getattr(reader, "opened", None)
+        if opened is not None and len(node.version) == 3 and opened != node.version:
+            # Not the archive listed: replaced since, or swapped for a link by the folder's
+            # owner (which must not make root decode someone else's archive for them).
+            reader.close()
+            raise OSError(errno.ESTALE, "the archive changed since it was listed", str(node.real))
+        return reader
 
     def _is_verified(self, node: Node) -> bool:
         index = self.tree.index

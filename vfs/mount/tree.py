@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vfs.backends.base import Backend, Description
+from vfs.beneath import open_beneath
 from vfs.decant import TEMP_PREFIX
 from vfs.errors import DecantError
 from vfs.mount.index import DescriptionIndex
@@ -27,6 +28,9 @@ if TYPE_CHECKING:
     from vfs.ingest.spool import Spool
 
 log = logging.getLogger(__name__)
+
+
+MAX_FAILED = 100_000  # archives remembered as failed (then forgotten all at once)
 
 
 class SourceTree:
@@ -52,6 +56,7 @@ class SourceTree:
         self.excluded: set[Path] = set()  # never scanned into (the mountpoint, if inside SRC)
         self.overlay_roots: set[Path] = set()  # folders an overlay claimed: rebuilt on change
         self._irregular: set[Path] = set()  # folders `entries` cannot answer for: see there
+        self._failed: dict[Path, tuple[object, ...]] = {}  # archives shown raw, by stamp
 
     def _log_once(self, path: Path, message: str, level: int = logging.WARNING) -> None:
         if (str(path), message) not in self._logged:
@@ -64,14 +69,19 @@ class SourceTree:
     def scan(self, folder: Path) -> dict[str, Node]:
         """The presented children of a real folder of SRC."""
         found: list[tuple[str, os.stat_result]] = []
-        with os.scandir(folder) as it:
-            for de in it:
-                if self._skipped(folder, de.name):
-                    continue
-                try:
-                    found.append((de.name, de.stat(follow_symlinks=False)))
-                except OSError:
-                    continue  # vanished
+        # Reached without links: a folder swapped for one must not list its target (beneath.py).
+        fd = open_beneath(self.root, folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with os.scandir(fd) as it:
+                for de in it:
+                    if self._skipped(folder, de.name):
+                        continue
+                    try:
+                        found.append((de.name, de.stat(follow_symlinks=False)))
+                    except OSError:
+                        continue  # vanished
+        finally:
+            os.close(fd)
         out, regular = self._present(folder, found)
         if self.spool is not None:
             out.update(self._spooled(folder))
@@ -257,8 +267,22 @@ class SourceTree:
             cached = self.index.get(path, index_key(backend), st.st_size, st.st_mtime_ns)
             if cached is not None:
                 return cached
+        # An archive file that failed is not parsed again until it changes: a folder of junk
+        # named like archives would otherwise be re-read at every rescan of its folder. (Not a
+        # folder archive: files added deep inside one leave its own stamp as it was.)
+        stamp = (index_key(backend), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+        if stat.S_ISDIR(st.st_mode):
+            stamp = ()
+        if self._failed.get(path) == stamp:
+            return None
         desc = self._describe_fresh(backend, path)
-        if desc is not None and self.index is not None:
+        if desc is None:
+            if len(self._failed) >= MAX_FAILED:
+                self._failed.clear()
+            if stamp:
+                self._failed[path] = stamp
+            return None
+        if self.index is not None:
             try:
                 self.index.put(path, index_key(backend), st.st_size, st.st_mtime_ns, desc)
             except (sqlite3.Error, ValueError, RecursionError) as exc:  # costs a re-describe

@@ -1,0 +1,106 @@
+"""Reaching entries of SRC without following a symlink anywhere on the way.
+
+The daemon often runs as root for many users, and a user who may write one folder of SRC can
+swap an entry the mount already knows (a file, a folder on its path) for a symlink between the
+daemon's look at it and its use. Whatever the daemon then does by path — open, chmod, mkdir,
+rename — it would do as root to the link's target: /etc/shadow read, chmod 0666, overwritten.
+So every such call starts from a descriptor of SRC and walks one component at a time with
+O_NOFOLLOW (what openat2's RESOLVE_NO_SYMLINKS does, without needing Linux 5.6): a link met
+anywhere fails with ELOOP (or ENOTDIR), as the entry is not there for the mount.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
+_ROOT = os.O_PATH | os.O_DIRECTORY | _CLOEXEC  # SRC itself is the operator's: it may be a link
+
+
+def _parts(root: Path, path: Path) -> tuple[str, ...] | None:
+    """The components of `path` below `root` (() for root itself), None if not below it."""
+    try:
+        return path.relative_to(root).parts
+    except ValueError:
+        return None
+
+
+def parent_fd(root: Path, path: Path) -> int:
+    """An O_PATH descriptor of the folder holding `path`, reached from `root` without following
+    a link (a `path` outside `root`: its folder opened with O_NOFOLLOW on the last part)."""
+    parts = _parts(root, path)
+    if parts is None or not parts:
+        return os.open(path.parent, _DIR)
+    fd = os.open(root, _ROOT)
+    try:
+        for part in parts[:-1]:
+            nfd = os.open(part, _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_beneath(root: Path, path: Path, flags: int, mode: int = 0o600) -> int:
+    """`os.open(path, flags)` with no link followed from `root` down (O_NOFOLLOW added)."""
+    if _parts(root, path) == ():
+        return os.open(root, flags | _CLOEXEC, mode)
+    dfd = parent_fd(root, path)
+    try:
+        return os.open(path.name, flags | os.O_NOFOLLOW | _CLOEXEC, mode, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def not_shown(path: Path, st: os.stat_result) -> OSError:
+    """The error for an entry that is no longer a regular file or folder (a FIFO, a device)."""
+    return OSError(errno.EACCES, f"no longer a file or folder (mode {stat.filemode(st.st_mode)})",
+                   str(path))  # fmt: skip
+
+
+def stat_beneath(root: Path, path: Path) -> os.stat_result:
+    """lstat of `path` reached from `root` without following a link on the way."""
+    fd = open_beneath(root, path, os.O_PATH)
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def read_beneath(root: Path, path: Path) -> bytes:
+    """The whole regular file at `path`, opened from `root` without following a link and
+    without waiting (a FIFO or device is refused, not read)."""
+    fd = open_beneath(root, path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_shown(path, st)
+        with os.fdopen(fd, "rb", closefd=False) as fh:
+            return fh.read()
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def entry_path(root: Path, path: Path) -> Iterator[str]:
+    """A path naming exactly the file or folder at `path` as reached without links (its
+    /proc/self/fd magic link), for calls that take no descriptor: chmod, chown, utime."""
+    fd = open_beneath(root, path, os.O_PATH)
+    try:
+        st = os.fstat(fd)
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            raise not_shown(path, st)
+        yield f"/proc/self/fd/{fd}"
+    finally:
+        os.close(fd)
+
+
+__all__ = ["entry_path", "not_shown", "open_beneath", "parent_fd", "read_beneath", "stat_beneath"]
