@@ -136,6 +136,13 @@ def test_rsync_into_a_bucket_mount_publishes_verified_objects(
     assert again.returncode == 0, again.stderr
     assert transferred(again.stdout) == 0, again.stdout
     assert not spooled(spool)
+    # After a remount too: the mode, owner and mtime rsync gave them are kept in the spool.
+    m.stop()
+    m.start(*m.extra)
+    third = rsync(src, m.mnt)
+    assert third.returncode == 0, third.stderr
+    assert transferred(third.stdout) == 0, third.stdout
+    assert os.stat(m.mnt / "notes.txt").st_mtime_ns == os.stat(src / "notes.txt").st_mtime_ns
     # A second host (own index, read-only) sees them after its relist, byte-exact.
     other = bucket_mount(s3_bucket.url(), "--relist", "1", name="host2")
     for rel, data in want.items():

@@ -10,6 +10,7 @@ reads fail with EIO). Pure and synchronous: the daemon calls it from worker thre
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_RELIST = 30.0  # seconds; see README "Many hosts, one bucket"
 MAX_LISTED = 1_000_000  # entries of one folder kept; more are left out (and logged)
+MAX_REMEMBERED = 1_000_000  # published objects whose metadata is kept (the latest)
 
 
 @dataclass
@@ -65,11 +67,12 @@ class BucketTree(SourceTree):
         self._started_ns = time.time_ns()
         self._root_url = str(root)
         self._scanning = threading.local()  # the listing a worker thread's scan presents
-        # (key, ETag) → the stat of the spooled file this mount published there: its mode,
-        # owner and mtime are shown instead of the object's (so a second `rsync -a` finds
-        # what it wrote). Kept in memory: after a remount, or on other hosts, an object shows
-        # its upload time and mode 0444 (see README, "Writing into a bucket").
-        self._published: dict[tuple[str, str], os.stat_result] = {}
+        # (key, ETag) → (mode, uid, gid, mtime_ns) of the spooled file this host published
+        # there: shown instead of the object's, so a second `rsync -a` finds what it wrote.
+        # Kept in `_journal` (the spool's) across restarts; other hosts show the upload time
+        # and mode 0444 (see README, "Writing into a bucket").
+        self._published: dict[tuple[str, str], tuple[int, int, int, int]] = {}
+        self._journal: Path | None = None
 
     def key_of(self, path: Path) -> str:
         return "" if path == self.root else path.relative_to(self.root).as_posix()
@@ -96,7 +99,9 @@ class BucketTree(SourceTree):
             if st is None:
                 self._published.pop((key, etag), None)
             else:
-                self._published[(key, etag)] = st
+                meta = (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns)
+                self._published[(key, etag)] = meta
+                self._remember(key, etag, meta)
             prefix = key
             while prefix:
                 prefix = prefix.rpartition("/")[0]
@@ -104,15 +109,53 @@ class BucketTree(SourceTree):
                 if listing is not None:
                     listing.at = float("-inf")
 
+    def keep_published(self, journal: Path) -> None:
+        """Load what this host published before (the last MAX_REMEMBERED entries; a line that
+        does not parse is skipped), rewrite the journal compacted, and append to it from now
+        on. The journal sits in the daemon's private spool folder."""
+        found: dict[tuple[str, str], tuple[int, int, int, int]] = {}
+        try:
+            with open(journal, encoding="utf-8") as fh:
+                for line in fh:
+                    try:
+                        key, etag, mode, uid, gid, mtime = json.loads(line)
+                        meta = (int(mode) & 0o7777, int(uid), int(gid), int(mtime))
+                        found.pop((str(key), str(etag)), None)
+                        found[(str(key), str(etag))] = meta
+                    except (ValueError, TypeError):
+                        continue
+        except FileNotFoundError:
+            pass
+        kept = list(found.items())[-MAX_REMEMBERED:]
+        tmp = journal.with_name(journal.name + ".new")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for (key, etag), meta in kept:
+                fh.write(json.dumps([key, etag, *meta]) + "\n")
+        os.replace(tmp, journal)
+        with self._lock:
+            self._published.update(kept)
+            self._journal = journal
+
+    def _remember(self, key: str, etag: str, meta: tuple[int, int, int, int]) -> None:
+        if self._journal is None:
+            return
+        try:
+            with open(self._journal, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps([key, etag, *meta]) + "\n")
+        except OSError as exc:
+            self._log_once(self._journal, f"{self._journal}: cannot record what was published "
+                           f"({exc}); a remount shows those objects' upload times")  # fmt: skip
+
     def _object_stat(self, info: ObjectInfo) -> os.stat_result:
         st = _file_stat(info, self._uid, self._gid)
         mine = self._published.get((info.key, info.etag or "")) if self._published else None
         if mine is None:
             return st
-        fields = (stat.S_IFREG | stat.S_IMODE(mine.st_mode), st.st_ino, 0, 1, mine.st_uid,
-                  mine.st_gid, st.st_size, mine.st_mtime, mine.st_mtime, mine.st_mtime)  # fmt: skip
-        ns = {"st_atime_ns": mine.st_mtime_ns, "st_mtime_ns": mine.st_mtime_ns,
-              "st_ctime_ns": mine.st_mtime_ns}  # fmt: skip
+        mode, uid, gid, mtime_ns = mine
+        seconds = mtime_ns / 1e9
+        fields = (stat.S_IFREG | mode, st.st_ino, 0, 1, uid, gid, st.st_size, seconds, seconds,
+                  seconds)  # fmt: skip
+        ns = {"st_atime_ns": mtime_ns, "st_mtime_ns": mtime_ns, "st_ctime_ns": mtime_ns}
         return os.stat_result(fields, ns)
 
     def stamp_folder(self, folder: Path) -> int:

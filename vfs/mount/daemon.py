@@ -168,6 +168,7 @@ def build_bucket_write_side(config: MountConfig, tree: SourceTree) -> PackQueue:
     os.chmod(root, 0o700)  # the writers' bytes: no other local user may reach them here
     spool = Spool(config.src, root / "files", staging=root / "staging")
     spool.placer = BucketPlacer(tree.folder, tree.note_published)  # type: ignore[arg-type]
+    tree.keep_published(root / "published.jsonl")
     queue = PackQueue([spool], config.settle, None, config.pack_all, config.pack_workers,
                       config.stale_temp)  # fmt: skip
     queue.guard = SpaceGuard(spool.files, config.min_free)
