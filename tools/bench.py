@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "acqstore": ("bench_acqstore", "AcqStore: validate 1,000 members; synthetic TIFF dd vs memfs"),
     "ingest": ("bench_ingest", "rsync -a into the mount until published, vs rsync + decant pack"),
     "rss": ("bench_rss", "daemon RSS vs --cache-size + 150 MiB: random, sequential, small reads"),
+    "digests": ("bench_digests", "verified archive: cold preads and dd with/without chunk digests"),
     "s3": ("bench_s3", "S3 (local SeaweedFS): ranged GET p50/p99, download MB/s, verify in bucket"),
 }
 

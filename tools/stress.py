@@ -13,7 +13,8 @@ round on, RSS grows no more than `--tolerance` over the first round's.
 RSS includes the allocator's slack: memory freed after a round's peak (every file of the round
 spooled, listed and looked up at once) is not always returned to the system, so RSS moves by
 10-20 % from round to round even when nothing is kept (`peak MiB` is VmHWM, for comparison);
-read the trend over several rounds. tests/unit/test_inodes.py checks the table itself.
+read the trend over several rounds. `inodes` is the daemon's inode table size after the round
+(.decant-status), which should fall back each time. tests/unit/test_inodes.py checks the table.
 
 Needs root (drop_caches) and /dev/fuse. `python tools/stress.py --files 50000 --rounds 4`.
 Exit status 0 if RSS stayed flat, 1 if not, 2 on a setup failure.
@@ -26,6 +27,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -120,6 +122,40 @@ def idle_rss(pid: int, quiet: float = 1.0, timeout: float = 120.0) -> int:
     return vm_rss(pid)
 
 
+def diagnose(pid: int, folder: Path, n: int, timeout: float = 300.0) -> None:
+    """Ask the daemon (started with DECANT_DIAGNOSE) for its allocator statistics and, traced,
+    a tracemalloc snapshot; print the pymalloc lines and wait for them."""
+    os.kill(pid, signal.SIGUSR2)
+    deadline = time.monotonic() + timeout
+    while not (folder / f"done-{n}").exists():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"stress: no diagnosis {n} in {folder} after {timeout:.0f} s")
+        time.sleep(0.2)
+    wanted = {"# arenas allocated current": "arenas", "# bytes in allocated blocks": "in use",
+              "# bytes in available blocks": "free in pools"}  # fmt: skip
+    shown = []
+    for line in (folder / f"mallocstats-{n}.txt").read_text().splitlines():
+        key, _, value = (part.strip() for part in line.partition("="))
+        if key in wanted:
+            number = int(value.replace(",", ""))
+            shown_value = f"{number / 2**20:.1f} MiB" if "bytes" in key else str(number)
+            shown.append(f"{wanted.pop(key)} {shown_value}")
+    print(f"       pymalloc: {', '.join(shown)}")
+
+
+def kept_since(first: Path, last: Path, top: int = 15) -> None:
+    """What the daemon's Python heap holds after the last round that it did not after round 1."""
+    import tracemalloc
+
+    old, new = tracemalloc.Snapshot.load(str(first)), tracemalloc.Snapshot.load(str(last))
+    diff = new.compare_to(old, "traceback")
+    total = sum(d.size_diff for d in diff)
+    print(f"tracemalloc, last round vs round 1: {total / 2**20:+.2f} MiB traced; largest growth:")
+    for d in diff[:top]:
+        where = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in d.traceback[:4])
+        print(f"  {d.size_diff / 2**10:+9.1f} KiB  {d.count_diff:+7d} blocks  {where}")
+
+
 @contextlib.contextmanager
 def workdir(given: Path | None) -> Iterator[Path]:
     if given is not None:
@@ -142,6 +178,11 @@ def run(args: argparse.Namespace, work: Path) -> bool:
            "--log-file", work / "daemon.log"]  # fmt: skip
     if args.no_watch:
         cmd.append("--no-watch")
+    diag = work / "diagnose"
+    if args.diagnose or args.tracemalloc:  # vfs/mount/daemon.py DIAGNOSE, TRACEMALLOC
+        os.environ["DECANT_DIAGNOSE"] = str(diag)
+        if args.tracemalloc:
+            os.environ["DECANT_TRACEMALLOC"] = "1"
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
     via = mnt if args.via == "mount" else src
     with mounted(cmd, mnt, work / "daemon.stderr") as mount:
@@ -149,7 +190,9 @@ def run(args: argparse.Namespace, work: Path) -> bool:
         print(f"daemon pid {mount.pid}; {args.files} files in {args.folders} folders per round, "
               f"written through {'the mount' if args.via == 'mount' else 'SRC'}; "
               f"RSS at start {first / 2**20:.1f} MiB", flush=True)  # fmt: skip
-        print("round  create s  publish s  ls -l s  delete s  RSS MiB  peak MiB  vs round 1")
+        print(
+            "round  create s  publish s  ls -l s  delete s  inodes  RSS MiB  peak MiB  vs round 1"
+        )
         done = 0
         rss: list[int] = []
         for r in range(1, args.rounds + 1):
@@ -166,13 +209,19 @@ def run(args: argparse.Namespace, work: Path) -> bool:
             if not drop_caches():
                 raise SystemExit("stress: cannot write /proc/sys/vm/drop_caches (needs root)")
             rss.append(idle_rss(mount.pid))
+            if args.diagnose or args.tracemalloc:
+                diagnose(mount.pid, diag, r)
+            inodes = queue_status(mnt)["daemon"]["inodes"]  # type: ignore[index]
             change = f"{(rss[-1] / rss[0] - 1) * 100:+.1f} %" if r > 1 else ""
             peak = vm_rss(mount.pid, "VmHWM")
             print(f"{r:5d}  {t1 - t0:8.1f}  {t2 - t1:9.1f}  {t3 - t2:7.1f}  {t4 - t3:8.1f}  "
-                  f"{rss[-1] / 2**20:7.1f}  {peak / 2**20:8.1f}  {change}", flush=True)  # fmt: skip
+                  f"{inodes:6d}  {rss[-1] / 2**20:7.1f}  {peak / 2**20:8.1f}  {change}",
+                  flush=True)  # fmt: skip
         leftovers = sorted(p.name for p in src.iterdir() if p.name != ".decant-spool")
         if leftovers:
             print(f"left in SRC: {leftovers[:5]}")
+    if args.tracemalloc and len(rss) > 1:
+        kept_since(diag / "snapshot-1.pickle", diag / f"snapshot-{len(rss)}.pickle")
     # Growth is what a leak shows; RSS may also drop when the allocator returns memory.
     worst = max((x / rss[0] - 1 for x in rss[1:]), default=0.0)
     flat = worst <= args.tolerance
@@ -197,6 +246,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-watch", action="store_true", help="run the daemon with --no-watch")
     p.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for publishing")
     p.add_argument("--tolerance", type=float, default=0.10, help="allowed RSS change (0.10)")
+    p.add_argument(
+        "--diagnose",
+        action="store_true",
+        help="after each round, print the daemon's pymalloc statistics (arenas, bytes in use)",
+    )
+    p.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="--diagnose, and trace the daemon's allocations (slower): print what the last round "
+        "kept that round 1 did not",
+    )
     p.add_argument("--work", type=Path, help="work folder (default: a temp folder, removed)")
     args = p.parse_args(argv)
     if os.geteuid() != 0:

@@ -7,8 +7,10 @@ import logging
 import os
 import signal
 import stat
+import sys
 import threading
 import time
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,18 @@ from vfs.mount.watch import watch_source
 
 log = logging.getLogger("decant-mount")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+# A benchmark and diagnostic switch, not an option: with it set, reads of verified decant
+# archives are not checked against their recorded chunk digests (the zip CRC-32 checks whole
+# entries instead, and partial reads go by range, as for an archive never verified), so
+# `tools/bench.py digests` can measure what the checks cost. "crc-too": not the CRC-32 either,
+# for the cost of checking anything at all.
+NO_CHUNK_DIGESTS = "DECANT_NO_CHUNK_DIGESTS"
+# Diagnosis of memory kept (tools/stress.py --diagnose): with DECANT_DIAGNOSE=DIR, on each
+# SIGUSR2 the daemon writes Python's allocator statistics (pymalloc arenas and pools in use) to
+# DIR/mallocstats-N.txt; with DECANT_TRACEMALLOC=1 too, it traces allocations (slower) and
+# writes a tracemalloc snapshot to DIR/snapshot-N.pickle, for stress to diff between rounds.
+DIAGNOSE = "DECANT_DIAGNOSE"
+TRACEMALLOC = "DECANT_TRACEMALLOC"
 
 
 def build_tree(config: MountConfig, cache: PageCache) -> SourceTree:
@@ -60,7 +74,17 @@ def build_tree(config: MountConfig, cache: PageCache) -> SourceTree:
         folder = config.index_dir or Path(os.path.expanduser("~/.cache/decant-mount"))
         index = DescriptionIndex(folder / "index.sqlite")
         known = index
-        decant.digests = lambda path: known.digests(path, stamp_of(path))
+        switch = os.environ.get(NO_CHUNK_DIGESTS, "")
+        if switch:
+            log.warning("%s=%s: chunk digests are recorded but not checked%s (benchmarks and "
+                        "diagnosis only)", NO_CHUNK_DIGESTS, switch,
+                        ", nor zip CRC-32s" if switch == "crc-too" else "")  # fmt: skip
+            if switch == "crc-too":
+                from vfs.decant.store import ZipArchiveStore
+
+                ZipArchiveStore.verify_crc = False
+        else:
+            decant.digests = lambda path: known.digests(path, stamp_of(path))
     tree = SourceTree(config.src, backends, overlays, index, hidden=[SPOOL_NAME])
     tree.excluded = {config.mnt}
     return tree
@@ -276,6 +300,8 @@ def _rss() -> int:
 
 def serve(config: MountConfig, ready: Callable[[], None]) -> int:
     tune_malloc(config.cache_size)
+    if os.environ.get(DIAGNOSE) and os.environ.get(TRACEMALLOC):
+        tracemalloc.start(8)
     src, mnt = config.src, config.mnt
     cache = PageCache(config.cache_size)
     tree = build_tree(config, cache)
@@ -315,6 +341,8 @@ async def _run(ops: DecantOperations, config: MountConfig, queue: PackQueue | No
             nursery.start_soon(_relist_forever, ops, config.bucket.relist)
         else:
             nursery.start_soon(_census, ops, src)
+        if os.environ.get(DIAGNOSE):
+            nursery.start_soon(_diagnose, Path(os.environ[DIAGNOSE]))
         if config.scrub_interval is not None and config.bucket is not None:
             log.warning("--scrub-interval is not supported on a bucket yet: no scrubbing")
         elif config.scrub_interval is not None:
@@ -333,6 +361,33 @@ async def _signals(scope: trio.CancelScope) -> None:
             log.info("%s: unmounting", signal.Signals(signum).name)
             pyfuse3.terminate()
             return
+
+
+async def _diagnose(folder: Path) -> None:
+    """Allocator statistics (and a tracemalloc snapshot) to `folder` on each SIGUSR2."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with trio.open_signal_receiver(signal.SIGUSR2) as signals:
+        n = 0
+        async for _ in signals:
+            n += 1
+            # On the trio thread, so the tables hold still. sys._debugmallocstats writes to the
+            # C stderr: point fd 2 at the file meanwhile (the log goes to --log-file).
+            stats = folder / f"mallocstats-{n}.txt"
+            fd, saved = os.open(stats, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), os.dup(2)
+            try:
+                os.dup2(fd, 2)
+                sys._debugmallocstats()
+            finally:
+                os.dup2(saved, 2)
+                os.close(saved)
+                os.close(fd)
+            if tracemalloc.is_tracing():
+                snapshot = tracemalloc.take_snapshot()
+                path = folder / f"snapshot-{n}.pickle"
+                await trio.to_thread.run_sync(snapshot.dump, str(path) + ".part")
+                os.replace(str(path) + ".part", path)
+            log.info("diagnosis %d written to %s", n, folder)
+            (folder / f"done-{n}").touch()
 
 
 async def _write_metrics(ops: DecantOperations, path: Path) -> None:

@@ -104,12 +104,7 @@ class DescriptionIndex:
                 "SELECT doc FROM descriptions WHERE path=? AND backend=? AND size=? AND mtime_ns=?",
                 (str(path), backend, size, mtime_ns),
             ).fetchone()
-        if row is None:
-            return None
-        try:
-            return Description.from_json(json.loads(row[0]))
-        except (ValueError, KeyError, TypeError, RecursionError):
-            return None
+        return _decoded(row)
 
     def put(self, path: Path, backend: str, size: int, mtime_ns: int, desc: Description) -> None:
         doc = json.dumps(desc.to_json(), separators=(",", ":"))
@@ -128,12 +123,7 @@ class DescriptionIndex:
                 "AND mtime_ns=? AND etag=?",
                 (url, backend, info.size, int(info.mtime * 1e9), info.etag or ""),
             ).fetchone()
-        if row is None:
-            return None
-        try:
-            return Description.from_json(json.loads(row[0]))
-        except (ValueError, KeyError, TypeError, RecursionError):
-            return None
+        return _decoded(row)
 
     def put_object(self, url: str, backend: str, info: ObjectInfo, desc: Description) -> None:
         doc = json.dumps(desc.to_json(), separators=(",", ":"))
@@ -189,3 +179,14 @@ class DescriptionIndex:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _decoded(row: tuple[str] | None) -> Description | None:
+    """A stored description, or None when there is none or it cannot be read back (another
+    version wrote it, or it is damaged): the archive is then described afresh."""
+    if row is None:
+        return None
+    try:
+        return Description.from_json(json.loads(row[0]))
+    except (ValueError, KeyError, TypeError, RecursionError):
+        return None
