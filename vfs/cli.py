@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Mount a folder of archives: decant archives appear as their original files.",
     )
     p.add_argument("source", nargs="?", type=str, metavar="SRC",
-                   help="folder of archives, or s3://BUCKET/PREFIX (read-only)")  # fmt: skip
+                   help="folder of archives, or s3://BUCKET/PREFIX")  # fmt: skip
     p.add_argument("mountpoint", nargs="?", type=Path, metavar="MNT", help="where to mount it")
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     p.add_argument(
@@ -121,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--spool",
         type=Path,
         metavar="DIR",
-        help="where written files wait (default SRC/.decant-spool; same filesystem)",
+        help="where written files wait (default SRC/.decant-spool; same filesystem). Over "
+        "s3://: required for writes (a local folder; files are uploaded from it)",
     )
     w.add_argument(
         "--settle",

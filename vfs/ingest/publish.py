@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from vfs.beneath import parent_fd
 from vfs.decant import TEMP_PREFIX
@@ -87,6 +87,22 @@ def archive_name(name: str) -> str:
     return f"{name}.zarr.zip"
 
 
+class Placer(Protocol):
+    """Where published files go when SRC is not a local folder (a spool's `placer`; None: the
+    local placing below, by hard link or rename into SRC). See vfs/ingest/bucket.py."""
+
+    def publish(
+        self,
+        spool: Spool,
+        relpath: str,
+        pack_all: bool,
+        options: PackOptions | None,
+        cancel: threading.Event | None = None,
+    ) -> Published: ...
+
+    def retract(self, target: Path, placed: tuple[int, int]) -> None: ...
+
+
 def publish(
     spool: Spool,
     relpath: str,
@@ -99,6 +115,8 @@ def publish(
     plain file itself. The spool name is left for the caller to remove once the mount switched.
     Without `durable`, an archive's metadata and name are not fsynced here: the caller does it
     for a batch at once (`sync_placed`) before any spool name goes."""
+    if spool.placer is not None:
+        return spool.placer.publish(spool, relpath, pack_all, options, cancel)
     source = spool.path(relpath)
     st = source.stat()
     if not stat.S_ISREG(st.st_mode):
@@ -372,6 +390,9 @@ def _looks_like_tiff(path: Path, size: int) -> bool:
     return True
 
 
+looks_like_tiff = _looks_like_tiff
+
+
 def _archive_holds(archive: Path, size: int, sha: str) -> bool:
     """True when `archive` already holds exactly these bytes (it verified before it was renamed
     into place), so a restart after a crash between publish and cleanup need not pack again."""
@@ -443,6 +464,9 @@ def _ident(st: os.stat_result) -> tuple[int, int]:
 def retract(spool: Spool, target: Path, placed: tuple[int, int]) -> None:
     """Withdraw what a publish placed at `target` (its source was deleted or renamed through
     the mount meanwhile), if it is still there: not a file renamed over it since."""
+    if spool.placer is not None:
+        spool.placer.retract(target, placed)
+        return
     try:
         dfd = parent_fd(spool.src, target)
     except OSError:

@@ -26,6 +26,7 @@ from vfs.ingest.publish import signature as file_signature
 
 if TYPE_CHECKING:
     from vfs.decant.packer import PackOptions
+    from vfs.ingest.publish import Placer
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -54,6 +55,7 @@ class Spool:
         # name goes: that entry is the file's own copy, not an older version it replaces.
         # Written and read under the placing lock.
         self._placed: dict[str, tuple[int, int]] = {}
+        self.placer: Placer | None = None  # None: published into SRC on local disk
 
     def path(self, relpath: str) -> Path:
         return self.files / relpath

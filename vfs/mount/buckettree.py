@@ -10,6 +10,7 @@ reads fail with EIO). Pure and synchronous: the daemon calls it from worker thre
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_RELIST = 30.0  # seconds; see README "Many hosts, one bucket"
 MAX_LISTED = 1_000_000  # entries of one folder kept; more are left out (and logged)
+MAX_REMEMBERED = 1_000_000  # published objects whose metadata is kept (the latest)
 
 
 @dataclass
@@ -65,6 +67,12 @@ class BucketTree(SourceTree):
         self._started_ns = time.time_ns()
         self._root_url = str(root)
         self._scanning = threading.local()  # the listing a worker thread's scan presents
+        # (key, ETag) → (mode, uid, gid, mtime_ns) of the spooled file this host published
+        # there: shown instead of the object's, so a second `rsync -a` finds what it wrote.
+        # Kept in `_journal` (the spool's) across restarts; other hosts show the upload time
+        # and mode 0444 (see README, "Writing into a bucket").
+        self._published: dict[tuple[str, str], tuple[int, int, int, int]] = {}
+        self._journal: Path | None = None
 
     def key_of(self, path: Path) -> str:
         return "" if path == self.root else path.relative_to(self.root).as_posix()
@@ -83,8 +91,85 @@ class BucketTree(SourceTree):
             for listing in self._listings.values():
                 listing.at = float("-inf")
 
+    def note_published(self, key: str, etag: str, st: os.stat_result | None) -> None:
+        """The write side placed an object at `key` (`st`: the spooled file's stat, which it
+        shows) or withdrew it (None): its folder (and the folders above, one of which may be
+        new) are listed afresh at their next use. Called from the pack queue's threads."""
+        with self._lock:
+            if st is None:
+                self._published.pop((key, etag), None)
+            else:
+                meta = (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns)
+                self._published[(key, etag)] = meta
+                self._remember(key, etag, meta)
+            prefix = key
+            while prefix:
+                prefix = prefix.rpartition("/")[0]
+                listing = self._listings.get(prefix)
+                if listing is not None:
+                    listing.at = float("-inf")
+
+    def keep_published(self, journal: Path) -> None:
+        """Load what this host published before (the last MAX_REMEMBERED entries; a line that
+        does not parse is skipped), rewrite the journal compacted, and append to it from now
+        on. The journal sits in the daemon's private spool folder."""
+        found: dict[tuple[str, str], tuple[int, int, int, int]] = {}
+        try:
+            with open(journal, encoding="utf-8") as fh:
+                for line in fh:
+                    try:
+                        key, etag, mode, uid, gid, mtime = json.loads(line)
+                        meta = (int(mode) & 0o7777, int(uid), int(gid), int(mtime))
+                        found.pop((str(key), str(etag)), None)
+                        found[(str(key), str(etag))] = meta
+                    except (ValueError, TypeError):
+                        continue
+        except FileNotFoundError:
+            pass
+        kept = list(found.items())[-MAX_REMEMBERED:]
+        tmp = journal.with_name(journal.name + ".new")
+        with open(tmp, "w", encoding="utf-8") as fh:
+            for (key, etag), meta in kept:
+                fh.write(json.dumps([key, etag, *meta]) + "\n")
+        os.replace(tmp, journal)
+        with self._lock:
+            self._published.update(kept)
+            self._journal = journal
+
+    def _remember(self, key: str, etag: str, meta: tuple[int, int, int, int]) -> None:
+        if self._journal is None:
+            return
+        try:
+            with open(self._journal, "a", encoding="utf-8") as fh:
+                fh.write(json.dumps([key, etag, *meta]) + "\n")
+        except OSError as exc:
+            self._log_once(self._journal, f"{self._journal}: cannot record what was published "
+                           f"({exc}); a remount shows those objects' upload times")  # fmt: skip
+
+    def _object_stat(self, info: ObjectInfo) -> os.stat_result:
+        st = _file_stat(info, self._uid, self._gid)
+        mine = self._published.get((info.key, info.etag or "")) if self._published else None
+        if mine is None:
+            return st
+        mode, uid, gid, mtime_ns = mine
+        seconds = mtime_ns / 1e9
+        fields = (stat.S_IFREG | mode, st.st_ino, 0, 1, uid, gid, st.st_size, seconds, seconds,
+                  seconds)  # fmt: skip
+        ns = {"st_atime_ns": mtime_ns, "st_mtime_ns": mtime_ns, "st_ctime_ns": mtime_ns}
+        return os.stat_result(fields, ns)
+
     def stamp_folder(self, folder: Path) -> int:
-        return self._listing(self.key_of(folder)).generation
+        return self._listed(self.key_of(folder)).generation
+
+    def _listed(self, prefix: str) -> _Listing:
+        """The listing of `prefix`; an empty one for a folder made through the mount that the
+        bucket cannot be asked about now (its spooled files still show)."""
+        try:
+            return self._listing(prefix)
+        except StoreError:
+            if self.spool is None or not prefix or not self.spool.path(prefix).is_dir():
+                raise
+            return _Listing(float("-inf"), failed=True)
 
     def _listing(self, prefix: str) -> _Listing:
         with self._lock:
@@ -118,7 +203,7 @@ class BucketTree(SourceTree):
 
     def scan(self, folder: Path) -> dict[str, Node]:
         prefix = self.key_of(folder)
-        listing = self._listing(prefix)
+        listing = self._listed(prefix)
         found: list[tuple[str, os.stat_result]] = []
         infos: dict[str, ObjectInfo] = {}
         for name in listing.dirs:
@@ -128,13 +213,28 @@ class BucketTree(SourceTree):
             name = info.key.rpartition("/")[2]
             if self._shown(folder, name):
                 infos[name] = info
-                found.append((name, _file_stat(info, self._uid, self._gid)))
+                found.append((name, self._object_stat(info)))
+        if self.spool is not None:  # folders made through the mount, not yet in the bucket
+            listed = set(listing.dirs)
+            for name in self._spool_dirs(prefix):
+                if name not in listed and self._shown(folder, name):
+                    found.append((name, self._dir_stat(join_key(prefix, name))))
         self._scanning.infos = infos
         try:
             out, _regular = self._present(folder, found)
         finally:
             self._scanning.infos = {}
+        if self.spool is not None:
+            out.update(self._spooled(folder))
         return out
+
+    def _spool_dirs(self, prefix: str) -> list[str]:
+        assert self.spool is not None
+        try:
+            with os.scandir(self.spool.path(prefix) if prefix else self.spool.files) as it:
+                return [de.name for de in it if de.is_dir(follow_symlinks=False)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
 
     def _shown(self, folder: Path, name: str) -> bool:
         problem = name_problem(name) if name not in (".", "..") else "a dot name"
@@ -161,19 +261,23 @@ class BucketTree(SourceTree):
 
     def _dir_stat(self, key: str) -> os.stat_result:
         ino = zlib.crc32(key.encode()) | 1 << 40
-        return _make_stat(stat.S_IFDIR | 0o555, ino, 0, self._started_ns, self._uid, self._gid)
+        mode = 0o755 if self.spool is not None else 0o555  # writable with --spool
+        return _make_stat(stat.S_IFDIR | mode, ino, 0, self._started_ns, self._uid, self._gid)
 
     def _raw_node(self, path: Path, st: os.stat_result) -> Node:
         if stat.S_ISDIR(st.st_mode):
             return mirror_node(path, st, False)
         entry = Entry(size=st.st_size)
-        return archive_node(self.objects, path, st, "", entry, self._relative(path))  # type: ignore[arg-type]
+        node = archive_node(self.objects, path, st, "", entry, self._relative(path))  # type: ignore[arg-type]
+        if self.writable:
+            node.mode = stat.S_IMODE(st.st_mode)  # what `rsync -a` gave what this mount published
+        return node
 
     def _stat(self, path: Path) -> os.stat_result:
         info = getattr(path, "info", None)
         if info is None or isinstance(info, _DirInfo):
             return self._dir_stat(self.key_of(path))
-        return _file_stat(info, self._uid, self._gid)
+        return self._object_stat(info)
 
     def _transient(self, exc: DecantError) -> bool:
         return isinstance(exc, StoreError) and not isinstance(

@@ -68,8 +68,8 @@ class MountConfig:
     bucket: BucketConfig | None = None  # SRC is s3://BUCKET/PREFIX (then `src` is its ObjectPath)
 
     def __post_init__(self) -> None:
-        if "ro" in self.options or self.bucket is not None:
-            self.read_only = True  # the write side to a bucket is not built yet: EROFS
+        if "ro" in self.options or (self.bucket is not None and self.spool is None):
+            self.read_only = True  # over a bucket, writes need a local --spool: else EROFS
         if self.bucket is not None:
             self.watch = False  # no inotify on a bucket: it is re-listed instead
 

@@ -154,6 +154,8 @@ def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:
     """The spool, pack queue and write rules, unless the mount is read-only."""
     if config.read_only:
         return None
+    if config.bucket is not None:
+        return build_bucket_write_side(config, tree)
     src = config.src
     # Spooled files are the writers' bytes on SRC's disk: no other local user may reach (or
     # execute) them there, whatever their modes say.
@@ -175,6 +177,43 @@ def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:
     tree.spool = spool
     tree.publishing = queue.publishing
     return queue
+
+
+def build_bucket_write_side(config: MountConfig, tree: SourceTree) -> PackQueue:
+    """Over a bucket: files wait in the local --spool, packs are staged beside them, and the
+    spool's placer uploads, reads back and checks each before its spooled copy goes."""
+    from vfs.ingest.bucket import BucketPlacer
+    from vfs.mount.buckettree import BucketTree
+
+    assert isinstance(tree, BucketTree)
+    root = config.spool_root
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _check_private(root)
+    os.chmod(root, 0o700)  # the writers' bytes: no other local user may reach them here
+    spool = Spool(config.src, root / "files", staging=root / "staging")
+    spool.placer = BucketPlacer(tree.folder, tree.note_published)  # type: ignore[arg-type]
+    tree.keep_published(root / "published.jsonl")
+    queue = PackQueue([spool], config.settle, None, config.pack_all, config.pack_workers,
+                      config.stale_temp)  # fmt: skip
+    queue.guard = SpaceGuard(spool.files, config.min_free)
+    log.info("write side: files written are spooled in %s and uploaded to %s; new data is "
+             "refused below %d MiB free there (--min-free)", spool.files, tree.folder.name,
+             queue.guard.min_free >> 20)  # fmt: skip
+    tree.spool = spool
+    tree.publishing = queue.publishing
+    return queue
+
+
+def make_writer(config: MountConfig, tree: SourceTree, queue: PackQueue) -> WriteSide | None:
+    """The write rules over SRC: a local folder's, or a bucket's (vfs/ingest/bucket.py)."""
+    if tree.spool is None:
+        return None
+    if config.bucket is not None:
+        from vfs.ingest.bucket import BucketWriteSide
+
+        folder = tree.folder  # type: ignore[attr-defined]
+        return BucketWriteSide(config.src, tree.spool, folder, queue.guard)
+    return WriteSide(config.src, tree.spool, config.allow_delete, queue.guard)
 
 
 def raise_read_ahead(mnt: Path, kib: int = 1024) -> None:
@@ -267,9 +306,7 @@ def serve(config: MountConfig, ready: Callable[[], None]) -> int:
     cache = PageCache(config.cache_size)
     tree = build_tree(config, cache)
     queue = build_write_side(config, tree)
-    writer = None
-    if queue is not None and tree.spool is not None:
-        writer = WriteSide(src, tree.spool, config.allow_delete, queue.guard)
+    writer = make_writer(config, tree, queue) if queue is not None else None
     ops = DecantOperations(tree, config, writer, queue, cache)
     if queue is not None:
         queue.on_published = ops.published
@@ -290,7 +327,9 @@ async def _run(ops: DecantOperations, config: MountConfig, queue: PackQueue | No
     src = config.src
     async with trio.open_nursery() as nursery:
         ops.nursery = nursery
-        if queue is not None:
+        if queue is not None and config.bucket is not None:  # no temp archives in a bucket
+            nursery.start_soon(queue.run, config.spool_root / "staging", queue.spool.files)
+        elif queue is not None:
             nursery.start_soon(queue.run, src, config.spool_root)
         nursery.start_soon(_raise_read_ahead_after_init, config.mnt)
         nursery.start_soon(_signals, nursery.cancel_scope)

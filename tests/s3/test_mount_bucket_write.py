@@ -1,0 +1,277 @@
+"""Writing into `decant-mount s3://BUCKET/PREFIX MNT --spool DIR` against a real SeaweedFS:
+`rsync -a` of corpus TIFFs and text files, read back through the mount and from the bucket, a
+second host seeing the uploads, the store stopped while files are spooled, and a key another
+host already wrote never overwritten."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import obstore
+import pytest
+from obstore.store import S3Store
+
+from tests.mount.conftest import HAVE_FUSE, Mount
+from tests.s3.conftest import WEED, S3Bucket, seaweed
+from vfs.decant.packer import PackResult
+
+pytestmark = [
+    pytest.mark.mount,
+    pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3"),
+]
+
+MountFactory = Callable[..., Mount]
+TIFFS = ("striped_i16.tif", "tiled_f32_narrow.tif", "zlib_u16.tif", "lzw_u8.tif")
+TEXTS = {"notes.txt": b"plain notes\n", "run1/readme.md": b"# run 1\n" * 100,
+         "run1/deep/params.json": b'{"gain": 2}\n'}  # fmt: skip
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def status(mnt: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((mnt / ".decant-status").read_text())
+    return doc
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not after {timeout} s")
+        time.sleep(0.2)
+
+
+def spooled(spool: Path) -> list[str]:
+    files = spool / "files"
+    return sorted(p.relative_to(files).as_posix() for p in files.rglob("*") if p.is_file())
+
+
+def keys_of(store: S3Store, prefix: str) -> list[str]:
+    out = []
+    for batch in obstore.list(store, prefix=prefix + "/"):
+        out += [m["path"][len(prefix) + 1 :] for m in batch]
+    return sorted(out)
+
+
+def make_tree(root: Path, corpus: dict[str, Path]) -> dict[str, bytes]:
+    """A small tree to rsync: TIFFs at the top and in a subfolder, text files around them."""
+    want: dict[str, bytes] = {}
+    for i, name in enumerate(TIFFS):
+        rel = name if i % 2 == 0 else f"run1/{name}"
+        want[rel] = corpus[name].read_bytes()
+    want.update(TEXTS)
+    for rel, data in want.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_bytes(data)
+    return want
+
+
+def expected_keys(want: dict[str, bytes]) -> list[str]:
+    return sorted(f"{r}.zarr.zip" if r.endswith(".tif") else r for r in want)
+
+
+def rsync(src: Path, mnt: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["rsync", "-a", "--stats", f"{src}/", f"{mnt}/"], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+
+
+def transferred(out: str) -> int:
+    line = next(x for x in out.splitlines() if x.startswith("Number of regular files transferred"))
+    return int(line.split(":")[1].replace(",", ""))
+
+
+@pytest.fixture
+def bucket_mount(tmp_path: Path) -> Iterator[MountFactory]:
+    mounts: list[Mount] = []
+
+    def factory(url: str, *extra: str, name: str = "mnt", wait: bool = True) -> Mount:
+        m = Mount(url, tmp_path / name, tmp_path / f"{name}.log", tmp_path / f"{name}-index")  # type: ignore[arg-type]
+        mounts.append(m)
+        return m.start("--settle", "0.2", *extra, wait=wait)
+
+    yield factory
+    for m in mounts:
+        m.stop()
+
+
+def test_rsync_into_a_bucket_mount_publishes_verified_objects(
+    s3_bucket: S3Bucket, corpus: dict[str, Path], bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    obstore.put(store, s3_bucket.key("old.txt"), b"already there\n")
+    src = tmp_path / "src"
+    want = make_tree(src, corpus)
+    spool = tmp_path / "spool"
+    m = bucket_mount(s3_bucket.url(), "--spool", str(spool))
+    run = rsync(src, m.mnt)
+    assert run.returncode == 0, run.stderr
+    assert transferred(run.stdout) == len(want)
+    # Readable at once (spooled, or already published), and after the queue drained.
+    for rel, data in want.items():
+        assert (m.mnt / rel).read_bytes() == data, rel
+    wait_for(lambda: not spooled(spool), 120, "the spool drained")
+    doc = status(m.mnt)
+    assert doc["failed"] == [] and doc["done"] == len(want), doc
+    assert keys_of(store, s3_bucket.key()) == sorted([*expected_keys(want), "old.txt"])
+    for rel, data in want.items():
+        key = s3_bucket.key(f"{rel}.zarr.zip" if rel.endswith(".tif") else rel)
+        if not rel.endswith(".tif"):
+            assert bytes(obstore.get(store, key).bytes()) == data  # plain files as they are
+        out = subprocess.run(["sha256sum", str(m.mnt / rel)], capture_output=True, text=True)
+        assert out.stdout.split()[0] == digest(data), rel
+    assert sorted(os.listdir(m.mnt)) == sorted(["old.txt", "run1", *[t for t in want
+                                                                   if "/" not in t]])  # fmt: skip
+    again = rsync(src, m.mnt)
+    assert again.returncode == 0, again.stderr
+    assert transferred(again.stdout) == 0, again.stdout
+    assert not spooled(spool)
+    # After a remount too: the mode, owner and mtime rsync gave them are kept in the spool.
+    m.stop()
+    m.start(*m.extra)
+    third = rsync(src, m.mnt)
+    assert third.returncode == 0, third.stderr
+    assert transferred(third.stdout) == 0, third.stdout
+    assert os.stat(m.mnt / "notes.txt").st_mtime_ns == os.stat(src / "notes.txt").st_mtime_ns
+    # A second host (own index, read-only) sees them after its relist, byte-exact.
+    other = bucket_mount(s3_bucket.url(), "--relist", "1", name="host2")
+    for rel, data in want.items():
+        assert (other.mnt / rel).read_bytes() == data, rel
+    with pytest.raises(OSError) as err:
+        (other.mnt / "x.txt").write_bytes(b"x")
+    assert err.value.errno == errno.EROFS
+
+
+def test_a_key_another_host_wrote_is_not_overwritten(
+    s3_bucket: S3Bucket,
+    corpus: dict[str, Path],
+    packed_corpus: dict[str, PackResult],
+    bucket_mount: MountFactory,
+    tmp_path: Path,
+) -> None:
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    spool = tmp_path / "spool"
+    m = bucket_mount(s3_bucket.url(), "--spool", str(spool), "--relist", "600")
+    assert os.listdir(m.mnt) == []  # listed before the other host writes
+    theirs_tif = packed_corpus["lzw_u8.tif"].archive.read_bytes()
+    obstore.put(store, s3_bucket.key("lzw_u8.tif.zarr.zip"), theirs_tif)
+    obstore.put(store, s3_bucket.key("notes.txt"), b"their notes\n")
+    mine_tif = corpus["zlib_u16.tif"].read_bytes()  # other bytes under the same name
+    (m.mnt / "lzw_u8.tif").write_bytes(mine_tif)
+    (m.mnt / "notes.txt").write_bytes(b"my notes\n")
+    # The same original as the archive there: nothing to overwrite, the spooled copy goes.
+    same = "tiled_f32_narrow.tif"
+    obstore.put(store, s3_bucket.key(f"{same}.zarr.zip"), packed_corpus[same].archive.read_bytes())
+    shutil.copyfile(corpus[same], m.mnt / same)
+
+    def failed() -> dict[str, str]:
+        return {f["path"]: f["reason"] for f in status(m.mnt)["failed"]}
+
+    wait_for(lambda: set(failed()) == {"lzw_u8.tif", "notes.txt"}, 60, "both refused")
+    assert "already exists" in failed()["notes.txt"] and "not overwritten" in failed()["notes.txt"]
+    assert "already exists" in failed()["lzw_u8.tif"]
+    assert bytes(obstore.get(store, s3_bucket.key("notes.txt")).bytes()) == b"their notes\n"
+    assert bytes(obstore.get(store, s3_bucket.key("lzw_u8.tif.zarr.zip")).bytes()) == theirs_tif
+    wait_for(lambda: same not in spooled(spool), 60, "the identical file unspooled")
+    assert spooled(spool) == ["lzw_u8.tif", "notes.txt"]
+    # Still readable through the mount: the spooled bytes win their names on this host.
+    assert (m.mnt / "lzw_u8.tif").read_bytes() == mine_tif
+    assert (m.mnt / "notes.txt").read_bytes() == b"my notes\n"
+    assert (m.mnt / same).read_bytes() == corpus[same].read_bytes()
+    assert "not published, stays spooled" in m.log_text()
+
+
+@pytest.fixture
+def own_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    """A SeaweedFS of this test's own, to stop and restart; AWS_* point at it."""
+    assert WEED is not None
+    server = seaweed.SeaweedServer(tmp_path / "weed", WEED)
+    server.start()
+    try:
+        for key, value in server.env().items():
+            monkeypatch.setenv(key, value)
+        yield server
+    finally:
+        server.stop()
+
+
+def test_the_store_down_during_ingest_keeps_files_spooled_until_it_returns(
+    own_server: Any, corpus: dict[str, Path], bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    endpoint = own_server.endpoint
+    bucket = own_server.create_bucket("ingest")
+    store = S3Store(bucket, config={"endpoint": endpoint}, client_options={"allow_http": True})
+    spool = tmp_path / "spool"
+    m = bucket_mount(f"s3://{bucket}/p", "--spool", str(spool), "--s3-endpoint", endpoint,
+                     "--s3-timeout", "2", "--s3-retries", "0")  # fmt: skip
+    os.listdir(m.mnt)
+    own_server.stop()
+    src = tmp_path / "src"
+    want = make_tree(src, corpus)
+    for rel in [r for r in want if "/" in r]:  # the folders, made while the store is down
+        (m.mnt / rel).parent.mkdir(parents=True, exist_ok=True)
+    run = rsync(src, m.mnt)
+    assert run.returncode == 0, run.stderr
+    wait_for(lambda: len(status(m.mnt)["failed"]) == len(want), 60, "every upload failed")
+    assert spooled(spool) == sorted(want)
+    for rel, data in want.items():
+        assert (m.mnt / rel).read_bytes() == data, rel
+    assert m.proc is not None and m.proc.poll() is None
+    own_server.start()
+    # Retried with back-off (the first retry 30 s after the failure).
+    wait_for(lambda: not spooled(spool), 150, "published once the store returned")
+    assert status(m.mnt)["failed"] == []
+    assert keys_of(store, "p") == expected_keys(want)
+    for rel, data in want.items():
+        assert (m.mnt / rel).read_bytes() == data, rel
+
+
+def test_the_placer_publishes_checks_and_withdraws_only_its_own(
+    s3_bucket: S3Bucket, corpus: dict[str, Path], tmp_path: Path
+) -> None:
+    """BucketPlacer without a mount: the key it writes, what it reports, and `retract`
+    deleting what it uploaded but never an object it did not."""
+    from vfs.ingest.bucket import BucketPlacer, KeyTakenError
+    from vfs.ingest.spool import Spool
+    from vfs.stores.base import ObjectPath
+    from vfs.stores.s3 import S3Folder
+
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    folder = S3Folder(s3_bucket.url())
+    seen: list[tuple[str, bool]] = []
+    placer = BucketPlacer(folder, lambda key, _etag, st: seen.append((key, st is not None)))
+    spool = Spool(ObjectPath.of_url(s3_bucket.url()), tmp_path / "files", tmp_path / "staging")
+    spool.placer = placer
+    name = "tiled_f32_narrow.tif"
+    (tmp_path / "files" / "d").mkdir(parents=True)
+    shutil.copyfile(corpus[name], tmp_path / "files" / "d" / name)
+    done = spool.publish(f"d/{name}", False, None)
+    assert done.mode in ("byte-exact", "verbatim") and str(done.target) == s3_bucket.url(
+        f"d/{name}.zarr.zip"
+    )
+    assert seen == [(f"d/{name}.zarr.zip", True)]
+    assert list(tmp_path.joinpath("staging").iterdir()) == []  # the staged archive went
+    assert spool.publish(f"d/{name}", False, None).mode == "already"
+    placer.retract(done.target, done.placed)
+    assert keys_of(store, s3_bucket.key()) == []
+    assert seen[-1] == (f"d/{name}.zarr.zip", False)
+    again = spool.publish(f"d/{name}", False, None)
+    key = s3_bucket.key(f"d/{name}.zarr.zip")
+    obstore.put(store, key, b"replaced by another writer")
+    placer.retract(again.target, again.placed)  # not ours any more: it stays
+    assert bytes(obstore.get(store, key).bytes()) == b"replaced by another writer"
+    obstore.delete(store, key)
+    obstore.put(store, s3_bucket.key(f"d/{name}"), b"theirs")  # the plain form of the name
+    with pytest.raises(KeyTakenError, match="one would hide the other"):
+        spool.publish(f"d/{name}", False, None)
+    assert keys_of(store, s3_bucket.key()) == [f"d/{name}"]

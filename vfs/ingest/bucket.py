@@ -1,0 +1,339 @@
+"""The write side of a mount over a bucket: spooled files uploaded, read back, then unspooled.
+
+`BucketPlacer` is what `publish` (vfs/ingest/publish.py) hands a spooled file to when SRC is a
+bucket: a TIFF is packed into the local staging folder, a plain file goes as it is; either is
+uploaded with `put_verified` (one PUT with If-None-Match: * up to 256 MiB, HEAD + multipart
+above) to the final key, read back by ranged GETs and checked (an archive restores to the
+spooled file's sha256; a plain file equals it byte for byte) before the queue deletes the
+spooled copy. A PUT is atomic, so nothing is ever half-visible. A key that is already taken
+(another host's object) is never overwritten: the file stays spooled, failed, with the reason.
+
+`BucketWriteSide` holds the write rules that differ over a bucket: folders live in the spool
+until a file in them is published (a bucket has no empty folders), and what is already in the
+bucket is neither renamed, deleted nor changed through the mount.
+Synchronous and FUSE-free, like the rest of vfs/ingest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import secrets
+import stat
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from vfs.decant import TEMP_PREFIX
+from vfs.errors import DecantError, StoreError
+from vfs.ingest.publish import (
+    SPACE_MARGIN,
+    Published,
+    SourceChangedError,
+    archive_name,
+    check,
+    looks_like_tiff,
+    require_space,
+    signature,
+    size_text,
+)
+from vfs.ingest.space import SpaceGuard
+from vfs.ingest.spool import Spool
+from vfs.ingest.writeside import Attrs, WriteSide, refuse
+from vfs.nodes import Node, mirror_node
+from vfs.stores.base import join_key
+
+if TYPE_CHECKING:
+    from vfs.decant.packer import PackOptions
+    from vfs.stores.s3 import S3Folder
+    from vfs.stores.upload import Verify
+
+log = logging.getLogger(__name__)
+
+# What a placed object is remembered by: its key (relative to the mounted folder), its ETag
+# and the spooled file's stat (mode, owner, mtime: what `rsync -a` gave it); None: withdrawn.
+OnPlaced = Callable[[str, str, os.stat_result | None], None]
+
+
+class KeyTakenError(StoreError):
+    """The final key already holds another object: it is not overwritten."""
+
+
+class BucketPlacer:
+    """Puts spooled files into a bucket folder (see the module docstring)."""
+
+    def __init__(self, folder: S3Folder, on_placed: OnPlaced | None = None) -> None:
+        self.folder = folder
+        self.on_placed = on_placed
+        self._ours: dict[str, tuple[str, str]] = {}  # URL → (key, ETag) of what it uploaded
+        self._lock = threading.Lock()
+
+    def publish(
+        self,
+        spool: Spool,
+        relpath: str,
+        pack_all: bool,
+        options: PackOptions | None,
+        cancel: threading.Event | None = None,
+    ) -> Published:
+        from vfs.decant.packer import file_sha256
+
+        source = spool.path(relpath)
+        st = source.stat()
+        if not stat.S_ISREG(st.st_mode):
+            raise FileNotFoundError(errno.ENOENT, "not a regular file", str(source))
+        archive = pack_all or looks_like_tiff(source, st.st_size)
+        name = archive_name(source.name) if archive else source.name
+        key = join_key(str(Path(relpath).parent).strip("."), name)
+
+        def progress(_nbytes: int) -> None:
+            check(cancel)
+
+        sha = file_sha256(source, progress) if archive else ""
+        verify = _restores_to(source.name, sha, st.st_size) if archive else _same_as(source)
+        existing = self.folder.stat(key)
+        if existing is not None:
+            return self._already(spool, relpath, key, existing.etag or "", st, verify)
+        other = source.name if archive else archive_name(source.name)
+        if self.folder.stat(join_key(key.rpartition("/")[0], other)) is not None:
+            raise KeyTakenError(f"{self.folder.url_of(key)}: {other} is already in the bucket "
+                                "and one would hide the other; not published")  # fmt: skip
+        if not archive:
+            return self._upload(spool, relpath, key, source, st, verify, "plain", "")
+        return self._pack_and_upload(spool, relpath, key, source, st, verify, options, cancel)
+
+    def _pack_and_upload(
+        self,
+        spool: Spool,
+        relpath: str,
+        key: str,
+        source: Path,
+        st: os.stat_result,
+        verify: Verify,
+        options: PackOptions | None,
+        cancel: threading.Event | None,
+    ) -> Published:
+        from vfs.decant.packer import PackOptions, pack_file
+
+        def progress(_nbytes: int) -> None:
+            check(cancel)
+
+        spool.staging.mkdir(parents=True, exist_ok=True)
+        need = st.st_blocks * 512 + SPACE_MARGIN
+        require_space(spool.staging, need, f"needs about {size_text(need)} free to pack")
+        tag = f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+        staged = spool.staging / f"{tag}-{key.rpartition('/')[2]}"
+        try:
+            result = pack_file(source, staged, options or PackOptions(), progress)
+            check(cancel)
+            return self._upload(spool, relpath, key, staged, st, verify, result.mode, result.reason)
+        finally:
+            staged.unlink(missing_ok=True)
+
+    def _upload(
+        self,
+        spool: Spool,
+        relpath: str,
+        key: str,
+        local: Path,
+        st: os.stat_result,
+        verify: Verify,
+        mode: str,
+        reason: str,
+    ) -> Published:
+        from vfs.stores.upload import ObjectExistsError, put_verified
+
+        if signature(spool.path(relpath).stat()) != signature(st):
+            raise SourceChangedError(spool.path(relpath))  # before anything is uploaded
+        try:
+            uploaded = put_verified(self.folder, key, local, verify)
+        except ObjectExistsError:
+            why = "already exists (written by another host?); not overwritten"
+            raise KeyTakenError(f"{self.folder.url_of(key)}: {why}") from None
+        with self._lock:
+            self._ours[uploaded.url] = (key, uploaded.etag)
+        self._placed(key, uploaded.etag, st)
+        return Published(relpath, self._target(key), mode, reason, signature(st))
+
+    def _already(
+        self,
+        spool: Spool,
+        relpath: str,
+        key: str,
+        etag: str,
+        st: os.stat_result,
+        verify: Verify,
+    ) -> Published:
+        """The key is taken: by this very file (uploaded before a crash or a stop, its spooled
+        copy not yet deleted), or by something else, which is never overwritten."""
+        try:
+            verify(self.folder, key)
+        except (DecantError, OSError) as exc:
+            why = f"already exists and holds other bytes ({exc}); not overwritten"
+            raise KeyTakenError(f"{self.folder.url_of(key)}: {why}") from None
+        self._placed(key, etag, st)
+        return Published(relpath, self._target(key), "already", signature=signature(st))
+
+    def _placed(self, key: str, etag: str, st: os.stat_result) -> None:
+        if self.on_placed is not None:
+            self.on_placed(key, etag, st)
+
+    def _target(self, key: str) -> Path:
+        from vfs.stores.base import ObjectPath
+
+        return ObjectPath.of_url(self.folder.url_of(key))
+
+    def retract(self, target: Path, placed: tuple[int, int]) -> None:
+        """Withdraw an object this mount just uploaded (its spooled file was deleted or renamed
+        through the mount meanwhile), if it is still ours: never another writer's."""
+        import obstore
+
+        with self._lock:
+            ours = self._ours.get(str(target))
+        if ours is None:
+            return
+        key, etag = ours
+        try:
+            info = self.folder.stat(key)
+            if info is None or info.etag != etag:
+                return
+            obstore.delete(self.folder.client, self.folder.full_key(key))
+        except Exception as exc:  # obstore errors, StoreError: logged, the object stays
+            log.warning("%s: could not withdraw it: %s", self.folder.url_of(key), exc)
+            return
+        with self._lock:
+            self._ours.pop(str(target), None)
+        if self.on_placed is not None:
+            self.on_placed(key, etag, None)
+
+
+def _same_as(local: Path) -> Verify:
+    from vfs.stores.upload import same_bytes
+
+    return same_bytes(local)
+
+
+def _restores_to(name: str, sha: str, size: int) -> Verify:
+    """A verifier: the archive, opened from the bucket by ranged GETs, restores to one original
+    `name` of `size` bytes whose sha256 is the spooled file's."""
+
+    def verify(folder: object, key: str) -> None:
+        from vfs.decant.reader import DecantArchive
+        from vfs.decant.verify import verify_opened
+        from vfs.stores.upload import UploadVerifyError
+
+        with DecantArchive.open_at(folder, key) as archive:  # type: ignore[arg-type]
+            sizes = [info.size for info in archive.originals()]
+            verdicts = verify_opened(archive)
+        bad = [v for v in verdicts if not v.ok or v.actual != sha or v.relpath != name]
+        if len(verdicts) != 1 or bad or sizes != [size]:
+            got = ", ".join(f"{v.relpath} {v.actual}" for v in verdicts) or "no original"
+            raise UploadVerifyError(f"restores to {got}, not {name} {sha}")
+
+    return verify
+
+
+class BucketWriteSide(WriteSide):
+    """The write rules over a bucket (see the module docstring); `root` is the mount's
+    ObjectPath, spooled files are local."""
+
+    def __init__(
+        self,
+        root: Path,
+        spool: Spool,
+        folder: S3Folder,
+        guard: SpaceGuard | None = None,
+    ) -> None:
+        self.root = root
+        self._root_text = str(root).rstrip("/") + "/"
+        self.spool = spool
+        self.folder = folder
+        self.allow_delete = False
+        self.guard = guard
+
+    def _relpath(self, path: Path) -> str:
+        text = str(path)
+        if text.startswith(self._root_text):
+            return text[len(self._root_text) :]
+        return "" if path == self.root else path.relative_to(self.root).as_posix()
+
+    def refresh(self, node: Node) -> Node:
+        if node.spooled:
+            return super().refresh(node)
+        return node  # a folder or an object of the bucket: nothing local to look at
+
+    def setattr(self, node: Node, attrs: Attrs) -> Node:
+        if node.spooled:
+            return super().setattr(node, attrs)
+        if node.is_dir:
+            # A bucket folder keeps no mode or times: accepted (rsync -a sets them on every
+            # folder it made), kept on its spool folder while it has one.
+            local = self.spool.path(self._relpath(node.real))
+            if local.is_dir():
+                self._set(mirror_node(local, local.stat(), True), local, attrs)
+            return node
+        if _unchanged(node, attrs):
+            return node
+        raise refuse(errno.EPERM, f"{node.real}: an object in the bucket keeps the metadata "
+                     "it was published with")  # fmt: skip
+
+    def open_for_write(self, node: Node, flags: int) -> tuple[Node, int]:
+        if not node.spooled:
+            raise refuse(errno.EPERM, f"{node.real}: objects in the bucket are not rewritten")
+        return super().open_for_write(node, flags)
+
+    def rename(
+        self,
+        old_parent: Node,
+        old: str,
+        node: Node,
+        new_parent: Node,
+        new: str,
+        behind: Node | None = None,
+    ) -> Node:
+        """Only spooled files move. Over an object of the bucket (`behind`), the spooled file
+        hides it; its upload then finds the key taken and it stays spooled, failed."""
+        if not node.spooled:
+            raise refuse(errno.EPERM, f"{node.real}: what is in the bucket is not renamed")
+        return super().rename(old_parent, old, node, new_parent, new, None)
+
+    def unlink(self, parent: Node, name: str, node: Node, behind: Node | None = None) -> None:
+        if node.is_dir:
+            raise refuse(errno.EISDIR, str(node.real))
+        if not node.spooled:
+            raise refuse(errno.EPERM, f"{node.real}: objects are not deleted through the mount")
+        self.spool.remove(node.spooled)  # whatever it hid in the bucket shows again
+
+    def mkdir(self, parent: Node, name: str, mode: int, uid: int, gid: int) -> Node:
+        """A folder is a spool folder until a file in it is published (its prefix then exists
+        in the bucket)."""
+        rel = self._rel(parent, name)
+        self._need_room(0, rel)
+        local = self.spool.path(rel)
+        local.mkdir(mode=stat.S_IMODE(mode) | 0o700, parents=True)
+        if os.geteuid() == 0:
+            os.chown(local, uid, gid)
+        return mirror_node(self.root / rel, local.stat(), writable=True)
+
+    def rmdir(self, parent: Node, name: str, node: Node) -> None:
+        if node.backend is not None or not node.is_dir:
+            raise refuse(errno.EPERM if node.backend is not None else errno.ENOTDIR, name)
+        rel = self._rel(parent, name)
+        dirs, files = self.folder.list_dir(rel)
+        if dirs or files or self.spool.listdir(rel):
+            raise refuse(errno.ENOTEMPTY, name)
+        with contextlib.suppress(FileNotFoundError):  # only ever in the bucket
+            self.spool.path(rel).rmdir()
+
+
+def _unchanged(node: Node, attrs: Attrs) -> bool:
+    return (
+        attrs.size is None
+        and (attrs.mode is None or stat.S_IMODE(attrs.mode) == node.mode)
+        and (attrs.uid is None or attrs.uid == node.uid)
+        and (attrs.gid is None or attrs.gid == node.gid)
+        and (attrs.mtime_ns is None or attrs.mtime_ns == node.mtime_ns)
+    )
