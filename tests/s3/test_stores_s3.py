@@ -60,7 +60,10 @@ def test_a_missing_key_names_the_url(s3_bucket: S3Bucket) -> None:
         folder.open("none.zarr.zip")
 
 
-def test_an_unreachable_store_fails_after_bounded_retries() -> None:
+def test_an_unreachable_store_fails_after_bounded_retries(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Credentials of its own: the test must not lean on the session server's environment.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "unreachable-test-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "unreachable-test-secret-0123456789")
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
