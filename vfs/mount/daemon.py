@@ -49,19 +49,23 @@ DIAGNOSE = "DECANT_DIAGNOSE"
 TRACEMALLOC = "DECANT_TRACEMALLOC"
 
 
+def _c4gh_backend(config: MountConfig, cache: PageCache) -> Any:
+    """The GDI package backend when keys were given (None otherwise, or without crypt4gh)."""
+    try:
+        from vfs.backends.c4gh import backend_from_args
+    except ImportError:
+        return None
+    return backend_from_args(config.backend_args, cache)
+
+
 def build_tree(config: MountConfig, cache: PageCache) -> SourceTree:
     if config.bucket is not None:
         return build_bucket_tree(config, cache)
     decant = DecantBackend(cache)
     backends: list[Any] = [decant]
-    try:
-        from vfs.backends.c4gh import backend_from_args
-    except ImportError:
-        pass
-    else:
-        c4gh = backend_from_args(config.backend_args, cache)
-        if c4gh is not None:
-            backends.append(c4gh)
+    c4gh = _c4gh_backend(config, cache)
+    if c4gh is not None:
+        backends.append(c4gh)
     overlays: list[Any] = []
     try:
         from vfs.backends.acqstore import AcqStoreBackend
@@ -125,14 +129,11 @@ def build_bucket_tree(config: MountConfig, cache: PageCache) -> SourceTree:
         return tree.key_of(path)
 
     backends: list[Any] = [BoundBackend(decant, folder, key_of, (".zarr.zip",), (".zarr",))]
-    try:
-        from vfs.backends.c4gh import SUFFIX, backend_from_args
-    except ImportError:
-        pass
-    else:
-        c4gh = backend_from_args(config.backend_args, cache)
-        if c4gh is not None:
-            backends.append(BoundBackend(c4gh, folder, key_of, (SUFFIX,)))
+    c4gh = _c4gh_backend(config, cache)
+    if c4gh is not None:
+        from vfs.backends.c4gh import SUFFIX
+
+        backends.append(BoundBackend(c4gh, folder, key_of, (SUFFIX,)))
     tree = BucketTree(folder, root, backends, index, b.relist)
     return tree
 
