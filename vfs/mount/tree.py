@@ -69,6 +69,11 @@ class SourceTree:
     def scan(self, folder: Path) -> dict[str, Node]:
         """The presented children of a real folder of SRC."""
         found: list[tuple[str, os.stat_result]] = []
+        # The spool first, SRC after: a publish places a file in SRC before it hides the
+        # spooled name (and unhides it only once that is gone), so read in this order a file
+        # being published is seen in one or the other; read the other way round, a scan that
+        # straddles the two steps saw it in neither (a rename then got ENOENT).
+        spooled = self._spooled(folder) if self.spool is not None else {}
         # Reached without links: a folder swapped for one must not list its target (beneath.py).
         fd = open_beneath(self.root, folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -83,8 +88,7 @@ class SourceTree:
         finally:
             os.close(fd)
         out, regular = self._present(folder, found)
-        if self.spool is not None:
-            out.update(self._spooled(folder))
+        out.update(spooled)
         for overlay in self.overlays:
             if overlay.claims(folder, True):
                 self.overlay_roots.add(folder)
@@ -109,6 +113,20 @@ class SourceTree:
         skip = {p.name for p in self.excluded if p.parent == folder}
         if folder == self.root:
             skip |= self.hidden
+        spooled: dict[str, Node] = {}
+        if self.spool is not None:  # the spool first, SRC after: see `scan`
+            reldir = self.relpath(folder)
+            spool_files = os.fspath(self.spool.files)
+            for name in names:
+                rel = f"{reldir}/{name}" if reldir else name
+                if rel in self.publishing:
+                    continue
+                try:
+                    sst = os.lstat(f"{spool_files}/{rel}")
+                except OSError:
+                    continue
+                if stat.S_ISREG(sst.st_mode):
+                    spooled[name] = spooled_node(self.spool.path(rel), rel, sst)
         base = os.fspath(folder)
         found: list[tuple[str, os.stat_result]] = []
         for name in sorted(candidates):
@@ -124,19 +142,7 @@ class SourceTree:
         if not regular:
             self._irregular.add(folder)
             return None
-        if self.spool is not None:
-            reldir = self.relpath(folder)
-            spooled = os.fspath(self.spool.files)
-            for name in names:
-                rel = f"{reldir}/{name}" if reldir else name
-                if rel in self.publishing:
-                    continue
-                try:
-                    st = os.lstat(f"{spooled}/{rel}")
-                except OSError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    out[name] = spooled_node(self.spool.path(rel), rel, st)
+        out.update(spooled)
         return {name: out.get(name) for name in names}
 
     def _skipped(self, folder: Path, name: str) -> bool:
