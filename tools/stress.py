@@ -23,18 +23,15 @@ Exit status 0 if RSS stayed flat, 1 if not, 2 on a setup failure.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from benchlib import cpu_seconds, drop_caches, log, mounted
+from benchlib import cpu_seconds, drop_caches, log, mounted, workdir
 
 REPO = Path(__file__).resolve().parents[1]
 PAYLOAD = b"decant stress: a small plain file, moved into SRC as it is\n"
@@ -154,19 +151,6 @@ def kept_since(first: Path, last: Path, top: int = 15) -> None:
     for d in diff[:top]:
         where = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in d.traceback[:4])
         print(f"  {d.size_diff / 2**10:+9.1f} KiB  {d.count_diff:+7d} blocks  {where}")
-
-
-@contextlib.contextmanager
-def workdir(given: Path | None) -> Iterator[Path]:
-    if given is not None:
-        given.mkdir(parents=True, exist_ok=True)
-        yield given.resolve()
-        return
-    folder = Path(tempfile.mkdtemp(prefix="decant-stress-", dir="/var/tmp"))
-    try:
-        yield folder
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def run(args: argparse.Namespace, work: Path) -> bool:
