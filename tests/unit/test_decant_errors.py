@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import vfs.decant.packer as packer_module
+from tests.toolbox import load_tool
 from vfs.decant.packer import PackOptions, PackResult, pack_file
 from vfs.decant.reader import DecantArchive
 from vfs.decant.verify import restore_archive, verify_archive
@@ -49,15 +50,8 @@ def rewrite(src: Path, dest: Path, edit: Callable[[str, bytes], bytes | None]) -
     return dest
 
 
-def edit_json(key: str, change: Callable[[dict[str, Any]], None]) -> Callable[[str, bytes], bytes]:
-    def edit(name: str, data: bytes) -> bytes:
-        if name != key:
-            return data
-        doc = json.loads(data)
-        change(doc)
-        return json.dumps(doc).encode()
-
-    return edit
+# One JSON-entry editor for the fuzzer and these tests (tools/fuzz.py).
+edit_json = load_tool("fuzz").json_edit
 
 
 def manifest_edit(change: Callable[[dict[str, Any]], None]) -> Callable[[str, bytes], bytes]:
