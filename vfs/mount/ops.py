@@ -911,10 +911,10 @@ class DecantOperations(pyfuse3.Operations):
                 folder.drop(text)
                 if node.spooled and behind is None:
                     return
-                if node.spooled:  # whatever else presents the name shows
-                    await self._show(parent_inode, [text])
-                else:
-                    await self._fresh(parent_inode, force=True)
+                # Whatever else presents the name shows: that name's related entries are
+                # looked at, not the whole folder (a rescan per unlink made deleting a folder
+                # of n files cost n^2 lstats).
+                await self._show(parent_inode, [text])
                 await self._folder_changed(parent_inode)
 
     async def mkdir(
