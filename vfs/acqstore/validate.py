@@ -351,7 +351,7 @@ class _Run:
         if key in self.result.images:
             return self.result.images[key]
         try:
-            image = inspect_image(path)
+            image = inspect_image(path, self.root)
         except ManifestError as exc:
             reason = str(exc)
             if reason == "does not exist":
