@@ -258,15 +258,17 @@ class MountMachine(RuleBasedStateMachine):
     def forget_all(self) -> None:
         self.run("forget all", self.m.forget_all)
 
-    @rule(data=st.data(), how=st.sampled_from(["rescan", "on_changed"]))
+    @rule(data=st.data(), how=st.sampled_from(["rescan", "on_changed", "on_names_changed"]))
     def rescan(self, data: st.DataObject, how: str) -> None:
         folder = pick(data, sorted(self.dirs), "folder")
 
         async def go() -> None:
             if how == "rescan":
                 await self.m.ops.rescan(await self.m.resolve(folder), force=True)
-            else:
+            elif how == "on_changed":
                 await self.m.ops.on_changed({self.src / folder})
+            else:  # what the watcher reports: names of a folder, not the folder
+                await self.m.ops.on_names_changed({self.src / folder: set(NAMES)})
 
         self.run(f"{how} {folder!r}", go)
 
@@ -346,6 +348,8 @@ class MountMachine(RuleBasedStateMachine):
                 for folder, ino in inos.items():
                     nursery.start_soon(m.ops.rescan, ino, True)
                     nursery.start_soon(m.ops.on_changed, {self.src / folder})
+                    names = {old.rpartition("/")[2], new.rpartition("/")[2]}
+                    nursery.start_soon(m.ops.on_names_changed, {self.src / folder: names})
                 if old in self.dirs:
                     nursery.start_soon(m.ops.on_changed, {self.src / old})
                     nursery.start_soon(self._rescan_quietly, moved_ino)
@@ -356,6 +360,29 @@ class MountMachine(RuleBasedStateMachine):
 
         self.run(f"at once: rename {old} {new}, rescans, publish {publish}", go)
         self.model_rename(old, new)
+
+    @rule(data=st.data(), publish=st.booleans())
+    def concurrent_unlink_and_rescans(self, data: st.DataObject, publish: bool) -> None:
+        """An unlink, a rescan of its folder, the watcher's report of its name and maybe the
+        pack queue, all at once: the unlink takes its own change of the folder's stamp only
+        when nothing else changed the folder, and nothing it leaves may hide a name."""
+        path = pick(data, self.movable_files(), "file")
+        if path is None:
+            return
+        folder, _, name = path.rpartition("/")
+        m = self.m
+
+        async def go() -> None:
+            ino = await m.resolve(folder)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(m.unlink, path)
+                nursery.start_soon(m.ops.rescan, ino, False)
+                nursery.start_soon(m.ops.on_names_changed, {self.src / folder: {name}})
+                if publish:
+                    nursery.start_soon(m.publish_all)
+
+        self.run(f"at once: unlink {path}, rescans, publish {publish}", go)
+        del self.files[path]
 
     async def _rescan_quietly(self, ino: int) -> None:
         """A rescan of a folder that is being moved may find its old path gone (ENOENT)."""
