@@ -80,7 +80,7 @@ class HiddenNames(set[str]):
                 self.discard(rel)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # one per spooled file: 50,000 of them at once are usual
 class Item:
     spool: Spool
     relpath: str
