@@ -779,6 +779,54 @@ def test_without_allow_delete_a_file_just_published_can_still_be_deleted(
     keeping.run(go)
 
 
+@pytest.mark.parametrize("how", ["open", "truncate", "open, rename"])
+def test_without_allow_delete_a_published_file_opened_for_writing_is_not_deleted(
+    keeping: InProcessMount, how: str
+) -> None:
+    """Opening a published file for writing moves it back into the spool: deleting it then
+    deletes the published file, and needs --allow-delete like a plain unlink (it was allowed);
+    a file never published stays deletable."""
+
+    async def go() -> None:
+        await keeping.mkdir("d")
+        await keeping.write_file("d/x", b"published")
+        await keeping.publish_all()
+        assert (keeping.config.src / "d/x").read_bytes() == b"published"
+        ino = await keeping.resolve("d/x")
+        if how == "truncate":
+            await keeping.ops.setattr(ino, _size_attr(0), _size_fields(), None, keeping.ctx)
+        else:
+            info = await keeping.ops.open(ino, os.O_WRONLY, keeping.ctx)
+            await keeping.ops.write(info.fh, 0, b"PUB")
+            await keeping.ops.release(info.fh)
+        name = "d/x"
+        if "rename" in how:
+            await keeping.rename("d", "e")
+            name = "e/x"
+        with pytest.raises(pyfuse3.FUSEError) as caught:
+            await keeping.unlink(name)
+        assert caught.value.errno == errno.EPERM
+        assert await keeping.read_file(name) in (b"PUBlished", b"")
+        await keeping.write_file("d2", b"never published")
+        await keeping.unlink("d2")  # a new file: its writer may take it back
+        await keeping.publish_all()
+        assert (keeping.config.src / name).is_file()
+
+    keeping.run(go)
+
+
+def _size_attr(size: int) -> pyfuse3.EntryAttributes:
+    attr = pyfuse3.EntryAttributes()
+    attr.st_size = size
+    return attr
+
+
+def _size_fields() -> Any:
+    from tests.unit.inprocess import FakeSetattrFields
+
+    return FakeSetattrFields(update_size=True)
+
+
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_a_real_file_renamed_over_one_being_switched_to_its_published_copy(
     mount: InProcessMount, when: str
@@ -1004,3 +1052,31 @@ def test_a_file_published_into_a_folder_new_to_src_is_found_at_once(
         assert await mount.read_file("run1/x.csv") == b"a,b\n1,2\n"  # no rescan in between
 
     mount.run(go)
+
+
+def test_marks_of_rewritten_published_files_do_not_pile_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each published file opened for writing is marked until it is published again; the
+    marks of those published since are pruned as more come, not kept for ever."""
+    from vfs.ingest import writeside
+
+    monkeypatch.setattr(writeside, "ADOPTED_PRUNE", 4)
+    with fake_session():
+        (tmp_path / "src").mkdir()
+        m = InProcessMount(tmp_path / "src", tmp_path, allow_delete=False)
+        sizes = []
+
+        async def go() -> None:
+            for r in range(6):
+                for i in range(5):
+                    await m.write_file(f"r{r}-{i}", b"first")
+                await m.publish_all()
+                for i in range(5):
+                    await m.write_file(f"r{r}-{i}", b"again")  # opened for writing: adopted
+                await m.publish_all()
+                assert m.ops.writer is not None
+                sizes.append(len(m.ops.writer._adopted))
+
+        m.run(go)
+    assert max(sizes) <= 10, sizes  # a round's five, and at most the five before them
