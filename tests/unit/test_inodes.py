@@ -173,6 +173,13 @@ def daemon_sizes(m: InProcessMount) -> dict[str, int]:
         "open counts": len(m.queue.open_counts),
         "publishing": len(m.queue.publishing),
         "bad/good/pending": len(m.ops.integrity.bad) + len(m.ops.integrity.pending),
+        # Per-file bookkeeping that must fall back between rounds (each round has new names).
+        "queue gone": len(m.queue._gone),
+        "spool placed": len(m.tree.spool._placed) if m.tree.spool is not None else 0,
+        "tree logged/irregular/failed": len(m.tree._logged)
+        + len(m.tree._irregular)
+        + len(m.tree._failed),
+        "rewritten marks": len(m.ops.writer._adopted) if m.ops.writer is not None else 0,
     }
 
 
