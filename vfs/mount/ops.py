@@ -578,6 +578,7 @@ class DecantOperations(pyfuse3.Operations):
                     folder = self.inodes.folders.get(ino)
                     if folder is None:
                         continue
+                    names = self.tree.presented_names(names)  # archives show other names
                     await self._show(ino, sorted(names))
                     for name in names:  # the kernel's inodes see new sizes at getattr
                         node = folder.children.get(name)
