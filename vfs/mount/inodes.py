@@ -36,6 +36,9 @@ class Folder:
     mtime_ns: int = 0
     checked: float = 0.0
     next_cookie: int = 1
+    # An unlink took its own change of the stamp (ops.unlink): until the next full read, a
+    # stamp equal to `mtime_ns` no longer proves that nobody else changed the folder.
+    absorbed: bool = False
     _order: list[tuple[int, str]] | None = None
 
     def put(self, name: str, node: Node) -> None:

@@ -265,7 +265,7 @@ class DecantOperations(pyfuse3.Operations):
             ino = self.inodes.known(node)
             if ino is not None:
                 self.inodes.replace(ino, node)
-        folder.mtime_ns, folder.checked = mtime, time.monotonic()
+        folder.mtime_ns, folder.checked, folder.absorbed = mtime, time.monotonic(), False
         for name in changed:
             pyfuse3.invalidate_entry_async(inode, os.fsencode(name), ignore_enoent=True)
         return folder
@@ -577,6 +577,11 @@ class DecantOperations(pyfuse3.Operations):
                 async with self.inodes.locked(ino):
                     folder = self.inodes.folders.get(ino)
                     if folder is None:
+                        continue
+                    # Unchanged entries (a publish restores the folder's mtime; its queue
+                    # shows the names itself): nothing to do, as a rescan would find.
+                    stamp = await self._quick(self.tree.stamp_folder, path)
+                    if stamp == folder.mtime_ns and not folder.absorbed:
                         continue
                     names = self.tree.presented_names(names)  # archives show other names
                     await self._show(ino, sorted(names))
@@ -934,7 +939,7 @@ class DecantOperations(pyfuse3.Operations):
                 # it since the listing was read, the listing takes the new stamp, or the next
                 # use would rescan the whole folder (once a second, per folder being emptied).
                 # Watched only: a change by others between the two stamps is then reported by
-                # name (`on_names_changed`).
+                # name (`on_names_changed`, which `absorbed` tells not to trust the stamp).
                 absorb = (
                     self.watched
                     and not node.spooled
@@ -954,6 +959,7 @@ class DecantOperations(pyfuse3.Operations):
                 if absorb and self.inodes.folders.get(parent_inode) is folder:
                     with contextlib.suppress(OSError):
                         folder.mtime_ns = await self._quick(self.tree.stamp_folder, parent.real)
+                        folder.absorbed = True
                 await self._folder_changed(parent_inode)
 
     async def mkdir(
