@@ -15,7 +15,7 @@ import errno
 import os
 import stat
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -58,6 +58,37 @@ def open_beneath(root: Path, path: Path, flags: int, mode: int = 0o600) -> int:
         return os.open(path.name, flags | os.O_NOFOLLOW | _CLOEXEC, mode, dir_fd=dfd)
     finally:
         os.close(dfd)
+
+
+def makedirs_beneath(root: Path, path: Path, mode: int = 0o777) -> None:
+    """`path.mkdir(parents=True, exist_ok=True)` with no link followed from `root` down: each
+    missing folder is made beside its parent's descriptor, and a component that is a link (to
+    a folder elsewhere, say) fails with ELOOP/ENOTDIR instead of being made or walked into."""
+    parts = _parts(root, path)
+    if parts is None:
+        raise OSError(errno.EXDEV, f"not below {root}", str(path))
+    fd = os.open(root, _ROOT)
+    try:
+        for part in parts:
+            try:
+                nfd = os.open(part, _DIR, dir_fd=fd)
+            except FileNotFoundError:
+                with suppress(FileExistsError):  # made meanwhile: opened below as it is
+                    os.mkdir(part, mode, dir_fd=fd)
+                nfd = os.open(part, _DIR, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    finally:
+        os.close(fd)
+
+
+def fsync_beneath(root: Path, path: Path) -> None:
+    """fsync the file or folder at `path`, reached from `root` without following a link."""
+    fd = open_beneath(root, path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def not_shown(path: Path, st: os.stat_result) -> OSError:
@@ -103,4 +134,13 @@ def entry_path(root: Path, path: Path) -> Iterator[str]:
         os.close(fd)
 
 
-__all__ = ["entry_path", "not_shown", "open_beneath", "parent_fd", "read_beneath", "stat_beneath"]
+__all__ = [
+    "entry_path",
+    "fsync_beneath",
+    "makedirs_beneath",
+    "not_shown",
+    "open_beneath",
+    "parent_fd",
+    "read_beneath",
+    "stat_beneath",
+]

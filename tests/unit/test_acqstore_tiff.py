@@ -21,7 +21,7 @@ from tests.toolbox import load_tool
 from vfs.acqstore.ngff import Axis, inspect_image, open_full_resolution
 from vfs.acqstore.synth_tiff import SynthesizedTiff, TiffLayout, layout_for_image
 from vfs.cache import PageCache
-from vfs.errors import CorruptArchiveError
+from vfs.errors import CorruptArchiveError, ManifestError
 
 AXES = {
     "t": Axis("t", "time", "second"),
@@ -368,3 +368,57 @@ def test_an_image_folder_holding_a_symlink_is_refused(tmp_path: Path) -> None:
     chunk.symlink_to(secret)
     with pytest.raises(CorruptArchiveError, match="symlink"):
         open_full_resolution(image)
+
+
+def _image_folder(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    data = ramp((1, 1, 2, 10, 12), np.uint16)
+    folder = tmp_path / "coll" / "img.zarr"
+    load_tool("make_acqstore_corpus").write_ome_zarr(
+        folder, data, "tczyx", [1.0] * 5, chunks=(1, 1, 1, 10, 12)
+    )
+    return folder, data
+
+
+def test_a_chunk_swapped_for_a_symlink_after_opening_is_not_read(tmp_path: Path) -> None:
+    """The folder was checked for links when opened; a chunk swapped for a link to a file of
+    root's afterwards must not be read, by the fast path or by zarr-python's fallback."""
+    folder, _data = _image_folder(tmp_path)
+    image = inspect_image(folder, tmp_path / "coll")
+    array, release = open_full_resolution(image, tmp_path / "coll")
+    try:
+        secret = tmp_path / "secret"
+        secret.write_bytes(np.full((10, 12), 7, np.uint16).tobytes())
+        for chunk in [p for p in (folder / "0").rglob("*") if p.is_file()]:
+            if not chunk.name.startswith("."):
+                chunk.unlink()
+                chunk.symlink_to(secret)
+        with pytest.raises(OSError):  # the fast path: ELOOP, not the link's bytes
+            array.read_plane((0, 0, 0), lambda n: np.empty(n, np.uint8))
+        with pytest.raises(OSError):  # zarr-python itself, through the store
+            array.array[0, 0, 0]
+    finally:
+        release()
+
+
+def test_metadata_swapped_for_a_symlink_is_not_parsed(tmp_path: Path) -> None:
+    """`.zattrs` made a link to a JSON document elsewhere: inspecting refuses the key (as
+    missing metadata) rather than parsing the link's target as the image's."""
+    folder, _data = _image_folder(tmp_path)
+    elsewhere = tmp_path / "elsewhere.json"
+    zattrs = folder / ".zattrs"
+    if not zattrs.exists():
+        zattrs = folder / "zarr.json"
+    elsewhere.write_bytes(zattrs.read_bytes())
+    zattrs.unlink()
+    zattrs.symlink_to(elsewhere)
+    with pytest.raises(ManifestError):
+        inspect_image(folder, tmp_path / "coll")
+
+
+def test_an_image_behind_a_linked_folder_is_refused(tmp_path: Path) -> None:
+    """A folder between the collection and the image swapped for a link: not walked into."""
+    folder, _data = _image_folder(tmp_path / "real")
+    (tmp_path / "coll").mkdir()
+    (tmp_path / "coll" / "plate").symlink_to(folder.parent)
+    with pytest.raises(ManifestError):
+        inspect_image(tmp_path / "coll" / "plate" / "img.zarr", tmp_path / "coll")

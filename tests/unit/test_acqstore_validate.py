@@ -377,3 +377,14 @@ def test_corpus_tool_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert {i.pointer for i in errors(tmp_path / "bad")} == {"/format", "/resources/tables/1/path"}
     assert tool.main(["large", str(tmp_path / "big"), "-n", "3", "--validate"]) == 0
     assert "3 members: 0 errors" in capsys.readouterr().out
+
+
+def test_a_document_swapped_for_a_symlink_is_not_read(root: Path, tmp_path: Path) -> None:
+    """A linked document made a link to a (valid) document outside the collection: the daemon
+    validates as root and must not read it there; the collection is reported, not built."""
+    outside = tmp_path / "outside.json"
+    outside.write_bytes((root / ANALYSES_A).read_bytes())
+    (root / ANALYSES_A).unlink()
+    (root / ANALYSES_A).symlink_to(outside)
+    found = [(i.document, i.message) for i in errors(root)]
+    assert any(doc == ANALYSES_A and "not a readable JSON document" in msg for doc, msg in found)

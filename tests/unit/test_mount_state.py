@@ -258,15 +258,17 @@ class MountMachine(RuleBasedStateMachine):
     def forget_all(self) -> None:
         self.run("forget all", self.m.forget_all)
 
-    @rule(data=st.data(), how=st.sampled_from(["rescan", "on_changed"]))
+    @rule(data=st.data(), how=st.sampled_from(["rescan", "on_changed", "on_names_changed"]))
     def rescan(self, data: st.DataObject, how: str) -> None:
         folder = pick(data, sorted(self.dirs), "folder")
 
         async def go() -> None:
             if how == "rescan":
                 await self.m.ops.rescan(await self.m.resolve(folder), force=True)
-            else:
+            elif how == "on_changed":
                 await self.m.ops.on_changed({self.src / folder})
+            else:  # what the watcher reports: names of a folder, not the folder
+                await self.m.ops.on_names_changed({self.src / folder: set(NAMES)})
 
         self.run(f"{how} {folder!r}", go)
 
@@ -346,6 +348,8 @@ class MountMachine(RuleBasedStateMachine):
                 for folder, ino in inos.items():
                     nursery.start_soon(m.ops.rescan, ino, True)
                     nursery.start_soon(m.ops.on_changed, {self.src / folder})
+                    names = {old.rpartition("/")[2], new.rpartition("/")[2]}
+                    nursery.start_soon(m.ops.on_names_changed, {self.src / folder: names})
                 if old in self.dirs:
                     nursery.start_soon(m.ops.on_changed, {self.src / old})
                     nursery.start_soon(self._rescan_quietly, moved_ino)
@@ -356,6 +360,29 @@ class MountMachine(RuleBasedStateMachine):
 
         self.run(f"at once: rename {old} {new}, rescans, publish {publish}", go)
         self.model_rename(old, new)
+
+    @rule(data=st.data(), publish=st.booleans())
+    def concurrent_unlink_and_rescans(self, data: st.DataObject, publish: bool) -> None:
+        """An unlink, a rescan of its folder, the watcher's report of its name and maybe the
+        pack queue, all at once: the unlink takes its own change of the folder's stamp only
+        when nothing else changed the folder, and nothing it leaves may hide a name."""
+        path = pick(data, self.movable_files(), "file")
+        if path is None:
+            return
+        folder, _, name = path.rpartition("/")
+        m = self.m
+
+        async def go() -> None:
+            ino = await m.resolve(folder)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(m.unlink, path)
+                nursery.start_soon(m.ops.rescan, ino, False)
+                nursery.start_soon(m.ops.on_names_changed, {self.src / folder: {name}})
+                if publish:
+                    nursery.start_soon(m.publish_all)
+
+        self.run(f"at once: unlink {path}, rescans, publish {publish}", go)
+        del self.files[path]
 
     async def _rescan_quietly(self, ino: int) -> None:
         """A rescan of a folder that is being moved may find its old path gone (ENOENT)."""
@@ -752,6 +779,54 @@ def test_without_allow_delete_a_file_just_published_can_still_be_deleted(
     keeping.run(go)
 
 
+@pytest.mark.parametrize("how", ["open", "truncate", "open, rename"])
+def test_without_allow_delete_a_published_file_opened_for_writing_is_not_deleted(
+    keeping: InProcessMount, how: str
+) -> None:
+    """Opening a published file for writing moves it back into the spool: deleting it then
+    deletes the published file, and needs --allow-delete like a plain unlink (it was allowed);
+    a file never published stays deletable."""
+
+    async def go() -> None:
+        await keeping.mkdir("d")
+        await keeping.write_file("d/x", b"published")
+        await keeping.publish_all()
+        assert (keeping.config.src / "d/x").read_bytes() == b"published"
+        ino = await keeping.resolve("d/x")
+        if how == "truncate":
+            await keeping.ops.setattr(ino, _size_attr(0), _size_fields(), None, keeping.ctx)
+        else:
+            info = await keeping.ops.open(ino, os.O_WRONLY, keeping.ctx)
+            await keeping.ops.write(info.fh, 0, b"PUB")
+            await keeping.ops.release(info.fh)
+        name = "d/x"
+        if "rename" in how:
+            await keeping.rename("d", "e")
+            name = "e/x"
+        with pytest.raises(pyfuse3.FUSEError) as caught:
+            await keeping.unlink(name)
+        assert caught.value.errno == errno.EPERM
+        assert await keeping.read_file(name) in (b"PUBlished", b"")
+        await keeping.write_file("d2", b"never published")
+        await keeping.unlink("d2")  # a new file: its writer may take it back
+        await keeping.publish_all()
+        assert (keeping.config.src / name).is_file()
+
+    keeping.run(go)
+
+
+def _size_attr(size: int) -> pyfuse3.EntryAttributes:
+    attr = pyfuse3.EntryAttributes()
+    attr.st_size = size
+    return attr
+
+
+def _size_fields() -> Any:
+    from tests.unit.inprocess import FakeSetattrFields
+
+    return FakeSetattrFields(update_size=True)
+
+
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_a_real_file_renamed_over_one_being_switched_to_its_published_copy(
     mount: InProcessMount, when: str
@@ -977,3 +1052,31 @@ def test_a_file_published_into_a_folder_new_to_src_is_found_at_once(
         assert await mount.read_file("run1/x.csv") == b"a,b\n1,2\n"  # no rescan in between
 
     mount.run(go)
+
+
+def test_marks_of_rewritten_published_files_do_not_pile_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each published file opened for writing is marked until it is published again; the
+    marks of those published since are pruned as more come, not kept for ever."""
+    from vfs.ingest import writeside
+
+    monkeypatch.setattr(writeside, "ADOPTED_PRUNE", 4)
+    with fake_session():
+        (tmp_path / "src").mkdir()
+        m = InProcessMount(tmp_path / "src", tmp_path, allow_delete=False)
+        sizes = []
+
+        async def go() -> None:
+            for r in range(6):
+                for i in range(5):
+                    await m.write_file(f"r{r}-{i}", b"first")
+                await m.publish_all()
+                for i in range(5):
+                    await m.write_file(f"r{r}-{i}", b"again")  # opened for writing: adopted
+                await m.publish_all()
+                assert m.ops.writer is not None
+                sizes.append(len(m.ops.writer._adopted))
+
+        m.run(go)
+    assert max(sizes) <= 10, sizes  # a round's five, and at most the five before them

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from vfs.ingest.publish import apply_metadata
+from vfs.ingest.publish import apply_metadata, publish, sync_placed
+from vfs.ingest.spool import Spool
 
 
 def test_apply_metadata_never_follows_a_link(tmp_path: Path) -> None:
@@ -43,3 +44,55 @@ def test_apply_metadata_sets_a_regular_file(tmp_path: Path) -> None:
     apply_metadata(staged, spooled.stat())
     st = staged.stat()
     assert stat.S_IMODE(st.st_mode) == 0o640 and st.st_mtime_ns == 2 * 10**18
+
+
+def _spool(tmp_path: Path) -> Spool:
+    src = tmp_path / "src"
+    src.mkdir()
+    return Spool(src, src / ".decant-spool" / "files")
+
+
+def test_publish_makes_no_folder_through_a_link_in_src(tmp_path: Path) -> None:
+    """A file dropped into an inbox's new subfolder `in/run/x`: SRC has no `in/run` yet, and a
+    user who owns `in` made it a link to root's folder. Making `run` for the publish must not
+    make it (as root) in the link's target, nor place the file there."""
+    spool = _spool(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (spool.src / "in").symlink_to(outside)
+    spooled = spool.path("in/run/x")
+    spooled.parent.mkdir(parents=True)
+    spooled.write_bytes(b"the user's\n")
+    with pytest.raises(OSError):
+        publish(spool, "in/run/x", False, None)
+    assert os.listdir(outside) == []
+
+
+def test_publish_makes_missing_folders_below_src(tmp_path: Path) -> None:
+    spool = _spool(tmp_path)
+    spooled = spool.path("a/b/x")
+    spooled.parent.mkdir(parents=True)
+    spooled.write_bytes(b"plain\n")
+    published = publish(spool, "a/b/x", False, None)
+    assert published.target == spool.src / "a/b/x"
+    assert (spool.src / "a/b/x").read_bytes() == b"plain\n"
+
+
+def test_sync_placed_opens_no_link(tmp_path: Path) -> None:
+    """A placed archive renamed away and a link put in its place before the batch's fsync:
+    the daemon must not open the link's target as root (a FIFO would hang the worker, a
+    device would be opened)."""
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    outside = tmp_path / "root-only"
+    outside.write_bytes(b"root's\n")
+    (src / "d" / "x.zarr.zip").symlink_to(outside)
+    with pytest.raises(OSError):
+        sync_placed(src, [src / "d" / "x.zarr.zip"])
+    (src / "d" / "x.zarr.zip").unlink()
+    (src / "d" / "x.zarr.zip").write_bytes(b"placed")
+    sync_placed(src, [src / "d" / "x.zarr.zip"])
+    (src / "d").rename(src / "e")
+    (src / "d").symlink_to(src / "e")  # a folder on the way swapped for a link
+    with pytest.raises(OSError):
+        sync_placed(src, [src / "d" / "x.zarr.zip"])

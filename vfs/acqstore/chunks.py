@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from vfs.beneath import read_beneath
+from vfs.beneath import open_beneath, read_beneath
 from vfs.decant.blosc_blocks import BloscChunkError, decompress_into, parse_header
 from vfs.errors import CorruptArchiveError
 
@@ -34,6 +34,10 @@ class PlaneReader:
         self.chunks: tuple[int, ...] = tuple(array.chunks)
         self.dtype = np.dtype(array.dtype)
         self._folder = folder
+        # Chunk files are reached from the store's root with no link followed on the way,
+        # the array's own folder (a dataset path such as `0`) included.
+        root = getattr(array.store, "root", None)
+        self._root = Path(root) if folder is not None and root is not None else folder
         self._codec: Any = None
         self._store_dtype = self.dtype
         self._direct = folder is not None and self._plan(array.metadata)
@@ -97,8 +101,8 @@ class PlaneReader:
             for cx in grid[1]:
                 assert self._folder is not None
                 path = self._folder / self.array.metadata.encode_chunk_key((*outer, cy, cx))
-                try:
-                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                try:  # never through a link, and never waiting on a FIFO (vfs/beneath.py)
+                    fd = open_beneath(self._root, path, os.O_RDONLY | os.O_NONBLOCK)
                 except OSError:
                     continue
                 try:
@@ -114,7 +118,8 @@ class PlaneReader:
         try:
             # The image folder was checked for links when opened; a chunk swapped for one (or
             # for a FIFO) since must not be read as root: see vfs/beneath.py.
-            raw = read_beneath(self._folder, path)
+            assert self._root is not None
+            raw = read_beneath(self._root, path)
         except FileNotFoundError:
             return False  # the fill value: zarr-python's business
         height, width = plane.shape
@@ -156,7 +161,9 @@ class PlaneReader:
 
 def store_folder(array: Any) -> Path | None:
     """The local folder holding `array`'s chunk files, or None for any other store."""
+    from zarr.storage import LocalStore
+
     root = getattr(array.store, "root", None)
-    if type(array.store).__name__ != "LocalStore" or root is None:
+    if not isinstance(array.store, LocalStore) or root is None:
         return None
     return Path(root) / array.path if array.path else Path(root)

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal
 
 import numpy as np
 
 from vfs.acqstore.paths import path_problems
+from vfs.beneath import not_shown, open_beneath, read_beneath, stat_beneath
 from vfs.errors import CorruptArchiveError, ManifestError
 
 if TYPE_CHECKING:
@@ -59,20 +61,34 @@ class NgffImage:
 
 
 class _Keys:
-    """Read store keys from a directory or a zip, so both containers are checked by one routine."""
+    """Read store keys from a directory or a zip, so both containers are checked by one routine.
 
-    def __init__(self, path: Path) -> None:
+    The container is opened once, its last component without following a link, and a
+    directory's keys are read below that descriptor with no link followed (vfs/beneath.py):
+    a key swapped for a link to /etc/shadow is refused, not parsed as metadata."""
+
+    def __init__(self, path: Path, within: Path | None = None) -> None:
         self.path = path
         self.zip: zipfile.ZipFile | None = None
+        self._file: BinaryIO | None = None
         self.names: set[str] = set()
-        if path.is_file():
-            self.zip = zipfile.ZipFile(path)
-            self.names = set(self.zip.namelist())
+        self.anchor = Anchor(path, within)
+        try:
+            if not self.anchor.is_dir:
+                self._file = self.anchor.file()
+                self.zip = zipfile.ZipFile(self._file)
+                self.names = set(self.zip.namelist())
+        except BaseException:
+            self.close()
+            raise
 
     def has(self, key: str) -> bool:
         if self.zip is not None:
             return key in self.names
-        return (self.path / key).is_file()
+        try:
+            return stat.S_ISREG(stat_beneath(self.anchor.root, self.anchor.root / key).st_mode)
+        except OSError:
+            return False
 
     def json(self, key: str) -> Any | None:
         """The parsed document at `key`, or None when absent; a malformed one is an error."""
@@ -80,7 +96,7 @@ class _Keys:
             if self.zip is not None:
                 raw = self.zip.read(key) if key in self.names else None
             else:
-                raw = (self.path / key).read_bytes() if (self.path / key).is_file() else None
+                raw = _read_key(self.anchor.root, key)
             return None if raw is None else json.loads(raw)
         except (OSError, ValueError, zipfile.BadZipFile) as exc:
             raise ManifestError(f"{key} cannot be read: {exc}") from exc
@@ -88,31 +104,75 @@ class _Keys:
     def close(self) -> None:
         if self.zip is not None:
             self.zip.close()
+        if self._file is not None:
+            self._file.close()  # ZipFile leaves a file object it was given open
+        self.anchor.close()
+
+
+class Anchor:
+    """An image container held by a descriptor, reached from `within` (its collection folder,
+    else its own parent) without following a link: what is read from it afterwards cannot be
+    redirected by swapping the container, or a folder between it and `within`, for a link."""
+
+    def __init__(self, path: Path, within: Path | None = None) -> None:
+        base = within if within is not None and path != within else path.parent
+        self.fd = open_beneath(base, path, os.O_PATH)
+        try:
+            st = os.fstat(self.fd)
+            if stat.S_ISLNK(st.st_mode):
+                raise CorruptArchiveError(f"{path}: a symlink (refused: the mount never follows "
+                                          "links)")  # fmt: skip
+            if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode)):
+                raise not_shown(path, st)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.is_dir = stat.S_ISDIR(st.st_mode)
+        # The descriptor's magic link: opening it (or a path below it) reaches exactly this
+        # container; everything below is walked from it with no link followed.
+        self.root = Path(f"/proc/self/fd/{self.fd}")
+
+    def file(self) -> BinaryIO:
+        """The container file itself, opened for reading (a zip)."""
+        fd = os.open(self.root, os.O_RDONLY | os.O_CLOEXEC)
+        return os.fdopen(fd, "rb")
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _read_key(root: Path, key: str) -> bytes | None:
+    """A key's bytes read below `root` with no link followed, or None when absent."""
+    try:
+        return read_beneath(root, root / key)
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
 
 
 def is_zip_image_name(path: Path) -> bool:
     return path.name.lower().endswith(ZIP_SUFFIXES)
 
 
-def inspect_image(path: Path) -> NgffImage:
+def inspect_image(path: Path, within: Path | None = None) -> NgffImage:
     """Check `path` is an OME-NGFF image (directory group, `.zarr.zip` or `.ozx`) and describe it.
+    Nothing is read through a link below `within` (default: the image's own folder).
 
     Raises ManifestError whose message is the reason, without the path (callers name the path).
     """
-    if path.is_dir():
-        zipped = False
-    elif path.is_file():
-        if not is_zip_image_name(path):
-            raise ManifestError("a file that is not a .zarr.zip or .ozx OME-Zarr container")
-        if not zipfile.is_zipfile(path):
-            raise ManifestError("not a readable zip file")
-        zipped = True
-    else:
-        raise ManifestError("does not exist")
     try:
-        keys = _Keys(path)
-    except (OSError, zipfile.BadZipFile) as exc:
+        keys = _Keys(path, within)
+    except FileNotFoundError:
+        raise ManifestError("does not exist") from None
+    except zipfile.BadZipFile:
+        raise ManifestError("not a readable zip file") from None
+    except OSError as exc:
         raise ManifestError(f"cannot be opened: {exc}") from exc
+    zipped = keys.zip is not None
+    if zipped and not is_zip_image_name(path):
+        keys.close()
+        raise ManifestError("a file that is not a .zarr.zip or .ozx OME-Zarr container")
     try:
         return _inspect(keys, zipped)
     finally:
@@ -261,25 +321,95 @@ def refuse_links(folder: Path) -> None:
                 )
 
 
-def open_full_resolution(image: NgffImage) -> tuple[PlaneReader, Callable[[], None]]:
+def open_full_resolution(
+    image: NgffImage, within: Path | None = None
+) -> tuple[PlaneReader, Callable[[], None]]:
     """The full-resolution zarr array (with a fast plane reader) and a function that releases
-    its store.
+    its store. The container is held by a descriptor reached without links below `within`; a
+    folder's keys are read below it with no link followed, by zarr-python too (`_NoLinkStore`),
+    so a chunk swapped for a link after `refuse_links` looked is refused, not read as root.
 
     zarr is imported here, not at module level: validation never reads pixels and stays quick.
     """
     import zarr
-    from zarr.storage import LocalStore, ZipStore
+    from zarr.storage import ZipStore
 
     from vfs.acqstore.chunks import PlaneReader, store_folder
 
     if not image.zipped:
-        refuse_links(image.path)
-    store: Any = (
-        ZipStore(image.path, mode="r", read_only=True)
-        if image.zipped
-        else LocalStore(image.path, read_only=True)
-    )
-    array = zarr.open_array(
-        store=store, path=image.dataset, mode="r", zarr_format=image.zarr_format
-    )
-    return PlaneReader(array, store_folder(array)), store.close
+        refuse_links(image.path)  # one clear error for a folder that holds links at all
+    anchor = Anchor(image.path, within)
+    try:
+        if image.zipped:
+            if anchor.is_dir:
+                raise ManifestError("changed from a zip to a folder since it was inspected")
+            store: Any = ZipStore(anchor.root, mode="r", read_only=True)
+        else:
+            if not anchor.is_dir:
+                raise ManifestError("changed from a folder to a file since it was inspected")
+            store = _no_link_store()(anchor.root, read_only=True)
+        array = zarr.open_array(
+            store=store, path=image.dataset, mode="r", zarr_format=image.zarr_format
+        )
+    except BaseException:
+        anchor.close()
+        raise
+
+    def release() -> None:
+        store.close()
+        anchor.close()
+
+    return PlaneReader(array, store_folder(array)), release
+
+
+def _no_link_store() -> type:
+    """zarr-python's LocalStore, every key read below its root with no link followed (it reads
+    by path and follows links). Made on first use: zarr is imported lazily."""
+    global _NO_LINK_STORE
+    if _NO_LINK_STORE is not None:
+        return _NO_LINK_STORE
+    import asyncio
+
+    from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.storage import LocalStore
+
+    class NoLinkStore(LocalStore):  # type: ignore[misc]
+        def _read(self, key: str, prototype: Any, byte_range: Any) -> Any:
+            raw = _read_key(self.root, key)
+            if raw is None:
+                return None
+            if isinstance(byte_range, RangeByteRequest):
+                raw = raw[byte_range.start : byte_range.end]
+            elif isinstance(byte_range, OffsetByteRequest):
+                raw = raw[byte_range.offset :]
+            elif isinstance(byte_range, SuffixByteRequest):
+                raw = raw[max(0, len(raw) - byte_range.suffix) :]
+            elif byte_range is not None:
+                raise TypeError(f"unexpected byte_range {byte_range!r}")
+            return (prototype or default_buffer_prototype()).buffer.from_bytes(raw)
+
+        async def get(self, key: str, prototype: Any = None, byte_range: Any = None) -> Any:
+            if not self._is_open:
+                await self._open()
+            return await asyncio.to_thread(self._read, key, prototype, byte_range)
+
+        def get_sync(self, key: str, *, prototype: Any = None, byte_range: Any = None) -> Any:
+            self._ensure_open_sync()
+            return self._read(key, prototype, byte_range)
+
+        async def get_partial_values(self, prototype: Any, key_ranges: Any) -> list[Any]:
+            return [await self.get(key, prototype, rng) for key, rng in key_ranges]
+
+        async def exists(self, key: str) -> bool:
+            try:
+                st = await asyncio.to_thread(stat_beneath, self.root, self.root / key)
+            except OSError:
+                return False
+            return stat.S_ISREG(st.st_mode)
+
+    _NO_LINK_STORE = NoLinkStore
+    return NoLinkStore
+
+
+_NO_LINK_STORE: type | None = None

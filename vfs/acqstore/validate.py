@@ -16,6 +16,7 @@ from jsonschema import Draft202012Validator, FormatChecker
 from vfs.acqstore import paths
 from vfs.acqstore.ngff import NgffImage, inspect_image
 from vfs.acqstore.paths import ENTRY_POINT
+from vfs.beneath import read_beneath
 from vfs.errors import ManifestError
 
 _SCHEMA_DEFS = {
@@ -351,7 +352,7 @@ class _Run:
         if key in self.result.images:
             return self.result.images[key]
         try:
-            image = inspect_image(path)
+            image = inspect_image(path, self.root)
         except ManifestError as exc:
             reason = str(exc)
             if reason == "does not exist":
@@ -398,9 +399,10 @@ class _Run:
             doc = self.result.documents[rel]
         else:
             try:
-                doc = json.loads(
-                    paths.resolve(self.root, rel).read_bytes(), parse_constant=_no_constant
-                )
+                # From the collection without following a link (nor waiting on a FIFO): a
+                # document swapped for one is not read as root (vfs/beneath.py).
+                raw = read_beneath(self.root, paths.resolve(self.root, rel))
+                doc = json.loads(raw, parse_constant=_no_constant)
             except FileNotFoundError:
                 self.error(rel, "", "document does not exist")
                 return None

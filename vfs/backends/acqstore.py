@@ -111,13 +111,13 @@ class AcqStoreBackend:
         from vfs.acqstore.ngff import inspect_image, open_full_resolution
         from vfs.acqstore.synth_tiff import SynthesizedTiff, layout_for_image
 
-        image = inspect_image(target)
+        image = inspect_image(target, root)
         layout = layout_for_image(image, name=title)
         if layout.size != entry.size:
             raise ManifestError(
                 f"{target}: image changed since the view was built ({layout.size} != {entry.size})"
             )
-        array, release = open_full_resolution(image)
+        array, release = open_full_resolution(image, root)
         # Keys start with the collection folder, so discard_prefix(collection) forgets its planes.
         key = (root, "acqstore-tiff", rel, image.dataset)
         return SynthesizedTiff(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from vfs.beneath import parent_fd
+from vfs.beneath import fsync_beneath, makedirs_beneath, parent_fd
 from vfs.decant import TEMP_PREFIX
 from vfs.ingest.space import free_bytes
 
@@ -125,7 +125,8 @@ def publish(
     if not folder.is_dir():  # e.g. a new subfolder of an inbox
         with _PLACING:  # not one just renamed away, with the spooled file (see WriteSide)
             source.stat()
-            folder.mkdir(parents=True, exist_ok=True)
+            # From SRC's descriptor: a folder on the way swapped for a link is not made through.
+            makedirs_beneath(spool.src, folder)
     if not pack_all and not _looks_like_tiff(source, st.st_size):
         return _publish_plain(spool, relpath, source, st, folder, cancel)
     return _publish_archive(spool, relpath, source, st, folder, options, cancel, durable)
@@ -586,21 +587,16 @@ def place(
     return _ident(placed)
 
 
-def sync_placed(targets: list[Path]) -> None:
+def sync_placed(root: Path, targets: list[Path]) -> None:
     """fsync archives placed without it, then each of their folders once: a batch's metadata
     and names are durable before its spooled copies are deleted. On a journaling filesystem
     the first fsync commits them all, so the others cost little (not syncfs: on a shared disk
-    that waits for everyone's dirty data)."""
-    from vfs.decant.writer import fsync_dir
-
+    that waits for everyone's dirty data). Each is reached from `root` (SRC) without following
+    a link: a name swapped for one since it was placed is not opened as root."""
     for target in targets:
-        fd = os.open(target, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_beneath(root, target)
     for folder in {t.parent for t in targets}:
-        fsync_dir(folder)
+        fsync_beneath(root, folder)
 
 
 def placing_lock() -> threading.Lock:

@@ -80,7 +80,7 @@ class HiddenNames(set[str]):
                 self.discard(rel)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)  # one per spooled file: 50,000 of them at once are usual
 class Item:
     spool: Spool
     relpath: str
@@ -319,9 +319,12 @@ class PackQueue:
             settle = self.disk_settle if item.found else 0.0
             out.append(item.spool.attempt(item.relpath, self.pack_all, self.options, settle,
                                           self.cancel))  # fmt: skip
-        unsynced = [o.published.target for o in out if o.published and not o.published.synced]
-        if unsynced:
-            sync_placed(unsynced)  # durable before their spooled copies go
+        unsynced: dict[Path, list[Path]] = {}
+        for item, o in zip(batch, out, strict=False):
+            if o.published and not o.published.synced:
+                unsynced.setdefault(item.spool.src, []).append(o.published.target)
+        for src, targets in unsynced.items():
+            sync_placed(src, targets)  # durable before their spooled copies go
         return out
 
     # -- after a batch ---------------------------------------------------------------------

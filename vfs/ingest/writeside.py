@@ -41,6 +41,9 @@ class Attrs:
     mtime_ns: int | None = None
 
 
+ADOPTED_PRUNE = 1024  # marks of published files being rewritten kept before a prune
+
+
 class WriteSide:
     def __init__(
         self,
@@ -54,6 +57,12 @@ class WriteSide:
         self.spool = spool
         self.allow_delete = allow_delete
         self.guard = guard
+        # Published files moved back into the spool to be written (`open_for_write`), by
+        # relpath, with the identity of the spooled file: without --allow-delete, deleting one
+        # deletes a published file and is refused like any. Checked against the spool on use
+        # (a published or replaced one no longer matches) and pruned as it grows.
+        self._adopted: dict[str, tuple[int, int]] = {}
+        self._adopted_prune_at = ADOPTED_PRUNE
 
     def _need_room(self, nbytes: int, what: str) -> None:
         if self.guard is not None and not self.guard.admit(nbytes):
@@ -98,7 +107,10 @@ class WriteSide:
             rel = self._relpath(node.real)
             with placing_lock():
                 self.spool.adopt(node.real, rel, self.root)
-            node = spooled_node(self.spool.path(rel), rel, self.spool.path(rel).stat())
+            st = self.spool.path(rel).stat()
+            node = spooled_node(self.spool.path(rel), rel, st)
+            if not self.allow_delete:
+                self._remember_adopted(rel, st)
         # No link followed, no FIFO waited on: see vfs/beneath.py (adopt refuses those too).
         flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | (flags & (os.O_TRUNC | os.O_APPEND))
         fd = os.open(node.real, flags)
@@ -165,6 +177,8 @@ class WriteSide:
         A real file renamed over a spooled one replaces it: the spooled file goes, or it
         would hide the real one and later be published over it."""
         old_rel, new_rel = self._rel(old_parent, old), self._rel(new_parent, new)
+        if self._adopted:
+            self._move_adopted(old_rel, new_rel)
         if node.spooled:
             if behind is None:
                 self.spool.rename(old_rel, new_rel)
@@ -195,6 +209,34 @@ class WriteSide:
                 self._discard_link(old_rel, target)
         return self.refresh(_moved(node, target))
 
+    def _remember_adopted(self, rel: str, st: os.stat_result) -> None:
+        self._adopted[rel] = (st.st_dev, st.st_ino)
+        if len(self._adopted) >= self._adopted_prune_at:  # amortized: O(1) per adoption
+            for known in list(self._adopted):
+                self._is_adopted(known)
+            self._adopted_prune_at = max(ADOPTED_PRUNE, 2 * len(self._adopted))
+
+    def _is_adopted(self, rel: str) -> bool:
+        """Is the spooled file `rel` a published file moved back to be written? (An entry
+        whose spooled file went or changed identity is dropped.)"""
+        ident = self._adopted.get(rel)
+        if ident is None:
+            return False
+        try:
+            st = self.spool.path(rel).lstat()
+        except OSError:
+            st = None
+        if st is None or (st.st_dev, st.st_ino) != ident:
+            del self._adopted[rel]
+            return False
+        return True
+
+    def _move_adopted(self, old_rel: str, new_rel: str) -> None:
+        """A rename (of the file, or of a folder above it) takes the mark along."""
+        prefix = old_rel + "/"
+        for rel in [r for r in self._adopted if r == old_rel or r.startswith(prefix)]:
+            self._adopted[new_rel + rel[len(old_rel) :]] = self._adopted.pop(rel)
+
     def _discard_link(self, relpath: str, real: Path) -> None:
         """A published file's spooled name, not yet removed while the mount switches to it,
         goes once the file itself is renamed: it is the same inode (a hard link), so the
@@ -214,6 +256,11 @@ class WriteSide:
             raise refuse(errno.EISDIR, str(node.real))
         if node.spooled:
             if behind is None:
+                if not self.allow_delete and self._is_adopted(node.spooled):
+                    why = (
+                        "a published file (opened for writing since): deleting needs --allow-delete"
+                    )
+                    raise refuse(errno.EPERM, f"{self.root / node.spooled}: {why}")
                 self.spool.remove(node.spooled)
                 return
             self._check_removable(behind)

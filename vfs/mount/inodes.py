@@ -36,6 +36,9 @@ class Folder:
     mtime_ns: int = 0
     checked: float = 0.0
     next_cookie: int = 1
+    # An unlink took its own change of the stamp (ops.unlink): until the next full read, a
+    # stamp equal to `mtime_ns` no longer proves that nobody else changed the folder.
+    absorbed: bool = False
     _order: list[tuple[int, str]] | None = None
 
     def put(self, name: str, node: Node) -> None:
@@ -163,7 +166,7 @@ class InodeTable:
             del self._ino_of[key]
         self.folders.pop(ino, None)
         lock = self._locks.get(ino)
-        if lock is not None and not lock.locked():
+        if lock is not None and not _busy(lock):  # else `locked` drops it when released
             del self._locks[ino]
 
     # -- folders ---------------------------------------------------------------------------
@@ -184,10 +187,16 @@ class InodeTable:
     @asynccontextmanager
     async def locked(self, *inos: int) -> AsyncIterator[None]:
         """Hold the listing locks of one or two folders (always taken in inode order)."""
-        async with AsyncExitStack() as stack:
-            for ino in sorted(set(inos)):
-                await stack.enter_async_context(self.lock(ino))
-            yield
+        try:
+            async with AsyncExitStack() as stack:
+                for ino in sorted(set(inos)):
+                    await stack.enter_async_context(self.lock(ino))
+                yield
+        finally:
+            for ino in inos:  # an inode forgotten meanwhile (or never in the table) keeps none
+                lock = self._locks.get(ino)
+                if lock is not None and ino not in self._nodes and not _busy(lock):
+                    del self._locks[ino]
 
     def rekey_below(self, old: Path, new: Path) -> None:
         """A real folder moved from `old` to `new`: every node below it follows (same inodes),
@@ -213,6 +222,11 @@ class InodeTable:
     def stale_folders(self, older_than: float) -> list[int]:
         now = time.monotonic()
         return [i for i, f in self.folders.items() if now - f.checked > older_than]
+
+
+def _busy(lock: trio.Lock) -> bool:
+    stats = lock.statistics()
+    return stats.locked or stats.tasks_waiting > 0
 
 
 def _below(path: Path, folder: Path) -> bool:

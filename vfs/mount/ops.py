@@ -265,7 +265,7 @@ class DecantOperations(pyfuse3.Operations):
             ino = self.inodes.known(node)
             if ino is not None:
                 self.inodes.replace(ino, node)
-        folder.mtime_ns, folder.checked = mtime, time.monotonic()
+        folder.mtime_ns, folder.checked, folder.absorbed = mtime, time.monotonic(), False
         for name in changed:
             pyfuse3.invalidate_entry_async(inode, os.fsencode(name), ignore_enoent=True)
         return folder
@@ -560,6 +560,37 @@ class DecantOperations(pyfuse3.Operations):
             await self._rescan_path(folder)
         # A document deep inside a collection changed: rebuild the collection's view.
         roots = {r for r in self.tree.overlay_roots for f in folders if f == r or r in f.parents}
+        for root in roots:
+            await self._rescan_path(root, force=True)
+
+    async def on_names_changed(self, changed: dict[Path, set[str]]) -> None:
+        """The watcher saw these names change in these folders: each listed folder takes them
+        one by one (`_show`: a few lstats each), not by a rescan of the whole folder, so a
+        deletion of n files costs O(n), not O(n) per watcher batch. Changes it never heard of
+        by name still show: the folder's stamp is left as it was, and checked at its next use."""
+        for path, names in changed.items():
+            found = self.inodes.folder_of(path)
+            if found is None:
+                continue
+            ino = found[0]
+            with contextlib.suppress(OSError, pyfuse3.FUSEError):  # gone: the parent drops it
+                async with self.inodes.locked(ino):
+                    folder = self.inodes.folders.get(ino)
+                    if folder is None:
+                        continue
+                    # Unchanged entries (a publish restores the folder's mtime; its queue
+                    # shows the names itself): nothing to do, as a rescan would find.
+                    stamp = await self._quick(self.tree.stamp_folder, path)
+                    if stamp == folder.mtime_ns and not folder.absorbed:
+                        continue
+                    names = self.tree.presented_names(names)  # archives show other names
+                    await self._show(ino, sorted(names))
+                    for name in names:  # the kernel's inodes see new sizes at getattr
+                        node = folder.children.get(name)
+                        known = self.inodes.known(node) if node is not None else None
+                        if node is not None and known is not None:
+                            self.inodes.replace(known, node)
+        roots = {r for r in self.tree.overlay_roots for f in changed if f == r or r in f.parents}
         for root in roots:
             await self._rescan_path(root, force=True)
 
@@ -904,6 +935,16 @@ class DecantOperations(pyfuse3.Operations):
                 if node.spooled and not heavy:  # its listed size may be from its create
                     with contextlib.suppress(OSError):
                         heavy = (await self._quick(os.stat, node.real)).st_size > QUICK_FREE
+                # A real file's unlink changes its folder's stamp; when nothing else changed
+                # it since the listing was read, the listing takes the new stamp, or the next
+                # use would rescan the whole folder (once a second, per folder being emptied).
+                # Watched only: a change by others between the two stamps is then reported by
+                # name (`on_names_changed`, which `absorbed` tells not to trust the stamp).
+                absorb = (
+                    self.watched
+                    and not node.spooled
+                    and folder.mtime_ns == (await self._quick(self.tree.stamp_folder, parent.real))
+                )
                 await self._io(heavy, writer.unlink, parent, text, node, behind)
                 if self.queue is not None:
                     # A spooled file of a real file's name (being switched to it) went too.
@@ -911,10 +952,14 @@ class DecantOperations(pyfuse3.Operations):
                 folder.drop(text)
                 if node.spooled and behind is None:
                     return
-                if node.spooled:  # whatever else presents the name shows
-                    await self._show(parent_inode, [text])
-                else:
-                    await self._fresh(parent_inode, force=True)
+                # Whatever else presents the name shows: that name's related entries are
+                # looked at, not the whole folder (a rescan per unlink made deleting a folder
+                # of n files cost n^2 lstats).
+                await self._show(parent_inode, [text])
+                if absorb and self.inodes.folders.get(parent_inode) is folder:
+                    with contextlib.suppress(OSError):
+                        folder.mtime_ns = await self._quick(self.tree.stamp_folder, parent.real)
+                        folder.absorbed = True
                 await self._folder_changed(parent_inode)
 
     async def mkdir(

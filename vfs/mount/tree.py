@@ -145,6 +145,12 @@ class SourceTree:
         out.update(spooled)
         return {name: out.get(name) for name in names}
 
+    @staticmethod
+    def presented_names(names: set[str]) -> set[str]:
+        """The names an entry of each of `names` can be presented under, or decide (an archive
+        `x.tif.zarr.zip` shows `x.tif`): what a change of those real entries may change."""
+        return {shown for name in names for shown in _related(name)}
+
     def _skipped(self, folder: Path, name: str) -> bool:
         if folder == self.root and name in self.hidden:
             return True

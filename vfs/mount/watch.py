@@ -87,7 +87,11 @@ async def watch_source(ops: DecantOperations, src: Path, spool_root: Path) -> No
                     if not changes:
                         continue
                     paths = {Path(p) for _change, p in changes}
-                    await ops.on_changed({p.parent for p in paths} - skip)
+                    names: dict[Path, set[str]] = {}
+                    for path in paths:
+                        if path.parent not in skip:
+                            names.setdefault(path.parent, set()).add(path.name)
+                    await ops.on_names_changed(names)
                     if await trio.to_thread.run_sync(_folders_changed, paths, watched, skip):
                         break  # watch the new set of folders
             except (FileNotFoundError, NotADirectoryError):
