@@ -459,17 +459,21 @@ def test_an_archive_waits_for_space_naming_the_file_and_the_need(
     assert spool.attempt("n.csv", False, OPTIONS, 0.0).kind == "published"  # a hard link
 
 
+@pytest.mark.parametrize("writer", ["packer.pack_file", "smallpack.pack_small"])
 def test_enospc_while_packing_is_a_wait_for_space_not_a_failure(
-    spool: Spool, src: Path, corpus: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+    spool: Spool, src: Path, corpus: dict[str, Path], monkeypatch: pytest.MonkeyPatch, writer: str
 ) -> None:
-    from vfs.decant import packer
+    """Either archive writer: zarr-python's, or the direct one small TIFFs take."""
+    import importlib
 
     def full(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(spool.staging / "tmp"))
 
-    monkeypatch.setattr(packer, "pack_file", full)
+    module, name = writer.split(".")
+    monkeypatch.setattr(importlib.import_module(f"vfs.decant.{module}"), name, full)
     put(spool, "z.tif", corpus["zstack_u16.tif"])
-    outcome = spool.attempt("z.tif", False, OPTIONS, 0.0)
+    options = PackOptions(pyramid=1) if module == "packer" else OPTIONS  # a pyramid: zarr's
+    outcome = spool.attempt("z.tif", False, options, 0.0)
     assert outcome.kind == "space" and "No space left on device" in outcome.reason
 
 
