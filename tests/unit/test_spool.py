@@ -492,3 +492,36 @@ def test_without_hard_links_a_plain_file_is_copied(
     assert (src / "x.csv").read_bytes() == b"copied, not linked"
     assert_metadata(src / "x.csv")
     assert leftovers(src) == []
+
+
+def test_a_small_tiff_is_packed_directly_and_made_durable_with_its_batch(
+    spool: Spool, src: Path, corpus: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The direct writer: no fsync per file (the queue's `sync_placed` makes the batch durable
+    before any spooled copy goes), zarr's writer never called, the spooled copy kept, and the
+    archive in place reconstructs to the original's bytes."""
+    from vfs.decant import packer
+    from vfs.ingest.publish import sync_placed
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the zarr path packed a small TIFF")
+
+    monkeypatch.setattr(packer, "pack_file", never)
+    original = corpus["zstack_u16.tif"].read_bytes()
+    put(spool, "run/z.tif", corpus["zstack_u16.tif"])
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    outcome = spool.attempt("run/z.tif", False, OPTIONS, 0.0)
+    assert outcome.kind == "published" and outcome.published is not None
+    published = outcome.published
+    assert (published.mode, published.synced, synced) == ("byte-exact", False, [])
+    assert spool.path("run/z.tif").read_bytes() == original  # until the batch is durable
+    sync_placed([published.target])
+    assert len(synced) == 2  # the archive, then its folder
+    require_verified(published.target)
+    with DecantArchive.open(published.target) as archive:
+        (info,) = archive.originals()
+        assert info.size == len(original)
+        assert info.sha256 == hashlib.sha256(original).hexdigest()
+    assert leftovers(src) == []
