@@ -401,8 +401,10 @@ def _read_whole(source: Path, st: os.stat_result) -> bytes:
     """A small spooled file's bytes, read once (hashed, packed and compared from memory)."""
     with open(source, "rb") as fh:
         data = fh.read(st.st_size + 1)
-    if len(data) != st.st_size:
-        raise SourceChangedError(source)
+        # Changed since it was stat'ed (and scanned): tried again once it settles, not
+        # packed from bytes its layout does not describe.
+        if len(data) != st.st_size or signature(os.fstat(fh.fileno())) != signature(st):
+            raise SourceChangedError(source)
     return data
 
 
