@@ -361,8 +361,11 @@ def _publish_archive(
         check(cancel)
 
     options = options or PackOptions()
-    small = layout is not None and options.mode != "verbatim"
-    small = small and layout is not None and fits(st.st_size, layout, options.pyramid)
+    small = (
+        layout is not None
+        and options.mode != "verbatim"
+        and fits(st.st_size, layout, options.pyramid)
+    )
     data = _read_whole(source, st) if small else b""
     sha = hashlib.sha256(data).hexdigest() if small else ""
     name = source.name
