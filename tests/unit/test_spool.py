@@ -459,17 +459,21 @@ def test_an_archive_waits_for_space_naming_the_file_and_the_need(
     assert spool.attempt("n.csv", False, OPTIONS, 0.0).kind == "published"  # a hard link
 
 
+@pytest.mark.parametrize("writer", ["packer.pack_file", "smallpack.pack_small"])
 def test_enospc_while_packing_is_a_wait_for_space_not_a_failure(
-    spool: Spool, src: Path, corpus: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+    spool: Spool, src: Path, corpus: dict[str, Path], monkeypatch: pytest.MonkeyPatch, writer: str
 ) -> None:
-    from vfs.decant import packer
+    """Either archive writer: zarr-python's, or the direct one small TIFFs take."""
+    import importlib
 
     def full(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(spool.staging / "tmp"))
 
-    monkeypatch.setattr(packer, "pack_file", full)
+    module, name = writer.split(".")
+    monkeypatch.setattr(importlib.import_module(f"vfs.decant.{module}"), name, full)
     put(spool, "z.tif", corpus["zstack_u16.tif"])
-    outcome = spool.attempt("z.tif", False, OPTIONS, 0.0)
+    options = PackOptions(pyramid=1) if module == "packer" else OPTIONS  # a pyramid: zarr's
+    outcome = spool.attempt("z.tif", False, options, 0.0)
     assert outcome.kind == "space" and "No space left on device" in outcome.reason
 
 
@@ -487,4 +491,37 @@ def test_without_hard_links_a_plain_file_is_copied(
     assert published.mode == "plain" and not os.path.samefile(spool.path("x.csv"), src / "x.csv")
     assert (src / "x.csv").read_bytes() == b"copied, not linked"
     assert_metadata(src / "x.csv")
+    assert leftovers(src) == []
+
+
+def test_a_small_tiff_is_packed_directly_and_made_durable_with_its_batch(
+    spool: Spool, src: Path, corpus: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The direct writer: no fsync per file (the queue's `sync_placed` makes the batch durable
+    before any spooled copy goes), zarr's writer never called, the spooled copy kept, and the
+    archive in place reconstructs to the original's bytes."""
+    from vfs.decant import packer
+    from vfs.ingest.publish import sync_placed
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the zarr path packed a small TIFF")
+
+    monkeypatch.setattr(packer, "pack_file", never)
+    original = corpus["zstack_u16.tif"].read_bytes()
+    put(spool, "run/z.tif", corpus["zstack_u16.tif"])
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    outcome = spool.attempt("run/z.tif", False, OPTIONS, 0.0)
+    assert outcome.kind == "published" and outcome.published is not None
+    published = outcome.published
+    assert (published.mode, published.synced, synced) == ("byte-exact", False, [])
+    assert spool.path("run/z.tif").read_bytes() == original  # until the batch is durable
+    sync_placed([published.target])
+    assert len(synced) == 2  # the archive, then its folder
+    require_verified(published.target)
+    with DecantArchive.open(published.target) as archive:
+        (info,) = archive.originals()
+        assert info.size == len(original)
+        assert info.sha256 == hashlib.sha256(original).hexdigest()
     assert leftovers(src) == []

@@ -494,7 +494,10 @@ class DecantOperations(pyfuse3.Operations):
 
     def _open_reader(self, node: Node) -> RandomAccess:
         if node.backend is None:
-            return PlainFile(node.real, self.tree.root)
+            # A spooled file lives in the daemon's private spool (0700, checked at start): no
+            # link can be swapped in on the way, so it is opened from its own folder, not
+            # walked to from SRC (rsync opens each file it copies once more, to chmod it).
+            return PlainFile(node.real, None if node.spooled else self.tree.root)
         assert node.entry is not None
         reader = node.backend.open(node.real, node.member, node.entry)
         opened = getattr(reader, "opened", None)
