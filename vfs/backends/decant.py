@@ -159,5 +159,8 @@ class DecantFile:
     def readahead(self, offset: int) -> None:
         self.reader.readahead(offset)
 
+    def readahead_needed(self, offset: int) -> bool:
+        return self.reader.readahead_needed(offset)
+
     def close(self) -> None:
         self.archive.close()

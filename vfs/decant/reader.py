@@ -316,6 +316,10 @@ class OriginalReader:
     def readahead(self, offset: int, depth: int = 2) -> None:
         """Warm the cache for what follows `offset` (pages; a verbatim file has none to decode)."""
 
+    def readahead_needed(self, offset: int, depth: int = 2) -> bool:
+        """Whether `readahead(offset)` would decode anything (always, unless a reader knows)."""
+        return True
+
     def close(self) -> None:
         pass
 
@@ -530,17 +534,29 @@ class PixelReader(OriginalReader):
         cache.buffers.give(raw)  # reused once no view of it is left (the pool checks)
         return out if isinstance(out, memoryview) else memoryview(out)
 
-    def readahead(self, offset: int, depth: int = 2) -> None:
-        """Decode the `depth` pages that follow the one holding `offset`, in parallel (the
-        decoder releases the GIL, so they take the cores the request path leaves), and ask the
-        kernel to start reading the compressed chunk after them."""
+    def _pages_after(self, offset: int, count: int) -> list[int]:
         pages = []
-        for _ in range(depth + 1):
+        for _ in range(count):
             page = self.regions.next_page_after(offset)
             if page is None:
                 break
             pages.append(page)
             offset = self.regions.page_start[page]
+        return pages
+
+    def readahead_needed(self, offset: int, depth: int = 2) -> bool:
+        """Whether `readahead(offset)` has anything to do: a page of the next `depth` is neither
+        decoded nor being decoded. Cheap (no I/O), so a sequential reader's every request can
+        ask before it hands a read-ahead to a thread: most requests land in a plane whose
+        successors are already done."""
+        cached = self.cache.present_or_loading
+        return any(not cached(self._page_key(p)) for p in self._pages_after(offset, depth))
+
+    def readahead(self, offset: int, depth: int = 2) -> None:
+        """Decode the `depth` pages that follow the one holding `offset`, in parallel (the
+        decoder releases the GIL, so they take the cores the request path leaves), and ask the
+        kernel to start reading the compressed chunk after them."""
+        pages = self._pages_after(offset, depth + 1)
         if len(pages) > depth:
             ahead = pages.pop()
             if ahead != self._prefetched:  # once per chunk, not once per request
