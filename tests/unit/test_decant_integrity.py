@@ -200,3 +200,32 @@ def test_background_verification_records_the_noted_map(good: Path) -> None:
     node = Node(False, entry.size, 0, 0o444, 0, 0, good, backend=backend, entry=entry)
     assert trio.run(integrity.verify_now, node)
     assert marked == [archive_digests(good)]
+
+
+def test_a_failure_to_give_the_noted_map_does_not_fail_verification(
+    good: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The noted map is an optimisation: if it cannot be had, the file still verifies and the
+    archive is read again for its digests."""
+    import trio
+
+    from vfs.backends.decant import DecantBackend, DecantFile
+    from vfs.mount.reads import Integrity
+    from vfs.nodes import Node
+
+    backend = DecantBackend(PageCache(64 << 20))
+    entry = backend.describe(good).root
+    marked: list[object] = []
+
+    def broken(self: DecantFile) -> None:
+        raise OSError("no stat today")
+
+    integrity = Integrity(
+        lambda node: False,
+        lambda node, seen: marked.append(seen),
+        lambda node: backend.open(good, "", entry),
+    )
+    node = Node(False, entry.size, 0, 0o444, 0, 0, good, backend=backend, entry=entry)
+    monkeypatch.setattr(DecantFile, "seen_digests", broken)
+    assert trio.run(integrity.verify_now, node)
+    assert marked == [None] and integrity.state(node) == "yes"

@@ -332,7 +332,11 @@ def seen_digests(reader: RandomAccess) -> Mapping[str, int] | None:
     """The chunk digest map a reader noted while it read every chunk (decant readers), else
     None: the archive is then read again to make it."""
     seen = getattr(reader, "seen_digests", None)
-    return seen() if seen is not None else None
+    try:
+        return seen() if seen is not None else None
+    except Exception as exc:  # optional: a failure here must not fail a file that verified
+        log.debug("chunk digests noted by a reader not usable: %s", exc)
+        return None
 
 
 def _feed_all(hasher: SequentialHasher, batch: list[tuple[int, Any]]) -> bool:
