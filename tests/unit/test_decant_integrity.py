@@ -137,3 +137,95 @@ def test_backend_checks_the_adapters_digests(good: Path, tmp_path: Path) -> None
             handle.read(0, handle.size)
     finally:
         handle.close()
+
+
+def test_a_whole_read_notes_the_digest_map_it_would_record(good: Path, tmp_path: Path) -> None:
+    """A first read that hashes the whole file records the chunk digests its own reads noted,
+    instead of reading the archive again: the map must be exactly what a second pass makes,
+    and is given only when every chunk of this very file was read through this handle."""
+    from vfs.backends.decant import DecantBackend
+
+    want = archive_digests(good)
+    backend = DecantBackend(PageCache(64 << 20))
+    entry = backend.describe(good).root
+    handle = backend.open(good, "", entry)
+    try:
+        handle.read(0, 4096)
+        assert handle.seen_digests() is None  # only some chunks read so far
+        handle.read(0, handle.size)
+        assert handle.seen_digests() == want
+        # Another handle now finds every plane in the shared cache: its reads saw no chunk.
+        other = backend.open(good, "", entry)
+        try:
+            other.read(0, other.size)
+            assert other.seen_digests() is None
+        finally:
+            other.close()
+        # The file at the path replaced (a new inode): the noted map is not that file's.
+        moved = tmp_path / "moved.zarr.zip"
+        good.rename(moved)
+        try:
+            (tmp_path / "copy").write_bytes(moved.read_bytes())
+            (tmp_path / "copy").rename(good)
+            assert handle.seen_digests() is None
+        finally:
+            moved.replace(good)
+    finally:
+        handle.close()
+    with_map = DecantBackend(PageCache(64 << 20), digests=lambda path: want)
+    handle = with_map.open(good, "", entry)
+    try:
+        handle.read(0, handle.size)
+        assert handle.seen_digests() is None  # already recorded: nothing noted on reads
+    finally:
+        handle.close()
+
+
+def test_background_verification_records_the_noted_map(good: Path) -> None:
+    """Integrity.verify_now hands mark_verified the map its own whole read noted."""
+    import trio
+
+    from vfs.backends.decant import DecantBackend
+    from vfs.mount.reads import Integrity
+    from vfs.nodes import Node
+
+    backend = DecantBackend(PageCache(64 << 20))
+    entry = backend.describe(good).root
+    marked: list[object] = []
+    integrity = Integrity(
+        lambda node: False,
+        lambda node, seen: marked.append(seen),
+        lambda node: backend.open(good, "", entry),
+    )
+    node = Node(False, entry.size, 0, 0o444, 0, 0, good, backend=backend, entry=entry)
+    assert trio.run(integrity.verify_now, node)
+    assert marked == [archive_digests(good)]
+
+
+def test_a_failure_to_give_the_noted_map_does_not_fail_verification(
+    good: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The noted map is an optimisation: if it cannot be had, the file still verifies and the
+    archive is read again for its digests."""
+    import trio
+
+    from vfs.backends.decant import DecantBackend, DecantFile
+    from vfs.mount.reads import Integrity
+    from vfs.nodes import Node
+
+    backend = DecantBackend(PageCache(64 << 20))
+    entry = backend.describe(good).root
+    marked: list[object] = []
+
+    def broken(self: DecantFile) -> None:
+        raise OSError("no stat today")
+
+    integrity = Integrity(
+        lambda node: False,
+        lambda node, seen: marked.append(seen),
+        lambda node: backend.open(good, "", entry),
+    )
+    node = Node(False, entry.size, 0, 0o444, 0, 0, good, backend=backend, entry=entry)
+    monkeypatch.setattr(DecantFile, "seen_digests", broken)
+    assert trio.run(integrity.verify_now, node)
+    assert marked == [None] and integrity.state(node) == "yes"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -137,11 +138,29 @@ class DecantFile:
     def read(self, offset: int, size: int) -> bytes | memoryview:
         return self.reader.read(offset, size)
 
+    def seen_digests(self) -> dict[str, int] | None:
+        """The archive's chunk digest map as this handle's reads made it, when they read every
+        chunk of the archive and the file at its path is still the one opened; else None."""
+        tap, st = self.reader.tap, self.archive.store.stat
+        if tap is None or st is None or self.reader.archive is not self.archive:
+            return None
+        assert isinstance(self.archive.path, Path)
+        try:
+            now = os.stat(self.archive.path, follow_symlinks=False)
+        except OSError:
+            return None
+        if (now.st_ino, now.st_size, now.st_mtime_ns) != (st.st_ino, st.st_size, st.st_mtime_ns):
+            return None
+        return tap.complete()
+
     def read_cached(self, offset: int, size: int) -> bytes | memoryview | None:
         return self.reader.read_cached(offset, size)
 
     def readahead(self, offset: int) -> None:
         self.reader.readahead(offset)
+
+    def readahead_needed(self, offset: int) -> bool:
+        return self.reader.readahead_needed(offset)
 
     def close(self) -> None:
         self.archive.close()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from vfs.cache import PageCache
 from vfs.decant.chunks import ArraySpec, check_byte_chunks, read_array_spec, read_chunk
@@ -26,7 +27,7 @@ from vfs.decant.limits import MAX_BLOCK_BYTES, MAX_CHUNK_BYTES, MAX_CHUNKS, MAX_
 from vfs.decant.manifest import Manifest, PageRecord, parse_manifest
 from vfs.decant.partial import BlockSource, PageGeometry
 from vfs.decant.regions import HUSK, Region, RegionIndex
-from vfs.decant.store import MANIFEST_KEY, Store, open_store, open_store_at
+from vfs.decant.store import MANIFEST_KEY, Store, is_chunk_key, open_store, open_store_at
 from vfs.errors import CorruptArchiveError, ManifestError, NotAnArchiveError
 from vfs.stores.base import Folder, join_key
 from vfs.stores.local import LocalFolder
@@ -222,6 +223,34 @@ class _NotCached(Exception):
     """A cached-only read needs something that is not in the cache."""
 
 
+class DigestTap:
+    """The store as chunk reads see it, noting the xxh3 of every chunk's stored bytes it returns
+    (bytes the store has CRC-checked). What a verified file's digest map is made of
+    (vfs.decant.digests.store_digests); `complete` says whether every chunk was seen."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.name = store.name
+        self.seen: dict[str, int] = {}
+
+    def get(self, key: str, limit: int) -> bytes | memoryview | None:
+        data = self.store.get(key, limit)
+        if data is not None and is_chunk_key(key):
+            self.seen[key] = xxhash.xxh3_64_intdigest(data)
+        return data
+
+    def complete(self) -> dict[str, int] | None:
+        """The map of every chunk of the store, if each was read through here, else None.
+        A chunk some other reader decoded into the shared cache was not: then None."""
+        try:
+            keys = [k for k in self.store.all_keys() if is_chunk_key(k)]
+        except NotImplementedError:
+            return None
+        if len(keys) != len(self.seen) or any(k not in self.seen for k in keys):
+            return None
+        return dict(self.seen)
+
+
 class OriginalReader:
     """read(offset, size) over one original. Thread-safe; pages decode through the shared cache."""
 
@@ -235,6 +264,10 @@ class OriginalReader:
         self.regions: RegionIndex
         self.partial_limit = PARTIAL_LIMIT
         self._next = self._run = 0  # where the last read ended; bytes read in order up to it
+        # Without a digest map, note each chunk's xxh3 as it is read: a first read that hashes
+        # the whole file then has the map to record, instead of reading the archive again.
+        self.tap = DigestTap(archive.store) if archive.digests is None else None
+        self._chunks: Any = self.tap if self.tap is not None else archive.store
 
     def read(self, offset: int, size: int) -> bytes | memoryview:
         """The bytes at [offset, offset+size). A read inside one region is a zero-copy view of
@@ -283,6 +316,10 @@ class OriginalReader:
     def readahead(self, offset: int, depth: int = 2) -> None:
         """Warm the cache for what follows `offset` (pages; a verbatim file has none to decode)."""
 
+    def readahead_needed(self, offset: int, depth: int = 2) -> bool:
+        """Whether `readahead(offset)` would decode anything (always, unless a reader knows)."""
+        return True
+
     def close(self) -> None:
         pass
 
@@ -300,7 +337,7 @@ class OriginalReader:
             held = min(chunk, spec.shape[0] - index * chunk)
             block = self._cached(
                 (*self.key, "h", index),
-                lambda i=index, n=held: _fitted(read_chunk(self.archive.store, spec, (i,)), n),
+                lambda i=index, n=held: _fitted(read_chunk(self._chunks, spec, (i,)), n),
                 cached_only,
                 held,
             )
@@ -485,8 +522,8 @@ class PixelReader(OriginalReader):
 
     def _decode_page(self, index: int) -> memoryview:
         page = self.pages[index]
-        store, spec, cache = self.archive.store, self._pixels, self.cache
-        raw = read_chunk(store, spec, self._chunk_index(page), cache.buffers.take)
+        spec, cache = self._pixels, self.cache
+        raw = read_chunk(self._chunks, spec, self._chunk_index(page), cache.buffers.take)
         dtype = self._pixels.dtype
         file_dtype = dtype.newbyteorder(self.byteorder) if dtype.itemsize > 1 else dtype
         if file_dtype == dtype and not page.tilewidth and page.planarconfig == 1:
@@ -497,17 +534,29 @@ class PixelReader(OriginalReader):
         cache.buffers.give(raw)  # reused once no view of it is left (the pool checks)
         return out if isinstance(out, memoryview) else memoryview(out)
 
-    def readahead(self, offset: int, depth: int = 2) -> None:
-        """Decode the `depth` pages that follow the one holding `offset`, in parallel (the
-        decoder releases the GIL, so they take the cores the request path leaves), and ask the
-        kernel to start reading the compressed chunk after them."""
+    def _pages_after(self, offset: int, count: int) -> list[int]:
         pages = []
-        for _ in range(depth + 1):
+        for _ in range(count):
             page = self.regions.next_page_after(offset)
             if page is None:
                 break
             pages.append(page)
             offset = self.regions.page_start[page]
+        return pages
+
+    def readahead_needed(self, offset: int, depth: int = 2) -> bool:
+        """Whether `readahead(offset)` has anything to do: a page of the next `depth` is neither
+        decoded nor being decoded. Cheap (no I/O), so a sequential reader's every request can
+        ask before it hands a read-ahead to a thread: most requests land in a plane whose
+        successors are already done."""
+        cached = self.cache.present_or_loading
+        return any(not cached(self._page_key(p)) for p in self._pages_after(offset, depth))
+
+    def readahead(self, offset: int, depth: int = 2) -> None:
+        """Decode the `depth` pages that follow the one holding `offset`, in parallel (the
+        decoder releases the GIL, so they take the cores the request path leaves), and ask the
+        kernel to start reading the compressed chunk after them."""
+        pages = self._pages_after(offset, depth + 1)
         if len(pages) > depth:
             ahead = pages.pop()
             if ahead != self._prefetched:  # once per chunk, not once per request

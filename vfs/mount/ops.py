@@ -15,7 +15,7 @@ import resource
 import stat
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -514,7 +514,8 @@ class DecantOperations(pyfuse3.Operations):
             return False
         return index.is_verified(node.real, node.member, stamp_of(node.real), node.sha256)
 
-    def _mark_verified(self, node: Node) -> None:
+    def _mark_verified(self, node: Node, seen: Mapping[str, int] | None = None) -> None:
+        """`seen`: the chunk digests the verifying reads noted (else the archive is read again)."""
         index = self.tree.index
         if index is None or not node.sha256:
             return
@@ -523,7 +524,7 @@ class DecantOperations(pyfuse3.Operations):
         record = getattr(node.backend, "chunk_digests", None)
         if record is not None and index.digests(node.real, stamp) is None:
             # From now on every chunk read from disk is checked against these before decoding.
-            index.put_digests(node.real, stamp, record(node.real))
+            index.put_digests(node.real, stamp, seen if seen is not None else record(node.real))
 
     def _forget_verified(self, node: Node) -> None:
         if self.tree.index is not None:

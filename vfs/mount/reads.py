@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +55,7 @@ class Integrity:
     def __init__(
         self,
         is_verified: Callable[[Node], bool],
-        mark_verified: Callable[[Node], None],
+        mark_verified: Callable[[Node, Mapping[str, int] | None], None],
         open_reader: Callable[[Node], RandomAccess],
         forget_verified: Callable[[Node], None] | None = None,
     ) -> None:
@@ -86,11 +86,13 @@ class Integrity:
             return True
         return False
 
-    async def passed(self, node: Node) -> None:
+    async def passed(self, node: Node, seen: Mapping[str, int] | None = None) -> None:
+        """`seen`: the chunk digests the reads that hashed right noted on the way (see
+        seen_digests), recorded instead of reading the whole archive again."""
         self.good.add(node.key)
         self.pending.discard(node.key)
         log.info("%s%s: verified sha256", node.real, _member(node))
-        await trio.to_thread.run_sync(self._mark_verified, node)
+        await trio.to_thread.run_sync(self._mark_verified, node, seen)
 
     def failed(self, node: Node, digest: str) -> None:
         self.bad.add(node.key)
@@ -126,7 +128,7 @@ class Integrity:
             if node.key in self.good or node.key in self.bad:
                 return node.key in self.good
             try:
-                digest = await trio.to_thread.run_sync(self._hash_whole, node)
+                digest, seen = await trio.to_thread.run_sync(self._hash_whole, node)
             except StoreError as exc:  # the object store unreachable: no verdict, try later
                 self.pending.discard(node.key)
                 log.warning("%s%s: not verified now: %s", node.real, _member(node), exc)
@@ -137,12 +139,13 @@ class Integrity:
                 log.error("%s%s: verification failed: %s", node.real, _member(node), exc)
                 return False
         if digest == node.sha256:
-            await self.passed(node)
+            await self.passed(node, seen)
             return True
         self.failed(node, digest)
         return False
 
-    def _hash_whole(self, node: Node) -> str:
+    def _hash_whole(self, node: Node) -> tuple[str, Mapping[str, int] | None]:
+        """The file's sha256, and the chunk digests its reads noted (see seen_digests)."""
         hasher = SequentialHasher(node.size, node.sha256 or "")
         reader = self._open_reader(node)
         try:
@@ -153,9 +156,10 @@ class Integrity:
                     raise CorruptArchiveError(f"{node.real}: short read at {pos} of {node.size}")
                 hasher.feed(pos, data)
                 pos += len(data)
+            seen = seen_digests(reader)
         finally:
             reader.close()
-        return hasher.hexdigest()
+        return hasher.hexdigest(), seen
 
 
 class Reads:
@@ -223,7 +227,8 @@ class Reads:
         # one request past where the last one served ended.
         sequential = handle.last_end <= off <= handle.last_end + size
         handle.last_end = off + len(data)
-        if sequential and handle.readahead_done is None and self.nursery is not None:
+        idle = handle.readahead_done is None and self.nursery is not None
+        if sequential and idle and _readahead_needed(handle):
             handle.readahead_done = trio.Event()
             self.spawn(self._read_ahead, handle)
         return data
@@ -266,7 +271,8 @@ class Reads:
         if hasher.complete:
             if hasher.ok:
                 if node.key not in self.integrity.good:
-                    await self.integrity.passed(node)
+                    seen = await trio.to_thread.run_sync(seen_digests, handle.reader)
+                    await self.integrity.passed(node, seen)
                 return
             self.integrity.failed(node, hasher.hexdigest())
             raise CorruptArchiveError(f"{node.real}: sha256 mismatch")
@@ -294,7 +300,7 @@ class Reads:
                 pos = handle.last_end
                 await trio.to_thread.run_sync(handle.reader.readahead, pos - 1,
                                               limiter=self.readahead_limiter)  # fmt: skip
-                if handle.last_end == pos:
+                if handle.last_end == pos or not _readahead_needed(handle):
                     break
         except Exception as exc:  # a failed read-ahead only costs the later read its own decode
             log.debug("read-ahead in %s failed: %s", handle.node.real, exc)
@@ -312,6 +318,25 @@ class Reads:
             if hasher is not None and not hasher.complete:
                 self.integrity.queue(handle.node)  # read in part: verify it in the background
         await trio.to_thread.run_sync(handle.reader.close)
+
+
+def _readahead_needed(handle: OpenFile) -> bool:
+    """Whether a read-ahead past the handle's last read would decode anything. Asked on the
+    event loop before each thread hand-off: a sequential reader used to hand one to a thread per
+    request (~8 per 8 MiB plane), nearly all finding the next planes already decoded."""
+    needed = getattr(handle.reader, "readahead_needed", None)
+    return needed is None or bool(needed(handle.last_end - 1))
+
+
+def seen_digests(reader: RandomAccess) -> Mapping[str, int] | None:
+    """The chunk digest map a reader noted while it read every chunk (decant readers), else
+    None: the archive is then read again to make it."""
+    seen = getattr(reader, "seen_digests", None)
+    try:
+        return seen() if seen is not None else None
+    except Exception as exc:  # optional: a failure here must not fail a file that verified
+        log.debug("chunk digests noted by a reader not usable: %s", exc)
+        return None
 
 
 def _feed_all(hasher: SequentialHasher, batch: list[tuple[int, Any]]) -> bool:
