@@ -161,3 +161,30 @@ def test_small_reads_equal_the_original_at_boundaries_and_random_offsets(
         want = original[offset : offset + size]
         assert bytes(reader.read(offset, size)) == want, (offset, size)
     assert all(n <= 4 * blocksize for _off, n in gets.take()), "a whole chunk was fetched"
+
+
+def test_read_ahead_keeps_several_gets_in_flight_and_never_fetches_twice(
+    archive: DecantArchive, packed: tuple[Path, Path], gets: Gets
+) -> None:
+    """The reader's read-ahead asks the store for one chunk; a bucket source fetches the chunks
+    stored after it too (up to its read-ahead budget), each exactly once, and a sequential
+    read then takes them instead of GETting again."""
+    original = packed[0].read_bytes()
+    reader = _reader(archive)
+    store = archive.store
+    chunks = sorted((k for k in store.all_keys() if is_chunk_key(k) and k[:2] == "0/"),
+                    key=lambda k: store._entries[k].header_offset)  # type: ignore[attr-defined]  # fmt: skip
+    gets.take()
+    store.prefetch(chunks[0])
+    ahead = store.source._ahead  # type: ignore[attr-defined]
+    assert len(ahead) == len(chunks)  # all of them fit the budget here
+    for future in list(ahead.values()):
+        future.result()
+    assert len(gets.take()) == len(chunks)
+    pos, parts = 0, []
+    while pos < reader.size:
+        parts.append(bytes(reader.read(pos, 256 * 1024)))
+        pos += len(parts[-1])
+    assert b"".join(parts) == original
+    again = gets.take()
+    assert len(again) <= 2, again  # the husk (TIFF headers) only: no chunk twice

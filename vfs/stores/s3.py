@@ -46,7 +46,7 @@ from vfs.stores.diskcache import DiskCache
 SCHEME = "s3://"
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
 PREFETCH_MAX = 64 << 20  # one prefetched range at most (a chunk is at most this)
-PREFETCH_KEEP = 4  # prefetched ranges held per open object
+READAHEAD_BYTES = 48 << 20  # prefetched bytes held (or in flight) per open object at most
 POOL_PREFIX = "s3-get"
 _PROFILE_SECRETS: set[str] = set()  # values read from a profile, scrubbed like the variables
 _SIGNED = re.compile(r"(X-Amz-[A-Za-z-]+|Signature|Credential|AWSAccessKeyId)=[^&\s]*")
@@ -191,6 +191,7 @@ class S3Object:
     """One object read by ranged GETs pinned to the ETag it had when opened."""
 
     tail_hint = 256 * 1024  # a zip's end record and central directory in one GET
+    readahead_bytes = READAHEAD_BYTES  # the decant store prefetches this far ahead
 
     def __init__(self, folder: S3Folder, key: str, info: ObjectInfo) -> None:
         self._folder = folder
@@ -206,16 +207,24 @@ class S3Object:
         return (self.name, self.info.etag, self.size, self.info.mtime)
 
     def prefetch(self, offset: int, size: int) -> None:
-        """Start fetching [offset, offset + size) in the background (the decant reader asks for
-        the chunk after the ones it is decoding ahead): sequential reads keep GETs in flight.
-        At most PREFETCH_KEEP ranges of up to PREFETCH_MAX bytes are held per object."""
+        """Start fetching [offset, offset + size) in the background (the decant store asks for
+        the chunks after the ones the reader decodes): sequential reads keep several GETs in
+        flight (up to the connection's `concurrency`). At most READAHEAD_BYTES are held per
+        object: ranges before this one (never taken: the reader moved on) make room first;
+        past that, the range is not fetched ahead (it is asked again as the reader moves on)."""
         if size <= 0 or size > PREFETCH_MAX or offset < 0 or offset + size > self.size:
             return
         with self._lock:
             if (offset, size) in self._ahead:
                 return
-            while len(self._ahead) >= PREFETCH_KEEP:
-                self._ahead.pop(next(iter(self._ahead)))
+            held = sum(n for _off, n in self._ahead)
+            for old in [r for r in self._ahead if r[0] < offset]:
+                if held + size <= self.readahead_bytes:
+                    break
+                self._ahead.pop(old).cancel()
+                held -= old[1]
+            if held + size > self.readahead_bytes:
+                return
             self._ahead[(offset, size)] = self._folder.conn.pool.submit(self._fetch, offset, size)
 
     def read(self, offset: int, size: int) -> bytes:
