@@ -18,6 +18,7 @@ import contextlib
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -326,6 +327,7 @@ class S3Folder:
         self.conn = connection or S3Connection(bucket, options or S3Options())
         self.client = self.conn.client
         self.name = f"{SCHEME}{bucket}/{self.prefix}" if self.prefix else f"{SCHEME}{bucket}"
+        self._first: tuple[float, list[str], list[ObjectInfo]] | None = None
 
     def full_key(self, key: str) -> str:
         return join_key(self.prefix, key)
@@ -334,11 +336,19 @@ class S3Folder:
         return f"{SCHEME}{self.bucket}/{self.full_key(key)}"
 
     def check(self) -> None:
-        """One cheap request, so wrong credentials or a dead endpoint fail at start, clearly."""
+        """One cheap request, so wrong credentials or a dead endpoint fail at start, clearly.
+        It lists the top level, which `take_listing` hands to the mount's first readdir."""
         try:
-            obstore.list_with_delimiter(self.client, prefix=self.full_key("") or None)
+            out = obstore.list_with_delimiter(self.client, prefix=self.full_key("") or None)
         except (BaseError, OSError) as exc:
             raise translate(exc, self.name, "listing:") from None
+        self._first = (time.monotonic(), *self._level(out))
+
+    def take_listing(self) -> tuple[float, list[str], list[ObjectInfo]] | None:
+        """The listing `check` made (time.monotonic() it was made, sub-prefixes, objects),
+        once; None after that or without a check."""
+        first, self._first = self._first, None
+        return first
 
     def stat(self, key: str) -> ObjectInfo | None:
         try:
@@ -385,6 +395,9 @@ class S3Folder:
             out = obstore.list_with_delimiter(self.client, prefix=full or None)
         except (BaseError, OSError) as exc:
             raise translate(exc, self.url_of(prefix), "listing:") from None
+        return self._level(out)
+
+    def _level(self, out: Any) -> tuple[list[str], list[ObjectInfo]]:
         dirs = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in out["common_prefixes"])
         files = [_info(m, self._relative(m["path"])) for m in out["objects"]]
         return dirs, sorted(files, key=lambda i: i.key)
