@@ -24,6 +24,7 @@ from vfs.decant.reader import DecantArchive, OriginalReader
 from vfs.decant.regions import HUSK
 from vfs.decant.store import is_chunk_key
 from vfs.decant.writer import CodecChoice
+from vfs.stores import s3 as s3_module
 from vfs.stores.s3 import S3Folder, S3Object
 
 PAGES, Y, X = 5, 384, 512  # uint16: 384 KiB planes
@@ -188,3 +189,22 @@ def test_read_ahead_keeps_several_gets_in_flight_and_never_fetches_twice(
     assert b"".join(parts) == original
     again = gets.take()
     assert len(again) <= 2, again  # the husk (TIFF headers) only: no chunk twice
+
+
+def test_read_ahead_is_bounded_per_connection_and_given_back(
+    archive: DecantArchive, monkeypatch: pytest.MonkeyPatch, gets: Gets
+) -> None:
+    store = archive.store
+    chunks = sorted((k for k in store.all_keys() if is_chunk_key(k) and k[:2] == "0/"),
+                    key=lambda k: store._entries[k].header_offset)  # type: ignore[attr-defined]  # fmt: skip
+    source = store.source  # type: ignore[attr-defined]
+    conn = source._folder.conn
+    biggest = max(store._entries[k].compress_size for k in chunks)  # type: ignore[attr-defined]
+    monkeypatch.setattr(s3_module, "READAHEAD_TOTAL", biggest + 1024)
+    store.prefetch(chunks[0])
+    assert len(source._ahead) == 1  # the rest would pass the connection's budget
+    for key in chunks:  # taken (or refetched): the budget is given back either way
+        assert store.get(key, 1 << 30) is not None
+        store.prefetch(key)
+    source.close()
+    assert conn._held == 0

@@ -48,6 +48,7 @@ SCHEME = "s3://"
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
 PREFETCH_MAX = 64 << 20  # one prefetched range at most (a chunk is at most this)
 READAHEAD_BYTES = 48 << 20  # prefetched bytes held (or in flight) per open object at most
+READAHEAD_TOTAL = 192 << 20  # ... and by all objects of one connection together
 POOL_PREFIX = "s3-get"
 _PROFILE_SECRETS: set[str] = set()  # values read from a profile, scrubbed like the variables
 _SIGNED = re.compile(r"(X-Amz-[A-Za-z-]+|Signature|Credential|AWSAccessKeyId)=[^&\s]*")
@@ -222,11 +223,12 @@ class S3Object:
             for old in [r for r in self._ahead if r[0] < offset]:
                 if held + size <= self.readahead_bytes:
                     break
-                self._ahead.pop(old).cancel()
+                self._drop(old)
                 held -= old[1]
-            if held + size > self.readahead_bytes:
+            conn = self._folder.conn
+            if held + size > self.readahead_bytes or not conn.hold(size):
                 return
-            self._ahead[(offset, size)] = self._folder.conn.pool.submit(self._fetch, offset, size)
+            self._ahead[(offset, size)] = conn.pool.submit(self._fetch, offset, size)
 
     def read(self, offset: int, size: int) -> bytes:
         check_range(self, offset, size)
@@ -234,7 +236,7 @@ class S3Object:
             return b""
         if self._ahead:
             with self._lock:
-                ahead = self._ahead.pop((offset, size), None)
+                ahead = self._drop((offset, size), cancel=False)
             # A pool thread never waits on a queued prefetch (read_many runs reads there).
             usable = ahead is not None and (ahead.done() or not _in_pool())
             if ahead is not None and usable:
@@ -271,6 +273,16 @@ class S3Object:
             raise StoreError(f"{self.name}: GET at {offset} returned {len(data)} of {size} bytes")
         return data
 
+    def _drop(self, key: tuple[int, int], cancel: bool = True) -> Future[bytes] | None:
+        """Take a prefetched range out (with the lock held), giving its bytes back to the
+        connection's budget; unless it is taken to be used, a fetch not started is cancelled."""
+        ahead = self._ahead.pop(key, None)
+        if ahead is not None:
+            if cancel:
+                ahead.cancel()
+            self._folder.conn.release(key[1])
+        return ahead
+
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """Several ranges, up to `concurrency` GETs in flight, results in the order asked."""
         if len(ranges) <= 1:
@@ -279,7 +291,8 @@ class S3Object:
 
     def close(self) -> None:
         with self._lock:
-            self._ahead.clear()
+            for old in list(self._ahead):
+                self._drop(old)
 
 
 def _in_pool() -> bool:
@@ -299,6 +312,7 @@ class S3Connection:
             self.disk_cache = DiskCache(options.disk_cache, options.disk_cache_size)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._held = 0  # bytes prefetched (or being fetched) by this connection's objects
 
     @property
     def pool(self) -> ThreadPoolExecutor:
@@ -308,6 +322,19 @@ class S3Connection:
                     self.options.concurrency, thread_name_prefix=POOL_PREFIX
                 )
             return self._pool
+
+    def hold(self, size: int) -> bool:
+        """Whether `size` more bytes may be fetched ahead: all open objects together hold at
+        most READAHEAD_TOTAL (many files read at once each get a part of it)."""
+        with self._lock:
+            if self._held + size > READAHEAD_TOTAL:
+                return False
+            self._held += size
+            return True
+
+    def release(self, size: int) -> None:
+        with self._lock:
+            self._held -= size
 
     def close(self) -> None:
         with self._lock:
