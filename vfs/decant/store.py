@@ -38,6 +38,7 @@ from vfs.stores.local import LocalFile, LocalFolder
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 _VIEW_FROM = 64 * 1024  # chunks this large come back as views of the read, not copies
 _HEAD_WITH_HEADER = 64 * 1024  # a ranged read ending before this reads the local header with it
+_FOLLOW_MAX = 64  # entries looked at past a prefetched one (read-ahead from an object store)
 
 
 def is_archive_name(name: str) -> bool:
@@ -339,7 +340,8 @@ class ZipArchiveStore(Store):
                     advise(offset, entry.compress_size)
 
     def _following(self, info: zipfile.ZipInfo, budget: int) -> list[zipfile.ZipInfo]:
-        """`info` and the entries of its array stored after it, up to `budget` bytes."""
+        """`info` and the chunks of its array stored after it, up to `budget` bytes (and among
+        the next _FOLLOW_MAX entries: an archive of a million empty entries walks no further)."""
         if budget <= 0:
             return [info]
         head = info.filename.partition("/")[0]
@@ -349,7 +351,8 @@ class ZipArchiveStore(Store):
                 self._order = {i.filename: n for n, i in enumerate(ranked)}
                 self._ranked = ranked
         out, total = [info], info.compress_size
-        for entry in self._ranked[self._order[info.filename] + 1 :]:
+        at = self._order[info.filename] + 1
+        for entry in self._ranked[at : at + _FOLLOW_MAX]:
             total += entry.compress_size
             if total > budget:
                 break
