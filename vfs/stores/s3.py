@@ -261,6 +261,7 @@ class S3Object:
         if self.info.etag:
             options["if_match"] = self.info.etag
         full = self._folder.full_key(self.key)
+        self._folder.conn.gets += 1  # approximate under threads: for logs and benchmarks
         try:
             result = obstore.get(self._folder.client, full, options=options)  # type: ignore[arg-type]
             data = bytes(result.bytes())
@@ -313,6 +314,7 @@ class S3Connection:
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._held = 0  # bytes prefetched (or being fetched) by this connection's objects
+        self.gets = 0  # ranged GETs made by its objects
 
     @property
     def pool(self) -> ThreadPoolExecutor:
