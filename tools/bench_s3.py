@@ -8,6 +8,8 @@ and prints:
 - whole-object download MB/s of an N MiB object: one obstore GET, 8 MiB ranges with 8 in flight
   (`read_many`), and s3fs;
 - `decant verify` of one archive in the bucket vs the same archive on local disk (in-process);
+- cold random 4 KiB reads through the decant reader on the bucket (in-process, no FUSE) against
+  one ranged GET, with the GETs each read made (2 for a chunk's first read, then 1, or 0);
 - decant-mount s3://… figures (tools/bench_s3_mount.py): sequential and cold random reads
   through a bucket mount against obstore, `ls -l` of 1,000 archives from a warm index, warm
   reads against a mount of a local SRC.
@@ -94,7 +96,8 @@ def run(args: argparse.Namespace, work: Path, bucket: str, endpoint: str) -> Rep
     _latency(report, args, store, folder, s3fs, bucket, size, blob)
     _download(report, args, store, folder, s3fs, bucket, size)
     del blob
-    _verify(report, args, work, store, bucket)
+    archive = _verify(report, args, work, store, bucket)
+    _core_random(report, args, store, bucket, archive)
     folder.close()
     if not args.no_mount:
         import bench_s3_mount
@@ -166,7 +169,7 @@ def _download(report: Report, args: Any, store: S3Store, folder: S3Folder, s3fs:
         report.add(name, f"{mbps(size, min(times)):.0f} MB/s", note)
 
 
-def _verify(report: Report, args: Any, work: Path, store: S3Store, bucket: str) -> None:
+def _verify(report: Report, args: Any, work: Path, store: S3Store, bucket: str) -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from make_corpus import write_stack
 
@@ -191,6 +194,41 @@ def _verify(report: Report, args: Any, work: Path, store: S3Store, bucket: str) 
         times = _timed(lambda a=argv: _check(decant(a)), args.repeat)  # type: ignore[misc]
         best = min(times)
         report.add(name, f"{best:.2f} s", f"{mbps(tif.stat().st_size, best):.0f} MB/s of original")
+    return archive
+
+
+def _core_random(report: Report, args: Any, store: S3Store, bucket: str, archive: Path) -> None:
+    """Cold random 4 KiB reads of the original through the decant reader on the bucket (no
+    FUSE, no daemon), each after one ranged 4 KiB GET of the archive (alternated: the machine's
+    load drifts), and the GETs each read made: the core's share of the mount's random figure."""
+    from vfs.cache import PageCache
+    from vfs.decant.reader import DecantArchive
+
+    folder = S3Folder(f"s3://{bucket}")
+    with DecantArchive.open_at(folder, archive.name) as opened:
+        (info,) = opened.originals()
+        reader = opened.open_original(info.relpath, PageCache(256 * MiB))
+        original = archive.with_name(archive.name.removesuffix(".zarr.zip")).read_bytes()
+        rng = random.Random(args.seed + 2)
+        stored, gets, reads, made = archive.stat().st_size, [], [], []
+        for _ in range(args.mount_samples):
+            at = rng.randrange(stored - 4096)
+            start = time.perf_counter()
+            obstore.get_range(store, archive.name, start=at, length=4096)
+            gets.append(time.perf_counter() - start)
+            off, before = rng.randrange(len(original) - 4096), folder.conn.gets
+            start = time.perf_counter()
+            data = reader.read(off, 4096)
+            reads.append(time.perf_counter() - start)
+            made.append(folder.conn.gets - before)
+            assert bytes(data) == original[off : off + 4096], f"wrong bytes at {off}"
+    folder.close()
+    report.section(f"cold random 4 KiB reads, decant reader on the bucket (no FUSE), "
+                   f"{len(reads)} samples")  # fmt: skip
+    report.add("ranged 4 KiB GET of the archive", _lat(gets))
+    tally = ", ".join(f"{k}: {made.count(k)}" for k in sorted(set(made)))
+    report.add("reader.read(4 KiB), cold", _lat(reads), f"reads making N GETs, N: {tally}")
+    report.add("reader p99 ÷ GET p99", f"{percentile(reads, 99) / percentile(gets, 99):.2f} x")
 
 
 def _check(status: int) -> None:

@@ -126,10 +126,13 @@ class BlockSource:
         h, spans = table
         blocks = h.blocks_for(lo, hi)
         parts = []
+        fetched: dict[int, memoryview] = {}  # blocks decoded with an earlier one's read
         for j in blocks:
             block = self._get(
                 (self.key, "bb", chunk, j),
-                lambda j=j: memoryview(self._block(chunk, h, spans, j)),
+                lambda j=j: (
+                    fetched.pop(j, None) or self._blocks(chunk, h, spans, j, blocks, fetched)
+                ),
                 cached_only,
             )
             if block is None:
@@ -178,12 +181,33 @@ class BlockSource:
 
         return self.cache.get_or_load((self.key, "bc", chunk), load)  # type: ignore[no-any-return]
 
-    def _block(self, chunk: str, h: BloscHeader, spans: list[tuple[int, int]], j: int) -> bytearray:
-        lo, hi = spans[j]
+    def _blocks(
+        self,
+        chunk: str,
+        h: BloscHeader,
+        spans: list[tuple[int, int]],
+        j: int,
+        wanted: range,
+        fetched: dict[int, memoryview],
+    ) -> memoryview:
+        """Block `j` decoded; the blocks after it in `wanted` that are not cached yet are read
+        in the same range read when their streams follow on (one GET, not one per block) and
+        left decoded in `fetched`."""
         try:
             if self.store.digests is not None:
-                return decode_blocks(h, spans, range(j, j + 1), self._checked_chunk(chunk))
+                whole = self._checked_chunk(chunk)
+                return memoryview(decode_blocks(h, spans, range(j, j + 1), whole))
+            run = [j]
+            for k in range(j + 1, wanted.stop):
+                if spans[k][0] != spans[run[-1]][1]:
+                    break
+                if self.cache.present_or_loading((self.key, "bb", chunk, k)):
+                    break
+                run.append(k)
+            lo, hi = spans[j][0], spans[run[-1]][1]
             data = self.store.get_range(chunk, lo, hi - lo)
-            return decode_blocks(h, spans, range(j, j + 1), data, base=lo)
+            for k in run[1:]:
+                fetched[k] = memoryview(decode_blocks(h, spans, range(k, k + 1), data, base=lo))
+            return memoryview(decode_blocks(h, spans, range(j, j + 1), data, base=lo))
         except BloscChunkError as exc:
             raise CorruptArchiveError(f"{self.store.name}: chunk {chunk!r} {exc}") from None

@@ -37,6 +37,8 @@ from vfs.stores.local import LocalFile, LocalFolder
 
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 _VIEW_FROM = 64 * 1024  # chunks this large come back as views of the read, not copies
+_HEAD_WITH_HEADER = 64 * 1024  # a ranged read ending before this reads the local header with it
+_FOLLOW_MAX = 64  # entries looked at past a prefetched one (read-ahead from an object store)
 
 
 def is_archive_name(name: str) -> bool:
@@ -213,6 +215,8 @@ class ZipArchiveStore(Store):
         self._entries: dict[str, zipfile.ZipInfo] = {i.filename: i for i in infos}
         self._data_offsets: dict[str, int] = {}
         self._prefixes: dict[str, list[str]] | None = None
+        self._order: dict[str, int] | None = None  # entries by stored position (read-ahead)
+        self._ranked: list[zipfile.ZipInfo] = []
         self._lock = threading.Lock()
         self._zip_lock = threading.Lock()  # the one ZipFile has one file position
 
@@ -243,45 +247,52 @@ class ZipArchiveStore(Store):
         return self._source
 
     def _data_offset(
-        self, info: zipfile.ZipInfo, with_data: bool = True
+        self, info: zipfile.ZipInfo, head: int
     ) -> tuple[int, bytes | memoryview | None]:
         """Where the entry's bytes start, from its local header — which must name the same entry:
         a damaged directory offset would otherwise serve another entry's bytes under this key.
-        The first time, the header and the data are read together (one GET on a remote source:
-        the header's extra length is guessed from the central directory); the data is returned
-        when that read holds all of it."""
+        The first time, the header and the entry's first `head` bytes are read together (one GET
+        on a remote source: the header's extra length is guessed from the central directory);
+        those bytes are returned when that read holds them all, else None."""
         offset = self._data_offsets.get(info.filename)
         blob = b""
         if offset is None:
-            name = info.filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
-            want = _LOCAL_HEADER.size + len(name)
-            if with_data:  # else only the header: a ranged read wants a part of the entry
-                want += len(info.extra) + info.file_size
-            avail = self.source.size - info.header_offset
-            if info.header_offset >= 0 and avail >= _LOCAL_HEADER.size + len(name):
-                blob = self.source.read(info.header_offset, min(want, avail))
-            header = blob[: _LOCAL_HEADER.size + len(name)]
-            fields = _LOCAL_HEADER.unpack_from(header) if len(header) == len(name) + 30 else None
-            if fields is None or fields[0] != b"PK\x03\x04":
-                raise CorruptArchiveError(
-                    f"{self.path}: zip entry {info.filename!r} has no local header (truncated?)"
-                )
-            if fields[9] != len(name) or header[30:] != name or fields[3] != info.compress_type:
-                raise CorruptArchiveError(
-                    f"{self.path}: zip entry {info.filename!r}: its local header disagrees with "
-                    "the central directory"
-                )
-            offset = info.header_offset + _LOCAL_HEADER.size + fields[9] + fields[10]
+            start, want = self._first_read(info, head)
+            if start >= 0 and want >= _LOCAL_HEADER.size + len(_raw_name(info)):
+                blob = self.source.read(start, want)
+            offset = self._check_local_header(info, blob)
             with self._lock:
                 self._data_offsets[info.filename] = offset
         start = offset - info.header_offset
-        if blob and start + info.file_size <= len(blob):
-            if info.file_size < _VIEW_FROM or not is_chunk_key(info.filename):
-                return offset, blob[start : start + info.file_size]
+        if blob and head and start + head <= len(blob):
+            if head < _VIEW_FROM or not is_chunk_key(info.filename):
+                return offset, blob[start : start + head]
             # A chunk gets a view, not a slice: slicing copied every chunk once more (4 MiB of
             # memcpy and fresh pages per plane on a first read); the view keeps ~100 bytes more.
-            return offset, memoryview(blob)[start : start + info.file_size]
+            return offset, memoryview(blob)[start : start + head]
         return offset, None
+
+    def _first_read(self, info: zipfile.ZipInfo, head: int) -> tuple[int, int]:
+        """The range `_data_offset(info, head)` reads while the data offset is not known: the
+        local header, and `head` data bytes after it if its extra field is the central one's."""
+        want = _LOCAL_HEADER.size + len(_raw_name(info)) + (len(info.extra) + head if head else 0)
+        return info.header_offset, min(want, self.source.size - info.header_offset)
+
+    def _check_local_header(self, info: zipfile.ZipInfo, blob: bytes) -> int:
+        """The data offset the local header at the start of `blob` gives, once it is checked."""
+        name = _raw_name(info)
+        header = blob[: _LOCAL_HEADER.size + len(name)]
+        fields = _LOCAL_HEADER.unpack_from(header) if len(header) == len(name) + 30 else None
+        if fields is None or fields[0] != b"PK\x03\x04":
+            raise CorruptArchiveError(
+                f"{self.path}: zip entry {info.filename!r} has no local header (truncated?)"
+            )
+        if fields[9] != len(name) or header[30:] != name or fields[3] != info.compress_type:
+            raise CorruptArchiveError(
+                f"{self.path}: zip entry {info.filename!r}: its local header disagrees with "
+                "the central directory"
+            )
+        return int(info.header_offset + _LOCAL_HEADER.size + fields[9] + fields[10])
 
     def get(self, key: str, limit: int) -> bytes | memoryview | None:
         info = self._entries.get(key)
@@ -305,21 +316,49 @@ class ZipArchiveStore(Store):
 
     def entry_size(self, key: str) -> int | None:
         info = self._entries.get(key)
-        # Local files only: on an object store a block costs three round trips (local header,
-        # block table, block) where the whole chunk costs one.
-        if not isinstance(self._source, LocalFile):
-            return None
+        # On an object store too: the local header and the block table come in one ranged GET
+        # (`get_range` reads the header with the bytes asked for), a block in a second.
         if info is None or info.compress_type != zipfile.ZIP_STORED:
             return None
         return int(info.file_size) if info.compress_size == info.file_size else None
 
     def prefetch(self, key: str) -> None:
+        """Start reading `key` (the reader's read-ahead asks for the chunk after the ones it
+        decodes) and, from a source with `readahead_bytes` (an object store, where each GET
+        waits a round trip), the entries after it in the archive up to that many bytes: so
+        several GETs are in flight while planes decode."""
         info = self._entries.get(key)
         advise = getattr(self._source, "prefetch", None)
         if info is None or advise is None:
             return
         with contextlib.suppress(OSError, CorruptArchiveError):
-            advise(self._data_offset(info, with_data=False)[0], info.compress_size)
+            for entry in self._following(info, int(getattr(self._source, "readahead_bytes", 0))):
+                offset = self._data_offsets.get(entry.filename)
+                if offset is None:  # what the first `get` reads: header and data in one range
+                    advise(*self._first_read(entry, entry.file_size))
+                else:
+                    advise(offset, entry.compress_size)
+
+    def _following(self, info: zipfile.ZipInfo, budget: int) -> list[zipfile.ZipInfo]:
+        """`info` and the chunks of its array stored after it, up to `budget` bytes (and among
+        the next _FOLLOW_MAX entries: an archive of a million empty entries walks no further)."""
+        if budget <= 0:
+            return [info]
+        head = info.filename.partition("/")[0]
+        with self._lock:
+            if self._order is None:
+                ranked = sorted(self._entries.values(), key=lambda i: i.header_offset)
+                self._order = {i.filename: n for n, i in enumerate(ranked)}
+                self._ranked = ranked
+        out, total = [info], info.compress_size
+        at = self._order[info.filename] + 1
+        for entry in self._ranked[at : at + _FOLLOW_MAX]:
+            total += entry.compress_size
+            if total > budget:
+                break
+            if entry.filename.partition("/")[0] == head and is_chunk_key(entry.filename):
+                out.append(entry)
+        return out
 
     def get_range(self, key: str, start: int, size: int) -> bytes:
         info = self._entries.get(key)
@@ -328,9 +367,12 @@ class ZipArchiveStore(Store):
                 f"{self.path}: bytes [{start}, {start + size}) are not within entry {key!r}"
             )
         try:
-            offset = self._data_offset(info, with_data=False)[0]
+            first = start + size if start + size <= _HEAD_WITH_HEADER else 0
+            offset, head = self._data_offset(info, first)
             if offset + info.file_size > self.source.size:
                 raise CorruptArchiveError(f"{self.path}: zip entry {key!r} runs past the end")
+            if head is not None:
+                return bytes(head[start:])
             data = self.source.read(offset + start, size)
         except OSError as exc:
             raise CorruptArchiveError(
@@ -341,7 +383,7 @@ class ZipArchiveStore(Store):
         return data
 
     def _read_stored(self, key: str, info: zipfile.ZipInfo) -> bytes | memoryview:
-        offset, data = self._data_offset(info)
+        offset, data = self._data_offset(info, info.file_size)
         if data is None:
             if offset + info.file_size > self.source.size:
                 raise CorruptArchiveError(f"{self.path}: zip entry {key!r} runs past the end")
@@ -382,6 +424,10 @@ class ZipArchiveStore(Store):
         if self._source is not None:
             self._source.close()
             self._source = None
+
+
+def _raw_name(info: zipfile.ZipInfo) -> bytes:
+    return info.filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
 
 
 def _check_central_directory(fh: BinaryIO, path: Path | str) -> None:

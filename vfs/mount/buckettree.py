@@ -26,7 +26,7 @@ from vfs.backends.base import Backend, Description, Entry
 from vfs.backends.objects import ObjectBackend
 from vfs.decant import MANIFEST_KEY, TEMP_PREFIX
 from vfs.errors import DecantError, ObjectChangedError, ObjectMissingError, StoreError
-from vfs.mount.index import DescriptionIndex, etag_number
+from vfs.mount.index import DescriptionIndex, etag_number, object_description
 from vfs.mount.tree import SourceTree, index_key
 from vfs.names import name_problem
 from vfs.nodes import Node, archive_node, mirror_node
@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 DEFAULT_RELIST = 30.0  # seconds; see README "Many hosts, one bucket"
 MAX_LISTED = 1_000_000  # entries of one folder kept; more are left out (and logged)
 MAX_REMEMBERED = 1_000_000  # published objects whose metadata is kept (the latest)
+BATCH_FROM = 32  # a folder listing more objects reads their index rows in one query
 
 
 @dataclass
@@ -178,7 +179,7 @@ class BucketTree(SourceTree):
         if listing is not None and now - listing.at < self.relist:
             return listing
         try:
-            dirs, files = self.folder.list_dir(prefix)
+            dirs, files = self._first_listing(prefix, now) or self.folder.list_dir(prefix)
         except StoreError as exc:
             if listing is None:
                 raise
@@ -201,6 +202,15 @@ class BucketTree(SourceTree):
             self._listings[prefix] = fresh
         return fresh
 
+    def _first_listing(self, prefix: str, now: float) -> tuple[list[str], list[ObjectInfo]] | None:
+        """The top level as the daemon's start-up check listed it (S3Folder.take_listing),
+        while it is fresh: the first `ls` of a mount costs no second LIST."""
+        take = getattr(self.folder, "take_listing", None)
+        first = take() if take is not None and not prefix else None
+        if first is None or now - first[0] >= self.relist:
+            return None
+        return first[1], first[2]
+
     def scan(self, folder: Path) -> dict[str, Node]:
         prefix = self.key_of(folder)
         listing = self._listed(prefix)
@@ -220,10 +230,13 @@ class BucketTree(SourceTree):
                 if name not in listed and self._shown(folder, name):
                     found.append((name, self._dir_stat(join_key(prefix, name))))
         self._scanning.infos = infos
+        # Many archives: their index rows are read together (one query per backend).
+        self._scanning.batch = {"": str(folder)} if len(infos) > BATCH_FROM else None
         try:
             out, _regular = self._present(folder, found)
         finally:
             self._scanning.infos = {}
+            self._scanning.batch = None
         if self.spool is not None:
             out.update(self._spooled(folder))
         return out
@@ -288,6 +301,19 @@ class BucketTree(SourceTree):
         log.debug("%s: describing (not in the index)", path)
         return super()._describe_fresh(backend, path)
 
+    def _indexed(self, url: str, key: str, info: ObjectInfo) -> Description | None:
+        """The index's description of `url`: during the scan of a large folder from rows
+        read for the whole folder at once (per backend), else from a query of its own."""
+        assert self.index is not None
+        batch: dict[str, Any] | None = getattr(self._scanning, "batch", None)
+        folder = url.rpartition("/")[0]
+        if batch is None or batch.get("") != folder:
+            return self.index.get_object(url, key, info)
+        rows = batch.get(key)
+        if rows is None:
+            rows = batch[key] = self.index.objects_in(folder, key)
+        return object_description(rows.get(url), info)
+
     def describe(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:
         self.archives_seen += 1
         assert isinstance(path, ObjectPath)
@@ -298,7 +324,7 @@ class BucketTree(SourceTree):
             path.info = _DirInfo(manifest.key, manifest.size, manifest.mtime, manifest.etag)
         url, key, info = str(path), index_key(backend), path.info
         if self.index is not None:
-            cached = self.index.get_object(url, key, info)
+            cached = self._indexed(url, key, info)
             if cached is not None:
                 return cached
         desc = self._describe_fresh(backend, path)

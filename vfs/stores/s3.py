@@ -18,6 +18,7 @@ import contextlib
 import os
 import re
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -46,7 +47,8 @@ from vfs.stores.diskcache import DiskCache
 SCHEME = "s3://"
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
 PREFETCH_MAX = 64 << 20  # one prefetched range at most (a chunk is at most this)
-PREFETCH_KEEP = 4  # prefetched ranges held per open object
+READAHEAD_BYTES = 48 << 20  # prefetched bytes held (or in flight) per open object at most
+READAHEAD_TOTAL = 192 << 20  # ... and by all objects of one connection together
 POOL_PREFIX = "s3-get"
 _PROFILE_SECRETS: set[str] = set()  # values read from a profile, scrubbed like the variables
 _SIGNED = re.compile(r"(X-Amz-[A-Za-z-]+|Signature|Credential|AWSAccessKeyId)=[^&\s]*")
@@ -191,6 +193,7 @@ class S3Object:
     """One object read by ranged GETs pinned to the ETag it had when opened."""
 
     tail_hint = 256 * 1024  # a zip's end record and central directory in one GET
+    readahead_bytes = READAHEAD_BYTES  # the decant store prefetches this far ahead
 
     def __init__(self, folder: S3Folder, key: str, info: ObjectInfo) -> None:
         self._folder = folder
@@ -206,17 +209,26 @@ class S3Object:
         return (self.name, self.info.etag, self.size, self.info.mtime)
 
     def prefetch(self, offset: int, size: int) -> None:
-        """Start fetching [offset, offset + size) in the background (the decant reader asks for
-        the chunk after the ones it is decoding ahead): sequential reads keep GETs in flight.
-        At most PREFETCH_KEEP ranges of up to PREFETCH_MAX bytes are held per object."""
+        """Start fetching [offset, offset + size) in the background (the decant store asks for
+        the chunks after the ones the reader decodes): sequential reads keep several GETs in
+        flight (up to the connection's `concurrency`). At most READAHEAD_BYTES are held per
+        object: ranges before this one (never taken: the reader moved on) make room first;
+        past that, the range is not fetched ahead (it is asked again as the reader moves on)."""
         if size <= 0 or size > PREFETCH_MAX or offset < 0 or offset + size > self.size:
             return
         with self._lock:
             if (offset, size) in self._ahead:
                 return
-            while len(self._ahead) >= PREFETCH_KEEP:
-                self._ahead.pop(next(iter(self._ahead)))
-            self._ahead[(offset, size)] = self._folder.conn.pool.submit(self._fetch, offset, size)
+            held = sum(n for _off, n in self._ahead)
+            for old in [r for r in self._ahead if r[0] < offset]:
+                if held + size <= self.readahead_bytes:
+                    break
+                self._drop(old)
+                held -= old[1]
+            conn = self._folder.conn
+            if held + size > self.readahead_bytes or not conn.hold(size):
+                return
+            self._ahead[(offset, size)] = conn.pool.submit(self._fetch, offset, size)
 
     def read(self, offset: int, size: int) -> bytes:
         check_range(self, offset, size)
@@ -224,7 +236,7 @@ class S3Object:
             return b""
         if self._ahead:
             with self._lock:
-                ahead = self._ahead.pop((offset, size), None)
+                ahead = self._drop((offset, size), cancel=False)
             # A pool thread never waits on a queued prefetch (read_many runs reads there).
             usable = ahead is not None and (ahead.done() or not _in_pool())
             if ahead is not None and usable:
@@ -249,6 +261,7 @@ class S3Object:
         if self.info.etag:
             options["if_match"] = self.info.etag
         full = self._folder.full_key(self.key)
+        self._folder.conn.gets += 1  # approximate under threads: for logs and benchmarks
         try:
             result = obstore.get(self._folder.client, full, options=options)  # type: ignore[arg-type]
             data = bytes(result.bytes())
@@ -261,6 +274,16 @@ class S3Object:
             raise StoreError(f"{self.name}: GET at {offset} returned {len(data)} of {size} bytes")
         return data
 
+    def _drop(self, key: tuple[int, int], cancel: bool = True) -> Future[bytes] | None:
+        """Take a prefetched range out (with the lock held), giving its bytes back to the
+        connection's budget; unless it is taken to be used, a fetch not started is cancelled."""
+        ahead = self._ahead.pop(key, None)
+        if ahead is not None:
+            if cancel:
+                ahead.cancel()
+            self._folder.conn.release(key[1])
+        return ahead
+
     def read_many(self, ranges: Sequence[tuple[int, int]]) -> list[bytes]:
         """Several ranges, up to `concurrency` GETs in flight, results in the order asked."""
         if len(ranges) <= 1:
@@ -269,7 +292,8 @@ class S3Object:
 
     def close(self) -> None:
         with self._lock:
-            self._ahead.clear()
+            for old in list(self._ahead):
+                self._drop(old)
 
 
 def _in_pool() -> bool:
@@ -289,6 +313,8 @@ class S3Connection:
             self.disk_cache = DiskCache(options.disk_cache, options.disk_cache_size)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+        self._held = 0  # bytes prefetched (or being fetched) by this connection's objects
+        self.gets = 0  # ranged GETs made by its objects
 
     @property
     def pool(self) -> ThreadPoolExecutor:
@@ -298,6 +324,19 @@ class S3Connection:
                     self.options.concurrency, thread_name_prefix=POOL_PREFIX
                 )
             return self._pool
+
+    def hold(self, size: int) -> bool:
+        """Whether `size` more bytes may be fetched ahead: all open objects together hold at
+        most READAHEAD_TOTAL (many files read at once each get a part of it)."""
+        with self._lock:
+            if self._held + size > READAHEAD_TOTAL:
+                return False
+            self._held += size
+            return True
+
+    def release(self, size: int) -> None:
+        with self._lock:
+            self._held -= size
 
     def close(self) -> None:
         with self._lock:
@@ -317,6 +356,7 @@ class S3Folder:
         self.conn = connection or S3Connection(bucket, options or S3Options())
         self.client = self.conn.client
         self.name = f"{SCHEME}{bucket}/{self.prefix}" if self.prefix else f"{SCHEME}{bucket}"
+        self._first: tuple[float, list[str], list[ObjectInfo]] | None = None
 
     def full_key(self, key: str) -> str:
         return join_key(self.prefix, key)
@@ -325,11 +365,19 @@ class S3Folder:
         return f"{SCHEME}{self.bucket}/{self.full_key(key)}"
 
     def check(self) -> None:
-        """One cheap request, so wrong credentials or a dead endpoint fail at start, clearly."""
+        """One cheap request, so wrong credentials or a dead endpoint fail at start, clearly.
+        It lists the top level, which `take_listing` hands to the mount's first readdir."""
         try:
-            obstore.list_with_delimiter(self.client, prefix=self.full_key("") or None)
+            out = obstore.list_with_delimiter(self.client, prefix=self.full_key("") or None)
         except (BaseError, OSError) as exc:
             raise translate(exc, self.name, "listing:") from None
+        self._first = (time.monotonic(), *self._level(out))
+
+    def take_listing(self) -> tuple[float, list[str], list[ObjectInfo]] | None:
+        """The listing `check` made (time.monotonic() it was made, sub-prefixes, objects),
+        once; None after that or without a check."""
+        first, self._first = self._first, None
+        return first
 
     def stat(self, key: str) -> ObjectInfo | None:
         try:
@@ -376,6 +424,9 @@ class S3Folder:
             out = obstore.list_with_delimiter(self.client, prefix=full or None)
         except (BaseError, OSError) as exc:
             raise translate(exc, self.url_of(prefix), "listing:") from None
+        return self._level(out)
+
+    def _level(self, out: Any) -> tuple[list[str], list[ObjectInfo]]:
         dirs = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in out["common_prefixes"])
         files = [_info(m, self._relative(m["path"])) for m in out["objects"]]
         return dirs, sorted(files, key=lambda i: i.key)
