@@ -194,27 +194,6 @@ def test_temp_names_wait_for_their_rename(queue: PackQueue, spool: HookedSpool) 
     assert ready(queue) == ["x.csv"]
 
 
-def test_a_closed_temp_file_renamed_to_its_name_is_due_at_once(
-    queue: PackQueue, spool: HookedSpool
-) -> None:
-    """rsync's last step for a file (close, set times, rename): it is complete, so it does not
-    wait out another settle; a plain rename of a real file still does."""
-    drop(spool, TEMP)
-    queue.touch(TEMP)
-    queue.opened(TEMP)
-    queue.closed(TEMP)
-    spool.rename(TEMP, "x.csv")
-    queue.renamed(TEMP, "x.csv")
-    assert ready(queue) == ["x.csv"]
-
-    drop(spool, "y.csv")
-    queue.touch("y.csv")
-    age(queue, item_of(queue, "y.csv"), 10 * SETTLE)
-    spool.rename("y.csv", "z.csv")
-    queue.renamed("y.csv", "z.csv")
-    assert ready(queue) == ["x.csv"]  # z.csv: a rename of a real file restarts the clock
-
-
 def test_a_temp_file_is_never_published_and_goes_once_stale(
     spool: HookedSpool, src: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -163,15 +163,11 @@ class PackQueue:
             self._schedule(item, item.changed_at + self.settle)  # `_ready` adds any retry wait
 
     def renamed(self, old: str, new: str) -> None:
-        item = self.items.pop((0, old), None)
-        if item is not None:
+        if self.items.pop((0, old), None) is not None:
             self._gone[(0, old)] = time.monotonic()
         if old in self.open_counts:
             self.open_counts[new] = self.open_counts.pop(old) + self.open_counts.get(new, 0)
-        # An rsync temp file renamed to its real name once closed is complete (rsync's last
-        # step): it is due now, not after another settle. A later write still requeues it.
-        done = item is not None and item.state == "temp" and not self.open_counts.get(new)
-        self._new(0, new, changed_at=time.monotonic() - self.settle if done else None)
+        self._new(0, new)
 
     def renamed_folder(self, old: str, new: str) -> None:
         """A folder holding spooled files was renamed: they move along (same state)."""
