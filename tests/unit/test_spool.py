@@ -517,7 +517,7 @@ def test_a_small_tiff_is_packed_directly_and_made_durable_with_its_batch(
     published = outcome.published
     assert (published.mode, published.synced, synced) == ("byte-exact", False, [])
     assert spool.path("run/z.tif").read_bytes() == original  # until the batch is durable
-    sync_placed([published.target])
+    sync_placed(src, [published.target])
     assert len(synced) == 2  # the archive, then its folder
     require_verified(published.target)
     with DecantArchive.open(published.target) as archive:
