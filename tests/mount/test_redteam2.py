@@ -566,7 +566,6 @@ def test_one_odd_key_does_not_take_a_bucket_mount_down(
         server.stop()
 
 
-@OPEN
 def test_a_user_s_file_does_not_stand_in_for_root_s_original_in_a_sticky_folder(
     writable: Src, unprivileged: User, tmp_path: Path
 ) -> None:
