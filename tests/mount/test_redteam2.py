@@ -126,7 +126,6 @@ os.close(fd)                                 # published once settled (0.5 s)
     still_serves(writable.m)
 
 
-@OPEN
 def test_rename_over_a_hidden_entry_keeps_the_sticky_bit(writable: Src, unprivileged: User) -> None:
     """In a sticky (1777) drop folder, root's symlink and FIFO are not shown by the mount. The
     kernel checks the sticky bit only against entries it is shown, so a rename of the user's
@@ -138,6 +137,7 @@ def test_rename_over_a_hidden_entry_keeps_the_sticky_bit(writable: Src, unprivil
     os.symlink("/etc/hostname", drop / "roots-link")
     os.mkfifo(drop / "roots-fifo")
     (drop / "roots-file").write_bytes(b"root's\n")
+    wait_for("the folder in the mount", (writable.m.mnt / "drop").is_dir)  # rescans: 1 s
     got = as_user(unprivileged, """
 for name in ("roots-file", "roots-link", "roots-fifo"):
     with open(p["mnt"] + "/mine-" + name, "w") as fh:
