@@ -151,7 +151,6 @@ for name in ("roots-file", "roots-link", "roots-fifo"):
     still_serves(writable.m)
 
 
-@OPEN
 def test_new_entries_in_a_setgid_folder_take_its_group(writable: Src, unprivileged: User) -> None:
     """A project folder with the setgid bit: on any local filesystem a file or folder made in
     it takes the folder's group (and a folder the bit too), so the project's group can read
@@ -163,6 +162,7 @@ def test_new_entries_in_a_setgid_folder_take_its_group(writable: Src, unprivileg
     os.chown(proj, 0, 0)  # root's group: one the user is not in
     proj.chmod(0o2777)
     assert unprivileged.gid != 0
+    wait_for("the folder in the mount", (writable.m.mnt / "proj").is_dir)  # rescans: 1 s
     as_user(unprivileged, """
 with open(p["mnt"] + "/made.txt", "w") as fh:
     fh.write("for the project\\n")

@@ -88,6 +88,8 @@ class WriteSide:
     def create(self, parent: Node, name: str, mode: int, uid: int, gid: int) -> tuple[Node, int]:
         rel = self._rel(parent, name)
         self._need_room(0, rel)
+        if parent.mode & stat.S_ISGID:  # a setgid folder: its group, as any local filesystem
+            gid = parent.gid
         fd, st = self.spool.create_stat(rel, mode, uid, gid)
         return spooled_node(self.spool.path(rel), rel, st), fd
 
@@ -333,6 +335,10 @@ class WriteSide:
         with _folder_of(self.root, path) as dfd:
             with placing_lock():
                 os.mkdir(name, stat.S_IMODE(mode), dir_fd=dfd)
+            folder = os.fstat(dfd)
+            if folder.st_mode & stat.S_ISGID:
+                # A setgid folder: the new one takes its group, and the kernel gave it the bit.
+                gid = folder.st_gid
             if os.geteuid() == 0:
                 os.chown(name, uid, gid, dir_fd=dfd, follow_symlinks=False)
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
