@@ -126,7 +126,6 @@ os.close(fd)                                 # published once settled (0.5 s)
     still_serves(writable.m)
 
 
-@OPEN
 def test_rename_over_a_hidden_entry_keeps_the_sticky_bit(writable: Src, unprivileged: User) -> None:
     """In a sticky (1777) drop folder, root's symlink and FIFO are not shown by the mount. The
     kernel checks the sticky bit only against entries it is shown, so a rename of the user's
@@ -138,6 +137,7 @@ def test_rename_over_a_hidden_entry_keeps_the_sticky_bit(writable: Src, unprivil
     os.symlink("/etc/hostname", drop / "roots-link")
     os.mkfifo(drop / "roots-fifo")
     (drop / "roots-file").write_bytes(b"root's\n")
+    wait_for("the folder in the mount", (writable.m.mnt / "drop").is_dir)  # rescans: 1 s
     got = as_user(unprivileged, """
 for name in ("roots-file", "roots-link", "roots-fifo"):
     with open(p["mnt"] + "/mine-" + name, "w") as fh:
@@ -151,7 +151,6 @@ for name in ("roots-file", "roots-link", "roots-fifo"):
     still_serves(writable.m)
 
 
-@OPEN
 def test_new_entries_in_a_setgid_folder_take_its_group(writable: Src, unprivileged: User) -> None:
     """A project folder with the setgid bit: on any local filesystem a file or folder made in
     it takes the folder's group (and a folder the bit too), so the project's group can read
@@ -163,6 +162,7 @@ def test_new_entries_in_a_setgid_folder_take_its_group(writable: Src, unprivileg
     os.chown(proj, 0, 0)  # root's group: one the user is not in
     proj.chmod(0o2777)
     assert unprivileged.gid != 0
+    wait_for("the folder in the mount", (writable.m.mnt / "proj").is_dir)  # rescans: 1 s
     as_user(unprivileged, """
 with open(p["mnt"] + "/made.txt", "w") as fh:
     fh.write("for the project\\n")
@@ -566,7 +566,6 @@ def test_one_odd_key_does_not_take_a_bucket_mount_down(
         server.stop()
 
 
-@OPEN
 def test_a_user_s_file_does_not_stand_in_for_root_s_original_in_a_sticky_folder(
     writable: Src, unprivileged: User, tmp_path: Path
 ) -> None:

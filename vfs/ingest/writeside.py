@@ -88,6 +88,8 @@ class WriteSide:
     def create(self, parent: Node, name: str, mode: int, uid: int, gid: int) -> tuple[Node, int]:
         rel = self._rel(parent, name)
         self._need_room(0, rel)
+        if parent.mode & stat.S_ISGID:  # a setgid folder: its group, as any local filesystem
+            gid = parent.gid
         fd, st = self.spool.create_stat(rel, mode, uid, gid)
         return spooled_node(self.spool.path(rel), rel, st), fd
 
@@ -198,6 +200,7 @@ class WriteSide:
         A real file renamed over a spooled one replaces it: the spooled file goes, or it
         would hide the real one and later be published over it."""
         old_rel, new_rel = self._rel(old_parent, old), self._rel(new_parent, new)
+        self._check_shown(self.root / new_rel)
         if self._adopted:
             self._move_adopted(old_rel, new_rel)
         if node.spooled:
@@ -229,6 +232,19 @@ class WriteSide:
                 self.spool.discard(new_rel)
                 self._discard_link(old_rel, target)
         return self.refresh(_moved(node, target))
+
+    def _check_shown(self, target: Path) -> None:
+        """Refuse a rename onto a name whose real entry the mount does not show (a symlink, a
+        FIFO): the kernel checks a sticky folder only against entries it is shown, so it let
+        the caller through, and the daemon would replace another user's entry with root's rights."""
+        try:
+            with _folder_of(self.root, target) as dfd:
+                st = os.stat(target.name, dir_fd=dfd, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return  # nothing there: the name is free
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+            why = f"holds an entry the mount does not show (mode {stat.filemode(st.st_mode)})"
+            raise refuse(errno.EEXIST, f"{target}: {why}")
 
     def _remember_adopted(self, rel: str, st: os.stat_result) -> None:
         self._adopted[rel] = (st.st_dev, st.st_ino)
@@ -319,6 +335,10 @@ class WriteSide:
         with _folder_of(self.root, path) as dfd:
             with placing_lock():
                 os.mkdir(name, stat.S_IMODE(mode), dir_fd=dfd)
+            folder = os.fstat(dfd)
+            if folder.st_mode & stat.S_ISGID:
+                # A setgid folder: the new one takes its group, and the kernel gave it the bit.
+                gid = folder.st_gid
             if os.geteuid() == 0:
                 os.chown(name, uid, gid, dir_fd=dfd, follow_symlinks=False)
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)

@@ -1,7 +1,7 @@
 """SRC as the mount presents it: real entries mirrored, archives replaced by what they hold.
 
 Pure and synchronous (the daemon runs scans in worker threads). Name clashes resolve here: a real
-file wins, and an archive that would shadow it keeps its archive name.
+file of the archive's owner wins, and an archive that would shadow it keeps its archive name.
 """
 
 from __future__ import annotations
@@ -195,6 +195,15 @@ class SourceTree:
                 self._log_once(path, f"{path}: presents a name that cannot be shown ({problem}); "
                                      "shown under its archive name")  # fmt: skip
                 shown = name
+            if shown in plain and not _may_stand_in(plain[shown], st):
+                # A real file wins over an archive presenting its name only when the archive's
+                # owner made it: in a shared (sticky) folder anyone may create that name in SRC.
+                self._log_once(
+                    path,
+                    f"{path}: presents {shown!r}, which another user's entry holds in "
+                    f"{folder}; that entry is not shown",
+                )
+                del out[shown], plain[shown]
             if shown in out:
                 self._log_once(
                     path,
@@ -339,6 +348,11 @@ class SourceTree:
             return path.relative_to(self.root).as_posix()
         except ValueError:
             return str(path)
+
+
+def _may_stand_in(real: Node, archive: os.stat_result) -> bool:
+    """Whether a real entry may win a name an archive presents: only one of the archive's owner."""
+    return real.uid == archive.st_uid
 
 
 def index_key(backend: Backend) -> str:
