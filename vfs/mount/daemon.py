@@ -32,6 +32,7 @@ from vfs.mount.ops import DecantOperations
 from vfs.mount.scrub import scrub_forever
 from vfs.mount.tree import SourceTree
 from vfs.mount.watch import watch_source
+from vfs.walk import MAX_WALK_DEPTH, walk
 
 log = logging.getLogger("decant-mount")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -422,11 +423,14 @@ async def _relist_forever(ops: DecantOperations, interval: float) -> None:
 async def _census(ops: DecantOperations, src: Path) -> None:
     """Log how many archives SRC holds (names only: nothing is opened)."""
 
+    def deep(folder: Path) -> None:
+        log.info("%s: folders below it are more than %d levels deep; not counted",
+                 folder, MAX_WALK_DEPTH)  # fmt: skip
+
     def count() -> int:
         n = 0
-        for root, dirs, files in os.walk(src):
-            dirs[:] = [d for d in dirs if d != SPOOL_NAME and Path(root, d) != ops.config.mnt]
-            base = Path(root)
+        for base, dirs, files in walk(src, too_deep=deep):
+            dirs[:] = [d for d in dirs if d != SPOOL_NAME and base / d != ops.config.mnt]
             for name in files + dirs:
                 if any(b.claims(base / name, name in dirs) for b in ops.tree.backends):
                     n += 1

@@ -27,6 +27,7 @@ from vfs.backends.base import RandomAccess
 from vfs.backends.plain import BytesFile, PlainFile, SpoolFile
 from vfs.beneath import stat_beneath
 from vfs.cache import PageCache
+from vfs.decant import TEMP_PREFIX
 from vfs.errors import DecantError
 from vfs.ingest.queue import PackQueue
 from vfs.ingest.spool import is_temp_name
@@ -50,6 +51,7 @@ NEGATIVE_TIMEOUT = 10.0
 RESCAN_INTERVAL = 1.0  # a folder's mtime is re-checked at most this often
 LOG_EVERY = 60.0  # the same failure of the same entry is logged once a minute, not per call
 NAME_MAX = 255
+_TEMP_PREFIX = TEMP_PREFIX.encode()
 PRIVILEGE_BITS = stat.S_ISUID | stat.S_ISGID
 QUICK_LIMIT = 0.02  # seconds (above the GIL's 5 ms switch interval): see QuickCalls
 QUICK_SLOW = 3
@@ -705,6 +707,8 @@ class DecantOperations(pyfuse3.Operations):
             raise _fail(errno.ENAMETOOLONG)
         if name == STATUS_NAME.encode():
             raise _fail(errno.EACCES)
+        if name.startswith(_TEMP_PREFIX):  # hidden, and deleted at start as a crashed pack's
+            raise _fail(errno.EINVAL)
         return os.fsdecode(name)
 
     @staticmethod
