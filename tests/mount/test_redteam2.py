@@ -295,7 +295,6 @@ def _daemon_fd_limit(m: Mount) -> int:
     raise AssertionError("no open-files limit")
 
 
-@OPEN
 def test_one_user_cannot_take_every_file_descriptor_of_the_daemon(
     writable: Src, unprivileged: User
 ) -> None:
