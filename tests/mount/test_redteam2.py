@@ -180,7 +180,6 @@ with open(p["real"] + "/direct.txt", "w") as fh:   # control: made in SRC itself
 # -- the daemon's housekeeping -------------------------------------------------------------
 
 
-@OPEN
 def test_a_folder_renamed_to_a_temp_name_is_not_deleted_at_the_next_start(
     tmp_path_factory: pytest.TempPathFactory, unprivileged: User
 ) -> None:
@@ -214,7 +213,6 @@ def test_a_folder_renamed_to_a_temp_name_is_not_deleted_at_the_next_start(
         m.stop()
 
 
-@OPEN
 def test_a_deep_folder_does_not_stop_the_daemon_from_starting(
     tmp_path_factory: pytest.TempPathFactory, unprivileged: User
 ) -> None:
@@ -297,7 +295,6 @@ def _daemon_fd_limit(m: Mount) -> int:
     raise AssertionError("no open-files limit")
 
 
-@OPEN
 def test_one_user_cannot_take_every_file_descriptor_of_the_daemon(
     writable: Src, unprivileged: User
 ) -> None:
@@ -485,7 +482,6 @@ for name in ("notes.txt", "added.txt"):
         m.stop()
 
 
-@OPEN
 def test_a_deep_folder_in_the_inbox_does_not_stop_the_daemon(
     tmp_path_factory: pytest.TempPathFactory, unprivileged: User
 ) -> None:

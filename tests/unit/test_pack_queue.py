@@ -575,7 +575,7 @@ def test_status_counts_each_state(queue: PackQueue, spool: HookedSpool) -> None:
 def test_run_clears_crash_leftovers_then_publishes_everything(
     spool: HookedSpool, src: Path, corpus: dict[str, Path]
 ) -> None:
-    orphan = src / f"{TEMP_PREFIX}1-ab-x.tif.zarr.zip"
+    orphan = src / f"{TEMP_PREFIX}1-0123abcd-x.tif.zarr.zip"
     orphan.write_bytes(b"half an archive")
     spool.staging.mkdir(parents=True)
     staged = spool.staging / f"{TEMP_PREFIX}2-cd-y.tif.zarr.zip"

@@ -293,22 +293,81 @@ def test_remove_orphans_deletes_temp_archives_but_not_the_spool(src: Path) -> No
     spool_root = src / ".decant-spool"
     (src / "a" / "b").mkdir(parents=True)
     orphans = [
-        src / f"{TEMP_PREFIX}1-ab-x.tif.zarr.zip",
-        src / "a" / "b" / f"{TEMP_PREFIX}2-cd-y.tif.zarr.zip",
+        src / f"{TEMP_PREFIX}1-0123abcd-x.tif.zarr.zip",
+        src / "a" / "b" / f"{TEMP_PREFIX}2-cdef4567-y.tif.zarr.zip",
     ]
     for path in orphans:
         path.write_bytes(b"half an archive")
-    folder_orphan = src / "a" / f"{TEMP_PREFIX}3-ef-z.zarr"
+    # A folder with a temp name may be anyone's folder renamed: it stays, with what it holds.
+    folder_orphan = src / "a" / f"{TEMP_PREFIX}3-89abcdef-z.zarr"
     (folder_orphan / "c").mkdir(parents=True)
-    kept = [src / "a" / "b" / "keep.tif.zarr.zip", spool_root / "files" / f"{TEMP_PREFIX}9-in"]
+    kept = [
+        src / "a" / "b" / "keep.tif.zarr.zip",
+        spool_root / "files" / f"{TEMP_PREFIX}9-in",
+        src / f"{TEMP_PREFIX}x",  # not a name the packer makes
+        folder_orphan / "c" / "data.txt",
+    ]
     for path in kept:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"keep")
+    if os.geteuid() == 0:  # someone else's file under a packer's name is not ours to delete
+        theirs = src / f"{TEMP_PREFIX}4-00000000-w.tif.zarr.zip"
+        theirs.write_bytes(b"theirs")
+        os.chown(theirs, 65534, 65534)
+        kept.append(theirs)
 
     removed = remove_orphans(src, spool_root)
 
-    assert sorted(removed) == sorted([*orphans, folder_orphan])
+    assert sorted(removed) == sorted(orphans)
     assert all(not p.exists() for p in removed) and all(p.exists() for p in kept)
+
+
+def test_remove_orphans_and_spool_walk_survive_a_very_deep_folder(spool: Spool, src: Path) -> None:
+    """os.walk recurses per level: thousands of levels raised RecursionError (daemon exit)."""
+    deep = spool.files / "deep"
+    deep.mkdir(parents=True)
+    fd = os.open(deep, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(1500):
+            os.mkdir("d", dir_fd=fd)
+            nfd = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        os.close(os.open("f.txt", os.O_CREAT | os.O_WRONLY, 0o600, dir_fd=fd))
+    finally:
+        os.close(fd)
+    (spool.files / "top.txt").write_bytes(b"x")
+    (src / f"{TEMP_PREFIX}1-0123abcd-x.tif.zarr.zip").write_bytes(b"half")
+    assert list(spool.walk()) == ["top.txt"]  # below the bound: left alone, no crash
+    assert len(remove_orphans(src, src / ".decant-spool" / "staging")) == 1
+    # A file created that deep through the mount: its spool folders are made level by level.
+    os.close(spool.create("deep/" + "/".join(["e"] * 1200) + "/g.txt", 0o644, os.getuid(), -1))
+    assert (spool.files / "deep").is_dir()
+    for name in ("d", "e"):
+        _remove_chain(deep, name)
+
+
+def _remove_chain(top: Path, name: str) -> None:
+    """Remove `top/name/name/…` without recursion (shutil.rmtree recurses per level)."""
+    fds = [os.open(top, os.O_RDONLY | os.O_DIRECTORY)]
+    try:
+        while True:
+            try:
+                fds.append(os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
+            except (FileNotFoundError, NotADirectoryError):
+                break
+        for leaf in os.listdir(fds[-1]):
+            os.unlink(leaf, dir_fd=fds[-1])
+        os.close(fds.pop())
+        while fds:
+            fd = fds.pop()
+            try:
+                os.rmdir(name, dir_fd=fd)
+            finally:
+                os.close(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def test_clear_staging(spool: Spool, src: Path) -> None:

@@ -16,6 +16,7 @@ import shutil
 import stat
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -23,6 +24,7 @@ from vfs.beneath import not_shown, parent_fd
 from vfs.decant import TEMP_PREFIX
 from vfs.ingest.publish import Outcome, Published, archive_name, attempt, publish
 from vfs.ingest.publish import signature as file_signature
+from vfs.walk import MAX_WALK_DEPTH, walk
 
 if TYPE_CHECKING:
     from vfs.decant.packer import PackOptions
@@ -129,7 +131,7 @@ class Spool:
     def walk(self) -> dict[str, os.stat_result]:
         """Every spooled file, by relpath."""
         out: dict[str, os.stat_result] = {}
-        for folder, _dirs, names in os.walk(self.files):
+        for folder, _dirs, names in walk(self.files, too_deep=_too_deep):
             for name in names:
                 path = Path(folder) / name
                 try:
@@ -249,22 +251,69 @@ def _into_folder(target: Path, make: Callable[[], T], source: Path | None = None
         except FileNotFoundError:
             if source is not None and not os.path.lexists(source):
                 raise
-            target.parent.mkdir(parents=True, exist_ok=True)
+            _make_folders(target.parent)
     return make()
 
 
+def _make_folders(folder: Path) -> None:
+    """`folder.mkdir(parents=True, exist_ok=True)` one level at a time: pathlib recurses once
+    per missing level, and a file created thousands of folders deep needs that many."""
+    missing = []
+    while not folder.is_dir() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    for level in reversed(missing):
+        with suppress(FileExistsError):
+            level.mkdir()
+
+
+_TOLD_DEEP: set[Path] = set()  # folders already reported: the inbox is walked every few seconds
+
+
+def _too_deep(folder: Path) -> None:
+    if folder in _TOLD_DEEP or len(_TOLD_DEEP) >= 100:
+        return
+    _TOLD_DEEP.add(folder)
+    log.warning("%s: folders below it are more than %d levels deep; left alone",
+                folder, MAX_WALK_DEPTH)  # fmt: skip
+
+
 def remove_orphans(src: Path, skip: Path) -> list[Path]:
-    """Temp archives left by a crash mid-pack: never published, safe to delete."""
+    """Temp archives left by a crash mid-pack: never published, safe to delete. Only regular
+    files of the daemon's own user named as the packer names them go (reached without links):
+    anyone who may write a folder can rename a folder there to a temp name, so folders (a
+    folder archive's temp) are left in place, as are other users' files."""
     removed = []
-    for folder, dirs, names in os.walk(src):
-        here = Path(folder)
+    for here, dirs, names in walk(src, too_deep=_too_deep):
         found = [n for n in [*names, *dirs] if n.startswith(TEMP_PREFIX)]
         dirs[:] = [d for d in dirs if here / d != skip and not d.startswith(TEMP_PREFIX)]
         for name in found:
             path = here / name
-            if path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
+            if _ORPHAN.match(name) is None:
+                log.info("%s: not a temp name of the packer; left alone", path)
+            elif _remove_own_file(src, path):
+                removed.append(path)
             else:
-                path.unlink(missing_ok=True)
-            removed.append(path)
+                log.info("%s: not a regular file of the daemon's user; left alone", path)
     return removed
+
+
+_ORPHAN = re.compile(re.escape(TEMP_PREFIX) + r"[0-9]+-[0-9a-f]{8}(-|$)")
+
+
+def _remove_own_file(src: Path, path: Path) -> bool:
+    """Unlink `path` (reached from `src` without links) if it is a regular file of our user."""
+    try:
+        dfd = parent_fd(src, path)
+    except OSError:
+        return False
+    try:
+        st = os.stat(path.name, dir_fd=dfd, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            return False
+        os.unlink(path.name, dir_fd=dfd)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(dfd)

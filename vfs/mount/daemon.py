@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import resource
 import signal
 import stat
 import sys
@@ -32,6 +33,7 @@ from vfs.mount.ops import DecantOperations
 from vfs.mount.scrub import scrub_forever
 from vfs.mount.tree import SourceTree
 from vfs.mount.watch import watch_source
+from vfs.walk import MAX_WALK_DEPTH, walk
 
 log = logging.getLogger("decant-mount")
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -253,6 +255,18 @@ TRIM_STEP = 32 << 20  # after a trim that could not get under it, trim again thi
 TRIM_POLL = 0.25
 
 
+def raise_fd_limit() -> None:
+    """Every open file of the mount holds a descriptor here: take all the hard limit allows
+    (systemd starts services with a soft limit of 1,024; see LimitNOFILE in the unit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else 1 << 20  # infinity: not for NOFILE
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+        except (OSError, ValueError) as exc:
+            log.warning("could not raise the open-files limit from %d: %s", soft, exc)
+
+
 def tune_malloc(cache_size: int | None = None) -> None:
     """One glibc arena, and malloc_trim whenever RSS passes cache_size + 100 MiB.
 
@@ -301,6 +315,7 @@ def _rss() -> int:
 
 def serve(config: MountConfig, ready: Callable[[], None]) -> int:
     tune_malloc(config.cache_size)
+    raise_fd_limit()
     if os.environ.get(DIAGNOSE) and os.environ.get(TRACEMALLOC):
         tracemalloc.start(8)
     src, mnt = config.src, config.mnt
@@ -422,11 +437,14 @@ async def _relist_forever(ops: DecantOperations, interval: float) -> None:
 async def _census(ops: DecantOperations, src: Path) -> None:
     """Log how many archives SRC holds (names only: nothing is opened)."""
 
+    def deep(folder: Path) -> None:
+        log.info("%s: folders below it are more than %d levels deep; not counted",
+                 folder, MAX_WALK_DEPTH)  # fmt: skip
+
     def count() -> int:
         n = 0
-        for root, dirs, files in os.walk(src):
-            dirs[:] = [d for d in dirs if d != SPOOL_NAME and Path(root, d) != ops.config.mnt]
-            base = Path(root)
+        for base, dirs, files in walk(src, too_deep=deep):
+            dirs[:] = [d for d in dirs if d != SPOOL_NAME and base / d != ops.config.mnt]
             for name in files + dirs:
                 if any(b.claims(base / name, name in dirs) for b in ops.tree.backends):
                     n += 1

@@ -27,6 +27,7 @@ from vfs.backends.base import RandomAccess
 from vfs.backends.plain import BytesFile, PlainFile, SpoolFile
 from vfs.beneath import stat_beneath
 from vfs.cache import PageCache
+from vfs.decant import TEMP_PREFIX
 from vfs.errors import DecantError
 from vfs.ingest.queue import PackQueue
 from vfs.ingest.spool import is_temp_name
@@ -50,6 +51,7 @@ NEGATIVE_TIMEOUT = 10.0
 RESCAN_INTERVAL = 1.0  # a folder's mtime is re-checked at most this often
 LOG_EVERY = 60.0  # the same failure of the same entry is logged once a minute, not per call
 NAME_MAX = 255
+_TEMP_PREFIX = TEMP_PREFIX.encode()
 PRIVILEGE_BITS = stat.S_ISUID | stat.S_ISGID
 QUICK_LIMIT = 0.02  # seconds (above the GIL's 5 ms switch interval): see QuickCalls
 QUICK_SLOW = 3
@@ -57,6 +59,7 @@ QUICK_WINDOW = 5.0
 QUICK_COOLDOWN = 5.0
 QUICK_STALL = 0.1  # one call blocked this long sends them to threads at once
 QUICK_COOLDOWN_MAX = 120.0  # cooldowns double while stalls go on, up to this
+HANDLES_PER_USER = 4096  # open files one user but root may hold (at most a quarter of the fd limit)
 QUICK_WRITE = 64 * 1024  # larger writes always go to a worker thread (the data path)
 QUICK_FREE = 16 << 20  # truncating or deleting a larger file frees blocks: a worker thread
 
@@ -193,6 +196,13 @@ class DecantOperations(pyfuse3.Operations):
         self.reads = Reads(self.integrity, config.decode_threads)
         self._handles: dict[int, OpenFile] = {}
         self._next_fh = 1
+        # Each open handle holds a descriptor of the daemon: one user holding them all would
+        # make every other user's open (and publishing) fail with EMFILE.
+        fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self.handles_per_user = max(16, min(HANDLES_PER_USER, fd_limit // 4))
+        self._handle_uid: dict[int, int] = {}
+        self._open_by_uid: dict[int, int] = {}
+        self._told_cap: set[int] = set()
         self._quick = QuickCalls()
         self._status = Node(False, 0, time.time_ns(), 0o444, os.getuid(), os.getgid(),
                             tree.root / STATUS_NAME, member=STATUS_NAME)  # fmt: skip
@@ -458,6 +468,35 @@ class DecantOperations(pyfuse3.Operations):
     # -- file handlers ---------------------------------------------------------------------
 
     async def open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
+        self._reserve_handle(ctx.uid)
+        try:
+            info = await self._open(inode, flags, ctx)
+        except BaseException:
+            self._drop_handle(ctx.uid)
+            raise
+        self._handle_uid[info.fh] = ctx.uid
+        return info
+
+    def _reserve_handle(self, uid: int) -> None:
+        """Count one more open handle of `uid`; EMFILE past its share (root has no cap)."""
+        held = self._open_by_uid.get(uid, 0)
+        if uid != 0 and held >= self.handles_per_user:
+            if uid not in self._told_cap:
+                self._told_cap.add(uid)
+                log.warning("uid %d holds %d open files: refusing more (EMFILE) until some close",
+                            uid, held)  # fmt: skip
+            raise _fail(errno.EMFILE)
+        self._open_by_uid[uid] = held + 1
+
+    def _drop_handle(self, uid: int) -> None:
+        held = self._open_by_uid.get(uid, 0) - 1
+        if held > 0:
+            self._open_by_uid[uid] = held
+        else:
+            self._open_by_uid.pop(uid, None)
+            self._told_cap.discard(uid)
+
+    async def _open(self, inode: int, flags: int, ctx: pyfuse3.RequestContext) -> pyfuse3.FileInfo:
         with errno_boundary(f"open {inode}"):
             node = self._node(inode)
             if node.is_dir:
@@ -543,6 +582,9 @@ class DecantOperations(pyfuse3.Operations):
 
     async def release(self, fh: int) -> None:
         handle = self._handles.pop(fh, None)
+        uid = self._handle_uid.pop(fh, None)
+        if uid is not None:
+            self._drop_handle(uid)
         if handle is None:
             return
         with errno_boundary(f"release {handle.node.real}"):
@@ -705,6 +747,8 @@ class DecantOperations(pyfuse3.Operations):
             raise _fail(errno.ENAMETOOLONG)
         if name == STATUS_NAME.encode():
             raise _fail(errno.EACCES)
+        if name.startswith(_TEMP_PREFIX):  # hidden, and deleted at start as a crashed pack's
+            raise _fail(errno.EINVAL)
         return os.fsdecode(name)
 
     @staticmethod
@@ -772,6 +816,18 @@ class DecantOperations(pyfuse3.Operations):
         return await self._quick(fn, *args)
 
     async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        self._reserve_handle(ctx.uid)
+        try:
+            info, attrs = await self._create(parent_inode, name, mode, flags, ctx)
+        except BaseException:
+            self._drop_handle(ctx.uid)
+            raise
+        self._handle_uid[info.fh] = ctx.uid
+        return info, attrs
+
+    async def _create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: pyfuse3.RequestContext
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         with errno_boundary(f"create {name!r}"):
