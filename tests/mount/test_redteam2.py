@@ -373,7 +373,6 @@ def test_a_name_cannot_forge_a_log_line(writable: Src, unprivileged: User) -> No
     assert not any(line.startswith(forged) for line in lines)
 
 
-@OPEN
 def test_an_inbox_folder_swapped_for_a_symlink_publishes_nothing_of_its_target(
     tmp_path_factory: pytest.TempPathFactory, unprivileged: User
 ) -> None:
@@ -450,7 +449,6 @@ def start_with_inbox(m: Mount, inbox: Path, *extra: str) -> bool:
     raise AssertionError("neither mounted nor refused")
 
 
-@OPEN
 def test_an_inbox_drop_cannot_replace_a_file_the_dropper_may_not_write(
     tmp_path_factory: pytest.TempPathFactory, unprivileged: User
 ) -> None:
@@ -485,7 +483,6 @@ for name in ("notes.txt", "added.txt"):
         m.stop()
 
 
-@OPEN
 def test_a_deep_folder_in_the_inbox_does_not_stop_the_daemon(
     tmp_path_factory: pytest.TempPathFactory, unprivileged: User
 ) -> None:
