@@ -131,10 +131,21 @@ def publish(
             stat_beneath(spool.files, source)
             # From SRC's descriptor: a folder on the way swapped for a link is not made through.
             makedirs_beneath(spool.src, folder)
-    tiff, layout = _scan(source, st.st_size)
-    if not pack_all and not tiff:
-        return _publish_plain(spool, relpath, source, st, folder, cancel)
-    return _publish_archive(spool, relpath, source, st, folder, options, cancel, durable, layout)
+    # Its bytes are read through a descriptor of the file found here, not by its path again
+    # (pack_file alone still opens the path: it takes the name from it).
+    rfd = open_beneath(spool.files, source, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not os.path.samestat(os.fstat(rfd), st):
+            raise SourceChangedError(source)
+        via = Path(_fd_path(rfd))
+        tiff, layout = _scan(via, st.st_size)
+        if not pack_all and not tiff:
+            return _publish_plain(spool, relpath, source, st, folder, cancel, via)
+        return _publish_archive(
+            spool, relpath, source, st, folder, options, cancel, durable, layout, via
+        )
+    finally:
+        os.close(rfd)
 
 
 def attempt(
@@ -195,6 +206,7 @@ def _publish_plain(
     st: os.stat_result,
     folder: Path,
     cancel: threading.Event | None,
+    via: Path,
 ) -> Published:
     name = source.name
     final, shadowed = folder / name, folder / archive_name(name)
@@ -215,9 +227,9 @@ def _publish_plain(
     require_space(folder, need, f"needs {size_text(need)} free to copy it into SRC")
     staged = _staged(spool, folder, name)
     try:
-        copy_sparse(source, staged, cancel)
+        copy_sparse(via, staged, cancel)
         apply_metadata(staged, st)
-        if not same_bytes(source, staged, cancel):
+        if not same_bytes(via, staged, cancel):
             raise OSError(errno.EIO, "the copy differs from the spooled file", str(final))
         check(cancel)
         placed = place(spool, staged, final, shadowed, source=(relpath, st))
@@ -367,7 +379,8 @@ def _publish_archive(
     options: PackOptions | None,
     cancel: threading.Event | None,
     durable: bool,
-    layout: TiffLayout | None = None,
+    layout: TiffLayout | None,
+    via: Path,
 ) -> Published:
     # Imported here: zarr and tifffile cost the daemon's start-up ~0.2 s it need not pay.
     from vfs.decant.packer import PackOptions, file_sha256, pack_file
@@ -382,14 +395,12 @@ def _publish_archive(
         and options.mode != "verbatim"
         and fits(st.st_size, layout, options.pyramid)
     )
-    data = _read_whole(source, st) if small else b""
+    data = _read_whole(via, st) if small else b""
     sha = hashlib.sha256(data).hexdigest() if small else ""
     name = source.name
     target = folder / archive_name(name)
     # Hashing first only pays when an archive is there: a restart after publish, pre-cleanup.
-    if target.is_file() and _archive_holds(
-        target, st.st_size, sha or file_sha256(source, progress)
-    ):
+    if target.is_file() and _archive_holds(target, st.st_size, sha or file_sha256(via, progress)):
         with _PLACING:
             spool.mark_placed(relpath, target.stat())
         return Published(relpath, target, "already", signature=signature(st))
