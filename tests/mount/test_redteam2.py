@@ -370,7 +370,6 @@ def test_a_name_cannot_forge_a_log_line(writable: Src, unprivileged: User) -> No
     assert not any(line.startswith(forged) for line in lines)
 
 
-@OPEN
 def test_an_inbox_folder_swapped_for_a_symlink_publishes_nothing_of_its_target(
     tmp_path_factory: pytest.TempPathFactory, unprivileged: User
 ) -> None:
@@ -447,7 +446,6 @@ def start_with_inbox(m: Mount, inbox: Path, *extra: str) -> bool:
     raise AssertionError("neither mounted nor refused")
 
 
-@OPEN
 def test_an_inbox_drop_cannot_replace_a_file_the_dropper_may_not_write(
     tmp_path_factory: pytest.TempPathFactory, unprivileged: User
 ) -> None:

@@ -96,3 +96,50 @@ def test_sync_placed_opens_no_link(tmp_path: Path) -> None:
     (src / "d").symlink_to(src / "e")  # a folder on the way swapped for a link
     with pytest.raises(OSError):
         sync_placed(src, [src / "d" / "x.zarr.zip"])
+
+
+def _swapped(tmp_path: Path) -> tuple[Spool, bytes]:
+    """A spooled `sub/inside.txt` whose folder its owner swapped for a link to root's folder
+    holding a file of that name, after the queue found it (red team 2, finding B)."""
+    spool = _spool(tmp_path)
+    (spool.files / "sub").mkdir(parents=True)
+    (spool.files / "sub" / "inside.txt").write_bytes(b"the user's\n")
+    vault = tmp_path / "vault"
+    vault.mkdir(mode=0o700)
+    secret = b"root's file, in a 0700 folder\n"
+    (vault / "inside.txt").write_bytes(secret)
+    (spool.files / "sub").rename(spool.files / "sub.old")
+    (spool.files / "sub").symlink_to(vault)
+    (spool.src / "sub").mkdir()
+    return spool, secret
+
+
+def test_publish_reaches_the_spooled_file_without_links(tmp_path: Path) -> None:
+    spool, _secret = _swapped(tmp_path)
+    with pytest.raises(OSError):
+        publish(spool, "sub/inside.txt", False, None)
+    assert not (spool.src / "sub" / "inside.txt").exists()
+    assert (tmp_path / "vault" / "inside.txt").stat().st_nlink == 1  # linked nowhere
+
+
+def test_linking_into_place_follows_no_link_swapped_in_after_the_check(tmp_path: Path) -> None:
+    """The swap lands between publish's check and the link: the link is made through the
+    descriptor of the file found below the spool's root, never through the path."""
+    from vfs.ingest.publish import _link_into_place
+
+    spool, _secret = _swapped(tmp_path)
+    final = spool.src / "sub" / "inside.txt"
+    with pytest.raises(OSError):
+        _link_into_place(spool, "sub/inside.txt", spool.path("sub/inside.txt"), final,
+                         final.with_name("inside.txt.zarr.zip"))  # fmt: skip
+    assert not final.exists()
+    assert (tmp_path / "vault" / "inside.txt").stat().st_nlink == 1
+
+
+def test_a_plain_file_is_linked_as_the_spooled_inode(tmp_path: Path) -> None:
+    spool = _spool(tmp_path)
+    (spool.files / "run").mkdir(parents=True)
+    (spool.files / "run" / "x.csv").write_bytes(b"a,b\n")
+    published = publish(spool, "run/x.csv", False, None)
+    assert published.mode == "plain"
+    assert os.path.samestat(os.stat(spool.src / "run" / "x.csv"), spool.path("run/x.csv").stat())

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from vfs.beneath import fsync_beneath, makedirs_beneath, parent_fd
+from vfs.beneath import fsync_beneath, makedirs_beneath, open_beneath, parent_fd, stat_beneath
 from vfs.decant import TEMP_PREFIX
 from vfs.ingest.space import free_bytes
 
@@ -120,19 +120,32 @@ def publish(
     if spool.placer is not None:
         return spool.placer.publish(spool, relpath, pack_all, options, cancel)
     source = spool.path(relpath)
-    st = source.stat()
+    # Below the spool's (or inbox's) root without links: a folder on the way swapped for a
+    # link to a folder of someone else fails here (ELOOP/ENOTDIR), never publishes its file.
+    st = stat_beneath(spool.files, source)
     if not stat.S_ISREG(st.st_mode):
         raise FileNotFoundError(errno.ENOENT, "not a regular file", str(source))
     folder = spool.src / Path(relpath).parent
     if not folder.is_dir():  # e.g. a new subfolder of an inbox
         with _PLACING:  # not one just renamed away, with the spooled file (see WriteSide)
-            source.stat()
+            stat_beneath(spool.files, source)
             # From SRC's descriptor: a folder on the way swapped for a link is not made through.
             makedirs_beneath(spool.src, folder)
-    tiff, layout = _scan(source, st.st_size)
-    if not pack_all and not tiff:
-        return _publish_plain(spool, relpath, source, st, folder, cancel)
-    return _publish_archive(spool, relpath, source, st, folder, options, cancel, durable, layout)
+    # Its bytes are read through a descriptor of the file found here, not by its path again
+    # (pack_file alone still opens the path: it takes the name from it).
+    rfd = open_beneath(spool.files, source, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not os.path.samestat(os.fstat(rfd), st):
+            raise SourceChangedError(source)
+        via = Path(_fd_path(rfd))
+        tiff, layout = _scan(via, st.st_size)
+        if not pack_all and not tiff:
+            return _publish_plain(spool, relpath, source, st, folder, cancel, via)
+        return _publish_archive(
+            spool, relpath, source, st, folder, options, cancel, durable, layout, via
+        )
+    finally:
+        os.close(rfd)
 
 
 def attempt(
@@ -146,7 +159,7 @@ def attempt(
     """One file, never raising: settled on disk (ctime, for files that did not come through the
     mount), then published; ENOSPC of any kind is a wait for space, not a failure."""
     try:
-        st = spool.path(relpath).lstat()
+        st = stat_beneath(spool.files, spool.path(relpath))
     except (FileNotFoundError, NotADirectoryError):
         return Outcome(relpath, "vanished")
     except OSError as exc:
@@ -193,6 +206,7 @@ def _publish_plain(
     st: os.stat_result,
     folder: Path,
     cancel: threading.Event | None,
+    via: Path,
 ) -> Published:
     name = source.name
     final, shadowed = folder / name, folder / archive_name(name)
@@ -203,7 +217,7 @@ def _publish_plain(
             if exc.errno not in NO_LINKS:
                 raise
             log.info("%s: cannot hard-link here (%s); copying it instead", relpath, exc.strerror)
-            st = source.stat()  # a link made and undone meanwhile moved its ctime
+            st = stat_beneath(spool.files, source)  # a link made and undone moved its ctime
         else:
             # The inode now at the final name is the one linked, whatever the spool name
             # points at since: only that inode's spool name may be removed later.
@@ -213,9 +227,9 @@ def _publish_plain(
     require_space(folder, need, f"needs {size_text(need)} free to copy it into SRC")
     staged = _staged(spool, folder, name)
     try:
-        copy_sparse(source, staged, cancel)
+        copy_sparse(via, staged, cancel)
         apply_metadata(staged, st)
-        if not same_bytes(source, staged, cancel):
+        if not same_bytes(via, staged, cancel):
             raise OSError(errno.EIO, "the copy differs from the spooled file", str(final))
         check(cancel)
         placed = place(spool, staged, final, shadowed, source=(relpath, st))
@@ -235,21 +249,32 @@ def _link_into_place(
     folder = final.parent
     mode = "plain"
     doomed: list[Path | None] = []
+    # The spooled file too is reached without links and linked through that descriptor
+    # (linkat of its /proc/self/fd link with AT_SYMLINK_FOLLOW): the inode linked is the one
+    # found below the spool's root, even if a folder on its path is swapped for a link now.
+    # Opened under the lock: a file renamed away through the mount is not linked.
+    sfd = -1
     dfd = parent_fd(spool.src, final)
     try:
         with _PLACING:
+            sfd = open_beneath(spool.files, source, os.O_PATH)
+            sst = os.fstat(sfd)
+            if not stat.S_ISREG(sst.st_mode):
+                raise FileNotFoundError(errno.ENOENT, "not a regular file", str(source))
+            via = _fd_path(sfd)
             before = os.stat(dfd)
             try:
                 try:
-                    os.link(source, final.name, dst_dir_fd=dfd)
+                    os.link(via, final.name, dst_dir_fd=dfd, follow_symlinks=True)
                 except FileExistsError:
                     there = os.stat(final.name, dir_fd=dfd, follow_symlinks=False)
-                    if os.path.samestat(os.stat(source), there):
+                    if os.path.samestat(sst, there):
                         mode = "already"  # linked before a crash: only the spool name is left
                     else:
                         staged = _staged(spool, folder, final.name)
                         try:
-                            os.link(source, staged)
+                            # dst_dir_fd (ignored: staged is absolute) makes it a linkat
+                            os.link(via, str(staged), dst_dir_fd=dfd, follow_symlinks=True)
                             doomed.append(_keep_older(spool, final, dfd))
                             os.replace(staged, final.name, dst_dir_fd=dfd)  # over an older one
                         finally:
@@ -261,6 +286,8 @@ def _link_into_place(
             finally:
                 os.utime(_fd_path(dfd), ns=(before.st_atime_ns, before.st_mtime_ns))
     finally:
+        if sfd >= 0:
+            os.close(sfd)
         os.close(dfd)
     for path in doomed:
         remove_tree(path)
@@ -352,7 +379,8 @@ def _publish_archive(
     options: PackOptions | None,
     cancel: threading.Event | None,
     durable: bool,
-    layout: TiffLayout | None = None,
+    layout: TiffLayout | None,
+    via: Path,
 ) -> Published:
     # Imported here: zarr and tifffile cost the daemon's start-up ~0.2 s it need not pay.
     from vfs.decant.packer import PackOptions, file_sha256, pack_file
@@ -367,14 +395,12 @@ def _publish_archive(
         and options.mode != "verbatim"
         and fits(st.st_size, layout, options.pyramid)
     )
-    data = _read_whole(source, st) if small else b""
+    data = _read_whole(via, st) if small else b""
     sha = hashlib.sha256(data).hexdigest() if small else ""
     name = source.name
     target = folder / archive_name(name)
     # Hashing first only pays when an archive is there: a restart after publish, pre-cleanup.
-    if target.is_file() and _archive_holds(
-        target, st.st_size, sha or file_sha256(source, progress)
-    ):
+    if target.is_file() and _archive_holds(target, st.st_size, sha or file_sha256(via, progress)):
         with _PLACING:
             spool.mark_placed(relpath, target.stat())
         return Published(relpath, target, "already", signature=signature(st))
@@ -602,7 +628,7 @@ def place(
         with _PLACING:  # two workers placing into one folder must not restore each other's mtime
             if source is not None:
                 relpath, st = source
-                if signature(spool.path(relpath).stat()) != signature(st):
+                if signature(stat_beneath(spool.files, spool.path(relpath))) != signature(st):
                     raise SourceChangedError(spool.path(relpath))
             before = os.stat(dfd)
             try:

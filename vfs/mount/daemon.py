@@ -153,6 +153,30 @@ def _check_private(folder: Path) -> None:
         )
 
 
+def _check_inbox(inbox: Path) -> None:
+    """Whatever is in an inbox is published into SRC as this daemon's user, at its path below
+    the inbox: a user who may write the inbox could replace files and fill folders of SRC they
+    may not write, or swap its folders for links to files they may not read. So only the
+    daemon's user may write an inbox: a real folder of its own, no group or other write bit."""
+    try:
+        inbox.mkdir(mode=0o755, parents=True, exist_ok=True)  # as Spool would make it
+        st = os.lstat(inbox)
+    except OSError as exc:
+        raise DecantError(f"--inbox {inbox}: {exc.strerror}") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        why = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a folder"
+    elif st.st_uid != os.geteuid():
+        why = f"owned by uid {st.st_uid}, not this daemon's user"
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        why = f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    else:
+        return
+    raise DecantError(
+        f"--inbox {inbox}: {why}: everything in an inbox is published as this daemon's user, "
+        "so no other user may write it; let users write through the mount instead"
+    )
+
+
 def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:
     """The spool, pack queue and write rules, unless the mount is read-only."""
     if config.read_only:
@@ -167,6 +191,8 @@ def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:
         private.mkdir(mode=0o700, parents=True, exist_ok=True)
         _check_private(private)
         os.chmod(private, 0o700)
+    for inbox in config.inbox:
+        _check_inbox(inbox)
     spool = Spool(src, config.spool_root / "files")
     spools = [spool] + [Spool(src, inbox) for inbox in config.inbox]
     queue = PackQueue(spools, config.settle, None, config.pack_all, config.pack_workers,
