@@ -247,12 +247,8 @@ class BucketWriteSide(WriteSide):
         folder: S3Folder,
         guard: SpaceGuard | None = None,
     ) -> None:
-        self.root = root
-        self._root_text = str(root).rstrip("/") + "/"
-        self.spool = spool
+        super().__init__(root, spool, allow_delete=False, guard=guard)
         self.folder = folder
-        self.allow_delete = False
-        self.guard = guard
 
     def _relpath(self, path: Path) -> str:
         text = str(path)
@@ -299,6 +295,10 @@ class BucketWriteSide(WriteSide):
         if not node.spooled:
             raise refuse(errno.EPERM, f"{node.real}: what is in the bucket is not renamed")
         return super().rename(old_parent, old, node, new_parent, new, None)
+
+    def _check_shown(self, target: Path) -> None:
+        """Nothing to check: a bucket holds objects only, none hidden from the mount (no links,
+        FIFOs); its keys are not local paths."""
 
     def unlink(self, parent: Node, name: str, node: Node, behind: Node | None = None) -> None:
         if node.is_dir:

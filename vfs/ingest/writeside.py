@@ -53,7 +53,7 @@ class WriteSide:
         guard: SpaceGuard | None = None,
     ) -> None:
         self.root = root
-        self._root_text = os.fspath(root).rstrip("/") + "/"
+        self._root_text = str(root).rstrip("/") + "/"  # str: a bucket's root is no local path
         self.spool = spool
         self.allow_delete = allow_delete
         self.guard = guard
