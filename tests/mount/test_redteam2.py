@@ -359,7 +359,6 @@ for i in range(300):
     assert grown < 30, f"{grown} log lines for 300 failed rmdirs"
 
 
-@OPEN
 def test_a_name_cannot_forge_a_log_line(writable: Src, unprivileged: User) -> None:
     """Names are logged as they are: a symlink (logged as not shown) whose name holds a
     newline and a made-up log line puts that line into root's log, looking like the daemon's
