@@ -336,7 +336,6 @@ def test_one_user_cannot_take_every_file_descriptor_of_the_daemon(
     still_serves(writable.m)
 
 
-@OPEN
 def test_failed_calls_with_many_names_do_not_flood_the_log(
     writable: Src, unprivileged: User
 ) -> None:

@@ -60,14 +60,36 @@ QUICK_COOLDOWN_MAX = 120.0  # cooldowns double while stalls go on, up to this
 QUICK_WRITE = 64 * 1024  # larger writes always go to a worker thread (the data path)
 QUICK_FREE = 16 << 20  # truncating or deleting a larger file frees blocks: a worker thread
 
+# At most this many failure lines per LOG_EVERY in all: each (call, message) pair names an
+# entry, so a user with many names could otherwise write a line per call (and past 10,000
+# pairs the limiter forgets them all). The rest are counted and summed up in one line.
+LOG_BUDGET = 100
+# The caller's own mistakes, like ENOENT: no news for the operator, logged at DEBUG only.
+CALLER_ERRNOS = frozenset({
+    errno.ENOENT, errno.EPERM, errno.EACCES, errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR,
+    errno.EISDIR, errno.EINVAL, errno.ENAMETOOLONG, errno.EXDEV, errno.ELOOP, errno.ENODATA,
+    errno.ERANGE,
+})  # fmt: skip
+
 _last_logged: dict[tuple[str, str], float] = {}
+_window = {"start": -LOG_EVERY, "logged": 0, "dropped": 0}
 
 
 def _log_limited(level: int, what: str, message: str, exc_info: bool = False) -> None:
+    if not log.isEnabledFor(level):
+        return
     key = (what, message)
     now = time.monotonic()
     if now - _last_logged.get(key, -LOG_EVERY) < LOG_EVERY:
         return
+    if now - _window["start"] >= LOG_EVERY:
+        if _window["dropped"]:
+            log.warning("%d more failures not logged in the last minute", _window["dropped"])
+        _window.update(start=now, logged=0, dropped=0)
+    if _window["logged"] >= LOG_BUDGET:
+        _window["dropped"] += 1
+        return
+    _window["logged"] += 1
     if len(_last_logged) > 10_000:
         _last_logged.clear()
     _last_logged[key] = now
@@ -87,8 +109,8 @@ def errno_boundary(what: str) -> Iterator[None]:
         COUNTERS.error(exc.errno)
         raise pyfuse3.FUSEError(exc.errno) from None
     except OSError as exc:
-        if exc.errno not in (errno.ENOENT, errno.EPERM, errno.EACCES, errno.EEXIST):
-            _log_limited(logging.WARNING, what, str(exc))
+        quiet = exc.errno in CALLER_ERRNOS
+        _log_limited(logging.DEBUG if quiet else logging.WARNING, what, str(exc))
         COUNTERS.error(exc.errno or errno.EIO)
         raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
     except Exception as exc:
