@@ -413,7 +413,6 @@ os.symlink(p["vault"], p["inbox"] + "/sub")
         m.stop()
 
 
-@OPEN
 def test_the_status_file_size_tells_nothing_of_what_the_reader_may_not_see(
     writable: Src, unprivileged: User
 ) -> None:

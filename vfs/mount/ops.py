@@ -341,6 +341,15 @@ class DecantOperations(pyfuse3.Operations):
                     doc[key] = [e for e in listed if self._spooled_by(e.get("path"), viewer)]
         return (json.dumps(doc, indent=1) + "\n").encode()
 
+    def _status_attrs(self, inode: int, viewer: int) -> pyfuse3.EntryAttributes:
+        """Sized as `viewer` reads it, never from another caller's status (which would tell
+        the length of names it may not see); attributes not cached, since the kernel keeps
+        one size per inode for every caller."""
+        self._status.size = len(self.status_bytes(viewer))
+        a = self._attrs(inode, self._status)
+        a.attr_timeout = 0
+        return a
+
     def _spooled_by(self, relpath: object, uid: int) -> bool:
         if self.writer is None or not isinstance(relpath, str):
             return False
@@ -360,8 +369,7 @@ class DecantOperations(pyfuse3.Operations):
             node = folder.children.get(text)
             if node is None and self._status_name(parent_inode, name):
                 node = self._status  # found by name only: listings and rsync skip it
-                node.size = len(self.status_bytes())
-                return self._attrs(self.inodes.hand_out(node), node)
+                return self._status_attrs(self.inodes.hand_out(node), ctx.uid)
             if node is not None:
                 node = await self._current(folder, text, node)
             if node is None:
@@ -413,7 +421,7 @@ class DecantOperations(pyfuse3.Operations):
                     self.inodes.replace(inode, fresh)  # writes move its size
                 node = self._node(inode)
             elif self._is_status(node):
-                node.size = len(self.status_bytes())
+                return self._status_attrs(inode, ctx.uid)
             elif node.backend is None and not node.is_dir:
                 # A mirrored file may be rewritten in SRC without its folder changing. Reached
                 # without links: one swapped in must not lend the mount its target's attributes.
