@@ -531,7 +531,6 @@ def _raw_put(endpoint: str, bucket: str, key: str, data: bytes) -> None:
         assert reply.status == 200
 
 
-@OPEN
 def test_one_odd_key_does_not_take_a_bucket_mount_down(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
