@@ -398,7 +398,7 @@ class S3Folder:
     def check(self) -> None:
         """One cheap request, so wrong credentials or a dead endpoint fail at start, clearly.
         It lists the top level, which `take_listing` hands to the mount's first readdir."""
-        self._first = (time.monotonic(), *self.list_dir(""))
+        self._first = (time.monotonic(), *self._list_level(""))
 
     def take_listing(self) -> tuple[float, list[str], list[ObjectInfo]] | None:
         """The listing `check` made (time.monotonic() it was made, sub-prefixes, objects),
@@ -452,6 +452,9 @@ class S3Folder:
 
     def list_dir(self, prefix: str = "") -> tuple[list[str], list[ObjectInfo]]:
         """One level below `prefix`: (sub-prefix names, objects)."""
+        return self._list_level(prefix)
+
+    def _list_level(self, prefix: str) -> tuple[list[str], list[ObjectInfo]]:
         full = self.full_key(prefix)
         try:
             out = obstore.list_with_delimiter(self.client, prefix=full or None)
