@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from vfs.errors import DecantError
+from vfs.logsafe import SafeFormatter
 from vfs.mount.config import STATUS_NAME, BucketConfig, MountConfig, parse_fuse_options
 
 log = logging.getLogger("decant-mount")
@@ -318,13 +319,13 @@ def setup_logging(args: argparse.Namespace, detached: bool) -> None:
         # the journal), never with the umask's 0644 beside other users.
         os.close(os.open(args.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
         handler = logging.FileHandler(args.log_file)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     elif detached and os.path.exists("/dev/log"):
         handler = logging.handlers.SysLogHandler("/dev/log")
-        handler.setFormatter(logging.Formatter("decant-mount[%(process)d]: %(message)s"))
+        handler.setFormatter(SafeFormatter("decant-mount[%(process)d]: %(message)s"))
     else:
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("decant-mount: %(levelname)s %(message)s"))
+        handler.setFormatter(SafeFormatter("decant-mount: %(levelname)s %(message)s"))
     logging.basicConfig(level=level, handlers=[handler], force=True)
 
 

@@ -333,7 +333,6 @@ def test_one_user_cannot_take_every_file_descriptor_of_the_daemon(
     still_serves(writable.m)
 
 
-@OPEN
 def test_failed_calls_with_many_names_do_not_flood_the_log(
     writable: Src, unprivileged: User
 ) -> None:
@@ -356,7 +355,6 @@ for i in range(300):
     assert grown < 30, f"{grown} log lines for 300 failed rmdirs"
 
 
-@OPEN
 def test_a_name_cannot_forge_a_log_line(writable: Src, unprivileged: User) -> None:
     """Names are logged as they are: a symlink (logged as not shown) whose name holds a
     newline and a made-up log line puts that line into root's log, looking like the daemon's
@@ -411,7 +409,6 @@ os.symlink(p["vault"], p["inbox"] + "/sub")
         m.stop()
 
 
-@OPEN
 def test_the_status_file_size_tells_nothing_of_what_the_reader_may_not_see(
     writable: Src, unprivileged: User
 ) -> None:
@@ -528,7 +525,6 @@ def _raw_put(endpoint: str, bucket: str, key: str, data: bytes) -> None:
         assert reply.status == 200
 
 
-@OPEN
 def test_one_odd_key_does_not_take_a_bucket_mount_down(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

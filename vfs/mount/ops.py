@@ -63,14 +63,36 @@ HANDLES_PER_USER = 4096  # open files one user but root may hold (at most a quar
 QUICK_WRITE = 64 * 1024  # larger writes always go to a worker thread (the data path)
 QUICK_FREE = 16 << 20  # truncating or deleting a larger file frees blocks: a worker thread
 
+# At most this many failure lines per LOG_EVERY in all: each (call, message) pair names an
+# entry, so a user with many names could otherwise write a line per call (and past 10,000
+# pairs the limiter forgets them all). The rest are counted and summed up in one line.
+LOG_BUDGET = 100
+# The caller's own mistakes, like ENOENT: no news for the operator, logged at DEBUG only.
+CALLER_ERRNOS = frozenset({
+    errno.ENOENT, errno.EPERM, errno.EACCES, errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR,
+    errno.EISDIR, errno.EINVAL, errno.ENAMETOOLONG, errno.EXDEV, errno.ELOOP, errno.ENODATA,
+    errno.ERANGE,
+})  # fmt: skip
+
 _last_logged: dict[tuple[str, str], float] = {}
+_window = {"start": -LOG_EVERY, "logged": 0, "dropped": 0}
 
 
 def _log_limited(level: int, what: str, message: str, exc_info: bool = False) -> None:
+    if not log.isEnabledFor(level):
+        return
     key = (what, message)
     now = time.monotonic()
     if now - _last_logged.get(key, -LOG_EVERY) < LOG_EVERY:
         return
+    if now - _window["start"] >= LOG_EVERY:
+        if _window["dropped"]:
+            log.warning("%d more failures not logged in the last minute", _window["dropped"])
+        _window.update(start=now, logged=0, dropped=0)
+    if _window["logged"] >= LOG_BUDGET:
+        _window["dropped"] += 1
+        return
+    _window["logged"] += 1
     if len(_last_logged) > 10_000:
         _last_logged.clear()
     _last_logged[key] = now
@@ -90,8 +112,8 @@ def errno_boundary(what: str) -> Iterator[None]:
         COUNTERS.error(exc.errno)
         raise pyfuse3.FUSEError(exc.errno) from None
     except OSError as exc:
-        if exc.errno not in (errno.ENOENT, errno.EPERM, errno.EACCES, errno.EEXIST):
-            _log_limited(logging.WARNING, what, str(exc))
+        quiet = exc.errno in CALLER_ERRNOS
+        _log_limited(logging.DEBUG if quiet else logging.WARNING, what, str(exc))
         COUNTERS.error(exc.errno or errno.EIO)
         raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
     except Exception as exc:
@@ -329,6 +351,15 @@ class DecantOperations(pyfuse3.Operations):
                     doc[key] = [e for e in listed if self._spooled_by(e.get("path"), viewer)]
         return (json.dumps(doc, indent=1) + "\n").encode()
 
+    def _status_attrs(self, inode: int, viewer: int) -> pyfuse3.EntryAttributes:
+        """Sized as `viewer` reads it, never from another caller's status (which would tell
+        the length of names it may not see); attributes not cached, since the kernel keeps
+        one size per inode for every caller."""
+        self._status.size = len(self.status_bytes(viewer))
+        a = self._attrs(inode, self._status)
+        a.attr_timeout = 0
+        return a
+
     def _spooled_by(self, relpath: object, uid: int) -> bool:
         if self.writer is None or not isinstance(relpath, str):
             return False
@@ -348,8 +379,7 @@ class DecantOperations(pyfuse3.Operations):
             node = folder.children.get(text)
             if node is None and self._status_name(parent_inode, name):
                 node = self._status  # found by name only: listings and rsync skip it
-                node.size = len(self.status_bytes())
-                return self._attrs(self.inodes.hand_out(node), node)
+                return self._status_attrs(self.inodes.hand_out(node), ctx.uid)
             if node is not None:
                 node = await self._current(folder, text, node)
             if node is None:
@@ -401,7 +431,7 @@ class DecantOperations(pyfuse3.Operations):
                     self.inodes.replace(inode, fresh)  # writes move its size
                 node = self._node(inode)
             elif self._is_status(node):
-                node.size = len(self.status_bytes())
+                return self._status_attrs(inode, ctx.uid)
             elif node.backend is None and not node.is_dir:
                 # A mirrored file may be rewritten in SRC without its folder changing. Reached
                 # without links: one swapped in must not lend the mount its target's attributes.

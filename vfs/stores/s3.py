@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import configparser
 import contextlib
+import logging
 import os
 import re
 import threading
@@ -29,6 +30,7 @@ from typing import Any
 import obstore
 from obstore.exceptions import (
     BaseError,
+    InvalidPathError,
     PermissionDeniedError,
     PreconditionError,
     UnauthenticatedError,
@@ -43,6 +45,9 @@ from vfs.errors import (
 )
 from vfs.stores.base import ObjectInfo, check_range, join_key
 from vfs.stores.diskcache import DiskCache
+from vfs.stores.s3list import Page, Plain, key_problem, list_pages
+
+log = logging.getLogger(__name__)
 
 SCHEME = "s3://"
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
@@ -183,6 +188,32 @@ def _client(bucket: str, options: S3Options) -> S3Store:
     except BaseError as exc:  # a bad configuration key or value
         reason = _scrub(str(exc))
         raise StoreError(f"{SCHEME}{bucket}: cannot configure the client ({reason})") from None
+
+
+def _plain(bucket: str, options: S3Options) -> Plain:
+    """The settings `_client` gave obstore, for the fallback listing (vfs.stores.s3list)."""
+    config = {} if os.environ.get("AWS_ACCESS_KEY_ID") else profile_settings(options.profile)
+    env = os.environ.get
+    region = (options.region or env("AWS_REGION") or env("AWS_DEFAULT_REGION")
+              or config.get("region") or "us-east-1")  # fmt: skip
+    endpoint = (options.endpoint or env("AWS_ENDPOINT_URL") or config.get("endpoint")
+                or f"https://s3.{region}.amazonaws.com")  # fmt: skip
+    return Plain(
+        endpoint.rstrip("/"), bucket, region,
+        env("AWS_ACCESS_KEY_ID") or config.get("access_key_id"),
+        env("AWS_SECRET_ACCESS_KEY") or config.get("secret_access_key"),
+        env("AWS_SESSION_TOKEN") or config.get("session_token"),
+        options.timeout,
+    )  # fmt: skip
+
+
+_skipped: set[str] = set()  # odd keys already logged (bounded: a flood of them is not logged)
+
+
+def _skip(url: str, problem: str) -> None:
+    if url not in _skipped and len(_skipped) < 10_000:
+        _skipped.add(url)
+        log.warning("%s: not shown: the key %s", url, problem)
 
 
 def _info(meta: Any, key: str) -> ObjectInfo:
@@ -367,11 +398,7 @@ class S3Folder:
     def check(self) -> None:
         """One cheap request, so wrong credentials or a dead endpoint fail at start, clearly.
         It lists the top level, which `take_listing` hands to the mount's first readdir."""
-        try:
-            out = obstore.list_with_delimiter(self.client, prefix=self.full_key("") or None)
-        except (BaseError, OSError) as exc:
-            raise translate(exc, self.name, "listing:") from None
-        self._first = (time.monotonic(), *self._level(out))
+        self._first = (time.monotonic(), *self._list_level(""))
 
     def take_listing(self) -> tuple[float, list[str], list[ObjectInfo]] | None:
         """The listing `check` made (time.monotonic() it was made, sub-prefixes, objects),
@@ -410,21 +437,66 @@ class S3Folder:
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Every object below `prefix`, recursively, in the store's (key) order."""
         full = self.full_key(prefix)
+        last: str | None = None
         try:
             for batch in obstore.list(self.client, prefix=full or None, chunk_size=1000):
                 for meta in batch:
+                    last = meta["path"]
                     yield _info(meta, self._relative(meta["path"]))
+        except InvalidPathError:  # a key obstore will not parse: list again, without it
+            for page in self._plain_pages(prefix, None):
+                _dirs, files = self._plain_level(page)
+                yield from (f for f in files if last is None or self.full_key(f.key) > last)
         except (BaseError, OSError) as exc:
             raise translate(exc, self.url_of(prefix), "listing:") from None
 
     def list_dir(self, prefix: str = "") -> tuple[list[str], list[ObjectInfo]]:
         """One level below `prefix`: (sub-prefix names, objects)."""
+        return self._list_level(prefix)
+
+    def _list_level(self, prefix: str) -> tuple[list[str], list[ObjectInfo]]:
         full = self.full_key(prefix)
         try:
             out = obstore.list_with_delimiter(self.client, prefix=full or None)
+        except InvalidPathError:  # a key obstore will not parse: list again, without it
+            dirs: list[str] = []
+            files: list[ObjectInfo] = []
+            for page in self._plain_pages(prefix, "/"):
+                more_dirs, more_files = self._plain_level(page)
+                dirs += more_dirs
+                files += more_files
+            return sorted(set(dirs)), sorted(files, key=lambda i: i.key)
         except (BaseError, OSError) as exc:
             raise translate(exc, self.url_of(prefix), "listing:") from None
         return self._level(out)
+
+    def _plain_pages(self, prefix: str, delimiter: str | None) -> Iterator[Page]:
+        full = self.full_key(prefix)
+        plain = _plain(self.bucket, self.conn.options)
+        try:
+            yield from list_pages(plain, full + "/" if full else "", delimiter)
+        except (OSError, ValueError, SyntaxError) as exc:  # ET.ParseError is a SyntaxError
+            raise StoreError(f"{self.url_of(prefix)}: listing: {_scrub(str(exc))}") from None
+
+    def _plain_level(self, page: Page) -> tuple[list[str], list[ObjectInfo]]:
+        """A fallback page as (sub-prefix names, objects), without the keys obstore refuses."""
+        dirs = []
+        for full in page.prefixes:
+            problem = key_problem(full.rstrip("/"))
+            if problem is None:
+                dirs.append(full.rstrip("/").rsplit("/", 1)[-1])
+            else:
+                _skip(f"{SCHEME}{self.bucket}/{full}", problem)
+        files = []
+        for key, size, mtime, etag in page.objects:
+            if key.endswith("/"):
+                continue  # a folder marker, as obstore leaves it out
+            problem = key_problem(key)
+            if problem is None:
+                files.append(ObjectInfo(self._relative(key), size, mtime, etag))
+            else:
+                _skip(f"{SCHEME}{self.bucket}/{key}", problem)
+        return dirs, files
 
     def _level(self, out: Any) -> tuple[list[str], list[ObjectInfo]]:
         dirs = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in out["common_prefixes"])

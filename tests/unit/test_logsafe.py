@@ -1,0 +1,38 @@
+"""Log lines that names cannot forge (vfs/logsafe.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from vfs.logsafe import SafeFormatter, escape_controls
+
+
+def _render(msg: str, *args: object) -> str:
+    record = logging.LogRecord("decant-mount", logging.WARNING, __file__, 1, msg, args, None)
+    return SafeFormatter("%(levelname)s %(message)s").format(record)
+
+
+def test_a_name_with_a_newline_stays_on_its_line() -> None:
+    forged = "x\n2026-01-01 00:00:00,000 ERROR decant-mount: FORGED\r\x1b[2K"
+    line = _render("not shown: %s", forged)
+    assert "\n" not in line and "\r" not in line and "\x1b" not in line
+    tail = r"ERROR decant-mount: FORGED\x0d\x1b[2K"
+    assert line == r"WARNING not shown: x\x0a2026-01-01 00:00:00,000 " + tail
+
+
+def test_undecodable_bytes_show_as_the_byte_and_backslashes_stay_distinct() -> None:
+    name = os.fsdecode(b"a\xff\\x0a")
+    assert escape_controls(name) == "a\\xff\\\\x0a"
+    assert escape_controls("caf\u00e9 \u2028") == "caf\u00e9 \\u2028"
+
+
+def test_a_traceback_keeps_its_lines() -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = logging.LogRecord("d", logging.ERROR, __file__, 1, "bad\nname", (), None)
+        record.exc_info = sys.exc_info()
+    text = SafeFormatter("%(message)s").format(record)
+    assert text.startswith("bad\\x0aname\nTraceback")

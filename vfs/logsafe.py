@@ -1,0 +1,34 @@
+"""Log lines that names cannot forge: the one place control characters are escaped.
+
+Names of files, archive members, S3 keys reach the log from attacker input. A newline in one
+would start a line that looks like the daemon's own (journald keeps it as a record of its
+own too); a carriage return or an escape sequence can hide text on a terminal; a lone
+surrogate (an undecodable byte) makes the handler fail to write the record at all. Escaping in
+the formatter covers every log call, including ones written later, instead of trusting each
+call site to escape its names.
+"""
+
+from __future__ import annotations
+
+import logging
+
+# C0 controls, DEL, C1 controls, the Unicode line/paragraph separators, and the lone
+# surrogates of undecodable bytes (U+DC80..U+DCFF, shown as the byte they stand for).
+_ESCAPES: dict[int, str] = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)]}
+_ESCAPES.update({0x2028: "\\u2028", 0x2029: "\\u2029"})
+_ESCAPES.update({c: f"\\x{c - 0xDC00:02x}" for c in range(0xDC80, 0xDD00)})
+_ESCAPES[ord("\\")] = "\\\\"  # so an escape seen in the log is never a name's own text
+
+
+def escape_controls(text: str) -> str:
+    """`text` on one line, with every control character written as a visible escape."""
+    return text.translate(_ESCAPES)
+
+
+class SafeFormatter(logging.Formatter):
+    """Escapes the rendered message; a traceback (exc_info) keeps its own line breaks (its
+    exception text shows file names by repr already)."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = escape_controls(record.message)
+        return super().formatMessage(record)

@@ -1,0 +1,137 @@
+"""A plain signed ListObjectsV2, for the one case obstore cannot list: a key it will not parse.
+
+object_store refuses a whole LIST page when one key holds a control character or an empty,
+"." or ".." segment ("Encountered object with invalid path"). S3 allows such keys, and anyone
+who may upload under a prefix can make one: that must not take the mount (or one folder of it)
+down. So the caller falls back to this listing, which skips such keys (the caller logs them)
+and shows the rest. It is only a fallback: one try, no retries, credentials from the same
+variables or profile obstore used (static keys only; no instance metadata).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import hmac
+import urllib.parse
+import urllib.request
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+MAX_PAGE_BYTES = 32 << 20  # one page of 1,000 keys is well under 1 MiB
+MAX_PAGES = 100_000  # 100 M keys: a store that never ends its listing is cut off
+_EMPTY_SHA = hashlib.sha256(b"").hexdigest()
+
+
+@dataclass(frozen=True)
+class Plain:
+    """Where and as whom to list."""
+
+    endpoint: str  # scheme://host[:port], path-style requests
+    bucket: str
+    region: str
+    access_key: str | None
+    secret_key: str | None
+    session_token: str | None
+    timeout: float
+
+
+@dataclass(frozen=True)
+class Page:
+    prefixes: list[str]  # full common prefixes, "/"-terminated
+    objects: list[tuple[str, int, float, str]]  # full key, size, mtime, ETag
+
+
+def key_problem(key: str) -> str | None:
+    """Why obstore cannot take `key` as a path (so it is skipped), or None."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+        return "holds a control character"
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        return "has an empty, '.' or '..' segment"
+    return None
+
+
+def _quote(text: str) -> str:
+    return urllib.parse.quote(text, safe="-_.~")
+
+
+def _sign(p: Plain, path: str, query: dict[str, str], host: str) -> dict[str, str]:
+    """AWS Signature Version 4 headers for a GET without a body."""
+    now = dt.datetime.now(dt.UTC)
+    stamp, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+    headers = {"host": host, "x-amz-content-sha256": _EMPTY_SHA, "x-amz-date": stamp}
+    if p.session_token:
+        headers["x-amz-security-token"] = p.session_token
+    if not (p.access_key and p.secret_key):
+        return headers  # an anonymous request: a public bucket, or a test server
+    names = sorted(headers)
+    canonical = "\n".join([
+        "GET", path, "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items())),
+        "".join(f"{n}:{headers[n].strip()}\n" for n in names), ";".join(names), _EMPTY_SHA,
+    ])  # fmt: skip
+    scope = f"{day}/{p.region}/s3/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", stamp, scope,
+                         hashlib.sha256(canonical.encode()).hexdigest()])  # fmt: skip
+    key = ("AWS4" + p.secret_key).encode()
+    for part in (day, p.region, "s3", "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    headers["authorization"] = (
+        f"AWS4-HMAC-SHA256 Credential={p.access_key}/{scope}, "
+        f"SignedHeaders={';'.join(names)}, Signature={signature}"
+    )
+    return headers
+
+
+def _text(node: ET.Element, tag: str) -> str:
+    found = node.find(f"{{*}}{tag}")
+    return (found.text or "") if found is not None else ""
+
+
+def _parse(body: bytes) -> tuple[Page, str | None]:
+    root = ET.fromstring(body)
+    encoded = _text(root, "EncodingType") == "url"
+
+    def key(text: str) -> str:
+        return urllib.parse.unquote_plus(text) if encoded else text
+
+    prefixes = [key(_text(cp, "Prefix")) for cp in root.findall("{*}CommonPrefixes")]
+    objects = []
+    for c in root.findall("{*}Contents"):
+        when = dt.datetime.fromisoformat(_text(c, "LastModified").replace("Z", "+00:00"))
+        objects.append((key(_text(c, "Key")), int(_text(c, "Size") or 0), when.timestamp(),
+                        _text(c, "ETag")))  # fmt: skip
+    more = (_text(root, "IsTruncated") == "true" and _text(root, "NextContinuationToken")) or None
+    return Page(prefixes, objects), more
+
+
+def list_pages(p: Plain, prefix: str, delimiter: str | None) -> Iterator[Page]:
+    """ListObjectsV2 below `prefix`, page by page (raises OSError or ValueError on failure)."""
+    url = urllib.parse.urlsplit(p.endpoint)
+    if url.scheme not in ("http", "https"):
+        raise ValueError(f"endpoint {p.endpoint!r} is not http(s)")
+    path = "/" + _quote(p.bucket)
+    token: str | None = None
+    for _ in range(MAX_PAGES):
+        query = {"list-type": "2", "encoding-type": "url"}
+        if prefix:
+            query["prefix"] = prefix
+        if delimiter:
+            query["delimiter"] = delimiter
+        if token:
+            query["continuation-token"] = token
+        qs = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
+        req = urllib.request.Request(f"{url.scheme}://{url.netloc}{path}?{qs}")
+        for name, value in _sign(p, path, query, url.netloc).items():
+            if name != "host":
+                req.add_header(name, value)
+        with urllib.request.urlopen(req, timeout=p.timeout) as reply:
+            body = reply.read(MAX_PAGE_BYTES + 1)
+        if len(body) > MAX_PAGE_BYTES:
+            raise ValueError(f"a listing page of more than {MAX_PAGE_BYTES} bytes")
+        page, token = _parse(body)
+        yield page
+        if token is None:
+            return
+    raise ValueError(f"a listing of more than {MAX_PAGES} pages")
