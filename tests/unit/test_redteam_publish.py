@@ -143,3 +143,30 @@ def test_a_plain_file_is_linked_as_the_spooled_inode(tmp_path: Path) -> None:
     published = publish(spool, "run/x.csv", False, None)
     assert published.mode == "plain"
     assert os.path.samestat(os.stat(spool.src / "run" / "x.csv"), spool.path("run/x.csv").stat())
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+@pytest.mark.parametrize("name", ["x.csv", "z.tif.zarr.zip"])
+def test_nothing_is_published_over_an_entry_the_mount_does_not_show(
+    tmp_path: Path, corpus: dict[str, Path], kind: str, name: str
+) -> None:
+    """In a sticky folder a user creates, through the mount, a file under a name that holds
+    root's symlink or FIFO (the mount shows neither, so the kernel let the create through):
+    publishing it must not replace root's entry (plain files by link, archives by rename)."""
+    spool = _spool(tmp_path)
+    (spool.src / "run").mkdir()
+    target = spool.src / "run" / name
+    if kind == "symlink":
+        target.symlink_to("/etc/hostname")
+    else:
+        os.mkfifo(target)
+    (spool.files / "run").mkdir(parents=True)
+    spooled = spool.files / "run" / name.removesuffix(".zarr.zip")
+    if name.endswith(".zarr.zip"):
+        spooled.write_bytes(corpus["zstack_u16.tif"].read_bytes())
+    else:
+        spooled.write_bytes(b"a,b\n")
+    with pytest.raises(FileExistsError, match="does not show"):
+        publish(spool, f"run/{spooled.name}", False, None)
+    st = os.lstat(target)
+    assert stat.S_ISLNK(st.st_mode) if kind == "symlink" else stat.S_ISFIFO(st.st_mode)

@@ -271,6 +271,7 @@ def _link_into_place(
                     if os.path.samestat(sst, there):
                         mode = "already"  # linked before a crash: only the spool name is left
                     else:
+                        _refuse_hidden(final, dfd)
                         staged = _staged(spool, folder, final.name)
                         try:
                             # dst_dir_fd (ignored: staged is absolute) makes it a linkat
@@ -569,6 +570,20 @@ def set_aside(spool: Spool, path: Path, dfd: int | None = None) -> Path | None:
             os.close(fd)
 
 
+def _refuse_hidden(final: Path, dfd: int) -> None:
+    """A name in SRC that holds what the mount does not show (a symlink, FIFO, socket,
+    device) is not published over: the kernel checked the writer's rights (a sticky folder)
+    only against what it was shown, and the daemon would replace another user's entry as root."""
+    try:
+        st = os.lstat(final.name, dir_fd=dfd)
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        raise FileExistsError(
+            errno.EEXIST, f"holds an entry the mount does not show ({stat.filemode(st.st_mode)})",
+            str(final))  # fmt: skip
+
+
 def _keep_older(spool: Spool, final: Path, dfd: int) -> Path | None:
     """An older file at `final` (in the folder `dfd` holds) gets a staging name too, so
     replacing it does not free its blocks under the placing lock (`remove_tree` does, after).
@@ -630,6 +645,7 @@ def place(
                 relpath, st = source
                 if signature(stat_beneath(spool.files, spool.path(relpath))) != signature(st):
                     raise SourceChangedError(spool.path(relpath))
+            _refuse_hidden(final, dfd)
             before = os.stat(dfd)
             try:
                 doomed.append(_keep_older(spool, final, dfd))
