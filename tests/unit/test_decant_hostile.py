@@ -511,6 +511,27 @@ def test_nested_bundle_symlink(nested: Path, bases: dict[str, Path]) -> None:
         DecantBackend(PageCache(0)).describe(nested)
 
 
+def test_nested_bundle_swapped_for_a_symlink_after_its_check(
+    nested: Path, bases: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The swap lands between the lstat that refuses links and the open by path: the file
+    opened is not the one seen, so it is refused, not read through the link."""
+    from vfs.decant import reader
+
+    bundle = nested / json.loads((nested / MANIFEST).read_bytes())["members"][0]["subarchive"]
+    real_open = reader.DecantArchive.open.__func__  # type: ignore[attr-defined]
+
+    def swapped_open(cls: type, path: Path, *args: Any, **kwargs: Any) -> Any:
+        if path == bundle and not bundle.is_symlink():
+            bundle.unlink()
+            os.symlink(bases[D], bundle)
+        return real_open(cls, path, *args, **kwargs)
+
+    monkeypatch.setattr(reader.DecantArchive, "open", classmethod(swapped_open))
+    with pytest.raises(CorruptArchiveError, match="changed while opened"):
+        DecantBackend(PageCache(0)).describe(nested)
+
+
 def test_nested_bundle_that_is_a_series(nested: Path, tmp_path: Path) -> None:
     """A member bundle must be mode D or V: no series inside a series (no recursion)."""
     doc = json.loads((nested / MANIFEST).read_bytes())

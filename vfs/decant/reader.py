@@ -198,11 +198,18 @@ class DecantArchive:
         assert isinstance(self.path, Path)
         path = self.path / name
         try:
-            if stat.S_ISLNK(path.lstat().st_mode):
-                raise CorruptArchiveError(f"{path}: member bundle is a symlink (refused)")
+            seen = path.lstat()
         except FileNotFoundError:
             raise NotAnArchiveError(f"{path}: no such archive") from None
+        if stat.S_ISLNK(seen.st_mode):
+            raise CorruptArchiveError(f"{path}: member bundle is a symlink (refused)")
         sub = DecantArchive.open(path, nested_digests(self.digests, name))
+        # Opened by path after the lstat: a bundle swapped for a link in between would be read
+        # through it. The file opened must be the one seen (same inode, size and mtime).
+        got = sub.store.identity
+        if got is not None and tuple(got[1:]) != (seen.st_mtime_ns, seen.st_size, seen.st_ino):
+            sub.close()
+            raise CorruptArchiveError(f"{path}: member bundle changed while opened (refused)")
         return self._check_nested(sub, path)
 
     @staticmethod
