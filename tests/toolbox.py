@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -21,3 +22,28 @@ def load_tool(name: str) -> ModuleType:
         sys.modules[module_name] = module  # dataclasses and typing resolve through sys.modules
         spec.loader.exec_module(module)
     return module
+
+
+def remove_chain(top: Path, name: str) -> None:
+    """Remove a chain of folders `top/name/name/…` (and the files in its last folder) without
+    recursion: shutil.rmtree, and pytest's own clean-up, recurse once per level."""
+    fds = [os.open(top, os.O_RDONLY | os.O_DIRECTORY)]
+    try:
+        while True:
+            try:
+                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                fds.append(os.open(name, flags, dir_fd=fds[-1]))
+            except (FileNotFoundError, NotADirectoryError):
+                break
+        for leaf in os.listdir(fds[-1]):
+            os.unlink(leaf, dir_fd=fds[-1])
+        os.close(fds.pop())
+        while fds:
+            fd = fds.pop()
+            try:
+                os.rmdir(name, dir_fd=fd)
+            finally:
+                os.close(fd)
+    finally:
+        for fd in fds:
+            os.close(fd)

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.mount.conftest import RUNUSER, SYSTEM_PYTHON, Mount, User, is_mounted, open_tmp
-from tests.toolbox import load_tool
+from tests.toolbox import load_tool, remove_chain
 
 # A finding of the second red team not fixed yet: the test fails on today's code (strict: it
 # turns red the day the fix lands, so the marker goes with the fix). README, "Security model".
@@ -245,28 +245,6 @@ for _ in range(1100):
     finally:
         m.stop()
         remove_chain(src / "userdir", "d")  # pytest's own clean-up recurses per level too
-
-
-def remove_chain(top: Path, name: str) -> None:
-    """Remove a chain of folders `top/name/name/…` without recursion."""
-    fds = [os.open(top, os.O_RDONLY | os.O_DIRECTORY)]
-    try:
-        while True:
-            try:
-                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-                fds.append(os.open(name, flags, dir_fd=fds[-1]))
-            except (FileNotFoundError, NotADirectoryError):
-                break
-        os.close(fds.pop())
-        while fds:
-            fd = fds.pop()
-            try:
-                os.rmdir(name, dir_fd=fd)
-            finally:
-                os.close(fd)
-    finally:
-        for fd in fds:
-            os.close(fd)
 
 
 # -- denial of service ---------------------------------------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.toolbox import remove_chain
 from vfs.decant import TEMP_PREFIX
 from vfs.decant.packer import PackOptions, pack_file
 from vfs.decant.reader import DecantArchive
@@ -344,30 +345,7 @@ def test_remove_orphans_and_spool_walk_survive_a_very_deep_folder(spool: Spool, 
     os.close(spool.create("deep/" + "/".join(["e"] * 1200) + "/g.txt", 0o644, os.getuid(), -1))
     assert (spool.files / "deep").is_dir()
     for name in ("d", "e"):
-        _remove_chain(deep, name)
-
-
-def _remove_chain(top: Path, name: str) -> None:
-    """Remove `top/name/name/…` without recursion (shutil.rmtree recurses per level)."""
-    fds = [os.open(top, os.O_RDONLY | os.O_DIRECTORY)]
-    try:
-        while True:
-            try:
-                fds.append(os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fds[-1]))
-            except (FileNotFoundError, NotADirectoryError):
-                break
-        for leaf in os.listdir(fds[-1]):
-            os.unlink(leaf, dir_fd=fds[-1])
-        os.close(fds.pop())
-        while fds:
-            fd = fds.pop()
-            try:
-                os.rmdir(name, dir_fd=fd)
-            finally:
-                os.close(fd)
-    finally:
-        for fd in fds:
-            os.close(fd)
+        remove_chain(deep, name)
 
 
 def test_clear_staging(spool: Spool, src: Path) -> None:
