@@ -619,6 +619,7 @@ class PixelReader(OriginalReader):
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
+
 def _decode_pool() -> ThreadPoolExecutor:
     """Threads that decode read-ahead planes. At least two, so two planes decode at once: a
     plane's decode (pread, CRC or digest, blosc, and faulting in its fresh buffer) was one
