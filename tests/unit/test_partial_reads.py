@@ -199,10 +199,11 @@ def test_readahead_decodes_the_next_planes_and_asks_for_the_chunk_after(
         monkeypatch.setattr(archive.store, "prefetch", asked.append)
         first = min(p for p in reader.pages)
         start = reader.regions.page_start[first]
-        reader.readahead(start)  # inside page 0: pages 1 and 2 decoded, page 3's chunk asked
+        reader.readahead(start, 2)  # inside page 0: pages 1 and 2 decoded, page 3's chunk asked
+        reader.readahead_wait()
         decoded = {k[2] for k in cache._data if k[1] == "p"}
         assert decoded == {first + 1, first + 2}
         assert asked == [reader._pixels.chunk_key(reader._chunk_index(reader.pages[first + 3]))]
-        reader.readahead(start + 1)  # same place again: nothing new asked
+        reader.readahead(start + 1, 2)  # same place again: nothing new asked
         assert len(asked) == 1
         assert bytes(reader.read(0, reader.size)) == original

@@ -13,7 +13,7 @@ import tifffile
 from tests.unit.inprocess import InProcessMount
 from vfs.cache import PageCache
 from vfs.decant.packer import pack_file
-from vfs.decant.reader import DecantArchive, PixelReader
+from vfs.decant.reader import READAHEAD_PLANES, DecantArchive, PixelReader
 
 PLANES = 12
 
@@ -53,7 +53,7 @@ def test_a_sequential_read_hands_a_readahead_to_a_thread_per_plane_not_per_reque
     calls: list[int] = []
     original = PixelReader.readahead
 
-    def counted(self: PixelReader, offset: int, depth: int = 2) -> None:
+    def counted(self: PixelReader, offset: int, depth: int = READAHEAD_PLANES) -> None:
         calls.append(offset)
         original(self, offset, depth)
 

@@ -163,4 +163,5 @@ class DecantFile:
         return self.reader.readahead_needed(offset)
 
     def close(self) -> None:
+        self.reader.close()  # its queued read-ahead decodes use the archive's descriptor
         self.archive.close()

@@ -12,7 +12,7 @@ import os
 import stat
 import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -224,6 +224,8 @@ class DecantArchive:
 # need (at most 4× this much of a plane, and at most a quarter of it).
 PARTIAL_LIMIT = 256 * 1024
 SEQUENTIAL_RUN = 1 << 20
+# Planes a sequential reader keeps queued ahead of it (8 MiB each for a 2048² uint16 stack).
+READAHEAD_PLANES = 3
 
 
 class _NotCached(Exception):
@@ -414,6 +416,9 @@ class PixelReader(OriginalReader):
         self._blocks = BlockSource(archive.store, self._pixels, cache, archive.cache_key)
         self._geometries: dict[tuple[Any, ...], PageGeometry] = {}
         self._prefetched = -1  # the page whose chunk read-ahead last asked the kernel for
+        self._queued: dict[int, Future[Any]] = {}  # read-ahead decodes not finished yet
+        self._queue_lock = threading.Lock()
+        self._closed = False
         self._leading = self._check_pixels(pages, source)
         self._plane_order = self._check_plane_order(archive.manifest, source)
         self._check_stored(pages)
@@ -551,18 +556,23 @@ class PixelReader(OriginalReader):
             offset = self.regions.page_start[page]
         return pages
 
-    def readahead_needed(self, offset: int, depth: int = 2) -> bool:
+    def readahead_needed(self, offset: int, depth: int = READAHEAD_PLANES) -> bool:
         """Whether `readahead(offset)` has anything to do: a page of the next `depth` is neither
-        decoded nor being decoded. Cheap (no I/O), so a sequential reader's every request can
-        ask before it hands a read-ahead to a thread: most requests land in a plane whose
-        successors are already done."""
-        cached = self.cache.present_or_loading
-        return any(not cached(self._page_key(p)) for p in self._pages_after(offset, depth))
+        decoded, queued nor being decoded. Cheap (no I/O), so a sequential reader's every
+        request can ask before it hands a read-ahead to a thread: most requests land in a plane
+        whose successors are already done."""
+        cached, queued = self.cache.present_or_loading, self._queued
+        return any(
+            p not in queued and not cached(self._page_key(p))
+            for p in self._pages_after(offset, depth)
+        )
 
-    def readahead(self, offset: int, depth: int = 2) -> None:
-        """Decode the `depth` pages that follow the one holding `offset`, in parallel (the
-        decoder releases the GIL, so they take the cores the request path leaves), and ask the
-        kernel to start reading the compressed chunk after them."""
+    def readahead(self, offset: int, depth: int = READAHEAD_PLANES) -> None:
+        """Queue the decode of the `depth` pages that follow the one holding `offset` on the
+        decode pool, and ask the kernel to start reading the compressed chunk after them.
+        Returns at once: the pool's threads decode (and digest-check) two planes at a time on
+        the cores the request path leaves, while the serving thread only slices ready planes.
+        A failed decode is not reported here: the read that needs the page decodes it itself."""
         pages = self._pages_after(offset, depth + 1)
         if len(pages) > depth:
             ahead = pages.pop()
@@ -570,12 +580,37 @@ class PixelReader(OriginalReader):
                 self._prefetched = ahead
                 key = self._pixels.chunk_key(self._chunk_index(self.pages[ahead]))
                 self.archive.store.prefetch(key)
-        missing = [p for p in pages if not self.cache.present_or_loading(self._page_key(p))]
-        futures = [_decode_pool().submit(self._page, p) for p in missing[1:]]
-        for p in missing[:1]:
-            self._page(p)
+        submitted = []
+        with self._queue_lock:
+            if self._closed:
+                return
+            for p in pages:
+                if p in self._queued or self.cache.present_or_loading(self._page_key(p)):
+                    continue
+                self._queued[p] = future = _decode_pool().submit(self._page, p)
+                submitted.append((p, future))
+        for p, future in submitted:  # outside the lock: a done future calls back at once
+            future.add_done_callback(lambda _f, p=p: self._dequeue(p))
+
+    def _dequeue(self, page: int) -> None:
+        with self._queue_lock:
+            self._queued.pop(page, None)
+
+    def readahead_wait(self) -> None:
+        """Wait for the decodes read-ahead queued (tests; close)."""
+        with self._queue_lock:
+            futures = list(self._queued.values())
+        wait(futures)
+
+    def close(self) -> None:
+        """Queued decodes that have not started are dropped; running ones finish first (they
+        use the archive's descriptor)."""
+        with self._queue_lock:
+            self._closed = True
+            futures = list(self._queued.values())
         for future in futures:
-            future.result()
+            future.cancel()
+        wait(futures)
 
     def _page_key(self, index: int) -> tuple[Any, ...]:
         return (self.archive.cache_key, "p", index)
@@ -586,11 +621,13 @@ _POOL_LOCK = threading.Lock()
 
 
 def _decode_pool() -> ThreadPoolExecutor:
-    """Threads that decode read-ahead planes beside the thread asking for them."""
+    """Threads that decode read-ahead planes. At least two, so two planes decode at once: a
+    plane's decode (pread, CRC or digest, blosc, and faulting in its fresh buffer) was one
+    serial chain on one core while the other idled."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = ThreadPoolExecutor(max(1, (os.cpu_count() or 2) - 1), "decant-decode")
+            _POOL = ThreadPoolExecutor(max(2, (os.cpu_count() or 2) - 1), "decant-decode")
         return _POOL
 
 
