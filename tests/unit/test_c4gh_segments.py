@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.toolbox import load_tool
-from vfs.c4gh.buffers import BufferPool
+from vfs.c4gh.buffers import DIRECT_ALIGN, BufferPool
 from vfs.c4gh.segments import (
     PAGE_SEGMENTS,
     PAGE_SIZE,
@@ -248,7 +248,9 @@ def test_prefetch_fills_pages_and_one_pread_serves_a_span(big, monkeypatch) -> N
     monkeypatch.setattr(os, "preadv", counting)
     with big_reader(big) as rd:
         rd.read(SEG + 3, PAGE_SIZE)  # segments 1..17, across two pages: one pread
-        assert calls == [cipher_offset(big.hlen, 1)] and rd.stats.decrypted == 17
+        # (an O_DIRECT one where the file system allows it: from the block before)
+        assert len(calls) == 1 and rd.stats.decrypted == 17
+        assert 0 <= cipher_offset(big.hlen, 1) - calls[0] < DIRECT_ALIGN
         rd.prefetch(16, 2 * PAGE_SEGMENTS)  # to the end; 16 and 17 are there already
         assert rd.stats.decrypted == rd.segments - 1  # all but segment 0
         assert len(calls) == 3  # a pread a page: the rest of page 1, then page 2

@@ -17,6 +17,7 @@ import os
 import re
 import threading
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from vfs.c4gh.segments import (
     CACHE_PREFIX,
     PAGE_SIZE,
     SEGMENT_SIZE,
+    Runner,
     SegmentBuffers,
     SegmentReader,
     SegmentStats,
@@ -45,7 +47,8 @@ WRITER_XATTR = "user.c4gh.writer_fingerprint"
 PACKETS_XATTR = "user.c4gh.packets"
 SHA256_XATTR = "user.c4gh.sha256"
 POLICIES = ("warn", "enforce")
-READAHEAD = 4 * PAGE_SIZE  # decrypted ahead of a sequential reader, on the second core
+READAHEAD = 8 * PAGE_SIZE  # decrypted ahead of a sequential reader, on every core
+DECRYPTERS = min(2, os.cpu_count() or 1)  # threads that decrypt read-ahead pages side by side
 MAX_MANIFEST = 16 << 20
 DEFAULT_MODE = 0o440  # decrypted data: owner and group read it, "other" only if the operator says
 LOGGED_DROPS = 50  # dropped members named in the log line; the rest are counted
@@ -57,7 +60,13 @@ class MemberReader:
     """An opened member: reads clamp to the member and never return another member's bytes."""
 
     def __init__(
-        self, reader: SegmentReader, offset: int, size: int, name: str, pool: BufferPool
+        self,
+        reader: SegmentReader,
+        offset: int,
+        size: int,
+        name: str,
+        pool: BufferPool,
+        run: Runner | None = None,
     ) -> None:
         self.size = size
         self.name = name
@@ -66,6 +75,7 @@ class MemberReader:
         self._reader = reader
         self._offset = offset
         self._pool = pool
+        self._run = run
 
     def read(self, offset: int, size: int) -> bytes | memoryview:
         if offset < 0 or size <= 0 or offset >= self.size:
@@ -86,12 +96,25 @@ class MemberReader:
         return data if data is not None and len(data) == want else None
 
     def readahead(self, offset: int) -> None:
-        """Decrypt the READAHEAD bytes after `offset` (the last byte served), a page at a time."""
+        """Decrypt the READAHEAD bytes after `offset` (the last byte served), a page at a time,
+        the pages spread over the backend's decrypting threads."""
+        window = self._window(offset)
+        if window is not None:
+            self._reader.prefetch(*window, run=self._run)
+
+    def readahead_needed(self, offset: int) -> bool:
+        """Whether `readahead(offset)` would decrypt anything (asked on the event loop, so a
+        reader running on cached pages costs no thread hand-off per request)."""
+        window = self._window(offset)
+        return window is not None and bool(self._reader.missing(*window))
+
+    def _window(self, offset: int) -> tuple[int, int] | None:
         start = self._offset + max(offset + 1, 0)
         end = min(self._offset + self.size, start + READAHEAD)
-        if start < end:
-            first = start // SEGMENT_SIZE
-            self._reader.prefetch(first, (end - 1) // SEGMENT_SIZE + 1 - first)
+        if start >= end:
+            return None
+        first = start // SEGMENT_SIZE
+        return first, (end - 1) // SEGMENT_SIZE + 1 - first
 
     def close(self) -> None:
         self._reader.close()
@@ -137,6 +160,7 @@ class C4ghBackend:
         self.buffers = SegmentBuffers(cache.max_bytes)  # the buffers segments are decrypted into
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
 
     def claims(self, path: Path, is_dir: bool) -> bool:
         return not is_dir and path.name.endswith(SUFFIX)
@@ -216,7 +240,14 @@ class C4ghBackend:
         if offset + entry.size > reader.size:
             reader.close()
             raise CorruptArchiveError(f"{label}: member runs past the end of the package")
-        return MemberReader(reader, offset, entry.size, label, self.pool)
+        return MemberReader(reader, offset, entry.size, label, self.pool, self._decrypters().map)
+
+    def _decrypters(self) -> ThreadPoolExecutor:
+        """The read-ahead's threads, shared by every member (started on first use)."""
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(DECRYPTERS, thread_name_prefix="c4gh-ahead")
+            return self._executor
 
     def forget(self, path: Path | str) -> None:
         """Drop what is remembered about a package (it changed on disk or went away); a package
