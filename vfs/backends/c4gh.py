@@ -16,8 +16,8 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,9 +26,9 @@ from vfs.c4gh.buffers import BufferPool
 from vfs.c4gh.header import OpenedHeader, open_header, source_read_at
 from vfs.c4gh.segments import (
     CACHE_PREFIX,
+    PAGE_SEGMENTS,
     PAGE_SIZE,
     SEGMENT_SIZE,
-    Runner,
     SegmentBuffers,
     SegmentReader,
     SegmentStats,
@@ -57,7 +57,13 @@ DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 
 
 class MemberReader:
-    """An opened member: reads clamp to the member and never return another member's bytes."""
+    """An opened member: reads clamp to the member and never return another member's bytes.
+
+    With `submit` (an executor's), read-ahead pages load on the executor's threads, several at
+    once and without waiting for each other: `readahead` returns once the first page of its
+    window is in, the rest keep loading. Measured streaming 1 GiB (O_DIRECT loads, loaded
+    machine): one page at a time 552-578 MB/s, two side by side 683-851 MB/s.
+    """
 
     def __init__(
         self,
@@ -66,7 +72,7 @@ class MemberReader:
         size: int,
         name: str,
         pool: BufferPool,
-        run: Runner | None = None,
+        submit: Callable[..., Future[None]] | None = None,
     ) -> None:
         self.size = size
         self.name = name
@@ -75,7 +81,10 @@ class MemberReader:
         self._reader = reader
         self._offset = offset
         self._pool = pool
-        self._run = run
+        self._submit = submit
+        self._loading: dict[int, Future[None]] = {}  # page number -> its load in a thread
+        self._lock = threading.Lock()
+        self._closed = False
 
     def read(self, offset: int, size: int) -> bytes | memoryview:
         if offset < 0 or size <= 0 or offset >= self.size:
@@ -99,24 +108,58 @@ class MemberReader:
         """Decrypt the READAHEAD bytes after `offset` (the last byte served), a page at a time,
         the pages spread over the backend's decrypting threads."""
         window = self._window(offset)
-        if window is not None:
-            self._reader.prefetch(*window, run=self._run)
+        if window is None:
+            return
+        if self._submit is None:
+            self._reader.prefetch(*window)
+            return
+        self._reader.advise_ahead(*window)
+        with self._lock:
+            if self._closed:
+                return
+            loads = []
+            for span in self._reader.missing(*window):
+                page = span[0] // PAGE_SEGMENTS
+                load = self._loading.get(page)
+                if load is None or load.done():
+                    load = self._loading[page] = self._submit(self._reader.load_span, span)
+                loads.append(load)
+            for page in [p for p, load in self._loading.items() if load.done()]:
+                del self._loading[page]
+        if loads:
+            loads[0].result()  # paced by the next page the reader needs; its OSError stops us
 
     def readahead_needed(self, offset: int) -> bool:
-        """Whether `readahead(offset)` would decrypt anything (asked on the event loop, so a
-        reader running on cached pages costs no thread hand-off per request)."""
+        """Whether `readahead(offset)` would start loading anything (asked on the event loop,
+        so a reader running on cached or loading pages costs no thread hand-off a request)."""
         window = self._window(offset)
-        return window is not None and bool(self._reader.missing(*window))
+        if window is None:
+            return False
+        with self._lock:
+            for span in self._reader.missing(*window):
+                load = self._loading.get(span[0] // PAGE_SEGMENTS)
+                if load is None or load.done():
+                    return True
+        return False
 
     def _window(self, offset: int) -> tuple[int, int] | None:
+        """(first segment, count) of the read-ahead after byte `offset` of the member."""
         start = self._offset + max(offset + 1, 0)
         end = min(self._offset + self.size, start + READAHEAD)
         if start >= end:
             return None
         first = start // SEGMENT_SIZE
-        return first, (end - 1) // SEGMENT_SIZE + 1 - first
+        # To the end of a page: loads are whole pages (one pread each), not a page's head now
+        # and its tail in the next call (past the member's end only within its last page).
+        stop = -(-((end - 1) // SEGMENT_SIZE + 1) // PAGE_SEGMENTS) * PAGE_SEGMENTS
+        return first, stop - first
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            loads = list(self._loading.values())
+            self._loading.clear()
+        wait(loads)  # they read through the descriptor closed next
         self._reader.close()
 
 
@@ -240,7 +283,7 @@ class C4ghBackend:
         if offset + entry.size > reader.size:
             reader.close()
             raise CorruptArchiveError(f"{label}: member runs past the end of the package")
-        return MemberReader(reader, offset, entry.size, label, self.pool, self._decrypters().map)
+        return MemberReader(reader, offset, entry.size, label, self.pool, self._decrypters().submit)
 
     def _decrypters(self) -> ThreadPoolExecutor:
         """The read-ahead's threads, shared by every member (started on first use)."""

@@ -19,7 +19,7 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Hashable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +50,6 @@ CACHE_PREFIX = "c4gh"
 log = logging.getLogger(__name__)
 
 Plain = bytes | bytearray | memoryview  # a decrypted segment as a page holds it
-Runner = Callable[[Callable[[tuple[int, int]], None], Iterable[tuple[int, int]]], Iterable[None]]
 
 
 def cipher_offset(header_len: int, segment_no: int) -> int:
@@ -284,20 +283,18 @@ class SegmentReader:
                 return None
         return self._assemble(*found, pool)
 
-    def prefetch(self, first: int, count: int, run: Runner | None = None) -> None:
+    def prefetch(self, first: int, count: int) -> None:
         """Decrypt up to `count` segments from `first` into the cache (sequential read-ahead).
 
-        A page at a time (one pread each), so a reader waiting for the first page gets it
-        before the rest are done; `run` maps the page loads over workers (an executor's `map`:
-        pages decrypt on every core at once), else they run here, in order. A segment that
-        fails is left for the read that needs it to report. The cipher text of the `count`
-        segments after these is requested from the disk now (WILLNEED), so the next call's
-        preads find it in the page cache rather than waiting for it.
+        A page at a time (one pread each, `load_span`), so a reader waiting for the first page
+        gets it before the rest are done; a caller with threads to spare hands the spans of
+        `missing` to `load_span` itself, several at once. A segment that fails is left for the
+        read that needs it to report. The cipher text of the `count` segments after these is
+        asked of the disk now (`advise_ahead`).
         """
-        self._advise(min(first + count, self.segments), first + 2 * count)
-        spans = self.missing(first, count)
-        for _ in (run or map)(self._prefetch_span, spans):
-            pass  # consumed for the errors a worker raised (OSError: the read-ahead stops)
+        self.advise_ahead(first, count)
+        for span in self.missing(first, count):
+            self.load_span(span)
 
     def missing(self, first: int, count: int) -> list[tuple[int, int]]:
         """Page by page, the spans of segments [first, first + count) not all decrypted yet:
@@ -311,8 +308,16 @@ class SegmentReader:
             n = hi
         return spans
 
-    def _prefetch_span(self, span: tuple[int, int]) -> None:
+    def load_span(self, span: tuple[int, int]) -> None:
+        """Decrypt segments [lo, hi) of one page into the cache (one of `missing`'s spans); a
+        segment that fails is skipped, for the read that needs it to report."""
         self._load(*span, strict=False)
+
+    def advise_ahead(self, first: int, count: int) -> None:
+        """Ask the disk now for the `count` segments after [first, first + count), so the
+        preads of the next read-ahead find them in the page cache (WILLNEED; only where loads
+        read through the page cache)."""
+        self._advise(min(first + count, self.segments), first + 2 * count)
 
     def verified_end(self) -> int:
         """Plaintext length up to which every segment can authenticate, judged by the last one.
