@@ -15,6 +15,7 @@ import logging
 import random
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -356,3 +357,56 @@ def test_read_ahead_serves_a_forward_reader_from_the_cache(paged) -> None:
     )
     assert be.stats.decrypted <= member_segments + 1  # each once (and segment 0, the header's)
     handle.close()
+
+
+# -- read-ahead on the backend's threads: pages load side by side, failures stay per segment --
+
+
+def test_parallel_read_ahead_never_serves_a_tampered_segment(paged, tmp_path: Path) -> None:
+    """One byte flipped in one segment in the middle of a page the read-ahead loads whole:
+    the read-ahead does not fail, every read of another span is byte-exact, and every read
+    touching that segment is an error (never bytes), before and after the read-ahead."""
+    start = paged.entry.locator["offset"]
+    bad_segment = (start + PAGE + PAGE // 2) // SEG  # inside the member's second page
+    bad = tmp_path / "paged.tar.c4gh"
+    bad.write_bytes(corpus.tamper(paged.path.read_bytes(), bad_segment))
+    be = backend(paged.keys.node)
+    handle = be.open(bad, paged.name, paged.entry)
+    lo = bad_segment * SEG - start  # member offsets of the tampered segment
+    try:
+        with pytest.raises(DecantError, match=f"segment {bad_segment} fails authentication"):
+            handle.read(lo + 10, 100)
+        handle.readahead(-1)  # the whole member, the bad page included: no error
+        assert not handle.readahead_needed(-1)
+        for offset, size in ((0, PAGE), (lo - PAGE, PAGE), (lo + SEG, PAGE), (lo - 7, 7)):
+            assert handle.read(offset, size) == paged.big[offset : offset + size]
+        assert handle.read_cached(lo - 7, 8) is None  # one byte of it: not servable
+        for offset, size in ((lo, SEG), (lo - 100, 200), (lo + SEG - 1, 2), (0, 3 * PAGE)):
+            with pytest.raises(DecantError, match=f"segment {bad_segment} fails"):
+                handle.read(offset, size)
+    finally:
+        handle.close()
+
+
+def test_read_ahead_loads_run_on_the_executor_and_close_waits_for_them(paged, monkeypatch) -> None:
+    be = backend(paged.keys.node)
+    handle = be.open(paged.path, paged.name, paged.entry)
+    started: list[tuple[int, int]] = []
+    real = handle._reader.load_span
+
+    def slow(span: tuple[int, int]) -> None:
+        started.append(span)
+        time.sleep(0.05)
+        real(span)
+
+    monkeypatch.setattr(handle._reader, "load_span", slow)
+    assert handle.readahead_needed(-1)
+    handle.readahead(-1)  # returns once the first two pages are in; the rest may be loading
+    assert not handle.readahead_needed(-1)  # loaded or loading: nothing more to start
+    assert len(started) == len(set(started)) == 3  # each page of the member once
+    assert handle.read_cached(0, PAGE) == paged.big[:PAGE]
+    loads = list(handle._loading.values())
+    handle.close()  # waits for loads still reading through the descriptor it closes
+    assert all(load.done() for load in loads)
+    handle.readahead(-1)  # a closed handle starts nothing
+    assert len(started) == 3

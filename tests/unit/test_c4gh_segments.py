@@ -3,6 +3,7 @@ they touch. The session key and header length come from the crypt4gh library, no
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 from pathlib import Path
@@ -15,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.toolbox import load_tool
+from vfs.c4gh import buffers, segments
 from vfs.c4gh.buffers import DIRECT_ALIGN, BufferPool
 from vfs.c4gh.segments import (
     PAGE_SEGMENTS,
@@ -330,3 +332,68 @@ def test_segment_buffers_are_recycled_only_once_nothing_holds_them(big) -> None:
         assert len(buffers) <= buffers.limit
         assert rd.stats.decrypted > rd.segments  # pages were evicted and decrypted again
         assert len(buffers) < rd.stats.decrypted  # so buffers were handed out again
+
+
+# -- large loads past the page cache (O_DIRECT) ----------------------------------------------
+
+
+def test_large_loads_read_the_opened_file_even_after_its_path_is_replaced(
+    big, tmp_path: Path
+) -> None:
+    """The O_DIRECT descriptor is reopened from the reader's own descriptor, never the path:
+    a package renamed over it after opening is not what a later large load decrypts."""
+    path = tmp_path / "swapped.tar.c4gh"
+    path.write_bytes(big.data)
+    other = tmp_path / "other.tar.c4gh"
+    other.write_bytes(corpus.tamper(big.data, 20))  # same size and header, one bad segment
+    with big_reader(big, path) as rd:
+        assert rd.read(0, 10) == BIG[:10]  # opens the descriptor
+        os.replace(other, path)
+        assert rd.read(PAGE_SIZE, PAGE_SIZE) == BIG[PAGE_SIZE : 2 * PAGE_SIZE]  # segment 20 too
+        if rd._direct is not None:  # the file system took O_DIRECT
+            assert os.fstat(rd._direct).st_ino == os.fstat(rd._fd).st_ino
+    assert rd._direct is None and rd._fd is None  # both closed
+
+
+def test_o_direct_refused_falls_back_to_the_page_cache(big, monkeypatch) -> None:
+    monkeypatch.setattr(segments, "open_direct", lambda fd: None)
+    with big_reader(big) as rd:
+        assert rd.read(SEG + 3, PAGE_SIZE) == BIG[SEG + 3 : SEG + 3 + PAGE_SIZE]
+        assert not rd._direct_ok  # decided once: later loads go straight to the page cache
+        rd.prefetch(0, 4)
+        assert rd._advised == (4, 8)  # and the disk is asked to read ahead again
+        assert rd.read(0, len(BIG)) == BIG
+
+
+def test_direct_read_errors_other_than_einval_are_not_swallowed(big, monkeypatch) -> None:
+    def failing(*args: object) -> memoryview:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(segments, "pread_direct", failing)
+    with big_reader(big) as rd:
+        if not rd._direct_ok:
+            pytest.skip("no O_DIRECT on this platform")
+        with pytest.raises(OSError) as info:
+            rd.read(0, PAGE_SIZE)
+        assert info.value.errno == errno.EIO
+        assert rd.read(5, 10) == BIG[5:15]  # a small load reads through the page cache
+
+
+@pytest.mark.parametrize("offset", [0, 1, 4095, 4096, 65563, 100_000])
+def test_pread_direct_returns_exactly_the_bytes_asked(tmp_path: Path, offset: int) -> None:
+    data = os.urandom(300_000)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        direct = buffers.open_direct(fd)
+        if direct is None:
+            pytest.skip("no O_DIRECT on this file system")
+        try:
+            for size in (1, 4096, 70_000, len(data)):  # the last runs past the end: short
+                got = buffers.pread_direct(direct, size, offset, 1 << 20)
+                assert bytes(got) == data[offset : offset + size]
+        finally:
+            os.close(direct)
+    finally:
+        os.close(fd)

@@ -42,6 +42,7 @@ PAGE_SEGMENTS = 16  # segments per cache entry: 1 MiB of plaintext
 PAGE_SIZE = PAGE_SEGMENTS * SEGMENT_SIZE
 MAX_SPAN_PAGES = 4  # one pread fetches at most this many pages' cipher text (4 MiB)
 MAX_SPAN = MAX_SPAN_PAGES * PAGE_SEGMENTS * CIPHER_SEGMENT_SIZE
+MAX_FAILED = 4096  # failed segments remembered per reader (beyond: read-ahead retries them)
 INLINE_SEGMENTS = 2  # read_cached decrypts this many itself when their cipher text is in RAM
 NOWAIT = getattr(os, "RWF_NOWAIT", 0)  # preadv2: EAGAIN rather than wait for the disk
 DIRECT_MIN = 4 * CIPHER_SEGMENT_SIZE  # loads this large read past the page cache (O_DIRECT)
@@ -239,6 +240,7 @@ class SegmentReader:
         self._prefix = (CACHE_PREFIX, self.label)
         self._lock = threading.Lock()
         self._advised = (0, 0)  # segments whose cipher text the kernel was asked to read ahead
+        self._failed: set[int] = set()  # segments that failed: read-ahead does not retry them
         self._local = self.path is not None or self._fd is not None
         self._nowait = bool(NOWAIT) and self._local
         self._direct: int | None = None  # the O_DIRECT descriptor, opened on first use
@@ -298,12 +300,19 @@ class SegmentReader:
 
     def missing(self, first: int, count: int) -> list[tuple[int, int]]:
         """Page by page, the spans of segments [first, first + count) not all decrypted yet:
-        what `prefetch` would load (no I/O; cheap enough for the event loop)."""
+        what `prefetch` would load (no I/O; cheap enough for the event loop). A segment that
+        failed before does not count: a read-ahead would only fail it again, on every request
+        of a reader streaming past it (the read that needs it still tries, and fails)."""
         n, stop = max(first, 0), min(first + count, self.segments)
         spans = []
         while n < stop:
-            hi = min((n // PAGE_SEGMENTS + 1) * PAGE_SEGMENTS, stop)
-            if self._cached(n, hi) is None:
+            page_no = n // PAGE_SEGMENTS
+            hi = min((page_no + 1) * PAGE_SEGMENTS, stop)
+            page = self._cache.get(self.cache_key(page_no))
+            base = page_no * PAGE_SEGMENTS
+            if page is None or any(
+                page.slots[k - base] is None and k not in self._failed for k in range(n, hi)
+            ):
                 spans.append((n, hi))
             n = hi
         return spans
@@ -473,6 +482,8 @@ class SegmentReader:
                 plain = self._decrypt(aead, InvalidTag, piece, n, self._recycled())
             except CorruptArchiveError as exc:
                 error = error or exc
+                if len(self._failed) < MAX_FAILED:
+                    self._failed.add(n)
                 continue
             page.slots[slot] = plain
             page.nbytes += len(plain)
