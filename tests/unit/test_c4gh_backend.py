@@ -410,3 +410,26 @@ def test_read_ahead_loads_run_on_the_executor_and_close_waits_for_them(paged, mo
     assert all(load.done() for load in loads)
     handle.readahead(-1)  # a closed handle starts nothing
     assert len(started) == 3
+
+
+def test_a_forward_reader_gives_back_pages_far_behind_it(paged) -> None:
+    be = backend(paged.keys.node)
+    handle = be.open(paged.path, paged.name, paged.entry)
+    handle._keep_behind = PAGE  # as if the cache were four pages: keep one behind the reader
+    pos = 0
+    try:
+        while pos < len(paged.big):
+            data = handle.read_cached(pos, PAGE) or handle.read(pos, PAGE)
+            assert data == paged.big[pos : pos + PAGE]
+            pos += len(data)
+            handle.readahead(pos - 1)
+        first_page = paged.entry.locator["offset"] // PAGE
+        assert handle._released > first_page  # pages were given back
+        for page_no in range(first_page, handle._released):
+            page = be.cache.get(handle._reader.cache_key(page_no))
+            assert page is None or (page.nbytes == 0 and not any(page.slots))
+        before = be.stats.decrypted
+        assert handle.read(0, 3 * PAGE) == paged.big[: 3 * PAGE]  # decrypted again, exact
+        assert be.stats.decrypted > before
+    finally:
+        handle.close()

@@ -260,6 +260,21 @@ class SegmentReader:
                 page.nbytes += len(plaintext)
         self._cache.put(self.cache_key(page_no), page)
 
+    def release(self, first_page: int, stop_page: int) -> None:
+        """Empty pages [first_page, stop_page) in the cache (a stream's pages far behind its
+        reader): their segment buffers go back to be decrypted into again, and the cache
+        charges the pages nothing. A reader still holding a segment keeps it (its buffer is
+        not recycled while referenced); a later read of an emptied page decrypts it again."""
+        for page_no in range(max(first_page, 0), stop_page):
+            key = self.cache_key(page_no)
+            if key not in self._cache:
+                continue
+            page = self._page(page_no)
+            with page.lock:
+                page.slots = [None] * PAGE_SEGMENTS  # one store: lock-free readers see either
+                page.nbytes = 0
+            self._cache.put(key, page)
+
     def read(self, offset: int, size: int) -> bytes:
         """Plaintext bytes [offset, offset + size), short only at the end of the body."""
         found = self._span(offset, size, load=True)
