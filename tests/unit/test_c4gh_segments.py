@@ -285,6 +285,9 @@ def test_file_cut_after_it_was_measured(big, tmp_path: Path) -> None:
         assert rd.read(19 * SEG, SEG) == BIG[19 * SEG : 20 * SEG]
         with pytest.raises(CorruptArchiveError, match="segment 20 is cut short on disk"):
             rd.read(19 * SEG, 2 * SEG)
+        with pytest.raises(CorruptArchiveError, match="segment 20 is cut short on disk"):
+            rd.read(10 * SEG, 20 * SEG)  # a large load (O_DIRECT where allowed) as well
+        assert rd.read(2 * SEG, 8 * SEG) == BIG[2 * SEG : 10 * SEG]
 
 
 def test_pool_never_hands_out_a_buffer_in_use(big) -> None:
