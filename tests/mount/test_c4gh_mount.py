@@ -544,7 +544,7 @@ def test_large_member_streams_byte_exact_and_a_tampered_page_fails_alone(
     """A 5 MiB member that starts mid-segment, between two others, read by `cat`, `dd` with a
     1 MiB and an odd block size, two readers at once, and preads at page and segment
     boundaries and in its last partial segment; and the same package with one byte of one
-    segment flipped in the middle of a 1 MiB page: reads of that span fail with EIO, reads of
+    segment flipped inside a cache page: reads of that span fail with EIO, reads of
     every other span (after the read-ahead went over the bad page) are exact."""
     src = tmp_path / "src"
     src.mkdir()
@@ -576,7 +576,7 @@ def test_large_member_streams_byte_exact_and_a_tampered_page_fails_alone(
         text=True,
     )
     assert [line.split()[0] for line in two.stdout.splitlines()] == [want, want]
-    page = 16 * SEG
+    page = 16 * SEG  # 1 MiB: probes at every 1 and 2 MiB boundary
     for plain_at in (page, 2 * page, 3 * page - 1, 4 * page + SEG, info.offset_data + 70_000):
         offset = plain_at - info.offset_data
         assert pread_random(good, 5000, offset) == data[offset : offset + 5000], offset

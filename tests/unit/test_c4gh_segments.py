@@ -19,6 +19,7 @@ from tests.toolbox import load_tool
 from vfs.c4gh import buffers, segments
 from vfs.c4gh.buffers import DIRECT_ALIGN, BufferPool
 from vfs.c4gh.segments import (
+    MAX_SPAN_PAGES,
     PAGE_SEGMENTS,
     PAGE_SIZE,
     SegmentBuffers,
@@ -184,7 +185,7 @@ def test_reads_across_pages_are_slices_and_decrypt_only_touched(
         assert rd.stats.decrypted - before == len(touched)
         assert rd.read(offset, size) == want
         assert rd.read_cached(offset, size, pool) in (None, want)
-        if size <= 4 * PAGE_SIZE:
+        if size <= MAX_SPAN_PAGES * PAGE_SIZE:
             assert rd.read_cached(offset, size, pool) == want
         assert rd.stats.decrypted - before == len(touched)
 
@@ -249,11 +250,12 @@ def test_prefetch_fills_pages_and_one_pread_serves_a_span(big, monkeypatch) -> N
 
     monkeypatch.setattr(os, "preadv", counting)
     with big_reader(big) as rd:
-        rd.read(SEG + 3, PAGE_SIZE)  # segments 1..17, across two pages: one pread
+        n = PAGE_SEGMENTS
+        rd.read(SEG + 3, PAGE_SIZE)  # segments 1..n+1, across two pages: one pread
         # (an O_DIRECT one where the file system allows it: from the block before)
-        assert len(calls) == 1 and rd.stats.decrypted == 17
+        assert len(calls) == 1 and rd.stats.decrypted == n + 1
         assert 0 <= cipher_offset(big.hlen, 1) - calls[0] < DIRECT_ALIGN
-        rd.prefetch(16, 2 * PAGE_SEGMENTS)  # to the end; 16 and 17 are there already
+        rd.prefetch(n, 2 * n)  # to the end; n and n+1 are there already
         assert rd.stats.decrypted == rd.segments - 1  # all but segment 0
         assert len(calls) == 3  # a pread a page: the rest of page 1, then page 2
         assert rd.read_cached(0, len(BIG)) is None  # too large for the event loop
@@ -263,18 +265,20 @@ def test_prefetch_fills_pages_and_one_pread_serves_a_span(big, monkeypatch) -> N
 
 def test_tampered_segment_inside_a_page_fails_alone(big, tmp_path: Path) -> None:
     bad = tmp_path / "tampered.tar.c4gh"
-    bad.write_bytes(corpus.tamper(big.data, 20))  # page 1, slot 4
+    n = PAGE_SEGMENTS
+    b = n + 4  # page 1, slot 4
+    bad.write_bytes(corpus.tamper(big.data, b))
     with big_reader(big, bad, SegmentBuffers(PAGE_SIZE)) as rd:
-        rd.prefetch(16, PAGE_SEGMENTS)  # read-ahead over it does not raise
-        assert rd.stats.decrypted == PAGE_SEGMENTS - 1
-        with pytest.raises(CorruptArchiveError, match=r"tampered\.tar\.c4gh: segment 20 fails"):
+        rd.prefetch(n, n)  # read-ahead over it does not raise
+        assert rd.stats.decrypted == n - 1
+        with pytest.raises(CorruptArchiveError, match=rf"tampered\.tar\.c4gh: segment {b} fails"):
             rd.read(PAGE_SIZE, PAGE_SIZE)  # the whole page, the bad segment in the middle
-        with pytest.raises(CorruptArchiveError, match="segment 20"):
-            rd.read(20 * SEG - 1, 2)  # one byte of it is enough
-        assert rd.read_cached(19 * SEG, 2 * SEG) is None  # never garbage, never a partial read
-        for start in (16 * SEG, 19 * SEG, 21 * SEG, 0, 2 * PAGE_SIZE):
+        with pytest.raises(CorruptArchiveError, match=f"segment {b}"):
+            rd.read(b * SEG - 1, 2)  # one byte of it is enough
+        assert rd.read_cached((b - 1) * SEG, 2 * SEG) is None  # never garbage, nor partial
+        for start in (n * SEG, (b - 1) * SEG, (b + 1) * SEG, 0, 2 * PAGE_SIZE):
             assert rd.read(start, SEG) == BIG[start : start + SEG]
-        assert rd.read(19 * SEG, SEG) == BIG[19 * SEG : 20 * SEG]
+        assert rd.read((b - 1) * SEG, SEG) == BIG[(b - 1) * SEG : b * SEG]
 
 
 def test_file_cut_after_it_was_measured(big, tmp_path: Path) -> None:

@@ -38,9 +38,12 @@ SEGMENT_SIZE = 65536
 NONCE_SIZE = 12
 TAG_SIZE = 16
 CIPHER_SEGMENT_SIZE = SEGMENT_SIZE + NONCE_SIZE + TAG_SIZE  # 65564, a public crypt4gh constant
-PAGE_SEGMENTS = 16  # segments per cache entry: 1 MiB of plaintext
+# Segments per cache entry: 2 MiB of plaintext. Against 1 MiB pages, streaming 1 GiB cost
+# ~8% less daemon CPU here (half the preads, page locks and look-ups; 6 A/B rounds).
+PAGE_SEGMENTS = 32
 PAGE_SIZE = PAGE_SEGMENTS * SEGMENT_SIZE
-MAX_SPAN_PAGES = 4  # one pread fetches at most this many pages' cipher text (4 MiB)
+MAX_SPAN_PAGES = 2  # one pread fetches at most this many pages' cipher text (4 MiB)
+REQUEST_MAX = 1 << 20  # the largest read FUSE asks for (max_read)
 MAX_SPAN = MAX_SPAN_PAGES * PAGE_SEGMENTS * CIPHER_SEGMENT_SIZE
 MAX_FAILED = 4096  # failed segments remembered per reader (beyond: read-ahead retries them)
 INLINE_SEGMENTS = 2  # read_cached decrypts this many itself when their cipher text is in RAM
@@ -164,8 +167,8 @@ class SegmentBuffers(RecycledBuffers):
 
 
 def output_pool() -> BufferPool:
-    """Buffers member reads are served in: a request is at most a page (FUSE: 1 MiB)."""
-    return BufferPool(PAGE_SIZE)
+    """Buffers member reads are served in: a FUSE request is at most 1 MiB."""
+    return BufferPool(REQUEST_MAX)
 
 
 @functools.lru_cache(maxsize=1)
