@@ -526,3 +526,82 @@ def test_protected_key_without_its_passphrase_is_refused(tmp_path: Path, given: 
     assert str(key) in err
     assert ("wrong passphrase" if given else "C4GH_PASSPHRASE") in err
     assert PASSPHRASE not in err and "not the passphrase" not in err
+
+
+# -- streaming a large member: read-ahead pages on two threads, O_DIRECT loads ---------------
+
+
+def sh_sha256(command: str) -> str:
+    """The sha256 `sha256sum` prints for what a shell pipeline writes (real clients: cat, dd)."""
+    out = subprocess.run(["sh", "-c", f"{command} | sha256sum"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()[0]
+
+
+def test_large_member_streams_byte_exact_and_a_tampered_page_fails_alone(
+    tmp_path: Path, make_mount: MakeMount
+) -> None:
+    """A 5 MiB member that starts mid-segment, between two others, read by `cat`, `dd` with a
+    1 MiB and an odd block size, two readers at once, and preads at page and segment
+    boundaries and in its last partial segment; and the same package with one byte of one
+    segment flipped inside a cache page: reads of that span fail with EIO, reads of
+    every other span (after the read-ahead went over the bad page) are exact."""
+    src = tmp_path / "src"
+    src.mkdir()
+    keys = {n: corpus.make_keypair(tmp_path / "keys", n) for n in ("node", "writer")}
+    rng = np.random.default_rng(11)
+    big = "allele-freq.chr3.0.br10000000.00000000000000ab.parquet"
+    members = with_manifest(
+        [
+            ("head.vcf", rng.bytes(70_001)),
+            (big, rng.bytes((5 << 20) + 12_345)),
+            ("tail.vcf", rng.bytes(3_000)),
+        ]
+    )
+    plain = corpus.write_package(src / "good.tar.c4gh", members, keys["writer"], [keys["node"]])
+    data, info = dict(members)[big], tar_layout(plain)[big]
+    assert info.offset_data % SEG  # starts inside a segment
+    bad_segment = (info.offset_data + (2 << 20) + (1 << 19)) // SEG  # mid-page, mid-member
+    package = (src / "good.tar.c4gh").read_bytes()
+    (src / "bad.tar.c4gh").write_bytes(corpus.tamper(package, bad_segment))
+    m = make_mount(src, "--c4gh-key", str(keys["node"].secret_path))
+    good, bad = m.mnt / "good.tar.c4gh" / big, m.mnt / "bad.tar.c4gh" / big
+    want = sha256(data)
+    assert sh_sha256(f"cat '{good}'") == want
+    assert sh_sha256(f"dd if='{good}' bs=1M status=none") == want
+    assert sh_sha256(f"dd if='{good}' bs=77777 status=none") == want
+    two = subprocess.run(
+        ["sh", "-c", f"cat '{good}' | sha256sum & cat '{good}' | sha256sum; wait"],
+        capture_output=True,
+        text=True,
+    )
+    assert [line.split()[0] for line in two.stdout.splitlines()] == [want, want]
+    page = 16 * SEG  # 1 MiB: probes at every 1 and 2 MiB boundary
+    for plain_at in (page, 2 * page, 3 * page - 1, 4 * page + SEG, info.offset_data + 70_000):
+        offset = plain_at - info.offset_data
+        assert pread_random(good, 5000, offset) == data[offset : offset + 5000], offset
+    last = len(data) - 100  # the last bytes, in the member's last partial segment
+    assert pread_random(good, 4096, last) == data[last:]
+    for name, payload in members:
+        if name != big:
+            assert sha256((m.mnt / "good.tar.c4gh" / name).read_bytes()) == sha256(payload)
+
+    lo = bad_segment * SEG - info.offset_data  # member offset of the tampered segment
+    assert subprocess.run(["cat", str(bad)], capture_output=True).returncode != 0  # read-ahead
+    assert eio(bad, 4096, lo + 1000)
+    assert eio(bad, 2, lo + SEG - 1)  # one byte of it, one of the next (good) segment
+    # A forward reader gets every byte up to the kernel page holding the bad segment's first.
+    stop = lo - lo % 4096
+    with open(bad, "rb", buffering=0) as f:
+        got = b""
+        while len(got) < stop:
+            chunk = f.read(stop - len(got))
+            assert chunk, len(got)
+            got += chunk
+        assert got == data[:stop]
+        with pytest.raises(OSError) as info_eio:
+            f.read(1 << 20)
+        assert info_eio.value.errno == errno.EIO
+    for offset in (0, lo - page, lo - 8192, lo + SEG + 4096, lo + page, last):
+        assert pread_random(bad, 4096, offset) == data[offset : offset + 4096], offset
+    assert m.proc is not None and m.proc.poll() is None

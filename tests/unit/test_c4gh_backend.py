@@ -15,6 +15,7 @@ import logging
 import random
 import subprocess
 import tarfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -28,6 +29,7 @@ from tests.toolbox import load_tool
 from tests.unit.c4gh_helpers import SEG, backend, files
 from vfs.backends.base import Description, Entry
 from vfs.backends.c4gh import C4ghBackend, add_mount_options, backend_from_args
+from vfs.c4gh.segments import PAGE_SEGMENTS
 from vfs.cache import PageCache
 from vfs.errors import (
     DecantError,
@@ -294,7 +296,7 @@ def test_crypt4gh_cli_as_an_independent_writer(env, tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def paged(env) -> SimpleNamespace:
-    """A package whose big member spans three 1 MiB cache pages, starting mid-segment."""
+    """A package whose big member spans three cache pages, starting mid-segment."""
     big = random.Random(5).randbytes(2 * PAGE + 5 * SEG + 321)
     name = "allele-freq.chr1.0.br10000000.00000000000000aa.parquet"
     payload = [(name, big)]
@@ -307,7 +309,7 @@ def paged(env) -> SimpleNamespace:
     return SimpleNamespace(path=path, name=name, big=big, entry=entry, keys=env.keys)
 
 
-PAGE = 16 * SEG
+PAGE = PAGE_SEGMENTS * SEG
 
 
 @settings(max_examples=150, deadline=None)
@@ -331,7 +333,8 @@ def test_member_reads_are_slices_across_segments_and_pages(paged, offset, size, 
     assert cached is None or cached == want
     got = handle.read(offset, size)
     assert got == want
-    assert handle.read_cached(offset, size) == want  # decrypted now: served without I/O
+    if size <= 2 * PAGE:  # larger reads belong in a thread
+        assert handle.read_cached(offset, size) == want  # decrypted now: served without I/O
     handle.close()
 
 
@@ -356,3 +359,79 @@ def test_read_ahead_serves_a_forward_reader_from_the_cache(paged) -> None:
     )
     assert be.stats.decrypted <= member_segments + 1  # each once (and segment 0, the header's)
     handle.close()
+
+
+# -- read-ahead on the backend's threads: pages load side by side, failures stay per segment --
+
+
+def test_parallel_read_ahead_never_serves_a_tampered_segment(paged, tmp_path: Path) -> None:
+    """One byte flipped in one segment in the middle of a page the read-ahead loads whole:
+    the read-ahead does not fail, every read of another span is byte-exact, and every read
+    touching that segment is an error (never bytes), before and after the read-ahead."""
+    start = paged.entry.locator["offset"]
+    bad_segment = (start + PAGE + PAGE // 2) // SEG  # inside the member's second page
+    bad = tmp_path / "paged.tar.c4gh"
+    bad.write_bytes(corpus.tamper(paged.path.read_bytes(), bad_segment))
+    be = backend(paged.keys.node)
+    handle = be.open(bad, paged.name, paged.entry)
+    lo = bad_segment * SEG - start  # member offsets of the tampered segment
+    try:
+        with pytest.raises(DecantError, match=f"segment {bad_segment} fails authentication"):
+            handle.read(lo + 10, 100)
+        handle.readahead(-1)  # the whole member, the bad page included: no error
+        assert not handle.readahead_needed(-1)
+        for offset, size in ((0, PAGE), (lo - PAGE, PAGE), (lo + SEG, PAGE), (lo - 7, 7)):
+            assert handle.read(offset, size) == paged.big[offset : offset + size]
+        assert handle.read_cached(lo - 7, 8) is None  # one byte of it: not servable
+        for offset, size in ((lo, SEG), (lo - 100, 200), (lo + SEG - 1, 2), (0, 3 * PAGE)):
+            with pytest.raises(DecantError, match=f"segment {bad_segment} fails"):
+                handle.read(offset, size)
+    finally:
+        handle.close()
+
+
+def test_read_ahead_loads_run_on_the_executor_and_close_waits_for_them(paged, monkeypatch) -> None:
+    be = backend(paged.keys.node)
+    handle = be.open(paged.path, paged.name, paged.entry)
+    started: list[tuple[int, int]] = []
+    real = handle._reader.load_span
+
+    def slow(span: tuple[int, int]) -> None:
+        started.append(span)
+        time.sleep(0.05)
+        real(span)
+
+    monkeypatch.setattr(handle._reader, "load_span", slow)
+    assert handle.readahead_needed(-1)
+    handle.readahead(-1)  # returns once the first two pages are in; the rest may be loading
+    assert not handle.readahead_needed(-1)  # loaded or loading: nothing more to start
+    assert len(started) == len(set(started)) == 3  # each page of the member once
+    assert handle.read_cached(0, PAGE) == paged.big[:PAGE]
+    loads = list(handle._loading.values())
+    handle.close()  # waits for loads still reading through the descriptor it closes
+    assert all(load.done() for load in loads)
+    handle.readahead(-1)  # a closed handle starts nothing
+    assert len(started) == 3
+
+
+def test_a_forward_reader_gives_back_pages_far_behind_it(paged) -> None:
+    be = backend(paged.keys.node)
+    handle = be.open(paged.path, paged.name, paged.entry)
+    handle._keep_behind = PAGE  # as if the cache were four pages: keep one behind the reader
+    pos = 0
+    try:
+        while pos < len(paged.big):
+            data = handle.read_cached(pos, PAGE) or handle.read(pos, PAGE)
+            assert data == paged.big[pos : pos + PAGE]
+            pos += len(data)
+            handle.readahead(pos - 1)
+        first_page = paged.entry.locator["offset"] // PAGE
+        assert handle._released > first_page  # pages were given back
+        for page_no in range(first_page, handle._released):
+            page = be.cache.get(handle._reader.cache_key(page_no))
+            assert page is None or (page.nbytes == 0 and not any(page.slots))
+        before = be.stats.decrypted
+        assert handle.read(0, 3 * PAGE) == paged.big[: 3 * PAGE]  # decrypted again, exact
+        assert be.stats.decrypted > before
+    finally:
+        handle.close()

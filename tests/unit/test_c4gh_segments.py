@@ -3,6 +3,7 @@ they touch. The session key and header length come from the crypt4gh library, no
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 from pathlib import Path
@@ -15,8 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.toolbox import load_tool
-from vfs.c4gh.buffers import BufferPool
+from vfs.c4gh import buffers, segments
+from vfs.c4gh.buffers import DIRECT_ALIGN, BufferPool
 from vfs.c4gh.segments import (
+    MAX_SPAN_PAGES,
     PAGE_SEGMENTS,
     PAGE_SIZE,
     SegmentBuffers,
@@ -182,7 +185,7 @@ def test_reads_across_pages_are_slices_and_decrypt_only_touched(
         assert rd.stats.decrypted - before == len(touched)
         assert rd.read(offset, size) == want
         assert rd.read_cached(offset, size, pool) in (None, want)
-        if size <= 4 * PAGE_SIZE:
+        if size <= MAX_SPAN_PAGES * PAGE_SIZE:
             assert rd.read_cached(offset, size, pool) == want
         assert rd.stats.decrypted - before == len(touched)
 
@@ -247,9 +250,12 @@ def test_prefetch_fills_pages_and_one_pread_serves_a_span(big, monkeypatch) -> N
 
     monkeypatch.setattr(os, "preadv", counting)
     with big_reader(big) as rd:
-        rd.read(SEG + 3, PAGE_SIZE)  # segments 1..17, across two pages: one pread
-        assert calls == [cipher_offset(big.hlen, 1)] and rd.stats.decrypted == 17
-        rd.prefetch(16, 2 * PAGE_SEGMENTS)  # to the end; 16 and 17 are there already
+        n = PAGE_SEGMENTS
+        rd.read(SEG + 3, PAGE_SIZE)  # segments 1..n+1, across two pages: one pread
+        # (an O_DIRECT one where the file system allows it: from the block before)
+        assert len(calls) == 1 and rd.stats.decrypted == n + 1
+        assert 0 <= cipher_offset(big.hlen, 1) - calls[0] < DIRECT_ALIGN
+        rd.prefetch(n, 2 * n)  # to the end; n and n+1 are there already
         assert rd.stats.decrypted == rd.segments - 1  # all but segment 0
         assert len(calls) == 3  # a pread a page: the rest of page 1, then page 2
         assert rd.read_cached(0, len(BIG)) is None  # too large for the event loop
@@ -259,18 +265,20 @@ def test_prefetch_fills_pages_and_one_pread_serves_a_span(big, monkeypatch) -> N
 
 def test_tampered_segment_inside_a_page_fails_alone(big, tmp_path: Path) -> None:
     bad = tmp_path / "tampered.tar.c4gh"
-    bad.write_bytes(corpus.tamper(big.data, 20))  # page 1, slot 4
+    n = PAGE_SEGMENTS
+    b = n + 4  # page 1, slot 4
+    bad.write_bytes(corpus.tamper(big.data, b))
     with big_reader(big, bad, SegmentBuffers(PAGE_SIZE)) as rd:
-        rd.prefetch(16, PAGE_SEGMENTS)  # read-ahead over it does not raise
-        assert rd.stats.decrypted == PAGE_SEGMENTS - 1
-        with pytest.raises(CorruptArchiveError, match=r"tampered\.tar\.c4gh: segment 20 fails"):
+        rd.prefetch(n, n)  # read-ahead over it does not raise
+        assert rd.stats.decrypted == n - 1
+        with pytest.raises(CorruptArchiveError, match=rf"tampered\.tar\.c4gh: segment {b} fails"):
             rd.read(PAGE_SIZE, PAGE_SIZE)  # the whole page, the bad segment in the middle
-        with pytest.raises(CorruptArchiveError, match="segment 20"):
-            rd.read(20 * SEG - 1, 2)  # one byte of it is enough
-        assert rd.read_cached(19 * SEG, 2 * SEG) is None  # never garbage, never a partial read
-        for start in (16 * SEG, 19 * SEG, 21 * SEG, 0, 2 * PAGE_SIZE):
+        with pytest.raises(CorruptArchiveError, match=f"segment {b}"):
+            rd.read(b * SEG - 1, 2)  # one byte of it is enough
+        assert rd.read_cached((b - 1) * SEG, 2 * SEG) is None  # never garbage, nor partial
+        for start in (n * SEG, (b - 1) * SEG, (b + 1) * SEG, 0, 2 * PAGE_SIZE):
             assert rd.read(start, SEG) == BIG[start : start + SEG]
-        assert rd.read(19 * SEG, SEG) == BIG[19 * SEG : 20 * SEG]
+        assert rd.read((b - 1) * SEG, SEG) == BIG[(b - 1) * SEG : b * SEG]
 
 
 def test_file_cut_after_it_was_measured(big, tmp_path: Path) -> None:
@@ -281,6 +289,9 @@ def test_file_cut_after_it_was_measured(big, tmp_path: Path) -> None:
         assert rd.read(19 * SEG, SEG) == BIG[19 * SEG : 20 * SEG]
         with pytest.raises(CorruptArchiveError, match="segment 20 is cut short on disk"):
             rd.read(19 * SEG, 2 * SEG)
+        with pytest.raises(CorruptArchiveError, match="segment 20 is cut short on disk"):
+            rd.read(10 * SEG, 20 * SEG)  # a large load (O_DIRECT where allowed) as well
+        assert rd.read(2 * SEG, 8 * SEG) == BIG[2 * SEG : 10 * SEG]
 
 
 def test_pool_never_hands_out_a_buffer_in_use(big) -> None:
@@ -328,3 +339,68 @@ def test_segment_buffers_are_recycled_only_once_nothing_holds_them(big) -> None:
         assert len(buffers) <= buffers.limit
         assert rd.stats.decrypted > rd.segments  # pages were evicted and decrypted again
         assert len(buffers) < rd.stats.decrypted  # so buffers were handed out again
+
+
+# -- large loads past the page cache (O_DIRECT) ----------------------------------------------
+
+
+def test_large_loads_read_the_opened_file_even_after_its_path_is_replaced(
+    big, tmp_path: Path
+) -> None:
+    """The O_DIRECT descriptor is reopened from the reader's own descriptor, never the path:
+    a package renamed over it after opening is not what a later large load decrypts."""
+    path = tmp_path / "swapped.tar.c4gh"
+    path.write_bytes(big.data)
+    other = tmp_path / "other.tar.c4gh"
+    other.write_bytes(corpus.tamper(big.data, 20))  # same size and header, one bad segment
+    with big_reader(big, path) as rd:
+        assert rd.read(0, 10) == BIG[:10]  # opens the descriptor
+        os.replace(other, path)
+        assert rd.read(PAGE_SIZE, PAGE_SIZE) == BIG[PAGE_SIZE : 2 * PAGE_SIZE]  # segment 20 too
+        if rd._direct is not None:  # the file system took O_DIRECT
+            assert os.fstat(rd._direct).st_ino == os.fstat(rd._fd).st_ino
+    assert rd._direct is None and rd._fd is None  # both closed
+
+
+def test_o_direct_refused_falls_back_to_the_page_cache(big, monkeypatch) -> None:
+    monkeypatch.setattr(segments, "open_direct", lambda fd: None)
+    with big_reader(big) as rd:
+        assert rd.read(SEG + 3, PAGE_SIZE) == BIG[SEG + 3 : SEG + 3 + PAGE_SIZE]
+        assert not rd._direct_ok  # decided once: later loads go straight to the page cache
+        rd.prefetch(0, 4)
+        assert rd._advised == (4, 8)  # and the disk is asked to read ahead again
+        assert rd.read(0, len(BIG)) == BIG
+
+
+def test_direct_read_errors_other_than_einval_are_not_swallowed(big, monkeypatch) -> None:
+    def failing(*args: object) -> memoryview:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(segments, "pread_direct", failing)
+    with big_reader(big) as rd:
+        if not rd._direct_ok:
+            pytest.skip("no O_DIRECT on this platform")
+        with pytest.raises(OSError) as info:
+            rd.read(0, PAGE_SIZE)
+        assert info.value.errno == errno.EIO
+        assert rd.read(5, 10) == BIG[5:15]  # a small load reads through the page cache
+
+
+@pytest.mark.parametrize("offset", [0, 1, 4095, 4096, 65563, 100_000])
+def test_pread_direct_returns_exactly_the_bytes_asked(tmp_path: Path, offset: int) -> None:
+    data = os.urandom(300_000)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        direct = buffers.open_direct(fd)
+        if direct is None:
+            pytest.skip("no O_DIRECT on this file system")
+        try:
+            for size in (1, 4096, 70_000, len(data)):  # the last runs past the end: short
+                got = buffers.pread_direct(direct, size, offset, 1 << 20)
+                assert bytes(got) == data[offset : offset + size]
+        finally:
+            os.close(direct)
+    finally:
+        os.close(fd)

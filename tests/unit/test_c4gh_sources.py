@@ -95,7 +95,8 @@ def test_local_file_keeps_the_descriptor_fast_paths(env) -> None:
         assert rd._nowait == bool(NOWAIT)
         assert rd.segments >= 3
         rd.prefetch(0, 1)
-        assert rd._advised == (1, 2)  # WILLNEED was asked, as for a path
+        # WILLNEED was asked, as for a path, unless large loads read past the page cache
+        assert rd._advised == ((0, 0) if rd._direct_ok else (1, 2))
         assert rd.read(0, rd.size) == env.plain
     assert src._fd == -1  # the reader owned the LocalFile and closed it
 

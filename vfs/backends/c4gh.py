@@ -16,7 +16,8 @@ import logging
 import os
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from vfs.c4gh.buffers import BufferPool
 from vfs.c4gh.header import OpenedHeader, open_header, source_read_at
 from vfs.c4gh.segments import (
     CACHE_PREFIX,
+    PAGE_SEGMENTS,
     PAGE_SIZE,
     SEGMENT_SIZE,
     SegmentBuffers,
@@ -45,7 +47,8 @@ WRITER_XATTR = "user.c4gh.writer_fingerprint"
 PACKETS_XATTR = "user.c4gh.packets"
 SHA256_XATTR = "user.c4gh.sha256"
 POLICIES = ("warn", "enforce")
-READAHEAD = 4 * PAGE_SIZE  # decrypted ahead of a sequential reader, on the second core
+READAHEAD = 8 * PAGE_SIZE  # decrypted ahead of a sequential reader, on every core
+DECRYPTERS = min(2, os.cpu_count() or 1)  # threads that decrypt read-ahead pages side by side
 MAX_MANIFEST = 16 << 20
 DEFAULT_MODE = 0o440  # decrypted data: owner and group read it, "other" only if the operator says
 LOGGED_DROPS = 50  # dropped members named in the log line; the rest are counted
@@ -54,10 +57,24 @@ DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 
 
 class MemberReader:
-    """An opened member: reads clamp to the member and never return another member's bytes."""
+    """An opened member: reads clamp to the member and never return another member's bytes.
+
+    With `submit` (an executor's), read-ahead pages load on the executor's threads, several at
+    once and without waiting for each other: `readahead` returns once the pages the next
+    request needs are in (the first two of its window), the rest keep loading. Measured
+    streaming 1 GiB (O_DIRECT loads, loaded machine): one page at a time 552-578 MB/s, two side
+    by side 683-851 MB/s.
+    """
 
     def __init__(
-        self, reader: SegmentReader, offset: int, size: int, name: str, pool: BufferPool
+        self,
+        reader: SegmentReader,
+        offset: int,
+        size: int,
+        name: str,
+        pool: BufferPool,
+        submit: Callable[..., Future[None]] | None = None,
+        keep_behind: int | None = None,
     ) -> None:
         self.size = size
         self.name = name
@@ -66,6 +83,13 @@ class MemberReader:
         self._reader = reader
         self._offset = offset
         self._pool = pool
+        self._submit = submit
+        self._loading: dict[int, Future[None]] = {}  # page number -> its load in a thread
+        self._lock = threading.Lock()
+        self._closed = False
+        # A forward reader's pages further behind it than this are given back (see readahead).
+        self._keep_behind = keep_behind
+        self._released = offset // PAGE_SIZE  # pages before this one were given back
 
     def read(self, offset: int, size: int) -> bytes | memoryview:
         if offset < 0 or size <= 0 or offset >= self.size:
@@ -86,14 +110,76 @@ class MemberReader:
         return data if data is not None and len(data) == want else None
 
     def readahead(self, offset: int) -> None:
-        """Decrypt the READAHEAD bytes after `offset` (the last byte served), a page at a time."""
+        """Decrypt the READAHEAD bytes after `offset` (the last byte served), a page at a time,
+        the pages spread over the backend's decrypting threads."""
+        window = self._window(offset)
+        if window is None:
+            return
+        if self._submit is None:
+            self._reader.prefetch(*window)
+            return
+        self._reader.advise_ahead(*window)
+        self._release_behind(offset)
+        with self._lock:
+            if self._closed:
+                return
+            loads = []
+            for span in self._reader.missing(*window):
+                page = span[0] // PAGE_SEGMENTS
+                load = self._loading.get(page)
+                if load is None or load.done():
+                    load = self._loading[page] = self._submit(self._reader.load_span, span)
+                loads.append(load)
+            for page in [p for p, load in self._loading.items() if load.done()]:
+                del self._loading[page]
+        for load in loads[:2]:  # the pages a request after `offset` needs (one spans two)
+            load.result()  # paced by the reader; an OSError of a load stops the read-ahead
+
+    def _release_behind(self, offset: int) -> None:
+        """Empty the pages a forward reader left more than `keep_behind` bytes behind.
+
+        Kept, a 1 GiB stream filled the whole cache with pages it never reads again (the
+        kernel's page cache holds what a verified member re-reads), paying a fresh, faulted
+        64 KiB buffer per segment until the cache was full (~10% of the daemon's CPU in perf);
+        emptied, their buffers are decrypted into again."""
+        if self._keep_behind is None:
+            return
+        stop = (self._offset + offset + 1 - self._keep_behind) // PAGE_SIZE
+        if stop > self._released:
+            self._reader.release(self._released, stop)
+            self._released = stop
+
+    def readahead_needed(self, offset: int) -> bool:
+        """Whether `readahead(offset)` would start loading anything (asked on the event loop,
+        so a reader running on cached or loading pages costs no thread hand-off a request)."""
+        window = self._window(offset)
+        if window is None:
+            return False
+        with self._lock:
+            for span in self._reader.missing(*window):
+                load = self._loading.get(span[0] // PAGE_SEGMENTS)
+                if load is None or load.done():
+                    return True
+        return False
+
+    def _window(self, offset: int) -> tuple[int, int] | None:
+        """(first segment, count) of the read-ahead after byte `offset` of the member."""
         start = self._offset + max(offset + 1, 0)
         end = min(self._offset + self.size, start + READAHEAD)
-        if start < end:
-            first = start // SEGMENT_SIZE
-            self._reader.prefetch(first, (end - 1) // SEGMENT_SIZE + 1 - first)
+        if start >= end:
+            return None
+        first = start // SEGMENT_SIZE
+        # To the end of a page: loads are whole pages (one pread each), not a page's head now
+        # and its tail in the next call (past the member's end only within its last page).
+        stop = -(-((end - 1) // SEGMENT_SIZE + 1) // PAGE_SEGMENTS) * PAGE_SEGMENTS
+        return first, stop - first
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            loads = list(self._loading.values())
+            self._loading.clear()
+        wait(loads)  # they read through the descriptor closed next
         self._reader.close()
 
 
@@ -137,6 +223,7 @@ class C4ghBackend:
         self.buffers = SegmentBuffers(cache.max_bytes)  # the buffers segments are decrypted into
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
 
     def claims(self, path: Path, is_dir: bool) -> bool:
         return not is_dir and path.name.endswith(SUFFIX)
@@ -216,7 +303,17 @@ class C4ghBackend:
         if offset + entry.size > reader.size:
             reader.close()
             raise CorruptArchiveError(f"{label}: member runs past the end of the package")
-        return MemberReader(reader, offset, entry.size, label, self.pool)
+        keep = max(2 * READAHEAD, self.cache.max_bytes // 4)
+        return MemberReader(
+            reader, offset, entry.size, label, self.pool, self._decrypters().submit, keep
+        )
+
+    def _decrypters(self) -> ThreadPoolExecutor:
+        """The read-ahead's threads, shared by every member (started on first use)."""
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(DECRYPTERS, thread_name_prefix="c4gh-ahead")
+            return self._executor
 
     def forget(self, path: Path | str) -> None:
         """Drop what is remembered about a package (it changed on disk or went away); a package
