@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from vfs.cache import PageCache
-from vfs.decant.reader import DecantArchive, OriginalReader
+from vfs.decant.reader import DecantArchive, OriginalInfo, OriginalReader
 from vfs.decant.store import archive_stem
 from vfs.errors import IntegrityError
 
@@ -147,21 +147,37 @@ def restore_opened(
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.parent / f".{target.name}.decant-restore-{os.getpid()}"
         try:
-            with open(tmp, "wb") as fh, _Sink(fh) as sink:
-                for block in stream(archive.open_original(info.relpath, cache)):
-                    sink.feed(block)
-                    if progress:
-                        progress(len(block))
-                actual = sink.hexdigest()
-                fh.flush()
-                os.fsync(fh.fileno())
-            if actual != info.sha256:
-                raise IntegrityError(
-                    f"{archive.path}: {info.relpath} reconstructs to sha256 "
-                    f"{actual}, expected {info.sha256}; nothing written"
-                )
+            _restore_one(archive.open_original(info.relpath, cache), tmp, info, progress)
             os.replace(tmp, target)
             written.append(target)
         finally:
             tmp.unlink(missing_ok=True)
     return written
+
+
+def _restore_one(
+    reader: OriginalReader, tmp: Path, info: OriginalInfo, progress: Callable[[int], None] | None
+) -> None:
+    """Write one original to `tmp` and fsync it; raise IntegrityError unless its sha256 is the
+    manifest's. The store's per-chunk CRC check is off meanwhile (the sha256 covers every byte);
+    on a mismatch the chunks are checked again to name the damaged ones."""
+    from vfs.decant.restore import damaged_chunks, write_original
+
+    store = reader.archive.store
+    crc = getattr(store, "verify_crc", None)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    try:
+        if crc is not None:
+            store.verify_crc = False  # type: ignore[attr-defined]
+        actual = write_original(reader, fd, progress)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+        if crc is not None:
+            store.verify_crc = crc  # type: ignore[attr-defined]
+    if actual != info.sha256:
+        damage = "".join(f"; {line}" for line in damaged_chunks(store))
+        raise IntegrityError(
+            f"{reader.archive.path}: {info.relpath} reconstructs to sha256 "
+            f"{actual}, expected {info.sha256}{damage}; nothing written"
+        )
