@@ -32,19 +32,17 @@ def _image(tmp_path: Path, planes: int, size: int) -> tuple[Path, np.ndarray]:
 
 
 def _stream(tiff: SynthesizedTiff) -> bytes:
-    """Forward 1 MiB requests, each served from the cache when it can be, with a read-ahead
-    in a worker whenever the tiff says one is needed (what vfs/mount/reads.py does)."""
+    """Forward 1 MiB requests, each served from the cache when it can be, then a read-ahead in
+    a worker when the tiff says one is needed (as vfs/mount/reads.py does; waited for here, so
+    what is dropped does not depend on timing)."""
     out = bytearray()
-    ahead = None
     with ThreadPoolExecutor(1) as worker:
         while len(out) < tiff.size:
             off = len(out)
             got = tiff.read_cached(off, REQUEST)
             out += got if got is not None else tiff.read(off, REQUEST)
-            if (ahead is None or ahead.done()) and tiff.readahead_needed(len(out) - 1):
-                ahead = worker.submit(tiff.readahead, len(out) - 1)
-        if ahead is not None:
-            ahead.result()
+            if tiff.readahead_needed(len(out) - 1):
+                worker.submit(tiff.readahead, len(out) - 1).result()
     return bytes(out)
 
 

@@ -213,8 +213,15 @@ class TiffLayout:
 
     def page_coords(self, page: int) -> dict[int, int]:
         """NGFF axis index -> coordinate for the plane shown as `page`."""
-        coords = np.unravel_index(page, self.page_shape)
-        return {a: int(c) for a, c in zip(self.page_axes, coords, strict=True)}
+        # divmod, not np.unravel_index: read-ahead asks for every plane it prefetches, and
+        # numpy's per-call overhead showed in the daemon's profile (13 of ~300 busy samples).
+        if not 0 <= page < self.n_pages:
+            raise ValueError(f"page {page} is not below {self.n_pages}")
+        coords: list[int] = []
+        for n in reversed(self.page_shape):
+            page, c = divmod(page, int(n))
+            coords.append(c)
+        return dict(zip(self.page_axes, reversed(coords), strict=True))
 
     def page_of(self, coords: dict[int, int]) -> int:
         index = [coords[a] for a in self.page_axes]
