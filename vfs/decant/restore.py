@@ -1,10 +1,10 @@
-"""`decant restore`'s pipeline: one original streamed to a file descriptor, sha256 checked.
+"""`decant restore`'s pipeline (and `decant verify`'s): an original streamed in file order.
 
-Three stages run at once, each on bytes the other two are not touching, and each releasing the
-GIL for its long calls: decoders reconstruct whole regions (a pixel segment is a view of its
-decoded plane, so nothing is joined or copied), the calling thread hashes, and a writer thread
-writes. `verify.stream` instead reads fixed 4 MiB blocks through `OriginalReader.read`, which joins
-(copies) every block that crosses a region boundary, and hashes and writes in one thread.
+Decoders reconstruct whole regions ahead (a pixel segment is a view of its decoded plane, so
+nothing is joined or copied), the calling thread hashes, and for a restore a writer thread writes
+the same views meanwhile: each long call (decode, sha256, write) releases the GIL, so on two
+cores the three overlap. Reading fixed 4 MiB blocks through `OriginalReader.read`, as before,
+joined (copied) every block that crossed a region boundary and hashed and wrote in one thread.
 """
 
 from __future__ import annotations
