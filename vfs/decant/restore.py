@@ -17,7 +17,9 @@ import os
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
+from vfs.decant.limits import MAX_CHUNK_BYTES, compressed_bound
 from vfs.decant.reader import OriginalReader
 from vfs.decant.store import Store, is_chunk_key
 from vfs.errors import CorruptArchiveError
@@ -115,7 +117,7 @@ class _Writeback:
     fsync before the rename waits for the tail only (sync_file_range(2), SYNC_FILE_RANGE_WRITE:
     no waiting, no metadata). Where libc lacks it, the final fsync does all the work."""
 
-    _FN: ctypes._CFuncPtr | bool | None = False  # type: ignore[name-defined]
+    _FN: Any = False  # the libc function once looked up (None: there is none)
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -130,7 +132,7 @@ class _Writeback:
             self.done = self.at
 
     @classmethod
-    def _sync_file_range(cls) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    def _sync_file_range(cls) -> Any:
         if cls._FN is False:
             fn = None
             with contextlib.suppress(OSError, AttributeError, TypeError):
@@ -138,7 +140,7 @@ class _Writeback:
                 fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
                 fn.restype = ctypes.c_int
             cls._FN = fn
-        return cls._FN  # type: ignore[return-value]
+        return cls._FN
 
 
 def damaged_chunks(store: Store, limit: int = 3) -> list[str]:
@@ -146,11 +148,15 @@ def damaged_chunks(store: Store, limit: int = 3) -> list[str]:
     entry's CRC-32), to name in the error. Restore reads without that check: the sha256 of the
     whole output is the check that decides, and the CRC pass cost as much as the decode."""
     bad: list[str] = []
-    for key in store.all_keys():
+    try:
+        keys = store.all_keys()
+    except NotImplementedError:
+        return bad
+    for key in keys:
         if not is_chunk_key(key):
             continue
         try:
-            store.get(key, 1 << 62)
+            store.get(key, compressed_bound(MAX_CHUNK_BYTES))  # what a decode would read
         except CorruptArchiveError as exc:
             bad.append(str(exc))
             if len(bad) >= limit:
