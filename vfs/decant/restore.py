@@ -146,7 +146,8 @@ class _Writeback:
 def damaged_chunks(store: Store, limit: int = 3) -> list[str]:
     """After a sha256 mismatch: the chunks whose stored bytes fail the store's own check (a zip
     entry's CRC-32), to name in the error. Restore reads without that check: the sha256 of the
-    whole output is the check that decides, and the CRC pass cost as much as the decode."""
+    whole output is the check that decides, and the CRC pass cost 0.04-0.13 s of CPU per
+    512 MiB here (a sixth to half of the decode)."""
     bad: list[str] = []
     try:
         keys = store.all_keys()
