@@ -196,3 +196,11 @@ class PageCache:
         with self._lock:
             for key in [k for k in self._data if isinstance(k, tuple) and k and k[0] == prefix]:
                 self._bytes -= self._data.pop(key)[1]
+
+    def discard(self, key: Hashable) -> None:
+        """Drop one value (a plane a forward reader has passed), its buffer offered for reuse."""
+        with self._lock:
+            item = self._data.pop(key, None)
+            if item is not None:
+                self._bytes -= item[1]
+                self.buffers.give(item[0])
