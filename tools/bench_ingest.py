@@ -100,6 +100,11 @@ def _parser(command: str) -> argparse.ArgumentParser:
         help="instead: N small files (90%% 1 KiB text, 10%% 20 KiB TIFFs) in 15 folders, "
         "rsync -a into the mount vs into a folder on the same disk (uses --settle)",
     )
+    p.add_argument(
+        "--count-requests",
+        action="store_true",
+        help="with --small: one more, untimed round whose daemon counts FUSE requests by type",
+    )
     return p
 
 
@@ -529,6 +534,60 @@ def small_round(args: argparse.Namespace, tree: Path, work: Path, n: int) -> dic
             "trash": [*plains, src]}  # fmt: skip
 
 
+def counted_round(args: argparse.Namespace, tree: Path, work: Path, n: int) -> dict[str, int]:
+    """rsync -a into a daemon that counts the FUSE requests it answers, by type (untimed: the
+    counting wraps every handler)."""
+    tag = time.strftime("%H%M%S")
+    src, mnt, logs = fresh(work / f"small-src-count-{tag}"), work / "small-mnt", work / "logs"
+    out = work / f"requests-{tag}.json"
+    this_daemon()  # PYTHONPATH: this checkout's `vfs`
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--counting-daemon",
+        str(out),
+        str(src),
+        str(mnt),
+        "-f",
+        "--log-file",
+        str(logs / f"small-count-{tag}.log"),
+        "--no-index",
+        "--settle",
+        str(args.settle),
+    ]
+    with mounted(cmd, mnt, logs / "small-stderr.log"):
+        require(run_child(["rsync", "-a", f"{tree}/", f"{mnt}/"]), "rsync into the mount")
+        wait_done(mnt, n, args.timeout)
+    counts: dict[str, int] = json.loads(out.read_text())
+    out.unlink()
+    delete_and_mark(work, [src])
+    return counts
+
+
+def counting_daemon(out: Path, argv: list[str]) -> int:
+    """decant-mount with every pyfuse3 handler counted; the counts go to `out` at exit."""
+    import atexit
+    import inspect
+    from collections import Counter
+
+    import pyfuse3
+
+    from vfs import cli
+    from vfs.mount.ops import DecantOperations
+
+    counts: Counter[str] = Counter()
+    for name, _fn in inspect.getmembers(pyfuse3.Operations, inspect.iscoroutinefunction):
+        real = getattr(DecantOperations, name)
+
+        async def counted(self: Any, *a: Any, _real: Any = real, _name: str = name) -> Any:
+            counts[_name] += 1
+            return await _real(self, *a)
+
+        setattr(DecantOperations, name, counted)
+    atexit.register(lambda: out.write_text(json.dumps(dict(counts))))
+    return cli.main(argv)
+
+
 def null_floor(tree: Path, work: Path) -> float:
     """rsync -a into NullFS: what pyfuse3 and the kernel alone cost per request here."""
     mnt = work / "small-nullfs"
@@ -688,10 +747,18 @@ def bench_small(args: argparse.Namespace, work: Path) -> Report:
     report.add("second rsync -a", f"{runs[-1]['second']} files", "transferred (want 0)")
     problems = [p for r in runs for p in r["problems"]]
     report.add("check", "ok" if not problems else "FAILED", "; ".join(problems[:3]))
+    if args.count_requests:
+        counts = counted_round(args, tree, work, n)
+        report.section("FUSE requests per file (rsync -a, one untimed round)")
+        report.add("all", f"{sum(counts.values()) / n:.1f}", "")
+        for name, count in sorted(counts.items(), key=lambda kv: -kv[1]):
+            report.add(name, f"{count / n:.2f}", f"{count} in all")
     return report
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--counting-daemon"]:
+        sys.exit(counting_daemon(Path(sys.argv[2]), sys.argv[3:]))
     if sys.argv[1:2] == ["--nullfs"]:
         NullFS.serve(Path(sys.argv[2]))
         sys.exit(0)

@@ -9,8 +9,10 @@ import hashlib
 import os
 import shutil
 import stat
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -116,6 +118,43 @@ def test_create_rename_adopt_walk_listdir_remove(spool: Spool, src: Path) -> Non
     assert spool.remove("e/f/b.bin") is True
     assert not (spool.files / "e").exists()  # empty folders pruned up to the spool root
     assert spool.files.is_dir()
+
+
+def test_listdir_leaves_out_only_a_file_published_while_it_reads(
+    spool: Spool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publish removes a spooled file while a rescan reads its folder: the folder's entries
+    are already read, and that file's stat fails. The listing leaves out that file alone; it
+    used to end there, and every name read after it (rsync temp names among them) went from
+    the mount's listing, so their renames failed with ENOENT (issue 12, a 20,000-file run)."""
+    names = [f".rec{i:03d}.csv.Ab12Cd" for i in range(20)]
+    for name in names:
+        put(spool, f"run/{name}", b"x")
+    order = os.listdir(spool.path("run"))  # scandir's order too: the folder does not change
+    gone = order[1]
+    real_scandir = os.scandir
+
+    class Racing:
+        """scandir whose first entry comes once a publish removed the second one."""
+
+        def __init__(self, path: Any) -> None:
+            self.it = real_scandir(path)
+
+        def __enter__(self) -> Racing:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self.it.close()
+
+        def __iter__(self) -> Iterator[os.DirEntry[str]]:
+            for n, entry in enumerate(self.it):
+                if n == 0:
+                    spool.path(f"run/{gone}").unlink()
+                yield entry
+
+    monkeypatch.setattr(os, "scandir", Racing)
+    listed = sorted(name for name, _st in spool.listdir("run"))
+    assert listed == sorted(n for n in names if n != gone)
 
 
 def test_remove_keeps_a_file_replaced_since_it_was_published(spool: Spool, src: Path) -> None:

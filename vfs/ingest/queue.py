@@ -48,6 +48,11 @@ Key = tuple[int, str]  # (index of the spool, relpath)
 TICK = 0.25  # the loop looks at the clock at least this often
 BATCH_FILES = 256  # at most this many files per worker call
 BATCH_SECONDS = 0.5  # a worker hands back what it has not started after this long
+# An idle queue takes a batch once its first file has been due this long: rsync's files come
+# due one by one, a few ms apart, and without the wait every batch held one or two files, each
+# costing three thread hand-offs, a folder lock and a switch of the mount (3,000 files: 1,739
+# batches, 5,217 hand-offs on the trio thread, which rsync waits for).
+GATHER = 0.2
 RETRY_AFTER = 30.0  # a failed publish is tried again this much later, doubling up to an hour
 RETRY_MAX = 3600.0
 SPACE_BACKOFF = (1.0, 60.0)  # waiting for space: first and longest pause between looks
@@ -234,6 +239,11 @@ class PackQueue:
             ready.append(item)
         return ready
 
+    def _gathered(self) -> bool:
+        """Time for a batch: the first file has been due for GATHER (a busy queue's next
+        batch is due at once: its first file waited for the last batch)."""
+        return bool(self._due) and self._due[0][0] + GATHER <= time.monotonic()
+
     def _next_due(self) -> float:
         return self._due[0][0] if self._due else math.inf
 
@@ -266,7 +276,7 @@ class PackQueue:
                     next_sweep = time.monotonic() + sweep_every
                 pause = TICK  # every worker busy: a finished batch wakes the loop
                 if self._active < self.workers:
-                    pause = min(TICK, self._next_due() - time.monotonic())
+                    pause = min(TICK, self._next_due() + GATHER - time.monotonic())
                 with trio.move_on_after(max(0.0, pause)):
                     await self._wake.wait()
                 self._wake = trio.Event()
@@ -284,6 +294,8 @@ class PackQueue:
 
     def _dispatch(self, nursery: trio.Nursery) -> None:
         while self._active < self.workers and not self.cancel.is_set():
+            if not self._gathered():
+                return
             batch = self._ready()
             if not batch:
                 return

@@ -66,13 +66,19 @@ class Spool:
         return path.relative_to(self.files).as_posix()
 
     def listdir(self, reldir: str) -> list[tuple[str, os.stat_result]]:
-        """Spooled regular files directly in the presented folder `reldir`."""
+        """Spooled regular files directly in the presented folder `reldir`. A file that goes
+        while the folder is read (published meanwhile) is left out, and only it: ending the
+        listing there dropped every name read after it from the mount's listing, rsync's
+        temp names too, whose renames then failed with ENOENT."""
         folder = self.files / reldir if reldir else self.files
         out = []
         try:
             with os.scandir(folder) as it:
                 for de in it:
-                    st = de.stat(follow_symlinks=False)
+                    try:
+                        st = de.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
                     if stat.S_ISREG(st.st_mode):
                         out.append((de.name, st))
         except (FileNotFoundError, NotADirectoryError):
