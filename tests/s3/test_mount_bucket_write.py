@@ -16,8 +16,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import obstore
 import pytest
+import tifffile
 from obstore.store import S3Store
 
 from tests.mount.conftest import HAVE_FUSE, Mount
@@ -275,3 +277,56 @@ def test_the_placer_publishes_checks_and_withdraws_only_its_own(
     with pytest.raises(KeyTakenError, match="one would hide the other"):
         spool.publish(f"d/{name}", False, None)
     assert keys_of(store, s3_bucket.key()) == [f"d/{name}"]
+
+
+def test_the_store_killed_mid_upload_leaves_nothing_half_visible_and_is_retried(
+    own_server: Any, bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    """The issue's "store dying mid-upload": the archive's PUT is held half-sent by a proxy
+    (tests/s3/stall.py) while the server is SIGKILLed by its PID; the spooled file stays and
+    reads back, no object (whole or half) is under the key once the server is back on the same
+    data and ports, and the queue's own retry publishes it byte-exact."""
+    from tests.s3.stall import StallingProxy
+
+    bucket = own_server.create_bucket("killed")
+    store = S3Store(bucket, config={"endpoint": own_server.endpoint},
+                    client_options={"allow_http": True})  # fmt: skip
+    # 24 MiB of noise (incompressible): half the archive's body is past the filer's first
+    # 8 MiB chunk when the server dies, so a chunk already stored could leak a partial entry.
+    name = "noise.tif"
+    tifffile.imwrite(
+        tmp_path / name,
+        np.random.default_rng(7).integers(0, 65535, (3, 2048, 2048), dtype=np.uint16),
+    )
+    data = (tmp_path / name).read_bytes()
+    proxy = StallingProxy(own_server.s3_port, f"/{name}.zarr.zip".encode())
+    try:
+        spool = tmp_path / "spool"
+        m = bucket_mount(f"s3://{bucket}/p", "--spool", str(spool), "--s3-endpoint",
+                         proxy.endpoint, "--s3-timeout", "2", "--s3-retries", "0")  # fmt: skip
+        (m.mnt / name).write_bytes(data)
+        assert proxy.stalled.wait(60), "the archive's upload never started"
+        assert proxy.held.startswith(f"PUT /{bucket}/p/{name}.zarr.zip".encode()), proxy.held
+        own_server.proc.kill()  # SIGKILL, by its own PID: no graceful shutdown
+        own_server.proc.wait(timeout=10)
+        proxy.release.set()  # the held connection drops with half the body sent
+        wait_for(lambda: [f["path"] for f in status(m.mnt)["failed"]] == [name], 60,
+                 "the upload failed")  # fmt: skip
+        assert spooled(spool) == [name]
+        assert (m.mnt / name).read_bytes() == data  # served from the spool meanwhile
+        assert m.proc is not None and m.proc.poll() is None
+        own_server.start()  # same data folder, same ports
+        before_retry = status(m.mnt)["failed"]
+        seen = keys_of(store, "p")
+        assert [f["path"] for f in before_retry] == [name] and seen == [], (before_retry, seen)
+        # The first retry comes 30 s after the failure (vfs/ingest/queue.py RETRY_AFTER).
+        wait_for(lambda: not spooled(spool), 120, "published after the restart")
+        assert status(m.mnt)["failed"] == []
+        assert keys_of(store, "p") == [f"{name}.zarr.zip"]
+        assert (m.mnt / name).read_bytes() == data  # now read from the bucket, by ranged GETs
+        assert f"{name}: not published, stays spooled" in m.log_text()
+    finally:
+        proxy.close()
+    # A second host, straight to the server, restores the same bytes from the object.
+    other = bucket_mount(f"s3://{bucket}/p", "--s3-endpoint", own_server.endpoint, name="host2")
+    assert (other.mnt / name).read_bytes() == data
