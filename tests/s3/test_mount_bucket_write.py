@@ -330,3 +330,60 @@ def test_the_store_killed_mid_upload_leaves_nothing_half_visible_and_is_retried(
     # A second host, straight to the server, restores the same bytes from the object.
     other = bucket_mount(f"s3://{bucket}/p", "--s3-endpoint", own_server.endpoint, name="host2")
     assert (other.mnt / name).read_bytes() == data
+
+
+def test_objects_of_the_bucket_are_deleted_and_renamed_only_with_allow_delete(
+    s3_bucket: S3Bucket,
+    packed_corpus: dict[str, PackResult],
+    corpus: dict[str, Path],
+    bucket_mount: MountFactory,
+    tmp_path: Path,
+) -> None:
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    tif = "lzw_u8.tif"
+    objects = {f"{tif}.zarr.zip": packed_corpus[tif].archive.read_bytes(),
+               "notes.txt": b"their notes\n", "sub/other.txt": b"other\n",
+               "taken.txt": b"taken\n"}  # fmt: skip
+    for key, data in objects.items():
+        obstore.put(store, s3_bucket.key(key), data)
+    ro = bucket_mount(s3_bucket.url(), "--spool", str(tmp_path / "spool1"), name="plain")
+    for act in (lambda: os.unlink(ro.mnt / "notes.txt"), lambda: os.unlink(ro.mnt / tif),
+                lambda: os.rename(ro.mnt / "notes.txt", ro.mnt / "n2.txt")):  # fmt: skip
+        with pytest.raises(PermissionError):
+            act()
+    ro.stop()
+    assert keys_of(store, s3_bucket.key()) == sorted(objects)
+
+    m = bucket_mount(s3_bucket.url(), "--spool", str(tmp_path / "spool2"), "--allow-delete",
+                     "--relist", "600")  # fmt: skip
+    assert sorted(os.listdir(m.mnt)) == ["lzw_u8.tif", "notes.txt", "sub", "taken.txt"]
+    assert (m.mnt / tif).read_bytes() == corpus[tif].read_bytes()
+    os.unlink(m.mnt / tif)
+    os.rename(m.mnt / "notes.txt", m.mnt / "sub" / "moved.txt")
+    assert (m.mnt / "sub" / "moved.txt").read_bytes() == b"their notes\n"
+    with pytest.raises(FileExistsError):  # the key holds another object: never replaced
+        os.rename(m.mnt / "sub" / "moved.txt", m.mnt / "taken.txt")
+    # An archive's original keeps its name (it is written inside the archive).
+    (m.mnt / "new.tif").write_bytes(corpus[tif].read_bytes())
+    wait_for(lambda: not spooled(tmp_path / "spool2"), 60, "new.tif published")
+    with pytest.raises(PermissionError):
+        os.rename(m.mnt / "new.tif", m.mnt / "renamed.tif")
+    # Replaced by another host since this one listed it (listings kept 600 s): left alone.
+    assert sorted(os.listdir(m.mnt / "sub")) == ["moved.txt", "other.txt"]
+    obstore.put(store, s3_bucket.key("sub/other.txt"), b"replaced by another host\n")
+    with pytest.raises(OSError) as err:
+        os.unlink(m.mnt / "sub" / "other.txt")
+    assert err.value.errno == errno.ESTALE
+    time.sleep(1.1)  # the mount's listing is older than its 1 s recheck: the new one shows
+    assert (m.mnt / "sub" / "other.txt").read_bytes() == b"replaced by another host\n"
+    assert sorted(os.listdir(m.mnt)) == ["new.tif", "sub", "taken.txt"]
+    assert sorted(os.listdir(m.mnt / "sub")) == ["moved.txt", "other.txt"]
+    assert keys_of(store, s3_bucket.key()) == sorted(
+        ["new.tif.zarr.zip", "sub/moved.txt", "sub/other.txt", "taken.txt"]
+    )
+    assert bytes(obstore.get(store, s3_bucket.key("sub/moved.txt")).bytes()) == b"their notes\n"
+    assert bytes(obstore.get(store, s3_bucket.key("taken.txt")).bytes()) == b"taken\n"
+    # A second host, listing afresh, sees the same.
+    other = bucket_mount(s3_bucket.url(), name="host2")
+    assert sorted(os.listdir(other.mnt)) == ["new.tif", "sub", "taken.txt"]
+    assert (other.mnt / "sub" / "moved.txt").read_bytes() == b"their notes\n"

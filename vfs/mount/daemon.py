@@ -243,7 +243,7 @@ def make_writer(config: MountConfig, tree: SourceTree, queue: PackQueue) -> Writ
         from vfs.ingest.bucket import BucketWriteSide
 
         folder = tree.folder  # type: ignore[attr-defined]
-        return BucketWriteSide(config.src, tree.spool, folder, queue.guard)
+        return BucketWriteSide(config.src, tree.spool, folder, queue.guard, config.allow_delete)
     return WriteSide(config.src, tree.spool, config.allow_delete, queue.guard)
 
 
