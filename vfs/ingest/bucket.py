@@ -10,7 +10,12 @@ spooled copy. A PUT is atomic, so nothing is ever half-visible. A key that is al
 
 `BucketWriteSide` holds the write rules that differ over a bucket: folders live in the spool
 until a file in them is published (a bucket has no empty folders), and what is already in the
-bucket is neither renamed, deleted nor changed through the mount.
+bucket is never changed in place. With `--allow-delete`, an object is deleted (`rm`) and a plain
+object renamed (a server-side copy, then the delete: another host may list both names for a
+moment, never neither) — each only while the key still holds the object the mount listed (a
+HEAD first: S3 has no conditional DELETE, so a replacement landing in the round trip between
+that HEAD and the DELETE is lost). An archive is not renamed (the name of its original is inside
+it), nor a `NAME.zarr/` folder archive deleted (many keys, no atomic delete).
 Synchronous and FUSE-free, like the rest of vfs/ingest.
 """
 
@@ -246,9 +251,13 @@ class BucketWriteSide(WriteSide):
         spool: Spool,
         folder: S3Folder,
         guard: SpaceGuard | None = None,
+        allow_delete: bool = False,
     ) -> None:
-        super().__init__(root, spool, allow_delete=False, guard=guard)
+        super().__init__(root, spool, allow_delete=allow_delete, guard=guard)
         self.folder = folder
+        # The tree's hook (BucketTree.note_published through the placer): a key deleted or
+        # made here makes the listings above it be read again, not served from memory.
+        self._changed: OnPlaced | None = getattr(spool.placer, "on_placed", None)
 
     def _relpath(self, path: Path) -> str:
         text = str(path)
@@ -292,9 +301,78 @@ class BucketWriteSide(WriteSide):
     ) -> Node:
         """Only spooled files move. Over an object of the bucket (`behind`), the spooled file
         hides it; its upload then finds the key taken and it stays spooled, failed."""
-        if not node.spooled:
-            raise refuse(errno.EPERM, f"{node.real}: what is in the bucket is not renamed")
-        return super().rename(old_parent, old, node, new_parent, new, None)
+        if node.spooled:
+            return super().rename(old_parent, old, node, new_parent, new, None)
+        if node.is_dir or node.backend is None or node.backend.name != "object":
+            what = "a folder" if node.is_dir else "an archive (its original's name is inside it)"
+            raise refuse(errno.EPERM, f"{node.real}: {what} in the bucket is not renamed")
+        if not self.allow_delete:
+            raise refuse(errno.EPERM, f"{node.real}: renaming an object of the bucket deletes "
+                         "its old key: it needs decant-mount --allow-delete")  # fmt: skip
+        old_key, new_key = self._relpath(node.real), self._rel(new_parent, new)
+        if self.folder.stat(new_key) is not None or self.spool.path(new_key).exists():
+            raise refuse(errno.EEXIST, f"{self.folder.url_of(new_key)}: taken; not replaced")
+        etag = self._still_listed(node, old_key)
+        import obstore
+        from obstore.exceptions import BaseError
+
+        from vfs.stores.s3 import translate
+
+        try:
+            obstore.copy(self.folder.client, self.folder.full_key(old_key),  # type: ignore[attr-defined]
+                         self.folder.full_key(new_key))  # fmt: skip
+            copied = self.folder.stat(new_key)
+            if copied is None or copied.size != node.size:
+                raise StoreError(f"{self.folder.url_of(new_key)}: the copy is not there whole")
+        except (BaseError, OSError) as exc:
+            raise translate(exc, self.folder.url_of(new_key), "copy:") from None
+        self._delete(old_key, etag)
+        self._notify(new_key, copied.etag or "")
+        moved = self.root / new_key
+        moved.info = copied  # type: ignore[attr-defined]  # the listing's, as a scan gives it
+        node.real = moved
+        return node
+
+    def _still_listed(self, node: Node, key: str) -> str:
+        """The ETag of `key` if it still holds the object the mount listed as `node` (its
+        inode number is made of key and ETag), else a refusal."""
+        from vfs.mount.index import etag_number
+
+        info = self.folder.stat(key)
+        if info is None:
+            raise refuse(errno.ENOENT, f"{self.folder.url_of(key)}: gone from the bucket")
+        if not node.version or etag_number(f"{info.key}\0{info.etag}") != node.version[0]:
+            self._notify(key, "")  # listed again at its next use: the new version shows
+            raise refuse(errno.ESTALE, f"{self.folder.url_of(key)}: replaced (by another "
+                         "host?) since it was listed; left alone")  # fmt: skip
+        return info.etag or ""
+
+    def _delete(self, key: str, etag: str) -> None:
+        import obstore
+        from obstore.exceptions import BaseError
+
+        from vfs.stores.s3 import translate
+
+        try:
+            obstore.delete(self.folder.client, self.folder.full_key(key))
+        except (BaseError, OSError) as exc:
+            raise translate(exc, self.folder.url_of(key), "delete:") from None
+        log.info("%s: deleted through the mount", self.folder.url_of(key))
+        self._notify(key, etag)
+
+    def _notify(self, key: str, etag: str) -> None:
+        if self._changed is not None:
+            self._changed(key, etag, None)
+
+    def _remove_object(self, node: Node) -> None:
+        """`rm` of an object of the bucket (--allow-delete; see the module docstring)."""
+        key = self._relpath(node.real)
+        if not self.allow_delete:
+            raise refuse(errno.EPERM, f"{node.real}: deleting needs decant-mount --allow-delete")
+        if node.backend is not None and node.backend.name != "object" and key.endswith(".zarr"):
+            raise refuse(errno.EPERM, f"{node.real}: a folder archive (many keys) is not "
+                         "deleted through the mount")  # fmt: skip
+        self._delete(key, self._still_listed(node, key))
 
     def _check_shown(self, target: Path) -> None:
         """Nothing to check: a bucket holds objects only, none hidden from the mount (no links,
@@ -304,8 +382,10 @@ class BucketWriteSide(WriteSide):
         if node.is_dir:
             raise refuse(errno.EISDIR, str(node.real))
         if not node.spooled:
-            raise refuse(errno.EPERM, f"{node.real}: objects are not deleted through the mount")
-        self.spool.remove(node.spooled)  # whatever it hid in the bucket shows again
+            return self._remove_object(node)
+        if behind is not None and self.allow_delete and not behind.spooled:
+            self._remove_object(behind)  # the version it hid goes too, as in a local SRC
+        self.spool.remove(node.spooled)  # else whatever it hid in the bucket shows again
 
     def mkdir(self, parent: Node, name: str, mode: int, uid: int, gid: int) -> Node:
         """A folder is a spool folder until a file in it is published (its prefix then exists

@@ -978,8 +978,9 @@ class DecantOperations(pyfuse3.Operations):
                 ino = self.inodes.known(node)
                 src_parent, dst_parent = self._node(parent_inode_old), self._node(parent_inode_new)
                 behind = await self._behind(src_parent, old, node)
+                heavy = _heavy(behind) or node.backend is not None  # a bucket's: copy, delete
                 moved = await self._io(
-                    _heavy(behind), writer.rename, src_parent, old, node, dst_parent, new, behind
+                    heavy, writer.rename, src_parent, old, node, dst_parent, new, behind
                 )
                 self._moved(src_folder, old, dst_folder, new, ino, node, moved, old_real)
                 if self.queue is not None and node.spooled:
