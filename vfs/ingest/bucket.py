@@ -49,7 +49,7 @@ from vfs.ingest.space import SpaceGuard
 from vfs.ingest.spool import Spool
 from vfs.ingest.writeside import Attrs, WriteSide, refuse
 from vfs.nodes import Node, mirror_node
-from vfs.stores.base import join_key
+from vfs.stores.base import etag_number, join_key
 
 if TYPE_CHECKING:
     from vfs.decant.packer import PackOptions
@@ -336,8 +336,6 @@ class BucketWriteSide(WriteSide):
     def _still_listed(self, node: Node, key: str) -> str:
         """The ETag of `key` if it still holds the object the mount listed as `node` (its
         inode number is made of key and ETag), else a refusal."""
-        from vfs.mount.index import etag_number
-
         info = self.folder.stat(key)
         if info is None:
             raise refuse(errno.ENOENT, f"{self.folder.url_of(key)}: gone from the bucket")

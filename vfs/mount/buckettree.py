@@ -26,11 +26,11 @@ from vfs.backends.base import Backend, Description, Entry
 from vfs.backends.objects import ObjectBackend
 from vfs.decant import MANIFEST_KEY, TEMP_PREFIX
 from vfs.errors import DecantError, ObjectChangedError, ObjectMissingError, StoreError
-from vfs.mount.index import DescriptionIndex, etag_number, object_description
+from vfs.mount.index import DescriptionIndex, object_description
 from vfs.mount.tree import SourceTree, index_key
 from vfs.names import name_problem
 from vfs.nodes import Node, archive_node, mirror_node
-from vfs.stores.base import Folder, ObjectInfo, ObjectPath, join_key
+from vfs.stores.base import Folder, ObjectInfo, ObjectPath, etag_number, join_key
 
 log = logging.getLogger(__name__)
 

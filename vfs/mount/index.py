@@ -10,7 +10,6 @@ misread. SQLite gives atomic, crash-safe writes; a damaged index file is set asi
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -20,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from vfs.backends.base import Description
-from vfs.stores.base import ObjectInfo, ObjectPath
+from vfs.stores.base import ObjectInfo, ObjectPath, etag_number
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +52,6 @@ def stamp_of(path: Path) -> Stamp:
         return info.size, int(info.mtime * 1e9), etag_number(info.etag), 0
     st = os.stat(path)
     return st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns
-
-
-def etag_number(etag: str | None) -> int:
-    """An ETag as a signed 63-bit integer for the stamp's inode column (SQLite INTEGER)."""
-    digest = hashlib.blake2b((etag or "").encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") >> 1
 
 
 class _OtherVersionError(sqlite3.DatabaseError):

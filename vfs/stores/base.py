@@ -9,6 +9,7 @@ importing an object-store client.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import PurePosixPath
@@ -78,6 +79,13 @@ def check_range(source: ByteSource, offset: int, size: int) -> None:
             f"{source.name}: read of {size} bytes at {offset} runs past the end "
             f"({source.size} bytes; truncated?)"
         )
+
+
+def etag_number(etag: str | None) -> int:
+    """An ETag as a signed 63-bit integer (an SQLite INTEGER): the
+    stamp's inode column, and an object's inode number made of its key and ETag."""
+    digest = hashlib.blake2b((etag or "").encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> 1
 
 
 def join_key(prefix: str, key: str) -> str:
