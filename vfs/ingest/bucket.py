@@ -372,7 +372,7 @@ class BucketWriteSide(WriteSide):
                          "deleted through the mount")  # fmt: skip
         self._delete(key, self._still_listed(node, key))
 
-    def _check_shown(self, target: Path) -> None:
+    def _check_shown(self, target: Path, spool_only: bool = False) -> None:
         """Nothing to check: a bucket holds objects only, none hidden from the mount (no links,
         FIFOs); its keys are not local paths."""
 
