@@ -133,3 +133,27 @@ def test_a_first_listing_read_during_a_publish_does_not_miss_the_file(
         assert "x.csv" in listing.children and not listing.children["x.csv"].spooled
 
     trio.run(main)
+
+
+def test_a_rescan_between_a_publish_and_its_word_keeps_the_inode(ops: DecantOperations) -> None:
+    """The watcher sees SRC change and the folder is rescanned after the file left the spool
+    but before the queue reports the publish: the published file must keep the inode the
+    kernel holds (it looked the name up before), not come back under a new one."""
+
+    async def main() -> None:
+        ino = await new_file(ops, b"x.csv", b"a,b\n")
+        published = publish(ops, "x.csv")
+        assert ops.queue is not None
+        ops.queue.spool.remove("x.csv", published.signature)
+        ops.queue.publishing.discard("x.csv")
+        await ops.rescan(1, force=True)  # the watcher's rescan comes first
+        await ops.published(["x.csv"])  # then the queue's word
+        entry = await ops.lookup(1, b"x.csv", Ctx())  # type: ignore[arg-type]
+        assert entry.st_ino == ino
+        node = ops.inodes.get(ino)
+        assert node is not None and not node.spooled
+        info = await ops.open(ino, os.O_RDONLY, Ctx())  # type: ignore[arg-type]
+        assert await ops.read(info.fh, 0, 100) == b"a,b\n"
+        await ops.release(info.fh)
+
+    trio.run(main)

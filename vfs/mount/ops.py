@@ -291,8 +291,12 @@ class DecantOperations(pyfuse3.Operations):
             changed = []  # a first listing: the kernel has no names of it cached
             folder.merge(kids)
         else:  # new names too: the kernel may remember that they were not there
+            before = folder.children.copy()
             changed = [name for name in kids if name not in folder.children]
             changed += folder.merge(kids)
+            # A rescan that runs between a publish and the queue's word of it (the watcher saw
+            # SRC change) keeps the published file's inode, as `_show` does.
+            changed = [n for n in changed if not self._carry_published(before.get(n), kids.get(n))]
         for node in kids.values():  # the kernel's inodes see new sizes and modes at getattr
             ino = self.inodes.known(node)
             if ino is not None:
@@ -732,17 +736,21 @@ class DecantOperations(pyfuse3.Operations):
             if old is None or new is None:
                 if old is None and new is None:
                     continue
-            elif new.key == old.key:
+            elif new.key == old.key or self._carry_published(old, new):
                 continue
-            elif old.spooled and not new.spooled and not new.is_dir:
-                ino = self.inodes.known(old)
-                if ino is not None:
-                    # Published: the same bytes under the same inode, so a reader that looked
-                    # the name up before the switch opens the published file, not a spooled one
-                    # just unlinked (and 20,000 publishes queue no kernel invalidations).
-                    self.inodes.replace(ino, new)
-                    continue
             pyfuse3.invalidate_entry_async(inode, os.fsencode(name), ignore_enoent=True)
+
+    def _carry_published(self, old: Node | None, new: Node | None) -> bool:
+        """A spooled file that became a published one keeps its inode: the same bytes, so a
+        reader that looked the name up before the switch opens the published file, not a
+        spooled one just unlinked (and 20,000 publishes queue no kernel invalidations)."""
+        if old is None or new is None or not old.spooled or new.spooled or new.is_dir:
+            return False
+        ino = self.inodes.known(old)
+        if ino is None:
+            return False
+        self.inodes.replace(ino, new)
+        return True
 
     # -- the write side (a writable mount) -------------------------------------------------
 
