@@ -54,6 +54,7 @@ _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"
 PREFETCH_MAX = 64 << 20  # one prefetched range at most (a chunk is at most this)
 READAHEAD_BYTES = 48 << 20  # prefetched bytes held (or in flight) per open object at most
 READAHEAD_TOTAL = 192 << 20  # ... and by all objects of one connection together
+STALE_BEHIND = 4  # a range this part of the budget behind the last read is not coming back
 POOL_PREFIX = "s3-get"
 _PROFILE_SECRETS: set[str] = set()  # values read from a profile, scrubbed like the variables
 _SIGNED = re.compile(r"(X-Amz-[A-Za-z-]+|Signature|Credential|AWSAccessKeyId)=[^&\s]*")
@@ -233,6 +234,7 @@ class S3Object:
         self.info = info
         self.size = info.size
         self._ahead: dict[tuple[int, int], Future[bytes]] = {}
+        self._at: int | None = None  # offset of the last read
         self._lock = threading.Lock()
 
     @property
@@ -242,16 +244,20 @@ class S3Object:
     def prefetch(self, offset: int, size: int) -> None:
         """Start fetching [offset, offset + size) in the background (the decant store asks for
         the chunks after the ones the reader decodes): sequential reads keep several GETs in
-        flight (up to the connection's `concurrency`). At most READAHEAD_BYTES are held per
-        object: ranges before this one (never taken: the reader moved on) make room first;
-        past that, the range is not fetched ahead (it is asked again as the reader moves on)."""
+        flight (up to the connection's `concurrency`). At most `readahead_bytes` are held (or
+        in flight) per object, READAHEAD_TOTAL per connection. Room is made only from ranges
+        the reader has left behind or jumped away from (`_stale`), never from the ones still
+        ahead of it: those are the next reads, and dropping them (as this once did, oldest
+        first) made every chunk a GET of the reader's own after its prefetch was thrown away.
+        Past the budget the range is not fetched ahead (it is asked again as the reader moves
+        on). `size` comes from the archive: one range over PREFETCH_MAX is never fetched ahead."""
         if size <= 0 or size > PREFETCH_MAX or offset < 0 or offset + size > self.size:
             return
         with self._lock:
             if (offset, size) in self._ahead:
                 return
             held = sum(n for _off, n in self._ahead)
-            for old in [r for r in self._ahead if r[0] < offset]:
+            for old in self._stale(offset + size):
                 if held + size <= self.readahead_bytes:
                     break
                 self._drop(old)
@@ -261,10 +267,24 @@ class S3Object:
                 return
             self._ahead[(offset, size)] = conn.pool.submit(self._fetch, offset, size)
 
+    def _stale(self, end: int) -> list[tuple[int, int]]:
+        """Prefetched ranges that may make room for one ending at `end` (lock held): first
+        those wholly behind the last read by more than STALE_BEHIND of this object's budget
+        (two decoders take neighbouring chunks in either order), then those after `end`,
+        farthest first (the reader jumped back: what it will read next comes first)."""
+        at = self._at
+        if at is None:
+            return []
+        slack = self.readahead_bytes // STALE_BEHIND
+        behind = sorted(r for r in self._ahead if r[0] + r[1] + slack <= at)
+        beyond = sorted((r for r in self._ahead if r[0] >= end), reverse=True)
+        return behind + beyond
+
     def read(self, offset: int, size: int) -> bytes:
         check_range(self, offset, size)
         if size == 0:
             return b""
+        self._at = offset  # where the reader is: what `_stale` keeps prefetched ranges around
         if self._ahead:
             with self._lock:
                 ahead = self._drop((offset, size), cancel=False)
