@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from vfs.cache import PageCache
 from vfs.stores import s3 as s3_module
 from vfs.stores.base import ObjectInfo
 from vfs.stores.s3 import S3Folder, S3Object, S3Options
@@ -101,3 +102,25 @@ def test_ranges_beyond_the_limits_are_never_fetched_ahead(
     assert calls == [(0, CHUNK)]
     source.close()
     assert source._folder.conn._held == 0
+
+
+def test_read_ahead_counts_against_the_page_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the mount's page cache as the budget, prefetched bytes are at most a quarter of it,
+    lent by it while held (cached pages make room), and given back when taken or dropped."""
+    monkeypatch.setattr(S3Object, "_get", lambda self, off, n: BLOB[off : off + n])
+    cache = PageCache(8 * CHUNK)
+    for i in range(8):
+        cache.put(("page", i), bytes(CHUNK))
+    folder = S3Folder("s3://bucket", S3Options(endpoint="http://127.0.0.1:9"), budget=cache)
+    source = S3Object(folder, "blob", ObjectInfo("blob", len(BLOB), 0.0, '"etag"'))
+    source.readahead_bytes = 10 * CHUNK
+    for j in range(1, 6):
+        source.prefetch(j * CHUNK, CHUNK)
+    assert sorted(source._ahead) == [(CHUNK, CHUNK), (2 * CHUNK, CHUNK)]  # 8 // BUDGET_SHARE
+    assert cache._reserved == 2 * CHUNK
+    assert cache.current_bytes + cache._reserved <= cache.max_bytes  # two pages gave way
+    assert source.read(CHUNK, CHUNK) == BLOB[CHUNK : 2 * CHUNK]
+    assert cache._reserved == CHUNK
+    source.close()
+    assert cache._reserved == 0 and folder.conn._held == 0
+    folder.close()

@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import obstore
 from obstore.exceptions import (
@@ -54,6 +54,7 @@ _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"
 PREFETCH_MAX = 64 << 20  # one prefetched range at most (a chunk is at most this)
 READAHEAD_BYTES = 48 << 20  # prefetched bytes held (or in flight) per open object at most
 READAHEAD_TOTAL = 192 << 20  # ... and by all objects of one connection together
+BUDGET_SHARE = 4  # ... and at most this part of the page cache it counts against
 STALE_BEHIND = 4  # a range this part of the budget behind the last read is not coming back
 POOL_PREFIX = "s3-get"
 _PROFILE_SECRETS: set[str] = set()  # values read from a profile, scrubbed like the variables
@@ -351,13 +352,25 @@ def _in_pool() -> bool:
     return threading.current_thread().name.startswith(POOL_PREFIX)
 
 
+class Budget(Protocol):
+    """What read-ahead counts against (the mount's PageCache): bytes lent are evicted from it
+    while they are held, so prefetched ranges and cached pages together stay within its size."""
+
+    max_bytes: int
+
+    def lend(self, nbytes: int) -> None: ...
+
+    def unlend(self, nbytes: int) -> None: ...
+
+
 class S3Connection:
     """One configured client for a bucket and the thread pool that keeps GETs in flight; shared
-    by a folder and its sub-folders."""
+    by a folder and its sub-folders. With a `budget`, the bytes fetched ahead count against it."""
 
-    def __init__(self, bucket: str, options: S3Options) -> None:
+    def __init__(self, bucket: str, options: S3Options, budget: Budget | None = None) -> None:
         self.bucket = bucket
         self.options = options
+        self.budget = budget
         self.client = _client(bucket, options)
         self.disk_cache: DiskCache | None = None
         if options.disk_cache is not None:
@@ -378,16 +391,24 @@ class S3Connection:
 
     def hold(self, size: int) -> bool:
         """Whether `size` more bytes may be fetched ahead: all open objects together hold at
-        most READAHEAD_TOTAL (many files read at once each get a part of it)."""
+        most READAHEAD_TOTAL (many files read at once each get a part of it), and at most a
+        BUDGET_SHARE of the budget's size, lent by it while held."""
+        limit = READAHEAD_TOTAL
+        if self.budget is not None:
+            limit = min(limit, self.budget.max_bytes // BUDGET_SHARE)
         with self._lock:
-            if self._held + size > READAHEAD_TOTAL:
+            if self._held + size > limit:
                 return False
             self._held += size
+            if self.budget is not None:
+                self.budget.lend(size)
             return True
 
     def release(self, size: int) -> None:
         with self._lock:
             self._held -= size
+            if self.budget is not None:
+                self.budget.unlend(size)
 
     def close(self) -> None:
         with self._lock:
@@ -400,11 +421,15 @@ class S3Folder:
     """s3://BUCKET/PREFIX as a `Folder`; keys are relative to PREFIX."""
 
     def __init__(
-        self, url: str, options: S3Options | None = None, connection: S3Connection | None = None
+        self,
+        url: str,
+        options: S3Options | None = None,
+        connection: S3Connection | None = None,
+        budget: Budget | None = None,
     ) -> None:
         bucket, self.prefix = split_url(url)
         self.bucket = bucket
-        self.conn = connection or S3Connection(bucket, options or S3Options())
+        self.conn = connection or S3Connection(bucket, options or S3Options(), budget)
         self.client = self.conn.client
         self.name = f"{SCHEME}{bucket}/{self.prefix}" if self.prefix else f"{SCHEME}{bucket}"
         self._first: tuple[float, list[str], list[ObjectInfo]] | None = None
