@@ -90,7 +90,7 @@ def _fresh(work: Path, name: str) -> tuple[Path, Path]:
 def _sequential(report: Report, args: Any, work: Path, store: S3Store, tif: Path, url: str,
                 logs: Path) -> None:  # fmt: skip
     size = tif.stat().st_size
-    got, mounts = [], []
+    got, mounts, cpus = [], [], []
     for _ in range(args.repeat):
         start = time.perf_counter()
         data = obstore.get(store, f"plain/{tif.name}").bytes()
@@ -99,14 +99,19 @@ def _sequential(report: Report, args: Any, work: Path, store: S3Store, tif: Path
         del data
         mnt, index = _fresh(work, "seq")
         drop_caches()
-        with mounted(daemon(url, mnt, index, logs), mnt, logs / "stderr.log"):
+        with mounted(daemon(url, mnt, index, logs), mnt, logs / "stderr.log") as m:
+            before = cpu_seconds(m.pid)
             seconds, nbytes = dd_read(mnt / tif.name)
+            cpus.append(cpu_seconds(m.pid) - before)
             assert nbytes == size, f"dd read {nbytes} of {size} bytes"
             mounts.append(seconds)
     base, mount = mbps(size, min(got)), mbps(size, min(mounts))
     report.add("obstore GET of the plain TIFF", f"{base:.0f} MB/s", f"best of {args.repeat}")
     report.add("dd bs=1M through the bucket mount", f"{mount:.0f} MB/s",
                f"best of {args.repeat}, cold; rounds {_list(size, mounts)}")  # fmt: skip
+    # CPU-bound or waiting: the daemon decodes and hashes on the cores the server leaves.
+    busy = ", ".join(f"{c:.2f} s ({c / t:.1f} cores)" for c, t in zip(cpus, mounts, strict=True))
+    report.add("daemon CPU during each dd", busy, f"{os.cpu_count()} cores, server on the same")
     report.target("sequential: mount ÷ obstore download", mount / base, 1.0, "x", at_most=False)
 
 

@@ -185,6 +185,17 @@ class PageCache:
                 del self._inflight[key]
             event.set()
 
+    def lend(self, nbytes: int) -> None:
+        """Room for bytes held outside the cache on its behalf (an object store's read-ahead,
+        vfs.stores.s3): evicted for now, so the cache and what it lends stay within max_bytes
+        together. Given back with `unlend`."""
+        with self._lock:
+            self._reserve(nbytes)
+
+    def unlend(self, nbytes: int) -> None:
+        with self._lock:
+            self._reserved -= nbytes
+
     def _reserve(self, nbytes: int) -> None:
         # With the lock held. Evicting for it now, rather than after the decode, means a
         # 256 MiB cache with 4 decoders of 8 MiB planes holds 256 MiB, not 288, at its peak.

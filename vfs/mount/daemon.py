@@ -119,7 +119,7 @@ def build_bucket_tree(config: MountConfig, cache: PageCache) -> SourceTree:
                         retries=b.retries, retry_timeout=2 * b.timeout,
                         profile=b.profile, disk_cache=b.disk_cache,
                         disk_cache_size=b.disk_cache_size)  # fmt: skip
-    folder = S3Folder(b.url, options)
+    folder = S3Folder(b.url, options, budget=cache)  # read-ahead counts against the cache
     folder.check()
     root = ObjectPath.of_url(folder.name)
     index = open_index(config)

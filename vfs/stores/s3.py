@@ -25,7 +25,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import obstore
 from obstore.exceptions import (
@@ -54,6 +54,8 @@ _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID"
 PREFETCH_MAX = 64 << 20  # one prefetched range at most (a chunk is at most this)
 READAHEAD_BYTES = 48 << 20  # prefetched bytes held (or in flight) per open object at most
 READAHEAD_TOTAL = 192 << 20  # ... and by all objects of one connection together
+BUDGET_SHARE = 4  # ... and at most this part of the page cache it counts against
+STALE_BEHIND = 4  # a range this part of the budget behind the last read is not coming back
 POOL_PREFIX = "s3-get"
 _PROFILE_SECRETS: set[str] = set()  # values read from a profile, scrubbed like the variables
 _SIGNED = re.compile(r"(X-Amz-[A-Za-z-]+|Signature|Credential|AWSAccessKeyId)=[^&\s]*")
@@ -233,6 +235,7 @@ class S3Object:
         self.info = info
         self.size = info.size
         self._ahead: dict[tuple[int, int], Future[bytes]] = {}
+        self._at: int | None = None  # offset of the last read
         self._lock = threading.Lock()
 
     @property
@@ -242,16 +245,20 @@ class S3Object:
     def prefetch(self, offset: int, size: int) -> None:
         """Start fetching [offset, offset + size) in the background (the decant store asks for
         the chunks after the ones the reader decodes): sequential reads keep several GETs in
-        flight (up to the connection's `concurrency`). At most READAHEAD_BYTES are held per
-        object: ranges before this one (never taken: the reader moved on) make room first;
-        past that, the range is not fetched ahead (it is asked again as the reader moves on)."""
+        flight (up to the connection's `concurrency`). At most `readahead_bytes` are held (or
+        in flight) per object, READAHEAD_TOTAL per connection. Room is made only from ranges
+        the reader has left behind or jumped away from (`_stale`), never from the ones still
+        ahead of it: those are the next reads, and dropping them (as this once did, oldest
+        first) made every chunk a GET of the reader's own after its prefetch was thrown away.
+        Past the budget the range is not fetched ahead (it is asked again as the reader moves
+        on). `size` comes from the archive: one range over PREFETCH_MAX is never fetched ahead."""
         if size <= 0 or size > PREFETCH_MAX or offset < 0 or offset + size > self.size:
             return
         with self._lock:
             if (offset, size) in self._ahead:
                 return
             held = sum(n for _off, n in self._ahead)
-            for old in [r for r in self._ahead if r[0] < offset]:
+            for old in self._stale(offset + size):
                 if held + size <= self.readahead_bytes:
                     break
                 self._drop(old)
@@ -261,10 +268,24 @@ class S3Object:
                 return
             self._ahead[(offset, size)] = conn.pool.submit(self._fetch, offset, size)
 
+    def _stale(self, end: int) -> list[tuple[int, int]]:
+        """Prefetched ranges that may make room for one ending at `end` (lock held): first
+        those wholly behind the last read by more than STALE_BEHIND of this object's budget
+        (two decoders take neighbouring chunks in either order), then those after `end`,
+        farthest first (the reader jumped back: what it will read next comes first)."""
+        at = self._at
+        if at is None:
+            return []
+        slack = self.readahead_bytes // STALE_BEHIND
+        behind = sorted(r for r in self._ahead if r[0] + r[1] + slack <= at)
+        beyond = sorted((r for r in self._ahead if r[0] >= end), reverse=True)
+        return behind + beyond
+
     def read(self, offset: int, size: int) -> bytes:
         check_range(self, offset, size)
         if size == 0:
             return b""
+        self._at = offset  # where the reader is: what `_stale` keeps prefetched ranges around
         if self._ahead:
             with self._lock:
                 ahead = self._drop((offset, size), cancel=False)
@@ -331,13 +352,25 @@ def _in_pool() -> bool:
     return threading.current_thread().name.startswith(POOL_PREFIX)
 
 
+class Budget(Protocol):
+    """What read-ahead counts against (the mount's PageCache): bytes lent are evicted from it
+    while they are held, so prefetched ranges and cached pages together stay within its size."""
+
+    max_bytes: int
+
+    def lend(self, nbytes: int) -> None: ...
+
+    def unlend(self, nbytes: int) -> None: ...
+
+
 class S3Connection:
     """One configured client for a bucket and the thread pool that keeps GETs in flight; shared
-    by a folder and its sub-folders."""
+    by a folder and its sub-folders. With a `budget`, the bytes fetched ahead count against it."""
 
-    def __init__(self, bucket: str, options: S3Options) -> None:
+    def __init__(self, bucket: str, options: S3Options, budget: Budget | None = None) -> None:
         self.bucket = bucket
         self.options = options
+        self.budget = budget
         self.client = _client(bucket, options)
         self.disk_cache: DiskCache | None = None
         if options.disk_cache is not None:
@@ -358,16 +391,24 @@ class S3Connection:
 
     def hold(self, size: int) -> bool:
         """Whether `size` more bytes may be fetched ahead: all open objects together hold at
-        most READAHEAD_TOTAL (many files read at once each get a part of it)."""
+        most READAHEAD_TOTAL (many files read at once each get a part of it), and at most a
+        BUDGET_SHARE of the budget's size, lent by it while held."""
+        limit = READAHEAD_TOTAL
+        if self.budget is not None:
+            limit = min(limit, self.budget.max_bytes // BUDGET_SHARE)
         with self._lock:
-            if self._held + size > READAHEAD_TOTAL:
+            if self._held + size > limit:
                 return False
             self._held += size
+            if self.budget is not None:
+                self.budget.lend(size)
             return True
 
     def release(self, size: int) -> None:
         with self._lock:
             self._held -= size
+            if self.budget is not None:
+                self.budget.unlend(size)
 
     def close(self) -> None:
         with self._lock:
@@ -380,11 +421,15 @@ class S3Folder:
     """s3://BUCKET/PREFIX as a `Folder`; keys are relative to PREFIX."""
 
     def __init__(
-        self, url: str, options: S3Options | None = None, connection: S3Connection | None = None
+        self,
+        url: str,
+        options: S3Options | None = None,
+        connection: S3Connection | None = None,
+        budget: Budget | None = None,
     ) -> None:
         bucket, self.prefix = split_url(url)
         self.bucket = bucket
-        self.conn = connection or S3Connection(bucket, options or S3Options())
+        self.conn = connection or S3Connection(bucket, options or S3Options(), budget)
         self.client = self.conn.client
         self.name = f"{SCHEME}{bucket}/{self.prefix}" if self.prefix else f"{SCHEME}{bucket}"
         self._first: tuple[float, list[str], list[ObjectInfo]] | None = None

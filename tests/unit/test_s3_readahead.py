@@ -1,0 +1,126 @@
+"""S3Object's read-ahead window, without a server: `_get` serves a blob in memory and counts.
+
+The decant store asks for the chunks after the ones being decoded (`prefetch`) while the
+reader takes earlier ones (`read`); the window is bounded in bytes. These check that a
+sequential reader never fetches a chunk twice when the budget is smaller than the read-ahead
+asked for (room is made only behind the reader), that a reader who jumps back gets the room,
+and that sizes from the archive beyond the limits are never fetched ahead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from vfs.cache import PageCache
+from vfs.stores import s3 as s3_module
+from vfs.stores.base import ObjectInfo
+from vfs.stores.s3 import S3Folder, S3Object, S3Options
+
+CHUNK = 1000
+COUNT = 40
+BLOB = bytes(i % 251 for i in range(CHUNK * COUNT))
+
+
+@pytest.fixture
+def obj(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[S3Object, list[tuple[int, int]]]]:
+    calls: list[tuple[int, int]] = []
+
+    def fake_get(self: S3Object, offset: int, size: int) -> bytes:
+        calls.append((offset, size))
+        return BLOB[offset : offset + size]
+
+    monkeypatch.setattr(S3Object, "_get", fake_get)
+    folder = S3Folder("s3://bucket", S3Options(endpoint="http://127.0.0.1:9"))  # never reached
+    source = S3Object(folder, "blob", ObjectInfo("blob", len(BLOB), 0.0, '"etag"'))
+    source.readahead_bytes = 4 * CHUNK
+    yield source, calls
+    source.close()
+    folder.close()
+
+
+def _settle(source: S3Object) -> None:
+    for future in list(source._ahead.values()):
+        future.result()
+
+
+@pytest.mark.parametrize("lead", [1, 3])
+def test_a_sequential_reader_fetches_each_chunk_once_past_the_budget(
+    obj: tuple[S3Object, list[tuple[int, int]]], lead: int
+) -> None:
+    """As the decant store does: before chunk i is read, the chunks from i + lead on are asked
+    for, more than the budget holds. The old policy made room by dropping the oldest ranges
+    ahead, the very next reads, so each became a second GET."""
+    source, calls = obj
+    out = []
+    for i in range(COUNT):
+        for j in range(i + lead, min(COUNT, i + lead + 8)):
+            source.prefetch(j * CHUNK, CHUNK)
+        _settle(source)
+        out.append(source.read(i * CHUNK, CHUNK))
+    assert b"".join(out) == BLOB
+    assert sorted(calls) == [(i * CHUNK, CHUNK) for i in range(COUNT)]  # each exactly once
+    assert sum(n for _o, n in source._ahead) <= source.readahead_bytes
+
+
+def test_a_reader_that_jumps_back_gets_the_room(
+    obj: tuple[S3Object, list[tuple[int, int]]],
+) -> None:
+    source, calls = obj
+    source.read(20 * CHUNK, CHUNK)
+    for j in range(21, 25):
+        source.prefetch(j * CHUNK, CHUNK)
+    _settle(source)
+    source.read(0, CHUNK)  # back to the start: ranges 21-24 are now far ahead of the reader
+    source.prefetch(CHUNK, CHUNK)
+    assert (CHUNK, CHUNK) in source._ahead
+    assert len(source._ahead) == 4  # one far range gave way, the farthest
+    assert (24 * CHUNK, CHUNK) not in source._ahead
+    _settle(source)
+    calls.clear()
+    assert source.read(CHUNK, CHUNK) == BLOB[CHUNK : 2 * CHUNK]
+    assert calls == []
+
+
+def test_ranges_beyond_the_limits_are_never_fetched_ahead(
+    obj: tuple[S3Object, list[tuple[int, int]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk size comes from the archive: a huge one, one past the end, or a negative one
+    is not prefetched (the read that needs it fails or fetches it then)."""
+    source, calls = obj
+    source.readahead_bytes = 1 << 40
+    monkeypatch.setattr(s3_module, "PREFETCH_MAX", 2 * CHUNK)
+    for offset, size in [(0, 3 * CHUNK), (len(BLOB) - CHUNK, 2 * CHUNK), (-1, CHUNK),
+                         (0, 0), (0, -5)]:  # fmt: skip
+        source.prefetch(offset, size)
+    monkeypatch.setattr(s3_module, "READAHEAD_TOTAL", CHUNK)  # the connection's budget
+    source.prefetch(0, CHUNK)
+    source.prefetch(CHUNK, CHUNK)
+    _settle(source)
+    assert list(source._ahead) == [(0, CHUNK)]
+    assert calls == [(0, CHUNK)]
+    source.close()
+    assert source._folder.conn._held == 0
+
+
+def test_read_ahead_counts_against_the_page_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the mount's page cache as the budget, prefetched bytes are at most a quarter of it,
+    lent by it while held (cached pages make room), and given back when taken or dropped."""
+    monkeypatch.setattr(S3Object, "_get", lambda self, off, n: BLOB[off : off + n])
+    cache = PageCache(8 * CHUNK)
+    for i in range(8):
+        cache.put(("page", i), bytes(CHUNK))
+    folder = S3Folder("s3://bucket", S3Options(endpoint="http://127.0.0.1:9"), budget=cache)
+    source = S3Object(folder, "blob", ObjectInfo("blob", len(BLOB), 0.0, '"etag"'))
+    source.readahead_bytes = 10 * CHUNK
+    for j in range(1, 6):
+        source.prefetch(j * CHUNK, CHUNK)
+    assert sorted(source._ahead) == [(CHUNK, CHUNK), (2 * CHUNK, CHUNK)]  # 8 // BUDGET_SHARE
+    assert cache._reserved == 2 * CHUNK
+    assert cache.current_bytes + cache._reserved <= cache.max_bytes  # two pages gave way
+    assert source.read(CHUNK, CHUNK) == BLOB[CHUNK : 2 * CHUNK]
+    assert cache._reserved == CHUNK
+    source.close()
+    assert cache._reserved == 0 and folder.conn._held == 0
+    folder.close()
