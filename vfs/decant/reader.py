@@ -243,7 +243,12 @@ class DigestTap:
         self.seen: dict[str, int] = {}
 
     def get(self, key: str, limit: int) -> bytes | memoryview | None:
-        data = self.store.get(key, limit)
+        return self._note(key, self.store.get(key, limit))
+
+    def get_scratch(self, key: str, limit: int) -> bytes | memoryview | None:
+        return self._note(key, self.store.get_scratch(key, limit))
+
+    def _note(self, key: str, data: bytes | memoryview | None) -> bytes | memoryview | None:
         if data is not None and is_chunk_key(key):
             self.seen[key] = xxhash.xxh3_64_intdigest(data)
         return data
