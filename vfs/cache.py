@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import mmap
 import sys
 import threading
 from collections import OrderedDict
@@ -60,53 +59,19 @@ class BufferPool:
                         del self._free[i]
                         self.reused += 1
                         return arr
-        return _fresh(nbytes)
+        return np.empty(nbytes, dtype=np.uint8)
 
     def give(self, value: Any) -> None:
         """Offer an evicted value: kept if it is a view of a whole buffer `take` could return."""
         arr = value.obj if isinstance(value, memoryview) else None
         if not isinstance(arr, np.ndarray) or arr.nbytes < self.MIN_BYTES:
             return
-        if arr.dtype != np.uint8 or arr.ndim != 1 or not _whole(arr):
+        if arr.dtype != np.uint8 or arr.ndim != 1 or not arr.flags.owndata:
             return
         with self._lock:
             self._free.append(arr)
             while sum(a.nbytes for a in self._free) > self.keep_bytes:
                 self._free.pop(0)
-
-
-HUGE_PAGE = 2 << 20
-
-
-def _fresh(nbytes: int) -> np.ndarray[Any, Any]:
-    """A new uint8 buffer; a whole number of 2 MiB pages is mapped on its own, as huge pages.
-
-    From malloc, an 8 MiB plane sits 16 bytes past a 2 MiB boundary (its header) in a mapping
-    the kernel does not align: a quarter of it faulted in 4 KiB at a time (32k faults per
-    512 MiB read, with the kernel zeroing each page; clear_page was a fifth of the daemon's CPU
-    on a first read). A mapping whose length is a multiple of 2 MiB is aligned by the kernel,
-    and MADV_HUGEPAGE (transparent_hugepage=madvise here) makes each 2 MiB one fault.
-    """
-    if nbytes < HUGE_PAGE or nbytes % HUGE_PAGE:
-        return np.empty(nbytes, dtype=np.uint8)
-    area = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if hasattr(mmap, "MADV_HUGEPAGE"):
-        area.madvise(mmap.MADV_HUGEPAGE)
-    return np.frombuffer(area, dtype=np.uint8)  # unmapped when the last view of it goes
-
-
-def _whole(arr: np.ndarray[Any, Any]) -> bool:
-    """`arr` is a whole buffer, not a view of part of another: its own data, or all of a
-    mapping `_fresh` made (which nothing else refers to: the pool's refcount check sees views)."""
-    if arr.flags.owndata:
-        return True
-    base = arr.base  # np.frombuffer's: a memoryview of the mapping
-    return (
-        isinstance(base, memoryview)
-        and isinstance(base.obj, mmap.mmap)
-        and base.nbytes == arr.nbytes
-        and arr.flags.writeable
-    )
 
 
 class PageCache:
