@@ -626,6 +626,7 @@ def _report_sequential(report: Report, seq: dict[str, Any], size: int, cache: in
         per_s = " ".join(f"{c:.2f}" for c in mid.per_second)
         report.add(f"{label}   daemon cores per second", per_s or "-")
         report.add(f"{label}   threads (cores)", mid.threads_text())
+        report.add(f"{label}   threads (CPU s per GB)", _per_gb_text(mid, size))
     report.section("memory: decant-mount VmHWM after streaming the file")
     limit = (cache + 150 * MiB) / MiB
     report.target("peak RSS, hashing", max(seq["hwm"]) / MiB, limit, "MiB", at_most=True)
@@ -633,6 +634,12 @@ def _report_sequential(report: Report, seq: dict[str, Any], size: int, cache: in
     warm_limit = (size + 256 * MiB + 150 * MiB) / MiB
     report.target("peak RSS, warm (cache = file + 256 MiB)", seq["hwm_c"] / MiB, warm_limit,
                   "MiB", at_most=True)  # fmt: skip
+
+
+def _per_gb_text(use: CpuUse, size: int, top: int = 4) -> str:
+    """Each thread group's CPU seconds per GB served: where the work went, whatever the load."""
+    ranked = sorted(use.threads.items(), key=lambda kv: -kv[1])[:top]
+    return ", ".join(f"{name} {sec / (size / 1e9):.2f}" for name, sec in ranked)
 
 
 def _report_random(report: Report, rnd: dict[str, list[float]], memfs: list[float]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -94,3 +95,25 @@ def test_random_reads_while_hashing_stay_near_the_cache_size(stacks: Path, make_
     assert reads > 0
     assert peak < BOUND, f"peak RSS {peak // MiB} MiB over {BOUND // MiB} after {reads} preads"
     assert end < BOUND, f"RSS {end // MiB} MiB over {BOUND // MiB} once every handle closed"
+
+
+def test_files_larger_than_the_cache_stream_whole_first_read_and_verified(  # type: ignore[no-untyped-def]
+    stacks: Path, make_mount
+) -> None:
+    """A 64 MiB file with --cache-size 64M does not fit with its read-ahead: a forward reader
+    drops the planes behind it and their buffers decode the planes ahead (while views of them
+    may still wait to be hashed). sha256sum reads each file hashing, then verified with the
+    kernel's copy dropped, and gets the recorded sha256 both times."""
+    m = make_mount(stacks, "--read-only", "--cache-size", "64M")
+    for name in ("a.tif", "b.tif"):
+        path = m.mnt / name
+        want = os.getxattr(path, "user.decant.sha256").decode()
+        for verified in (b"unknown", b"yes"):
+            assert os.getxattr(path, "user.decant.verified") in {verified, b"pending"}
+            run = subprocess.run(["sha256sum", str(path)], capture_output=True, text=True)
+            assert run.returncode == 0, run.stderr
+            assert run.stdout.split()[0] == want
+            fd = os.open(path, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # next pass reaches the daemon
+            os.close(fd)
+        assert os.getxattr(path, "user.decant.verified") == b"yes"

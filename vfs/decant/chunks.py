@@ -213,7 +213,10 @@ def read_chunk(
     `alloc(nbytes)` gives the uint8 buffer a blosc chunk decodes into (PageCache.buffers.take)."""
     key = spec.chunk_key(index)
     expected = spec.chunk_nbytes
-    raw = store.get(key, compressed_bound(expected))
+    # Every codec decodes into a buffer of its own, so the stored bytes may be read into the
+    # thread's reused scratch buffer; without a codec they would be the value itself.
+    get = getattr(store, "get_scratch", store.get) if spec.compressor is not None else store.get
+    raw = get(key, compressed_bound(expected))
     if raw is None:
         if spec.all_stored:
             raise CorruptArchiveError(f"{store.name}: chunk {key!r} is missing")

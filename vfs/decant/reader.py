@@ -7,6 +7,8 @@ raises; it never allocates more than one plane or husk block, and never serves a
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
 import os
 import stat
@@ -226,6 +228,9 @@ PARTIAL_LIMIT = 256 * 1024
 SEQUENTIAL_RUN = 1 << 20
 # Planes a sequential reader keeps queued ahead of it (8 MiB each for a 2048² uint16 stack).
 READAHEAD_PLANES = 3
+# Planes kept behind a forward reader of a file whose planes do not fit in the cache (the kernel
+# keeps two requests in flight, so the plane before the current one may still be asked for).
+DROP_BEHIND = 2
 
 
 class _NotCached(Exception):
@@ -243,7 +248,12 @@ class DigestTap:
         self.seen: dict[str, int] = {}
 
     def get(self, key: str, limit: int) -> bytes | memoryview | None:
-        data = self.store.get(key, limit)
+        return self._note(key, self.store.get(key, limit))
+
+    def get_scratch(self, key: str, limit: int) -> bytes | memoryview | None:
+        return self._note(key, self.store.get_scratch(key, limit))
+
+    def _note(self, key: str, data: bytes | memoryview | None) -> bytes | memoryview | None:
         if data is not None and is_chunk_key(key):
             self.seen[key] = xxhash.xxh3_64_intdigest(data)
         return data
@@ -416,12 +426,33 @@ class PixelReader(OriginalReader):
         self._blocks = BlockSource(archive.store, self._pixels, cache, archive.cache_key)
         self._geometries: dict[tuple[Any, ...], PageGeometry] = {}
         self._prefetched = -1  # the page whose chunk read-ahead last asked the kernel for
+        self._rank = {p: i for i, p in enumerate(sorted(self.pages, key=self._page_start))}
+        self._by_rank = sorted(self.pages, key=self._page_start)
+        self._drop = self._drops_behind(cache)
+        self._behind = 0  # pages ranked below this were dropped behind a forward reader
         self._queued: dict[int, Future[Any]] = {}  # read-ahead decodes not finished yet
         self._queue_lock = threading.Lock()
         self._closed = False
         self._leading = self._check_pixels(pages, source)
         self._plane_order = self._check_plane_order(archive.manifest, source)
         self._check_stored(pages)
+
+    def _page_start(self, page: int) -> int:
+        return self.regions.page_start.get(page, -1)
+
+    def _drops_behind(self, cache: PageCache) -> bool:
+        """Whether a forward reader drops the planes it has passed: when the file's planes and
+        the read-ahead window do not fit in the cache together. Kept, such a file's planes would
+        push out every other file's, and still not serve a re-read: LRU evicts its first planes
+        to make room for its last ones, so a second pass misses every plane. Dropped, their
+        buffers decode the planes ahead (BufferPool): a fresh 8 MiB buffer cost its page faults
+        and the kernel zeroing it, 0.5-2 s per GB decoded here against 0.2 s for the decode
+        itself; a first read of a 512 MiB stack with the default 512 MiB cache took ~590 MiB of
+        RSS and 1.4-2.4 s of daemon CPU per GB, ~125 MiB and 1.2 s/GB dropping behind
+        (tools/bench.py mount). A file that fits stays cached whole for re-reads."""
+        plane = self._pixels.chunk_nbytes
+        window = (READAHEAD_PLANES + DROP_BEHIND + 1) * plane
+        return len(self.pages) * plane + window > cache.max_bytes
 
     def _check_pixels(self, pages: tuple[PageRecord, ...], source: str) -> tuple[int, ...]:
         """`0` holds one plane per chunk, each page's plane: its leading shape, checked."""
@@ -574,6 +605,8 @@ class PixelReader(OriginalReader):
         the cores the request path leaves, while the serving thread only slices ready planes.
         A failed decode is not reported here: the read that needs the page decodes it itself."""
         pages = self._pages_after(offset, depth + 1)
+        if pages:
+            self._drop_behind(self._rank[pages[0]] - 1)
         if len(pages) > depth:
             ahead = pages.pop()
             if ahead != self._prefetched:  # once per chunk, not once per request
@@ -591,6 +624,18 @@ class PixelReader(OriginalReader):
                 submitted.append((p, future))
         for p, future in submitted:  # outside the lock: a done future calls back at once
             future.add_done_callback(lambda _f, p=p: self._dequeue(p))
+
+    def _drop_behind(self, current: int) -> None:
+        """Forget the planes ranked more than DROP_BEHIND before `current` (the one being read),
+        when this file drops behind; a reader that jumps far ahead drops at most 64 planes."""
+        if not self._drop:
+            return
+        stop = current - DROP_BEHIND
+        with self._queue_lock:
+            first = max(self._behind, stop - 64)
+            self._behind = max(self._behind, stop)
+        for rank in range(first, stop):
+            self.cache.discard(self._page_key(self._by_rank[rank]))
 
     def _dequeue(self, page: int) -> None:
         with self._queue_lock:
@@ -627,8 +672,21 @@ def _decode_pool() -> ThreadPoolExecutor:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = ThreadPoolExecutor(max(2, (os.cpu_count() or 2) - 1), "decant-decode")
+            _POOL = ThreadPoolExecutor(
+                max(2, (os.cpu_count() or 2) - 1), "decant-decode", initializer=_name_thread
+            )
         return _POOL
+
+
+def _name_thread() -> None:
+    """Give a pool thread its name in the kernel too (Python 3.11 names it for itself only): it
+    otherwise keeps the name of the trio thread that started it ("readahead from …"), and
+    per-thread CPU figures (/proc/PID/task/*/comm, tools/bench.py mount) blur with trio's."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None).prctl(_PR_SET_NAME, b"decant-decode", 0, 0, 0)
+
+
+_PR_SET_NAME = 15  # prctl(2)
 
 
 def _fitted(block: Any, held: int) -> memoryview:

@@ -1,0 +1,122 @@
+"""Chunks read into a thread's reused scratch buffer (ZipArchiveStore.get_scratch): the same bytes
+and the same checks as `get`, and a decoded value never aliases the scratch buffer."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from vfs.decant.chunks import read_chunk
+from vfs.decant.digests import archive_digests
+from vfs.decant.packer import PackResult
+from vfs.decant.reader import DecantArchive
+from vfs.decant.store import ZipArchiveStore, is_chunk_key
+from vfs.errors import CorruptArchiveError
+
+D = "imagej_hyperstack_tzc_u16.tif"  # mode D: pixel chunks 0/…, husk/0
+PLANE = "0/0.0.0.0.0"
+
+
+@pytest.fixture(scope="module")
+def archive(packed_corpus: dict[str, PackResult]) -> Path:
+    return packed_corpus[D].archive
+
+
+def chunk_keys(path: Path) -> list[str]:
+    with zipfile.ZipFile(path) as zf:
+        return [i.filename for i in zf.infolist() if is_chunk_key(i.filename)]
+
+
+def test_scratch_reads_equal_get_first_time_and_after(archive: Path) -> None:
+    keys = chunk_keys(archive)
+    assert len(keys) > 3
+    with ZipArchiveStore(archive) as plain, ZipArchiveStore(archive) as scratch:
+        for _ in range(2):  # the first read finds the data offset in the local header
+            for key in keys:
+                want = bytes(plain.get(key, 1 << 30) or b"")
+                got = scratch.get_scratch(key, 1 << 30)
+                assert got is not None and bytes(got) == want
+
+
+def test_scratch_is_per_thread(archive: Path) -> None:
+    """Another thread's read never lands in a buffer this thread still uses."""
+    a, b = chunk_keys(archive)[:2]
+    with ZipArchiveStore(archive) as store:
+        mine = store.get_scratch(a, 1 << 30)
+        assert mine is not None
+        kept = bytes(mine)
+        other = threading.Thread(target=store.get_scratch, args=(b, 1 << 30))
+        other.start()
+        other.join()
+        assert bytes(mine) == kept
+
+
+def flipped(src: Path, dest: Path, key: str) -> Path:
+    data = bytearray(src.read_bytes())
+    with zipfile.ZipFile(src) as zf:
+        info = zf.getinfo(key)
+    data[info.header_offset + 30 + len(info.filename) + len(info.extra) + 40] ^= 0x10
+    dest.write_bytes(bytes(data))
+    return dest
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["first-read", "offset-known"])
+def test_flipped_bit_fails_crc_through_scratch(archive: Path, tmp_path: Path, warm: bool) -> None:
+    bad = flipped(archive, tmp_path / "flip.zarr.zip", PLANE)
+    with DecantArchive.open(bad) as arc:
+        spec = arc.spec("0", 1 << 30)
+        if warm:  # the local header read once: the next read goes straight to the data
+            arc.store.get_range(PLANE, 0, 1)
+        with pytest.raises(CorruptArchiveError, match=f"'{PLANE}' fails its CRC-32"):
+            read_chunk(arc.store, spec, (0, 0, 0, 0, 0))
+
+
+def test_flipped_bit_fails_digest_through_scratch(archive: Path, tmp_path: Path) -> None:
+    digests = archive_digests(archive)
+    bad = flipped(archive, tmp_path / "flip.zarr.zip", PLANE)
+    with DecantArchive.open(bad, digests) as arc:
+        spec = arc.spec("0", 1 << 30)
+        with pytest.raises(CorruptArchiveError, match="does not match its recorded xxh3"):
+            read_chunk(arc.store, spec, (0, 0, 0, 0, 0))
+
+
+def test_decoded_chunks_do_not_alias_the_scratch_buffer(archive: Path) -> None:
+    """Chunks decoded one after another on one thread keep their own bytes."""
+    with DecantArchive.open(archive) as arc, DecantArchive.open(archive) as again:
+        spec = arc.spec("0", 1 << 30)
+        indices = [(t, 0, 0, 0, 0) for t in range(spec.shape[0])]
+        kept = [read_chunk(arc.store, spec, i) for i in indices]
+        for index, value in zip(indices, kept, strict=True):
+            assert bytes(value) == bytes(read_chunk(again.store, spec, index))
+
+
+def test_uncompressed_chunks_are_not_read_into_scratch(archive: Path) -> None:
+    """Without a codec the stored bytes are the value, kept in the cache: never a scratch view."""
+    with DecantArchive.open(archive) as arc:
+        spec = arc.spec("0", 1 << 30)
+        plain = dataclasses.replace(spec, compressor=None)
+
+        def refuse(key: str, limit: int) -> None:
+            raise AssertionError("read into scratch")
+
+        arc.store.get_scratch = refuse  # type: ignore[method-assign,assignment]
+        with pytest.raises(CorruptArchiveError, match="decodes to"):
+            read_chunk(arc.store, plain, (0, 0, 0, 0, 0))  # stored bytes are compressed
+
+
+def test_a_local_archive_is_not_read_ahead_with_fadvise(
+    archive: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """WILLNEED ahead of the decoders' own preads halved cold streaming here (store.prefetch)."""
+    advised: list[tuple[int, int]] = []
+    with ZipArchiveStore(archive) as store:
+        monkeypatch.setattr(store.source, "prefetch", lambda o, n: advised.append((o, n)))
+        store.prefetch(PLANE)
+        assert advised == []
+        monkeypatch.delattr(type(store.source), "fileno")  # as a bucket's source: no descriptor
+        store.prefetch(PLANE)
+        assert len(advised) == 1
