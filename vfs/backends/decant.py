@@ -127,6 +127,7 @@ class DecantFile:
         self.archive = archive
         self.reader = reader
         self.size = reader.size
+        self.listed_etag: str | None = None  # a bucket archive's, as its listing gave it
 
     @property
     def opened(self) -> tuple[int, int, int] | None:
@@ -140,10 +141,13 @@ class DecantFile:
 
     def seen_digests(self) -> dict[str, int] | None:
         """The archive's chunk digest map as this handle's reads made it, when they read every
-        chunk of the archive and the file at its path is still the one opened; else None."""
+        chunk of the archive and the file at its path (the object at its key) is still the one
+        opened; else None."""
         tap, st = self.reader.tap, self.archive.store.stat
-        if tap is None or st is None or self.reader.archive is not self.archive:
+        if tap is None or self.reader.archive is not self.archive:
             return None
+        if st is None:
+            return tap.complete() if self._listed_object() else None
         assert isinstance(self.archive.path, Path)
         try:
             now = os.stat(self.archive.path, follow_symlinks=False)
@@ -152,6 +156,19 @@ class DecantFile:
         if (now.st_ino, now.st_size, now.st_mtime_ns) != (st.st_ino, st.st_size, st.st_mtime_ns):
             return None
         return tap.complete()
+
+    def _listed_object(self) -> bool:
+        """A zip object of a bucket: every ranged GET of this handle was pinned (If-Match) to
+        the ETag it was opened with, so the digests it noted are the listed version's when that
+        ETag is the one its listing gave (`listed_etag`, set by the bucket's BoundBackend).
+        Without this, every first read of a bucket archive was followed by a GET of each of
+        its chunks again to record the map (270 MiB more for a 512 MiB stack)."""
+        try:
+            opened = getattr(self.archive.store.source, "info", None)  # a ZipArchiveStore's
+        except (AttributeError, ValueError):
+            return False
+        etag = getattr(opened, "etag", None)
+        return bool(etag) and etag == self.listed_etag
 
     def read_cached(self, offset: int, size: int) -> bytes | memoryview | None:
         return self.reader.read_cached(offset, size)

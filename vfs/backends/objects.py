@@ -52,7 +52,11 @@ class BoundBackend:
         lookup = getattr(self.inner, "digests", None)
         if lookup is not None:
             digests = lookup(path)
-        return self.inner.open_at(self.folder, self.key_of(path), member, entry, digests)
+        opened = self.inner.open_at(self.folder, self.key_of(path), member, entry, digests)
+        info = getattr(path, "info", None)
+        if info is not None and hasattr(opened, "listed_etag"):
+            opened.listed_etag = info.etag  # what the handle's noted digests must belong to
+        return opened
 
 
 class ObjectBackend:
