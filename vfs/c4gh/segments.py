@@ -267,7 +267,9 @@ class SegmentReader:
         """Empty pages [first_page, stop_page) in the cache (a stream's pages far behind its
         reader): their segment buffers go back to be decrypted into again, and the cache
         charges the pages nothing. A reader still holding a segment keeps it (its buffer is
-        not recycled while referenced); a later read of an emptied page decrypts it again."""
+        not recycled while referenced); a later read of an emptied page decrypts it again.
+        The page leaves the cache too: empty, it charged nothing, so it was never evicted while
+        the cache had room (a long stream left an empty page object per page read)."""
         for page_no in range(max(first_page, 0), stop_page):
             key = self.cache_key(page_no)
             if key not in self._cache:
@@ -276,7 +278,7 @@ class SegmentReader:
             with page.lock:
                 page.slots = [None] * PAGE_SEGMENTS  # one store: lock-free readers see either
                 page.nbytes = 0
-            self._cache.put(key, page)
+            self._cache.discard(key)
 
     def read(self, offset: int, size: int) -> bytes:
         """Plaintext bytes [offset, offset + size), short only at the end of the body."""

@@ -367,6 +367,8 @@ class BucketWriteSide(WriteSide):
         key = self._relpath(node.real)
         if not self.allow_delete:
             raise refuse(errno.EPERM, f"{node.real}: deleting needs decant-mount --allow-delete")
+        if node.member:  # its key is the whole archive's: every other member would go too
+            raise refuse(errno.EPERM, f"{node.real}: members of an archive cannot be deleted")
         if node.backend is not None and node.backend.name != "object" and key.endswith(".zarr"):
             raise refuse(errno.EPERM, f"{node.real}: a folder archive (many keys) is not "
                          "deleted through the mount")  # fmt: skip

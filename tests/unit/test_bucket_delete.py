@@ -1,0 +1,65 @@
+"""BucketWriteSide's rm with --allow-delete, in process (no store): a member of an archive
+shown as a folder is never deleted, since deleting it would delete the whole archive object."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import obstore
+import pytest
+
+from vfs.backends.base import Entry
+from vfs.ingest.bucket import BucketWriteSide
+from vfs.ingest.spool import Spool
+from vfs.nodes import archive_node
+from vfs.stores.base import ObjectInfo, etag_number
+
+
+class _Folder:
+    """Just what BucketWriteSide's rm reaches: one object listed under `key`."""
+
+    def __init__(self, key: str, etag: str) -> None:
+        self.info = ObjectInfo(key=key, size=100, etag=etag, mtime=0.0)
+        self.client = object()
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        return self.info if key == self.info.key else None
+
+    def full_key(self, key: str) -> str:
+        return key
+
+    def url_of(self, key: str) -> str:
+        return f"s3://b/{key}"
+
+
+class _Backend:
+    name = "decant"
+
+
+def test_rm_of_a_member_of_a_series_archive_does_not_delete_the_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    key, etag = "run.zarr.zip", '"abc"'
+    folder = _Folder(key, etag)
+    deleted: list[Any] = []
+    monkeypatch.setattr(obstore, "delete", lambda client, k: deleted.append(k))
+    root = Path("/bucket-root")
+    spool = Spool(tmp_path / "src", tmp_path / "spool", tmp_path / "staging")
+    side = BucketWriteSide(root, spool, folder, None, True)  # type: ignore[arg-type]
+    st = os.stat_result((stat.S_IFREG | 0o644, etag_number(f"{key}\0{etag}"), 0, 1, 0, 0,
+                         100, 0, 0, 0))  # fmt: skip
+    series = archive_node(_Backend(), root / key, st, "", Entry(is_dir=True), key)  # type: ignore[arg-type]
+    member = archive_node(_Backend(), root / key, st, "a.tif", Entry(size=10), key)  # type: ignore[arg-type]
+    member.version = series.version  # members share their archive's identity (tree.py)
+    with pytest.raises(OSError) as err:
+        side.unlink(series, "a.tif", member)
+    assert err.value.errno == errno.EPERM, err.value
+    assert deleted == []
+    # The archive itself, shown as one file (no member), is still deleted as before.
+    whole = archive_node(_Backend(), root / key, st, "", Entry(size=10), key)  # type: ignore[arg-type]
+    side.unlink(series, key, whole)
+    assert deleted == [key]
