@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from tests.toolbox import load_tool
 from tests.unit.c4gh_helpers import SEG, backend, files
 from vfs.backends.base import Description, Entry
-from vfs.backends.c4gh import C4ghBackend, add_mount_options, backend_from_args
+from vfs.backends.c4gh import C4ghBackend, MemberReader, add_mount_options, backend_from_args
 from vfs.c4gh.segments import PAGE_SEGMENTS
 from vfs.cache import PageCache
 from vfs.errors import (
@@ -414,17 +414,23 @@ def test_read_ahead_loads_run_on_the_executor_and_close_waits_for_them(paged, mo
     assert len(started) == 3
 
 
+def stream_keeping_one_page_behind(handle: MemberReader, want: bytes) -> None:
+    """Read the member forward a page at a time, with read-ahead, as if the cache were four
+    pages (one kept behind the reader); every page read must be exact."""
+    handle._keep_behind = PAGE
+    pos = 0
+    while pos < len(want):
+        data = handle.read_cached(pos, PAGE) or handle.read(pos, PAGE)
+        assert data == want[pos : pos + PAGE]
+        pos += len(data)
+        handle.readahead(pos - 1)
+
+
 def test_a_forward_reader_gives_back_pages_far_behind_it(paged) -> None:
     be = backend(paged.keys.node)
     handle = be.open(paged.path, paged.name, paged.entry)
-    handle._keep_behind = PAGE  # as if the cache were four pages: keep one behind the reader
-    pos = 0
     try:
-        while pos < len(paged.big):
-            data = handle.read_cached(pos, PAGE) or handle.read(pos, PAGE)
-            assert data == paged.big[pos : pos + PAGE]
-            pos += len(data)
-            handle.readahead(pos - 1)
+        stream_keeping_one_page_behind(handle, paged.big)
         first_page = paged.entry.locator["offset"] // PAGE
         assert handle._released > first_page  # pages were given back
         for page_no in range(first_page, handle._released):
@@ -443,14 +449,8 @@ def test_pages_given_back_leave_the_cache(paged) -> None:
     ~350 MiB of the daemon's memory). Given back, a page is gone from the cache."""
     be = backend(paged.keys.node)
     handle = be.open(paged.path, paged.name, paged.entry)
-    handle._keep_behind = PAGE
-    pos = 0
     try:
-        while pos < len(paged.big):
-            data = handle.read_cached(pos, PAGE) or handle.read(pos, PAGE)
-            assert data == paged.big[pos : pos + PAGE]
-            pos += len(data)
-            handle.readahead(pos - 1)
+        stream_keeping_one_page_behind(handle, paged.big)
         first_page = paged.entry.locator["offset"] // PAGE
         assert handle._released > first_page
         kept = [p for p in range(first_page, handle._released)
