@@ -361,6 +361,9 @@ def test_objects_of_the_bucket_are_deleted_and_renamed_only_with_allow_delete(
     os.unlink(m.mnt / tif)
     os.rename(m.mnt / "notes.txt", m.mnt / "sub" / "moved.txt")
     assert (m.mnt / "sub" / "moved.txt").read_bytes() == b"their notes\n"
+    # Moved by this host, the object is still the one it listed: moved on at once, not ESTALE.
+    os.rename(m.mnt / "sub" / "moved.txt", m.mnt / "sub" / "moved.tmp")
+    os.rename(m.mnt / "sub" / "moved.tmp", m.mnt / "sub" / "moved.txt")
     with pytest.raises(FileExistsError):  # the key holds another object: never replaced
         os.rename(m.mnt / "sub" / "moved.txt", m.mnt / "taken.txt")
     # An archive's original keeps its name (it is written inside the archive).

@@ -331,6 +331,10 @@ class BucketWriteSide(WriteSide):
         moved = self.root / new_key
         moved.info = copied  # type: ignore[attr-defined]  # the listing's, as a scan gives it
         node.real = moved
+        # The version of the object now listed there, made as `_still_listed` makes it: else a
+        # second mv or an rm of the new name found "another" object and refused it (ESTALE).
+        number = etag_number(f"{copied.key}\0{copied.etag}") or 1
+        node.version = (number, copied.size, int(copied.mtime * 1e9))
         return node
 
     def _still_listed(self, node: Node, key: str) -> str:
