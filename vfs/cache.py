@@ -215,3 +215,27 @@ class PageCache:
             if item is not None:
                 self._bytes -= item[1]
                 self.buffers.give(item[0])
+
+
+class DropBehind:
+    """The planes a forward reader has passed, taken out of the cache (`discard`), for a file that
+    does not fit in it: kept, LRU would evict its first planes for its last and a re-read would
+    miss anyway, while every plane decoded into a fresh buffer (page faults, the kernel zeroing
+    it). Dropped, their buffers decode the planes ahead. Shared by the decant reader and the
+    synthesized AcqStore TIFF."""
+
+    def __init__(self, cache: PageCache, keep: int, span: int) -> None:
+        self.cache = cache
+        self.keep = keep  # planes kept behind the current one (the kernel has two reads in flight)
+        self.span = span  # planes dropped per call at most (a reader that jumps far ahead)
+        self.behind = 0  # planes below this were dropped
+        self._lock = threading.Lock()
+
+    def passed(self, current: int, key: Callable[[int], Hashable]) -> None:
+        """The reader is at plane `current`: drop those more than `keep` before it."""
+        stop = current - self.keep
+        with self._lock:
+            first = max(self.behind, stop - self.span)
+            self.behind = max(self.behind, stop)
+        for n in range(first, stop):
+            self.cache.discard(key(n))

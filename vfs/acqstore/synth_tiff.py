@@ -20,7 +20,7 @@ import numpy as np
 
 from vfs.acqstore.ngff import Axis, NgffImage
 from vfs.acqstore.tiff_meta import describe_planes, resolution
-from vfs.cache import PageCache
+from vfs.cache import DropBehind, PageCache
 from vfs.errors import UnsupportedFormatError
 
 log = logging.getLogger(__name__)
@@ -267,8 +267,8 @@ class SynthesizedTiff:
         # then reused for the planes ahead: decoding into a fresh 8 MiB buffer (page faults, the
         # kernel zeroing it) cost 1.8-5x the decode itself here (0.34-1.07 s vs 0.19 s for 64
         # planes, tools/bench.py acqstore), and kept planes also pushed out everything else.
-        self._drop = layout.n_pages * layout.plane_bytes > cache.max_bytes // 4
-        self._behind = 0  # planes below this were dropped behind a forward reader
+        drops = layout.n_pages * layout.plane_bytes > cache.max_bytes // 4
+        self._dropping = DropBehind(cache, DROP_BEHIND, 4 * self._ahead + 64) if drops else None
 
     def read(self, offset: int, size: int) -> bytes | memoryview:
         return self._read(offset, size, self._plane)
@@ -334,7 +334,8 @@ class SynthesizedTiff:
         loop before handing a read-ahead to a thread, once per request)."""
         page = self._next_page(offset)
         stop = min(page + self._ahead, self.layout.n_pages)
-        if self._drop and page - 1 - DROP_BEHIND > self._behind:
+        dropping = self._dropping
+        if dropping is not None and page - 1 - DROP_BEHIND > dropping.behind:
             return True  # planes to drop behind
         cached = self._cache.present_or_loading
         return any(p not in self._queued and not cached((*self._key, p)) for p in range(page, stop))
@@ -346,14 +347,8 @@ class SynthesizedTiff:
     def _drop_behind(self, page: int) -> None:
         """Forget the planes more than DROP_BEHIND before `page` (the one being read), when this
         image drops behind; a reader that jumps far ahead drops at most a window's worth."""
-        if not self._drop:
-            return
-        stop = page - DROP_BEHIND
-        with self._lock:
-            first = max(self._behind, stop - 4 * self._ahead - 64)
-            self._behind = max(self._behind, stop)
-        for p in range(first, stop):
-            self._cache.discard((*self._key, p))
+        if self._dropping is not None:
+            self._dropping.passed(page, lambda p: (*self._key, p))
 
     def _prefetch(self, start: int, stop: int) -> None:
         """Start the disk reads of planes [start, stop) (those the next calls will decode),

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from vfs.cache import PageCache
+from vfs.cache import DropBehind, PageCache
 from vfs.decant.chunks import ArraySpec, check_byte_chunks, read_array_spec, read_chunk
 from vfs.decant.layout import page_coordinate, serialize_page
 from vfs.decant.limits import MAX_BLOCK_BYTES, MAX_CHUNK_BYTES, MAX_CHUNKS, MAX_MANIFEST_BYTES
@@ -426,10 +426,10 @@ class PixelReader(OriginalReader):
         self._blocks = BlockSource(archive.store, self._pixels, cache, archive.cache_key)
         self._geometries: dict[tuple[Any, ...], PageGeometry] = {}
         self._prefetched = -1  # the page whose chunk read-ahead last asked the kernel for
-        self._rank = {p: i for i, p in enumerate(sorted(self.pages, key=self._page_start))}
-        self._by_rank = sorted(self.pages, key=self._page_start)
-        self._drop = self._drops_behind(cache)
-        self._behind = 0  # pages ranked below this were dropped behind a forward reader
+        self._by_rank = sorted(self.pages, key=self._page_start)  # pages in file order
+        self._rank = {p: i for i, p in enumerate(self._by_rank)}
+        # Pages ranked (in file order) below `behind` were dropped behind a forward reader.
+        self._dropping = DropBehind(cache, DROP_BEHIND, 64) if self._drops_behind(cache) else None
         self._queued: dict[int, Future[Any]] = {}  # read-ahead decodes not finished yet
         self._queue_lock = threading.Lock()
         self._closed = False
@@ -628,14 +628,8 @@ class PixelReader(OriginalReader):
     def _drop_behind(self, current: int) -> None:
         """Forget the planes ranked more than DROP_BEHIND before `current` (the one being read),
         when this file drops behind; a reader that jumps far ahead drops at most 64 planes."""
-        if not self._drop:
-            return
-        stop = current - DROP_BEHIND
-        with self._queue_lock:
-            first = max(self._behind, stop - 64)
-            self._behind = max(self._behind, stop)
-        for rank in range(first, stop):
-            self.cache.discard(self._page_key(self._by_rank[rank]))
+        if self._dropping is not None:
+            self._dropping.passed(current, lambda rank: self._page_key(self._by_rank[rank]))
 
     def _dequeue(self, page: int) -> None:
         with self._queue_lock:
