@@ -4,6 +4,7 @@ names itself and leaves nothing behind."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import zipfile
 from pathlib import Path
@@ -177,3 +178,31 @@ def test_damaged_archive_never_replaces_the_target(
     assert list(dest.iterdir()) == [target]
     assert restore_archive(good, target, dest) == [target]  # the good archive does replace it
     assert target.read_bytes() == tif.read_bytes()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_failed_write_is_raised_and_nothing_is_left(
+    direct: bool,
+    packed: dict[str, tuple[Path, Path]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The writer thread's error (a disk filling up mid-file) reaches the caller; the temp file
+    goes and the target is not created."""
+    monkeypatch.setattr(restore, "DIRECT", direct)
+    monkeypatch.setattr(restore, "JOB_BYTES", 1000)
+    monkeypatch.setattr(output, "STAGE", output.ALIGN)
+    calls = []
+    real = output.os.pwrite
+
+    def pwrite(fd: int, data: memoryview, at: int) -> int:
+        calls.append(at)
+        if len(calls) > 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, at)
+
+    monkeypatch.setattr(output.os, "pwrite", pwrite)
+    _tif, archive = packed["striped-multi-strip"]
+    with pytest.raises(OSError, match="No space"):
+        restore_archive(archive, tmp_path / "back.tif", tmp_path)
+    assert list(tmp_path.iterdir()) == []
