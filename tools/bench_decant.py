@@ -227,7 +227,7 @@ def bench_restore(args: argparse.Namespace, work: Path) -> Report:
     _throughput(report, "cp", size, cp_s)
     _throughput(report, "cp + fsync", size, cps_s)
     report.add("`decant info` (startup floor)", f"{floor.seconds:.2f} s")
-    report.section("decant restore (reconstruct, sha256, write, fsync, rename)")
+    report.section("decant restore (reconstruct, sha256, O_DIRECT write, fsync, rename)")
     _throughput(report, "decant restore", size, [r.seconds for r in runs])
     _throughput(report, "decant verify (same, no write)", size, checks)
     report.section("ratios (medians)")

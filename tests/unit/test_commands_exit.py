@@ -237,3 +237,16 @@ def test_acqstore_quiet_drops_the_verdict(root: Path, decant_cli: Cli) -> None:
 
 def verdict_line(root: Path) -> str:
     return f"{root / 'acqstore/collection.json'}: valid (0 errors, 0 warnings)\n"
+
+
+def test_decant_starts_no_blas_threads() -> None:
+    """numpy's OpenBLAS would start a worker per extra core that spins once started (CPU the
+    restore's sha256 and decode need): `decant` asks for none, unless the caller set a count."""
+    count = "import vfs.commands, numpy, os; print(len(os.listdir('/proc/self/task')))"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    run = subprocess.run([sys.executable, "-c", count], env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "1"
+    env["OPENBLAS_NUM_THREADS"] = "2"  # the caller's own setting wins
+    run = subprocess.run([sys.executable, "-c", count], env=env, capture_output=True, text=True)
+    assert run.stdout.strip() == "2" or (os.cpu_count() or 1) < 2

@@ -4,6 +4,7 @@ names itself and leaves nothing behind."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import zipfile
 from pathlib import Path
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import tifffile
 
-from vfs.decant import restore
+from vfs.decant import output, restore
 from vfs.decant.packer import PackOptions, pack_file
 from vfs.decant.verify import restore_archive
 from vfs.decant.writer import CodecChoice
@@ -67,17 +68,22 @@ def packed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Pa
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 @pytest.mark.parametrize("job_bytes", [1000, 8 << 20])
+@pytest.mark.parametrize("direct", [True, False])
 def test_restore_is_byte_exact(
     name: str,
     job_bytes: int,
+    direct: bool,
     packed: dict[str, tuple[Path, Path]],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # 1000-byte jobs cut planes and husk runs mid-way and keep several decoders busy at once;
-    # a 3-byte write-back step calls sync_file_range after almost every write.
+    # an 8 KiB staging buffer fills (and is written with O_DIRECT) many times per file, the last
+    # one partly; buffered, a 3-byte write-back step calls sync_file_range after almost every write.
     monkeypatch.setattr(restore, "JOB_BYTES", job_bytes)
-    monkeypatch.setattr(restore, "WRITEBACK", 3)
+    monkeypatch.setattr(restore, "DIRECT", direct)
+    monkeypatch.setattr(output, "STAGE", 2 * output.ALIGN)
+    monkeypatch.setattr(output, "WRITEBACK", 3)
     tif, archive = packed[name]
     out = tmp_path / "back.tif"
     assert restore_archive(archive, out, tmp_path) == [out]
@@ -146,3 +152,57 @@ def test_undecodable_chunk_is_an_error_and_nothing_is_left(
         restore_archive(bad, dest / "x.tif", dest)
     assert str(bad) in str(info.value)
     assert list(dest.iterdir()) == []
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_damaged_archive_never_replaces_the_target(
+    direct: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole wrong output is written (a memcpyed chunk with a flipped byte decodes), then
+    refused: the file already at the target keeps its bytes, and no temp file is left."""
+    monkeypatch.setattr(restore, "DIRECT", direct)
+    tif = tmp_path / "in" / "raw.tif"
+    tif.parent.mkdir()
+    tifffile.imwrite(tif, _stack((3, 64, 64), "uint16"), photometric="minisblack")
+    good = tmp_path / "in" / "raw.tif.zarr.zip"
+    pack_file(tif, good, PackOptions(mode="byte-exact", codec=CodecChoice("zstd", 0, "noshuffle")))
+    bad = tmp_path / "in" / "bad.zarr.zip"
+    _flip_in_chunk(good, bad)
+    dest = tmp_path / "out"
+    dest.mkdir()
+    target = dest / "raw.tif"
+    target.write_bytes(b"the user's own file")
+    with pytest.raises(IntegrityError, match="nothing written"):
+        restore_archive(bad, target, dest)
+    assert target.read_bytes() == b"the user's own file"
+    assert list(dest.iterdir()) == [target]
+    assert restore_archive(good, target, dest) == [target]  # the good archive does replace it
+    assert target.read_bytes() == tif.read_bytes()
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_failed_write_is_raised_and_nothing_is_left(
+    direct: bool,
+    packed: dict[str, tuple[Path, Path]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The writer thread's error (a disk filling up mid-file) reaches the caller; the temp file
+    goes and the target is not created."""
+    monkeypatch.setattr(restore, "DIRECT", direct)
+    monkeypatch.setattr(restore, "JOB_BYTES", 1000)
+    monkeypatch.setattr(output, "STAGE", output.ALIGN)
+    calls = []
+    real = output.os.pwrite
+
+    def pwrite(fd: int, data: memoryview, at: int) -> int:
+        calls.append(at)
+        if len(calls) > 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data, at)
+
+    monkeypatch.setattr(output.os, "pwrite", pwrite)
+    _tif, archive = packed["striped-multi-strip"]
+    with pytest.raises(OSError, match="No space"):
+        restore_archive(archive, tmp_path / "back.tif", tmp_path)
+    assert list(tmp_path.iterdir()) == []

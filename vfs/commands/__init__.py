@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
+# numpy loads OpenBLAS, whose worker threads spin for a while once started: 0.03-0.07 s of CPU
+# per `decant` run here, and 11% of a 512 MiB restore's perf samples (blas_thread_server) on a
+# 2-core machine where sha256 and decode want both cores. decant does no linear algebra. Set
+# before anything imports numpy; a setting of the caller's own wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import argparse
 import importlib
 import logging

@@ -9,17 +9,13 @@ joined (copied) every block that crossed a region boundary and hashed and wrote 
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import ctypes.util
 import hashlib
-import os
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
 
 from vfs.decant.limits import MAX_CHUNK_BYTES, compressed_bound
+from vfs.decant.output import Output
 from vfs.decant.reader import OriginalReader
 from vfs.decant.store import Store, is_chunk_key
 from vfs.errors import CorruptArchiveError
@@ -30,7 +26,8 @@ Progress = Callable[[int], None] | None
 JOB_BYTES = 8 << 20  # consecutive regions gathered into one decode job (about a plane)
 DECODERS = 2  # planes decode in parallel: the hash and the write leave gaps on both cores
 AHEAD = 3  # jobs decoded ahead of the one being hashed (each holds about one plane)
-WRITEBACK = 32 << 20  # ask the kernel to start writing back every this many bytes
+WRITE_AHEAD = 2  # jobs the writer may lag behind the hash: a slow write of one is absorbed
+DIRECT = True  # write the output with O_DIRECT where the filesystem takes it (decant.output)
 
 
 def jobs(reader: OriginalReader, job_bytes: int = 0) -> list[list[tuple[int, int]]]:
@@ -84,63 +81,24 @@ def write_original(reader: OriginalReader, fd: int, progress: Progress = None) -
 
     The caller compares it with the manifest and discards the file on a mismatch."""
     digest = hashlib.sha256()
-    writeback = _Writeback(fd)
+    out = Output(fd, DIRECT)
     with (
         ThreadPoolExecutor(DECODERS, thread_name_prefix="decant-restore") as decoders,
         ThreadPoolExecutor(1, thread_name_prefix="decant-write") as writer,
     ):
-        writing: Future[None] | None = None
+        writing: deque[Future[None]] = deque()
         for views in decoded(reader, decoders):
-            if writing is not None:
-                writing.result()
-            writing = writer.submit(_write_views, fd, views, writeback)
+            while len(writing) > WRITE_AHEAD:
+                writing.popleft().result()
+            writing.append(writer.submit(out.write, views))
             for view in views:  # hashed here while the writer copies the same views
                 digest.update(view)
             if progress:
                 progress(sum(len(v) for v in views))
-        if writing is not None:
-            writing.result()
+        while writing:
+            writing.popleft().result()
+    out.close()
     return digest.hexdigest()
-
-
-def _write_views(fd: int, views: Views, writeback: _Writeback) -> None:
-    for view in views:
-        data = memoryview(view)
-        while data.nbytes:
-            written = os.write(fd, data)
-            data = data[written:]
-            writeback.wrote(written)
-
-
-class _Writeback:
-    """Starts the kernel's write-back of each WRITEBACK bytes as soon as they are written, so the
-    fsync before the rename waits for the tail only (sync_file_range(2), SYNC_FILE_RANGE_WRITE:
-    no waiting, no metadata). Where libc lacks it, the final fsync does all the work."""
-
-    _FN: Any = False  # the libc function once looked up (None: there is none)
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-        self.done = self.at = os.lseek(fd, 0, os.SEEK_CUR)
-
-    def wrote(self, n: int) -> None:
-        self.at += n
-        if self.at - self.done >= WRITEBACK:
-            fn = self._sync_file_range()
-            if fn is not None:
-                fn(self.fd, self.done, self.at - self.done, 2)  # SYNC_FILE_RANGE_WRITE
-            self.done = self.at
-
-    @classmethod
-    def _sync_file_range(cls) -> Any:
-        if cls._FN is False:
-            fn = None
-            with contextlib.suppress(OSError, AttributeError, TypeError):
-                fn = ctypes.CDLL(ctypes.util.find_library("c") or None).sync_file_range
-                fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-                fn.restype = ctypes.c_int
-            cls._FN = fn
-        return cls._FN
 
 
 def damaged_chunks(store: Store, limit: int = 3) -> list[str]:
