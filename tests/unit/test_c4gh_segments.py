@@ -3,6 +3,7 @@ they touch. The session key and header length come from the crypt4gh library, no
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
@@ -560,3 +561,48 @@ print("cryptography" in sys.modules)
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["False", "True"]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=st.lists(
+        st.tuples(st.sampled_from(["load", "read", "release"]), st.integers(0, 2 * PAGE_SIZE)),
+        max_size=5,
+    ),
+    first=st.integers(0, 80),
+    count=st.integers(0, 80),
+)
+def test_missing_names_every_span_a_segment_of_needs_decrypting(
+    big, tampered_big, steps, first, count
+) -> None:
+    """`missing` (asked on the event loop before each read-ahead) against a plain look at every
+    slot, whatever mix of whole-page loads, small reads, give-backs and a failed segment."""
+    with big_reader(big, tampered_big, SegmentBuffers(64 * PAGE_SIZE)) as rd:
+        for op, pos in steps:
+            page = pos // PAGE_SIZE
+            if op == "load":
+                rd.load_span((page * PAGE_SEGMENTS, min((page + 1) * PAGE_SEGMENTS, rd.segments)))
+            elif op == "read":
+                with contextlib.suppress(CorruptArchiveError):
+                    rd.read(pos, 10)
+            else:
+                rd.release(page, page + 1)
+        expected = []
+        n, stop = first, min(first + count, rd.segments)
+        while n < stop:
+            hi = min((n // PAGE_SEGMENTS + 1) * PAGE_SEGMENTS, stop)
+            page = rd._cache.get(rd.cache_key(n // PAGE_SEGMENTS))
+            if page is None or any(
+                page.slots[k % PAGE_SEGMENTS] is None and k not in rd._failed for k in range(n, hi)
+            ):
+                expected.append((n, hi))
+            n = hi
+        assert rd.missing(first, count) == expected
+
+
+@pytest.fixture(scope="module")
+def tampered_big(big, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The big package with segment PAGE_SEGMENTS + 3 (page 1) tampered."""
+    path = tmp_path_factory.mktemp("tampered") / "tampered.tar.c4gh"
+    path.write_bytes(corpus.tamper(big.data, PAGE_SEGMENTS + 3))
+    return path
