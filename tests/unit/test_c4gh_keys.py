@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import base64
+import io
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tests.toolbox import load_tool
-from vfs.c4gh.keys import load_secret_key, load_secret_keys, passphrase_source, public_key
+from vfs.c4gh.keys import (
+    decode_string,
+    load_secret_key,
+    load_secret_keys,
+    passphrase_source,
+    public_key,
+)
 from vfs.errors import DecryptError, UnsupportedFormatError
 
 PASSPHRASE = "tr0ub4dor&3-secret"
@@ -104,3 +114,39 @@ def test_files_that_are_not_crypt4gh_keys(tmp_path: Path) -> None:
         load_secret_key(ssh, NO_SOURCE)
     with pytest.raises(DecryptError, match="cannot read"):
         load_secret_key(tmp_path / "missing.sec", NO_SOURCE)
+
+
+@given(data=st.binary(max_size=300), length=st.integers(0, 70_000))
+def test_decode_string_reads_as_the_library_does(data: bytes, length: int) -> None:
+    """The key format's length-prefixed strings, read here as crypt4gh reads them (short input
+    included), so a key either library accepts reads the same."""
+    from crypt4gh.keys.c4gh import decode_string as library
+
+    for blob in (data, length.to_bytes(3, "big")[1:] + data):
+        ours, theirs = io.BytesIO(blob), io.BytesIO(blob)
+        try:
+            expected: bytes | None = library(theirs)
+        except ValueError:
+            expected = None
+        if expected is None:
+            with pytest.raises(ValueError):
+                decode_string(ours)
+        else:
+            assert decode_string(ours) == expected
+            assert ours.tell() == theirs.tell()
+
+
+def test_unencrypted_key_loads_without_importing_cryptography(tmp_path: Path) -> None:
+    """A daemon's start with a plain key spares `cryptography` and crypt4gh's key modules."""
+    pair = corpus.make_keypair(tmp_path, "plain")
+    script = (
+        "import sys\n"
+        "from vfs.c4gh.keys import load_secret_key\n"
+        f"assert load_secret_key({str(pair.secret_path)!r}) == {pair.secret!r}\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('cryptography', 'crypt4gh.keys'))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -3,9 +3,12 @@ they touch. The session key and header length come from the crypt4gh library, no
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -404,3 +407,202 @@ def test_pread_direct_returns_exactly_the_bytes_asked(tmp_path: Path, offset: in
             os.close(direct)
     finally:
         os.close(fd)
+
+
+# -- whole pages decrypted into one buffer; the two ciphers -----------------------------------
+
+
+def library_plaintext(big: SimpleNamespace, n: int) -> bytes:
+    """Segment n decrypted on its own by the crypt4gh library (independent of SegmentReader)."""
+    start = cipher_offset(big.hlen, n)
+    cipher = big.data[start : start + 65564]
+    out = bytearray(SEG)
+    return bytes(out[: sodium.chacha20poly1305_decrypt(out, cipher, big.key)])
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    loaded=st.lists(st.integers(0, 2), max_size=3),
+    released=st.lists(st.integers(0, 2), max_size=2),
+    small=st.lists(st.integers(0, len(BIG)), max_size=3),
+    offset=st.one_of(st.integers(0, len(BIG) + SEG), boundaries),
+    size=st.one_of(st.integers(0, 2 * PAGE_SIZE), st.sampled_from([1, SEG, 1 << 20])),
+)
+def test_whole_page_loads_serve_what_segment_by_segment_decryption_gives(
+    big, loaded, released, small, offset, size
+) -> None:
+    """Pages loaded whole (read-ahead), given back, and partly filled by small reads before, in
+    any order: every read equals the library's own segment-by-segment decryption, and a read
+    inside a page loaded whole is a view of that page's buffer."""
+    segments_total = -(-len(BIG) // SEG)
+    expect = b"".join(library_plaintext(big, n) for n in range(segments_total))
+    assert expect == BIG
+    pool = BufferPool(2 * PAGE_SIZE)
+    with big_reader(big, buffers=SegmentBuffers(64 * PAGE_SIZE)) as rd:
+        for pos in small:
+            rd.read(pos, 10)  # a segment or two decrypted on its own, before any page load
+        for page in loaded:
+            rd.load_span((page * PAGE_SEGMENTS, min((page + 1) * PAGE_SEGMENTS, rd.segments)))
+        for page in released:
+            rd.release(page, page + 1)
+        want = expect[offset : offset + size]
+        view = rd.read_view(offset, size, pool)
+        assert view == want
+        assert rd.read(offset, size) == want
+        if size <= MAX_SPAN_PAGES * PAGE_SIZE:
+            assert rd.read_cached(offset, size, pool) == want
+        page = offset // PAGE_SIZE
+        touched = {p // PAGE_SIZE for q in small if q < len(BIG) for p in (q, q + 9)}
+        whole = page in loaded and page not in released and page not in touched
+        end = min(offset + size, len(BIG))
+        if whole and offset < end and (end - 1) // PAGE_SIZE == page:
+            assert isinstance(view, memoryview) and len(view.obj) == PAGE_SIZE
+
+
+@pytest.mark.parametrize("page", [0, 1, 2])
+def test_read_inside_a_page_loaded_whole_is_a_view_of_its_buffer(big, page) -> None:
+    with big_reader(big, buffers=SegmentBuffers(64 * PAGE_SIZE)) as rd:
+        stop = min((page + 1) * PAGE_SEGMENTS, rd.segments)
+        rd.load_span((page * PAGE_SEGMENTS, stop))
+        before = rd.stats.decrypted
+        start = page * PAGE_SIZE + 1000
+        size = min(PAGE_SIZE - 2000, len(BIG) - start)
+        view = rd.read_cached(start, size)
+        assert isinstance(view, memoryview) and len(view.obj) == PAGE_SIZE
+        assert view == BIG[start : start + size]
+        assert rd.read_view(start, size, BufferPool(PAGE_SIZE)).obj is view.obj
+        assert rd.stats.decrypted == before  # nothing decrypted again
+
+
+def test_page_buffer_is_never_handed_out_while_a_view_of_it_is_held(big) -> None:
+    buffers = SegmentBuffers(PAGE_SIZE)  # a budget of one page and the margin
+    cache = PageCache(PAGE_SIZE)
+    with SegmentReader(big.path, big.hlen, big.key, cache, buffers=buffers) as rd:
+        rd.load_span((0, PAGE_SEGMENTS))
+        held = rd.read_cached(100, 1000)
+        assert isinstance(held, memoryview)
+        for _ in range(3):  # pages loaded, given back and loaded again, over and over
+            for page in (1, 0, 2, 1):
+                stop = min((page + 1) * PAGE_SEGMENTS, rd.segments)
+                rd.release(0, 3)
+                rd.load_span((page * PAGE_SEGMENTS, stop))
+                start = page * PAGE_SIZE
+                assert rd.read(start, min(PAGE_SIZE, len(BIG) - start)) == BIG[start:][:PAGE_SIZE]
+        assert held == BIG[100:1100]  # its buffer was never decrypted into again
+        assert len(buffers.pages) <= buffers.pages.limit
+
+
+def test_tampered_segment_in_a_page_loaded_whole_fails_alone(big, tmp_path: Path) -> None:
+    bad = tmp_path / "tampered.tar.c4gh"
+    b = PAGE_SEGMENTS + 7
+    bad.write_bytes(corpus.tamper(big.data, b))
+    with big_reader(big, bad, SegmentBuffers(64 * PAGE_SIZE)) as rd:
+        rd.load_span((PAGE_SEGMENTS, 2 * PAGE_SEGMENTS))  # read-ahead over it does not raise
+        assert rd.read_cached(PAGE_SIZE, PAGE_SIZE) is None  # never a view over the bad bytes
+        assert rd.read_cached(b * SEG - 5, 10) is None
+        with pytest.raises(CorruptArchiveError, match=f"segment {b} fails"):
+            rd.read(PAGE_SIZE + 5, PAGE_SIZE - 10)
+        good = (b + 1) * SEG
+        assert rd.read_cached(good, SEG) == BIG[good : good + SEG]
+        assert rd.read(PAGE_SIZE, 7 * SEG) == BIG[PAGE_SIZE : PAGE_SIZE + 7 * SEG]
+
+
+@pytest.mark.parametrize("make", [segments._SodiumAead, segments._OpenSSLAead])
+def test_both_ciphers_open_every_segment_and_refuse_a_tampered_one(big, make) -> None:
+    cipher = make(big.key)
+    for n in range(-(-len(BIG) // SEG)):
+        start = cipher_offset(big.hlen, n)
+        piece = memoryview(big.data[start : start + 65564])
+        assert cipher.open(piece) == library_plaintext(big, n)
+        out = bytearray(len(piece) - 28)
+        cipher.open_into(piece, memoryview(out))
+        assert out == library_plaintext(big, n)
+        bad = bytearray(piece)
+        bad[100] ^= 1
+        with pytest.raises(segments._BadTag):
+            cipher.open(memoryview(bad))
+        with pytest.raises(segments._BadTag):
+            cipher.open_into(memoryview(bad), memoryview(out))
+
+
+@pytest.mark.parametrize("which", ["sodium", "openssl"])
+def test_reader_through_either_cipher(big, tmp_path: Path, monkeypatch, which) -> None:
+    make = segments._SodiumAead if which == "sodium" else segments._OpenSSLAead
+    monkeypatch.setattr(segments, "_cipher", lambda key, count: make(key))
+    with big_reader(big, buffers=SegmentBuffers(64 * PAGE_SIZE)) as rd:
+        rd.prefetch(0, rd.segments)
+        assert rd.read(0, len(BIG)) == BIG
+    bad = tmp_path / "tampered.tar.c4gh"
+    bad.write_bytes(corpus.tamper(big.data, 3))
+    with big_reader(big, bad) as rd:
+        with pytest.raises(CorruptArchiveError, match="segment 3 fails"):
+            rd.read(3 * SEG, 10)
+        assert rd.read(4 * SEG, 10) == BIG[4 * SEG : 4 * SEG + 10]
+
+
+def test_first_segments_spare_the_cryptography_import(big, tmp_path: Path) -> None:
+    """A fresh process opens a package and reads a few segments without importing
+    `cryptography` (libsodium, loaded with the header code, decrypts them), then switches."""
+    script = f"""
+import sys
+from pathlib import Path
+from vfs.c4gh.segments import SODIUM_SEGMENTS, SegmentReader
+from vfs.cache import PageCache
+rd = SegmentReader(Path({str(big.path)!r}), {big.hlen}, {big.key!r}, PageCache(1 << 24))
+assert rd.read(5, 10) == Path({str(tmp_path / "big")!r}).read_bytes()[5:15]
+print("cryptography" in sys.modules)
+rd.read(0, SODIUM_SEGMENTS * 65536 + 1)
+print("cryptography" in sys.modules)
+"""
+    (tmp_path / "big").write_bytes(BIG)
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=root, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True"]
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    steps=st.lists(
+        st.tuples(st.sampled_from(["load", "read", "release"]), st.integers(0, 2 * PAGE_SIZE)),
+        max_size=5,
+    ),
+    first=st.integers(0, 80),
+    count=st.integers(0, 80),
+)
+def test_missing_names_every_span_a_segment_of_needs_decrypting(
+    big, tampered_big, steps, first, count
+) -> None:
+    """`missing` (asked on the event loop before each read-ahead) against a plain look at every
+    slot, whatever mix of whole-page loads, small reads, give-backs and a failed segment."""
+    with big_reader(big, tampered_big, SegmentBuffers(64 * PAGE_SIZE)) as rd:
+        for op, pos in steps:
+            page = pos // PAGE_SIZE
+            if op == "load":
+                rd.load_span((page * PAGE_SEGMENTS, min((page + 1) * PAGE_SEGMENTS, rd.segments)))
+            elif op == "read":
+                with contextlib.suppress(CorruptArchiveError):
+                    rd.read(pos, 10)
+            else:
+                rd.release(page, page + 1)
+        expected = []
+        n, stop = first, min(first + count, rd.segments)
+        while n < stop:
+            hi = min((n // PAGE_SEGMENTS + 1) * PAGE_SEGMENTS, stop)
+            page = rd._cache.get(rd.cache_key(n // PAGE_SEGMENTS))
+            if page is None or any(
+                page.slots[k % PAGE_SEGMENTS] is None and k not in rd._failed for k in range(n, hi)
+            ):
+                expected.append((n, hi))
+            n = hi
+        assert rd.missing(first, count) == expected
+
+
+@pytest.fixture(scope="module")
+def tampered_big(big, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The big package with segment PAGE_SEGMENTS + 3 (page 1) tampered."""
+    path = tmp_path_factory.mktemp("tampered") / "tampered.tar.c4gh"
+    path.write_bytes(corpus.tamper(big.data, PAGE_SEGMENTS + 3))
+    return path

@@ -58,20 +58,38 @@ class BufferPool:
             return memoryview(buf)[:nbytes]
 
 
+class ByteBudget:
+    """Bytes that several RecycledBuffers may allocate between them, all told."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.left = max_bytes
+        self._lock = threading.Lock()
+
+    def spend(self, nbytes: int) -> bool:
+        with self._lock:
+            if nbytes > self.left:
+                return False
+            self.left -= nbytes
+            return True
+
+
 class RecycledBuffers:
     """Up to `limit` buffers of `size` bytes, handed out again, oldest first, once free.
 
     For data a byte-bounded LRU keeps: the oldest buffers are the first it lets go of, so the
     oldest is looked at first. Buffers are never freed, so the heap holds at most `limit` of
     them however threads allocate (glibc keeps freed memory in the arena of the thread that
-    allocated it, and worker threads come and go).
+    allocated it, and worker threads come and go). With a `budget`, a new buffer is made only
+    while the budget (shared with other sizes) lasts.
     """
 
     SCAN = 32  # buffers looked at, once there are `limit`, before giving up
 
-    def __init__(self, size: int, limit: int) -> None:
+    def __init__(self, size: int, limit: int, budget: ByteBudget | None = None) -> None:
         self.size = size
         self.limit = limit
+        self._budget = budget
+        self._spent = False  # the budget said no: no new buffer will be made
         self._ring: collections.deque[bytearray] = collections.deque()
         self._lock = threading.Lock()
         self._usable = refcounts_track_views()
@@ -87,13 +105,16 @@ class RecycledBuffers:
         with self._lock:
             ring = self._ring
             # Until the LRU is full hardly any buffer comes free: look at two, then make one.
-            scan = self.SCAN if len(ring) >= self.limit else 2
-            for _ in range(min(len(ring), scan)):
+            full = len(ring) >= self.limit or self._spent
+            for _ in range(min(len(ring), self.SCAN if full else 2)):
                 buf = ring[0]
                 ring.rotate(-1)
                 if sys.getrefcount(buf) <= _FREE_REFS:
                     return buf
-            if len(ring) >= self.limit:
+            if full:
+                return None
+            if self._budget is not None and not self._budget.spend(self.size):
+                self._spent = True
                 return None
             buf = bytearray(self.size)
             ring.append(buf)

@@ -18,13 +18,14 @@ import errno
 import functools
 import logging
 import os
+import sys
 import threading
 from collections.abc import Hashable, Sequence
 from pathlib import Path
-from typing import Any
 
 from vfs.c4gh.buffers import (
     BufferPool,
+    ByteBudget,
     RecycledBuffers,
     open_direct,
     pread_direct,
@@ -50,6 +51,10 @@ INLINE_SEGMENTS = 2  # read_cached decrypts this many itself when their cipher t
 NOWAIT = getattr(os, "RWF_NOWAIT", 0)  # preadv2: EAGAIN rather than wait for the disk
 DIRECT_MIN = 4 * CIPHER_SEGMENT_SIZE  # loads this large read past the page cache (O_DIRECT)
 CACHE_PREFIX = "c4gh"
+# Segments a process decrypts with libsodium (loaded with the header code) before it imports
+# `cryptography`: a daemon's start (segment 0, the TAR walk, manifest.json) spares the import.
+SODIUM_SEGMENTS = 16
+_AEAD_MODULE = "cryptography.hazmat.primitives.ciphers.aead"
 
 log = logging.getLogger(__name__)
 
@@ -84,15 +89,82 @@ def touched_segments(offset: int, size: int) -> range:
     return range(offset // SEGMENT_SIZE, (offset + size - 1) // SEGMENT_SIZE + 1)
 
 
-@functools.lru_cache(maxsize=64)
-def _aead(session_key: bytes) -> Any:
-    # cryptography's OpenSSL ChaCha20-Poly1305 is ~3x faster per segment than crypt4gh's
-    # libsodium binding here, and recent releases (50.0 measured; upstream PR 15359) let go of
-    # the GIL while it works, so a read-ahead thread decrypts on the second core while the event
-    # loop serves (older ones hold it: still correct, less parallel). Imported lazily.
-    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+class _BadTag(Exception):
+    """A segment failed authentication."""
 
-    return ChaCha20Poly1305(session_key)
+
+class _OpenSSLAead:
+    """ChaCha20-Poly1305 through `cryptography` (OpenSSL): ~4.5 GB/s per core here, 5x
+    crypt4gh's libsodium binding, and recent releases (50.0 measured; upstream PR 15359) let go
+    of the GIL while it works, so a read-ahead thread decrypts on the second core while the
+    event loop serves (older ones hold it: still correct, less parallel)."""
+
+    def __init__(self, session_key: bytes) -> None:
+        from cryptography.exceptions import InvalidTag
+        from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+        self._aead = ChaCha20Poly1305(session_key)
+        self._invalid = InvalidTag
+        self.into = hasattr(ChaCha20Poly1305, "decrypt_into")  # not in older releases
+
+    def open(self, piece: memoryview) -> bytes:
+        try:
+            plain: bytes = self._aead.decrypt(piece[:NONCE_SIZE], piece[NONCE_SIZE:], None)
+        except self._invalid:
+            raise _BadTag from None
+        return plain
+
+    def open_into(self, piece: memoryview, out: memoryview) -> None:
+        try:
+            self._aead.decrypt_into(piece[:NONCE_SIZE], piece[NONCE_SIZE:], None, out)
+        except self._invalid:
+            raise _BadTag from None
+
+
+class _SodiumAead:
+    """ChaCha20-Poly1305 through crypt4gh's libsodium binding, which the header code loads
+    anyway: slower (0.84 GB/s here) and holding the GIL, but a daemon's first few segments
+    through it spare the import of `cryptography` (6-8 ms measured here) on the way to the
+    first bytes served."""
+
+    into = True
+
+    def __init__(self, session_key: bytes) -> None:
+        from crypt4gh import sodium
+
+        self._decrypt = sodium.chacha20poly1305_decrypt
+        self._key = session_key
+
+    def open(self, piece: memoryview) -> bytes:
+        out = bytearray(len(piece) - NONCE_SIZE - TAG_SIZE)
+        self.open_into(piece, memoryview(out))
+        return bytes(out)
+
+    def open_into(self, piece: memoryview, out: memoryview) -> None:
+        try:
+            got = self._decrypt(out, piece, self._key)  # nonce ‖ cipher text ‖ tag, as on disk
+        except ValueError:  # "Ciphersegment decryption failed": the tag does not match
+            raise _BadTag from None
+        if got != len(out):
+            raise _BadTag
+
+
+_sodium_left = SODIUM_SEGMENTS  # process-wide; a racing decrement costs a segment, no more
+
+
+@functools.lru_cache(maxsize=64)
+def _openssl(session_key: bytes) -> _OpenSSLAead:
+    return _OpenSSLAead(session_key)
+
+
+def _cipher(session_key: bytes, segments: int) -> _OpenSSLAead | _SodiumAead:
+    """The cipher for `segments` segments: libsodium while `cryptography` is not imported and
+    the process's SODIUM_SEGMENTS last, `cryptography` (imported now) from then on."""
+    global _sodium_left
+    if _AEAD_MODULE not in sys.modules and segments <= _sodium_left:
+        _sodium_left -= segments
+        return _SodiumAead(session_key)
+    return _openssl(session_key)
 
 
 def decrypt_segment(
@@ -103,16 +175,13 @@ def decrypt_segment(
     A failed tag raises CorruptArchiveError (EIO at the mount): tampered or cut bytes never
     reach a reader, as garbage or otherwise.
     """
-    from cryptography.exceptions import InvalidTag
-
     if len(cipher) <= NONCE_SIZE + TAG_SIZE:
         raise CorruptArchiveError(
             f"{name}: segment {segment_no} is truncated ({len(cipher)} bytes of cipher text)"
         )
-    view = memoryview(cipher)
     try:
-        return bytes(_aead(session_key).decrypt(view[:NONCE_SIZE], view[NONCE_SIZE:], None))
-    except InvalidTag:
+        return _cipher(session_key, 1).open(memoryview(cipher))
+    except _BadTag:
         raise CorruptArchiveError(
             f"{name}: segment {segment_no} fails authentication (tampered or truncated package)"
         ) from None
@@ -155,27 +224,24 @@ class SegmentStats:
 
 
 class SegmentBuffers(RecycledBuffers):
-    """64 KiB buffers segments are decrypted into, as many as the cache can hold.
+    """64 KiB buffers segments are decrypted into, and (`pages`) PAGE_SIZE buffers a whole
+    page is decrypted into, together about as many bytes as the cache can hold.
 
     With a fresh `bytes` per segment, streaming 1 GiB through a 512 MiB cache left 90-190 MiB
     of free but resident heap past the cache (decrypting threads come and go, and glibc keeps
     freed memory in the allocating thread's arena); recycled, the heap stays the cache's size.
+    A page decrypted whole into one buffer serves a request inside it as one view, no copy.
     """
 
     def __init__(self, max_bytes: int) -> None:
-        super().__init__(SEGMENT_SIZE, max_bytes // SEGMENT_SIZE + 2 * PAGE_SEGMENTS)
+        budget = ByteBudget(max_bytes + 2 * MAX_SPAN_PAGES * PAGE_SIZE)
+        super().__init__(SEGMENT_SIZE, max_bytes // SEGMENT_SIZE + 2 * PAGE_SEGMENTS, budget)
+        self.pages = RecycledBuffers(PAGE_SIZE, max_bytes // PAGE_SIZE + 2 * MAX_SPAN_PAGES, budget)
 
 
 def output_pool() -> BufferPool:
     """Buffers member reads are served in: a FUSE request is at most 1 MiB."""
     return BufferPool(REQUEST_MAX)
-
-
-@functools.lru_cache(maxsize=1)
-def _has_decrypt_into() -> bool:
-    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
-
-    return hasattr(ChaCha20Poly1305, "decrypt_into")  # not in older cryptography releases
 
 
 class _Page:
@@ -184,14 +250,18 @@ class _Page:
     A slot holds only plaintext that authenticated and never changes once set, so readers look
     at slots without the lock; the lock lets one thread at a time decrypt into the page (so a
     read and a read-ahead never decrypt a segment twice). `nbytes` is what the cache charges.
+    A page loaded whole has one buffer `buf` its segments lie in, in order; bit k of `inbuf`
+    says slot k is in it (and authenticated), so a read inside the page is one view of it.
     """
 
-    __slots__ = ("lock", "nbytes", "slots")
+    __slots__ = ("buf", "inbuf", "lock", "nbytes", "slots")
 
     def __init__(self) -> None:
         self.slots: list[Plain | None] = [None] * PAGE_SEGMENTS
         self.nbytes = 0
         self.lock = threading.Lock()
+        self.buf: bytearray | None = None
+        self.inbuf = 0
 
 
 class SegmentReader:
@@ -277,6 +347,8 @@ class SegmentReader:
             page = self._page(page_no)
             with page.lock:
                 page.slots = [None] * PAGE_SEGMENTS  # one store: lock-free readers see either
+                page.inbuf = 0  # before `buf` goes: see _page_view
+                page.buf = None
                 page.nbytes = 0
             self._cache.discard(key)
 
@@ -286,7 +358,11 @@ class SegmentReader:
         return b"" if found is None else bytes(self._assemble(*found, None))
 
     def read_view(self, offset: int, size: int, pool: BufferPool) -> bytes | memoryview:
-        """`read`, as a view of a cached segment or of a pooled buffer (no fresh allocation)."""
+        """`read`, as a view of a cached page or segment or of a pooled buffer (no fresh
+        allocation)."""
+        view = self._page_view(offset, size)
+        if view is not None:
+            return view
         found = self._span(offset, size, load=True)
         return b"" if found is None else self._assemble(*found, pool)
 
@@ -296,6 +372,9 @@ class SegmentReader:
         """`read_view` if every segment it needs is decrypted already; None otherwise (no I/O)."""
         if size > MAX_SPAN_PAGES * PAGE_SIZE:
             return None  # large reads belong in a thread
+        view = self._page_view(offset, size)
+        if view is not None:
+            return view
         found = self._span(offset, size, load=False)
         if found is None:
             if offset < 0 or offset >= min(offset + size, self.size):
@@ -329,13 +408,23 @@ class SegmentReader:
             page_no = n // PAGE_SEGMENTS
             hi = min((page_no + 1) * PAGE_SEGMENTS, stop)
             page = self._cache.get(self.cache_key(page_no))
-            base = page_no * PAGE_SEGMENTS
-            if page is None or any(
-                page.slots[k - base] is None and k not in self._failed for k in range(n, hi)
-            ):
+            if page is None or self._page_missing(page, page_no * PAGE_SEGMENTS, n, hi):
                 spans.append((n, hi))
             n = hi
         return spans
+
+    def _page_missing(self, page: _Page, base: int, lo: int, hi: int) -> bool:
+        """Whether a segment of [lo, hi) in `page` still needs decrypting. Asked for every page
+        of the read-ahead window on each request (on the event loop): a page loaded whole
+        answers from its bits, others in a C-level scan before the per-segment look at
+        failures (24 us for 8 pages segment by segment, measured here)."""
+        want = ((1 << (hi - lo)) - 1) << (lo - base)
+        if page.inbuf & want == want:
+            return False
+        window = page.slots[lo - base : hi - base]
+        if not any(slot is None for slot in window):
+            return False
+        return any(s is None and k not in self._failed for k, s in enumerate(window, lo))
 
     def load_span(self, span: tuple[int, int]) -> None:
         """Decrypt segments [lo, hi) of one page into the cache (one of `missing`'s spans); a
@@ -423,6 +512,31 @@ class SegmentReader:
         page: _Page = self._cache.get_or_load(self.cache_key(page_no), _Page)
         return page
 
+    def _page_view(self, offset: int, size: int) -> memoryview | None:
+        """A read inside one page loaded whole, as a view of its buffer (no copy); else None.
+
+        Lock-free: `buf` is read before `inbuf`, and `release` clears `inbuf` before `buf`, so
+        a buffer seen with its bits set is the page's, held by this reference (never handed out
+        again meanwhile: see RecycledBuffers)."""
+        end = min(offset + size, self.size)
+        if offset < 0 or offset >= end:
+            return None
+        page_no = offset // PAGE_SIZE
+        if (end - 1) // PAGE_SIZE != page_no:
+            return None
+        page = self._cache.get(self.cache_key(page_no))
+        if page is None:
+            return None
+        buf = page.buf
+        if buf is None:
+            return None
+        base = page_no * PAGE_SIZE
+        lo, hi = (offset - base) // SEGMENT_SIZE, (end - 1 - base) // SEGMENT_SIZE + 1
+        want = ((1 << (hi - lo)) - 1) << lo
+        if page.inbuf & want != want:
+            return None
+        return memoryview(buf)[offset - base : end - base]
+
     def _cached(self, first: int, stop: int) -> list[Plain] | None:
         """The plaintext of segments [first, stop) if all are in the cache, else None."""
         out: list[Plain] = []
@@ -486,20 +600,26 @@ class SegmentReader:
             raise _WouldBlock from None
         if nowait and len(cipher) < want:
             raise _WouldBlock  # in part on disk (or cut short: the thread's read says which)
-        from cryptography.exceptions import InvalidTag
-
-        aead = _aead(self._key)
+        cipher_of = _cipher(self._key, hi - lo)
         done: list[int] = []
         error: CorruptArchiveError | None = None
+        whole = [self._whole_page(page, page_no, lo, hi, cipher_of.into)
+                 for page_no, page in enumerate(pages, first_page)]  # fmt: skip
         for n in range(lo, hi):
-            page = pages[n // PAGE_SEGMENTS - first_page]
+            k = n // PAGE_SEGMENTS - first_page
+            page = pages[k]
             slot = n % PAGE_SEGMENTS
             if page.slots[slot] is not None:
                 continue
             at = (n - lo) * CIPHER_SEGMENT_SIZE
             piece = cipher[at : at + CIPHER_SEGMENT_SIZE]
+            into = whole[k]
+            if into is not None:  # the page's own buffer, at the segment's place in it
+                into = into[slot * SEGMENT_SIZE : (slot + 1) * SEGMENT_SIZE]
+            elif cipher_of.into:
+                into = self._recycled()
             try:
-                plain = self._decrypt(aead, InvalidTag, piece, n, self._recycled())
+                plain = self._decrypt(cipher_of, piece, n, into)
             except CorruptArchiveError as exc:
                 error = error or exc
                 if len(self._failed) < MAX_FAILED:
@@ -507,6 +627,8 @@ class SegmentReader:
                 continue
             page.slots[slot] = plain
             page.nbytes += len(plain)
+            if whole[k] is not None:
+                page.inbuf |= 1 << slot
             done.append(n)
         self.stats.count_many(self.label, done)
         if error is not None and strict:
@@ -539,39 +661,53 @@ class SegmentReader:
                     raise OSError(errno.EINVAL, "O_DIRECT refused")
             return self._direct
 
+    def _whole_page(
+        self, page: _Page, page_no: int, lo: int, hi: int, into: bool
+    ) -> memoryview | None:
+        """The buffer page `page_no` is decrypted into when [lo, hi) loads all of it and none
+        of it is there yet (a page buffer, when one is free); else None: segment by segment."""
+        base = page_no * PAGE_SEGMENTS
+        stop = min(base + PAGE_SEGMENTS, self.segments)
+        if not into or self._buffers is None or lo > base or hi < stop or page.nbytes:
+            return None
+        if page.buf is None:
+            if any(page.slots):
+                return None
+            page.buf = self._buffers.pages.take()
+            page.inbuf = 0
+            if page.buf is None:
+                return None
+        return memoryview(page.buf)
+
     def _decrypt(
         self,
-        aead: Any,
-        invalid_tag: type[Exception],
+        cipher: _OpenSSLAead | _SodiumAead,
         piece: memoryview,
         n: int,
-        into: bytearray | None,
+        into: bytearray | memoryview | None,
     ) -> Plain:
-        """Segment `n` from its cipher text, into the recycled buffer `into` when one is given."""
+        """Segment `n` from its cipher text, into `into` (a recycled segment buffer, or the
+        segment's place in its page's buffer) when one is given."""
         if len(piece) != self._cipher_end(n + 1) - cipher_offset(self.header_len, n):
             raise CorruptArchiveError(f"{self.name}: segment {n} is cut short on disk")
         if len(piece) <= NONCE_SIZE + TAG_SIZE:
             raise CorruptArchiveError(
                 f"{self.name}: segment {n} is truncated ({len(piece)} bytes of cipher text)"
             )
-        nonce, sealed = piece[:NONCE_SIZE], piece[NONCE_SIZE:]
         try:
             if into is None:
-                plain: bytes = aead.decrypt(nonce, sealed, None)
-                return plain
-            size = len(sealed) - TAG_SIZE
+                return cipher.open(piece)
+            size = len(piece) - NONCE_SIZE - TAG_SIZE
             out = memoryview(into)[:size]
-            aead.decrypt_into(nonce, sealed, None, out)
-            return into if size == len(into) else out
-        except invalid_tag:
+            cipher.open_into(piece, out)
+            return into if size == len(into) and isinstance(into, bytearray) else out
+        except _BadTag:
             raise CorruptArchiveError(
                 f"{self.name}: segment {n} fails authentication (tampered or truncated package)"
             ) from None
 
     def _recycled(self) -> bytearray | None:
-        if self._buffers is None or not _has_decrypt_into():
-            return None
-        return self._buffers.take()
+        return None if self._buffers is None else self._buffers.take()
 
     def _cipher_end(self, stop: int) -> int:
         return min(cipher_offset(self.header_len, stop), self.file_size)
