@@ -7,8 +7,6 @@ raises; it never allocates more than one plane or husk block, and never serves a
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import math
 import os
 import stat
@@ -33,6 +31,7 @@ from vfs.decant.store import MANIFEST_KEY, Store, is_chunk_key, open_store, open
 from vfs.errors import CorruptArchiveError, ManifestError, NotAnArchiveError
 from vfs.stores.base import Folder, join_key
 from vfs.stores.local import LocalFolder
+from vfs.threads import name_this_thread
 
 
 @dataclass(frozen=True)
@@ -673,14 +672,7 @@ def _decode_pool() -> ThreadPoolExecutor:
 
 
 def _name_thread() -> None:
-    """Give a pool thread its name in the kernel too (Python 3.11 names it for itself only): it
-    otherwise keeps the name of the trio thread that started it ("readahead from …"), and
-    per-thread CPU figures (/proc/PID/task/*/comm, tools/bench.py mount) blur with trio's."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None).prctl(_PR_SET_NAME, b"decant-decode", 0, 0, 0)
-
-
-_PR_SET_NAME = 15  # prctl(2)
+    name_this_thread("decant-decode")
 
 
 def _fitted(block: Any, held: int) -> memoryview:
