@@ -46,8 +46,10 @@ from vfs.errors import (
 from vfs.stores.base import ObjectInfo, check_range, join_key
 from vfs.stores.diskcache import DiskCache
 from vfs.stores.s3list import Page, Plain, key_problem, list_pages
+from vfs.threads import name_this_thread
 
 log = logging.getLogger(__name__)
+Buffer = bytes | memoryview
 
 SCHEME = "s3://"
 _SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")
@@ -57,6 +59,7 @@ READAHEAD_TOTAL = 192 << 20  # ... and by all objects of one connection together
 BUDGET_SHARE = 4  # ... and at most this part of the page cache it counts against
 STALE_BEHIND = 4  # a range this part of the budget behind the last read is not coming back
 POOL_PREFIX = "s3-get"
+SMALL_COPY = 64 * 1024  # GETs up to this size come back as bytes (callers slice and join them)
 _PROFILE_SECRETS: set[str] = set()  # values read from a profile, scrubbed like the variables
 _SIGNED = re.compile(r"(X-Amz-[A-Za-z-]+|Signature|Credential|AWSAccessKeyId)=[^&\s]*")
 
@@ -234,7 +237,7 @@ class S3Object:
         self.name = folder.url_of(key)
         self.info = info
         self.size = info.size
-        self._ahead: dict[tuple[int, int], Future[bytes]] = {}
+        self._ahead: dict[tuple[int, int], Future[Buffer]] = {}
         self._at: int | None = None  # offset of the last read
         self._lock = threading.Lock()
 
@@ -282,6 +285,15 @@ class S3Object:
         return behind + beyond
 
     def read(self, offset: int, size: int) -> bytes:
+        data = self.read_buffer(offset, size)
+        return data if isinstance(data, bytes) else bytes(data)
+
+    def read_buffer(self, offset: int, size: int) -> Buffer:
+        """As `read`, but a large range comes back as a read-only view of the buffer obstore
+        received it in, not a copy (the decant store reads chunks with this). Copying each
+        GET's body into `bytes` cost a memcpy and fresh pages per byte fetched: 256 MiB in
+        4 MiB GETs took 0.09-0.29 s of client CPU copied, 0.04-0.09 s as views
+        (SeaweedFS on this machine), on the two cores the server shares."""
         check_range(self, offset, size)
         if size == 0:
             return b""
@@ -296,7 +308,7 @@ class S3Object:
                     return ahead.result()
         return self._fetch(offset, size)
 
-    def _fetch(self, offset: int, size: int) -> bytes:
+    def _fetch(self, offset: int, size: int) -> Buffer:
         """The range from the on-disk cache (--disk-cache) if it holds it, else a GET."""
         cache = self._folder.conn.disk_cache
         if cache is None or not self.info.etag:
@@ -308,7 +320,7 @@ class S3Object:
             cache.put(key, data)
         return data
 
-    def _get(self, offset: int, size: int) -> bytes:
+    def _get(self, offset: int, size: int) -> Buffer:
         options: dict[str, Any] = {"range": (offset, offset + size)}
         if self.info.etag:
             options["if_match"] = self.info.etag
@@ -316,9 +328,10 @@ class S3Object:
         self._folder.conn.gets += 1  # approximate under threads: for logs and benchmarks
         try:
             result = obstore.get(self._folder.client, full, options=options)  # type: ignore[arg-type]
-            data = bytes(result.bytes())
+            body = result.bytes()  # obstore's Bytes: the buffer protocol, no copy
         except (BaseError, OSError) as exc:
             raise translate(exc, self.name, f"GET bytes {offset}-{offset + size - 1}:") from None
+        data: Buffer = bytes(body) if size <= SMALL_COPY else memoryview(body)
         etag = result.meta.get("e_tag")
         if self.info.etag and etag and etag != self.info.etag:
             raise ObjectChangedError(f"{self.name}: object replaced since it was opened")
@@ -326,7 +339,7 @@ class S3Object:
             raise StoreError(f"{self.name}: GET at {offset} returned {len(data)} of {size} bytes")
         return data
 
-    def _drop(self, key: tuple[int, int], cancel: bool = True) -> Future[bytes] | None:
+    def _drop(self, key: tuple[int, int], cancel: bool = True) -> Future[Buffer] | None:
         """Take a prefetched range out (with the lock held), giving its bytes back to the
         connection's budget; unless it is taken to be used, a fetch not started is cancelled."""
         ahead = self._ahead.pop(key, None)
@@ -385,7 +398,10 @@ class S3Connection:
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
-                    self.options.concurrency, thread_name_prefix=POOL_PREFIX
+                    self.options.concurrency,
+                    thread_name_prefix=POOL_PREFIX,
+                    initializer=name_this_thread,
+                    initargs=(POOL_PREFIX,),
                 )
             return self._pool
 
