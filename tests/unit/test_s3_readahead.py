@@ -10,6 +10,7 @@ and that sizes from the archive beyond the limits are never fetched ahead.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -162,3 +163,29 @@ def test_a_span_is_cut_to_the_room_left(obj: tuple[S3Object, list[tuple[int, int
     _settle(source)
     assert calls == [(0, 3 * CHUNK)]
     assert source._folder.conn._held == 3 * CHUNK
+
+
+def test_with_a_disk_cache_each_range_is_a_get_and_an_entry_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A span's bounds depend on the budget left when it was asked for: cached whole, it would
+    not serve the next reader (another mount, a restart), whose spans differ. So with
+    --disk-cache the ranges are fetched (and kept) one by one, and serve again from disk."""
+    calls: list[tuple[int, int]] = []
+
+    def fake_get(self: S3Object, offset: int, size: int) -> bytes:
+        calls.append((offset, size))
+        return BLOB[offset : offset + size]
+
+    monkeypatch.setattr(S3Object, "_get", fake_get)
+    options = S3Options(endpoint="http://127.0.0.1:9", disk_cache=tmp_path / "cache")
+    run = [(i * CHUNK, CHUNK) for i in range(4)]
+    for _host in range(2):
+        folder = S3Folder("s3://bucket", options)
+        source = S3Object(folder, "blob", ObjectInfo("blob", len(BLOB), 0.0, '"etag"'))
+        source.prefetch_run(run)
+        _settle(source)
+        assert [source.read(off, n) for off, n in run] == [BLOB[o : o + n] for o, n in run]
+        source.close()
+        folder.close()
+    assert sorted(calls) == run  # the first fetched each once; the second read them from disk

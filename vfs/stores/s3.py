@@ -288,8 +288,12 @@ class S3Object:
                 held -= old[1]
             group: list[tuple[int, int]] = []
             conn = self._folder.conn
+            # With a disk cache each range is a GET (and a cache entry) of its own: a span's
+            # bounds depend on the budget at the time, and its entry would not serve the next
+            # reader, whose spans differ.
+            alone = conn.disk_cache is not None
             for part in todo:
-                room = min(self.readahead_bytes - held, conn.room())
+                room = 0 if alone else min(self.readahead_bytes - held, conn.room())
                 if group and _joins(group, part, room):
                     group.append(part)
                     continue
