@@ -217,6 +217,25 @@ def _plain(bucket: str, options: S3Options) -> Plain:
 _skipped: set[str] = set()  # odd keys already logged (bounded: a flood of them is not logged)
 
 
+class Fetched:
+    """Ranged GETs of objects' bytes made by this process, and the bytes they fetched: the
+    daemon's `.decant-status` shows them, so a benchmark or a test can tell a read that fetched
+    an archive once from one that fetched it twice (a digest pass, read-ahead thrown away)."""
+
+    def __init__(self) -> None:
+        self.gets = 0
+        self.bytes = 0
+        self._lock = threading.Lock()
+
+    def add(self, nbytes: int) -> None:
+        with self._lock:
+            self.gets += 1
+            self.bytes += nbytes
+
+
+FETCHED = Fetched()
+
+
 def _skip(url: str, problem: str) -> None:
     if url not in _skipped and len(_skipped) < 10_000:
         _skipped.add(url)
@@ -376,6 +395,7 @@ class S3Object:
             options["if_match"] = self.info.etag
         full = self._folder.full_key(self.key)
         self._folder.conn.gets += 1  # approximate under threads: for logs and benchmarks
+        FETCHED.add(size)
         try:
             result = obstore.get(self._folder.client, full, options=options)  # type: ignore[arg-type]
             body = result.bytes()  # obstore's Bytes: the buffer protocol, no copy
