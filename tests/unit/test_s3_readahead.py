@@ -10,6 +10,7 @@ and that sizes from the archive beyond the limits are never fetched ahead.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +125,67 @@ def test_read_ahead_counts_against_the_page_cache(monkeypatch: pytest.MonkeyPatc
     source.close()
     assert cache._reserved == 0 and folder.conn._held == 0
     folder.close()
+
+
+def test_ranges_that_follow_each_other_go_out_as_one_get_each_read_alone(
+    obj: tuple[S3Object, list[tuple[int, int]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run of adjacent chunks (a zip's entries, in order) is fetched in GETs of up to
+    GET_SPAN bytes, not one per chunk (a GET costs the server CPU of its own); a range past a
+    larger gap starts a GET of its own. Each chunk is then read alone, the right bytes, with
+    no GET more, and the span's budget is given back once every chunk of it was taken."""
+    source, calls = obj
+    source.readahead_bytes = 1 << 30
+    monkeypatch.setattr(s3_module, "GET_SPAN", 4 * CHUNK)
+    far = 30 * CHUNK + s3_module.SPAN_GAP + 1  # past the gap a span may skip
+    run = [(i * CHUNK, CHUNK) for i in range(10)] + [(far, 100)]
+    source.prefetch_run(list(reversed(run)))  # any order
+    _settle(source)
+    assert sorted(calls) == [(0, 4 * CHUNK), (4 * CHUNK, 4 * CHUNK), (8 * CHUNK, 2 * CHUNK),
+                             (far, 100)]  # fmt: skip
+    calls.clear()
+    source.prefetch_run(run)  # asked again (the next chunk's read-ahead): nothing new
+    for offset, size in run[:5]:
+        assert source.read(offset, size) == BLOB[offset : offset + size]
+    assert sorted(source._ahead) == [(4 * CHUNK, 4 * CHUNK), (8 * CHUNK, 2 * CHUNK), (far, 100)]
+    assert source._folder.conn._held == 6 * CHUNK + 100  # the first span given back, whole
+    for offset, size in run[5:]:
+        assert bytes(source.read_buffer(offset, size)) == BLOB[offset : offset + size]
+    assert calls == []
+    assert source._ahead == {} and source._folder.conn._held == 0
+
+
+def test_a_span_is_cut_to_the_room_left(obj: tuple[S3Object, list[tuple[int, int]]]) -> None:
+    """The budget bounds the spans too: what does not fit is not fetched ahead."""
+    source, calls = obj
+    source.readahead_bytes = 3 * CHUNK + CHUNK // 2
+    source.prefetch_run([(i * CHUNK, CHUNK) for i in range(8)])
+    _settle(source)
+    assert calls == [(0, 3 * CHUNK)]
+    assert source._folder.conn._held == 3 * CHUNK
+
+
+def test_with_a_disk_cache_each_range_is_a_get_and_an_entry_of_its_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A span's bounds depend on the budget left when it was asked for: cached whole, it would
+    not serve the next reader (another mount, a restart), whose spans differ. So with
+    --disk-cache the ranges are fetched (and kept) one by one, and serve again from disk."""
+    calls: list[tuple[int, int]] = []
+
+    def fake_get(self: S3Object, offset: int, size: int) -> bytes:
+        calls.append((offset, size))
+        return BLOB[offset : offset + size]
+
+    monkeypatch.setattr(S3Object, "_get", fake_get)
+    options = S3Options(endpoint="http://127.0.0.1:9", disk_cache=tmp_path / "cache")
+    run = [(i * CHUNK, CHUNK) for i in range(4)]
+    for _host in range(2):
+        folder = S3Folder("s3://bucket", options)
+        source = S3Object(folder, "blob", ObjectInfo("blob", len(BLOB), 0.0, '"etag"'))
+        source.prefetch_run(run)
+        _settle(source)
+        assert [source.read(off, n) for off, n in run] == [BLOB[o : o + n] for o, n in run]
+        source.close()
+        folder.close()
+    assert sorted(calls) == run  # the first fetched each once; the second read them from disk

@@ -277,22 +277,28 @@ class ZipArchiveStore(Store):
         on a remote source: the header's extra length is guessed from the central directory);
         those bytes are returned when that read holds them all, else None."""
         offset = self._data_offsets.get(info.filename)
-        blob = b""
+        blob: bytes | memoryview = b""
         if offset is None:
             start, want = self._first_read(info, head)
             if start >= 0 and want >= _LOCAL_HEADER.size + len(_raw_name(info)):
-                blob = self.source.read(start, want)
+                blob = self._read_buffer(start, want)
             offset = self._check_local_header(info, blob)
             with self._lock:
                 self._data_offsets[info.filename] = offset
         start = offset - info.header_offset
         if blob and head and start + head <= len(blob):
             if head < _VIEW_FROM or not is_chunk_key(info.filename):
-                return offset, blob[start : start + head]
+                return offset, bytes(blob[start : start + head])
             # A chunk gets a view, not a slice: slicing copied every chunk once more (4 MiB of
             # memcpy and fresh pages per plane on a first read); the view keeps ~100 bytes more.
             return offset, memoryview(blob)[start : start + head]
         return offset, None
+
+    def _read_buffer(self, offset: int, size: int) -> bytes | memoryview:
+        """[offset, offset + size) of the source, as a view of the source's own buffer where
+        it offers one (`read_buffer`: an object's GET body, not copied again)."""
+        read = getattr(self.source, "read_buffer", None) or self.source.read
+        return read(offset, size)  # type: ignore[no-any-return]
 
     def _first_read(self, info: zipfile.ZipInfo, head: int) -> tuple[int, int]:
         """The range `_data_offset(info, head)` reads while the data offset is not known: the
@@ -300,10 +306,10 @@ class ZipArchiveStore(Store):
         want = _LOCAL_HEADER.size + len(_raw_name(info)) + (len(info.extra) + head if head else 0)
         return info.header_offset, min(want, self.source.size - info.header_offset)
 
-    def _check_local_header(self, info: zipfile.ZipInfo, blob: bytes) -> int:
+    def _check_local_header(self, info: zipfile.ZipInfo, blob: bytes | memoryview) -> int:
         """The data offset the local header at the start of `blob` gives, once it is checked."""
         name = _raw_name(info)
-        header = blob[: _LOCAL_HEADER.size + len(name)]
+        header = bytes(blob[: _LOCAL_HEADER.size + len(name)])
         fields = _LOCAL_HEADER.unpack_from(header) if len(header) == len(name) + 30 else None
         if fields is None or fields[0] != b"PK\x03\x04":
             raise CorruptArchiveError(
@@ -401,16 +407,23 @@ class ZipArchiveStore(Store):
         daemon spent 0.54 s of CPU per GB served on a verified first read without it, 0.65-0.69
         with it (tools/bench.py mount)."""
         info = self._entries.get(key)
-        advise = getattr(self._source, "prefetch", None)
-        if info is None or advise is None or hasattr(self._source, "fileno"):
+        one = getattr(self._source, "prefetch", None)
+        run = getattr(self._source, "prefetch_run", None)
+        if info is None or (one is None and run is None) or hasattr(self._source, "fileno"):
             return
         with contextlib.suppress(OSError, CorruptArchiveError):
+            ranges = []
             for entry in self._following(info, int(getattr(self._source, "readahead_bytes", 0))):
                 offset = self._data_offsets.get(entry.filename)
                 if offset is None:  # what the first `get` reads: header and data in one range
-                    advise(*self._first_read(entry, entry.file_size))
+                    ranges.append(self._first_read(entry, entry.file_size))
                 else:
-                    advise(offset, entry.compress_size)
+                    ranges.append((offset, entry.compress_size))
+            if run is not None:  # ranges that follow each other may go out as one GET
+                run(ranges)
+            else:
+                for offset, size in ranges:
+                    one(offset, size)
 
     def _following(self, info: zipfile.ZipInfo, budget: int) -> list[zipfile.ZipInfo]:
         """`info` and the chunks of its array stored after it, up to `budget` bytes (and among
@@ -460,7 +473,9 @@ class ZipArchiveStore(Store):
         if data is None:
             if offset + info.file_size > self.source.size:
                 raise CorruptArchiveError(f"{self.path}: zip entry {key!r} runs past the end")
-            data = self.source.read(offset, info.file_size)
+            data = self._read_buffer(offset, info.file_size)
+            if not is_chunk_key(key):  # metadata is bytes (a chunk may be a view)
+                data = bytes(data)
         if len(data) != info.file_size:
             raise CorruptArchiveError(f"{self.path}: zip entry {key!r} is truncated")
         self._check_stored(key, info, data)

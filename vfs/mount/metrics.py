@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -45,6 +46,9 @@ def daemon_section(cache: Any, integrity: Any, inodes: int) -> dict[str, Any]:
         "failed_verification": len(integrity.bad),
         "pending_verification": len(integrity.pending),
     }
+    s3 = sys.modules.get("vfs.stores.s3")  # loaded only when SRC is a bucket
+    if s3 is not None:
+        doc["s3"] = {"gets": s3.FETCHED.gets, "bytes_fetched": s3.FETCHED.bytes}
     if cache is not None:
         doc["cache"] = {
             "hits": cache.stats.hits,
@@ -80,6 +84,9 @@ def prometheus(status: dict[str, Any]) -> str:
         metric(f"decant_cache_{key}_total", "counter", cache.get(key, 0))
     metric("decant_cache_bytes", "gauge", cache.get("bytes", 0))
     metric("decant_cache_limit_bytes", "gauge", cache.get("limit_bytes", 0))
+    if "s3" in d:
+        metric("decant_s3_gets_total", "counter", d["s3"]["gets"])
+        metric("decant_s3_fetched_bytes_total", "counter", d["s3"]["bytes_fetched"])
     if "queued" in status:
         metric("decant_pack_queued", "gauge", status["queued"])
         metric("decant_pack_packing", "gauge", status["packing"])
