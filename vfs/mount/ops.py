@@ -986,9 +986,13 @@ class DecantOperations(pyfuse3.Operations):
                 ino = self.inodes.known(node)
                 src_parent, dst_parent = self._node(parent_inode_old), self._node(parent_inode_new)
                 behind = await self._behind(src_parent, old, node)
+                # What the kernel checked the caller against under the new name (and what
+                # that hides): nothing else of SRC may be replaced (WriteSide._check_free).
+                shown = dst_folder.children.get(new)
+                over = () if shown is None else (shown, await self._behind(dst_parent, new, shown))
                 heavy = _heavy(behind) or node.backend is not None  # a bucket's: copy, delete
                 moved = await self._io(
-                    heavy, writer.rename, src_parent, old, node, dst_parent, new, behind
+                    heavy, writer.rename, src_parent, old, node, dst_parent, new, behind, over
                 )
                 self._moved(src_folder, old, dst_folder, new, ino, node, moved, old_real)
                 if self.queue is not None and node.spooled:
