@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vfs.backends.base import Backend, Description
+from vfs.backends.base import Backend, Description, serves_owner
 from vfs.beneath import open_beneath
 from vfs.decant import TEMP_PREFIX
 from vfs.errors import DecantError
@@ -176,6 +176,11 @@ class SourceTree:
             if not (is_dir or stat.S_ISREG(st.st_mode)):
                 continue
             backend = next((b for b in self.backends if b.claims(path, is_dir)), None)
+            if backend is not None and not serves_owner(backend, st.st_uid):
+                self._log_once(path, f"{path}: owned by uid {st.st_uid}, whose {backend.name} "
+                                     "archives are not opened here; shown as the raw file",
+                               logging.INFO)  # fmt: skip
+                backend = None
             if backend is not None:
                 archives.append((name, st, backend, path))
             else:
