@@ -179,6 +179,23 @@ def _fail(code: int) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(code)
 
 
+def _rewritten(folder: Folder, names: set[str]) -> set[str]:
+    """Those of `names` whose listed archive file is no longer the version listed (written in
+    place: same name, same folder mtime)."""
+    out = set()
+    for name in names:
+        node = folder.children.get(name)
+        if node is None or not node.version or node.member or node.spooled:
+            continue
+        try:
+            st = os.lstat(node.real)
+        except OSError:
+            continue
+        if (st.st_ino, st.st_size, st.st_mtime_ns) != node.version:
+            out.add(name)
+    return out
+
+
 def _heavy(node: Node | None) -> bool:
     """Deleting it may take long whatever the disk (see QUICK_FREE)."""
     return node is not None and (node.is_dir or node.backend is not None or node.size > QUICK_FREE)
@@ -661,9 +678,13 @@ class DecantOperations(pyfuse3.Operations):
                     # Unchanged entries (a publish restores the folder's mtime; its queue
                     # shows the names itself): nothing to do, as a rescan would find.
                     stamp = await self._quick(self.tree.stamp_folder, path)
-                    if stamp == folder.mtime_ns and not folder.absorbed:
-                        continue
                     names = self.tree.presented_names(names)  # archives show other names
+                    if stamp == folder.mtime_ns and not folder.absorbed:
+                        # Only an archive written in place changed (its folder did not):
+                        # listed as it was, it would give ESTALE until the folder changes.
+                        names = await self._quick(_rewritten, folder, names)
+                        if not names:
+                            continue
                     await self._show(ino, sorted(names))
                     for name in names:  # the kernel's inodes see new sizes at getattr
                         node = folder.children.get(name)
