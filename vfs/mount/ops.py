@@ -565,7 +565,12 @@ class DecantOperations(pyfuse3.Operations):
             if node.spooled:  # a plain file of the spool: see QuickCalls
                 node, reader = await self._on_spooled(inode, node, self._open_reader)
             else:
-                reader = await trio.to_thread.run_sync(self._open_reader, node)
+                try:
+                    reader = await trio.to_thread.run_sync(self._open_reader, node)
+                except OSError as exc:
+                    if exc.errno == errno.ESTALE:
+                        await self._relist(node)
+                    raise
             handle = OpenFile(node, inode, reader)
             cache = await self.reads.prepare(handle)
             if node.spooled and self.queue is not None:
@@ -574,6 +579,17 @@ class DecantOperations(pyfuse3.Operations):
             # content is immutable per inode, so the kernel keeps it. Real files may change.
             return self._new_handle(handle, keep_cache=cache,
                                     direct_io=handle.hasher is not None)  # fmt: skip
+
+    async def _relist(self, node: Node) -> None:
+        """The archive behind `node` is not the version listed (written in place, which no
+        folder mtime tells; or swapped): its names are listed again, so the kernel's retry of
+        an open that got ESTALE (a lookup with revalidation) finds what is there now."""
+        found = self.inodes.folder_of(node.real.parent)
+        if found is None:
+            return
+        with contextlib.suppress(OSError, pyfuse3.FUSEError):
+            async with self.inodes.locked(found[0]):
+                await self._show(found[0], sorted(self.tree.presented_names({node.real.name})))
 
     def _new_handle(self, handle: OpenFile, **info: bool) -> pyfuse3.FileInfo:
         fh = self._next_fh
