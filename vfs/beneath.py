@@ -106,16 +106,22 @@ def stat_beneath(root: Path, path: Path) -> os.stat_result:
         os.close(fd)
 
 
-def read_beneath(root: Path, path: Path) -> bytes:
+def read_beneath(root: Path, path: Path, limit: int) -> bytes:
     """The whole regular file at `path`, opened from `root` without following a link and
-    without waiting (a FIFO or device is refused, not read)."""
+    without waiting (a FIFO or device is refused, not read). A file over `limit` bytes is
+    EFBIG, not read: its size is attacker input (a sparse file costs its maker nothing)."""
     fd = open_beneath(root, path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise not_shown(path, st)
-        with os.fdopen(fd, "rb", closefd=False) as fh:
-            return fh.read()
+        if st.st_size <= limit:
+            with os.fdopen(fd, "rb", closefd=False) as fh:
+                raw = fh.read(limit + 1)  # it may have grown since
+            if len(raw) <= limit:
+                return raw
+        why = f"larger than the {limit} bytes this file may have"
+        raise OSError(errno.EFBIG, why, str(path))
     finally:
         os.close(fd)
 

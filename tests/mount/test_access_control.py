@@ -371,3 +371,57 @@ def test_staging_with_spool_elsewhere_is_closed(
     assert private.is_dir()
     assert u.errno_of("os.listdir(p)", p=private) == errno.EACCES
     assert u.errno_of("os.stat(p)", p=private / "staging" / "x") == errno.EACCES
+
+
+def test_a_copy_of_a_package_the_user_may_not_read_decrypted_stays_ciphertext(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """Root's 0644 package: its ciphertext is readable to all in SRC, its members (0440,
+    root's) not to the user. A copy the user makes, through the mount or in SRC itself, is
+    the user's own file: decrypting it with the node's key for its owner would hand the user
+    the plaintext. Only packages of a --c4gh-owner (default: the daemon's user) are opened."""
+    base = open_tmp(tmp_path_factory, "package-copy")
+    src = base / "src"
+    (src / "userdir").mkdir(parents=True, mode=0o755)
+    src.chmod(0o755)
+    os.chown(src / "userdir", unprivileged.uid, unprivileged.gid)
+    keys = {n: corpus.make_keypair(base / "keys", n) for n in ("node", "writer")}
+    members = corpus.gdi_members(parquet_rows=(40, 20), long_name=False)
+    package = src / "root.tar.c4gh"
+    corpus.write_package(package, members, keys["writer"], [keys["node"]])
+    package.chmod(0o644)
+    key = str(keys["node"].secret_path)
+    m = start(base, src, "--settle", "0.3", "--c4gh-key", key)
+    try:
+        copies_stay_ciphertext(m, package, unprivileged)
+    finally:
+        m.stop()
+    # The operator may name the user: then its packages are decrypted for it.
+    trusted = start(base, src, "--c4gh-key", key, "--c4gh-owner", unprivileged.name,
+                    "--c4gh-owner", "0", name="trusted")  # fmt: skip
+    try:
+        for name, data in members:
+            got = unprivileged.value_of("read(p)", p=trusted.mnt / "userdir/drop.tar.c4gh" / name)
+            assert got == sha256(data), name
+        assert sorted(os.listdir(trusted.mnt / "root.tar.c4gh")) == sorted(
+            {n.split("/")[0] for n, _ in members}
+        )
+    finally:
+        trusted.stop()
+
+
+def copies_stay_ciphertext(m: Mount, package: Path, unprivileged: User) -> None:
+    src, mnt = m.src, m.mnt
+    assert unprivileged.errno_of("read(p)", p=mnt / "root.tar.c4gh" / MEMBER) == errno.EACCES
+    copied = unprivileged.run("cp", str(package), str(mnt / "userdir" / "copy.tar.c4gh"))
+    assert copied.returncode == 0, copied.stderr
+    dropped = unprivileged.run("cp", str(package), str(src / "userdir" / "drop.tar.c4gh"))
+    assert dropped.returncode == 0, dropped.stderr
+    wait_for(lambda: (src / "userdir" / "copy.tar.c4gh").exists(), "published")
+    cipher = sha256(package.read_bytes())
+    for name in ("copy.tar.c4gh", "drop.tar.c4gh"):
+        wait_for(lambda n=name: n in os.listdir(mnt / "userdir"), f"{name} shown")
+        path = mnt / "userdir" / name
+        assert unprivileged.errno_of("read(p)", p=path / MEMBER) == errno.ENOTDIR, name
+        assert unprivileged.value_of("read(p)", p=path) == cipher, name
+    assert "not opened here" in m.log_text()

@@ -166,3 +166,29 @@ def test_watching_survives_folders_removed_while_it_rewalks(tmp_path: Path, make
     for name in ("draft.txt~", ".git", "x.swp"):
         (src / "deep" / name).write_bytes(b"x")
     assert _wait_for(lambda: {"draft.txt~", ".git", "x.swp"} <= set(os.listdir(m.mnt / "deep")))
+
+
+@pytest.mark.parametrize("extra", [(), ("--no-watch",)], ids=["inotify", "no-watch"])
+def test_an_archive_rewritten_in_place_is_served_again(tmp_path: Path, make_mount, extra) -> None:  # type: ignore[no-untyped-def]
+    """`cp new.zarr.zip old.zarr.zip` writes into the same inode and leaves the folder's
+    mtime alone: the mount must take the new version (once ESTALE until the folder changed).
+    Without a watcher, the open that finds the archive changed lists it again."""
+    work, src = tmp_path / "work", tmp_path / "src"
+    (work / "v1").mkdir(parents=True)
+    (work / "v2").mkdir()
+    src.mkdir()
+    pack_file(_tiff(work / "v1" / "scan.tif", 1), src / "scan.tif.zarr.zip")
+    pack_file(_tiff(work / "v2" / "scan.tif", 2, (4, 40, 30)), work / "new.zarr.zip")
+    m = make_mount(src, *extra)
+    assert (m.mnt / "scan.tif").read_bytes() == (work / "v1" / "scan.tif").read_bytes()
+    ino = (src / "scan.tif.zarr.zip").stat().st_ino
+    shutil.copyfile(work / "new.zarr.zip", src / "scan.tif.zarr.zip")
+    assert (src / "scan.tif.zarr.zip").stat().st_ino == ino
+
+    def new_version() -> bool:
+        try:
+            return (m.mnt / "scan.tif").read_bytes() == (work / "v2" / "scan.tif").read_bytes()
+        except OSError:
+            return False
+
+    assert _wait_for(new_version, timeout=10.0), m.log_text()[-1500:]

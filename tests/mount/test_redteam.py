@@ -171,7 +171,9 @@ def swaps(tmp_path_factory: pytest.TempPathFactory, unprivileged: User) -> Itera
     public.mkdir(mode=0o755)
     keys = {n: corpus.make_keypair(base / "keys", n) for n in ("node", "writer")}
     m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
-    m.start("-o", "allow_other", "--settle", "0.5", "--c4gh-key", str(keys["node"].secret_path))
+    # The user's own packages are decrypted for it (--c4gh-owner): what a swap may then reach.
+    m.start("-o", "allow_other", "--settle", "0.5", "--c4gh-key", str(keys["node"].secret_path),
+            "--c4gh-owner", unprivileged.name, "--c4gh-owner", "0")  # fmt: skip
     try:
         yield Swaps(m, src, vault, base, public, keys)
     finally:

@@ -392,6 +392,55 @@ def test_objects_of_the_bucket_are_deleted_and_renamed_only_with_allow_delete(
     assert (other.mnt / "sub" / "moved.txt").read_bytes() == b"their notes\n"
 
 
+def _series_tiff(path: Path, seed: int, shape: tuple[int, ...] = (2, 20, 16)) -> bytes:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = np.random.default_rng(seed).integers(0, 60000, shape, dtype=np.uint16)
+    tifffile.imwrite(path, data, photometric="minisblack")
+    return path.read_bytes()
+
+
+def test_rm_of_a_series_member_never_deletes_the_archive_object(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    """With --allow-delete, `rm` (and `mv`) of one member of a series shown as a folder is
+    EPERM: the member lives inside one object (a consolidated `.zarr.zip`) or beside the
+    others under one prefix (`.zarr/`), and deleting that would take the whole series."""
+    from vfs.decant.series import PackOptions, pack_series
+
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    same, mixed = tmp_path / "run1", tmp_path / "run2"
+    members = {"a.tif": _series_tiff(same / "a.tif", 1), "b.tif": _series_tiff(same / "b.tif", 2)}
+    _series_tiff(mixed / "small.tif", 3, (1, 8, 6))
+    (mixed / "notes.txt").write_bytes(b"not a tiff\n")
+    pack_series(same, tmp_path / "run1.zarr.zip", PackOptions())
+    pack_series(mixed, tmp_path / "run2.zarr", PackOptions())
+    obstore.put(store, s3_bucket.key("run1.zarr.zip"), (tmp_path / "run1.zarr.zip").read_bytes())
+    nested = tmp_path / "run2.zarr"
+    for path in sorted(p for p in nested.rglob("*") if p.is_file()):
+        obstore.put(store, s3_bucket.key(f"run2.zarr/{path.relative_to(nested).as_posix()}"),
+                    path.read_bytes())  # fmt: skip
+    before = keys_of(store, s3_bucket.key())
+    m = bucket_mount(s3_bucket.url(), "--spool", str(tmp_path / "spool"), "--allow-delete")
+    assert sorted(os.listdir(m.mnt)) == ["run1", "run2"]
+    assert sorted(os.listdir(m.mnt / "run1")) == ["a.tif", "b.tif"]
+    refused = []
+    for act in (lambda: os.unlink(m.mnt / "run1" / "a.tif"),
+                lambda: os.unlink(m.mnt / "run2" / "notes.txt"),
+                lambda: os.unlink(m.mnt / "run2" / "small.tif"),
+                lambda: os.rename(m.mnt / "run1" / "a.tif", m.mnt / "a.tif"),
+                lambda: os.rmdir(m.mnt / "run1")):  # fmt: skip
+        with pytest.raises(OSError) as err:
+            act()
+        refused.append(err.value.errno)
+    assert refused[:4] == [errno.EPERM] * 4, refused
+    assert refused[4] in (errno.EPERM, errno.ENOTEMPTY, errno.ENOTDIR), refused
+    assert keys_of(store, s3_bucket.key()) == before
+    assert sorted(os.listdir(m.mnt / "run1")) == ["a.tif", "b.tif"]
+    for name, data in members.items():
+        assert (m.mnt / "run1" / name).read_bytes() == data, name
+    assert (m.mnt / "run2" / "notes.txt").read_bytes() == b"not a tiff\n"
+
+
 @pytest.mark.skipif(
     not os.environ.get("DECANT_SLOW_TESTS"),
     reason="~300 MiB through a mount (25-30 s): DECANT_SLOW_TESTS=1 runs it",

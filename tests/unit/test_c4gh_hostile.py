@@ -250,3 +250,23 @@ def test_a_deeply_nested_manifest_costs_the_digests_not_the_package(env, tmp_pat
     assert all("user.c4gh.sha256" not in e.xattrs for e in tree.values())
     report = verify_package(path, [env.keys.node.secret])
     assert "manifest.json nests too deeply to read" in report.problems
+
+
+def test_a_manifest_of_nested_values_is_not_parsed(env, tmp_path) -> None:
+    """12 MiB of `[[[…]]]` 400 deep, within the manifest's byte limit and the decoder's depth:
+    parsed, it cost ~580 MiB of memory (48 bytes a byte). Counted first, it is not parsed."""
+    import tracemalloc
+
+    path = tmp_path / "values.tar.c4gh"
+    nested = b"[" + b",".join([b"[" * 400 + b"]" * 400] * 15_000) + b"]"
+    write_raw(path, [("manifest.json", nested), *env.members[1:]], env)
+    tracemalloc.start()
+    try:
+        desc = backend(env.keys.node).describe(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 100 << 20, f"peak {peak >> 20} MiB"
+    tree = files(desc.root)
+    assert set(tree) == {n for n, _ in env.members}
+    assert all("user.c4gh.sha256" not in e.xattrs for e in tree.values())

@@ -42,6 +42,9 @@ GIB = 1 << 30
 PEAK_LIMIT = 100 << 20  # per case, traced by tracemalloc
 
 
+NESTED = "[" + ",".join(["[" * 400 + "]" * 400] * (MAX_MANIFEST_ITEMS // 400 + 1)) + "]"
+
+
 def zarray(key: str, **fields: Any) -> Edit:
     return fuzz.json_edit(key, lambda d: d.update(fields))
 
@@ -197,6 +200,9 @@ CASES: dict[str, tuple[str, Edit, str, type[DecantError], list[str]]] = {
     ),
     "manifest-too-many-values": (
         D, setf(notes="," * (MAX_MANIFEST_ITEMS + 1)), "describe", ManifestError, ["JSON values"],
+    ),
+    "manifest-nested-values-without-commas": (  # 400 deep: ~48 bytes of memory per byte
+        D, raw_text(MANIFEST, "notes", NESTED), "describe", ManifestError, ["JSON values"],
     ),
     "page-bytes-disagree-with-shape": (
         D, page(0, databytecounts=[1198]), "describe", ManifestError,

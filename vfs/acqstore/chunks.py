@@ -11,6 +11,8 @@ asks zarr-python.
 
 from __future__ import annotations
 
+import errno
+import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,6 +22,7 @@ import numpy as np
 
 from vfs.beneath import open_beneath, read_beneath
 from vfs.decant.blosc_blocks import BloscChunkError, decompress_into, parse_header
+from vfs.decant.limits import compressed_bound
 from vfs.errors import CorruptArchiveError
 
 _V3_COMPRESSORS = {"BloscCodec": "blosc", "ZstdCodec": "zstd", "GzipCodec": "gzip"}
@@ -119,9 +122,14 @@ class PlaneReader:
             # The image folder was checked for links when opened; a chunk swapped for one (or
             # for a FIFO) since must not be read as root: see vfs/beneath.py.
             assert self._root is not None
-            raw = read_beneath(self._root, path)
+            stored = compressed_bound(math.prod(self.chunks) * self.dtype.itemsize)
+            raw = read_beneath(self._root, path, stored)
         except FileNotFoundError:
             return False  # the fill value: zarr-python's business
+        except OSError as exc:
+            if exc.errno != errno.EFBIG:
+                raise
+            raise CorruptArchiveError(f"{path}: chunk file {exc.strerror}") from None
         height, width = plane.shape
         whole = self.chunks[-2:] == (height, width) and all(c == 1 for c in self.chunks[:-2])
         try:

@@ -15,6 +15,7 @@ import numpy as np
 
 from vfs.acqstore.paths import path_problems
 from vfs.beneath import not_shown, open_beneath, read_beneath, stat_beneath
+from vfs.decant.limits import MAX_CHUNK_BYTES, MAX_METADATA_BYTES, compressed_bound
 from vfs.errors import CorruptArchiveError, ManifestError
 
 if TYPE_CHECKING:
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
 
 ZIP_SUFFIXES = (".zarr.zip", ".ozx")
 DECANT_MANIFEST = ".decant/manifest.json"
+# Any key of an image folder read whole (metadata, or a chunk zarr-python asks for).
+MAX_KEY_BYTES = compressed_bound(MAX_CHUNK_BYTES)
 # NGFF orders axes by type: time, then channel or custom, then space.
 _TYPE_RANK = {"time": 0, "space": 2}
 _UNVERSIONED_TRANSFORMS = {"0.1", "0.2", "0.3"}
@@ -94,9 +97,14 @@ class _Keys:
         """The parsed document at `key`, or None when absent; a malformed one is an error."""
         try:
             if self.zip is not None:
-                raw = self.zip.read(key) if key in self.names else None
+                raw = None
+                if key in self.names:
+                    size = self.zip.getinfo(key).file_size  # zipfile reads no more than this
+                    if size > MAX_METADATA_BYTES:
+                        raise ValueError(f"{size} bytes, more than {MAX_METADATA_BYTES}")
+                    raw = self.zip.read(key)
             else:
-                raw = _read_key(self.anchor.root, key)
+                raw = _read_key(self.anchor.root, key, MAX_METADATA_BYTES)
             return None if raw is None else json.loads(raw)
         except (OSError, ValueError, zipfile.BadZipFile) as exc:
             raise ManifestError(f"{key} cannot be read: {exc}") from exc
@@ -143,10 +151,10 @@ class Anchor:
             self.fd = -1
 
 
-def _read_key(root: Path, key: str) -> bytes | None:
+def _read_key(root: Path, key: str, limit: int = MAX_KEY_BYTES) -> bytes | None:
     """A key's bytes read below `root` with no link followed, or None when absent."""
     try:
-        return read_beneath(root, root / key)
+        return read_beneath(root, root / key, limit)
     except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
         return None
 

@@ -17,7 +17,13 @@ from vfs.acqstore import paths
 from vfs.acqstore.ngff import NgffImage, inspect_image
 from vfs.acqstore.paths import ENTRY_POINT
 from vfs.beneath import read_beneath
+from vfs.decant.limits import MiB, json_values
 from vfs.errors import ManifestError
+
+# A collection's JSON documents: bytes, and values counted before parsing (what a parse costs
+# in memory; 10,000 members of ~30 values each fit many times over).
+MAX_DOCUMENT_BYTES = 16 * MiB
+MAX_DOCUMENT_VALUES = 1 << 21
 
 _SCHEMA_DEFS = {
     "collection": "collection",
@@ -401,7 +407,9 @@ class _Run:
             try:
                 # From the collection without following a link (nor waiting on a FIFO): a
                 # document swapped for one is not read as root (vfs/beneath.py).
-                raw = read_beneath(self.root, paths.resolve(self.root, rel))
+                raw = read_beneath(self.root, paths.resolve(self.root, rel), MAX_DOCUMENT_BYTES)
+                if json_values(raw) > MAX_DOCUMENT_VALUES:
+                    raise ValueError(f"more than {MAX_DOCUMENT_VALUES} JSON values")
                 doc = json.loads(raw, parse_constant=_no_constant)
             except FileNotFoundError:
                 self.error(rel, "", "document does not exist")

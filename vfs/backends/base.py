@@ -171,6 +171,13 @@ def mode_mask_of(backend: object) -> int:
     return mask if isinstance(mask, int) else DEFAULT_MODE_MASK
 
 
+def serves_owner(backend: object, uid: int) -> bool:
+    """Whether the backend presents an archive whose file `uid` owns: its `owners` (a set of
+    uids), or anyone's when it declares none."""
+    owners = getattr(backend, "owners", None)
+    return owners is None or uid in owners
+
+
 def presented_mode(archive_mode: int, mask: int, is_dir: bool) -> int:
     """Permission bits of a presented member: the archive's, never more than `mask` allows.
 

@@ -36,6 +36,7 @@ from vfs.c4gh.segments import (
 )
 from vfs.c4gh.tarindex import Member, TarIndex, build_index
 from vfs.cache import PageCache
+from vfs.decant.limits import json_values
 from vfs.errors import CorruptArchiveError, DecantError, DecryptError, NotAnArchiveError
 from vfs.stores.base import ByteSource, Folder
 from vfs.stores.local import LocalFile, LocalFolder
@@ -50,6 +51,7 @@ POLICIES = ("warn", "enforce")
 READAHEAD = 8 * PAGE_SIZE  # decrypted ahead of a sequential reader, on every core
 DECRYPTERS = min(2, os.cpu_count() or 1)  # threads that decrypt read-ahead pages side by side
 MAX_MANIFEST = 16 << 20
+MAX_MANIFEST_VALUES = 1 << 21
 DEFAULT_MODE = 0o440  # decrypted data: owner and group read it, "other" only if the operator says
 LOGGED_DROPS = 50  # dropped members named in the log line; the rest are counted
 FINGERPRINT_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -206,6 +208,7 @@ class C4ghBackend:
         allowed_writers: set[str] | None = None,
         writer_policy: str = "warn",
         mode_mask: int = DEFAULT_MODE,
+        owners: frozenset[int] | None = None,
     ) -> None:
         if writer_policy not in POLICIES:
             raise ValueError(f"writer_policy must be one of {POLICIES}, not {writer_policy!r}")
@@ -218,6 +221,10 @@ class C4ghBackend:
         self.allowed_writers = allowed_writers
         self.writer_policy = writer_policy
         self.mode_mask = mode_mask  # see vfs.backends.base.presented_mode
+        # Whose package files are decrypted (None: anyone's). Owning a file proves nothing
+        # about the right to its plaintext: whoever may read a package's ciphertext can copy
+        # it into a file of their own, which the mount would decrypt for them as its owner.
+        self.owners = owners  # see vfs.backends.base.serves_owner
         self.stats = SegmentStats()  # segments decrypted by every reader of this backend
         self.pool = output_pool()  # the buffers member reads are served in
         self.buffers = SegmentBuffers(cache.max_bytes)  # the buffers segments are decrypted into
@@ -409,7 +416,10 @@ class C4ghBackend:
         if manifest is None or manifest.size > MAX_MANIFEST:
             return {}
         try:
-            doc = json.loads(reader.read(manifest.offset, manifest.size))
+            raw = reader.read(manifest.offset, manifest.size)
+            if json_values(raw) > MAX_MANIFEST_VALUES:  # what a parse would cost in memory
+                raise ValueError(f"more than {MAX_MANIFEST_VALUES} JSON values")
+            doc = json.loads(raw)
             members = doc["payload"]["members"]
             return {
                 name: item["sha256"]
@@ -509,6 +519,14 @@ def add_mount_options(parser: argparse.ArgumentParser) -> None:
         help="octal permission bits members may have at most, limited further by the package "
         "file's own mode; folders get x where they have r (default: 0440: not readable by others)",
     )
+    group.add_argument(
+        "--c4gh-owner",
+        action="append",
+        default=[],
+        metavar="USER",
+        help="decrypt packages whose file this user owns (repeatable; name or uid; default: "
+        "the daemon's own user); others' are shown as the raw file",
+    )
 
 
 def parse_mode(text: str) -> int:
@@ -538,13 +556,32 @@ def backend_from_args(args: argparse.Namespace, cache: PageCache) -> C4ghBackend
     if policy == "enforce" and allowed is None:
         raise DecantError("--c4gh-writer-policy enforce needs --c4gh-allowed-writers FILE")
     mode: int = getattr(args, "c4gh_mode", DEFAULT_MODE)
+    owners = frozenset(parse_owner(u) for u in getattr(args, "c4gh_owner", None) or []) or (
+        frozenset({os.geteuid()})
+    )
     log.info(
-        "c4gh: %d secret key(s) loaded, writer policy %s, member mode at most %04o",
+        "c4gh: %d secret key(s) loaded, writer policy %s, member mode at most %04o, "
+        "packages of uid %s decrypted",
         len(keys),
         policy,
         mode,
+        ",".join(map(str, sorted(owners))),
     )
-    return C4ghBackend(keys, cache, allowed_writers=allowed, writer_policy=policy, mode_mask=mode)
+    return C4ghBackend(
+        keys, cache, allowed_writers=allowed, writer_policy=policy, mode_mask=mode, owners=owners
+    )
+
+
+def parse_owner(text: str) -> int:
+    """A user name or numeric uid (`--c4gh-owner`)."""
+    import pwd
+
+    if text.isdigit():
+        return int(text)
+    try:
+        return pwd.getpwnam(text).pw_uid
+    except KeyError:
+        raise DecantError(f"--c4gh-owner {text!r}: no such user") from None
 
 
 __all__ = [
@@ -554,4 +591,5 @@ __all__ = [
     "backend_from_args",
     "load_allowed_writers",
     "parse_mode",
+    "parse_owner",
 ]

@@ -10,7 +10,13 @@ from typing import Any
 
 from vfs.decant import SUPPORTED_FORMATS
 from vfs.decant.geometry import ITEMSIZE, check_geometry
-from vfs.decant.limits import MAX_MANIFEST_ITEMS, MAX_ORIGINAL_SIZE, MAX_PAGES, MAX_SEGMENTS
+from vfs.decant.limits import (
+    MAX_MANIFEST_ITEMS,
+    MAX_ORIGINAL_SIZE,
+    MAX_PAGES,
+    MAX_SEGMENTS,
+    json_values,
+)
 from vfs.errors import ManifestError, UnsupportedFormatError
 
 MODES = ("byte-exact", "verbatim", "series")
@@ -233,7 +239,7 @@ def _name(value: str, where: str, source: str) -> str:
 def parse_manifest(raw: bytes, source: str) -> Manifest:
     """Parse manifest bytes; `source` names the archive in every error message."""
     # Values are counted before parsing: the lists they would become are what costs memory.
-    items = raw.count(b",")
+    items = json_values(raw)
     if items > MAX_MANIFEST_ITEMS:
         raise ManifestError(
             f"{source}: manifest holds about {items} JSON values, more than {MAX_MANIFEST_ITEMS}"

@@ -298,6 +298,7 @@ class BucketWriteSide(WriteSide):
         new_parent: Node,
         new: str,
         behind: Node | None = None,
+        over: tuple[Node | None, ...] = (),
     ) -> Node:
         """Only spooled files move. Over an object of the bucket (`behind`), the spooled file
         hides it; its upload then finds the key taken and it stays spooled, failed."""
@@ -377,6 +378,12 @@ class BucketWriteSide(WriteSide):
             raise refuse(errno.EPERM, f"{node.real}: a folder archive (many keys) is not "
                          "deleted through the mount")  # fmt: skip
         self._delete(key, self._still_listed(node, key))
+
+    def _check_free(
+        self, parent: Node, name: str, over: tuple[Node | None, ...], is_dir: bool
+    ) -> None:
+        """Nothing to check: an upload never replaces a key (a taken one leaves the file
+        spooled, failed) and a plain file's publish sets no archive aside."""
 
     def _check_shown(self, target: Path, spool_only: bool = False) -> None:
         """Nothing to check: a bucket holds objects only, none hidden from the mount (no links,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vfs.beneath import entry_path, not_shown, parent_fd
-from vfs.ingest.publish import placing_lock, remove_tree, set_aside
+from vfs.ingest.publish import archive_name, placing_lock, remove_tree, set_aside
 from vfs.ingest.space import SpaceGuard
 from vfs.ingest.spool import Spool
 from vfs.nodes import Node, mirror_node, spooled_node
@@ -88,6 +88,7 @@ class WriteSide:
     def create(self, parent: Node, name: str, mode: int, uid: int, gid: int) -> tuple[Node, int]:
         rel = self._rel(parent, name)
         self._need_room(0, rel)
+        self._check_free(parent, name, (), is_dir=False)
         if parent.mode & stat.S_ISGID:  # a setgid folder: its group, as any local filesystem
             gid = parent.gid
         fd, st = self.spool.create_stat(rel, mode, uid, gid)
@@ -194,11 +195,14 @@ class WriteSide:
         new_parent: Node,
         new: str,
         behind: Node | None = None,
+        over: tuple[Node | None, ...] = (),
     ) -> Node:
         """`behind`: what SRC presents under the old name that the spooled `node` hides (the
         published version it replaced): it goes, or it would show again under that name.
         A real file renamed over a spooled one replaces it: the spooled file goes, or it
-        would hide the real one and later be published over it."""
+        would hide the real one and later be published over it. `over`: what the mount shows
+        under the new name (and what that hides), as for `_check_free`."""
+        self._check_free(new_parent, new, over, is_dir=node.is_dir)
         old_rel, new_rel = self._rel(old_parent, old), self._rel(new_parent, new)
         self._check_shown(self.root / new_rel, spool_only=bool(node.spooled) and behind is None)
         if self._adopted:
@@ -257,6 +261,34 @@ class WriteSide:
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
             why = f"holds an entry the mount does not show (mode {stat.filemode(st.st_mode)})"
             raise refuse(errno.EEXIST, f"{target}: {why}")
+
+    def _check_free(
+        self, parent: Node, name: str, over: tuple[Node | None, ...], is_dir: bool
+    ) -> None:
+        """Refuse (EEXIST) a new name whose entry, or once published whose archive name
+        (`NAME.zarr.zip`: a TIFF's archive replaces it, a plain file sets it aside), is an
+        entry of SRC other than those the mount shows under that name (`over`). The kernel
+        checked the caller only against what it was shown there: an archive shown under
+        another name (a series `run.zarr.zip` shown as `run/`, `data.zarr.zip` showing
+        `scan.tif`) would be replaced or deleted with the daemon's rights, in a sticky
+        folder another user's, and without --allow-delete."""
+        folder = self.root / self._folder(parent)
+        for candidate in (name,) if is_dir else (name, archive_name(name)):
+            path = folder / candidate
+            try:
+                os.lstat(path)  # most names are new: one lstat, no walk from SRC
+            except FileNotFoundError:
+                continue
+            except OSError:
+                pass
+            try:
+                with _folder_of(self.root, path) as dfd:
+                    st = os.stat(candidate, dir_fd=dfd, follow_symlinks=False)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if not any(_is_entry(shown, path, st) for shown in over if shown is not None):
+                why = f"holds an entry the mount does not show as {name!r}; not replaced"
+                raise refuse(errno.EEXIST, f"{path}: {why}")
 
     def _remember_adopted(self, rel: str, st: os.stat_result) -> None:
         self._adopted[rel] = (st.st_dev, st.st_ino)
@@ -376,6 +408,19 @@ def _folder_of(root: Path, path: Path) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
+
+
+def _is_entry(shown: Node, path: Path, st: os.stat_result) -> bool:
+    """Is the entry of SRC at `path` (`st`) the one `shown` presents: the same path, or the
+    spooled file's own published copy (the same inode)?"""
+    if shown.real == path:
+        return True
+    if not shown.spooled:
+        return False
+    try:
+        return os.path.samestat(os.lstat(shown.real), st)
+    except OSError:
+        return False
 
 
 def _moved(node: Node, target: Path) -> Node:

@@ -179,6 +179,23 @@ def _fail(code: int) -> pyfuse3.FUSEError:
     return pyfuse3.FUSEError(code)
 
 
+def _rewritten(folder: Folder, names: set[str]) -> set[str]:
+    """Those of `names` whose listed archive file is no longer the version listed (written in
+    place: same name, same folder mtime)."""
+    out = set()
+    for name in names:
+        node = folder.children.get(name)
+        if node is None or not node.version or node.member or node.spooled:
+            continue
+        try:
+            st = os.lstat(node.real)
+        except OSError:
+            continue
+        if (st.st_ino, st.st_size, st.st_mtime_ns) != node.version:
+            out.add(name)
+    return out
+
+
 def _heavy(node: Node | None) -> bool:
     """Deleting it may take long whatever the disk (see QUICK_FREE)."""
     return node is not None and (node.is_dir or node.backend is not None or node.size > QUICK_FREE)
@@ -548,7 +565,12 @@ class DecantOperations(pyfuse3.Operations):
             if node.spooled:  # a plain file of the spool: see QuickCalls
                 node, reader = await self._on_spooled(inode, node, self._open_reader)
             else:
-                reader = await trio.to_thread.run_sync(self._open_reader, node)
+                try:
+                    reader = await trio.to_thread.run_sync(self._open_reader, node)
+                except OSError as exc:
+                    if exc.errno == errno.ESTALE:
+                        await self._relist(node)
+                    raise
             handle = OpenFile(node, inode, reader)
             cache = await self.reads.prepare(handle)
             if node.spooled and self.queue is not None:
@@ -557,6 +579,17 @@ class DecantOperations(pyfuse3.Operations):
             # content is immutable per inode, so the kernel keeps it. Real files may change.
             return self._new_handle(handle, keep_cache=cache,
                                     direct_io=handle.hasher is not None)  # fmt: skip
+
+    async def _relist(self, node: Node) -> None:
+        """The archive behind `node` is not the version listed (written in place, which no
+        folder mtime tells; or swapped): its names are listed again, so the kernel's retry of
+        an open that got ESTALE (a lookup with revalidation) finds what is there now."""
+        found = self.inodes.folder_of(node.real.parent)
+        if found is None:
+            return
+        with contextlib.suppress(OSError, pyfuse3.FUSEError):
+            async with self.inodes.locked(found[0]):
+                await self._show(found[0], sorted(self.tree.presented_names({node.real.name})))
 
     def _new_handle(self, handle: OpenFile, **info: bool) -> pyfuse3.FileInfo:
         fh = self._next_fh
@@ -661,9 +694,13 @@ class DecantOperations(pyfuse3.Operations):
                     # Unchanged entries (a publish restores the folder's mtime; its queue
                     # shows the names itself): nothing to do, as a rescan would find.
                     stamp = await self._quick(self.tree.stamp_folder, path)
-                    if stamp == folder.mtime_ns and not folder.absorbed:
-                        continue
                     names = self.tree.presented_names(names)  # archives show other names
+                    if stamp == folder.mtime_ns and not folder.absorbed:
+                        # Only an archive written in place changed (its folder did not):
+                        # listed as it was, it would give ESTALE until the folder changes.
+                        names = await self._quick(_rewritten, folder, names)
+                        if not names:
+                            continue
                     await self._show(ino, sorted(names))
                     for name in names:  # the kernel's inodes see new sizes at getattr
                         node = folder.children.get(name)
@@ -986,9 +1023,13 @@ class DecantOperations(pyfuse3.Operations):
                 ino = self.inodes.known(node)
                 src_parent, dst_parent = self._node(parent_inode_old), self._node(parent_inode_new)
                 behind = await self._behind(src_parent, old, node)
+                # What the kernel checked the caller against under the new name (and what
+                # that hides): nothing else of SRC may be replaced (WriteSide._check_free).
+                shown = dst_folder.children.get(new)
+                over = () if shown is None else (shown, await self._behind(dst_parent, new, shown))
                 heavy = _heavy(behind) or node.backend is not None  # a bucket's: copy, delete
                 moved = await self._io(
-                    heavy, writer.rename, src_parent, old, node, dst_parent, new, behind
+                    heavy, writer.rename, src_parent, old, node, dst_parent, new, behind, over
                 )
                 self._moved(src_folder, old, dst_folder, new, ino, node, moved, old_real)
                 if self.queue is not None and node.spooled:

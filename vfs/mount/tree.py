@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vfs.backends.base import Backend, Description
+from vfs.backends.base import Backend, Description, serves_owner
 from vfs.beneath import open_beneath
 from vfs.decant import TEMP_PREFIX
 from vfs.errors import DecantError
@@ -176,12 +176,18 @@ class SourceTree:
             if not (is_dir or stat.S_ISREG(st.st_mode)):
                 continue
             backend = next((b for b in self.backends if b.claims(path, is_dir)), None)
+            if backend is not None and not serves_owner(backend, st.st_uid):
+                self._log_once(path, f"{path}: owned by uid {st.st_uid}, whose {backend.name} "
+                                     "archives are not opened here; shown as the raw file",
+                               logging.INFO)  # fmt: skip
+                backend = None
             if backend is not None:
                 archives.append((name, st, backend, path))
             else:
                 plain[name] = self._raw_node(path, st)
         out = dict(plain)
         described = [(n, st, b, self.describe(b, p, st), p) for n, st, b, p in archives]
+        contested = self._contested(folder, described)
         regular = all(d is None or d.name in _related(n) for n, _s, _b, d, _p in described)
         # Of two archives presenting one name, the one named after it (NAME.zarr.zip) wins.
         described.sort(key=lambda a: (a[3] is None or a[0] != f"{a[3].name}.zarr.zip", a[0]))
@@ -194,6 +200,10 @@ class SourceTree:
             if problem is not None:
                 self._log_once(path, f"{path}: presents a name that cannot be shown ({problem}); "
                                      "shown under its archive name")  # fmt: skip
+                shown = name
+            if (shown, st.st_uid) in contested:
+                self._log_once(path, f"{path}: presents {shown!r}, as another user's archive "
+                                     f"in {folder} does; shown under its archive name")  # fmt: skip
                 shown = name
             if shown in plain and not _may_stand_in(plain[shown], st):
                 # A real file wins over an archive presenting its name only when the archive's
@@ -218,6 +228,20 @@ class SourceTree:
                 node.mode = stat.S_IMODE(st.st_mode)  # what rsync -a / cp -a gave the original
             out[shown] = node
         return out, regular
+
+    def _contested(self, folder: Path, described: list[Any]) -> set[tuple[str, int]]:
+        """(name, owner) of archives that lose a name other users' archives present too. Only
+        the folder owner's may hold it then, or none: in a shared (sticky) folder anyone may
+        add an archive presenting a name, and must not take over one another user's holds."""
+        owners: dict[str, set[int]] = {}
+        for _n, st, _b, desc, _p in described:
+            if desc is not None:
+                owners.setdefault(desc.name, set()).add(st.st_uid)
+        clashes = {name: uids for name, uids in owners.items() if len(uids) > 1}
+        if not clashes:
+            return set()
+        keeper = self._stat(folder).st_uid
+        return {(name, uid) for name, uids in clashes.items() for uid in uids if uid != keeper}
 
     def _raw_node(self, path: Path, st: os.stat_result) -> Node:
         """A real entry shown as it is (no backend claims it, or its archive cannot be read)."""
