@@ -18,7 +18,6 @@ import errno
 import functools
 import logging
 import os
-import sys
 import threading
 from collections.abc import Hashable, Sequence
 from pathlib import Path
@@ -51,10 +50,6 @@ INLINE_SEGMENTS = 2  # read_cached decrypts this many itself when their cipher t
 NOWAIT = getattr(os, "RWF_NOWAIT", 0)  # preadv2: EAGAIN rather than wait for the disk
 DIRECT_MIN = 4 * CIPHER_SEGMENT_SIZE  # loads this large read past the page cache (O_DIRECT)
 CACHE_PREFIX = "c4gh"
-# Segments a process decrypts with libsodium (loaded with the header code) before it imports
-# `cryptography`: a daemon's start (segment 0, the TAR walk, manifest.json) spares the import.
-SODIUM_SEGMENTS = 16
-_AEAD_MODULE = "cryptography.hazmat.primitives.ciphers.aead"
 
 log = logging.getLogger(__name__)
 
@@ -121,49 +116,17 @@ class _OpenSSLAead:
             raise _BadTag from None
 
 
-class _SodiumAead:
-    """ChaCha20-Poly1305 through crypt4gh's libsodium binding, which the header code loads
-    anyway: slower (0.84 GB/s here) and holding the GIL, but a daemon's first few segments
-    through it spare the import of `cryptography` (6-8 ms measured here) on the way to the
-    first bytes served."""
-
-    into = True
-
-    def __init__(self, session_key: bytes) -> None:
-        from crypt4gh import sodium
-
-        self._decrypt = sodium.chacha20poly1305_decrypt
-        self._key = session_key
-
-    def open(self, piece: memoryview) -> bytes:
-        out = bytearray(len(piece) - NONCE_SIZE - TAG_SIZE)
-        self.open_into(piece, memoryview(out))
-        return bytes(out)
-
-    def open_into(self, piece: memoryview, out: memoryview) -> None:
-        try:
-            got = self._decrypt(out, piece, self._key)  # nonce ‖ cipher text ‖ tag, as on disk
-        except ValueError:  # "Ciphersegment decryption failed": the tag does not match
-            raise _BadTag from None
-        if got != len(out):
-            raise _BadTag
-
-
-_sodium_left = SODIUM_SEGMENTS  # process-wide; a racing decrement costs a segment, no more
-
-
 @functools.lru_cache(maxsize=64)
 def _openssl(session_key: bytes) -> _OpenSSLAead:
     return _OpenSSLAead(session_key)
 
 
-def _cipher(session_key: bytes, segments: int) -> _OpenSSLAead | _SodiumAead:
-    """The cipher for `segments` segments: libsodium while `cryptography` is not imported and
-    the process's SODIUM_SEGMENTS last, `cryptography` (imported now) from then on."""
-    global _sodium_left
-    if _AEAD_MODULE not in sys.modules and segments <= _sodium_left:
-        _sodium_left -= segments
-        return _SodiumAead(session_key)
+def _cipher(session_key: bytes) -> _OpenSSLAead:
+    """The cipher of a session key. crypt4gh's own libsodium binding once decrypted a daemon's
+    first 16 segments, sparing the `cryptography` import (6-8 ms) on the way to the first bytes
+    served; with the bytecode compiled, as installed, start to manifest bytes takes 0.18 s
+    against the 0.3 s target either way, and the import then fell on a later read (a 7-8 ms
+    stall among 4 KiB preads). One cipher, imported with the first segment."""
     return _openssl(session_key)
 
 
@@ -180,7 +143,7 @@ def decrypt_segment(
             f"{name}: segment {segment_no} is truncated ({len(cipher)} bytes of cipher text)"
         )
     try:
-        return _cipher(session_key, 1).open(memoryview(cipher))
+        return _cipher(session_key).open(memoryview(cipher))
     except _BadTag:
         raise CorruptArchiveError(
             f"{name}: segment {segment_no} fails authentication (tampered or truncated package)"
@@ -600,7 +563,7 @@ class SegmentReader:
             raise _WouldBlock from None
         if nowait and len(cipher) < want:
             raise _WouldBlock  # in part on disk (or cut short: the thread's read says which)
-        cipher_of = _cipher(self._key, hi - lo)
+        cipher_of = _cipher(self._key)
         done: list[int] = []
         error: CorruptArchiveError | None = None
         whole = [self._whole_page(page, page_no, lo, hi, cipher_of.into)
@@ -681,7 +644,7 @@ class SegmentReader:
 
     def _decrypt(
         self,
-        cipher: _OpenSSLAead | _SodiumAead,
+        cipher: _OpenSSLAead,
         piece: memoryview,
         n: int,
         into: bytearray | memoryview | None,
