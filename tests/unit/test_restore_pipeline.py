@@ -120,16 +120,23 @@ def _flip_in_chunk(archive: Path, out: Path) -> str:
     return info.filename
 
 
-def test_damaged_chunk_is_named_and_nothing_is_left(tmp_path: Path) -> None:
-    """Stored without compression (blosc memcpy), a flipped byte still decodes: only the
-    sha256 catches it, and the error names the chunk whose CRC-32 fails."""
+def _damaged_memcpyed(tmp_path: Path) -> tuple[Path, Path, Path, str]:
+    """A small stack packed without compression (blosc memcpy), copied with one byte flipped in
+    a chunk: it still decodes, to wrong bytes. The TIFF, its archive, the damaged copy and the
+    damaged chunk's key."""
     tif = tmp_path / "in" / "raw.tif"
     tif.parent.mkdir()
     tifffile.imwrite(tif, _stack((3, 64, 64), "uint16"), photometric="minisblack")
     good = tmp_path / "in" / "raw.tif.zarr.zip"
     pack_file(tif, good, PackOptions(mode="byte-exact", codec=CodecChoice("zstd", 0, "noshuffle")))
     bad = tmp_path / "in" / "bad.zarr.zip"
-    key = _flip_in_chunk(good, bad)
+    return tif, good, bad, _flip_in_chunk(good, bad)
+
+
+def test_damaged_chunk_is_named_and_nothing_is_left(tmp_path: Path) -> None:
+    """Stored without compression (blosc memcpy), a flipped byte still decodes: only the
+    sha256 catches it, and the error names the chunk whose CRC-32 fails."""
+    _tif, _good, bad, key = _damaged_memcpyed(tmp_path)
     dest = tmp_path / "out"
     dest.mkdir()
     with pytest.raises(IntegrityError) as info:
@@ -161,13 +168,7 @@ def test_damaged_archive_never_replaces_the_target(
     """The whole wrong output is written (a memcpyed chunk with a flipped byte decodes), then
     refused: the file already at the target keeps its bytes, and no temp file is left."""
     monkeypatch.setattr(restore, "DIRECT", direct)
-    tif = tmp_path / "in" / "raw.tif"
-    tif.parent.mkdir()
-    tifffile.imwrite(tif, _stack((3, 64, 64), "uint16"), photometric="minisblack")
-    good = tmp_path / "in" / "raw.tif.zarr.zip"
-    pack_file(tif, good, PackOptions(mode="byte-exact", codec=CodecChoice("zstd", 0, "noshuffle")))
-    bad = tmp_path / "in" / "bad.zarr.zip"
-    _flip_in_chunk(good, bad)
+    tif, good, bad, _key = _damaged_memcpyed(tmp_path)
     dest = tmp_path / "out"
     dest.mkdir()
     target = dest / "raw.tif"
