@@ -79,6 +79,12 @@ def _parser(command: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=f"bench.py {command}", parents=[common_options(repeat=3)], description=__doc__
     )
+    if command in ("restore", "read", "mount"):
+        p.add_argument(
+            "--codec",
+            help="pack the stack with this decant pack --codec (default: the packer's, the "
+            "spec's zstd:byteshuffle:5); the report names it",
+        )
     if command in ("read", "mount"):
         p.add_argument("--samples", type=int, default=256, help="cold random reads (default 256)")
     if command == "mount":
@@ -94,15 +100,28 @@ def _parser(command: str) -> argparse.ArgumentParser:
 # -- inputs ----------------------------------------------------------------------------------
 
 
-def ensure_archive(work: Path, stack: Path) -> Path:
-    """The stack packed by `decant pack` into work/src/ (the mount's SRC), reused when current."""
+def codec_name(args: argparse.Namespace) -> str:
+    return args.codec or "zstd:byteshuffle:5 (the packer's default)"
+
+
+def ensure_archive(work: Path, stack: Path, codec: str | None = None) -> Path:
+    """The stack packed by `decant pack` into work/src/ (the mount's SRC), reused when current:
+    same mtime as the stack and packed with the same `--codec` (None: the packer's default)."""
     out = work / "src" / f"{stack.name}.zarr.zip"
-    if out.is_file() and out.stat().st_mtime_ns == stack.stat().st_mtime_ns:
-        return out  # the packer gives the archive its original's mtime
+    marker = work / "archive-codec.txt"  # outside SRC: the mount must not show it
+    wanted = codec or "default"
+    if (
+        out.is_file()
+        and out.stat().st_mtime_ns == stack.stat().st_mtime_ns  # the packer gives it this mtime
+        and (marker.read_text() if marker.is_file() else "default") == wanted
+    ):
+        return out
     out.parent.mkdir(parents=True, exist_ok=True)
     out.unlink(missing_ok=True)
-    log(f"packing {stack.name}")
-    require(run_child([*tool("decant"), "pack", stack, "-o", out]), "decant pack")
+    log(f"packing {stack.name} (codec: {wanted})")
+    extra = ["--codec", codec] if codec else []
+    require(run_child([*tool("decant"), "pack", stack, "-o", out, *extra]), "decant pack")
+    marker.write_text(wanted)
     return out
 
 
@@ -204,10 +223,11 @@ def bench_pack(args: argparse.Namespace, work: Path) -> Report:
 def bench_restore(args: argparse.Namespace, work: Path) -> Report:
     stack = ensure_stack(work, args.gib, args.stack)
     size = stack.stat().st_size
-    archive = ensure_archive(work, stack)
+    archive = ensure_archive(work, stack, args.codec)
     plane = largest_page(archive)
     report = Report(
-        "decant bench: restore", machine_context(input=f"{archive} ({size / MB:.1f} MB)")
+        "decant bench: restore",
+        machine_context(input=f"{archive} ({size / MB:.1f} MB)", codec=codec_name(args)),
     )
     floor = require(run_child([*tool("decant"), "info", archive]), "decant info")
     out = work / "restored.tif"
@@ -297,7 +317,7 @@ class ZarrPath:
 
 def bench_read(args: argparse.Namespace, work: Path) -> Report:
     stack = ensure_stack(work, args.gib, args.stack)
-    archive = ensure_archive(work, stack)
+    archive = ensure_archive(work, stack, args.codec)
     rng = random.Random(args.seed)
     with DecantArchive.open(archive) as arc:
         name = arc.manifest.original_name
@@ -320,7 +340,9 @@ def bench_read(args: argparse.Namespace, work: Path) -> Report:
             zarr_path.close()
         log("warm reads")
         warm = _warm_core(shared, rng, args.samples * 4)
-    ctx = machine_context(input=f"{archive}", samples=f"{args.samples} cold, {len(warm)} warm")
+    ctx = machine_context(
+        input=f"{archive}", codec=codec_name(args), samples=f"{args.samples} cold, {len(warm)} warm"
+    )
     report = Report("decant bench: read (random 4 KiB, no mount)", ctx)
     report.section("core reader: vfs.decant DecantArchive.open_original(...).read(off, 4096)")
     report.add("cold (fresh cache, archive evicted)", latency_text(disk[0]))
@@ -420,7 +442,7 @@ def aligned_in(span: tuple[int, int], rng: random.Random) -> int:
 
 def bench_mount(args: argparse.Namespace, work: Path) -> Report:
     stack = ensure_stack(work, args.gib, args.stack)
-    archive = ensure_archive(work, stack)
+    archive = ensure_archive(work, stack, args.codec)
     many = ensure_many(work, args.archives) if args.archives else None
     size = stack.stat().st_size
     m = Mounts(work)
@@ -437,6 +459,7 @@ def bench_mount(args: argparse.Namespace, work: Path) -> Report:
         input=f"{stack.name} {size / MB:.1f} MB, {len(spans)} planes of {plane / MiB:g} MiB",
         read_ahead_kb=f"memfs {seq['ra_memfs']}, decant-mount {seq['ra_decant']}",
         cache=f"{m.cache_size / MiB:.0f} MiB (decant-mount default)",
+        codec=codec_name(args),
     )
     report = Report("decant bench: mount", ctx)
     _report_sequential(report, seq, size, m.cache_size)
