@@ -32,7 +32,29 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def usage() -> str:
     lines = [__doc__.strip().splitlines()[0], "", "commands:"]
     lines += [f"  {name:<10}{summary}" for name, (_mod, summary) in COMMANDS.items()]
+    lines += [
+        "",
+        "--disk-mbps N (any command): a slower disk. Every block device's reads are throttled",
+        "to N MB/s for the benchmark and all it starts (daemons included), by a blkio cgroup",
+        "(root); the report says so. Baselines and decant read the same throttled disk.",
+    ]
     return "\n".join(lines)
+
+
+def _take_disk_mbps(args: list[str]) -> int | None:
+    """Remove `--disk-mbps N` from `args` (any command takes it): N, 0 if absent, None if bad."""
+    if "--disk-mbps" not in args:
+        return 0
+    at = args.index("--disk-mbps")
+    try:
+        value = int(args[at + 1])
+        if value <= 0:
+            raise ValueError
+    except (IndexError, ValueError):
+        print("bench: --disk-mbps takes a positive number of MB/s", file=sys.stderr)
+        return None
+    del args[at : at + 2]
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         print(usage())
         return 0 if args else 2
+    slow = _take_disk_mbps(args)
+    if slow is None:
+        return 2
     command, rest = args[0], args[1:]
     if command not in COMMANDS:
         print(f"bench: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
@@ -50,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     root = str(Path(tools).parent)  # this checkout's vfs, not an editable install's elsewhere
     if root not in sys.path:
         sys.path.insert(1, root)
+    if slow:
+        from benchlib import throttle_disk_reads
+
+        throttle_disk_reads(slow)
     module = importlib.import_module(COMMANDS[command][0])
     return int(module.main(command, rest))
 
