@@ -645,7 +645,11 @@ def _report_sequential(report: Report, seq: dict[str, Any], size: int, cache: in
         mid = sorted(uses, key=lambda u: u.daemon_cores)[len(uses) // 2]
         report.add(f"{label} CPU", mid.text())
         per_gb = median([u.daemon_cores * u.seconds for u in uses]) / (size / 1e9)
-        report.add(f"{label}   daemon CPU per GB served", f"{per_gb:.2f} s", "(load-independent)")
+        report.add(
+            f"{label}   daemon CPU per GB served",
+            f"{per_gb:.2f} s",
+            "(less load-sensitive than MB/s; grows on a busy host too)",
+        )
         per_s = " ".join(f"{c:.2f}" for c in mid.per_second)
         report.add(f"{label}   daemon cores per second", per_s or "-")
         report.add(f"{label}   threads (cores)", mid.threads_text())
