@@ -378,7 +378,9 @@ class S3Object:
             return []
         slack = self.readahead_bytes // STALE_BEHIND
         behind = sorted(r for r in self._ahead if r[0] + r[1] + slack <= at)
-        beyond = sorted((r for r in self._ahead if r[0] >= end), reverse=True)
+        # Each span once: one both behind the reader and past `end` (read-ahead asked late, for
+        # ranges before it) was given back twice, and the run then took its room again.
+        beyond = sorted((r for r in self._ahead if r[0] >= end and r not in behind), reverse=True)
         return behind + beyond
 
     def read(self, offset: int, size: int) -> bytes:
