@@ -299,8 +299,9 @@ class S3Object:
         held, or what a read took or is fetching itself (`_got`), is left out. The mount's
         read-ahead runs a few chunks behind the decoders at times, and asks for chunks they
         have taken, by their data offsets by then (the first read of an entry takes its local
-        header too): each cold `dd` of a 512 MiB original fetched 278-300 MiB of its 270 MiB
-        archive in 35-38 GETs, where 31 GETs of 270.0 MiB is once."""
+        header too): a cold `dd` of a 512 MiB original fetched 278-300 MiB of its 270 MiB
+        archive in 34-38 GETs (363-392 MiB in 45-47 with the read-ahead thread held back
+        80 ms), where 31 GETs of 270.0 MiB is once."""
         with self._lock:
             todo = self._unclaimed(ranges)
             if not todo:
