@@ -78,6 +78,9 @@ def _parser(command: str) -> argparse.ArgumentParser:
     p.add_argument("--mount-samples", type=int, default=200,
                    help="random 4 KiB preads through the mount (default 200)")  # fmt: skip
     p.add_argument("--no-mount", action="store_true", help="skip the decant-mount figures")
+    p.add_argument("--sequential-only", action="store_true",
+                   help="only the cold dd through the bucket mount and what it fetched "
+                        "(GETs, bytes: far less load-dependent than its times)")  # fmt: skip
     return p
 
 
@@ -88,6 +91,11 @@ def run(args: argparse.Namespace, work: Path, bucket: str, endpoint: str) -> Rep
     s3fs = _s3fs(endpoint)
     report.context["s3fs"] = s3fs[1] if s3fs else "not installed: skipped"
     store = S3Store(bucket, client_options={"allow_http": True})
+    if args.sequential_only:
+        import bench_s3_mount
+
+        bench_s3_mount.run(report, args, work, store, bucket)
+        return report
     folder = S3Folder(f"s3://{bucket}")
     size = args.mib * MiB
     log(f"uploading a {args.mib} MiB object")

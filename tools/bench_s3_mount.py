@@ -61,6 +61,8 @@ def run(report: Report, args: Any, work: Path, store: S3Store, bucket: str) -> N
         f"{archive.stat().st_size / MiB:.0f} MiB; cold = fresh daemon, empty index, caches dropped"
     )
     _sequential(report, args, work, store, tif, url, logs)
+    if getattr(args, "sequential_only", False):
+        return
     _random(report, args, work, store, tif, archive, url, logs)
     _listing(report, args, work, store, bucket, logs)
     _warm(report, args, work, tif, archive, url, logs)

@@ -189,3 +189,18 @@ def test_with_a_disk_cache_each_range_is_a_get_and_an_entry_of_its_own(
         source.close()
         folder.close()
     assert sorted(calls) == run  # the first fetched each once; the second read them from disk
+
+
+def test_a_span_behind_the_reader_and_after_the_run_gives_its_room_back_once(
+    obj: tuple[S3Object, list[tuple[int, int]]],
+) -> None:
+    """Room for a run is made from spans the reader left behind and from spans past the run:
+    a span that is both was counted twice, and the run took the budget and that much more."""
+    source, _calls = obj
+    source.prefetch(10 * CHUNK, CHUNK)
+    source.read(20 * CHUNK, CHUNK)  # the reader passed it: behind, and after what comes next
+    source.prefetch_run([(i * CHUNK, CHUNK) for i in range(5)])
+    _settle(source)
+    assert sorted(source._ahead) == [(0, 4 * CHUNK)]
+    assert sum(n for _o, n in source._ahead) <= source.readahead_bytes
+    assert source._folder.conn._held == 4 * CHUNK

@@ -152,9 +152,12 @@ class _SourceFile(io.RawIOBase):
     def __init__(self, source: ByteSource, tail: int) -> None:
         super().__init__()
         self._source = source
+        # What zipfile reads is kept here, not by the reader of entries: an object store's
+        # read-ahead is told so (`read_apart`), and still fetches the entries in the tail.
+        self._read = getattr(source, "read_apart", None) or source.read
         self._pos = 0
         self._tail_at = max(0, source.size - tail)
-        self._tail = source.read(self._tail_at, source.size - self._tail_at)
+        self._tail = self._read(self._tail_at, source.size - self._tail_at)
 
     def readable(self) -> bool:
         return True
@@ -178,13 +181,13 @@ class _SourceFile(io.RawIOBase):
         left = self._source.size - self._pos
         n = left if size is None or size < 0 else max(0, min(size, left))
         if self._pos < self._tail_at < self._pos + n:  # a central directory larger than the tail:
-            head = self._source.read(self._pos, self._tail_at - self._pos)  # grow the tail
+            head = self._read(self._pos, self._tail_at - self._pos)  # grow the tail
             self._tail, self._tail_at = head + self._tail, self._pos
         if self._pos >= self._tail_at:
             start = self._pos - self._tail_at
             data = self._tail[start : start + n]
         else:
-            data = self._source.read(self._pos, n)
+            data = self._read(self._pos, n)
         self._pos += len(data)
         return data
 
