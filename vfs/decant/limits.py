@@ -9,6 +9,10 @@ decant writes is ever refused by its own reader.
 
 from __future__ import annotations
 
+import json
+import re
+from typing import Any
+
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -19,20 +23,64 @@ MAX_BLOCK_BYTES = 64 * MiB
 # Chunks one original may need, and the size an original may claim.
 MAX_CHUNKS = 1 << 24
 MAX_ORIGINAL_SIZE = 1 << 50  # 1 PiB
-# Manifest: bytes, JSON values (counted by commas before parsing), pages and pixel segments.
-MAX_MANIFEST_BYTES = 128 * MiB
-MAX_PAGES = 1 << 18
-MAX_SEGMENTS = 1 << 21
-MAX_MANIFEST_ITEMS = 2 * MAX_SEGMENTS + 24 * MAX_PAGES
+# Manifest: bytes, pages and pixel segments. The largest manifest mode D writes (8,192 pages
+# and 65,536 segments, ASCII names) costs ~44 MiB by json_cost and ~15 MiB when parsed; the
+# packer checks each manifest's cost and packs verbatim what would not fit (a wide name).
+MAX_PAGES = 1 << 13
+MAX_SEGMENTS = 1 << 16
 # Any other metadata document (.zarray, .zattrs, .zgroup).
 MAX_METADATA_BYTES = 1 * MiB
+# What parsing one JSON document may cost in memory (json_cost): a manifest, an AcqStore
+# document, a package's manifest.json; metadata documents less. A parsed document is ~50-100
+# bytes of Python objects a value: counting values alone let a 10 M-value manifest that the
+# reader then refused cost 600-750 MiB of RSS on the way.
+MAX_JSON_COST = 48 * MiB
+MAX_METADATA_COST = 16 * MiB
+# Text beyond this costs more than MAX_JSON_COST by itself (json_cost counts 3 bytes a byte).
+MAX_MANIFEST_BYTES = MAX_JSON_COST // 3
+
+_WIDE_ESCAPE = re.compile(rb"\\u(?!00)")
 
 
-def json_values(raw: bytes) -> int:
-    """About how many values JSON text parses into, counted before parsing it: separators and
-    containers. Commas alone miss nesting: `[[[…]]]` 400 deep costs ~48 bytes of memory per
-    byte of text with hardly a comma."""
-    return raw.count(b",") + raw.count(b"[") + raw.count(b"{")
+def json_cost(raw: bytes) -> int:
+    """An upper bound on the bytes `json.loads(raw)` allocates, from its text before parsing.
+
+    Each `{` is a dict (~200 bytes with its first key), each `[` a list, each `,` and `:` one
+    more value or key (~60 bytes, its slot and the slot's share of over-allocation). The text
+    is decoded once, and a string is built from it (from pieces, then joined, when it holds an
+    escape): three times its length, or up to 4 bytes a character each time when any character
+    lies beyond Latin-1 (PEP 393). Brackets and commas inside strings count too: that
+    over-counts, never under. Checked against tracemalloc for the shapes that cost most per
+    byte (nested one-key dicts, `[[0]]`, distinct keys, escaped strings) and for generated
+    documents in tests/unit/test_json_cost.py.
+    """
+    wide = not raw.isascii() or _WIDE_ESCAPE.search(raw) is not None
+    return (
+        4096  # the decoder's own objects
+        + (12 if wide else 3) * len(raw)
+        + 240 * raw.count(b"{")
+        + 120 * raw.count(b"[")
+        + 100 * (raw.count(b",") + raw.count(b":"))
+    )
+
+
+class JSONCostError(ValueError):
+    """A JSON document refused unparsed: its objects could cost more memory than allowed."""
+
+
+def parse_json(raw: bytes, budget: int = MAX_JSON_COST, **kwargs: Any) -> Any:
+    """`json.loads(raw)`, refused before parsing when it could cost more than `budget` bytes.
+    Every refusal is a ValueError (as a malformed document is), too deep a nesting included."""
+    cost = json_cost(raw)
+    if cost > budget:
+        raise JSONCostError(
+            f"{len(raw)} bytes of JSON that could take {human(cost)} of memory to parse, "
+            f"more than {human(budget)}"
+        )
+    try:
+        return json.loads(raw, **kwargs)
+    except RecursionError:  # json's C decoder recurses once per nesting level
+        raise ValueError("JSON nested too deeply") from None
 
 
 # Zip central directory: parsed into one object per entry, so bounded before zipfile reads it.

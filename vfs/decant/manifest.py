@@ -5,17 +5,20 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vfs.decant import SUPPORTED_FORMATS
 from vfs.decant.geometry import ITEMSIZE, check_geometry
 from vfs.decant.limits import (
-    MAX_MANIFEST_ITEMS,
+    MAX_JSON_COST,
     MAX_ORIGINAL_SIZE,
     MAX_PAGES,
     MAX_SEGMENTS,
-    json_values,
+    JSONCostError,
+    json_cost,
+    parse_json,
 )
 from vfs.errors import ManifestError, UnsupportedFormatError
 
@@ -101,6 +104,21 @@ class Manifest:
 
     def dumps(self) -> bytes:
         return json.dumps(self.to_json(), indent=1, sort_keys=True).encode()
+
+
+# What a manifest holds besides its pages, and each member record of a series, by json_cost.
+_FIXED_COST = 64 << 10
+_MEMBER_COST = 4 << 10
+
+
+def manifest_fits(pages: Sequence[PageRecord], names: Sequence[str]) -> bool:
+    """Whether a manifest of `pages`, its original or members named `names`, stays within what
+    parse_manifest parses (MAX_JSON_COST): the packer writes mode D only then."""
+    text = json.dumps(
+        {"names": list(names), "pages": [p.to_json() for p in pages]}, indent=1, sort_keys=True
+    ).encode()
+    cost = json_cost(text) + _FIXED_COST + _MEMBER_COST * len(names)
+    return cost <= MAX_JSON_COST
 
 
 class _Fields:
@@ -238,16 +256,10 @@ def _name(value: str, where: str, source: str) -> str:
 
 def parse_manifest(raw: bytes, source: str) -> Manifest:
     """Parse manifest bytes; `source` names the archive in every error message."""
-    # Values are counted before parsing: the lists they would become are what costs memory.
-    items = json_values(raw)
-    if items > MAX_MANIFEST_ITEMS:
-        raise ManifestError(
-            f"{source}: manifest holds about {items} JSON values, more than {MAX_MANIFEST_ITEMS}"
-        )
     try:
-        doc = json.loads(raw)
-    except RecursionError:
-        raise ManifestError(f"{source}: manifest JSON is nested too deeply") from None
+        doc = parse_json(raw)  # refused before parsing when its objects could cost too much
+    except JSONCostError as exc:
+        raise ManifestError(f"{source}: manifest not parsed: {exc}") from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int of 5000 digits
         raise ManifestError(f"{source}: manifest is not valid JSON ({exc})") from None
     f = _Fields(doc, "manifest", source)
