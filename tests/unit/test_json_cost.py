@@ -17,7 +17,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vfs.acqstore import validate as acq
-from vfs.decant.limits import MAX_JSON_COST, MAX_PAGES, MAX_SEGMENTS, json_cost, parse_json
+from vfs.decant.limits import (
+    MAX_JSON_COST,
+    MAX_PAGES,
+    MAX_SEGMENTS,
+    json_cost,
+    json_kept,
+    parse_json,
+)
 from vfs.decant.manifest import Manifest, PageRecord, manifest_fits, parse_manifest
 from vfs.errors import ManifestError
 
@@ -186,7 +193,7 @@ def test_a_collection_costly_only_in_all_is_refused(tmp_path: Path, monkeypatch)
 
     load_tool("make_acqstore_corpus").make_collection(tmp_path)
     assert acq.validate_collection(tmp_path).ok
-    first = json_cost((tmp_path / "acqstore/collection.json").read_bytes())
+    first = json_kept((tmp_path / "acqstore/collection.json").read_bytes())
     monkeypatch.setattr(acq, "MAX_COLLECTION_COST", first + 1)
     result = acq.validate_collection(tmp_path)
     assert not result.ok
@@ -198,3 +205,15 @@ def test_a_collection_costly_only_in_all_is_refused(tmp_path: Path, monkeypatch)
 def test_parse_json_turns_deep_nesting_into_a_value_error() -> None:
     with pytest.raises(ValueError, match="nested too deeply"):
         parse_json(b"[" * 100_000 + b"]" * 100_000)
+
+
+def test_ten_thousand_members_fit_in_what_a_collection_keeps(tmp_path: Path) -> None:
+    """tools/make_acqstore_corpus.py large: json_kept grows by member; 10,000 must fit (the
+    corpus of 10,000 keeps 141 MiB by json_kept, 82 MiB by tracemalloc)."""
+    from tests.toolbox import load_tool
+
+    load_tool("make_acqstore_corpus").make_large_collection(tmp_path, 200)
+    kept = [json_kept(p.read_bytes()) for p in (tmp_path / "acqstore").rglob("*.json")]
+    assert len(kept) == 2 * 200 + 1
+    assert sum(kept) * 10_000 // 200 <= acq.MAX_COLLECTION_COST
+    assert acq.validate_collection(tmp_path).ok

@@ -64,6 +64,13 @@ def json_cost(raw: bytes) -> int:
     )
 
 
+def json_kept(raw: bytes) -> int:
+    """What json_cost counts that the parsed document keeps once the text and the decoder's
+    own objects are gone: its containers, values and their characters (1 or 4 bytes each)."""
+    wide = not raw.isascii() or _WIDE_ESCAPE.search(raw) is not None
+    return json_cost(raw) - 4096 - (8 if wide else 2) * len(raw)
+
+
 class JSONCostError(ValueError):
     """A JSON document refused unparsed: its objects could cost more memory than allowed."""
 
