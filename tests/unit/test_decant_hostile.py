@@ -26,7 +26,7 @@ import pytest
 from tests.toolbox import load_tool
 from vfs.backends.decant import DecantBackend
 from vfs.cache import PageCache
-from vfs.decant.limits import MAX_JSON_COST
+from vfs.decant.limits import MAX_MANIFEST_ITEMS
 from vfs.decant.packer import PackOptions, PackResult
 from vfs.decant.series import pack_series
 from vfs.errors import CorruptArchiveError, DecantError, ManifestError, UnsupportedFormatError
@@ -42,7 +42,7 @@ GIB = 1 << 30
 PEAK_LIMIT = 100 << 20  # per case, traced by tracemalloc
 
 
-NESTED = "[" + ",".join(["[" * 400 + "]" * 400] * (MAX_JSON_COST // 400 // 120 + 1)) + "]"
+NESTED = "[" + ",".join(["[" * 400 + "]" * 400] * (MAX_MANIFEST_ITEMS // 400 + 1)) + "]"
 
 
 def zarray(key: str, **fields: Any) -> Edit:
@@ -199,12 +199,12 @@ CASES: dict[str, tuple[str, Edit, str, type[DecantError], list[str]]] = {
         ["not valid JSON"],
     ),
     "manifest-too-many-values": (
-        D, setf(notes="," * (MAX_JSON_COST // 100 + 1)), "describe", ManifestError,
-        ["manifest not parsed", "memory to parse"],
+        D, setf(notes="," * (MAX_MANIFEST_ITEMS + 1)), "describe", ManifestError,
+        ["manifest not parsed", "JSON values"],
     ),
     "manifest-nested-values-without-commas": (  # 400 deep: ~48 bytes of memory per byte
         D, raw_text(MANIFEST, "notes", NESTED), "describe", ManifestError,
-        ["manifest not parsed", "memory to parse"],
+        ["manifest not parsed", "JSON lists"],
     ),
     "page-bytes-disagree-with-shape": (
         D, page(0, databytecounts=[1198]), "describe", ManifestError,

@@ -23,21 +23,25 @@ MAX_BLOCK_BYTES = 64 * MiB
 # Chunks one original may need, and the size an original may claim.
 MAX_CHUNKS = 1 << 24
 MAX_ORIGINAL_SIZE = 1 << 50  # 1 PiB
-# Manifest: bytes, pages and pixel segments. The largest manifest mode D writes (8,192 pages
-# and 65,536 segments, ASCII names) costs ~44 MiB by json_cost and ~15 MiB when parsed; the
-# packer checks each manifest's cost and packs verbatim what would not fit (a wide name).
-MAX_PAGES = 1 << 13
-MAX_SEGMENTS = 1 << 16
+# Manifest: bytes, pages and pixel segments (mode D's bounds: archives written within them stay
+# readable), and what a manifest at those bounds holds, counted before parsing: JSON values,
+# objects (a page or member record each) and lists (three a page, a few a member).
+MAX_MANIFEST_BYTES = 128 * MiB
+MAX_PAGES = 1 << 18
+MAX_SEGMENTS = 1 << 21
+MAX_MANIFEST_ITEMS = 2 * MAX_SEGMENTS + 26 * MAX_PAGES + 64  # commas and colons
+MAX_MANIFEST_OBJECTS = 2 * MAX_PAGES + 64
+MAX_MANIFEST_LISTS = 8 * MAX_PAGES + 64
 # Any other metadata document (.zarray, .zattrs, .zgroup).
 MAX_METADATA_BYTES = 1 * MiB
-# What parsing one JSON document may cost in memory (json_cost): a manifest, an AcqStore
-# document, a package's manifest.json; metadata documents less. A parsed document is ~50-100
-# bytes of Python objects a value: counting values alone let a 10 M-value manifest that the
-# reader then refused cost 600-750 MiB of RSS on the way.
+# What parsing one JSON document may cost in memory (json_cost): an AcqStore document, a
+# package's manifest.json; metadata documents less. A parsed document is ~50-100 bytes of
+# Python objects a value: counting values alone let a 10 M-value document cost 600-750 MiB.
+# A decant manifest is bounded by its shape instead (manifest_shape): one at mode D's bounds
+# is ~130 MiB of text that parses into ~480 MiB, legitimately, so such a parse is let through
+# one at a time (manifest.py).
 MAX_JSON_COST = 48 * MiB
 MAX_METADATA_COST = 16 * MiB
-# Text beyond this costs more than MAX_JSON_COST by itself (json_cost counts 3 bytes a byte).
-MAX_MANIFEST_BYTES = MAX_JSON_COST // 3
 
 _WIDE_ESCAPE = re.compile(rb"\\u(?!00)")
 
@@ -69,6 +73,22 @@ def json_kept(raw: bytes) -> int:
     own objects are gone: its containers, values and their characters (1 or 4 bytes each)."""
     wide = not raw.isascii() or _WIDE_ESCAPE.search(raw) is not None
     return json_cost(raw) - 4096 - (8 if wide else 2) * len(raw)
+
+
+def manifest_shape(raw: bytes) -> str:
+    """Why a decant manifest's text holds more than one at mode D's bounds can ("" if it does
+    not), counted before parsing: values (commas and colons), objects, lists. Objects and
+    lists are what nesting costs (`[[[…]]]` 400 deep: ~48 bytes of memory per byte of text
+    with hardly a comma; nested one-key objects ~33)."""
+    values = raw.count(b",") + raw.count(b":")
+    objects, lists = raw.count(b"{"), raw.count(b"[")
+    if values > MAX_MANIFEST_ITEMS:
+        return f"about {values} JSON values, more than {MAX_MANIFEST_ITEMS}"
+    if objects > MAX_MANIFEST_OBJECTS:
+        return f"{objects} JSON objects, more than {MAX_MANIFEST_OBJECTS}"
+    if lists > MAX_MANIFEST_LISTS:
+        return f"{lists} JSON lists, more than {MAX_MANIFEST_LISTS}"
+    return ""
 
 
 class JSONCostError(ValueError):

@@ -5,20 +5,18 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Sequence
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vfs.decant import SUPPORTED_FORMATS
 from vfs.decant.geometry import ITEMSIZE, check_geometry
 from vfs.decant.limits import (
-    MAX_JSON_COST,
     MAX_ORIGINAL_SIZE,
     MAX_PAGES,
     MAX_SEGMENTS,
-    JSONCostError,
-    json_cost,
-    parse_json,
+    MiB,
+    manifest_shape,
 )
 from vfs.errors import ManifestError, UnsupportedFormatError
 
@@ -106,19 +104,10 @@ class Manifest:
         return json.dumps(self.to_json(), indent=1, sort_keys=True).encode()
 
 
-# What a manifest holds besides its pages, and each member record of a series, by json_cost.
-_FIXED_COST = 64 << 10
-_MEMBER_COST = 4 << 10
-
-
-def manifest_fits(pages: Sequence[PageRecord], names: Sequence[str]) -> bool:
-    """Whether a manifest of `pages`, its original or members named `names`, stays within what
-    parse_manifest parses (MAX_JSON_COST): the packer writes mode D only then."""
-    text = json.dumps(
-        {"names": list(names), "pages": [p.to_json() for p in pages]}, indent=1, sort_keys=True
-    ).encode()
-    cost = json_cost(text) + _FIXED_COST + _MEMBER_COST * len(names)
-    return cost <= MAX_JSON_COST
+# Manifests parsed at once: any number up to this size (a 100,000-page one is ~50 MiB of text),
+# one at a time beyond it, so several large ones never add up.
+BIG_MANIFEST_BYTES = 8 * MiB
+_BIG_PARSE = threading.Lock()
 
 
 class _Fields:
@@ -256,10 +245,18 @@ def _name(value: str, where: str, source: str) -> str:
 
 def parse_manifest(raw: bytes, source: str) -> Manifest:
     """Parse manifest bytes; `source` names the archive in every error message."""
+    # Counted before parsing: the objects they would become are what costs memory.
+    too_much = manifest_shape(raw)
+    if too_much:
+        raise ManifestError(f"{source}: manifest not parsed: it holds {too_much}")
     try:
-        doc = parse_json(raw)  # refused before parsing when its objects could cost too much
-    except JSONCostError as exc:
-        raise ManifestError(f"{source}: manifest not parsed: {exc}") from None
+        if len(raw) <= BIG_MANIFEST_BYTES:
+            doc = json.loads(raw)
+        else:  # a large one (~4 bytes of objects a byte of text) waits for any other
+            with _BIG_PARSE:
+                doc = json.loads(raw)
+    except RecursionError:
+        raise ManifestError(f"{source}: manifest JSON is nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int of 5000 digits
         raise ManifestError(f"{source}: manifest is not valid JSON ({exc})") from None
     f = _Fields(doc, "manifest", source)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import vfs
 from vfs.decant.limits import MAX_PAGES, MAX_SEGMENTS
-from vfs.decant.manifest import Manifest, MemberRecord, manifest_fits
+from vfs.decant.manifest import Manifest, MemberRecord
 from vfs.decant.packer import (
     PackOptions,
     PackResult,
@@ -58,10 +58,6 @@ def pack_series(
         # One manifest lists every member's pages: it must stay within the reader's bounds.
         and sum(len(lay.pages) for lay in layouts) <= MAX_PAGES
         and sum(len(p.dataoffsets) for lay in layouts for p in lay.pages) <= MAX_SEGMENTS
-        and manifest_fits(
-            [p for lay in layouts for p in lay.pages],
-            [p.relative_to(folder).as_posix() for p in members],
-        )
     )
     suffix = ".zarr.zip" if consolidated else ".zarr"
     if out is None:

@@ -11,8 +11,8 @@ import numpy as np
 import tifffile
 
 from vfs.decant.layout import axis_rank, real_segments
-from vfs.decant.limits import MAX_CHUNK_BYTES, MAX_JSON_COST, MAX_PAGES, MAX_SEGMENTS, human
-from vfs.decant.manifest import PageRecord, manifest_fits
+from vfs.decant.limits import MAX_CHUNK_BYTES, MAX_PAGES, MAX_SEGMENTS, human
+from vfs.decant.manifest import PageRecord
 
 _AXES = {"T": "t", "C": "c", "Z": "z"}
 
@@ -66,10 +66,6 @@ def scan_tiff(path: Path, size: int) -> TiffLayout:
             if segments > MAX_SEGMENTS:
                 raise NotByteExact(
                     f"{segments} strips/tiles, more than the {MAX_SEGMENTS} of mode D"
-                )
-            if not manifest_fits(records, [path.name]):
-                raise NotByteExact(
-                    f"its manifest would cost more than the {human(MAX_JSON_COST)} a reader parses"
                 )
             byteorder = tif.byteorder
             leading_axes, leading_shape = _leading(tif, len(records))
