@@ -126,7 +126,7 @@ class Spool:
         source, target = self.path(old), self.path(new)
         _into_folder(target, lambda: os.replace(source, target), source)
         inside = old + "/"
-        for rel in [r for r in self._may_replace if r == old or r.startswith(inside)]:
+        for rel in [r for r in list(self._may_replace) if r == old or r.startswith(inside)]:
             self._may_replace[new + rel[len(old) :]] = self._may_replace.pop(rel)
         if may_replace is not None:
             self._may_replace[new] = may_replace
