@@ -249,7 +249,7 @@ def test_a_deeply_nested_manifest_costs_the_digests_not_the_package(env, tmp_pat
     assert set(tree) == {n for n, _ in env.members}
     assert all("user.c4gh.sha256" not in e.xattrs for e in tree.values())
     report = verify_package(path, [env.keys.node.secret])
-    assert "manifest.json nests too deeply to read" in report.problems
+    assert "manifest.json is not valid JSON (JSON nested too deeply)" in report.problems
 
 
 def test_a_manifest_of_nested_values_is_not_parsed(env, tmp_path) -> None:

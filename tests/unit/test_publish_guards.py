@@ -92,3 +92,41 @@ def test_an_older_file_replaced_by_a_publish_is_freed_outside_the_lock(spool: Sp
     assert os.path.samestat((spool.src / "x.csv").stat(), spool.path("x.csv").stat())
     assert st.st_ino == published.placed[1]
     assert list(spool.staging.iterdir()) == []
+
+
+def _ident(path: Path) -> tuple[int, int]:
+    st = path.lstat()
+    return st.st_dev, st.st_ino
+
+
+def test_place_replaces_only_what_the_writer_was_shown(spool: Spool) -> None:
+    """x was created through the mount with nothing at x or x.zarr.zip; another user's file
+    there since is neither replaced nor set aside. A file shown when it was renamed over is."""
+    st = _spooled(spool, "x", b"spooled")
+    spool.allow_replacing("x", frozenset())
+    theirs = spool.src / "x.zarr.zip"
+    theirs.write_bytes(b"another user's archive")
+    with pytest.raises(FileExistsError, match="written through the mount; not replaced"):
+        place(spool, _staged(spool, b"built"), spool.src / "x", theirs, source=("x", st))
+    assert theirs.read_bytes() == b"another user's archive"
+    assert not (spool.src / "x").exists()
+    spool.allow_replacing("x", frozenset({_ident(theirs)}))  # shown under x at a rename
+    place(spool, _staged(spool, b"built"), spool.src / "x", theirs, source=("x", st))
+    assert (spool.src / "x").read_bytes() == b"built" and not theirs.exists()
+    # Its own copy, published again after a change, is no one else's.
+    st = _spooled(spool, "x", b"spooled again")
+    place(spool, _staged(spool, b"rebuilt"), spool.src / "x", theirs, source=("x", st))
+    assert (spool.src / "x").read_bytes() == b"rebuilt"
+
+
+def test_what_may_be_replaced_moves_with_a_renamed_folder(spool: Spool) -> None:
+    _spooled(spool, "d/a", b"a")
+    spool.allow_replacing("d/a", frozenset({(1, 2)}))
+    spool.allow_replacing("dx", frozenset({(3, 4)}))
+    spool.rename("d", "e")
+    assert spool.may_replace("e/a") == {(1, 2)}
+    assert spool.may_replace("d/a") is None and spool.may_replace("dx") == {(3, 4)}
+    spool.rename("e/a", "e/b", frozenset())
+    assert spool.may_replace("e/b") == frozenset() and spool.may_replace("e/a") is None
+    spool.discard("e/b")
+    assert spool.may_replace("e/b") is None

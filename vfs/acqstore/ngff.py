@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 import zipfile
@@ -15,7 +14,13 @@ import numpy as np
 
 from vfs.acqstore.paths import path_problems
 from vfs.beneath import not_shown, open_beneath, read_beneath, stat_beneath
-from vfs.decant.limits import MAX_CHUNK_BYTES, MAX_METADATA_BYTES, compressed_bound
+from vfs.decant.limits import (
+    MAX_CHUNK_BYTES,
+    MAX_METADATA_BYTES,
+    MAX_METADATA_COST,
+    compressed_bound,
+    parse_json,
+)
 from vfs.errors import CorruptArchiveError, ManifestError
 
 if TYPE_CHECKING:
@@ -105,7 +110,7 @@ class _Keys:
                     raw = self.zip.read(key)
             else:
                 raw = _read_key(self.anchor.root, key, MAX_METADATA_BYTES)
-            return None if raw is None else json.loads(raw)
+            return None if raw is None else parse_json(raw, MAX_METADATA_COST)
         except (OSError, ValueError, zipfile.BadZipFile) as exc:
             raise ManifestError(f"{key} cannot be read: {exc}") from exc
 

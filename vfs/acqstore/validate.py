@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
@@ -17,13 +18,18 @@ from vfs.acqstore import paths
 from vfs.acqstore.ngff import NgffImage, inspect_image
 from vfs.acqstore.paths import ENTRY_POINT
 from vfs.beneath import read_beneath
-from vfs.decant.limits import MiB, json_values
+from vfs.decant.limits import MAX_JSON_COST, MiB, json_cost, json_kept, parse_json
 from vfs.errors import ManifestError
 
-# A collection's JSON documents: bytes, and values counted before parsing (what a parse costs
-# in memory; 10,000 members of ~30 values each fit many times over).
+# A collection's JSON documents: bytes, what parsing each may cost in memory (json_cost,
+# MAX_JSON_COST), and what all of them keep parsed together (json_kept): they are kept until
+# the view is built. The 10,000-member corpus (tools/make_acqstore_corpus.py large) keeps
+# 141 MiB by json_kept (82 MiB by tracemalloc): ~13,000 such members fit.
 MAX_DOCUMENT_BYTES = 16 * MiB
-MAX_DOCUMENT_VALUES = 1 << 21
+MAX_COLLECTION_COST = 4 * MAX_JSON_COST
+# Issues kept: each is a few hundred bytes (and a schema error a few KiB while it is sorted), so
+# a document of 262,144 wrong members cost ~1 GiB of RSS when all were listed.
+MAX_ISSUES = 1000
 
 _SCHEMA_DEFS = {
     "collection": "collection",
@@ -93,6 +99,10 @@ def validate_collection(root: Path) -> Validation:
     run.collection()
     # A document linked by two members is checked twice; say each thing once.
     run.result.issues = list(dict.fromkeys(run.result.issues))
+    if run.dropped:
+        worst: Severity = "error" if "error" in run.dropped else "warning"
+        more = f"more issues not listed (only the first {MAX_ISSUES} are kept)"
+        run.result.issues.append(Issue(worst, ENTRY_POINT, "", more))
     return run.result
 
 
@@ -161,12 +171,20 @@ class _Run:
         self.root = root
         self.result = Validation(root)
         self._schema_checked: set[tuple[str, str]] = set()
+        self._kept = 0  # json_kept of every document read so far
+        self.dropped: set[Severity] = set()  # severities of issues past MAX_ISSUES
 
     def error(self, document: str, ptr: str, message: str) -> None:
-        self.result.issues.append(Issue("error", document, ptr, message))
+        self.issue(Issue("error", document, ptr, message))
 
     def warning(self, document: str, ptr: str, message: str) -> None:
-        self.result.issues.append(Issue("warning", document, ptr, message))
+        self.issue(Issue("warning", document, ptr, message))
+
+    def issue(self, issue: Issue) -> None:
+        if len(self.result.issues) < MAX_ISSUES:
+            self.result.issues.append(issue)
+        else:
+            self.dropped.add(issue.severity)
 
     def collection(self) -> None:
         doc = self.load(ENTRY_POINT, "collection")
@@ -408,9 +426,14 @@ class _Run:
                 # From the collection without following a link (nor waiting on a FIFO): a
                 # document swapped for one is not read as root (vfs/beneath.py).
                 raw = read_beneath(self.root, paths.resolve(self.root, rel), MAX_DOCUMENT_BYTES)
-                if json_values(raw) > MAX_DOCUMENT_VALUES:
-                    raise ValueError(f"more than {MAX_DOCUMENT_VALUES} JSON values")
-                doc = json.loads(raw, parse_constant=_no_constant)
+                if json_cost(raw) <= MAX_JSON_COST:  # else parse_json says so
+                    self._kept += json_kept(raw)
+                if self._kept > MAX_COLLECTION_COST:
+                    raise ValueError(
+                        f"the collection's documents up to this one could take more than "
+                        f"{MAX_COLLECTION_COST >> 20} MiB of memory to keep parsed"
+                    )
+                doc = parse_json(raw, parse_constant=_no_constant)
             except FileNotFoundError:
                 self.error(rel, "", "document does not exist")
                 return None
@@ -420,9 +443,9 @@ class _Run:
             self.result.documents[rel] = doc
         if (rel, kind) not in self._schema_checked:
             self._schema_checked.add((rel, kind))
-            for err in sorted(
-                validator(kind).iter_errors(doc), key=lambda e: list(map(str, e.absolute_path))
-            ):
+            # No more errors built than can be kept: each is a few KiB until it is a message.
+            errors = itertools.islice(validator(kind).iter_errors(doc), MAX_ISSUES + 1)
+            for err in sorted(errors, key=lambda e: list(map(str, e.absolute_path))):
                 self.error(rel, pointer(*err.absolute_path), _schema_message(err))
         return doc
 

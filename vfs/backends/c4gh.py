@@ -11,7 +11,6 @@ A package is named by a local path (`describe`, `open`) or by (Folder, key) (`de
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import re
@@ -36,7 +35,7 @@ from vfs.c4gh.segments import (
 )
 from vfs.c4gh.tarindex import Member, TarIndex, build_index
 from vfs.cache import PageCache
-from vfs.decant.limits import json_values
+from vfs.decant.limits import parse_json
 from vfs.errors import CorruptArchiveError, DecantError, DecryptError, NotAnArchiveError
 from vfs.stores.base import ByteSource, Folder
 from vfs.stores.local import LocalFile, LocalFolder
@@ -51,7 +50,6 @@ POLICIES = ("warn", "enforce")
 READAHEAD = 8 * PAGE_SIZE  # decrypted ahead of a sequential reader, on every core
 DECRYPTERS = min(2, os.cpu_count() or 1)  # threads that decrypt read-ahead pages side by side
 MAX_MANIFEST = 16 << 20
-MAX_MANIFEST_VALUES = 1 << 21
 DEFAULT_MODE = 0o440  # decrypted data: owner and group read it, "other" only if the operator says
 LOGGED_DROPS = 50  # dropped members named in the log line; the rest are counted
 FINGERPRINT_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -417,9 +415,7 @@ class C4ghBackend:
             return {}
         try:
             raw = reader.read(manifest.offset, manifest.size)
-            if json_values(raw) > MAX_MANIFEST_VALUES:  # what a parse would cost in memory
-                raise ValueError(f"more than {MAX_MANIFEST_VALUES} JSON values")
-            doc = json.loads(raw)
+            doc = parse_json(raw)  # refused before parsing when it could cost too much
             members = doc["payload"]["members"]
             return {
                 name: item["sha256"]
@@ -428,9 +424,6 @@ class C4ghBackend:
             }
         except (DecantError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.info("%s: no member digests from manifest.json (%s)", name, exc)
-            return {}
-        except RecursionError:  # json's C decoder recurses per nesting level
-            log.info("%s: no member digests: manifest.json nests too deeply", name)
             return {}
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,12 +17,13 @@ from vfs.c4gh.header import OpenedHeader, open_package
 from vfs.c4gh.segments import SEGMENT_SIZE, SegmentReader
 from vfs.c4gh.tarindex import Member, TarIndex, build_index
 from vfs.cache import PageCache
+from vfs.decant.limits import parse_json
 from vfs.errors import DecantError
 from vfs.stores.base import ByteSource
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
-MAX_MANIFEST = 64 << 20
+MAX_MANIFEST = 16 << 20  # as the mount reads it (vfs/backends/c4gh.py)
 HEADER_RE = re.compile(r"headers/[^/]+\.vcf")
 CHROMOSOMES = r"(?:[1-9]|1[0-9]|2[0-2]|X|Y|M)"
 PARQUET_RE = re.compile(rf"allele-freq\.chr{CHROMOSOMES}\.[0-9]+\.br[0-9]+\.[^./]+\.parquet")
@@ -176,13 +176,11 @@ def read_manifest(reader: SegmentReader, index: TarIndex) -> tuple[Any, list[str
     if member.size > MAX_MANIFEST:
         return None, [f"{MANIFEST} is {member.size} bytes, larger than {MAX_MANIFEST}"]
     try:
-        return json.loads(reader.read(member.offset, member.size)), []
+        return parse_json(reader.read(member.offset, member.size)), []
     except DecantError as exc:
         return None, [f"{MANIFEST}: {exc}"]
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except ValueError as exc:  # not JSON, nested too deeply, or too costly to parse
         return None, [f"{MANIFEST} is not valid JSON ({exc})"]
-    except RecursionError:  # json's C decoder recurses per nesting level
-        return None, [f"{MANIFEST} nests too deeply to read"]
 
 
 def verify_index(reader: SegmentReader, index: TarIndex) -> list[str]:

@@ -9,7 +9,6 @@ zstd, lz4) has been checked to state that size; stream codecs decode with a `max
 from __future__ import annotations
 
 import bz2
-import json
 import math
 import os
 import re
@@ -23,7 +22,14 @@ import numcodecs
 import numpy as np
 
 from vfs.decant.blosc_blocks import decompress_into
-from vfs.decant.limits import MAX_METADATA_BYTES, MAX_NDIM, compressed_bound, human
+from vfs.decant.limits import (
+    MAX_METADATA_BYTES,
+    MAX_METADATA_COST,
+    MAX_NDIM,
+    compressed_bound,
+    human,
+    parse_json,
+)
 from vfs.decant.store import Store
 from vfs.errors import CorruptArchiveError, UnsupportedFormatError
 
@@ -79,8 +85,8 @@ def read_array_spec(
     if raw is None:
         raise CorruptArchiveError(f"{where} is missing (no {name}/.zarray)")
     try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError) as exc:
+        doc = parse_json(raw, MAX_METADATA_COST)
+    except ValueError as exc:
         raise CorruptArchiveError(f"{where} has bad metadata ({exc})") from None
     if not isinstance(doc, dict):
         raise CorruptArchiveError(f"{where}: .zarray is not a JSON object")

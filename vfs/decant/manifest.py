@@ -5,17 +5,18 @@ from __future__ import annotations
 import json
 import math
 import re
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from vfs.decant import SUPPORTED_FORMATS
 from vfs.decant.geometry import ITEMSIZE, check_geometry
 from vfs.decant.limits import (
-    MAX_MANIFEST_ITEMS,
     MAX_ORIGINAL_SIZE,
     MAX_PAGES,
     MAX_SEGMENTS,
-    json_values,
+    MiB,
+    manifest_shape,
 )
 from vfs.errors import ManifestError, UnsupportedFormatError
 
@@ -101,6 +102,12 @@ class Manifest:
 
     def dumps(self) -> bytes:
         return json.dumps(self.to_json(), indent=1, sort_keys=True).encode()
+
+
+# Manifests parsed at once: any number up to this size (a 100,000-page one is ~50 MiB of text),
+# one at a time beyond it, so several large ones never add up.
+BIG_MANIFEST_BYTES = 8 * MiB
+_BIG_PARSE = threading.Lock()
 
 
 class _Fields:
@@ -238,14 +245,16 @@ def _name(value: str, where: str, source: str) -> str:
 
 def parse_manifest(raw: bytes, source: str) -> Manifest:
     """Parse manifest bytes; `source` names the archive in every error message."""
-    # Values are counted before parsing: the lists they would become are what costs memory.
-    items = json_values(raw)
-    if items > MAX_MANIFEST_ITEMS:
-        raise ManifestError(
-            f"{source}: manifest holds about {items} JSON values, more than {MAX_MANIFEST_ITEMS}"
-        )
+    # Counted before parsing: the objects they would become are what costs memory.
+    too_much = manifest_shape(raw)
+    if too_much:
+        raise ManifestError(f"{source}: manifest not parsed: it holds {too_much}")
     try:
-        doc = json.loads(raw)
+        if len(raw) <= BIG_MANIFEST_BYTES:
+            doc = json.loads(raw)
+        else:  # a large one (~4 bytes of objects a byte of text) waits for any other
+            with _BIG_PARSE:
+                doc = json.loads(raw)
     except RecursionError:
         raise ManifestError(f"{source}: manifest JSON is nested too deeply") from None
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int of 5000 digits

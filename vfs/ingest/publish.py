@@ -262,6 +262,7 @@ def _link_into_place(
             if not stat.S_ISREG(sst.st_mode):
                 raise FileNotFoundError(errno.ENOENT, "not a regular file", str(source))
             via = _fd_path(sfd)
+            _refuse_unchecked(spool, relpath, (final, shadowed), dfd, sst)
             before = os.stat(dfd)
             try:
                 try:
@@ -405,6 +406,11 @@ def _publish_archive(
         with _PLACING:
             spool.mark_placed(relpath, target.stat())
         return Published(relpath, target, "already", signature=signature(st))
+    dfd = parent_fd(spool.src, target)
+    try:  # before packing it (again, at each retry): `place` checks again under the lock
+        _refuse_unchecked(spool, relpath, (target, folder / name), dfd, None)
+    finally:
+        os.close(dfd)
     need = st.st_blocks * 512 + SPACE_MARGIN
     require_space(folder, need, f"needs about {size_text(need)} free to pack")
     staged = _staged(spool, folder, archive_name(name))
@@ -584,6 +590,32 @@ def _refuse_hidden(final: Path, dfd: int) -> None:
             str(final))  # fmt: skip
 
 
+def _refuse_unchecked(
+    spool: Spool, relpath: str, names: tuple[Path, ...], dfd: int, own: os.stat_result | None
+) -> None:
+    """Publishing a file written through the mount replaces (or sets aside) at its name and its
+    archive name only what the mount showed under its name when it was created or renamed
+    (WriteSide._check_free, which refuses the rest): not an entry put there since, directly
+    in SRC, by someone the kernel never checked the writer against (another user's file in a
+    sticky folder, an archive presenting another name). `own`: the spooled inode (a hard link
+    of it is its own copy). The file stays spooled; the failure names the entry."""
+    allowed = spool.may_replace(relpath)
+    if allowed is None:  # an inbox's file (the operator's), or spooled before a restart
+        return
+    for path in names:
+        try:
+            st = os.lstat(path.name, dir_fd=dfd)
+        except FileNotFoundError:
+            continue
+        if (st.st_dev, st.st_ino) in allowed or (own is not None and os.path.samestat(own, st)):
+            continue
+        raise FileExistsError(
+            errno.EEXIST,
+            f"holds an entry ({stat.filemode(st.st_mode)}, uid {st.st_uid}) put there after "
+            f"{relpath!r} was written through the mount; not replaced",
+            str(path))  # fmt: skip
+
+
 def _keep_older(spool: Spool, final: Path, dfd: int) -> Path | None:
     """An older file at `final` (in the folder `dfd` holds) gets a staging name too, so
     replacing it does not free its blocks under the placing lock (`remove_tree` does, after).
@@ -645,6 +677,7 @@ def place(
                 relpath, st = source
                 if signature(stat_beneath(spool.files, spool.path(relpath))) != signature(st):
                     raise SourceChangedError(spool.path(relpath))
+                _refuse_unchecked(spool, relpath, (final, shadowed), dfd, None)
             _refuse_hidden(final, dfd)
             before = os.stat(dfd)
             try:

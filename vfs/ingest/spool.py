@@ -57,6 +57,12 @@ class Spool:
         # name goes: that entry is the file's own copy, not an older version it replaces.
         # Written and read under the placing lock.
         self._placed: dict[str, tuple[int, int]] = {}
+        # What publishing each relpath written through the mount may replace or set aside at
+        # its name and its archive name: the entries (st_dev, st_ino) the mount showed under
+        # its name when it was created, renamed or reopened (WriteSide._check_free). Anything
+        # there since was never checked against the writer. No entry: not written through
+        # the mount (an inbox), or spooled before a restart.
+        self._may_replace: dict[str, frozenset[tuple[int, int]]] = {}
         self.placer: Placer | None = None  # None: published into SRC on local disk
 
     def path(self, relpath: str) -> Path:
@@ -112,9 +118,27 @@ class Spool:
             os.close(fd)
             raise
 
-    def rename(self, old: str, new: str) -> None:
+    def rename(
+        self, old: str, new: str, may_replace: frozenset[tuple[int, int]] | None = None
+    ) -> None:
+        """Move a spooled file or folder; what its files may replace moves along, or for a
+        file is `may_replace` (what the mount showed under the new name)."""
         source, target = self.path(old), self.path(new)
         _into_folder(target, lambda: os.replace(source, target), source)
+        inside = old + "/"
+        for rel in [r for r in list(self._may_replace) if r == old or r.startswith(inside)]:
+            self._may_replace[new + rel[len(old) :]] = self._may_replace.pop(rel)
+        if may_replace is not None:
+            self._may_replace[new] = may_replace
+
+    def allow_replacing(self, relpath: str, entries: frozenset[tuple[int, int]]) -> None:
+        self._may_replace[relpath] = entries
+
+    def may_replace(self, relpath: str) -> frozenset[tuple[int, int]] | None:
+        """What publishing `relpath` may replace (see __init__); None: not recorded."""
+        allowed = self._may_replace.get(relpath)
+        placed = self._placed.get(relpath)  # its own earlier copy, published again
+        return allowed if allowed is None or placed is None else allowed | {placed}
 
     def adopt(self, real: Path, relpath: str, root: Path | None = None) -> None:
         """Move a real file of SRC into the spool (a real file renamed or reopened for writing).
@@ -218,6 +242,7 @@ class Spool:
         """Delete the spooled file `relpath` if there is one (a file renamed or deleted over
         its name through the mount); True if there was."""
         self._placed.pop(relpath, None)
+        self._may_replace.pop(relpath, None)
         try:
             os.unlink(self.path(relpath))
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
@@ -242,6 +267,7 @@ class Spool:
                 return True
         path.unlink(missing_ok=True)
         self._placed.pop(relpath, None)
+        self._may_replace.pop(relpath, None)
         if prune:
             self.prune_dirs(str(Path(relpath).parent))
         return True

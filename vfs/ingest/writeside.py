@@ -92,6 +92,7 @@ class WriteSide:
         if parent.mode & stat.S_ISGID:  # a setgid folder: its group, as any local filesystem
             gid = parent.gid
         fd, st = self.spool.create_stat(rel, mode, uid, gid)
+        self.spool.allow_replacing(rel, frozenset())  # nothing was there: nothing to replace
         return spooled_node(self.spool.path(rel), rel, st), fd
 
     def write(self, fd: int, data: bytes, offset: int, rel: str) -> int:
@@ -110,6 +111,8 @@ class WriteSide:
             rel = self._relpath(node.real)
             with placing_lock():
                 self.spool.adopt(node.real, rel, self.root)
+                # The file itself left SRC; an archive of its name was never shown as it.
+                self.spool.allow_replacing(rel, frozenset())
             st = self.spool.path(rel).stat()
             node = spooled_node(self.spool.path(rel), rel, st)
             if not self.allow_delete:
@@ -202,19 +205,20 @@ class WriteSide:
         A real file renamed over a spooled one replaces it: the spooled file goes, or it
         would hide the real one and later be published over it. `over`: what the mount shows
         under the new name (and what that hides), as for `_check_free`."""
-        self._check_free(new_parent, new, over, is_dir=node.is_dir)
+        shown = self._check_free(new_parent, new, over, is_dir=node.is_dir)
+        may_replace = None if node.is_dir else shown
         old_rel, new_rel = self._rel(old_parent, old), self._rel(new_parent, new)
         self._check_shown(self.root / new_rel, spool_only=bool(node.spooled) and behind is None)
         if self._adopted:
             self._move_adopted(old_rel, new_rel)
         if node.spooled:
             if behind is None:
-                self.spool.rename(old_rel, new_rel)
+                self.spool.rename(old_rel, new_rel, may_replace)
             else:
                 self._check_removable(behind)
                 with placing_lock():
                     doomed = set_aside(self.spool, behind.real)
-                    self.spool.rename(old_rel, new_rel)
+                    self.spool.rename(old_rel, new_rel, may_replace)
                 remove_tree(doomed)
             return spooled_node(self.spool.path(new_rel), new_rel, self.spool.path(new_rel).stat())
         if node.backend is not None:
@@ -264,15 +268,18 @@ class WriteSide:
 
     def _check_free(
         self, parent: Node, name: str, over: tuple[Node | None, ...], is_dir: bool
-    ) -> None:
+    ) -> frozenset[tuple[int, int]]:
         """Refuse (EEXIST) a new name whose entry, or once published whose archive name
         (`NAME.zarr.zip`: a TIFF's archive replaces it, a plain file sets it aside), is an
         entry of SRC other than those the mount shows under that name (`over`). The kernel
         checked the caller only against what it was shown there: an archive shown under
         another name (a series `run.zarr.zip` shown as `run/`, `data.zarr.zip` showing
         `scan.tif`) would be replaced or deleted with the daemon's rights, in a sticky
-        folder another user's, and without --allow-delete."""
+        folder another user's, and without --allow-delete. Returns (st_dev, st_ino) of the
+        entries found (those shown): publishing may replace these and nothing else, however
+        long the file stays spooled (publish._refuse_unchecked)."""
         folder = self.root / self._folder(parent)
+        found: set[tuple[int, int]] = set()
         for candidate in (name,) if is_dir else (name, archive_name(name)):
             path = folder / candidate
             try:
@@ -289,6 +296,8 @@ class WriteSide:
             if not any(_is_entry(shown, path, st) for shown in over if shown is not None):
                 why = f"holds an entry the mount does not show as {name!r}; not replaced"
                 raise refuse(errno.EEXIST, f"{path}: {why}")
+            found.add((st.st_dev, st.st_ino))
+        return frozenset(found)
 
     def _remember_adopted(self, rel: str, st: os.stat_result) -> None:
         self._adopted[rel] = (st.st_dev, st.st_ino)
