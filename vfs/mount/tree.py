@@ -22,7 +22,7 @@ from vfs.decant import TEMP_PREFIX
 from vfs.errors import DecantError
 from vfs.mount.index import DescriptionIndex
 from vfs.names import name_problem
-from vfs.nodes import Node, archive_node, mirror_node, spooled_node
+from vfs.nodes import Node, archive_node, mirror_node, spooled_node, unshared
 
 if TYPE_CHECKING:
     from vfs.ingest.spool import Spool
@@ -157,7 +157,7 @@ class SourceTree:
         if name.startswith(TEMP_PREFIX):
             return True  # an archive being written: it appears once renamed into place
         # The mountpoint itself: statting it would call into this daemon.
-        return folder / name in self.excluded
+        return folder / unshared(name) in self.excluded
 
     def _present(
         self, folder: Path, found: list[tuple[str, os.stat_result]]
@@ -184,7 +184,7 @@ class SourceTree:
             if backend is not None:
                 archives.append((name, st, backend, path))
             else:
-                plain[name] = self._raw_node(path, st)
+                plain[name] = self._raw_node(path, st).named(name)
         out = dict(plain)
         described = [(n, st, b, self.describe(b, p, st), p) for n, st, b, p in archives]
         contested = self._contested(folder, described)
@@ -193,7 +193,7 @@ class SourceTree:
         described.sort(key=lambda a: (a[3] is None or a[0] != f"{a[3].name}.zarr.zip", a[0]))
         for name, st, backend, desc, path in described:
             if desc is None:
-                out[name] = self._raw_node(path, st)
+                out[name] = self._raw_node(path, st).named(name)
                 continue
             shown = desc.name
             problem = name_problem(shown)
@@ -254,7 +254,7 @@ class SourceTree:
 
     def _child(self, folder: Path, name: str) -> Path:
         """The path an entry of `folder` is named by (a bucket tree attaches its identity)."""
-        return folder / name
+        return folder / unshared(name)
 
     def stamp_folder(self, folder: Path) -> int:
         """What changes when `folder`'s entries do: a real folder's mtime."""
