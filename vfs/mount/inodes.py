@@ -13,8 +13,8 @@ always locked in inode order. Everything here runs on the trio thread; nothing b
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import time
+from array import array
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -39,7 +39,8 @@ class Folder:
     # An unlink took its own change of the stamp (ops.unlink): until the next full read, a
     # stamp equal to `mtime_ns` no longer proves that nobody else changed the folder.
     absorbed: bool = False
-    _order: list[tuple[int, str]] | None = None
+    # Names in cookie order and their cookies: no tuple per name (a listing may hold a million).
+    _order: tuple[list[str], array[int]] | None = None
 
     def put(self, name: str, node: Node) -> None:
         if name not in self.cookies:
@@ -67,21 +68,35 @@ class Folder:
     def after(self, cookie: int) -> Iterator[tuple[int, str, Node]]:
         """Entries whose cookie is greater than `cookie`, in cookie order."""
         if self._order is None:
-            self._order = sorted((c, n) for n, c in self.cookies.items())
-        start = bisect.bisect_right(self._order, (cookie, "\U0010ffff"))
-        for c, name in self._order[start:]:
-            node = self.children.get(name)
+            names = sorted(self.cookies, key=self.cookies.__getitem__)
+            self._order = names, array("q", [self.cookies[n] for n in names])
+        names, cookies = self._order  # never changed: a change makes a new order
+        for i in range(bisect.bisect_right(cookies, cookie), len(names)):
+            node = self.children.get(names[i])
             if node is not None:
-                yield c, name, node
+                yield cookies[i], names[i], node
+
+
+Key = NodeKey | str  # a mirrored entry's key is kept as its path alone (see `_key`)
+
+
+def _key(node: Node) -> Key:
+    """`node.key` as the table keeps it: one object per inode, shared by both maps, and for a
+    mirrored entry (no backend, member or version) just its path, not a tuple around it. The
+    two forms never meet: a string never equals a tuple."""
+    if node.backend is None and not node.member and not node.version:
+        return node.real_text
+    return node.key
 
 
 class InodeTable:
     def __init__(self, root: Node) -> None:
         self._nodes: dict[int, Node] = {ROOT_INODE: root}
-        self._ino_of: dict[NodeKey, int] = {root.key: ROOT_INODE}
+        key = _key(root)
+        self._ino_of: dict[Key, int] = {key: ROOT_INODE}
         # The key each inode was registered under: a node moved in place (the write side renames
         # it) no longer shows its old key, and that mapping must still go.
-        self._key_of: dict[int, NodeKey] = {ROOT_INODE: root.key}
+        self._key_of: dict[int, Key] = {ROOT_INODE: key}
         self._refs: dict[int, int] = {ROOT_INODE: 1}
         self._next = ROOT_INODE + 1
         self.folders: dict[int, Folder] = {}
@@ -98,7 +113,7 @@ class InodeTable:
         return self._nodes.get(ino)
 
     def known(self, node: Node) -> int | None:
-        return self._ino_of.get(node.key)
+        return self._ino_of.get(_key(node))
 
     def hand_out(self, node: Node) -> int:
         """The inode for `node`, counting one more kernel reference to it."""
@@ -109,10 +124,11 @@ class InodeTable:
     def assign(self, node: Node) -> int:
         """The inode for `node` (a new one for a key never seen), without a kernel reference.
         The caller either counts a reference (`hand_out`/`count`) or lets `release_unused` go."""
-        ino = self._ino_of.get(node.key)
+        key = _key(node)
+        ino = self._ino_of.get(key)
         if ino is None:
-            ino = self._ino_of[node.key] = self._next
-            self._key_of[ino] = node.key
+            ino = self._ino_of[key] = self._next
+            self._key_of[ino] = key
             self._next += 1
         self._nodes[ino] = node
         return ino
@@ -126,10 +142,10 @@ class InodeTable:
 
     def replace(self, ino: int, node: Node) -> None:
         """The same inode now stands for `node` (a write moved it into the spool, a rename)."""
-        self._register(ino, node.key)
+        self._register(ino, _key(node))
         self._nodes[ino] = node
 
-    def _register(self, ino: int, key: NodeKey) -> None:
+    def _register(self, ino: int, key: Key) -> None:
         old = self._key_of.get(ino)
         if old is not None and old != key and self._ino_of.get(old) == ino:
             del self._ino_of[old]
@@ -173,7 +189,7 @@ class InodeTable:
 
     def folder_of(self, path: Path) -> tuple[int, Folder] | None:
         """A mirrored folder of SRC the kernel holds, by its real path."""
-        ino = self._ino_of.get((str(path), "", "", ()))
+        ino = self._ino_of.get(str(path))  # a mirrored folder's key (`_key`)
         if ino is None or ino not in self.folders:
             return None
         return ino, self.folders[ino]
@@ -219,8 +235,9 @@ class InodeTable:
         seen: dict[int, Node] = {}
         for ino, node in list(self._nodes.items()):
             node = self._nodes[ino] = _follow(node, old, new, spool_move, seen)
-            if self._key_of.get(ino) != node.key:
-                self._register(ino, node.key)
+            key = _key(node)
+            if self._key_of.get(ino) != key:
+                self._register(ino, key)
         for ino, folder in self.folders.items():
             for name, child in list(folder.children.items()):
                 folder.children[name] = _follow(child, old, new, spool_move, seen)
@@ -274,5 +291,5 @@ def _follow(
     moved_rel = new_rel + rel[len(old_rel) :]
     # A copy, not in place: open handles share this object, and the pack queue counts their
     # opens and closes under the relpath they were opened with.
-    moved = seen[id(node)] = dataclasses.replace(node, real=files / moved_rel, spooled=moved_rel)
+    moved = seen[id(node)] = node.moved(files / moved_rel, moved_rel)
     return moved

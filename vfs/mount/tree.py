@@ -12,7 +12,7 @@ import logging
 import os
 import sqlite3
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,13 +22,16 @@ from vfs.decant import TEMP_PREFIX
 from vfs.errors import DecantError
 from vfs.mount.index import DescriptionIndex
 from vfs.names import name_problem
-from vfs.nodes import Node, archive_node, mirror_node, spooled_node
+from vfs.nodes import Node, archive_node, mirror_node, spooled_node, unshared
 
 if TYPE_CHECKING:
     from vfs.ingest.spool import Spool
 
 log = logging.getLogger(__name__)
 
+
+_Found = tuple[str, os.stat_result]  # an entry of a folder and its lstat
+_Archive = tuple[str, os.stat_result, Backend, Path]  # ... claimed by a backend, at its path
 
 MAX_FAILED = 100_000  # archives remembered as failed (then forgotten all at once)
 
@@ -68,7 +71,6 @@ class SourceTree:
 
     def scan(self, folder: Path) -> dict[str, Node]:
         """The presented children of a real folder of SRC."""
-        found: list[tuple[str, os.stat_result]] = []
         # The spool first, SRC after: a publish places a file in SRC before it hides the
         # spooled name (and unhides it only once that is gone), so read in this order a file
         # being published is seen in one or the other; read the other way round, a scan that
@@ -78,16 +80,10 @@ class SourceTree:
         fd = open_beneath(self.root, folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
             with os.scandir(fd) as it:
-                for de in it:
-                    if self._skipped(folder, de.name):
-                        continue
-                    try:
-                        found.append((de.name, de.stat(follow_symlinks=False)))
-                    except OSError:
-                        continue  # vanished
+                plain, archives = self._sorted(folder, self._stats(folder, it))
         finally:
             os.close(fd)
-        out, regular = self._present(folder, found)
+        out, regular = self._resolved(folder, plain, archives)
         out.update(spooled)
         for overlay in self.overlays:
             if overlay.claims(folder, True):
@@ -157,15 +153,30 @@ class SourceTree:
         if name.startswith(TEMP_PREFIX):
             return True  # an archive being written: it appears once renamed into place
         # The mountpoint itself: statting it would call into this daemon.
-        return folder / name in self.excluded
+        return folder / unshared(name) in self.excluded
 
-    def _present(
-        self, folder: Path, found: list[tuple[str, os.stat_result]]
-    ) -> tuple[dict[str, Node], bool]:
+    def _stats(self, folder: Path, it: Iterator[os.DirEntry[str]]) -> Iterator[_Found]:
+        """The entries of a folder being read, each with its lstat, one at a time: a folder of
+        a million names never holds a stat result for each at once (~640 B a name)."""
+        for de in it:
+            if self._skipped(folder, de.name):
+                continue
+            try:
+                yield de.name, de.stat(follow_symlinks=False)
+            except OSError:
+                continue  # vanished
+
+    def _present(self, folder: Path, found: list[_Found]) -> tuple[dict[str, Node], bool]:
         """Real entries of `folder` as presented, and whether every archive among them presents
         its own name (less .zarr.zip / .zarr): then a name depends only on its related names."""
+        return self._resolved(folder, *self._sorted(folder, found))
+
+    def _sorted(
+        self, folder: Path, found: Iterable[_Found]
+    ) -> tuple[dict[str, Node], list[_Archive]]:
+        """Entries shown as they are (made into nodes), and the archives among them."""
         plain: dict[str, Node] = {}
-        archives: list[tuple[str, os.stat_result, Backend, Path]] = []
+        archives: list[_Archive] = []
         for name, st in found:
             path = self._child(folder, name)
             if stat.S_ISLNK(st.st_mode):
@@ -184,7 +195,13 @@ class SourceTree:
             if backend is not None:
                 archives.append((name, st, backend, path))
             else:
-                plain[name] = self._raw_node(path, st)
+                plain[name] = self._raw_node(path, st).named(name)
+        return plain, archives
+
+    def _resolved(
+        self, folder: Path, plain: dict[str, Node], archives: list[_Archive]
+    ) -> tuple[dict[str, Node], bool]:
+        """`_present` once its entries are sorted: archives described, names given out."""
         out = dict(plain)
         described = [(n, st, b, self.describe(b, p, st), p) for n, st, b, p in archives]
         contested = self._contested(folder, described)
@@ -193,7 +210,7 @@ class SourceTree:
         described.sort(key=lambda a: (a[3] is None or a[0] != f"{a[3].name}.zarr.zip", a[0]))
         for name, st, backend, desc, path in described:
             if desc is None:
-                out[name] = self._raw_node(path, st)
+                out[name] = self._raw_node(path, st).named(name)
                 continue
             shown = desc.name
             problem = name_problem(shown)
@@ -254,7 +271,7 @@ class SourceTree:
 
     def _child(self, folder: Path, name: str) -> Path:
         """The path an entry of `folder` is named by (a bucket tree attaches its identity)."""
-        return folder / name
+        return folder / unshared(name)
 
     def stamp_folder(self, folder: Path) -> int:
         """What changes when `folder`'s entries do: a real folder's mtime."""
