@@ -315,3 +315,39 @@ for machine in (SpanBookkeeping, TightBudget):
     machine.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
 test_span_bookkeeping = SpanBookkeeping.TestCase
 test_span_bookkeeping_in_a_tight_budget = TightBudget.TestCase
+
+
+def test_a_read_that_waited_for_a_failing_prefetch_gives_its_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The store hangs: the span the read waits for fails after its GET's retries. That error is
+    the read's, not a second GET with retries of its own (the wait to EIO doubled). A span that
+    had failed before the read came is asked again: the store may be back."""
+    fetches = Fetches()
+    source, pool = _object(monkeypatch, fetches)
+    down = True
+
+    def get(self: S3Object, offset: int, size: int) -> bytes:
+        fetches.calls.append((offset, size))
+        if down:
+            raise StoreError("s3://bucket/blob: object store failed after retries (test)")
+        return BLOB[offset : offset + size]
+
+    monkeypatch.setattr(S3Object, "_get", get)
+    try:
+        source.prefetch(*data_range(3))
+        with pytest.raises(StoreError):
+            source.read(*data_range(3))  # waits for the queued span: it runs, and fails
+        assert fetches.calls == [data_range(3)]
+        source.prefetch(*data_range(5))
+        pool.run_next(0)  # fails before anyone reads it
+        down = False
+        assert source.read(*data_range(5)) == BLOB[slice(*_bounds(data_range(5)))]
+        assert fetches.calls == [data_range(3), data_range(5), data_range(5)]
+    finally:
+        source.close()
+        source._folder.close()
+
+
+def _bounds(r: tuple[int, int]) -> tuple[int, int]:
+    return r[0], r[0] + r[1]
