@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ingest": ("bench_ingest", "rsync -a into the mount until published, vs rsync + decant pack"),
     "rss": ("bench_rss", "daemon RSS vs --cache-size + 150 MiB: random, sequential, small reads"),
     "digests": ("bench_digests", "verified archive: cold preads and dd with/without chunk digests"),
+    "names": ("bench_names", "daemon memory per listed name: ls -f / ls -l of N empty files"),
     "s3": ("bench_s3", "S3 (local SeaweedFS): ranged GET p50/p99, download MB/s, verify in bucket"),
 }
 

@@ -1,6 +1,6 @@
 """Daemon memory per listed name: a folder of N empty files listed through a real mount.
 
-    python tools/bench_names.py [--files 100000] [--workdir DIR]
+    python tools/bench.py names [--files 100000] [--workdir DIR]
 
 Through a mount (this checkout's `python -m vfs.cli SRC MNT -f`): the daemon's VmRSS and VmHWM
 before, after `ls -f` and after `ls -l` of the folder (readdirplus hands every name an inode).
@@ -30,11 +30,11 @@ from vfs.mount.inodes import Folder, InodeTable  # noqa: E402
 from vfs.mount.tree import SourceTree  # noqa: E402
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(command: str = "names", argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog=f"bench.py {command}", description=__doc__.splitlines()[0])
     p.add_argument("--files", type=int, default=100_000)
     p.add_argument("--workdir", type=Path, default=None)
-    args = p.parse_args()
+    args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(dir=args.workdir, prefix="bench-names-") as tmp:
         work = Path(tmp)
         src, folder = work / "src", work / "src" / "many"
