@@ -644,7 +644,7 @@ class DecantOperations(pyfuse3.Operations):
 
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]
         handle = self._handle(fh)
-        with errno_boundary(f"read {handle.node.real} {handle.node.member}".rstrip()):
+        with errno_boundary(f"read {handle.node.real_text} {handle.node.member}".rstrip()):
             return await self.reads.read(handle, off, size)
 
     async def release(self, fh: int) -> None:
@@ -654,7 +654,7 @@ class DecantOperations(pyfuse3.Operations):
             self._drop_handle(uid)
         if handle is None:
             return
-        with errno_boundary(f"release {handle.node.real}"):
+        with errno_boundary(f"release {handle.node.real_text}"):
             try:
                 if handle.node.spooled and self.queue is not None:
                     self.queue.closed(handle.node.spooled)
