@@ -5,8 +5,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import tracemalloc
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
+from typing import TypeVar
+
+T = TypeVar("T")
 
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
 
@@ -47,3 +52,13 @@ def remove_chain(top: Path, name: str) -> None:
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def traced_peak(call: Callable[[], T]) -> tuple[T, int]:
+    """`call()` and the peak of the memory Python allocated while it ran (tracemalloc)."""
+    tracemalloc.start()
+    try:
+        result = call()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import tifffile
 
+from tests.toolbox import traced_peak
 from tests.unit.inprocess import InProcessMount, fake_session
 from vfs.mount.inodes import ROOT_INODE, Folder, InodeTable
 from vfs.nodes import Node
@@ -287,7 +288,6 @@ MAX_SCAN_PEAK_PER_NAME = 600
 def test_scanning_a_folder_holds_no_stat_result_per_name(tmp_path: Path) -> None:
     """The peak of reading a folder of SRC, not only what its listing keeps: a folder of a
     million names read with a stat result held for each peaked at ~1 GB."""
-    import tracemalloc
 
     from vfs.mount.tree import SourceTree
 
@@ -299,11 +299,6 @@ def test_scanning_a_folder_holds_no_stat_result_per_name(tmp_path: Path) -> None
     # Once before: the interpreter's own tables grow to what a scan needs. (Its table of interned
     # strings, rebuilt now and then, is one transient of a few MB: many names amortize it.)
     tree.scan(many)
-    tracemalloc.start()
-    try:
-        kids = tree.scan(many)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    kids, peak = traced_peak(lambda: tree.scan(many))
     assert len(kids) == n
     assert peak / n <= MAX_SCAN_PEAK_PER_NAME, f"{peak / n:.0f} B per name at the scan's peak"

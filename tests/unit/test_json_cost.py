@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.toolbox import traced_peak
 from vfs.acqstore import validate as acq
 from vfs.decant.limits import (
     MAX_JSON_COST,
@@ -190,12 +191,7 @@ def test_schema_errors_are_listed_up_to_a_bound(tmp_path: Path) -> None:
     """262,144 members that are not objects: each was a jsonschema error (a few KiB while
     sorted), then an Issue: ~1 GiB of RSS for a 26 MiB-cost document."""
     write_collection(tmp_path, members=1 << 18)
-    tracemalloc.start()
-    try:
-        result = acq.validate_collection(tmp_path)
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
+    result, peak = traced_peak(lambda: acq.validate_collection(tmp_path))
     assert len(result.issues) == acq.MAX_ISSUES + 1
     assert result.issues[0].pointer == "/members/0"
     assert result.issues[-1].message == "more issues not listed (only the first 1000 are kept)"
