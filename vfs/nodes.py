@@ -20,7 +20,9 @@ NodeKey = tuple[str, str, str, tuple[int, ...]]
 # given its own gets a dict (copy before changing one: `dict(node.xattrs)`).
 NO_XATTRS: Mapping[str, str] = MappingProxyType({})
 
-_last_folder: Path | None = None  # the folder of the node made last: its siblings share it
+# The folder of the node made last: its siblings share it. Read and written by any thread with
+# no lock, on purpose: a lost update only leaves one Path unshared, never a wrong one.
+_last_folder: Path | None = None
 
 
 def unshared(name: str) -> str:
