@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import pwd
@@ -9,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -209,18 +211,30 @@ def unprivileged() -> User:
     return User(TEST_USER, entry.pw_uid, entry.pw_gid)
 
 
-def let_others_in(path: Path, basetemp: Path) -> Path:
-    """Let other users traverse (not list) `path` and its parents below `basetemp`'s parent:
-    pytest makes its temp folders 0700, which would deny the user everything for that reason."""
-    for folder in (path, *path.parents):
-        if folder != basetemp.parent and basetemp.parent not in folder.parents:
-            break
-        mode = folder.stat().st_mode
-        if mode & 0o011 != 0o011:
-            folder.chmod((mode | 0o011) & 0o7777)
-    return path
-
-
 def open_tmp(factory: pytest.TempPathFactory, name: str) -> Path:
-    """A new temp folder that other users may traverse to (see `let_others_in`)."""
-    return let_others_in(factory.mktemp(name), factory.getbasetemp())
+    """A new temp folder that other users may traverse to (not list).
+
+    Made under a folder of this session's own beside pytest's temp root, not in it: every
+    pytest session that starts resets that root to 0700, which would lock the user out of a
+    test running meanwhile in another session. `factory` is where its name is numbered."""
+    global _OPEN_BASE
+    if _OPEN_BASE is None:
+        _OPEN_BASE = Path(tempfile.mkdtemp(prefix="decant-tests-"))
+        _OPEN_BASE.chmod(0o711)
+        atexit.register(_remove_open_base, _OPEN_BASE)
+    folder = _OPEN_BASE / factory.mktemp(name).name
+    folder.mkdir(mode=0o711)
+    folder.chmod(0o711)
+    return folder
+
+
+_OPEN_BASE: Path | None = None
+
+
+def _remove_open_base(base: Path) -> None:
+    """Remove the session's open folders, unless a mount is left inside (never delete through
+    one: a leftover mount of SRC would be emptied)."""
+    with open("/proc/self/mountinfo") as fh:
+        if any(line.split()[4].startswith(f"{base}/") for line in fh):
+            return
+    shutil.rmtree(base, ignore_errors=True)
