@@ -7,9 +7,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass
@@ -59,14 +60,17 @@ class BufferPool:
                         del self._free[i]
                         self.reused += 1
                         return arr
-        return np.empty(nbytes, dtype=np.uint8)
+        import numpy  # here, not at the top: a daemon serving only packages never loads it
+
+        return numpy.empty(nbytes, dtype=numpy.uint8)
 
     def give(self, value: Any) -> None:
         """Offer an evicted value: kept if it is a view of a whole buffer `take` could return."""
+        numpy = sys.modules.get("numpy")  # unloaded: then no value is an array
         arr = value.obj if isinstance(value, memoryview) else None
-        if not isinstance(arr, np.ndarray) or arr.nbytes < self.MIN_BYTES:
+        if numpy is None or not isinstance(arr, numpy.ndarray) or arr.nbytes < self.MIN_BYTES:
             return
-        if arr.dtype != np.uint8 or arr.ndim != 1 or not arr.flags.owndata:
+        if arr.dtype != numpy.uint8 or arr.ndim != 1 or not arr.flags.owndata:
             return
         with self._lock:
             self._free.append(arr)
