@@ -1,0 +1,19 @@
+"""What a daemon loads before it serves: start-up time is mostly imports (~0.3 s in all)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+HEAVY = ("numpy", "zarr", "numcodecs", "tifffile", "jsonschema", "obstore")
+
+
+def test_a_daemon_serving_packages_loads_no_array_or_bucket_library() -> None:
+    """numpy alone is ~50 ms: loaded when a decant archive or AcqStore collection is first read,
+    never on the way to a package's first bytes."""
+    code = (
+        "import sys, vfs.cli, vfs.mount.daemon, vfs.backends.c4gh\n"
+        f"print(' '.join(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
