@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import errno
-import importlib.metadata
 import json
 import logging
 import logging.handlers
@@ -17,6 +16,7 @@ from pathlib import Path
 from vfs.errors import DecantError
 from vfs.logsafe import SafeFormatter
 from vfs.mount.config import STATUS_NAME, BucketConfig, MountConfig, parse_fuse_options
+from vfs.version import VersionAction
 
 log = logging.getLogger("decant-mount")
 
@@ -45,13 +45,6 @@ def parse_duration(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (try 90s, 30m, 24h, never)")
     return value
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("decant-mount")
-    except importlib.metadata.PackageNotFoundError:
-        return "(not installed)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="T",
         help="re-verify every original in SRC this often (e.g. 7d, 12h; default: never)",
     )
-    p.add_argument("--version", action="version", version=f"decant-mount {_version()}")
+    p.add_argument("--version", action=VersionAction)
     w = p.add_argument_group("write side (files copied into the mount are packed)")
     w.add_argument("--read-only", action="store_true", help="refuse all writes (also: -o ro)")
     w.add_argument(

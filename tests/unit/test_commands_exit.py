@@ -7,12 +7,12 @@ command takes; 3 an output that cannot be written. Errors are one line `decant: 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import subprocess
 import sys
 import zipfile
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError
 from pathlib import Path
 from typing import Any
 
@@ -138,9 +138,9 @@ def test_version_process() -> None:
 
 def test_version_without_an_installed_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
     def not_installed(name: str) -> str:
-        raise PackageNotFoundError(name)
+        raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(vfs.commands, "version", not_installed)
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
     assert decant_version() == f"{vfs.__version__} (not installed)"
 
 

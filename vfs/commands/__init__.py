@@ -13,28 +13,20 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse
 import importlib
 import logging
-from importlib.metadata import PackageNotFoundError, version
 
 from vfs.commands.status import EXIT_STATUS, INTERRUPTED, add_output_options, report
 from vfs.errors import DecantError
+from vfs.version import VersionAction, installed_version
 
 # Each module adds its own subcommands; a subcommand sets `func(args) -> int` as its default.
 SUBCOMMAND_MODULES = ("vfs.commands.archive", "vfs.commands.c4gh", "vfs.commands.acqstore")
-DISTRIBUTION = "decant-mount"
 DESCRIPTION = (  # wrapped by hand: RawDescriptionHelpFormatter keeps the exit-status table as is
     "Pack TIFFs (or any file) into decant archives, verify and restore them;\n"
     "look inside GDI crypt4gh packages and AcqStore collections."
 )
 
 
-def decant_version() -> str:
-    """The installed distribution's version; a source checkout falls back to vfs.__version__."""
-    try:
-        return version(DISTRIBUTION)
-    except PackageNotFoundError:
-        import vfs
-
-        return f"{getattr(vfs, '__version__', 'unknown')} (not installed)"
+decant_version = installed_version  # the name the tests and callers know
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXIT_STATUS,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"decant {decant_version()}")
+    parser.add_argument("--version", action=VersionAction)
     add_output_options(parser, False)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in SUBCOMMAND_MODULES:
