@@ -9,7 +9,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vfs.integrity import Coverage, SequentialHasher
+from vfs.integrity import MAX_GAP, Coverage, SequentialHasher
 
 
 def _chunks(data: bytes, cuts: list[int]) -> list[tuple[int, bytes]]:
@@ -42,6 +42,18 @@ def test_overlapping_reads_abandon_rather_than_guess() -> None:
     hasher.feed(100, data[100:300])
     hasher.feed(0, data[0:200])  # overlaps the parked read
     assert hasher.abandoned and not hasher.complete
+
+
+def test_a_read_far_ahead_is_not_parked_but_ends_the_running_hash() -> None:
+    """Random reads of a fresh handle each parked a copy (up to 8 MiB a handle) for a hash
+    that could not continue; one starting past the kernel's reordering gives up at once."""
+    size = 3 * MAX_GAP
+    hasher = SequentialHasher(size, "0" * 64)
+    hasher.feed(MAX_GAP, b"r" * 4096)  # as far ahead as reordering goes: parked
+    assert not hasher.abandoned and hasher._pending_bytes == 4096
+    hasher = SequentialHasher(size, "0" * 64)
+    hasher.feed(MAX_GAP + 1, b"r" * 4096)
+    assert hasher.abandoned and hasher._pending_bytes == 0
 
 
 @settings(max_examples=200, deadline=None)
