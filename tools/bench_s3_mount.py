@@ -125,7 +125,7 @@ def _sequential(report: Report, args: Any, work: Path, store: S3Store, tif: Path
     busy = ", ".join(f"{c:.2f} s ({c / t:.1f} cores)" for c, t in zip(cpus, mounts, strict=True))
     report.add("daemon CPU during each dd", busy, f"{os.cpu_count()} cores, server on the same")
     stored = (work / "local" / f"{tif.name}.zarr.zip").stat().st_size
-    gets = ", ".join(f"{n} GETs {b / MiB:.1f} MiB" for n, b in fetched)
+    gets = ", ".join(f"{n} GETs {b / MiB:.1f} MiB ({r / MiB:.1f} again)" for n, b, r in fetched)
     report.add("fetched by each dd", gets, f"archive {stored / MiB:.1f} MiB (daemon's count)")
     report.target("sequential: mount ÷ obstore download", mount / base, 1.0, "x", at_most=False)
     again = mbps(size, min(verified))
@@ -235,10 +235,11 @@ def _warm(report: Report, args: Any, work: Path, tif: Path, archive: Path, url: 
     report.target("warm sequential: bucket ÷ local SRC", ratio, 0.9, "x", at_most=False)
 
 
-def _fetched(mnt: Path) -> tuple[int, int]:
-    """(GETs, bytes) the daemon has fetched from the bucket so far (its `.decant-status`)."""
+def _fetched(mnt: Path) -> tuple[int, int, int]:
+    """(GETs, bytes, bytes fetched again) the daemon has fetched from the bucket so far (its
+    `.decant-status`; "again": bytes of GETs it had fetched before from the same object)."""
     doc = json.loads((mnt / ".decant-status").read_text())["daemon"].get("s3", {})
-    return doc.get("gets", 0), doc.get("bytes_fetched", 0)
+    return doc.get("gets", 0), doc.get("bytes_fetched", 0), doc.get("bytes_refetched", 0)
 
 
 def _wait_idle(pid: int, timeout: float = 120.0) -> None:

@@ -24,7 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from vfs.errors import StoreError
 from vfs.stores.base import ObjectInfo
 from vfs.stores.ranges import Ranges
-from vfs.stores.s3 import S3Folder, S3Object, S3Options
+from vfs.stores.s3 import Fetched, S3Folder, S3Object, S3Options
 
 CHUNK = 1000
 HEADER = 40  # a zip local header: the first read of an entry takes it with the entry's bytes
@@ -220,6 +220,7 @@ def test_ranges_hold_what_a_set_of_bytes_would(ops: list[tuple[str, int, int, in
         for a in range(0, 160, 7):
             for n in (1, 5, 30):
                 assert ranges.overlaps(a, a + n) == any(b in held for b in range(a, a + n))
+                assert ranges.covered(a, a + n) == sum(b in held for b in range(a, a + n))
 
 
 class SpanBookkeeping(RuleBasedStateMachine):
@@ -351,3 +352,15 @@ def test_a_read_that_waited_for_a_failing_prefetch_gives_its_error(
 
 def _bounds(r: tuple[int, int]) -> tuple[int, int]:
     return r[0], r[0] + r[1]
+
+
+def test_fetched_counts_the_bytes_a_get_fetches_again() -> None:
+    """`.decant-status` shows what GETs fetched again: a benchmark's over-fetch is then told
+    apart from an archive's framing read once (per object version, whichever reader asked)."""
+    fetched = Fetched()
+    assert fetched.add(100, "s3://b/a", '"1"', 0) == 0
+    assert fetched.add(100, "s3://b/a", '"1"', 150) == 0
+    assert fetched.add(100, "s3://b/a", '"1"', 50) == 100  # 50-100 and 150-200 were fetched
+    assert fetched.add(100, "s3://b/a", '"2"', 0) == 0  # another version: its own bytes
+    assert fetched.add(100, "s3://b/b", '"1"', 0) == 0
+    assert (fetched.gets, fetched.bytes, fetched.refetched) == (5, 500, 100)

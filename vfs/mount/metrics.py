@@ -48,7 +48,9 @@ def daemon_section(cache: Any, integrity: Any, inodes: int) -> dict[str, Any]:
     }
     s3 = sys.modules.get("vfs.stores.s3")  # loaded only when SRC is a bucket
     if s3 is not None:
-        doc["s3"] = {"gets": s3.FETCHED.gets, "bytes_fetched": s3.FETCHED.bytes}
+        fetched = s3.FETCHED
+        doc["s3"] = {"gets": fetched.gets, "bytes_fetched": fetched.bytes,
+                     "bytes_refetched": fetched.refetched}  # fmt: skip
     if cache is not None:
         doc["cache"] = {
             "hits": cache.stats.hits,
@@ -87,6 +89,7 @@ def prometheus(status: dict[str, Any]) -> str:
     if "s3" in d:
         metric("decant_s3_gets_total", "counter", d["s3"]["gets"])
         metric("decant_s3_fetched_bytes_total", "counter", d["s3"]["bytes_fetched"])
+        metric("decant_s3_refetched_bytes_total", "counter", d["s3"].get("bytes_refetched", 0))
     if "queued" in status:
         metric("decant_pack_queued", "gauge", status["queued"])
         metric("decant_pack_packing", "gauge", status["packing"])

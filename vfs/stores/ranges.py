@@ -35,6 +35,15 @@ class Ranges:
         i = bisect.bisect_right(self._ends, start)  # the first that ends after `start`
         return i < len(self._starts) and self._starts[i] < end
 
+    def covered(self, start: int, end: int) -> int:
+        """How many bytes of [start, end) are in the ranges held."""
+        i = bisect.bisect_right(self._ends, start)  # the first that ends after `start`
+        total = 0
+        while i < len(self._starts) and self._starts[i] < end:
+            total += min(end, self._ends[i]) - max(start, self._starts[i])
+            i += 1
+        return total
+
     def forget_from(self, start: int) -> None:
         """Forget every byte from `start` on."""
         i = bisect.bisect_right(self._ends, start)  # the first that ends after `start`

@@ -21,6 +21,7 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -66,6 +67,7 @@ SPAN_GAP = 4096  # ... that may skip this many unused bytes between two of them
 SMALL_COPY = 64 * 1024  # GETs up to this size come back as bytes (callers slice and join them)
 FORGET_AFTER = 2  # ranges read this many read-ahead budgets away from the reader are forgotten
 GOT_MAX = 1024  # ... and at most this many runs of them are kept, the farthest going first
+FETCHED_OBJECTS = 256  # objects whose fetched ranges FETCHED keeps, to count bytes fetched again
 _PROFILE_SECRETS: set[str] = set()  # values read from a profile, scrubbed like the variables
 _SIGNED = re.compile(r"(X-Amz-[A-Za-z-]+|Signature|Credential|AWSAccessKeyId)=[^&\s]*")
 
@@ -224,17 +226,34 @@ _skipped: set[str] = set()  # odd keys already logged (bounded: a flood of them 
 class Fetched:
     """Ranged GETs of objects' bytes made by this process, and the bytes they fetched: the
     daemon's `.decant-status` shows them, so a benchmark or a test can tell a read that fetched
-    an archive once from one that fetched it twice (a digest pass, read-ahead thrown away)."""
+    an archive once from one that fetched it twice (a digest pass, read-ahead thrown away).
+    `refetched` counts the bytes of GETs that this process had fetched before from the same
+    object version (of the last FETCHED_OBJECTS objects, each as at most GOT_MAX runs): what a
+    GET of them fetched again, whichever reader, handle or verification asked."""
 
     def __init__(self) -> None:
         self.gets = 0
         self.bytes = 0
+        self.refetched = 0
+        self._seen: OrderedDict[tuple[str, str], Ranges] = OrderedDict()
         self._lock = threading.Lock()
 
-    def add(self, nbytes: int) -> None:
+    def add(self, nbytes: int, name: str = "", etag: str = "", offset: int = -1) -> int:
+        """Count one GET of `nbytes` at `offset` of object `name` (version `etag`); returns the
+        bytes of it fetched before."""
         with self._lock:
             self.gets += 1
             self.bytes += nbytes
+            if offset < 0 or not name:
+                return 0
+            seen = self._seen.pop((name, etag), None) or Ranges(GOT_MAX)
+            self._seen[name, etag] = seen
+            while len(self._seen) > FETCHED_OBJECTS:
+                self._seen.popitem(last=False)
+            again = seen.covered(offset, offset + nbytes)
+            seen.add(offset, offset + nbytes)
+            self.refetched += again
+            return again
 
 
 FETCHED = Fetched()
@@ -447,7 +466,11 @@ class S3Object:
             options["if_match"] = self.info.etag
         full = self._folder.full_key(self.key)
         self._folder.conn.gets += 1  # approximate under threads: for logs and benchmarks
-        FETCHED.add(size)
+        again = FETCHED.add(size, self.name, self.info.etag or "", offset)
+        if log.isEnabledFor(logging.DEBUG):
+            thread = threading.current_thread().name
+            log.debug("%s: GET %d+%d (%s), %d bytes fetched before", self.name, offset, size,
+                      thread, again)  # fmt: skip
         try:
             result = obstore.get(self._folder.client, full, options=options)  # type: ignore[arg-type]
             body = result.bytes()  # obstore's Bytes: the buffer protocol, no copy
