@@ -360,7 +360,7 @@ def test_fetched_counts_the_bytes_a_get_fetches_again() -> None:
     fetched = Fetched()
     assert fetched.add(100, "s3://b/a", '"1"', 0) == 0
     assert fetched.add(100, "s3://b/a", '"1"', 150) == 0
-    assert fetched.add(100, "s3://b/a", '"1"', 50) == 100  # 50-100 and 150-200 were fetched
+    assert fetched.add(150, "s3://b/a", '"1"', 50) == 100  # 50-100 and 150-200 were fetched
     assert fetched.add(100, "s3://b/a", '"2"', 0) == 0  # another version: its own bytes
     assert fetched.add(100, "s3://b/b", '"1"', 0) == 0
-    assert (fetched.gets, fetched.bytes, fetched.refetched) == (5, 500, 100)
+    assert (fetched.gets, fetched.bytes, fetched.refetched) == (5, 550, 100)
