@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
+from vfs.errors import StoreError
+
 
 @dataclass
 class CacheStats:
@@ -78,6 +80,16 @@ class BufferPool:
                 self._free.pop(0)
 
 
+class _Load:
+    """A load in flight: set once it ends; `error` when the store failed it (see get_or_load)."""
+
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: StoreError | None = None
+
+
 class PageCache:
     """LRU over decoded pages, husk blocks and cipher segments, bounded in bytes.
 
@@ -86,6 +98,11 @@ class PageCache:
     A value larger than the whole budget is returned but not kept. A load that says how large its
     value will be (`nbytes`) is given room before it runs, so decodes in flight count against the
     budget too instead of adding to it.
+
+    A load the store failed (`StoreError`: unreachable after the request's retries) fails its
+    waiters too, instead of each loading again: a read waiting for a read-ahead decode then gives
+    EIO once that decode's GET has spent its retries, not after a second round of its own (twice
+    the bound `--s3-timeout` promises). Any other failure is left to each waiter to meet itself.
     """
 
     def __init__(self, max_bytes: int) -> None:
@@ -96,7 +113,7 @@ class PageCache:
         self._bytes = 0
         self._reserved = 0  # bytes promised to loads in flight
         self._lock = threading.Lock()
-        self._inflight: dict[Hashable, threading.Event] = {}
+        self._inflight: dict[Hashable, _Load] = {}
 
     @property
     def current_bytes(self) -> int:
@@ -159,10 +176,12 @@ class PageCache:
                 waiting = self._inflight.get(key)
                 if waiting is None:
                     self.stats.misses += 1
-                    event = self._inflight[key] = threading.Event()
+                    load = self._inflight[key] = _Load()
                     self._reserve(reserve)
                     break
-            waiting.wait()
+            waiting.done.wait()
+            if waiting.error is not None:  # the store failed it just now, after its retries
+                raise type(waiting.error)(*waiting.error.args)
             # The loader finished (or failed); loop to take its value or to load it ourselves.
             with self._lock:
                 item = self._data.get(key)
@@ -173,7 +192,7 @@ class PageCache:
                 if key not in self._inflight:
                     # Loaded but too large to keep, or the loader raised: load it here.
                     self.stats.misses += 1
-                    event = self._inflight[key] = threading.Event()
+                    load = self._inflight[key] = _Load()
                     self._reserve(reserve)
                     break
         loaded = False
@@ -181,13 +200,16 @@ class PageCache:
             value = loader()
             loaded = True
             return value
+        except StoreError as exc:
+            load.error = exc
+            raise
         finally:
             with self._lock:
                 self._reserved -= reserve
                 if loaded:
                     self._store(key, value)
                 del self._inflight[key]
-            event.set()
+            load.done.set()
 
     def lend(self, nbytes: int) -> None:
         """Room for bytes held outside the cache on its behalf (an object store's read-ahead,

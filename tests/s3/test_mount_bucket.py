@@ -396,6 +396,66 @@ def test_the_store_stopped_under_a_reader_gives_eio_and_reads_resume(
     assert is_mounted(m.mnt) and m.proc.poll() is None
 
 
+def test_a_read_waiting_for_another_reads_failed_fetch_gives_eio_without_a_fetch_of_its_own(
+    own_server: object, tmp_path: Path, bucket_mount: MountFactory
+) -> None:
+    """The store hangs (SIGSTOP). Reader A asks for a plane: its GET hangs until the timeout and
+    its retry are spent. Reader B asks for the same plane meanwhile and waits for A's load. When
+    that fails, B gets EIO too, without a GET of its own: it once fetched again, with retries of
+    its own, so B (or a sequential reader waiting for a read-ahead decode) gave EIO after twice
+    the bound `--s3-timeout` promises (8.2 s with --s3-timeout 2 --s3-retries 1, 4.1 s now).
+    Counted by the daemon (`.decant-status`): one GET while the store hangs, not two."""
+    import threading
+
+    import numpy as np
+    import tifffile
+
+    from vfs.decant.packer import PackOptions, pack_file
+
+    stack = np.random.default_rng(5).integers(0, 4096, (4, 512, 1024), dtype=np.uint16)
+    tif = tmp_path / "stack.tif"
+    tifffile.imwrite(tif, stack, photometric="minisblack")
+    archive = pack_file(tif, tmp_path / "stack.tif.zarr.zip", PackOptions()).archive
+    endpoint = own_server.endpoint  # type: ignore[attr-defined]
+    bucket = own_server.create_bucket("waiters")  # type: ignore[attr-defined]
+    store = S3Store(bucket, config={"endpoint": endpoint}, client_options={"allow_http": True})
+    obstore.put(store, "p/stack.tif.zarr.zip", archive.read_bytes())
+    m = bucket_mount(f"s3://{bucket}/p", "--s3-endpoint", endpoint, "--s3-timeout", "2",
+                     "--s3-retries", "1")  # fmt: skip
+
+    def fetched() -> dict[str, int]:
+        return json.loads((m.mnt / ".decant-status").read_text())["daemon"]["s3"]  # type: ignore[no-any-return]
+
+    fds = [os.open(m.mnt / "stack.tif", os.O_RDONLY) for _ in range(2)]  # opened while up
+    errors: dict[int, int] = {}
+
+    def read(n: int) -> None:
+        try:
+            os.pread(fds[n], 1 << 20, 0)
+        except OSError as exc:
+            errors[n] = exc.errno
+
+    proc = own_server.proc  # type: ignore[attr-defined]
+    before = fetched()
+    os.kill(proc.pid, signal.SIGSTOP)
+    try:
+        a = threading.Thread(target=read, args=(0,))
+        a.start()
+        wait_for(lambda: fetched()["gets"] > before["gets"], 10, "reader A's GET")
+        b = threading.Thread(target=read, args=(1,))
+        b.start()
+        a.join(60)
+        b.join(60)
+        after = fetched()
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    assert errors == {0: errno.EIO, 1: errno.EIO}
+    assert after["gets"] - before["gets"] == 1, "B fetched A's range again"
+    assert os.pread(fds[1], tif.stat().st_size + 1, 0) == tif.read_bytes()  # the store is back
+    for fd in fds:
+        os.close(fd)
+
+
 def test_wrong_credentials_are_a_clear_error_at_start(own_server: object, tmp_path: Path) -> None:
     endpoint = own_server.endpoint  # type: ignore[attr-defined]
     bucket = own_server.create_bucket("creds")  # type: ignore[attr-defined]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vfs.cache import PageCache
+from vfs.errors import ObjectChangedError, StoreError
 
 BUDGET = 100
 
@@ -218,3 +220,49 @@ def test_the_pool_keeps_only_whole_uint8_buffers_within_its_bound() -> None:
     for _ in range(3 * pool.keep_bytes // (8 << 20)):
         pool.give(memoryview(np.empty(8 << 20, np.uint8)))
     assert sum(a.nbytes for a in pool._free) <= pool.keep_bytes
+
+
+def test_a_load_the_store_failed_fails_its_waiters_without_a_second_try() -> None:
+    """A read waiting for a read-ahead decode whose GET failed after its retries gets that
+    failure, not a load of its own with retries of its own (the wait to EIO doubled: 8.2 s
+    with --s3-timeout 2 --s3-retries 1 for a sequential reader, where one GET gives up in 4.1).
+    A waiter that comes after the failure loads again: the store may be back."""
+    cache = PageCache(1 << 20)
+    started, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def failing() -> bytes:
+        calls.append("fail")
+        started.set()
+        assert release.wait(10)
+        raise ObjectChangedError("s3://b/k: object replaced since it was opened")
+
+    def fine() -> bytes:
+        calls.append("ok")
+        return b"page"
+
+    errors: list[BaseException] = []
+
+    def load(loader: Callable[[], bytes]) -> None:
+        try:
+            cache.get_or_load("k", loader)
+        except StoreError as exc:
+            errors.append(exc)
+
+    t1 = threading.Thread(target=load, args=(failing,))
+    t1.start()
+    assert started.wait(10)
+    entry = cache._inflight["k"]
+    done, waiting = getattr(entry, "done", entry), threading.Event()
+    wait = done.wait
+    done.wait = lambda timeout=None: waiting.set() or wait(timeout)  # type: ignore[method-assign]
+    t2 = threading.Thread(target=load, args=(fine,))
+    t2.start()
+    assert waiting.wait(10)  # the second caller waits on the first load
+    release.set()
+    t1.join(10)
+    t2.join(10)
+    assert calls == ["fail"]
+    assert [type(e) for e in errors] == [ObjectChangedError, ObjectChangedError]
+    assert "object replaced" in str(errors[1])
+    assert cache.get_or_load("k", fine) == b"page" and calls == ["fail", "ok"]
