@@ -364,3 +364,25 @@ def test_fetched_counts_the_bytes_a_get_fetches_again() -> None:
     assert fetched.add(100, "s3://b/a", '"2"', 0) == 0  # another version: its own bytes
     assert fetched.add(100, "s3://b/b", '"1"', 0) == 0
     assert (fetched.gets, fetched.bytes, fetched.refetched) == (5, 550, 100)
+
+
+def test_read_ahead_for_a_chunk_stored_before_its_spans_keeps_them(
+    lazy: tuple[S3Object, LazyPool, Fetches],
+) -> None:
+    """`decant pack`'s threads may store a plane's chunk after the next one's (here plane 1's
+    chunk is entry 2, plane 2's entry 1). Read-ahead for plane 3 fetched entries 2-5 (the
+    budget's four chunks); asked then for plane 2's (entry 1, stored before them), it dropped
+    the farthest span to make room although it still asked for it, and fetched its chunks again
+    later: a cold `dd` of a 512 MiB original fetched 8.4 MiB twice. The spans stay; entry 1
+    is left to the read that needs it, and no byte is fetched twice."""
+    source, pool, fetches = lazy
+    source.readahead_bytes = 4 * CHUNK
+    source.read(*first_read(0))
+    source.prefetch_run([first_read(i) for i in range(2, 8)])
+    pool.run_next(0)
+    source.prefetch_run([first_read(i) for i in range(1, 5)])  # as many as the budget holds
+    for i in range(1, 8):
+        assert source.read(*first_read(i)) == BLOB[i * CHUNK : (i + 1) * CHUNK]
+        source.prefetch_run([first_read(k) for k in range(i + 1, COUNT)])
+    assert fetches.twice() == []
+    assert fetches.calls[:3] == [first_read(0), (2 * CHUNK, 4 * CHUNK), first_read(1)]
