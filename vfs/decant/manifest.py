@@ -6,6 +6,8 @@ import json
 import math
 import re
 import threading
+from array import array
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -18,6 +20,8 @@ from vfs.decant.limits import (
     MiB,
     manifest_shape,
 )
+from vfs.decant.manifest_text import ManifestText
+from vfs.decant.pagetable import PageTable
 from vfs.errors import ManifestError, UnsupportedFormatError
 
 MODES = ("byte-exact", "verbatim", "series")
@@ -61,7 +65,7 @@ class MemberRecord:
     byteorder: str
     husk_array: str = ""
     husk_raw_size: int = 0
-    pages: tuple[PageRecord, ...] = ()
+    pages: Sequence[PageRecord] = ()  # a PageTable when parsed
     subarchive: str = ""
 
     def to_json(self) -> dict[str, Any]:
@@ -80,7 +84,7 @@ class Manifest:
     byteorder: str = "<"
     decant_version: str = ""
     pixel_codec: str = ""
-    pages: tuple[PageRecord, ...] = ()
+    pages: Sequence[PageRecord] = ()  # a PageTable when parsed
     plane_order: tuple[str, ...] = ()
     husk_raw_size: int = 0
     notes: str = ""
@@ -157,15 +161,34 @@ class _Fields:
         return bool(self._get(key, bool, default))
 
     def ints(self, key: str) -> tuple[int, ...]:
-        values = self._get(key, list, _REQUIRED)
-        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        """A list of non-negative integers: a tuple, or the array a large page's list was read
+        into (manifest_text), kept as it is until it is copied into the PageTable."""
+        if isinstance(self.doc.get(key), array):
+            values = self.doc[key]
+            valid = not values or min(values) >= 0
+        else:
+            values = self._get(key, list, _REQUIRED)
+            valid = all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values)
+        if not valid:
             raise ManifestError(
                 f"{self.source}: {self.where} field '{key}' must be non-negative integers"
             )
-        return tuple(values)
+        return values if isinstance(values, array) else tuple(values)  # type: ignore[return-value]
 
     def list(self, key: str) -> list[Any]:
         return list(self._get(key, list, []))
+
+    def pages(self) -> PageTable:
+        """The page records ManifestText read into a table, or its first refusal raised here,
+        where a document's list of page records is parsed."""
+        table = self.doc.get("pages")
+        if not isinstance(table, PageTable):
+            where = "pages" if self.where == "manifest" else f"{self.where}.pages"
+            records = enumerate(self.list("pages"))
+            return PageTable([parse_page(p, f"{where}[{i}]", self.source) for i, p in records])
+        if table.error is not None:
+            raise table.error
+        return table
 
 
 _REQUIRED = object()
@@ -179,7 +202,7 @@ def _names(types: type | tuple[type, ...]) -> str:
     return " or ".join(t.__name__ for t in _as_tuple(types))
 
 
-def _parse_page(doc: Any, where: str, source: str) -> PageRecord:
+def parse_page(doc: Any, where: str, source: str) -> PageRecord:
     f = _Fields(doc, where, source)
     page = PageRecord(
         index=f.int("index"),
@@ -218,9 +241,7 @@ def _check_byteorder(value: str, where: str, source: str) -> str:
 
 def _parse_member(doc: Any, where: str, source: str) -> MemberRecord:
     f = _Fields(doc, where, source)
-    pages = tuple(
-        _parse_page(p, f"{where}.pages[{i}]", source) for i, p in enumerate(f.list("pages"))
-    )
+    pages = f.pages()
     return MemberRecord(
         relpath=f.str("relpath"),
         original_size=f.size("original_size"),
@@ -249,16 +270,16 @@ def parse_manifest(raw: bytes, source: str) -> Manifest:
     too_much = manifest_shape(raw)
     if too_much:
         raise ManifestError(f"{source}: manifest not parsed: it holds {too_much}")
-    try:
-        if len(raw) <= BIG_MANIFEST_BYTES:
-            doc = json.loads(raw)
-        else:  # a large one (~4 bytes of objects a byte of text) waits for any other
-            with _BIG_PARSE:
-                doc = json.loads(raw)
-    except RecursionError:
-        raise ManifestError(f"{source}: manifest JSON is nested too deeply") from None
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an int of 5000 digits
-        raise ManifestError(f"{source}: manifest is not valid JSON ({exc})") from None
+    if len(raw) <= BIG_MANIFEST_BYTES:
+        doc = ManifestText(raw, source).document()
+    else:  # a large one (~70 MiB of memory at the bounds) waits for any other
+        with _BIG_PARSE:
+            doc = ManifestText(raw, source).document()
+    return manifest_from_doc(doc, source)
+
+
+def manifest_from_doc(doc: Any, source: str) -> Manifest:
+    """The Manifest a parsed document holds: ManifestText's, or `json.loads`' (tests compare)."""
     f = _Fields(doc, "manifest", source)
     fmt = f._get("format", int, _REQUIRED)
     if fmt not in SUPPORTED_FORMATS:
@@ -298,7 +319,7 @@ def parse_manifest(raw: bytes, source: str) -> Manifest:
         byteorder=_check_byteorder(f.str("byteorder", "<"), "manifest", source),
         decant_version=f.str("decant_version", ""),
         pixel_codec=f.str("pixel_codec", ""),
-        pages=tuple(_parse_page(p, f"pages[{i}]", source) for i, p in enumerate(f.list("pages"))),
+        pages=f.pages(),
         plane_order=tuple(plane_order),
         husk_raw_size=f.size("husk_raw_size", 0),
         notes=f.str("notes", ""),
@@ -321,12 +342,11 @@ def _check_consistency(m: Manifest, source: str) -> None:
             )
         if len(m.original_sha256) != 64:
             raise ManifestError(f"{source}: original_sha256 is not a 64-digit hex digest")
-    if m.mode == "byte-exact" and m.husk_raw_size + sum(p.nbytes for p in m.pages) != (
-        m.original_size
-    ):
+    pixels = _table(m.pages).nbytes()
+    if m.mode == "byte-exact" and m.husk_raw_size + pixels != m.original_size:
         raise ManifestError(
             f"{source}: husk_raw_size + pixel bytes != original_size "
-            f"({m.husk_raw_size} + {sum(p.nbytes for p in m.pages)} != {m.original_size})"
+            f"({m.husk_raw_size} + {pixels} != {m.original_size})"
         )
     _check_counts(m, source)
     if m.mode == "series":
@@ -366,18 +386,24 @@ def _file_name(name: str) -> bool:
 
 def _check_counts(m: Manifest, source: str) -> None:
     """Pages and segments within bounds; a page index (a plane of `0`) used once per archive."""
-    pages = [*m.pages, *(p for mem in m.members for p in mem.pages)]
-    if len(pages) > MAX_PAGES:
-        raise ManifestError(f"{source}: manifest lists {len(pages)} pages, more than {MAX_PAGES}")
-    segments = sum(len(p.dataoffsets) for p in pages)
+    tables = [_table(m.pages), *(_table(mem.pages) for mem in m.members)]
+    pages = sum(map(len, tables))
+    if pages > MAX_PAGES:
+        raise ManifestError(f"{source}: manifest lists {pages} pages, more than {MAX_PAGES}")
+    segments = sum(t.segments() for t in tables)
     if segments > MAX_SEGMENTS:
         raise ManifestError(
             f"{source}: manifest lists {segments} pixel segments, more than {MAX_SEGMENTS}"
         )
-    _unique([p.index for p in pages], "page index", source)
+    _unique((i for t in tables for i in t.indexes()), "page index", source)
 
 
-def _unique(values: list[Any], what: str, source: str) -> None:
+def _table(pages: Sequence[PageRecord]) -> PageTable:
+    """Pages as a table: parsed ones already are; a writer's tuple of records is made one."""
+    return pages if isinstance(pages, PageTable) else PageTable(pages)
+
+
+def _unique(values: Iterable[Any], what: str, source: str) -> None:
     seen: set[Any] = set()
     for value in values:
         if value in seen:

@@ -1,0 +1,282 @@
+"""Reading a manifest's JSON text in bounded memory: the pages go into a PageTable as read.
+
+`json.loads` of a manifest at mode D's bounds (2^18 pages, 2^21 segments) costs ~480 MiB: the
+text decoded whole (~125 MiB), every page a dict of lists of distinct ints; and a hostile text
+within the same counts more (distinct keys, which json memoizes for the whole parse; a string
+made 4 bytes a character by one emoji). Here the text is walked as bytes: the manifest object,
+its `members` and every `pages` list by this module, each other value by json's own scanner in
+a window of text of its own. So nothing holds the whole text decoded, a page's dict lives only
+while it is checked, json's key memo lasts one value, and each value's parse, and what the
+manifest keeps besides its pages, is bounded by `json_cost`. A page's integers are 64-bit in
+the table: one of 2^63 or more (no size, offset or count of the format) is refused."""
+
+from __future__ import annotations
+
+import json
+import re
+from array import array
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from vfs.decant.limits import MAX_JSON_COST, human, json_cost, json_kept
+from vfs.decant.pagetable import PAGE_FIELDS, PageTable
+from vfs.errors import DecantError, ManifestError
+
+# What one value other than a page may cost to parse, and what all of them kept may cost.
+MAX_VALUE_COST = MAX_JSON_COST
+MAX_KEPT_COST = MAX_JSON_COST
+# A page record as the packer writes it costs ~10 KiB by json_cost; a larger one (thousands of
+# segments) is walked with its integer lists read straight into arrays.
+MAX_PAGE_COST = 1 << 20
+# A member's names and digest are short: only what a field costs beyond this is counted.
+MEMBER_FIELD_ALLOWANCE = 2048
+MEMBER_FIELDS = frozenset(
+    {
+        "relpath",
+        "original_size",
+        "original_sha256",
+        "byteorder",
+        "husk_array",
+        "husk_raw_size",
+        "pages",
+        "subarchive",
+    }
+)
+_FIRST_WINDOW = 1024  # a page record as the packer writes it: ~500 bytes
+
+_WS = re.compile(rb"[ \t\n\r]*")
+_WS_BYTES = b" \t\n\r"
+_INT_CHARS = re.compile(rb"[0-9, \t\n\r-]*")  # a list of integers and nothing else, unchecked
+_LEADING_ZERO = re.compile(rb"(?<![0-9])-?0[0-9]")
+_INT_LISTS = ("shape", "dataoffsets", "databytecounts")  # a page's lists of integers
+
+
+class _TooCostly(ValueError):
+    """A value whose text could cost more than its budget to parse."""
+
+
+# json's own scanner (C): its key memo lasts one call, so one value's keys at a time.
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once
+
+
+class ManifestText:
+    """The manifest's bytes, read from `pos` on; `source` names the archive in every error."""
+
+    def __init__(self, raw: bytes, source: str) -> None:
+        self.raw, self.source = raw, source
+        self.pos = 3 if raw.startswith(b"\xef\xbb\xbf") else 0  # json.loads allows a UTF-8 BOM
+        self.kept = 0
+
+    def document(self) -> Any:
+        """The manifest: a dict whose `pages` (and each member's) is a PageTable, or whatever
+        other JSON value the text holds (the caller refuses it)."""
+        if json.detect_encoding(self.raw[:4]) not in ("utf-8", "utf-8-sig"):
+            raise ManifestError(f"{self.source}: manifest is not UTF-8 JSON")
+        try:
+            doc = self._object("manifest") if self._peek() == b"{" else self._value(MAX_KEPT_COST)
+            self._skip()
+            if self.pos != len(self.raw):
+                raise self._error("extra data")
+        except RecursionError:  # json's scanner recurses once per nesting level
+            raise ManifestError(f"{self.source}: manifest JSON is nested too deeply") from None
+        except _TooCostly as exc:
+            raise ManifestError(f"{self.source}: manifest not parsed: it holds {exc}") from None
+        except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+            raise ManifestError(f"{self.source}: manifest is not valid JSON ({exc})") from None
+        return doc
+
+    def _object(self, where: str) -> dict[str, Any]:
+        """The manifest or a member record: `pages` and `members` walked, the rest scanned."""
+        doc: dict[str, Any] = {}
+        self.pos += 1  # "{"
+        if self._take(b"}"):
+            return doc
+        while True:
+            start = self.pos
+            key = self._key()
+            if key == "pages" and self._peek() == b"[":
+                doc[key] = self._pages(f"{where}.pages" if where != "manifest" else "pages")
+            elif key == "members" and where == "manifest" and self._peek() == b"[":
+                doc[key] = self._members()
+            elif where == "manifest" or key in MEMBER_FIELDS:
+                doc[key] = self._value(MAX_VALUE_COST)
+                self._keep(self.raw[start : self.pos], 0 if where == "manifest" else 1)
+            else:  # the reader ignores a member's other fields: read, not kept
+                self._value(MAX_VALUE_COST)
+            if not self._take(b","):
+                self._expect(b"}")
+                return doc
+
+    def _members(self) -> list[Any]:
+        members: list[Any] = []
+        self.pos += 1  # "["
+        if self._take(b"]"):
+            return members
+        while True:
+            where = f"members[{len(members)}]"
+            is_object = self._peek() == b"{"
+            start = self.pos
+            members.append(self._object(where) if is_object else self._value(MAX_VALUE_COST))
+            if not is_object:
+                self._keep(self.raw[start : self.pos], 0)
+            if not self._take(b","):
+                self._expect(b"]")
+                return members
+
+    def _pages(self, where: str) -> PageTable:
+        """Each page parsed, checked and added to the table; the first refusal kept, not raised,
+        so that errors the old parser raised first (an unsupported format) still come first."""
+        from vfs.decant.manifest import parse_page
+
+        table = PageTable()
+        self.pos += 1  # "["
+        if self._take(b"]"):
+            return table
+        i = 0
+        while True:
+            doc = self._page()
+            if table.error is None:
+                try:
+                    table.append(parse_page(doc, f"{where}[{i}]", self.source))
+                except DecantError as exc:
+                    table.error = exc
+                except OverflowError:  # no size, offset or count of the format is 2^63
+                    table.error = ManifestError(
+                        f"{self.source}: {where}[{i}] holds an integer of 2^63 or more"
+                    )
+            i += 1
+            if not self._take(b","):
+                self._expect(b"]")
+                return table
+
+    def _page(self) -> Any:
+        """One page record as a dict: scanned at once when small, else walked."""
+        start = self.pos
+        try:
+            return self._value(MAX_PAGE_COST)
+        except _TooCostly:
+            self.pos = start
+        if self._peek() != b"{":
+            return self._value(MAX_VALUE_COST)
+        doc: dict[str, Any] = {}
+        self.pos += 1
+        if self._take(b"}"):
+            return doc
+        while True:
+            key = self._key()
+            ints = self._int_list() if key in _INT_LISTS and self._peek() == b"[" else None
+            value = ints if ints is not None else self._value(MAX_VALUE_COST)
+            if key in PAGE_FIELDS:  # the reader ignores a page's other fields: read, not kept
+                doc[key] = value
+            if not self._take(b","):
+                self._expect(b"}")
+                return doc
+
+    def _key(self) -> str:
+        """A property name and its colon."""
+        if self._peek() != b'"':
+            raise self._error("expecting a property name enclosed in double quotes")
+        key: str = self._value(MAX_VALUE_COST)
+        self._expect(b":")
+        return key
+
+    def _int_list(self) -> array[int] | None:
+        """A list of integers read straight into an array (8 bytes each, not ~40), or None
+        (pos unmoved) when it holds anything else: then it is scanned as any value is."""
+        end = self.raw.find(b"]", self.pos)
+        body = self.raw[self.pos + 1 : end]
+        if end < 0 or not _INT_CHARS.fullmatch(body) or _LEADING_ZERO.search(body):
+            return None
+        values = array("q")
+        try:  # int() refuses what JSON does but for leading zeros: "", "1 2", "--1", "1-"
+            for piece in _pieces(body, 1 << 16) if body.strip(_WS_BYTES) else ():
+                values.extend(map(int, piece.split(b",")))
+        except (ValueError, OverflowError):  # the scanner says which (2^63 or more: the page)
+            return None
+        self.pos = end + 1
+        return values
+
+    def _value(self, budget: int) -> Any:
+        """The JSON value at pos, scanned by json's scanner in a window of the text that grows
+        until the value ends inside it, refused when the window could cost more than `budget`."""
+        self._skip()
+        start, size = self.pos, _FIRST_WINDOW
+        while True:
+            end = min(start + size, len(self.raw))
+            final = end == len(self.raw)
+            for _ in range(3):  # not inside a UTF-8 character (4 bytes at most)
+                if not final and self.raw[end] & 0xC0 == 0x80:
+                    end -= 1
+            window = self.raw[start:end]
+            if json_cost(window) > budget:
+                raise _TooCostly(
+                    f"a value at byte {start} that could take more than {human(budget)} to parse"
+                )
+            parsed = self._scan(window, start, final)
+            if parsed is not None:
+                value, length = parsed
+                self.pos = start + length
+                return value
+            size *= 2
+
+    def _scan(self, window: bytes, start: int, final: bool) -> tuple[Any, int] | None:
+        """(value, its length in bytes) when the value ends inside `window`, None when more
+        text is needed; a malformed value raises once no more text could mend it."""
+        try:
+            text = window.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError as exc:
+            if exc.start == 0:
+                raise
+            text, final = window[: exc.start].decode(), True  # more text cannot mend it
+        try:
+            value, stop = _SCAN(text, 0)
+        except StopIteration as exc:  # no value at exc.value: the text may end there
+            if not final:
+                return None
+            raise self._error("expecting a value", start + exc.value) from None
+        except json.JSONDecodeError as exc:
+            if not final:
+                return None
+            raise self._error(exc.msg, start + exc.pos) from None
+        if stop == len(text) and not final:  # a number or literal may go on past the window
+            return None
+        return value, stop if text.isascii() else len(text[:stop].encode("utf-8", "surrogatepass"))
+
+    def _keep(self, text: bytes, member: int) -> None:
+        """Count what a kept value costs; a member's short fields are free (there are many)."""
+        self.kept += max(0, json_kept(text) - member * MEMBER_FIELD_ALLOWANCE)
+        if self.kept > MAX_KEPT_COST:
+            raise _TooCostly(
+                f"fields besides its pages that could take more than {human(MAX_KEPT_COST)}"
+            )
+
+    def _skip(self) -> None:
+        m = _WS.match(self.raw, self.pos)
+        self.pos = m.end() if m else self.pos
+
+    def _peek(self) -> bytes:
+        self._skip()
+        return self.raw[self.pos : self.pos + 1]
+
+    def _take(self, byte: bytes) -> bool:
+        if self._peek() == byte:
+            self.pos += 1
+            return True
+        return False
+
+    def _expect(self, byte: bytes) -> None:
+        if not self._take(byte):
+            raise self._error(f"expecting {byte.decode()!r}")
+
+    def _error(self, what: str, at: int | None = None) -> ValueError:
+        return ValueError(f"{what} at byte {self.pos if at is None else at}")
+
+
+def _pieces(body: bytes, size: int) -> Iterator[bytes]:
+    """`body` in pieces of about `size` bytes, each cut after a comma."""
+    start = 0
+    while start < len(body):
+        cut = body.find(b",", start + size)
+        end = len(body) if cut < 0 else cut
+        yield body[start:end]
+        start = end + 1
