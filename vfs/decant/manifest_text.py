@@ -59,6 +59,10 @@ class _TooCostly(ValueError):
 _SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once
 
 
+def _too_costly(start: int, budget: int) -> _TooCostly:
+    return _TooCostly(f"a value at byte {start} that could take more than {human(budget)} to parse")
+
+
 class ManifestText:
     """The manifest's bytes, read from `pos` on; `source` names the archive in every error."""
 
@@ -198,26 +202,44 @@ class ManifestText:
 
     def _value(self, budget: int) -> Any:
         """The JSON value at pos, scanned by json's scanner in a window of the text that grows
-        until the value ends inside it, refused when the window could cost more than `budget`."""
+        until the value ends inside it, refused when it does not end inside the largest window
+        whose text could cost at most `budget` to parse."""
         self._skip()
-        start, size = self.pos, _FIRST_WINDOW
+        start, size, largest = self.pos, _FIRST_WINDOW, False
         while True:
-            end = min(start + size, len(self.raw))
-            final = end == len(self.raw)
-            for _ in range(3):  # not inside a UTF-8 character (4 bytes at most)
-                if not final and self.raw[end] & 0xC0 == 0x80:
-                    end -= 1
-            window = self.raw[start:end]
+            window, final = self._window(start, size)
             if json_cost(window) > budget:
-                raise _TooCostly(
-                    f"a value at byte {start} that could take more than {human(budget)} to parse"
-                )
+                size, largest = self._affordable(start, size // 2, size, budget), True
+                window, final = self._window(start, size)
             parsed = self._scan(window, start, final)
             if parsed is not None:
                 value, length = parsed
                 self.pos = start + length
                 return value
+            if largest:
+                raise _too_costly(start, budget)
             size *= 2
+
+    def _window(self, start: int, size: int) -> tuple[bytes, bool]:
+        """Text from `start`, about `size` bytes, not cut inside a character; and whether it
+        runs to the end of the manifest."""
+        end = min(start + size, len(self.raw))
+        final = end == len(self.raw)
+        for _ in range(3):  # a UTF-8 character is 4 bytes at most
+            if not final and self.raw[end] & 0xC0 == 0x80:
+                end -= 1
+        return self.raw[start:end], final
+
+    def _affordable(self, start: int, low: int, high: int, budget: int) -> int:
+        """The largest window size in [low, high) whose text costs at most `budget`, to 4 KiB."""
+        if json_cost(self._window(start, low)[0]) > budget:
+            raise _too_costly(start, budget)
+        while high - low > 4096:
+            mid = (low + high) // 2
+            low, high = (
+                (mid, high) if json_cost(self._window(start, mid)[0]) <= budget else (low, mid)
+            )
+        return low
 
     def _scan(self, window: bytes, start: int, final: bool) -> tuple[Any, int] | None:
         """(value, its length in bytes) when the value ends inside `window`, None when more
