@@ -131,11 +131,16 @@ def manifest_texts(draw: st.DrawFn) -> bytes:
     """A valid manifest, or one with a field dropped or replaced, or its text cut or spliced."""
     doc = draw(manifest_docs())
     target = draw(st.sampled_from(objects(doc)))
-    change = draw(st.sampled_from(["none", "none", "drop", "replace", "cut", "splice"]))
+    change = draw(st.sampled_from(["none", "none", "drop", "replace", "ints", "cut", "splice"]))
     if change == "drop" and target:
         del target[draw(st.sampled_from(sorted(target)))]
     if change == "replace":
         target[draw(st.sampled_from([*sorted(target), "new"]))] = draw(JSON)
+    if change == "ints" and "dtype" in target:  # a page's list of integers, perhaps not all so
+        key = draw(st.sampled_from(["shape", "dataoffsets", "databytecounts"]))
+        at = draw(st.integers(0, len(target[key]) - 1))
+        odd = draw(st.sampled_from([-target[key][at], -1, True, float(target[key][at]), None]))
+        target[key][at] = odd
     raw = json.dumps(
         doc,
         indent=draw(st.sampled_from([None, 0, 1, 3])),

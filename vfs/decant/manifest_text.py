@@ -48,6 +48,7 @@ _WS = re.compile(rb"[ \t\n\r]*")
 _WS_BYTES = b" \t\n\r"
 _INT_CHARS = re.compile(rb"[0-9, \t\n\r-]*")  # a list of integers and nothing else, unchecked
 _LEADING_ZERO = re.compile(rb"(?<![0-9])-?0[0-9]")
+_AFTER_VALUE = frozenset(" \t\n\r,]}:")  # what follows a value in valid JSON ("" does not)
 _INT_LISTS = ("shape", "dataoffsets", "databytecounts")  # a page's lists of integers
 
 
@@ -260,7 +261,7 @@ class ManifestText:
             if not final:
                 return None
             raise self._error(exc.msg, start + exc.pos) from None
-        if stop == len(text) and not final:  # a number or literal may go on past the window
+        if not final and text[stop : stop + 1] not in _AFTER_VALUE:  # "1.5e3" cut as "1." or "1.5e"
             return None
         return value, stop if text.isascii() else len(text[:stop].encode("utf-8", "surrogatepass"))
 
