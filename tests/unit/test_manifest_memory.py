@@ -242,6 +242,7 @@ def verbatim(extra: bytes) -> bytes:
 
 
 N_VALUES = MAX_MANIFEST_ITEMS - 1000
+PAGE_KEYS = [b"index", b"shape", b"dtype", b"predictor", b"tilewidth", b"tilelength", b"x", b"y"]
 HOSTILE = {
     # json memoizes every key for the whole of json.loads: 600 MiB
     "distinct keys": lambda: verbatim(
@@ -267,6 +268,13 @@ HOSTILE = {
             b'"tilelength": 0, "k": {%s}' % b",".join(b'"k%d":0' % (40 * i + k) for k in range(40))
             for i in range(1 << 16)
         )
+    ),
+    # one page of the most segments the counts allow (2.6 times the bound): 440 MiB
+    "a page of 5.5 M segments": lambda: one_page((MAX_MANIFEST_ITEMS - 100) // 2),
+    # a page's fields, each a long string, all kept until the page is checked: 250 MiB
+    "a page of long fields": lambda: at_bounds(1, 1).replace(
+        b'"index": 0, "shape": [512, 512], "dtype": "uint16"',
+        b",".join(b'"%s": "%s"' % (k, b"a" * (15 * MiB)) for k in PAGE_KEYS),
     ),
     "members with long names": lambda: (
         HEAD.replace(b"byte-exact", b"series")
@@ -315,3 +323,17 @@ def test_an_integer_of_64_bits_or_more_in_a_page_is_refused_naming_it() -> None:
     raw = one_page(2).replace(b'"index": 0', b'"index": %d' % (1 << 63))
     with pytest.raises(ManifestError, match=r"^p\.zarr\.zip: pages\[0\] holds an integer of 2\^63"):
         parse_manifest(raw, "p.zarr.zip")
+
+
+def test_a_repeated_pages_field_counts_once_as_json_loads_reads_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The last of repeated keys is the one json.loads keeps: the pages of the first do not
+    count towards mode D's bounds (here the tables would hold 1.5 times as many pages)."""
+    monkeypatch.setattr(manifest_text, "MAX_PAGES", 1000)
+    monkeypatch.setattr("vfs.decant.manifest.MAX_PAGES", 1000)
+    raw = at_bounds(750, 1)
+    tail = raw[raw.index(b', "pages": [') :]
+    raw = raw[: -len(tail)] + tail[:-1] + tail
+    m = parse_manifest(raw, "twice.zarr.zip")
+    assert m == old_parse(raw, "twice.zarr.zip") and len(m.pages) == 750

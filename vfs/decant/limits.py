@@ -38,8 +38,8 @@ MAX_METADATA_BYTES = 1 * MiB
 # package's manifest.json; metadata documents less. A parsed document is ~50-100 bytes of
 # Python objects a value: counting values alone let a 10 M-value document cost 600-750 MiB.
 # A decant manifest is bounded by its shape instead (manifest_shape): one at mode D's bounds
-# is ~130 MiB of text that parses into ~480 MiB, legitimately, so such a parse is let through
-# one at a time (manifest.py).
+# is ~90-125 MiB of text that json.loads made ~480 MiB of objects: it is read as bytes instead,
+# its pages into columns (manifest_text.py, ~72 MiB), and parsed one at a time (manifest.py).
 MAX_JSON_COST = 48 * MiB
 MAX_METADATA_COST = 16 * MiB
 

@@ -18,7 +18,14 @@ from array import array
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from vfs.decant.limits import MAX_JSON_COST, human, json_cost, json_kept
+from vfs.decant.limits import (
+    MAX_JSON_COST,
+    MAX_PAGES,
+    MAX_SEGMENTS,
+    human,
+    json_cost,
+    json_kept,
+)
 from vfs.decant.pagetable import PAGE_FIELDS, PageTable
 from vfs.errors import DecantError, ManifestError
 
@@ -71,6 +78,7 @@ class ManifestText:
         self.raw, self.source = raw, source
         self.pos = 3 if raw.startswith(b"\xef\xbb\xbf") else 0  # json.loads allows a UTF-8 BOM
         self.kept = 0
+        self.stored = [0, 0]  # pages and segments in the tables the document holds
 
     def document(self) -> Any:
         """The manifest: a dict whose `pages` (and each member's) is a PageTable, or whatever
@@ -100,8 +108,10 @@ class ManifestText:
             start = self.pos
             key = self._key()
             if key == "pages" and self._peek() == b"[":
+                self._forget(doc.pop(key, None))  # a repeated key: the last one counts
                 doc[key] = self._pages(f"{where}.pages" if where != "manifest" else "pages")
             elif key == "members" and where == "manifest" and self._peek() == b"[":
+                self._forget(doc.pop(key, None))
                 doc[key] = self._members()
             elif where == "manifest" or key in MEMBER_FIELDS:
                 doc[key] = self._value(MAX_VALUE_COST)
@@ -142,13 +152,16 @@ class ManifestText:
             doc = self._page()
             if table.error is None:
                 try:
-                    table.append(parse_page(doc, f"{where}[{i}]", self.source))
+                    page = parse_page(doc, f"{where}[{i}]", self.source)
+                    table.append(page)
                 except DecantError as exc:
                     table.error = exc
                 except OverflowError:  # no size, offset or count of the format is 2^63
                     table.error = ManifestError(
                         f"{self.source}: {where}[{i}] holds an integer of 2^63 or more"
                     )
+                else:
+                    self._count(1, len(page.dataoffsets))
             i += 1
             if not self._take(b","):
                 self._expect(b"]")
@@ -167,12 +180,15 @@ class ManifestText:
         self.pos += 1
         if self._take(b"}"):
             return doc
+        spent = 0  # by the fields kept until the page is checked
         while True:
             key = self._key()
             ints = self._int_list() if key in _INT_LISTS and self._peek() == b"[" else None
-            value = ints if ints is not None else self._value(MAX_VALUE_COST)
+            start = self.pos
+            value = ints if ints is not None else self._value(MAX_VALUE_COST - spent)
             if key in PAGE_FIELDS:  # the reader ignores a page's other fields: read, not kept
                 doc[key] = value
+                spent += 0 if ints is not None else json_cost(self.raw[start : self.pos])
             if not self._take(b","):
                 self._expect(b"}")
                 return doc
@@ -196,6 +212,7 @@ class ManifestText:
         try:  # int() refuses what JSON does but for leading zeros: "", "1 2", "--1", "1-"
             for piece in _pieces(body, 1 << 16) if body.strip(_WS_BYTES) else ():
                 values.extend(map(int, piece.split(b",")))
+                self._count(0, len(values), counted=False)
         except (ValueError, OverflowError):  # the scanner says which (2^63 or more: the page)
             return None
         self.pos = end + 1
@@ -264,6 +281,29 @@ class ManifestText:
         if not final and text[stop : stop + 1] not in _AFTER_VALUE:  # "1.5e3" cut as "1." or "1.5e"
             return None
         return value, stop if text.isascii() else len(text[:stop].encode("utf-8", "surrogatepass"))
+
+    def _count(self, pages: int, segments: int, counted: bool = True) -> None:
+        """Refuse a document whose tables would hold more than mode D's bounds, before they do
+        (the text's counts would allow ~1.7 times as many pages, ~2.6 times the segments)."""
+        total = (self.stored[0] + pages, self.stored[1] + segments)
+        if counted:
+            self.stored[:] = total
+        if total[0] > MAX_PAGES:
+            raise ManifestError(f"{self.source}: manifest lists more than {MAX_PAGES} pages")
+        if total[1] > MAX_SEGMENTS:
+            raise ManifestError(
+                f"{self.source}: manifest lists more than {MAX_SEGMENTS} pixel segments"
+            )
+
+    def _forget(self, value: Any) -> None:
+        """Uncount the tables of a repeated `pages` or `members`, which the last one replaces."""
+        tables = [value] if isinstance(value, PageTable) else []
+        if isinstance(value, list):
+            tables = [m["pages"] for m in value if isinstance(m, dict) and "pages" in m]
+        for table in tables:
+            if isinstance(table, PageTable):
+                self.stored[0] -= len(table)
+                self.stored[1] -= table.segments()
 
     def _keep(self, text: bytes, member: int) -> None:
         """Count what a kept value costs; a member's short fields are free (there are many)."""
