@@ -11,7 +11,7 @@ import math
 import os
 import stat
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
@@ -420,7 +420,7 @@ class PixelReader(OriginalReader):
     def __init__(
         self,
         archive: DecantArchive,
-        pages: tuple[PageRecord, ...],
+        pages: Sequence[PageRecord],
         size: int,
         sha256: str,
         husk: str,
@@ -470,7 +470,7 @@ class PixelReader(OriginalReader):
         window = (READAHEAD_PLANES + DROP_BEHIND + 1) * plane
         return len(self.pages) * plane + window > cache.max_bytes
 
-    def _check_pixels(self, pages: tuple[PageRecord, ...], source: str) -> tuple[int, ...]:
+    def _check_pixels(self, pages: Sequence[PageRecord], source: str) -> tuple[int, ...]:
         """`0` holds one plane per chunk, each page's plane: its leading shape, checked."""
         spec = self._pixels
         page_ndims = {len(p.shape) for p in pages}
@@ -512,7 +512,7 @@ class PixelReader(OriginalReader):
             )
         return ()
 
-    def _check_stored(self, pages: tuple[PageRecord, ...]) -> None:
+    def _check_stored(self, pages: Sequence[PageRecord]) -> None:
         """Every plane the pages need is in the store (when the store can tell without reads)."""
         store, spec = self.archive.store, self._pixels
         if not spec.all_stored:
