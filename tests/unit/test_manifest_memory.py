@@ -337,3 +337,13 @@ def test_a_repeated_pages_field_counts_once_as_json_loads_reads_it(
     raw = raw[: -len(tail)] + tail[:-1] + tail
     m = parse_manifest(raw, "twice.zarr.zip")
     assert m == old_parse(raw, "twice.zarr.zip") and len(m.pages) == 750
+
+
+def test_a_manifest_in_utf_16_is_refused_and_a_utf_8_bom_read() -> None:
+    """json.loads read UTF-16 and UTF-32 too; decant writes UTF-8, as RFC 8259 asks."""
+    text = one_page(2).decode()
+    with pytest.raises(ManifestError, match=r"^u\.zarr\.zip: manifest is not UTF-8 JSON"):
+        parse_manifest(text.encode("utf-16"), "u.zarr.zip")
+    assert parse_manifest(text.encode("utf-8-sig"), "u.zarr.zip") == old_parse(
+        text.encode(), "u.zarr.zip"
+    )

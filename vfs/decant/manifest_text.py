@@ -267,7 +267,10 @@ class ManifestText:
         except UnicodeDecodeError as exc:
             if exc.start == 0:
                 raise
-            text, final = window[: exc.start].decode(), True  # more text cannot mend it
+            text, final = (
+                window[: exc.start].decode("utf-8", "surrogatepass"),
+                True,
+            )  # more text cannot mend it
         try:
             value, stop = _SCAN(text, 0)
         except StopIteration as exc:  # no value at exc.value: the text may end there
