@@ -261,12 +261,13 @@ HOSTILE = {
         b'"x": [' + b",".join(b'"s%d"' % i for i in range(N_VALUES)) + b"]"
     ),
     "deep nesting": lambda: verbatim(b'"x": ' + b"[" * 100_000 + b"]" * 100_000),
-    # every page with 40 keys of its own: each page's keys die with it (~250 MiB)
+    # every page with 40 long keys of its own: each page's keys die with it
     "pages with keys of their own": lambda: (
-        at_bounds(1 << 16, 1).replace(b'"tilelength": 0}', b"%s}")
+        at_bounds(1 << 15, 1).replace(b'"tilelength": 0}', b"%s}")
         % tuple(
-            b'"tilelength": 0, "k": {%s}' % b",".join(b'"k%d":0' % (40 * i + k) for k in range(40))
-            for i in range(1 << 16)
+            b'"tilelength": 0, "k": {%s}'
+            % b",".join(b'"%s%d":0' % (b"k" * 24, 40 * i + k) for k in range(40))
+            for i in range(1 << 15)
         )
     ),
     # one page of the most segments the counts allow (2.6 times the bound): 440 MiB
