@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -29,6 +30,7 @@ class DecantBackend:
     def __init__(self, cache: PageCache, digests: DigestSource | None = None) -> None:
         self.cache = cache
         self.digests = digests
+        self.shared = _SharedArchives()
 
     def chunk_digests(self, path: Path) -> dict[str, int]:
         """xxh3 of every stored chunk, for the adapter to record (reads the whole archive)."""
@@ -55,10 +57,8 @@ class DecantBackend:
             return _describe(archive, key.rstrip("/").rpartition("/")[2])
 
     def open(self, path: Path, member: str, entry: Entry) -> DecantFile:
-        from vfs.decant.reader import DecantArchive
-
-        archive = DecantArchive.open(path, self.digests(path) if self.digests else None)
-        return _open_original(archive, member, self.cache)
+        digests = self.digests(path) if self.digests else None
+        return self.shared.open(path, digests, member, self.cache)
 
     def open_at(
         self,
@@ -115,6 +115,93 @@ def _open_original(archive: DecantArchive, member: str, cache: PageCache) -> Dec
         raise
 
 
+# An opened local archive, as the handles sharing it see it: stat identity, digests or not.
+_Key = tuple[str, int, int, int, int, int, bool]
+
+
+class _Shared:
+    def __init__(self, archive: DecantArchive) -> None:
+        self.archive = archive
+        self.users = 0
+        self.lock = threading.Lock()  # open_original fills the archive's lazy maps
+
+
+class _SharedArchives:
+    """Opened local archives, one per archive version, shared by every handle open on it.
+
+    Opening parses the zip's central directory and the manifest: ~0.9 KiB of objects per zip
+    entry, 175 MiB for an archive of 200 000 chunks. Each handle used to open its own, so one
+    user holding 8 handles of such an archive drove the daemon to 1.6 GiB, whatever the cache
+    size. A handle now joins the archive another handle of the same version opened; the last
+    to close closes it. The version is the path's lstat (device, inode, size, mtime, ctime):
+    a file rewritten or replaced, or a link put in its place, is a new version, opened anew
+    under the store's own rules."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: dict[_Key, _Shared] = {}
+
+    def open(
+        self, path: Path, digests: Mapping[str, int] | None, member: str, cache: PageCache
+    ) -> DecantFile:
+        from vfs.decant.reader import DecantArchive
+
+        key = _version(path, digests is not None)
+        with self._lock:
+            shared = self._open.get(key) if key is not None else None
+            if shared is not None:
+                shared.users += 1
+        if shared is None:
+            archive = DecantArchive.open(path, digests)
+            if key is None or _opened(archive) != key[1:6]:
+                return _open_original(archive, member, cache)  # changed meanwhile: not shared
+            with self._lock:
+                shared = self._open.get(key)
+                if shared is None:
+                    shared = self._open[key] = _Shared(archive)
+                    archive = None
+                shared.users += 1
+            if archive is not None:  # another handle opened it first: use that one
+                archive.close()
+        assert key is not None
+        try:
+            with shared.lock:
+                reader = shared.archive.open_original(member, cache)
+        except BaseException:
+            self._release(key, shared)
+            raise
+        return DecantFile(shared.archive, reader, lambda: self._release(key, shared))
+
+    def _release(self, key: _Key, shared: _Shared) -> None:
+        with self._lock:
+            shared.users -= 1
+            if shared.users > 0:
+                return
+            if self._open.get(key) is shared:
+                del self._open[key]
+        shared.archive.close()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+
+def _version(path: Path, digests: bool) -> _Key | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    ids = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    return (str(path), *ids, digests)
+
+
+def _opened(archive: DecantArchive) -> tuple[int, int, int, int, int] | None:
+    st = archive.store.stat
+    if st is None:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def _file_entry(size: int, sha256: str, mode: str) -> Entry:
     xattrs = {"user.decant.sha256": sha256, "user.decant.mode": mode}
     return Entry(size=size, sha256=sha256, xattrs=xattrs)
@@ -123,9 +210,16 @@ def _file_entry(size: int, sha256: str, mode: str) -> Entry:
 class DecantFile:
     """An opened original; owns its archive handle so closing the file releases the descriptor."""
 
-    def __init__(self, archive: DecantArchive, reader: OriginalReader) -> None:
+    def __init__(
+        self,
+        archive: DecantArchive,
+        reader: OriginalReader,
+        release: Callable[[], None] | None = None,
+    ) -> None:
         self.archive = archive
         self.reader = reader
+        self._release = release  # a shared archive: hand it back instead of closing it
+        self._shared = release is not None
         self.size = reader.size
         self.listed_etag: str | None = None  # a bucket archive's, as its listing gave it
 
@@ -181,4 +275,9 @@ class DecantFile:
 
     def close(self) -> None:
         self.reader.close()  # its queued read-ahead decodes use the archive's descriptor
-        self.archive.close()
+        if self._shared:
+            release, self._release = self._release, None
+            if release is not None:  # once, however often close is called
+                release()
+        else:
+            self.archive.close()

@@ -1,0 +1,109 @@
+"""A hostile local user against a mount run by root with `-o allow_other` (README, "Security
+model"), third round: memory and availability. Each test here failed on the code it was
+written against; see test_redteam.py and test_redteam2.py for the earlier rounds.
+
+Memory is read from the daemon's /proc status (VmHWM: the peak) and held to the README's
+promise, peak RSS <= --cache-size + 150 MiB. No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+from tests.mount.conftest import SYSTEM_PYTHON, Mount, User, open_tmp
+
+MiB = 1 << 20
+CACHE = 8 * MiB
+BOUND = CACHE + 150 * MiB  # README: peak RSS <= --cache-size + 150 MiB
+JUNK = 20_000  # zip entries beside the archive's own: ~17 MiB of parsed objects per open
+
+
+@dataclass
+class Src:
+    m: Mount
+    src: Path
+    want: bytes  # the original `many.tif` presents
+
+
+@pytest.fixture(scope="module")
+def many_entries(tmp_path_factory: pytest.TempPathFactory, unprivileged: User) -> Iterator[Src]:
+    """SRC holding an archive whose zip has 20 000 entries more than its own (an archive of
+    many chunks costs the same to open), readable by all, and a plain control file."""
+    from vfs.decant.packer import pack_file
+
+    base = open_tmp(tmp_path_factory, "redteam3")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    tif = base / "many.tif"
+    pixels = np.random.default_rng(3).integers(0, 60000, (2, 128, 128), np.uint16)
+    tifffile.imwrite(tif, pixels)
+    want = tif.read_bytes()
+    packed = base / "packed.zip"
+    pack_file(tif, packed)
+    with zipfile.ZipFile(packed) as zin, zipfile.ZipFile(src / "many.tif.zarr.zip", "w") as zout:
+        for info in zin.infolist():
+            zout.writestr(info, zin.read(info))
+        for k in range(JUNK):
+            zout.writestr(f"junk/{k:08d}{'x' * 100}", b"")
+    (src / "many.tif.zarr.zip").chmod(0o644)
+    (src / "plain.txt").write_bytes(b"a plain file\n")
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    m.start("-o", "allow_other", "--read-only", "--cache-size", "8M")
+    try:
+        yield Src(m, src, want)
+    finally:
+        m.stop()
+
+
+def peak_rss(m: Mount) -> int:
+    assert m.proc is not None
+    for line in Path(f"/proc/{m.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def still_serves(m: Mount) -> None:
+    got = subprocess.run(["cat", str(m.mnt / "plain.txt")], capture_output=True, timeout=30)
+    assert got.stdout == b"a plain file\n", got.stderr
+    assert m.proc is not None and m.proc.poll() is None, "the daemon died"
+
+
+HOLD = """
+import hashlib, os, sys
+path, count = sys.argv[1], int(sys.argv[2])
+fds = [os.open(path, os.O_RDONLY) for _ in range(count)]
+digests = {hashlib.sha256(os.pread(fd, 1 << 20, 0)).hexdigest() for fd in fds}
+for fd in fds:
+    os.close(fd)
+print(*digests)
+"""
+
+
+def test_many_handles_of_one_archive_share_its_opened_zip(
+    many_entries: Src, unprivileged: User
+) -> None:
+    """Each open parsed the zip's central directory and the manifest anew and kept them while
+    open (~0.9 KiB a zip entry): 16 handles of this archive peaked at 350 MiB, 8 handles of
+    one with 200 000 entries at 1.6 GiB, whatever --cache-size. Handles of one archive
+    version now share one opened archive: 91-92 MiB (32 handles of the 200 000: 263 MiB,
+    the one open's ~175 MiB included)."""
+    m = many_entries.m
+    path = m.mnt / "many.tif"
+    assert os.stat(path).st_size == len(many_entries.want)  # listed: opened once to describe
+    done = unprivileged.run(str(SYSTEM_PYTHON), "-I", "-c", HOLD, str(path), "16", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [hashlib.sha256(many_entries.want).hexdigest()]
+    peak = peak_rss(m)
+    assert peak < BOUND, f"peak RSS {peak // MiB} MiB over {BOUND // MiB} with 16 handles open"
+    still_serves(m)
