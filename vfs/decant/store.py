@@ -159,6 +159,12 @@ class _SourceFile(io.RawIOBase):
         self._tail_at = max(0, source.size - tail)
         self._tail = self._read(self._tail_at, source.size - self._tail_at)
 
+    def forget_tail(self) -> None:
+        """Read no more from the kept tail (a local file: a pread costs no more than the copy,
+        and the tail is the central directory's size, at least 64 KiB, for as long as the
+        archive stays open)."""
+        self._tail, self._tail_at = b"", self._source.size
+
     def readable(self) -> bool:
         return True
 
@@ -226,6 +232,8 @@ class ZipArchiveStore(Store):
             _check_central_directory(self._fh, path)
             self._zf = zipfile.ZipFile(self._fh)
             infos = self._zf.infolist()
+            if self.stat is not None:  # a local file: its central directory is parsed
+                self._fh.forget_tail()  # type: ignore[attr-defined]
         except CorruptArchiveError:
             self.close()
             raise
