@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import tifffile
 
+from vfs.decant import MANIFEST_KEY
 from vfs.decant.packer import pack_file
 from vfs.decant.store import ZipArchiveStore
 
@@ -36,6 +37,6 @@ def test_an_open_local_zip_keeps_no_copy_of_its_tail(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     for store in stores:
-        assert store.get(".zattrs", 1 << 20) is not None or store.all_keys()
+        assert store.get(MANIFEST_KEY, 1 << 20)  # reads still work without the tail
         store.close()
     assert kept < 48 * KiB, f"{kept // KiB} KiB kept by each open archive"
