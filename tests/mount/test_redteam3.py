@@ -107,3 +107,82 @@ def test_many_handles_of_one_archive_share_its_opened_zip(
     peak = peak_rss(m)
     assert peak < BOUND, f"peak RSS {peak // MiB} MiB over {BOUND // MiB} with 16 handles open"
     still_serves(m)
+
+
+BOMBS = 12  # files of 256 MiB of zeros, ~100 KiB archives: each a whole read to verify
+
+
+@pytest.fixture(scope="module")
+def bombs(tmp_path_factory: pytest.TempPathFactory, unprivileged: User) -> Iterator[Src]:
+    """SRC holding 12 archives of 256 MiB zero files (one folder each: the user may write
+    such files through the mount, and their archives cost nothing to store) and a victim's
+    8 MiB TIFF, all readable by all."""
+    from vfs.decant.packer import pack_file
+
+    base = open_tmp(tmp_path_factory, "redteam3-bombs")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    zero = base / "zero.bin"
+    with open(zero, "wb") as fh:
+        fh.truncate(256 * MiB)
+    pack_file(zero, base / "zero.bin.zarr.zip")
+    for k in range(BOMBS):
+        (src / f"a{k}").mkdir(mode=0o755)
+        (src / f"a{k}" / "zero.bin.zarr.zip").write_bytes((base / "zero.bin.zarr.zip").read_bytes())
+    tif = base / "victim.tif"
+    tifffile.imwrite(tif, np.random.default_rng(5).integers(0, 4096, (2048, 2048), np.uint16))
+    want = tif.read_bytes()
+    (src / "victim").mkdir(mode=0o755)
+    pack_file(tif, src / "victim" / "victim.tif.zarr.zip")
+    for archive in src.rglob("*.zarr.zip"):
+        archive.chmod(0o644)
+    (src / "plain.txt").write_bytes(b"a plain file\n")
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    m.start("-o", "allow_other", "--read-only", "--cache-size", "64M")
+    try:
+        yield Src(m, src, want)
+    finally:
+        m.stop()
+
+
+STORM = """
+import os, sys
+for path in sys.argv[1:]:
+    fd = os.open(path, os.O_RDONLY)
+    os.pread(fd, 1, 128 << 20)  # far ahead: the handle's running hash gives up
+    os.close(fd)  # closed early: a verification is queued
+"""
+
+
+def read_out_of_order(path: Path) -> bytes:
+    """The file whole, its last MiB first (more than 4 MiB ahead of the running hash): the
+    read of the rest completes the file, so it waits for the verification's verdict."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        tail = os.pread(fd, MiB, size - MiB)
+        return os.pread(fd, size - MiB, 0) + tail
+    finally:
+        os.close(fd)
+
+
+def test_a_verification_storm_does_not_hold_up_another_user_s_read(
+    bombs: Src, unprivileged: User
+) -> None:
+    """The read that completes a file read whole out of order waits for its verification,
+    which waited in the one line of background verifications, behind every file any user
+    opened and closed early: the user queues 12 files of 256 MiB, and another user's last
+    read of an 8 MiB file returned only once all 12 were verified (40 files of 1 GiB: 114 s).
+    It now runs in that reader's own turn: most of the 12 are still pending when it returns."""
+    m = bombs.m
+    targets = [str(m.mnt / f"a{k}" / "zero.bin") for k in range(BOMBS)]
+    victim = m.mnt / "victim" / "victim.tif"
+    assert os.stat(victim).st_size == len(bombs.want)
+    storm = unprivileged.run(str(SYSTEM_PYTHON), "-I", "-c", STORM, *targets, timeout=60)
+    assert storm.returncode == 0, storm.stderr
+    got = read_out_of_order(victim)  # root: another user than the one storming
+    states = [os.getxattr(t, "user.decant.verified") for t in targets]
+    assert got == bombs.want
+    pending = states.count(b"pending")
+    assert pending >= BOMBS // 2, f"only {pending} of {BOMBS} still queued: {states}"
+    still_serves(m)

@@ -571,7 +571,7 @@ class DecantOperations(pyfuse3.Operations):
                     if exc.errno == errno.ESTALE:
                         await self._relist(node)
                     raise
-            handle = OpenFile(node, inode, reader)
+            handle = OpenFile(node, inode, reader, uid=ctx.uid)
             cache = await self.reads.prepare(handle)
             if node.spooled and self.queue is not None:
                 self.queue.opened(node.spooled)
