@@ -191,14 +191,16 @@ def _version(path: Path, digests: bool) -> _Key | None:
         st = os.lstat(path)
     except OSError:
         return None
-    ids = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-    return (str(path), *ids, digests)
+    return (str(path), *_identity(st), digests)
 
 
 def _opened(archive: DecantArchive) -> tuple[int, int, int, int, int] | None:
     st = archive.store.stat
-    if st is None:
-        return None
+    return None if st is None else _identity(st)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """The file version a shared archive is for: the lstat at open against the opened fstat."""
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
