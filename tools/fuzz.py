@@ -131,6 +131,15 @@ def headline_cases(good_d: Path, good_v: Path, out: Path) -> dict[str, Path]:
     def size(value: int) -> Callable[[str, bytes], bytes]:
         return json_edit(MANIFEST, lambda d: d.__setitem__("original_size", value))
 
+    def utf16_manifest(name: str, data: bytes) -> bytes:
+        """JSON is UTF-8; json.loads also read UTF-16, the manifest reader does not."""
+        return data.decode().encode("utf-16") if name == MANIFEST else data
+
+    def offset_2e63(doc: dict[str, Any]) -> None:
+        """No size, offset or count of the format reaches 2^63 (pages are 64-bit columns)."""
+        page = doc["pages"][0]
+        page["dataoffsets"] = [1 << 63, *page["dataoffsets"][1:]]
+
     first_chunk = next(n for n, _ in zip_entries(good_d) if n.startswith("0/") and "/." not in n)
     cases: dict[str, tuple[Path, Callable[[str, bytes], bytes | None]]] = {
         "husk-chunk-2gib": (good_d, husk_chunks(2 * gib)),
@@ -141,6 +150,8 @@ def headline_cases(good_d: Path, good_v: Path, out: Path) -> dict[str, Path]:
         "verbatim-size-2e62": (good_v, size(1 << 62)),
         "verbatim-size-0-with-data": (good_v, size(0)),
         "verbatim-chunk-missing": (good_v, lambda n, d: None if n == "original/0" else d),
+        "manifest-utf16": (good_d, utf16_manifest),
+        "page-offset-2e63": (good_d, json_edit(MANIFEST, offset_2e63)),
     }
     return {
         name: rewrite_zip(src, out / f"{name}.tif.zarr.zip", edit)
