@@ -136,21 +136,31 @@ def test_get_or_load_is_single_flight() -> None:
     assert (cache.stats.misses, cache.stats.hits) == (1, 1)
 
 
-def test_a_failed_load_is_not_cached_and_waiters_retry() -> None:
-    cache = PageCache(1 << 20)
-    started, release = threading.Event(), threading.Event()
-    calls: list[str] = []
+class _Loads:
+    """A load that fails with `error` once released (noting "fail"), and one that gives a page
+    (noting "ok"): what two callers of one key run in the waiter tests."""
 
-    def failing() -> bytes:
-        calls.append("fail")
-        started.set()
-        assert release.wait(10)
-        raise OSError("disk")
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.started, self.release = threading.Event(), threading.Event()
+        self.calls: list[str] = []
 
-    def fine() -> bytes:
-        calls.append("ok")
+    def failing(self) -> bytes:
+        self.calls.append("fail")
+        self.started.set()
+        assert self.release.wait(10)
+        raise self.error
+
+    def fine(self) -> bytes:
+        self.calls.append("ok")
         return b"page"
 
+
+def test_a_failed_load_is_not_cached_and_waiters_retry() -> None:
+    cache = PageCache(1 << 20)
+    loads = _Loads(OSError("disk"))
+    started, release, calls = loads.started, loads.release, loads.calls
+    failing, fine = loads.failing, loads.fine
     errors: list[BaseException] = []
     results: list[bytes] = []
 
@@ -228,19 +238,9 @@ def test_a_load_the_store_failed_fails_its_waiters_without_a_second_try() -> Non
     with --s3-timeout 2 --s3-retries 1 for a sequential reader, where one GET gives up in 4.1).
     A waiter that comes after the failure loads again: the store may be back."""
     cache = PageCache(1 << 20)
-    started, release = threading.Event(), threading.Event()
-    calls: list[str] = []
-
-    def failing() -> bytes:
-        calls.append("fail")
-        started.set()
-        assert release.wait(10)
-        raise ObjectChangedError("s3://b/k: object replaced since it was opened")
-
-    def fine() -> bytes:
-        calls.append("ok")
-        return b"page"
-
+    loads = _Loads(ObjectChangedError("s3://b/k: object replaced since it was opened"))
+    started, release, calls = loads.started, loads.release, loads.calls
+    failing, fine = loads.failing, loads.fine
     errors: list[BaseException] = []
 
     def load(loader: Callable[[], bytes]) -> None:
