@@ -122,6 +122,28 @@ def _chunk_info(archive: Path) -> tuple[int, int]:
 def test_a_cold_small_read_costs_two_small_gets_then_one(
     archive: DecantArchive, packed: tuple[Path, Path], gets: Gets
 ) -> None:
+    _two_small_gets_then_one(archive, packed, gets)
+
+
+def test_a_verified_archive_is_read_by_block_too(
+    s3_bucket: S3Bucket, packed: tuple[Path, Path], gets: Gets
+) -> None:
+    """With the digest map the mount records once an original verified, a small read checks
+    the header and table and its block against their own digests: the same GETs as unverified,
+    never the whole chunk."""
+    from vfs.decant.digests import archive_digests
+
+    folder = S3Folder(s3_bucket.url())
+    try:
+        obstore.put(folder.client, folder.full_key(KEY), packed[1].read_bytes())
+        with DecantArchive.open_at(folder, KEY, archive_digests(packed[1])) as opened:
+            assert opened.digests is not None and any(k.startswith(".b/") for k in opened.digests)
+            _two_small_gets_then_one(opened, packed, gets)
+    finally:
+        folder.close()
+
+
+def _two_small_gets_then_one(archive: DecantArchive, packed: tuple[Path, Path], gets: Gets) -> None:
     original = packed[0].read_bytes()
     blocksize, smallest = _chunk_info(packed[1])
     assert smallest > 4 * blocksize // 2, "planes should hold several compressed blocks"

@@ -4,6 +4,7 @@ every later chunk read before decoding — so a swapped or rewritten chunk fails
 from __future__ import annotations
 
 import json
+import struct
 import zipfile
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import xxhash
 
 from tests.toolbox import load_tool
 from vfs.cache import PageCache
+from vfs.decant.digestmap import chunk_digests
 from vfs.decant.digests import archive_digests
 from vfs.decant.packer import PackOptions, PackResult
 from vfs.decant.reader import DecantArchive
@@ -47,8 +49,52 @@ def test_digests_cover_every_chunk(good: Path) -> None:
     digests = archive_digests(good)
     with zipfile.ZipFile(good) as zf:
         chunks = {n: zf.read(n) for n in zf.namelist() if is_chunk_key(n)}
-    assert set(digests) == set(chunks) and "husk/0" in digests and A in digests
+    per_chunk = chunk_digests(digests)
+    assert set(per_chunk) == set(chunks) and "husk/0" in digests and A in digests
     assert all(digests[k] == xxhash.xxh3_64_intdigest(v) for k, v in chunks.items())
+
+
+def test_block_entries_are_each_blosc_blocks_own_digest(good: Path) -> None:
+    """Computed here from the blosc1 layout itself (a 16-byte header; then, if compressed,
+    int32 offsets and streams ending where the next starts; if stored as is (flag 0x02), the
+    payload in blocks): the header and table, and each block's stream or payload slice."""
+    digests = archive_digests(good)
+    with zipfile.ZipFile(good) as zf:
+        chunks = {n: zf.read(n) for n in zf.namelist() if is_chunk_key(n)}
+    want, kinds = {}, set()
+    for key, raw in chunks.items():
+        nbytes, blocksize, cbytes = struct.unpack_from("<iii", raw, 4)
+        assert cbytes == len(raw)
+        n = -(-nbytes // blocksize)
+        if raw[2] & 0x02:  # memcpyed (the corpus's noise does not compress)
+            kinds.add("memcpyed")
+            want[f".b/{key}/t"] = xxhash.xxh3_64_intdigest(raw[:16])
+            for j in range(n):
+                piece = raw[16 + j * blocksize : 16 + min((j + 1) * blocksize, nbytes)]
+                want[f".b/{key}/{j}"] = xxhash.xxh3_64_intdigest(piece)
+            continue
+        kinds.add("compressed")
+        starts = struct.unpack_from(f"<{n}i", raw, 16)
+        ends = {s: e for s, e in zip(sorted(starts), [*sorted(starts)[1:], cbytes], strict=True)}
+        want[f".b/{key}/t"] = xxhash.xxh3_64_intdigest(raw[: 16 + 4 * n])
+        for j, s in enumerate(starts):
+            want[f".b/{key}/{j}"] = xxhash.xxh3_64_intdigest(raw[s : ends[s]])
+    assert {k: v for k, v in digests.items() if k.startswith(".b/")} == want
+    assert kinds == {"compressed", "memcpyed"}
+
+
+def test_block_entries_stop_at_their_bound(good: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past MAX_BLOCK_ENTRIES a chunk keeps only its own digest (each chunk's entries all or
+    none), and reads of it are still checked, whole."""
+    from vfs.decant import digestmap
+
+    full = archive_digests(good)
+    monkeypatch.setattr(digestmap, "MAX_BLOCK_ENTRIES", 5)
+    bounded = archive_digests(good)
+    blocks = {k for k in bounded if k.startswith(".b/")}
+    assert 0 < len(blocks) <= 5 and blocks < {k for k in full if k.startswith(".b/")}
+    assert chunk_digests(bounded) == chunk_digests(full)
+    assert all(f"{k.rpartition('/')[0]}/t" in blocks for k in blocks)  # whole chunks only
 
 
 def test_reads_with_digests_are_exact(good: Path, corpus: dict[str, Path]) -> None:

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from vfs.cache import PageCache
 from vfs.decant import reader as reader_module
+from vfs.decant.blosc_blocks import block_spans, parse_header
+from vfs.decant.digestmap import chunk_digests
 from vfs.decant.digests import archive_digests
 from vfs.decant.packer import PackOptions, pack_file
 from vfs.decant.reader import DecantArchive, OriginalReader
@@ -126,45 +128,138 @@ def test_sequential_reads_switch_to_whole_planes(
         assert any(k[1] == "p" for k in cache._data)
 
 
-@pytest.mark.parametrize("digests", [False, True])
-def test_a_damaged_block_is_an_error(
-    tiny_block_archives: dict[tuple[str, str], Path],
-    tmp_path: Path,
-    digests: bool,
-    every_read_partial: None,
-) -> None:
-    """A byte flipped inside a block's stream: with digests the chunk fails its check before
-    decoding; without, the block fails to decode (or decodes to other bytes the file's sha256
-    catches): never a crash, never a read past the entry."""
-    import zipfile
-
+def _flipped(good: Path, dest: Path, at: int) -> Path:
+    """`good` with one byte of chunk 0/0.0.0's stored bytes flipped (the zip's CRC made anew)."""
     from tests.toolbox import load_tool
-
-    fuzz = load_tool("fuzz")
-    good = tiny_block_archives[("striped_chunky_gray_u8.tif", "zstd:byteshuffle")]
-    recorded = archive_digests(good)
 
     def flip(name: str, data: bytes) -> bytes:
         if name != "0/0.0.0":
             return data
         out = bytearray(data)
-        out[len(out) // 2] ^= 0xFF
+        out[at] ^= 0xFF
         return bytes(out)
 
-    bad = fuzz.rewrite_zip(good, tmp_path / "bad.zarr.zip", flip)
-    with zipfile.ZipFile(bad) as zf:
-        assert "0/0.0.0" in zf.namelist()
-    with DecantArchive.open(bad, recorded if digests else None) as archive:
+    return load_tool("fuzz").rewrite_zip(good, dest, flip)  # type: ignore[no-any-return]
+
+
+def _in_file(reader: OriginalReader, pos: int) -> int:
+    """The file offset of byte `pos` of page 0's bytes (its strips may lie apart in the file)."""
+    for r in reader.regions.regions:
+        if r.page == 0 and r.pos <= pos < r.pos + r.length:
+            return int(r.start + pos - r.pos)
+    raise AssertionError(f"page 0 has no byte {pos}")
+
+
+@pytest.fixture
+def gray(
+    tiny_block_archives: dict[tuple[str, str], Path], corpus: dict[str, Path]
+) -> tuple[Path, bytes, bytes]:
+    """A striped 8-bit archive of 256-byte blocks, its original, and its chunk 0/0.0.0."""
+    import zipfile
+
+    good = tiny_block_archives[("striped_chunky_gray_u8.tif", "zstd:byteshuffle")]
+    with zipfile.ZipFile(good) as zf:
+        raw = zf.read("0/0.0.0")
+    return good, corpus["striped_chunky_gray_u8.tif"].read_bytes(), raw
+
+
+@pytest.mark.parametrize("digests", ["none", "chunks only", "blocks"])
+def test_a_damaged_block_is_an_error(
+    gray: tuple[Path, bytes, bytes], tmp_path: Path, digests: str, every_read_partial: None
+) -> None:
+    """A byte flipped inside a block's stream after the map was recorded. With block entries,
+    the read of that block fails its check before decoding, naming the block, and a read of
+    another block of the same chunk returns the right bytes (its own stream checked). With the
+    chunk's digest only (a map recorded before block entries), any read of the chunk fails.
+    Without a map, the block fails to decode (or decodes to other bytes the file's sha256
+    catches): never a crash, never a read past the entry."""
+    good, original, raw = gray
+    h = parse_header(raw, len(raw))
+    assert h is not None and h.nblocks > 2
+    spans = block_spans(h, raw)
+    mid = len(raw) // 2
+    j = next(k for k, (a, b) in enumerate(spans) if a <= mid < b)
+    other = (j + 1) % h.nblocks
+    recorded = {"none": None, "chunks only": chunk_digests(archive_digests(good)),
+                "blocks": archive_digests(good)}[digests]  # fmt: skip
+    bad = _flipped(good, tmp_path / "bad.zarr.zip", mid)
+    with DecantArchive.open(bad, recorded) as archive:
         reader = _reader(archive, PageCache(64 << 20), True)
-        start, length, _page = _pixel_spans(reader)[0]
-        if digests:
-            with pytest.raises(CorruptArchiveError, match="does not match its recorded xxh3"):
-                reader.read(start + length // 2, 16)
+        at, fine = _in_file(reader, j * h.blocksize), _in_file(reader, other * h.blocksize)
+        if digests == "blocks":
+            with pytest.raises(CorruptArchiveError, match=rf"block {j} does not match its record"):
+                reader.read(at, 16)
+            assert bytes(reader.read(fine, 16)) == original[fine : fine + 16]
+        elif digests == "chunks only":
+            for offset in (at, fine):
+                with pytest.raises(CorruptArchiveError, match="does not match its recorded xxh3"):
+                    reader.read(offset, 16)
         else:
             try:
-                reader.read(start + length // 2, 16)
+                reader.read(at, 16)
             except CorruptArchiveError as exc:
                 assert "0/0.0.0" in str(exc)
+
+
+def test_a_damaged_block_table_fails_every_read_of_the_chunk(
+    gray: tuple[Path, bytes, bytes], tmp_path: Path, every_read_partial: None
+) -> None:
+    """A flipped byte in the block table (or the header) would send a block's decode to other
+    bytes: with block entries no read of the chunk is served, whichever block it needs."""
+    good, _original, _raw = gray
+    recorded = archive_digests(good)
+    for at in (3, 16 + 4 * 1 + 1):  # the typesize; block 1's offset
+        bad = _flipped(good, tmp_path / f"bad-{at}.zarr.zip", at)
+        with DecantArchive.open(bad, recorded) as archive:
+            reader = _reader(archive, PageCache(64 << 20), True)
+            with pytest.raises(CorruptArchiveError, match=r"chunk '0/0\.0\.0'"):
+                reader.read(_in_file(reader, 300), 16)
+
+
+def test_a_small_read_of_a_verified_archive_reads_its_blocks_not_the_chunk(
+    tiny_block_archives: dict[tuple[str, str], Path],
+    corpus: dict[str, Path],
+    every_read_partial: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With block entries a small read fetches the header, the table and its blocks, not the
+    whole stored chunk; with only chunk digests it reads the chunk whole to check it."""
+    import zipfile
+
+    from vfs.decant import partial as partial_module
+    from vfs.decant import store as store_module
+
+    name = "tiled_planar_rgb_u16_edge.tif"
+    good, original = tiny_block_archives[(name, "zstd:byteshuffle")], corpus[name].read_bytes()
+    with zipfile.ZipFile(good) as zf:
+        stored = {i.filename: i.file_size for i in zf.infolist()}
+    fetched: dict[str, int] = {}
+    for cls in (store_module.Store, *store_module.Store.__subclasses__()):
+        for method in ("get", "get_range"):
+            fn = cls.__dict__.get(method)
+            if fn is None:
+                continue
+
+            def counted(self: Any, key: str, *args: Any, _fn: Any = fn) -> Any:
+                out = _fn(self, key, *args)
+                if out is not None and store_module.is_chunk_key(key):
+                    fetched[key] = fetched.get(key, 0) + len(out)
+                return out
+
+            monkeypatch.setattr(cls, method, counted)
+    full = archive_digests(good)
+    for recorded, whole in ((full, False), (chunk_digests(full), True)):
+        fetched.clear()
+        with DecantArchive.open(good, recorded) as archive:
+            reader = _reader(archive, PageCache(64 << 20), True)
+            start, length, _page = max(_pixel_spans(reader), key=lambda s: s[1])
+            at = start + length // 2
+            assert bytes(reader.read(at, 100)) == original[at : at + 100]
+        ((key, n),) = fetched.items()
+        if whole:
+            assert n == stored[key]
+        else:
+            assert n <= partial_module._FIRST_READ + 8 * 256 < stored[key], (n, stored[key])
 
 
 def test_range_reads_stay_inside_the_entry(

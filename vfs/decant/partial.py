@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import xxhash
 
 from vfs.cache import PageCache
 from vfs.decant.blosc_blocks import (
@@ -19,6 +20,7 @@ from vfs.decant.blosc_blocks import (
     parse_header,
 )
 from vfs.decant.chunks import ArraySpec
+from vfs.decant.digestmap import block_key, table_key
 from vfs.decant.layout import tile_grid
 from vfs.decant.limits import compressed_bound
 from vfs.decant.manifest import PageRecord
@@ -103,14 +105,18 @@ class BlockSource:
     a small part of a plane: a 4 KiB read decodes one block (256 KiB for a 2048×2048 uint16
     plane at the default codec) instead of the whole 8 MiB.
 
-    Where the bytes come from decides what checks them. With a digest map (the store's
-    `digests`), the chunk is read whole with `Store.get`, which checks its xxh3 digest before
-    anything is decoded, and kept in the cache so later reads of the plane decode from it.
-    Without one, the header, the block table and each needed block's stream are read by range
-    (`Store.get_range`): two or three small preads instead of the whole compressed plane, and
-    unchecked, since the zip CRC-32 covers whole entries only. The mount serves such reads of an
-    unverified original with its sha256 check still to come (hash as served, and a background
-    verification when a handle read only part of the file).
+    The header, the block table and each needed block's stream are read by range
+    (`Store.get_range`): two or three small preads instead of the whole compressed plane. What
+    checks them depends on the store's digest map (`digests`, kept by the mount's index once
+    the original verified):
+    - with block entries for the chunk (vfs.decant.digestmap), the header and table and each
+      block's stream are checked against their xxh3 before anything is decoded;
+    - with only the chunk's own digest (a map recorded before block entries existed, or a chunk
+      past their bound), the chunk is read whole with `Store.get`, which checks that digest,
+      and kept in the cache so later reads of the plane decode from it;
+    - without a map they are unchecked (the zip CRC-32 covers whole entries only): the mount
+      serves such reads of an unverified original with its sha256 check still to come (hash
+      as served, and a background verification when a handle read only part of the file).
     """
 
     def __init__(self, store: Store, spec: ArraySpec, cache: PageCache, key: Any) -> None:
@@ -153,7 +159,7 @@ class BlockSource:
 
     def _table(self, chunk: str) -> tuple[BloscHeader, list[tuple[int, int]]] | str:
         try:
-            if self.store.digests is not None:
+            if self._whole_checked(chunk):
                 raw = self._checked_chunk(chunk)
                 h = parse_header(raw, len(raw))
                 head = raw
@@ -167,6 +173,10 @@ class BlockSource:
                 h = parse_header(head, length)
                 if h is not None and not h.memcpyed and h.table_end > len(head):
                     head = self.store.get_range(chunk, 0, h.table_end)
+                if self.store.digests is not None:  # a header now unsplit fails this too
+                    end = h.table_end if h is not None else len(head)
+                    table = memoryview(head)[:end]
+                    self._check(chunk, table_key(chunk), "header and block table", table)
             if h is None:
                 return _UNSPLIT
             if h.nbytes != self.spec.chunk_nbytes:
@@ -176,6 +186,25 @@ class BlockSource:
             return h, block_spans(h, head)
         except BloscChunkError as exc:
             raise CorruptArchiveError(f"{self.store.name}: chunk {chunk!r} {exc}") from None
+
+    def _whole_checked(self, chunk: str) -> bool:
+        """Whether this chunk's reads are checked by its whole-chunk digest (see the class)."""
+        digests = self.store.digests
+        return digests is not None and table_key(chunk) not in digests
+
+    def _check(self, chunk: str, key: str, what: str, data: bytes | memoryview) -> None:
+        digests = self.store.digests
+        assert digests is not None
+        want = digests.get(key)
+        if want is None:
+            raise CorruptArchiveError(
+                f"{self.store.name}: chunk {chunk!r} {what} has no recorded digest "
+                "(changed since indexed?)"
+            )
+        if xxhash.xxh3_64_intdigest(data) != want:
+            raise CorruptArchiveError(
+                f"{self.store.name}: chunk {chunk!r} {what} does not match its recorded xxh3 digest"
+            )
 
     def _checked_chunk(self, chunk: str) -> bytes | memoryview:
         """The whole stored chunk, its digest checked by the store, cached for later blocks."""
@@ -202,7 +231,7 @@ class BlockSource:
         each other, in stored order: one GET, not one per block) and left decoded in
         `fetched`."""
         try:
-            if self.store.digests is not None:
+            if self._whole_checked(chunk):
                 whole = self._checked_chunk(chunk)
                 return memoryview(decode_blocks(h, spans, range(j, j + 1), whole))
             run = _near(spans, j, [
@@ -212,6 +241,11 @@ class BlockSource:
             ])  # fmt: skip
             lo, hi = min(spans[k][0] for k in run), max(spans[k][1] for k in run)
             data = self.store.get_range(chunk, lo, hi - lo)
+            if self.store.digests is not None:
+                view = memoryview(data)
+                for k in run:
+                    stream = view[spans[k][0] - lo : spans[k][1] - lo]
+                    self._check(chunk, block_key(chunk, k), f"block {k}", stream)
             for k in run:
                 if k != j:
                     fetched[k] = memoryview(decode_blocks(h, spans, range(k, k + 1), data, lo))

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import xxhash
 
 from vfs.cache import DropBehind, PageCache
 from vfs.decant.chunks import ArraySpec, check_byte_chunks, read_array_spec, read_chunk
+from vfs.decant.digestmap import DigestRecorder
 from vfs.decant.layout import page_coordinate, serialize_page
 from vfs.decant.limits import (
     MAX_BLOCK_BYTES,
@@ -243,14 +243,14 @@ class _NotCached(Exception):
 
 
 class DigestTap:
-    """The store as chunk reads see it, noting the xxh3 of every chunk's stored bytes it returns
-    (bytes the store has CRC-checked). What a verified file's digest map is made of
-    (vfs.decant.digests.store_digests); `complete` says whether every chunk was seen."""
+    """The store as chunk reads see it, noting the digests of every chunk's stored bytes it
+    returns (bytes the store has CRC-checked). What a verified file's digest map is made of
+    (vfs.decant.digestmap); `complete` says whether every chunk was seen."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.name = store.name
-        self.seen: dict[str, int] = {}
+        self.recorder = DigestRecorder()
 
     def get(self, key: str, limit: int) -> bytes | memoryview | None:
         return self._note(key, self.store.get(key, limit))
@@ -260,7 +260,7 @@ class DigestTap:
 
     def _note(self, key: str, data: bytes | memoryview | None) -> bytes | memoryview | None:
         if data is not None and is_chunk_key(key):
-            self.seen[key] = xxhash.xxh3_64_intdigest(data)
+            self.recorder.note(key, data)
         return data
 
     def complete(self) -> dict[str, int] | None:
@@ -275,15 +275,16 @@ class DigestTap:
             keys = [k for k in self.store.all_keys() if is_chunk_key(k)]
         except NotImplementedError:
             return None
-        missing = [k for k in keys if k not in self.seen]
+        seen = self.recorder.chunks
+        missing = [k for k in keys if k not in seen]
         if 2 * len(missing) > len(keys):
             return None
         limit = compressed_bound(MAX_CHUNK_BYTES)
         for key in missing:
             self.get(key, limit)  # noted on the way (a chunk gone from the store: still None)
-        if any(k not in self.seen for k in keys):
+        if any(k not in seen for k in keys):
             return None
-        return {k: self.seen[k] for k in keys}
+        return self.recorder.digest_map(keys)
 
 
 class OriginalReader:
