@@ -21,12 +21,16 @@ import stat
 import struct
 import threading
 import zipfile
-import zlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import xxhash
+
+# ISA-L's CRC-32 (the zip polynomial, the same values as zlib.crc32): checking the 283 MB of
+# chunks a first read of the bench's 537 MB stack reads takes 0.024 s, 0.151 s with the system
+# zlib's (11.7 against 1.9 GB/s here): ~0.24 s of a decode thread's CPU per GB served.
+from isal.isal_zlib import crc32
 
 from vfs.decant import MANIFEST_KEY as MANIFEST_KEY  # re-exported: its home is vfs.decant
 from vfs.decant import archive_stem as archive_stem
@@ -498,7 +502,7 @@ class ZipArchiveStore(Store):
         # A digest map, made from CRC-checked reads, replaces it: xxh3 is four times faster.
         if self.digests is not None:
             self._check_digest(key, data)
-        elif self.verify_crc and zlib.crc32(data) != info.CRC:
+        elif self.verify_crc and crc32(data) != info.CRC:
             raise CorruptArchiveError(
                 f"{self.path}: zip entry {key!r} fails its CRC-32 check (damaged on disk)"
             )
