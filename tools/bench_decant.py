@@ -568,22 +568,13 @@ def _random_preads(
         log(f"random preads: cold mount on the verified index {r + 1}/{rounds}")
         cmd, mnt, logfile = m.decant(archive.parent, verified_index, "random-verified")
         with mounted(cmd, mnt, logfile):
-            order = list(spans)
-            rng.shuffle(order)
-            drop_caches([archive])
-            out["cold_verified"] += timed_preads(
-                mnt / name, [aligned_in(spans[p], rng) for p in order], False
-            )
+            out["cold_verified"] += _one_per_plane(mnt / name, archive, spans, rng)[0]
     for r in range(rounds):
         log(f"random preads: cold mount {r + 1}/{rounds}")
         cmd, mnt, logfile = m.decant(archive.parent, m.fresh_index("rnd"), "random")
         with mounted(cmd, mnt, logfile):
-            order = list(spans)
-            rng.shuffle(order)
-            drop_caches([archive])
-            out["cold"] += timed_preads(
-                mnt / name, [aligned_in(spans[p], rng) for p in order], False
-            )
+            cold, order = _one_per_plane(mnt / name, archive, spans, rng)
+            out["cold"] += cold
             if r < rounds - 1:
                 continue
             keep = max(1, min(len(order), m.cache_size // max(plane, 1) - 2))
@@ -594,6 +585,17 @@ def _random_preads(
             timed_preads(mnt / name, warm, evict=False)  # fill the kernel's page cache
             out["hot"] = timed_preads(mnt / name, warm, evict=False)
     return out
+
+
+def _one_per_plane(
+    shown: Path, archive: Path, spans: dict[int, tuple[int, int]], rng: random.Random
+) -> tuple[list[float], list[int]]:
+    """Seconds of one aligned 4 KiB read per plane of `shown`, planes in random order, the
+    archive evicted first; and that order."""
+    order = list(spans)
+    rng.shuffle(order)
+    drop_caches([archive])
+    return timed_preads(shown, [aligned_in(spans[p], rng) for p in order], False), order
 
 
 def _listing(args: argparse.Namespace, m: Mounts, many: Path) -> dict[str, list[float]]:
