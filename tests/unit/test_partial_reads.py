@@ -1,7 +1,8 @@
 """Small reads decode only the blosc blocks they need (vfs.decant.partial via the reader): over
 the whole corpus (striped and tiled, chunky and planar, edge tiles, big-endian), packed with tiny
 blosc blocks so a plane has many, a read of (offset, size) by blocks equals the original bytes
-and the whole-plane path; with a digest map the chunk is checked whole first."""
+and the whole-plane path, unverified or with the digest map a verified archive is opened with
+(block digests check each block read; chunk digests alone, the whole chunk)."""
 
 from __future__ import annotations
 
@@ -82,7 +83,14 @@ def test_partial_reads_equal_the_original_and_the_whole_plane_path(
 ) -> None:
     name, codec = data.draw(st.sampled_from(sorted(tiny_block_archives)))
     original = corpus[name].read_bytes()
-    with DecantArchive.open(tiny_block_archives[(name, codec)]) as archive:
+    path = tiny_block_archives[(name, codec)]
+    # As the mount opens it: unverified (no map), verified (chunk and block digests), or
+    # verified by an index of before block digests (chunk digests only).
+    kind = data.draw(st.sampled_from(["none", "blocks", "chunks only"]))
+    recorded = None if kind == "none" else archive_digests(path)
+    if kind == "chunks only":
+        recorded = chunk_digests(recorded)
+    with DecantArchive.open(path, recorded) as archive:
         cache = PageCache(64 << 20)
         partial, whole = _reader(archive, cache, True), _reader(archive, PageCache(0), False)
         spans = _pixel_spans(partial)
