@@ -16,6 +16,14 @@ T = TypeVar("T")
 TOOLS = Path(__file__).resolve().parents[1] / "tools"
 
 
+def proc_status(pid: int, field: str) -> int:
+    """A byte figure of /proc/PID/status (VmHWM: the peak RSS; VmRSS: the RSS now), in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no {field} for pid {pid}")
+
+
 def load_tool(name: str) -> ModuleType:
     """A script from tools/ as a module, under a private name so it never shadows anything."""
     module_name = f"_decant_tool_{name}"

@@ -12,19 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.toolbox import load_tool
+from tests.toolbox import load_tool, proc_status
 
 GOOD_D = "imagej_hyperstack_tzc_u16.tif"
 GOOD_V = "zlib_u16.tif"
 RSS_LIMIT_KIB = 600 * 1024
 READ_FAILS = {"husk-bomb-in-small-chunk"}  # describe cannot tell; the read that decodes does
-
-
-def vm_hwm_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    raise AssertionError("no VmHWM")
 
 
 @pytest.fixture
@@ -84,7 +77,7 @@ def test_hostile_archives_beside_good_ones(make_mount, hostile_src) -> None:  # 
             lines = [line for line in log.splitlines() if archive.name in line]
             assert any("shown as the raw file" in line for line in lines), (case, log[-2000:])
     assert m.proc.poll() is None, "the daemon exited"
-    hwm = vm_hwm_kib(m.proc.pid)
+    hwm = proc_status(m.proc.pid, "VmHWM") >> 10  # KiB
     print(f"daemon VmHWM {hwm >> 10} MiB")
     assert hwm < RSS_LIMIT_KIB, f"daemon peak RSS {hwm >> 10} MiB"
     assert os.listdir(m.mnt)  # still serving

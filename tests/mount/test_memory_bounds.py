@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 import tifffile
 
+from tests.toolbox import proc_status
+
 MiB = 1 << 20
 CACHE = 64 * MiB
 BOUND = CACHE + 400 * MiB
@@ -47,13 +49,6 @@ def stacks(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pack_file(base / name, src / f"{name}.zarr.zip")
         (base / name).unlink()
     return src
-
-
-def status(pid: int, field: str) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError(f"no {field} for pid {pid}")
 
 
 def random_preads(paths: list[Path], threads: int, seconds: float, size: int = 4096) -> int:
@@ -89,9 +84,9 @@ def test_random_reads_while_hashing_stay_near_the_cache_size(stacks: Path, make_
     paths = [m.mnt / "a.tif", m.mnt / "b.tif"]
     assert {os.getxattr(p, "user.decant.verified") for p in paths} <= {b"unknown", b"pending"}
     reads = random_preads(paths, threads=4, seconds=10.0)
-    peak = status(m.proc.pid, "VmHWM")
+    peak = proc_status(m.proc.pid, "VmHWM")
     time.sleep(2)  # handles closed: queued verifications may still be reading
-    end = status(m.proc.pid, "VmRSS")
+    end = proc_status(m.proc.pid, "VmRSS")
     assert reads > 0
     assert peak < BOUND, f"peak RSS {peak // MiB} MiB over {BOUND // MiB} after {reads} preads"
     assert end < BOUND, f"RSS {end // MiB} MiB over {BOUND // MiB} once every handle closed"
@@ -108,7 +103,7 @@ def test_many_random_readers_of_a_file_being_verified_park_nothing_for_the_hash(
     m = make_mount(stacks, "--read-only", "--cache-size", "8M")
     assert m.proc is not None
     reads = random_preads([m.mnt / "a.tif"], threads=16, seconds=6.0, size=MiB)
-    peak = status(m.proc.pid, "VmHWM")
+    peak = proc_status(m.proc.pid, "VmHWM")
     bound = 8 * MiB + 250 * MiB
     assert reads > 0
     assert peak < bound, f"peak RSS {peak // MiB} MiB over {bound // MiB} after {reads} preads"

@@ -21,6 +21,7 @@ import pytest
 import tifffile
 
 from tests.mount.conftest import SYSTEM_PYTHON, Mount, User, open_tmp
+from tests.toolbox import proc_status
 
 MiB = 1 << 20
 CACHE = 8 * MiB
@@ -65,14 +66,6 @@ def many_entries(tmp_path_factory: pytest.TempPathFactory, unprivileged: User) -
         m.stop()
 
 
-def peak_rss(m: Mount) -> int:
-    assert m.proc is not None
-    for line in Path(f"/proc/{m.proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmHWM")
-
-
 def still_serves(m: Mount) -> None:
     got = subprocess.run(["cat", str(m.mnt / "plain.txt")], capture_output=True, timeout=30)
     assert got.stdout == b"a plain file\n", got.stderr
@@ -104,7 +97,8 @@ def test_many_handles_of_one_archive_share_its_opened_zip(
     done = unprivileged.run(str(SYSTEM_PYTHON), "-I", "-c", HOLD, str(path), "16", timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [hashlib.sha256(many_entries.want).hexdigest()]
-    peak = peak_rss(m)
+    assert m.proc is not None
+    peak = proc_status(m.proc.pid, "VmHWM")
     assert peak < BOUND, f"peak RSS {peak // MiB} MiB over {BOUND // MiB} with 16 handles open"
     still_serves(m)
 
