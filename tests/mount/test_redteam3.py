@@ -57,9 +57,15 @@ def many_entries(tmp_path_factory: pytest.TempPathFactory, unprivileged: User) -
         for k in range(JUNK):
             zout.writestr(f"junk/{k:08d}{'x' * 100}", b"")
     (src / "many.tif.zarr.zip").chmod(0o644)
+    yield from _served(base, src, want, "8M")
+
+
+def _served(base: Path, src: Path, want: bytes, cache: str) -> Iterator[Src]:
+    """`src` with a plain control file beside its archives, mounted read-only with allow_other
+    and `--cache-size cache` for the module's tests, then unmounted."""
     (src / "plain.txt").write_bytes(b"a plain file\n")
     m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
-    m.start("-o", "allow_other", "--read-only", "--cache-size", "8M")
+    m.start("-o", "allow_other", "--read-only", "--cache-size", cache)
     try:
         yield Src(m, src, want)
     finally:
@@ -130,13 +136,7 @@ def bombs(tmp_path_factory: pytest.TempPathFactory, unprivileged: User) -> Itera
     pack_file(tif, src / "victim" / "victim.tif.zarr.zip")
     for archive in src.rglob("*.zarr.zip"):
         archive.chmod(0o644)
-    (src / "plain.txt").write_bytes(b"a plain file\n")
-    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
-    m.start("-o", "allow_other", "--read-only", "--cache-size", "64M")
-    try:
-        yield Src(m, src, want)
-    finally:
-        m.stop()
+    yield from _served(base, src, want, "64M")
 
 
 STORM = """
