@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.mount.conftest import Mount, User, open_tmp
+from tests.toolbox import zip_of_many
 
 GIB = 1 << 30
 CACHE = "64M"
@@ -58,4 +59,25 @@ def test_a_sparse_collection_document_is_not_read_whole(mount: Mount, unprivileg
     assert "larger than" in mount.log_text()
     assert mount.proc is not None
     assert peak_rss(mount.proc.pid) < 512 << 20
+    assert (mount.mnt / "notes.txt").read_bytes() == b"still served\n"
+
+
+def test_a_zip_of_many_entries_costs_its_tables_not_zipfiles(
+    mount: Mount, unprivileged: User
+) -> None:
+    """400,000 one-byte entries in a 37 MB zip, dropped in the user's folder of SRC: the first
+    listing opens it (it is then refused: no manifest). zipfile's directory cost the daemon
+    ~250 MB of peak RSS for it; the compact directory ~50 MB."""
+    count = 400_000
+    many = zip_of_many(mount.src / "userdir" / "many.tif.zarr.zip", count)
+    os.chown(many, unprivileged.uid, unprivileged.gid)
+    assert mount.proc is not None
+    before = peak_rss(mount.proc.pid)
+    assert os.listdir(mount.mnt / "userdir") == ["many.tif.zarr.zip"]  # shown as the raw file
+    deadline = time.monotonic() + 60
+    while "many.tif.zarr.zip: not a decant archive" not in mount.log_text():
+        assert time.monotonic() < deadline, mount.log_text()[-2000:]
+        time.sleep(0.2)
+    grown = peak_rss(mount.proc.pid) - before
+    assert grown < 128 << 20, f"peak RSS grew {grown >> 20} MiB opening {count} entries"
     assert (mount.mnt / "notes.txt").read_bytes() == b"still served\n"

@@ -277,13 +277,13 @@ def test_read_ahead_keeps_several_gets_in_flight_and_never_fetches_twice(
     reader = _reader(archive)
     store = archive.store
     chunks = sorted((k for k in store.all_keys() if is_chunk_key(k) and k[:2] == "0/"),
-                    key=lambda k: store._entries[k].header_offset)  # type: ignore[attr-defined]  # fmt: skip
+                    key=lambda k: store._entries.get(k).header_offset)  # type: ignore[attr-defined]  # fmt: skip
     gets.take()
     store.prefetch(chunks[0])
     ahead = store.source._ahead  # type: ignore[attr-defined]
     for future in list(ahead.values()):
         future.result()
-    entries = [store._entries[k] for k in chunks]  # type: ignore[attr-defined]
+    entries = [store._entries.get(k) for k in chunks]  # type: ignore[attr-defined]
     first = [store._first_read(e, e.file_size) for e in entries]  # type: ignore[attr-defined]
     # All of them fit the budget here, and they follow each other: one GET of exactly them.
     assert gets.take() == [(first[0][0], sum(n for _off, n in first))]
@@ -301,10 +301,10 @@ def test_read_ahead_is_bounded_per_connection_and_given_back(
 ) -> None:
     store = archive.store
     chunks = sorted((k for k in store.all_keys() if is_chunk_key(k) and k[:2] == "0/"),
-                    key=lambda k: store._entries[k].header_offset)  # type: ignore[attr-defined]  # fmt: skip
+                    key=lambda k: store._entries.get(k).header_offset)  # type: ignore[attr-defined]  # fmt: skip
     source = store.source  # type: ignore[attr-defined]
     conn = source._folder.conn
-    biggest = max(store._entries[k].compress_size for k in chunks)  # type: ignore[attr-defined]
+    biggest = max(store._entries.get(k).compress_size for k in chunks)  # type: ignore[attr-defined]
     monkeypatch.setattr(s3_module, "READAHEAD_TOTAL", biggest + 1024)
     store.prefetch(chunks[0])
     assert len(source._ahead) == 1  # the rest would pass the connection's budget

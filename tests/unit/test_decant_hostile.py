@@ -380,7 +380,7 @@ def test_central_directory_size_claim(bases: dict[str, Path], tmp_path: Path) ->
 def test_zip_entry_count_bound(
     bases: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("vfs.decant.store.MAX_ZIP_ENTRIES", 5)
+    monkeypatch.setattr("vfs.decant.zipdir.MAX_ZIP_ENTRIES", 5)
     with pytest.raises(CorruptArchiveError, match=r"claims \d+ entries, more than 5"):
         DecantBackend(PageCache(0)).describe(bases[D])
 

@@ -20,10 +20,10 @@ import os
 import stat
 import struct
 import threading
-import zipfile
+import zlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import xxhash
 
@@ -34,12 +34,14 @@ from isal.isal_zlib import crc32
 
 from vfs.decant import MANIFEST_KEY as MANIFEST_KEY  # re-exported: its home is vfs.decant
 from vfs.decant import archive_stem as archive_stem
-from vfs.decant.limits import MAX_CENTRAL_DIRECTORY_BYTES, MAX_NDIM, MAX_ZIP_ENTRIES, human
+from vfs.decant.limits import MAX_NDIM, MAX_ZIP_ENTRIES, human
+from vfs.decant.zipdir import ZipDirectory, ZipEntry
 from vfs.errors import CorruptArchiveError, DecantError, NotAnArchiveError
 from vfs.stores.base import ByteSource, Folder
 from vfs.stores.local import LocalFile, LocalFolder
 
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
+_STORED, _DEFLATED = 0, 8  # zip methods read: what decant writes, and what `zip` re-zips with
 _VIEW_FROM = 64 * 1024  # chunks this large come back as views of the read, not copies
 _HEAD_WITH_HEADER = 64 * 1024  # a ranged read ending before this reads the local header with it
 _FOLLOW_MAX = 64  # entries looked at past a prefetched one (read-ahead from an object store)
@@ -150,8 +152,9 @@ class Store:
 
 
 class _SourceFile(io.RawIOBase):
-    """A byte source as the seekable file `zipfile` wants, its tail read once up front: the end
-    record and central directory of a remote zip then cost one ranged GET, not a dozen."""
+    """A byte source as a seekable file (for zipfile's end-record reader and the directory's
+    parse), its tail read once up front: the end record and central directory of a remote zip
+    then cost one ranged GET, not a dozen."""
 
     def __init__(self, source: ByteSource, tail: int) -> None:
         super().__init__()
@@ -224,58 +227,39 @@ class ZipArchiveStore(Store):
         # opening twice could pair one file's central directory with the bytes of an archive
         # re-published in between.
         self._source: ByteSource | None = source
-        self._fh: BinaryIO | None = None
-        self._zf: zipfile.ZipFile | None = None
+        self._fh: _SourceFile | None = None
         path = self.name
         try:
             self.stat = getattr(source, "stat", None)
             self.identity = source.identity
             tail = int(getattr(source, "tail_hint", 64 * 1024))
-            self._fh = _SourceFile(source, tail)  # type: ignore[assignment]
-            assert self._fh is not None
-            _check_central_directory(self._fh, path)
-            self._zf = zipfile.ZipFile(self._fh)
-            infos = self._zf.infolist()
+            self._fh = _SourceFile(source, tail)
+            self._entries = ZipDirectory(path, self._fh)  # type: ignore[arg-type]
             if self.stat is not None:  # a local file: its central directory is parsed
-                self._fh.forget_tail()  # type: ignore[attr-defined]
+                self._fh.forget_tail()
         except CorruptArchiveError:
             self.close()
             raise
         except OSError as exc:
             self.close()
             raise CorruptArchiveError(f"{path}: cannot read ({exc.strerror})") from None
-        except Exception as exc:  # zipfile raises BadZipFile, ValueError, struct.error, ...
+        except Exception as exc:  # what a damaged end record makes zipfile's reader raise
             self.close()
             if isinstance(exc, DecantError):  # a byte source's StoreError keeps its kind
                 raise
             raise CorruptArchiveError(f"{path}: not a readable zip archive ({exc})") from None
-        self._entries: dict[str, zipfile.ZipInfo] = {i.filename: i for i in infos}
         self._data_offsets: dict[str, int] = {}
-        self._prefixes: dict[str, list[str]] | None = None
-        self._order: dict[str, int] | None = None  # entries by stored position (read-ahead)
-        self._ranked: list[zipfile.ZipInfo] = []
         self._lock = threading.Lock()
-        self._zip_lock = threading.Lock()  # the one ZipFile has one file position
 
     def all_keys(self) -> list[str]:
-        return list(self._entries)
+        return list(self._entries.names())
 
     def has(self, key: str) -> bool:
-        return key in self._entries
+        return self._entries.get(key) is not None
 
     def listed(self, prefix: str) -> list[str]:
-        """Keys below `prefix` ("name/"), grouped once per store by their first path part."""
-        with self._lock:
-            if self._prefixes is None:
-                groups: dict[str, list[str]] = {}
-                for name in self._entries:
-                    head, sep, _ = name.partition("/")
-                    if sep:
-                        groups.setdefault(head + "/", []).append(name)
-                self._prefixes = groups
-        if prefix.endswith("/") and prefix.count("/") == 1:
-            return self._prefixes.get(prefix, [])
-        return [k for k in self._entries if k.startswith(prefix)]
+        """Keys below `prefix` ("name/"): a first path part is a group kept by the directory."""
+        return self._entries.listed(prefix)
 
     @property
     def source(self) -> ByteSource:
@@ -283,26 +267,24 @@ class ZipArchiveStore(Store):
             raise ValueError(f"{self.name}: store is closed")
         return self._source
 
-    def _data_offset(
-        self, info: zipfile.ZipInfo, head: int
-    ) -> tuple[int, bytes | memoryview | None]:
+    def _data_offset(self, info: ZipEntry, head: int) -> tuple[int, bytes | memoryview | None]:
         """Where the entry's bytes start, from its local header — which must name the same entry:
         a damaged directory offset would otherwise serve another entry's bytes under this key.
         The first time, the header and the entry's first `head` bytes are read together (one GET
         on a remote source: the header's extra length is guessed from the central directory);
         those bytes are returned when that read holds them all, else None."""
-        offset = self._data_offsets.get(info.filename)
+        offset = self._data_offsets.get(info.name)
         blob: bytes | memoryview = b""
         if offset is None:
             start, want = self._first_read(info, head)
-            if start >= 0 and want >= _LOCAL_HEADER.size + len(_raw_name(info)):
+            if start >= 0 and want >= _LOCAL_HEADER.size + len(info.raw_name):
                 blob = self._read_buffer(start, want)
             offset = self._check_local_header(info, blob)
             with self._lock:
-                self._data_offsets[info.filename] = offset
+                self._data_offsets[info.name] = offset
         start = offset - info.header_offset
         if blob and head and start + head <= len(blob):
-            if head < _VIEW_FROM or not is_chunk_key(info.filename):
+            if head < _VIEW_FROM or not is_chunk_key(info.name):
                 return offset, bytes(blob[start : start + head])
             # A chunk gets a view, not a slice: slicing copied every chunk once more (4 MiB of
             # memcpy and fresh pages per plane on a first read); the view keeps ~100 bytes more.
@@ -315,24 +297,24 @@ class ZipArchiveStore(Store):
         read = getattr(self.source, "read_buffer", None) or self.source.read
         return read(offset, size)  # type: ignore[no-any-return]
 
-    def _first_read(self, info: zipfile.ZipInfo, head: int) -> tuple[int, int]:
+    def _first_read(self, info: ZipEntry, head: int) -> tuple[int, int]:
         """The range `_data_offset(info, head)` reads while the data offset is not known: the
         local header, and `head` data bytes after it if its extra field is the central one's."""
-        want = _LOCAL_HEADER.size + len(_raw_name(info)) + (len(info.extra) + head if head else 0)
+        want = _LOCAL_HEADER.size + len(info.raw_name) + (info.extra_len + head if head else 0)
         return info.header_offset, min(want, self.source.size - info.header_offset)
 
-    def _check_local_header(self, info: zipfile.ZipInfo, blob: bytes | memoryview) -> int:
+    def _check_local_header(self, info: ZipEntry, blob: bytes | memoryview) -> int:
         """The data offset the local header at the start of `blob` gives, once it is checked."""
-        name = _raw_name(info)
+        name = info.raw_name
         header = bytes(blob[: _LOCAL_HEADER.size + len(name)])
         fields = _LOCAL_HEADER.unpack_from(header) if len(header) == len(name) + 30 else None
         if fields is None or fields[0] != b"PK\x03\x04":
             raise CorruptArchiveError(
-                f"{self.path}: zip entry {info.filename!r} has no local header (truncated?)"
+                f"{self.path}: zip entry {info.name!r} has no local header (truncated?)"
             )
-        if fields[9] != len(name) or header[30:] != name or fields[3] != info.compress_type:
+        if fields[9] != len(name) or header[30:] != name or fields[3] != info.method:
             raise CorruptArchiveError(
-                f"{self.path}: zip entry {info.filename!r}: its local header disagrees with "
+                f"{self.path}: zip entry {info.name!r}: its local header disagrees with "
                 "the central directory"
             )
         return int(info.header_offset + _LOCAL_HEADER.size + fields[9] + fields[10])
@@ -343,7 +325,9 @@ class ZipArchiveStore(Store):
             return None
         if info.file_size > limit:
             raise self._too_large(key, info.file_size, limit)
-        if info.compress_type != zipfile.ZIP_STORED:
+        if info.flags & 0x1:
+            raise CorruptArchiveError(f"{self.path}: zip entry {key!r} is encrypted")
+        if info.method != _STORED:
             return self._get_compressed(key, info)
         if info.compress_size != info.file_size:
             raise CorruptArchiveError(
@@ -360,7 +344,7 @@ class ZipArchiveStore(Store):
     def get_scratch(self, key: str, limit: int) -> bytes | memoryview | None:
         info = self._entries.get(key)
         fileno = getattr(self._source, "fileno", None)
-        plain = info is not None and info.compress_type == zipfile.ZIP_STORED
+        plain = info is not None and info.method == _STORED and not info.flags & 0x1
         if not plain or fileno is None or not 0 < info.file_size <= min(limit, SCRATCH_KEEP):
             return self.get(key, limit)  # and its errors
         if info.compress_size != info.file_size:
@@ -376,22 +360,22 @@ class ZipArchiveStore(Store):
         self._check_stored(key, info, data)
         return data
 
-    def _read_stored_into(self, key: str, info: zipfile.ZipInfo, fd: int) -> memoryview | None:
+    def _read_stored_into(self, key: str, info: ZipEntry, fd: int) -> memoryview | None:
         """A stored entry's bytes read into the scratch buffer: as `_read_stored`, header
         included the first time, but into memory already faulted in. A fresh 4 MiB `bytes` per
         plane cost its page faults and the kernel zeroing it (clear_page was a fifth of the
         daemon's CPU on a first read: glibc hands such blocks back to the kernel on free)."""
-        offset = self._data_offsets.get(info.filename)
+        offset = self._data_offsets.get(info.name)
         if offset is None:
             start, want = self._first_read(info, info.file_size)
-            header = _LOCAL_HEADER.size + len(_raw_name(info))
+            header = _LOCAL_HEADER.size + len(info.raw_name)
             if start < 0 or want < header:
                 return None
             buf = scratch(want)
             got = os.preadv(fd, [buf], start)
             offset = self._check_local_header(info, bytes(buf[: min(got, header)]))
             with self._lock:
-                self._data_offsets[info.filename] = offset
+                self._data_offsets[info.name] = offset
             lo = offset - start
             if lo + info.file_size <= got:
                 return buf[lo : lo + info.file_size]
@@ -406,7 +390,7 @@ class ZipArchiveStore(Store):
         info = self._entries.get(key)
         # On an object store too: the local header and the block table come in one ranged GET
         # (`get_range` reads the header with the bytes asked for), a block in a second.
-        if info is None or info.compress_type != zipfile.ZIP_STORED:
+        if info is None or info.method != _STORED or info.flags & 0x1:
             return None
         return int(info.file_size) if info.compress_size == info.file_size else None
 
@@ -429,7 +413,7 @@ class ZipArchiveStore(Store):
         with contextlib.suppress(OSError, CorruptArchiveError):
             ranges = []
             for entry in self._following(info, int(getattr(self._source, "readahead_bytes", 0))):
-                offset = self._data_offsets.get(entry.filename)
+                offset = self._data_offsets.get(entry.name)
                 if offset is None:  # what the first `get` reads: header and data in one range
                     ranges.append(self._first_read(entry, entry.file_size))
                 else:
@@ -440,24 +424,20 @@ class ZipArchiveStore(Store):
                 for offset, size in ranges:
                     one(offset, size)
 
-    def _following(self, info: zipfile.ZipInfo, budget: int) -> list[zipfile.ZipInfo]:
+    def _following(self, info: ZipEntry, budget: int) -> list[ZipEntry]:
         """`info` and the chunks of its array stored after it, up to `budget` bytes (and among
         the next _FOLLOW_MAX entries: an archive of a million empty entries walks no further)."""
         if budget <= 0:
             return [info]
-        head = info.filename.partition("/")[0]
-        with self._lock:
-            if self._order is None:
-                ranked = sorted(self._entries.values(), key=lambda i: i.header_offset)
-                self._order = {i.filename: n for n, i in enumerate(ranked)}
-                self._ranked = ranked
+        head = info.name.partition("/")[0]
+        with self._lock:  # the directory ranks entries by offset on first use
+            following = self._entries.following(info, _FOLLOW_MAX)
         out, total = [info], info.compress_size
-        at = self._order[info.filename] + 1
-        for entry in self._ranked[at : at + _FOLLOW_MAX]:
+        for entry in following:
             total += entry.compress_size
             if total > budget:
                 break
-            if entry.filename.partition("/")[0] == head and is_chunk_key(entry.filename):
+            if entry.name.partition("/")[0] == head and is_chunk_key(entry.name):
                 out.append(entry)
         return out
 
@@ -483,7 +463,7 @@ class ZipArchiveStore(Store):
             raise CorruptArchiveError(f"{self.path}: zip entry {key!r} is truncated")
         return data
 
-    def _read_stored(self, key: str, info: zipfile.ZipInfo) -> bytes | memoryview:
+    def _read_stored(self, key: str, info: ZipEntry) -> bytes | memoryview:
         offset, data = self._data_offset(info, info.file_size)
         if data is None:
             if offset + info.file_size > self.source.size:
@@ -496,70 +476,59 @@ class ZipArchiveStore(Store):
         self._check_stored(key, info, data)
         return data
 
-    def _check_stored(self, key: str, info: zipfile.ZipInfo, data: bytes | memoryview) -> None:
+    def _check_stored(self, key: str, info: ZipEntry, data: bytes | memoryview) -> None:
         # The writer's CRC-32 (zipfile checks it for compressed entries, pread does not): a flipped
         # bit on disk is an error here, not a wrong pixel that only a whole-file sha256 would see.
         # A digest map, made from CRC-checked reads, replaces it: xxh3 is four times faster.
         if self.digests is not None:
             self._check_digest(key, data)
-        elif self.verify_crc and crc32(data) != info.CRC:
+        elif self.verify_crc and crc32(data) != info.crc:
             raise CorruptArchiveError(
                 f"{self.path}: zip entry {key!r} fails its CRC-32 check (damaged on disk)"
             )
 
-    def _get_compressed(self, key: str, info: zipfile.ZipInfo) -> bytes:
+    def _get_compressed(self, key: str, info: ZipEntry) -> bytes:
         """Not what decant writes, but a re-zipped archive is still readable, just slower.
-        zipfile stops at the entry's file_size (checked against the limit) and checks its CRC."""
-        assert self._zf is not None
+        Inflated no further than the entry's file_size (checked against the limit), CRC-checked."""
+        if info.method != _DEFLATED:
+            raise CorruptArchiveError(
+                f"{self.path}: zip entry {key!r} uses compression method {info.method} "
+                "(decant reads stored and deflated entries)"
+            )
+        # Deflate grows incompressible data by 5 bytes per 64 KiB block at most.
+        if info.compress_size > info.file_size + info.file_size // 8192 + 1024:
+            raise CorruptArchiveError(
+                f"{self.path}: zip entry {key!r} claims {info.compress_size} deflated bytes "
+                f"for {info.file_size}"
+            )
         try:
-            with self._zip_lock:
-                data = self._zf.read(info)
-        except Exception as exc:  # BadZipFile, zlib.error, NotImplementedError, RuntimeError...
-            raise CorruptArchiveError(f"{self.path}: cannot read {key!r} ({exc})") from None
+            offset, _ = self._data_offset(info, 0)
+            if offset + info.compress_size > self.source.size:
+                raise CorruptArchiveError(f"{self.path}: zip entry {key!r} runs past the end")
+            stored = self.source.read(offset, info.compress_size)
+            inflate = zlib.decompressobj(-zlib.MAX_WBITS)
+            data = inflate.decompress(stored, info.file_size + 1)  # one more: a longer one fails
+        except OSError as exc:
+            raise CorruptArchiveError(
+                f"{self.path}: cannot read zip entry {key!r} ({exc.strerror})"
+            ) from None
+        except zlib.error as exc:
+            raise CorruptArchiveError(f"{self.path}: cannot inflate {key!r} ({exc})") from None
+        if len(data) != info.file_size or not inflate.eof or crc32(data) != info.crc:
+            raise CorruptArchiveError(
+                f"{self.path}: zip entry {key!r} fails its CRC-32 check (damaged on disk)"
+            )
         if self.digests is not None:
             self._check_digest(key, data)
         return data
 
     def close(self) -> None:
-        if self._zf is not None:
-            self._zf.close()
-            self._zf = None
         if self._fh is not None:
             self._fh.close()
             self._fh = None
         if self._source is not None:
             self._source.close()
             self._source = None
-
-
-def _raw_name(info: zipfile.ZipInfo) -> bytes:
-    return info.filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
-
-
-def _check_central_directory(fh: BinaryIO, path: Path | str) -> None:
-    """Bound the central directory before zipfile reads it whole and makes an object per entry.
-
-    Uses zipfile's own end-record reader, so the numbers checked are the ones zipfile then uses.
-    """
-    end_record = getattr(zipfile, "_EndRecData", None)
-    if end_record is None:
-        return
-    try:
-        rec = end_record(fh)
-    except (OSError, struct.error, ValueError):
-        return  # zipfile raises BadZipFile itself
-    if not rec:
-        return
-    entries, size = rec[4], rec[5]  # _ECD_ENTRIES_TOTAL, _ECD_SIZE
-    if entries > MAX_ZIP_ENTRIES:
-        raise CorruptArchiveError(
-            f"{path}: zip end record claims {entries} entries, more than {MAX_ZIP_ENTRIES}"
-        )
-    if size > MAX_CENTRAL_DIRECTORY_BYTES:
-        raise CorruptArchiveError(
-            f"{path}: zip central directory claims {size} bytes, more than "
-            f"{human(MAX_CENTRAL_DIRECTORY_BYTES)}"
-        )
 
 
 class DirectoryStore(Store):
