@@ -7,22 +7,18 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
 from tests.mount.conftest import Mount, User, open_tmp
-from tests.toolbox import zip_of_many
+from tests.toolbox import proc_status, zip_of_many
 
 GIB = 1 << 30
 CACHE = "64M"
 
 
 def peak_rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) << 10
-    raise AssertionError("no VmHWM")
+    return proc_status(pid, "VmHWM")
 
 
 @pytest.fixture
