@@ -6,12 +6,15 @@ byte always decodes, to wrong bytes: only the sha256 check can catch it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
+import json
 import os
 import random
 import re
 import shutil
+import sqlite3
 import subprocess
 import time
 import zipfile
@@ -22,6 +25,7 @@ import pytest
 import tifffile
 
 from tests.mount.helpers import flip_byte, rewrite_zip
+from vfs.decant.digestmap import chunk_digests, has_block_entries
 from vfs.decant.packer import PackOptions, pack_file
 from vfs.decant.writer import CodecChoice
 
@@ -194,3 +198,44 @@ def test_scrub_finds_damage_nobody_read(tmp_path: Path, make_mount) -> None:  # 
         (m.mnt / "bad.tif").read_bytes()
     assert caught.value.errno == errno.EIO
     assert (m.mnt / "good.tif").read_bytes() == good.read_bytes()
+
+
+def test_a_scrub_gives_a_chunk_only_digest_map_its_block_entries(
+    tmp_path: Path,
+    make_mount,  # type: ignore[no-untyped-def]
+) -> None:
+    """An index recorded before block entries holds one digest per chunk, so each small read of
+    a verified archive read and checked its whole chunk. A scrub reads every chunk anyway: the
+    map it notes, block entries and all, replaces the coarser one (its chunk digests equal)."""
+    work, src = tmp_path / "work", tmp_path / "src"
+    work.mkdir(), src.mkdir()
+    rng = np.random.default_rng(3)
+    smooth = np.add.outer(np.arange(512), np.arange(512)) % 4096
+    planes = np.stack([smooth + rng.integers(0, 16, (512, 512)) for _ in range(3)])
+    tifffile.imwrite(work / "s.tif", planes.astype(np.uint16))  # 512 KiB planes: 2 blocks each
+    pack_file(work / "s.tif", src / "s.tif.zarr.zip")
+    index = tmp_path / "mnt-index" / "index.sqlite"
+
+    def recorded() -> dict[str, int] | None:
+        with contextlib.closing(sqlite3.connect(index)) as db:
+            row = db.execute("SELECT doc FROM chunk_digests").fetchone()
+        return None if row is None else dict(json.loads(row[0]))
+
+    m = make_mount(src)
+    assert (m.mnt / "s.tif").read_bytes() == (work / "s.tif").read_bytes()  # verifies it
+    deadline = time.monotonic() + 30
+    while (full := recorded()) is None:
+        assert time.monotonic() < deadline, m.log_text()[-2000:]
+        time.sleep(0.1)
+    m.stop()
+    assert has_block_entries(full)
+    with contextlib.closing(sqlite3.connect(index)) as db, db:  # as an earlier version kept it
+        db.execute("UPDATE chunk_digests SET doc=?", (json.dumps(chunk_digests(full)),))
+    assert recorded() == chunk_digests(full)
+
+    m.start("--scrub-interval", "1s")
+    while not re.search(r"scrub of .*: 1 files verified, 0 failed", m.log_text()):
+        assert time.monotonic() < deadline + 30, m.log_text()[-2000:]
+        time.sleep(0.2)
+    m.stop()
+    assert recorded() == full

@@ -79,6 +79,12 @@ class DigestRecorder:
         return {**chunks, **blocks}
 
 
+def has_block_entries(digests: Mapping[str, int]) -> bool:
+    """Whether the map holds block entries (maps recorded before them, or of archives with no
+    blosc1 chunk, hold one digest per chunk only). A nested archive's keys carry its prefix."""
+    return any(k.startswith(_PREFIX) or f"/{_PREFIX}" in k for k in digests)
+
+
 def chunk_digests(digests: Mapping[str, int]) -> dict[str, int]:
     """The map without its block entries: one digest per stored chunk."""
     return {k: v for k, v in digests.items() if is_chunk_key(k)}

@@ -21,7 +21,7 @@ import numpy as np
 
 from vfs.cache import DropBehind, PageCache
 from vfs.decant.chunks import ArraySpec, check_byte_chunks, read_array_spec, read_chunk
-from vfs.decant.digestmap import DigestRecorder
+from vfs.decant.digestmap import DigestRecorder, has_block_entries
 from vfs.decant.layout import page_coordinate, serialize_page
 from vfs.decant.limits import (
     MAX_BLOCK_BYTES,
@@ -301,8 +301,11 @@ class OriginalReader:
         self.partial_limit = PARTIAL_LIMIT
         self._next = self._run = 0  # where the last read ended; bytes read in order up to it
         # Without a digest map, note each chunk's xxh3 as it is read: a first read that hashes
-        # the whole file then has the map to record, instead of reading the archive again.
-        self.tap = DigestTap(archive.store) if archive.digests is None else None
+        # the whole file then has the map to record, instead of reading the archive again. So
+        # too with a map of chunk digests only (an index older than block entries): a scrub's
+        # whole read then records block entries, and small reads stop checking whole chunks.
+        noting = not archive.digests or not has_block_entries(archive.digests)
+        self.tap = DigestTap(archive.store) if noting else None
         self._chunks: Any = self.tap if self.tap is not None else archive.store
 
     def read(self, offset: int, size: int) -> bytes | memoryview:

@@ -628,9 +628,16 @@ class DecantOperations(pyfuse3.Operations):
         stamp = stamp_of(node.real)
         index.mark_verified(node.real, node.member, stamp, node.sha256)
         record = getattr(node.backend, "chunk_digests", None)
-        if record is not None and index.digests(node.real, stamp) is None:
+        if record is None:
+            return
+        held = index.digests(node.real, stamp)
+        if held is None:
             # From now on every chunk read from disk is checked against these before decoding.
             index.put_digests(node.real, stamp, seen if seen is not None else record(node.real))
+        elif seen is not None and len(seen) > len(held):
+            # A finer map of the same bytes (the reads of a scrub noted block entries that a
+            # map recorded before them lacks): small reads then check just what they decode.
+            index.put_digests(node.real, stamp, seen)
 
     def _forget_verified(self, node: Node) -> None:
         if self.tree.index is not None:
