@@ -4,14 +4,23 @@ The daemon's peak RSS (VmHWM) stays near its cache budget and it keeps serving."
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sqlite3
 import time
+import zipfile
 from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
+import tifffile
 
 from tests.mount.conftest import Mount, User, open_tmp
+from tests.mount.test_write_side import wait_status
 from tests.toolbox import proc_status, zip_of_many
+from vfs.decant.digestmap import MAX_MAP_CHUNKS
+from vfs.decant.packer import pack_file
 
 GIB = 1 << 30
 CACHE = "64M"
@@ -77,3 +86,26 @@ def test_a_zip_of_many_entries_costs_its_tables_not_zipfiles(
     grown = peak_rss(mount.proc.pid) - before
     assert grown < 128 << 20, f"peak RSS grew {grown >> 20} MiB opening {count} entries"
     assert (mount.mnt / "notes.txt").read_bytes() == b"still served\n"
+
+
+def test_more_chunks_than_a_digest_map_holds_verify_without_one(
+    mount: Mount, unprivileged: User, tmp_path: Path
+) -> None:
+    """An archive that verifies, holding junk chunk keys past MAX_MAP_CHUNKS: a map of them
+    would be parsed at each open of the archive (~100 bytes a digest). It gets none, keeps its
+    CRC-32 checks, and is served as before."""
+    original = tmp_path / "j.tif"
+    tifffile.imwrite(original, np.arange(3 * 64 * 64, dtype=np.uint16).reshape(3, 64, 64))
+    archive = mount.src / "userdir" / "j.tif.zarr.zip"
+    pack_file(original, archive)
+    with zipfile.ZipFile(archive, "a") as zf:
+        for n in range(MAX_MAP_CHUNKS + 1):
+            zf.writestr(f"junk/0.{n}", b"x")
+    os.chown(archive, unprivileged.uid, unprivileged.gid)
+    shown = mount.mnt / "userdir" / "j.tif"
+    assert shown.read_bytes() == original.read_bytes()  # a whole read verifies it
+    wait_status(mount.mnt, lambda doc: doc["daemon"]["verified"] == 1)
+    with contextlib.closing(sqlite3.connect(mount.index / "index.sqlite")) as db:
+        assert db.execute("SELECT count(*) FROM chunk_digests").fetchone() == (0,)
+    assert os.getxattr(shown, "user.decant.verified") == b"yes"
+    assert shown.read_bytes() == original.read_bytes()

@@ -18,7 +18,7 @@ from vfs.decant.digests import archive_digests
 from vfs.decant.packer import PackOptions, PackResult
 from vfs.decant.reader import DecantArchive
 from vfs.decant.series import pack_series
-from vfs.decant.store import is_chunk_key
+from vfs.decant.store import ZipArchiveStore, is_chunk_key
 from vfs.errors import CorruptArchiveError
 
 fuzz = load_tool("fuzz")
@@ -95,6 +95,35 @@ def test_block_entries_stop_at_their_bound(good: Path, monkeypatch: pytest.Monke
     assert 0 < len(blocks) <= 5 and blocks < {k for k in full if k.startswith(".b/")}
     assert chunk_digests(bounded) == chunk_digests(full)
     assert all(f"{k.rpartition('/')[0]}/t" in blocks for k in blocks)  # whole chunks only
+
+
+def test_an_archive_of_more_chunks_than_a_map_holds_gets_none(
+    good: Path, corpus: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past MAX_MAP_CHUNKS chunk keys (junk a hostile zip holds by the million counts too) no
+    map is made, from a whole read's notes nor by reading the archive, before any chunk is read;
+    the archive reads as before, its CRC-32s checked."""
+    from vfs.decant import digestmap, digests, reader
+
+    with zipfile.ZipFile(good) as zf:
+        count = sum(1 for n in zf.namelist() if is_chunk_key(n))
+    for module in (digestmap, digests, reader):
+        monkeypatch.setattr(module, "MAX_MAP_CHUNKS", count - 1)
+    read: list[str] = []
+    original = ZipArchiveStore.get
+    monkeypatch.setattr(ZipArchiveStore, "get", lambda self, key, limit: read.append(key)
+                        or original(self, key, limit))  # fmt: skip
+    assert archive_digests(good) is None
+    assert not [k for k in read if is_chunk_key(k)]
+    with DecantArchive.open(good) as archive:
+        (info,) = archive.originals()
+        whole = archive.open_original(info.relpath, PageCache(1 << 20))
+        assert bytes(whole.read(0, whole.size)) == corpus[D].read_bytes()
+        assert whole.tap is not None and whole.tap.complete() is None
+    for module in (digestmap, digests, reader):
+        monkeypatch.setattr(module, "MAX_MAP_CHUNKS", count)  # as many as it holds: a map
+    at_bound = archive_digests(good)
+    assert at_bound is not None and len(chunk_digests(at_bound)) == count
 
 
 def test_reads_with_digests_are_exact(good: Path, corpus: dict[str, Path]) -> None:

@@ -103,7 +103,7 @@ def test_a_cp437_name_is_read_as_zipfile_reads_it(tmp_path: Path) -> None:
     with zipfile.ZipFile(path) as zf:
         assert zf.namelist() == ["a/\u00fc"]
     with ZipArchiveStore(path) as store:
-        assert store.all_keys() == ["a/\u00fc"]
+        assert list(store.all_keys()) == ["a/\u00fc"]
         assert store.get("a/\u00fc", 100) == b"pixels"
 
 

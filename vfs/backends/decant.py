@@ -32,8 +32,9 @@ class DecantBackend:
         self.digests = digests
         self.shared = _SharedArchives()
 
-    def chunk_digests(self, path: Path) -> dict[str, int]:
-        """xxh3 of every stored chunk, for the adapter to record (reads the whole archive)."""
+    def chunk_digests(self, path: Path) -> dict[str, int] | None:
+        """xxh3 of every stored chunk, for the adapter to record (reads the whole archive);
+        None for an archive of more chunks than a map holds (vfs.decant.digestmap)."""
         from vfs.decant.digests import archive_digests
 
         return archive_digests(path)
@@ -72,20 +73,13 @@ class DecantBackend:
 
         return _open_original(DecantArchive.open_at(folder, key, digests), member, self.cache)
 
-    def chunk_digests_at(self, folder: Folder, key: str) -> dict[str, int]:
+    def chunk_digests_at(self, folder: Folder, key: str) -> dict[str, int] | None:
         """As `chunk_digests`, for the archive at `key` of any folder (GETs every chunk once)."""
-        from vfs.decant.digests import store_digests
+        from vfs.decant.digests import opened_digests
         from vfs.decant.reader import DecantArchive
 
         with DecantArchive.open_at(folder, key) as archive:
-            m = archive.manifest
-            if m.mode != "series" or m.series_consolidated:
-                return store_digests(archive.store)
-            out: dict[str, int] = {}
-            for mem in m.members:
-                for k, digest in store_digests(archive.nested(mem.subarchive).store).items():
-                    out[f"{mem.subarchive}/{k}"] = digest
-            return out
+            return opened_digests(archive)
 
 
 def _describe(archive: DecantArchive, name: str) -> Description:

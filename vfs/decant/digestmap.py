@@ -23,6 +23,10 @@ from vfs.decant.blosc_blocks import BloscChunkError, block_spans, parse_header
 from vfs.decant.store import is_chunk_key
 
 MAX_BLOCK_ENTRIES = 1 << 16  # 2048 chunks of 32 blocks: 8 GiB of planes at the default codec
+# Chunk digests one map may hold: as many planes as a manifest may have pages. A map is parsed
+# at each open of its archive (~100 bytes a digest once loaded): an archive of more chunks, junk
+# keys a hostile zip holds by the million included, gets no map and keeps its CRC-32 checks.
+MAX_MAP_CHUNKS = 1 << 18
 
 _PREFIX = ".b/"
 
@@ -72,8 +76,11 @@ class DigestRecorder:
         if table_key(key) not in self._blocks and room > 1:
             self._blocks.update(block_entries(key, data, room))
 
-    def digest_map(self, keys: list[str] | None = None) -> dict[str, int]:
-        """The map of `keys` (default: every chunk noted) and their block entries."""
+    def digest_map(self, keys: list[str] | None = None) -> dict[str, int] | None:
+        """The map of `keys` (default: every chunk noted) and their block entries; None past
+        MAX_MAP_CHUNKS chunks."""
+        if len(self.chunks if keys is None else keys) > MAX_MAP_CHUNKS:
+            return None
         chunks = self.chunks if keys is None else {k: self.chunks[k] for k in keys}
         blocks = {k: v for k, v in list(self._blocks.items()) if _chunk_of(k) in chunks}
         return {**chunks, **blocks}

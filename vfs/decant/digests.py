@@ -13,33 +13,51 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vfs.decant.digestmap import DigestRecorder
+from vfs.decant.digestmap import MAX_MAP_CHUNKS, DigestRecorder
 from vfs.decant.limits import MAX_CHUNK_BYTES, compressed_bound
 from vfs.decant.reader import DecantArchive
 from vfs.decant.store import Store, is_chunk_key
 
 
-def archive_digests(path: Path) -> dict[str, int]:
+def archive_digests(path: Path) -> dict[str, int] | None:
     """Store key → xxh3-64 of the chunk's stored (compressed) bytes, for every chunk of the
-    archive. A nested series' bundles contribute their chunks as "<bundle>/<key>"."""
+    archive (None: more than MAX_MAP_CHUNKS). A nested series' bundles contribute their chunks
+    as "<bundle>/<key>"."""
     with DecantArchive.open(path) as archive:
-        m = archive.manifest
-        if m.mode != "series" or m.series_consolidated:
-            return store_digests(archive.store)
-        out: dict[str, int] = {}
-        for mem in m.members:
-            for key, digest in store_digests(archive.nested(mem.subarchive).store).items():
-                out[f"{mem.subarchive}/{key}"] = digest
-        return out
+        return opened_digests(archive)
 
 
-def store_digests(store: Store) -> dict[str, int]:
-    """The digest map of one store: its chunks' digests and their block entries."""
-    limit = compressed_bound(MAX_CHUNK_BYTES)
-    recorder = DigestRecorder()
+def opened_digests(archive: DecantArchive) -> dict[str, int] | None:
+    """`archive_digests` of an archive opened already (from any folder, a bucket's too)."""
+    m = archive.manifest
+    if m.mode != "series" or m.series_consolidated:
+        return store_digests(archive.store)
+    out: dict[str, int] = {}
+    chunks = 0
+    for mem in m.members:
+        digests = store_digests(archive.nested(mem.subarchive).store, MAX_MAP_CHUNKS - chunks)
+        if digests is None:
+            return None
+        chunks += sum(1 for k in digests if is_chunk_key(k))
+        for key, digest in digests.items():
+            out[f"{mem.subarchive}/{key}"] = digest
+    return out
+
+
+def store_digests(store: Store, room: int | None = None) -> dict[str, int] | None:
+    """The digest map of one store: its chunks' digests and their block entries; None when it
+    holds more than `room` chunks (default MAX_MAP_CHUNKS; counted before any is read)."""
+    room = MAX_MAP_CHUNKS if room is None else room
+    keys = []
     for key in store.all_keys():
         if is_chunk_key(key):
-            data = store.get(key, limit)
-            if data is not None:
-                recorder.note(key, data)
+            keys.append(key)
+            if len(keys) > room:
+                return None
+    limit = compressed_bound(MAX_CHUNK_BYTES)
+    recorder = DigestRecorder()
+    for key in keys:
+        data = store.get(key, limit)
+        if data is not None:
+            recorder.note(key, data)
     return recorder.digest_map()

@@ -21,7 +21,7 @@ import numpy as np
 
 from vfs.cache import DropBehind, PageCache
 from vfs.decant.chunks import ArraySpec, check_byte_chunks, read_array_spec, read_chunk
-from vfs.decant.digestmap import DigestRecorder, has_block_entries
+from vfs.decant.digestmap import MAX_MAP_CHUNKS, DigestRecorder, has_block_entries
 from vfs.decant.layout import page_coordinate, serialize_page
 from vfs.decant.limits import (
     MAX_BLOCK_BYTES,
@@ -271,8 +271,13 @@ class DigestTap:
         another reader may have decoded a plane into the shared cache: such chunks were not
         seen whole. Once, all of them were read again for the map: `sha256sum` of a 12 MiB
         stack fetched its 9.3 MiB archive twice from a bucket (20 MiB in 37 GETs)."""
+        keys = []
         try:
-            keys = [k for k in self.store.all_keys() if is_chunk_key(k)]
+            for key in self.store.all_keys():
+                if is_chunk_key(key):
+                    keys.append(key)
+                    if len(keys) > MAX_MAP_CHUNKS:
+                        return None  # no map for it: see MAX_MAP_CHUNKS
         except NotImplementedError:
             return None
         seen = self.recorder.chunks

@@ -21,7 +21,7 @@ import stat
 import struct
 import threading
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +119,8 @@ class Store:
         """Keys starting with `prefix`, or None when listing is not cheap for this store."""
         return None
 
-    def all_keys(self) -> list[str]:
+    def all_keys(self) -> Iterable[str]:
+        """Every key (a zip's one at a time: a million entries are not a million strings)."""
         raise NotImplementedError
 
     def _check_digest(self, key: str, data: bytes | memoryview) -> None:
@@ -251,8 +252,8 @@ class ZipArchiveStore(Store):
         self._data_offsets: dict[str, int] = {}
         self._lock = threading.Lock()
 
-    def all_keys(self) -> list[str]:
-        return list(self._entries.names())
+    def all_keys(self) -> Iterator[str]:
+        return self._entries.names()
 
     def has(self, key: str) -> bool:
         return self._entries.get(key) is not None

@@ -632,8 +632,11 @@ class DecantOperations(pyfuse3.Operations):
             return
         held = index.digests(node.real, stamp)
         if held is None:
-            # From now on every chunk read from disk is checked against these before decoding.
-            index.put_digests(node.real, stamp, seen if seen is not None else record(node.real))
+            # From now on every chunk read from disk is checked against these before decoding
+            # (an archive of more chunks than a map may hold has none: its CRC-32s stay).
+            digests = seen if seen is not None else record(node.real)
+            if digests is not None:
+                index.put_digests(node.real, stamp, digests)
         elif seen is not None and len(seen) > len(held):
             # A finer map of the same bytes (the reads of a scrub noted block entries that a
             # map recorded before them lacks): small reads then check just what they decode.
