@@ -236,6 +236,10 @@ class ZipDirectory:
             size, csize, offset = _zip64(
                 window[extra_at : extra_at + extra_len], size, csize, offset, self.path, name
             )
+        if offset + self._concat < 0:
+            raise CorruptArchiveError(
+                f"{self.path}: zip entry {name[:80]!r} starts before the start of the file"
+            )
         return raw, name, (offset + self._concat, csize, size, crc, method, flags, extra_len)
 
 
