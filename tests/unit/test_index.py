@@ -48,3 +48,29 @@ def test_a_damaged_index_file_is_set_aside(tmp_path: Path) -> None:
     db_path.write_bytes(b"not a database at all" * 100)
     DescriptionIndex(db_path).close()
     assert (tmp_path / "index.corrupt").exists()
+
+
+def test_names_that_are_not_utf8_are_kept_apart_from_every_other_name(tmp_path: Path) -> None:
+    """A file name is bytes of anyone's choice; sqlite keeps text as UTF-8. A name that is not
+    UTF-8 (Python holds it with surrogates) is stored by its bytes, never confused with the
+    name whose text spells those bytes out."""
+    from vfs.backends.base import Description, Entry
+
+    odd = tmp_path / os.fsdecode(b"w\xff.zarr.zip")
+    spelled = tmp_path / "w\\xff.zarr.zip"
+    index = DescriptionIndex(tmp_path / "index.sqlite")
+    desc = Description(name="w.tif", root=Entry(is_dir=True))
+    index.put(odd, "decant", 10, 20, desc)
+    assert index.get(odd, "decant", 10, 20) == desc
+    assert index.get(spelled, "decant", 10, 20) is None
+    stamp = (10, 20, 30, 40)
+    member = os.fsdecode(b"m\xfe.txt")
+    index.mark_verified(odd, member, stamp, "ab" * 32)
+    assert index.is_verified(odd, member, stamp, "ab" * 32)
+    assert not index.is_verified(spelled, member, stamp, "ab" * 32)
+    index.put_digests(odd, stamp, {"0/0.0": 7})
+    assert index.digests(odd, stamp) == {"0/0.0": 7}
+    index.forget_verified(odd, member)
+    assert not index.is_verified(odd, member, stamp, "ab" * 32)
+    assert index.digests(odd, stamp) is None
+    index.close()

@@ -139,7 +139,7 @@ def publish(
             raise SourceChangedError(source)
         via = Path(_fd_path(rfd))
         tiff, layout = _scan(via, st.st_size)
-        if not pack_all and not tiff:
+        if (not pack_all and not tiff) or not _nameable(source.name):
             return _publish_plain(spool, relpath, source, st, folder, cancel, via)
         return _publish_archive(
             spool, relpath, source, st, folder, options, cancel, durable, layout, via
@@ -186,6 +186,16 @@ def attempt(
         return Outcome(relpath, "failed", reason=describe_error(exc), error=exc)
     except Exception as exc:
         return Outcome(relpath, "failed", reason=describe_error(exc), error=exc)
+
+
+def _nameable(name: str) -> bool:
+    """Whether an archive's manifest can record the name (JSON text: UTF-8). A file whose name
+    is other bytes is published as it is, never left failing in the spool for good."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def describe_error(exc: BaseException) -> str:

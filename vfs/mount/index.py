@@ -43,6 +43,18 @@ CREATE TABLE IF NOT EXISTS chunk_digests (
 Stamp = tuple[int, int, int, int]  # size, mtime_ns, inode number, ctime_ns of the archive file
 
 
+def _text(value: Path | str) -> str:
+    """A path or member name as the index stores it: itself, or, for a name that is not UTF-8
+    (the bytes of a file name are anyone's choice, and sqlite stores text as UTF-8), a NUL and
+    its bytes in hex, which no real name can be mistaken for (no name holds a NUL)."""
+    text = str(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "\0" + os.fsencode(text).hex()
+    return text
+
+
 def stamp_of(path: Path) -> Stamp:
     """The archive's stamp; for an object, from the identity its listing gave (no request)."""
     if isinstance(path, ObjectPath):
@@ -95,7 +107,7 @@ class DescriptionIndex:
         with self._lock:
             row = self._db.execute(
                 "SELECT doc FROM descriptions WHERE path=? AND backend=? AND size=? AND mtime_ns=?",
-                (str(path), backend, size, mtime_ns),
+                (_text(path), backend, size, mtime_ns),
             ).fetchone()
         return _decoded(row)
 
@@ -104,7 +116,7 @@ class DescriptionIndex:
         with self._lock:
             self._db.execute(
                 "INSERT OR REPLACE INTO descriptions VALUES (?, ?, ?, ?, ?)",
-                (str(path), backend, size, mtime_ns, doc),
+                (_text(path), backend, size, mtime_ns, doc),
             )
 
     def get_object(self, url: str, backend: str, info: ObjectInfo) -> Description | None:
@@ -148,7 +160,7 @@ class DescriptionIndex:
             row = self._db.execute(
                 "SELECT 1 FROM verified WHERE path=? AND member=? AND size=? AND mtime_ns=? "
                 "AND ino=? AND ctime_ns=? AND sha256=?",
-                (str(path), member, *stamp, sha256),
+                (_text(path), _text(member), *stamp, sha256),
             ).fetchone()
         return row is not None
 
@@ -156,27 +168,29 @@ class DescriptionIndex:
         with self._lock:
             self._db.execute(
                 "INSERT OR REPLACE INTO verified VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (str(path), member, *stamp, sha256),
+                (_text(path), _text(member), *stamp, sha256),
             )
 
     def forget_verified(self, path: Path, member: str) -> None:
         with self._lock:
-            self._db.execute("DELETE FROM verified WHERE path=? AND member=?", (str(path), member))
-            self._db.execute("DELETE FROM chunk_digests WHERE path=?", (str(path),))
+            self._db.execute(
+                "DELETE FROM verified WHERE path=? AND member=?", (_text(path), _text(member))
+            )
+            self._db.execute("DELETE FROM chunk_digests WHERE path=?", (_text(path),))
 
     def put_digests(self, path: Path, stamp: Stamp, digests: Mapping[str, int]) -> None:
         """Fast digests of every stored chunk, recorded once the archive verified."""
         doc = json.dumps(dict(digests), separators=(",", ":"))
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO chunk_digests VALUES (?, ?, ?, ?, ?, ?)",
-                             (str(path), *stamp, doc))  # fmt: skip
+                             (_text(path), *stamp, doc))  # fmt: skip
 
     def digests(self, path: Path, stamp: Stamp) -> dict[str, int] | None:
         with self._lock:
             row = self._db.execute(
                 "SELECT doc FROM chunk_digests WHERE path=? AND size=? AND mtime_ns=? AND ino=? "
                 "AND ctime_ns=?",
-                (str(path), *stamp),
+                (_text(path), *stamp),
             ).fetchone()
         if row is None:
             return None

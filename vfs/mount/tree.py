@@ -326,7 +326,11 @@ class SourceTree:
         """The archive's description (persistent index first), or None to show it raw."""
         self.archives_seen += 1
         if self.index is not None:
-            cached = self.index.get(path, index_key(backend), st.st_size, st.st_mtime_ns)
+            try:
+                cached = self.index.get(path, index_key(backend), st.st_size, st.st_mtime_ns)
+            except (sqlite3.Error, ValueError) as exc:  # the index fails one name, not a folder
+                self._log_once(path, f"{path}: not looked up in the index ({exc})")
+                cached = None
             if cached is not None:
                 return cached
         # An archive file that failed is not parsed again until it changes: a folder of junk

@@ -26,6 +26,8 @@ log = logging.getLogger(__name__)
 
 MAX_FOLDERS = 100_000  # beyond this, watching costs more than mtime checks: fall back
 VANISHED_RETRIES = 50  # walks in a row that raced folders being removed, before giving up
+PATH_MAX = 4096  # a folder whose path is longer cannot be watched (nor served: ENAMETOOLONG)
+UNNAMED_PAUSE = 1.0  # seconds between re-watches after an event inotify could not name
 
 
 def real_folders(src: Path, skip: set[Path]) -> list[Path]:
@@ -33,7 +35,8 @@ def real_folders(src: Path, skip: set[Path]) -> list[Path]:
     found = [src]
     for folder, dirs, _files in os.walk(src, followlinks=False):
         base = Path(folder)
-        dirs[:] = [d for d in dirs if base / d not in skip and not (base / d).is_symlink()]
+        dirs[:] = [d for d in dirs if base / d not in skip and not (base / d).is_symlink()
+                   and len(os.fsencode(base / d)) < PATH_MAX]  # fmt: skip
         found.extend(base / d for d in dirs)
         if len(found) > MAX_FOLDERS:
             raise OSError(f"more than {MAX_FOLDERS} folders")
@@ -62,6 +65,7 @@ async def watch_source(ops: DecantOperations, src: Path, spool_root: Path) -> No
         return
     skip = {ops.config.mnt, spool_root}
     vanished = 0
+    unnamed = 0
     try:
         while True:
             folders = await trio.to_thread.run_sync(real_folders, src, skip)
@@ -101,6 +105,29 @@ async def watch_source(ops: DecantOperations, src: Path, spool_root: Path) -> No
                 if vanished > VANISHED_RETRIES or not src.is_dir():
                     raise
                 await trio.sleep(0.05 * vanished)  # the next watch catches up on changes
+            except Exception as exc:
+                if not _unnamed_path(exc):
+                    raise
+                # watchfiles cannot hand over an event on a name that is not UTF-8 (its Rust
+                # side wants text; any user may create such a name): which folder changed is
+                # unknown, so every watched one is checked, and the watch starts again.
+                unnamed += 1
+                if unnamed == 1:
+                    log.warning("a name in %s is not UTF-8: inotify events on it are caught by "
+                                "checking every folder (%s)", src, _unnamed_path(exc))  # fmt: skip
+                await ops.on_changed(watched - skip)
+                await trio.sleep(UNNAMED_PAUSE)
     except Exception as exc:  # e.g. the inotify watch limit: degrade, keep serving
         ops.watched = False
         log.warning("watching %s failed (%s); changes show after a folder's mtime check", src, exc)
+
+
+def _unnamed_path(exc: BaseException) -> str:
+    """The message of watchfiles' error for a path it could not decode, when that is all `exc`
+    (or the exception group it comes in) holds; else ""."""
+    if isinstance(exc, BaseExceptionGroup):
+        found = [_unnamed_path(e) for e in exc.exceptions]
+        return found[0] if found and all(found) else ""
+    text = str(exc)
+    kind = type(exc).__name__
+    return text if kind == "WatchfilesRustInternalError" and "decode path" in text else ""
