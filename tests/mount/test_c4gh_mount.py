@@ -8,14 +8,17 @@ never from vfs. The daemon's segment counter is read from its DEBUG log (one lin
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import hashlib
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -605,3 +608,35 @@ def test_large_member_streams_byte_exact_and_a_tampered_page_fails_alone(
     for offset in (0, lo - page, lo - 8192, lo + SEG + 4096, lo + page, last):
         assert pread_random(bad, 4096, offset) == data[offset : offset + 4096], offset
     assert m.proc is not None and m.proc.poll() is None
+
+
+def test_a_package_renamed_over_another_of_its_size_and_mtime_serves_its_own_plaintext(
+    tmp_path: Path, make_mount: MakeMount
+) -> None:
+    """A package kept by (size, mtime) alone, its decrypted pages by path: another package of
+    the same size and mtime renamed over it (new inode, new ctime) served the first one's
+    plaintext under the second one's permissions (red team). Now it serves its own bytes."""
+    src = tmp_path / "src"
+    src.mkdir()
+    keys = {n: corpus.make_keypair(tmp_path / "keys", n) for n in ("node", "writer")}
+    for name, fill in (("P", b"A"), ("B", b"B")):
+        corpus.write_package(src / f"{name}.tar.c4gh", [("data.txt", fill * 200_000)],
+                             keys["writer"], [keys["node"]])  # fmt: skip
+        os.utime(src / f"{name}.tar.c4gh", ns=(PACKAGE_MTIME_NS, PACKAGE_MTIME_NS))
+    assert (src / "P.tar.c4gh").stat().st_size == (src / "B.tar.c4gh").stat().st_size
+    m = make_mount(src, "--c4gh-key", str(keys["node"].secret_path))
+    shown = m.mnt / "P.tar.c4gh" / "data.txt"
+    assert shown.read_bytes() == b"A" * 200_000
+    shutil.copy2(src / "B.tar.c4gh", src / ".swap")
+    os.replace(src / ".swap", src / "P.tar.c4gh")  # same size and mtime, a new inode
+    deadline = time.monotonic() + 20
+    while True:
+        with contextlib.suppress(OSError):  # the entry may be gone for a moment, or stale
+            data = shown.read_bytes()
+            assert data in (b"A" * 200_000, b"B" * 200_000)  # never a mix
+            if data == b"B" * 200_000:
+                break
+        assert time.monotonic() < deadline, "P still serves the package renamed away"
+        time.sleep(0.2)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    assert shown.read_bytes() == b"B" * 200_000

@@ -91,11 +91,15 @@ def test_cache_keys_and_shared_counter(pkg) -> None:
     first = SegmentReader(pkg.path, pkg.hlen, pkg.key, cache)
     second = SegmentReader(pkg.path, pkg.hlen, pkg.key, cache, stats=first.stats)
     first.read(SEG + 5, 10)
-    assert ("c4gh", str(pkg.path), 0) in cache  # segment 1 lives in page 0
+    assert first.cache_key(0) in cache  # segment 1 lives in page 0
+    assert first.cache_key(0)[:2] == ("c4gh", str(pkg.path))
     second.read(SEG + 100, 10)
     assert first.stats.decrypted == 1
+    other = SegmentReader(pkg.path, pkg.hlen, bytes(32), cache)  # another package's session
+    assert other.cache_key(0) != first.cache_key(0)
     first.close()
     second.close()
+    other.close()
 
 
 def test_prefetch_warms_what_later_reads_need(pkg) -> None:

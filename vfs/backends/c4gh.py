@@ -328,7 +328,7 @@ class C4ghBackend:
         self._discard_segments()
 
     def _discard_segments(self) -> None:
-        # Keys are ("c4gh", package_path, segment_no) and PageCache can only drop by first
+        # Keys are ("c4gh", package_path, session, page_no) and PageCache can only drop by first
         # element, so a changed package costs every cached c4gh segment. Packages are immutable
         # once served (spec), so this is rare; it keeps a replaced file from serving old bytes.
         self.cache.discard_prefix(CACHE_PREFIX)
@@ -336,7 +336,9 @@ class C4ghBackend:
     def _session(self, path: Path, source: LocalFile | None = None) -> _Session:
         """The package's session; with `source`, read from (and stamped by) that descriptor."""
         st = source.stat if source is not None else os.stat(path)
-        stamp = (st.st_size, st.st_mtime_ns)
+        # Inode and ctime too: a package renamed over another keeps neither, whatever size and
+        # mtime its maker gave it.
+        stamp = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
         session = self._known(str(path), stamp, path.name)
         if session is not None:
             return session

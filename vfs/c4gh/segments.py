@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import hashlib
 import logging
 import os
 import threading
@@ -230,12 +231,12 @@ class _Page:
 class SegmentReader:
     """Plaintext of one package body, read by range, decrypting only the segments a read touches.
 
-    Decrypted segments go through the shared PageCache in pages keyed ("c4gh", label, page_no)
-    (label: the package's path or URL), so a member read, a read-ahead and a TAR walk never
-    decrypt the same segment twice. `source` is a path (read with positional preads on one
-    lazily opened descriptor), a `LocalFile` (the same, on its descriptor) or any other
-    `ByteSource` (its `read`); a reader given a byte source owns it and closes it. Threads can
-    share a reader.
+    Decrypted segments go through the shared PageCache in pages keyed ("c4gh", label, session,
+    page_no) (label: the package's path or URL; session: a digest of its session key), so a
+    member read, a read-ahead and a TAR walk never decrypt the same segment twice. `source` is
+    a path (read with positional preads on one lazily opened descriptor), a `LocalFile` (the
+    same, on its descriptor) or any other `ByteSource` (its `read`); a reader given a byte
+    source owns it and closes it. Threads can share a reader.
     """
 
     def __init__(
@@ -273,7 +274,10 @@ class SegmentReader:
         self._key = session_key
         self._cache = cache
         self._buffers = buffers
-        self._prefix = (CACHE_PREFIX, self.label)
+        # The session key names the package's contents (each package draws its own): a file
+        # replaced under the same path, even with its size and mtime kept, never meets the
+        # plaintext of the one it replaced. Hashed: the key itself stays out of the cache's keys.
+        self._prefix = (CACHE_PREFIX, self.label, hashlib.sha256(session_key).digest()[:16])
         self._lock = threading.Lock()
         self._advised = (0, 0)  # segments whose cipher text the kernel was asked to read ahead
         self._failed: set[int] = set()  # segments that failed: read-ahead does not retry them
