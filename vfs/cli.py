@@ -288,11 +288,11 @@ def config_from_args(
         decode_threads=args.decode_threads,
         watch=not args.no_watch,
         read_only=args.read_only,
-        spool=args.spool,
+        spool=args.spool.resolve() if args.spool else None,  # opened exactly: see open_exact
         settle=args.settle,
         pack_all=args.pack_all,
         pack_workers=args.pack_workers,
-        inbox=list(args.inbox),
+        inbox=[p.resolve() for p in args.inbox],
         allow_delete=args.allow_delete,
         metrics_file=args.metrics_file,
         scrub_interval=args.scrub_interval,

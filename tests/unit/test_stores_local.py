@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.unit.stores_conformance import FolderTests
+from vfs.decant.store import DirectoryStore
 from vfs.errors import CorruptArchiveError
 from vfs.stores import Folder, LocalFile, LocalFolder
 from vfs.stores.locate import open_folder
@@ -43,3 +46,42 @@ def test_a_file_that_shrinks_after_open_is_damage(tmp_path: Path) -> None:
         os.truncate(path, 10)
         with pytest.raises(CorruptArchiveError, match="short read"):
             src.read(0, 100)
+
+
+def test_the_daemon_opens_only_what_a_path_names_without_a_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, packed_corpus: dict[str, Any]
+) -> None:
+    """A folder of SRC swapped for a link to one the user cannot reach, between the listing
+    and the open (red team: the daemon, as root, showed the name, size and sha256 of an archive
+    in a 0700 folder): with EXACT_OPENS, as the daemon runs, every way an archive or package
+    is opened refuses a link anywhere on its path; a path of no link opens as before."""
+    from vfs.c4gh.segments import SegmentReader
+    from vfs.cache import PageCache
+    from vfs.decant.reader import DecantArchive
+    from vfs.stores import local
+
+    archive = next(iter(packed_corpus.values())).archive
+    private, public = tmp_path / "private", tmp_path / "public"
+    private.mkdir(), public.mkdir()
+    (private / "a.zarr.zip").write_bytes(archive.read_bytes())
+    (private / "a.zarr").mkdir()
+    (public / "via").symlink_to(private)  # a folder on the way is a link
+    (public / "b.zarr.zip").symlink_to(private / "a.zarr.zip")  # the file itself is a link
+    monkeypatch.setattr(local, "EXACT_OPENS", True)
+    for path in (public / "via" / "a.zarr.zip", public / "b.zarr.zip"):
+        with pytest.raises(OSError) as caught:
+            LocalFile(path)
+        assert caught.value.errno == errno.ELOOP, path
+        with pytest.raises(CorruptArchiveError, match="cannot read"):
+            DecantArchive.open(path)
+        reader = SegmentReader(path, 0, bytes(32), PageCache(0), file_size=1 << 20)
+        with pytest.raises(OSError):
+            reader.read(0, 10)
+        reader.close()
+    with pytest.raises(CorruptArchiveError, match="cannot read"):
+        DirectoryStore(public / "via" / "a.zarr")
+    with DecantArchive.open(private / "a.zarr.zip") as opened:  # no link: as before
+        assert opened.originals()
+    monkeypatch.setattr(local, "EXACT_OPENS", False)  # the command line: a user's own links
+    with DecantArchive.open(public / "via" / "a.zarr.zip") as opened:
+        assert opened.originals()

@@ -335,20 +335,19 @@ class C4ghBackend:
 
     def _session(self, path: Path, source: LocalFile | None = None) -> _Session:
         """The package's session; with `source`, read from (and stamped by) that descriptor."""
-        st = source.stat if source is not None else os.stat(path)
+        if source is None:
+            with LocalFile(path) as opened:  # stamped by the very file read, not by its path
+                return self._session(path, opened)
+        st = source.stat
         # Inode and ctime too: a package renamed over another keeps neither, whatever size and
         # mtime its maker gave it.
         stamp = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
         session = self._known(str(path), stamp, path.name)
         if session is not None:
             return session
-        if source is not None:
-            header, first = self._header(source.fileno(), st.st_size, path.name)
-        else:
-            with open(path, "rb") as f:
-                header, first = self._header(f.fileno(), st.st_size, path.name)
+        header, first = self._header(source.fileno(), st.st_size, path.name)
         session = _Session(stamp, st.st_size, header, self._check_writer(path.name, header))
-        return self._keep(path, session, source or path, first)
+        return self._keep(path, session, source, first)
 
     def _header(self, fd: int, size: int, name: str) -> tuple[OpenedHeader, bytes]:
         return open_header(lambda off, n: os.pread(fd, n, off), size, self.secret_keys, name)

@@ -34,6 +34,7 @@ from vfs.c4gh.buffers import (
 from vfs.cache import PageCache
 from vfs.errors import CorruptArchiveError
 from vfs.stores.base import ByteSource
+from vfs.stores.local import open_exact
 
 SEGMENT_SIZE = 65536
 NONCE_SIZE = 12
@@ -721,7 +722,7 @@ class SegmentReader:
             if self._fd is None:
                 if self.path is None:
                     raise ValueError(f"{self.name}: reader is closed")
-                self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                self._fd = open_exact(self.path, os.O_RDONLY)
             return self._fd
 
     def _fetch(self, start: int, want: int) -> memoryview:

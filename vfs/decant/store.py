@@ -38,7 +38,7 @@ from vfs.decant.limits import MAX_NDIM, MAX_ZIP_ENTRIES, human
 from vfs.decant.zipdir import ZipDirectory, ZipEntry
 from vfs.errors import CorruptArchiveError, DecantError, NotAnArchiveError
 from vfs.stores.base import ByteSource, Folder
-from vfs.stores.local import LocalFile, LocalFolder
+from vfs.stores.local import LocalFile, LocalFolder, open_exact
 
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 _STORED, _DEFLATED = 0, 8  # zip methods read: what decant writes, and what `zip` re-zips with
@@ -542,7 +542,7 @@ class DirectoryStore(Store):
         super().__init__(path)
         self._dir = -1
         try:
-            self._dir = os.open(path, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+            self._dir = open_exact(path, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
             raise CorruptArchiveError(f"{path}: cannot read ({exc.strerror})") from None
         self.stat = os.fstat(self._dir)

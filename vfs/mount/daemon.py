@@ -35,6 +35,7 @@ from vfs.mount.ops import DecantOperations
 from vfs.mount.scrub import scrub_forever
 from vfs.mount.tree import SourceTree
 from vfs.mount.watch import watch_source
+from vfs.stores import local
 from vfs.walk import MAX_WALK_DEPTH, walk
 
 log = logging.getLogger("decant-mount")
@@ -342,6 +343,7 @@ def _rss() -> int:
 
 
 def serve(config: MountConfig, ready: Callable[[], None]) -> int:
+    local.EXACT_OPENS = True  # SRC (resolved) is opened through no link: see open_exact
     tune_malloc(config.cache_size)
     raise_fd_limit()
     if os.environ.get(DIAGNOSE) and os.environ.get(TRACEMALLOC):

@@ -7,12 +7,42 @@ sources existed; only a read past the end becomes `CorruptArchiveError` (see `ch
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from vfs.errors import CorruptArchiveError
 from vfs.stores.base import ObjectInfo, check_range, join_key
+
+# Set by the daemon: SRC is resolved at start and its tree follows no link, so a path it opens
+# names its file with no link on the way. Its maker may swap a folder on that way for a link
+# between the listing and the open (the daemon, often root, would then read a file the user
+# cannot reach, and show its name and size): such an open fails. Off for the command line,
+# where a user's own paths may go through links.
+EXACT_OPENS = False
+
+
+def open_exact(path: Path, flags: int) -> int:
+    """`os.open(path, flags)`; with EXACT_OPENS, refused (ELOOP) when the path ends in a link or
+    the file opened is not at `path` itself (a link on the way, a file moved). A path through
+    one of this process's descriptors (/proc/self/fd/N/...: a folder opened safely already, as
+    the AcqStore view and publishing use) is its own check."""
+    flags |= getattr(os, "O_CLOEXEC", 0)
+    if not EXACT_OPENS or str(path).startswith(_OWN_FDS):
+        return os.open(path, flags)
+    fd = os.open(path, flags | os.O_NOFOLLOW)
+    try:
+        opened = os.readlink(f"{_OWN_FDS}{fd}")
+    except OSError:  # no /proc: at least the last component was not followed
+        return fd
+    if opened != os.path.abspath(path):
+        os.close(fd)
+        raise OSError(errno.ELOOP, "reached through a link or moved while opened", str(path))
+    return fd
+
+
+_OWN_FDS = "/proc/self/fd/"
 
 
 class LocalFile:
@@ -22,7 +52,7 @@ class LocalFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.name = str(path)
-        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self._fd = open_exact(path, os.O_RDONLY)
         try:
             self.stat = os.fstat(self._fd)
         except OSError:
