@@ -425,3 +425,38 @@ def copies_stay_ciphertext(m: Mount, package: Path, unprivileged: User) -> None:
         assert unprivileged.errno_of("read(p)", p=path / MEMBER) == errno.ENOTDIR, name
         assert unprivileged.value_of("read(p)", p=path) == cipher, name
     assert "not opened here" in m.log_text()
+
+
+def test_writing_a_writable_file_of_a_folder_the_user_cannot_write_is_refused(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """A write moves a published file into the spool and publishes it anew (a new archive, a
+    new name in its folder): a user with write permission on a 0666 file but none on its 0755
+    folder merely opened the file for writing, and the daemon replaced `shared.tif` in SRC by
+    `shared.tif.zarr.zip` (red team). Now EACCES, and SRC is untouched. The same files in a
+    folder the user may write are written as before (the positive control)."""
+    base = open_tmp(tmp_path_factory, "rewrite")
+    src = base / "src"
+    for folder, mode in (("ro", 0o755), ("rw", 0o777)):
+        (src / folder).mkdir(parents=True, mode=mode)
+        (src / folder).chmod(mode)
+        tifffile.imwrite(src / folder / "shared.tif", np.zeros((2, 16, 16), np.uint16))
+        (src / folder / "notes.txt").write_bytes(b"notes\n")
+        for name in ("shared.tif", "notes.txt"):
+            (src / folder / name).chmod(0o666)
+    before = sorted(os.listdir(src / "ro"))
+    m = start(base, src, "--settle", "0.3")
+    try:
+        ro, rw = m.mnt / "ro", m.mnt / "rw"
+        u = unprivileged
+        assert u.errno_of("os.close(os.open(p, os.O_WRONLY))", p=ro / "shared.tif") == errno.EACCES
+        assert u.errno_of("write(p, b'y', os.O_WRONLY)", p=ro / "notes.txt") == errno.EACCES
+        assert u.errno_of("os.truncate(p, 0)", p=ro / "notes.txt") == errno.EACCES
+        assert u.errno_of("write(p, b'y', os.O_WRONLY)", p=rw / "notes.txt") == 0
+        assert u.errno_of("os.close(os.open(p, os.O_WRONLY))", p=rw / "shared.tif") == 0
+        wait_for(lambda: "shared.tif.zarr.zip" in os.listdir(src / "rw"), "rw/shared.tif packed")
+        assert sorted(os.listdir(src / "ro")) == before
+        assert (src / "ro" / "notes.txt").read_bytes() == b"notes\n"
+        assert (m.mnt / "rw" / "notes.txt").read_bytes() == b"yotes\n"
+    finally:
+        m.stop()

@@ -32,6 +32,7 @@ from vfs.errors import DecantError
 from vfs.ingest.queue import PackQueue
 from vfs.ingest.spool import is_temp_name
 from vfs.ingest.writeside import Attrs, WriteSide
+from vfs.mount.access import may_change_entries
 from vfs.mount.config import STATUS_NAME, MountConfig
 from vfs.mount.index import stamp_of
 from vfs.mount.inodes import ROOT_INODE, Folder, InodeTable
@@ -39,6 +40,7 @@ from vfs.mount.metrics import COUNTERS, daemon_section
 from vfs.mount.reads import Integrity, OpenFile, Reads
 from vfs.mount.tree import SourceTree
 from vfs.nodes import Node, mirror_node
+from vfs.stores.base import ObjectPath
 
 log = logging.getLogger(__name__)
 
@@ -559,7 +561,7 @@ class DecantOperations(pyfuse3.Operations):
                 handle = OpenFile(node, inode, BytesFile(self.status_bytes(ctx.uid)))
                 return self._new_handle(handle, direct_io=True)
             if writing:
-                return await self._open_for_write(inode, node, flags)
+                return await self._open_for_write(inode, node, flags, ctx)
             if node.key in self.integrity.bad:
                 raise _fail(errno.EIO)
             if node.spooled:  # a plain file of the spool: see QuickCalls
@@ -841,12 +843,15 @@ class DecantOperations(pyfuse3.Operations):
         """setuid/setgid bits are never taken from a caller other than root."""
         return mode & ~PRIVILEGE_BITS if ctx.uid != 0 else mode
 
-    async def _open_for_write(self, inode: int, node: Node, flags: int) -> pyfuse3.FileInfo:
+    async def _open_for_write(
+        self, inode: int, node: Node, flags: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.FileInfo:
         writer = self._writer()
         seen = node
         if node.spooled:
             node, (new, fd) = await self._on_spooled(inode, node, writer.open_for_write, flags)
         else:
+            await self._may_republish(node, ctx)
             heavy = bool(flags & os.O_TRUNC) and node.size > QUICK_FREE
             new, fd = await self._adopting(node, heavy, writer.open_for_write, node, flags)
         current = self.inodes.get(inode)
@@ -856,6 +861,15 @@ class DecantOperations(pyfuse3.Operations):
         if self.queue is not None:
             self.queue.opened(new.spooled)
         return self._new_handle(OpenFile(new, inode, SpoolFile(fd), fd=fd))
+
+    async def _may_republish(self, node: Node, ctx: pyfuse3.RequestContext) -> None:
+        """EACCES unless the caller may change the entries of the published file's folder: a
+        write moves the file into the spool and publishes it anew (see vfs.mount.access)."""
+        if ctx.uid == 0 or isinstance(node.real, ObjectPath):  # a bucket's "folders": no modes
+            return
+        folder = Path(node.real).parent
+        if not await trio.to_thread.run_sync(may_change_entries, folder, ctx.uid, ctx.gid, ctx.pid):
+            raise _fail(errno.EACCES)
 
     async def _adopting(self, node: Node, heavy: bool, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(*args) moves the real file behind `node` into the spool (a write or truncation of
@@ -981,6 +995,7 @@ class DecantOperations(pyfuse3.Operations):
             if node.spooled:
                 node, new = await self._on_spooled(inode, node, writer.setattr, attrs)
             elif attrs.size is not None and not node.is_dir:  # moves it into the spool
+                await self._may_republish(node, ctx)
                 heavy = node.size > QUICK_FREE
                 new = await self._adopting(node, heavy, writer.setattr, node, attrs)
             else:
