@@ -558,3 +558,24 @@ def test_a_small_src_publishes_without_a_second_copy_and_refuses_writes_at_the_r
     wait_drained(m.mnt, src)
     assert (src / "after.csv").read_bytes() == b"room again"
     assert "new data is refused" in m.log_text()
+
+
+def test_a_tiff_of_mostly_holes_is_published_as_it_is(src: Path, make_mount: MakeMount) -> None:
+    """A 1 GiB "TIFF" of a 4-byte header and a hole, written through the mount: packing read,
+    hashed and compressed every byte of its size (at 16 GiB the pack worker, and everyone's
+    publishing, waited two minutes; red team). Published as it is: a hard link, still sparse,
+    its bytes those written; a file written after it publishes too."""
+    m = make_mount(src, *FAST)
+    with open(m.mnt / "huge.tif", "wb") as fh:
+        fh.write(b"II*\0")
+        fh.truncate(1 << 30)
+    write_file(m.mnt / "small.txt", b"small\n")
+    wait_drained(m.mnt, src)
+    assert not (src / "huge.tif.zarr.zip").exists()
+    st = (src / "huge.tif").stat()
+    assert st.st_size == 1 << 30 and st.st_blocks * 512 < 1 << 20
+    assert (src / "small.txt").read_bytes() == b"small\n"
+    with open(m.mnt / "huge.tif", "rb") as fh:
+        assert fh.read(8) == b"II*\0\0\0\0\0"
+        fh.seek((1 << 30) - 4)
+        assert fh.read() == b"\0\0\0\0"
