@@ -117,7 +117,6 @@ class _Shared:
     def __init__(self, archive: DecantArchive) -> None:
         self.archive = archive
         self.users = 0
-        self.lock = threading.Lock()  # open_original fills the archive's lazy maps
 
 
 class _SharedArchives:
@@ -159,8 +158,9 @@ class _SharedArchives:
                 archive.close()
         assert key is not None
         try:
-            with shared.lock:
-                reader = shared.archive.open_original(member, cache)
+            # The archive builds each original's plan once, under its own lock (the page table,
+            # region index and checks: O(pages)); the reader made here is this handle's own.
+            reader = shared.archive.open_original(member, cache)
         except BaseException:
             self._release(key, shared)
             raise

@@ -3,41 +3,44 @@
 Opening an original checks everything it will need against the manifest and the store — array
 shapes, chunk sizes, which chunks exist — so a read either returns exactly the bytes asked for or
 raises; it never allocates more than one plane or husk block, and never serves a gap as zeros.
+The checks and the tables they leave are the original's plan (vfs.decant.plan), made once for
+all the readers of one opened archive.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import stat
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+from weakref import WeakValueDictionary
 
 import numpy as np
 
 from vfs.cache import DropBehind, PageCache
-from vfs.decant.chunks import ArraySpec, check_byte_chunks, read_array_spec, read_chunk
+from vfs.decant.chunks import ArraySpec, read_array_spec, read_chunk
 from vfs.decant.digestmap import MAX_MAP_CHUNKS, DigestRecorder, has_block_entries
-from vfs.decant.layout import page_coordinate, serialize_page
+from vfs.decant.layout import serialize_page
 from vfs.decant.limits import (
-    MAX_BLOCK_BYTES,
     MAX_CHUNK_BYTES,
-    MAX_CHUNKS,
     MAX_MANIFEST_BYTES,
     compressed_bound,
 )
 from vfs.decant.manifest import Manifest, PageRecord, parse_manifest
-from vfs.decant.partial import BlockSource, PageGeometry
-from vfs.decant.regions import HUSK, Region, RegionIndex
+from vfs.decant.partial import BlockSource
+from vfs.decant.plan import HuskPlan, PixelPlan
+from vfs.decant.regions import HUSK, Region
 from vfs.decant.store import MANIFEST_KEY, Store, is_chunk_key, open_store, open_store_at
 from vfs.errors import CorruptArchiveError, ManifestError, NotAnArchiveError
 from vfs.stores.base import Folder, join_key
 from vfs.stores.local import LocalFolder
 from vfs.threads import name_this_thread
+
+Plan = TypeVar("Plan", HuskPlan, PixelPlan)
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,12 @@ class DecantArchive:
         else:
             st = store.stat or os.stat(path)
             self.cache_key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+        # Lazy maps filled as originals open; handles on several threads open them at once.
+        self._lock = threading.RLock()
         self._nested: dict[str, DecantArchive] = {}
         self._specs: dict[str, ArraySpec] = {}
+        # Each original's plan while a reader holds it: built once, not once per handle.
+        self._plans: WeakValueDictionary[str, HuskPlan | PixelPlan] = WeakValueDictionary()
         self.digests: Mapping[str, int] | None = store.digests
 
     @classmethod
@@ -121,13 +128,25 @@ class DecantArchive:
 
     def spec(self, name: str, max_chunk_bytes: int) -> ArraySpec:
         """An array's checked `.zarray`, read once per opened archive."""
-        spec = self._specs.get(f"{name}@{max_chunk_bytes}")
-        if spec is None:
-            spec = read_array_spec(
-                self.store, name, max_chunk_bytes, self.manifest.all_chunks_stored
-            )
-            self._specs[f"{name}@{max_chunk_bytes}"] = spec
-        return spec
+        with self._lock:
+            spec = self._specs.get(f"{name}@{max_chunk_bytes}")
+            if spec is None:
+                spec = read_array_spec(
+                    self.store, name, max_chunk_bytes, self.manifest.all_chunks_stored
+                )
+                self._specs[f"{name}@{max_chunk_bytes}"] = spec
+            return spec
+
+    def plan(self, husk: str, build: Callable[[], Plan]) -> Plan:
+        """The plan of the original whose husk (or verbatim bytes) array is `husk`: the one a
+        reader of it holds, else `build()`, under the lock so that concurrent first opens
+        build it once. Kept no longer than some reader holds it."""
+        with self._lock:
+            plan = self._plans.get(husk)
+            if plan is None:
+                plan = build()
+                self._plans[husk] = plan
+            return plan  # type: ignore[return-value]
 
     def check(self) -> None:
         """Open every original once without reading it: what `describe` promises, `open` keeps."""
@@ -148,34 +167,44 @@ class DecantArchive:
     def open_original(self, relpath: str, cache: PageCache) -> OriginalReader:
         m = self.manifest
         if m.mode == "byte-exact":
-            return PixelReader(
-                self,
-                m.pages,
-                m.original_size,
-                m.original_sha256,
+            pixels = self.plan(
                 "husk",
-                m.husk_raw_size,
-                m.byteorder,
-                cache,
+                lambda: PixelPlan(
+                    self,
+                    m.pages,
+                    m.original_size,
+                    m.original_sha256,
+                    "husk",
+                    m.husk_raw_size,
+                    m.byteorder,
+                ),
             )
+            return PixelReader(self, pixels, cache)
         if m.mode == "verbatim":
-            return VerbatimReader(self, m.original_size, cache)
+            husk = self.plan(
+                "original",
+                lambda: HuskPlan(self, "original", m.original_size, m.original_sha256),
+            )
+            return VerbatimReader(self, husk, cache)
         for mem in m.members:
             if mem.relpath == relpath:
                 break
         else:
             raise FileNotFoundError(f"{self.path}: no member {relpath!r}")
         if m.series_consolidated:
-            return PixelReader(
-                self,
-                mem.pages,
-                mem.original_size,
-                mem.original_sha256,
+            pixels = self.plan(
                 mem.husk_array,
-                mem.husk_raw_size,
-                mem.byteorder,
-                cache,
+                lambda: PixelPlan(
+                    self,
+                    mem.pages,
+                    mem.original_size,
+                    mem.original_sha256,
+                    mem.husk_array,
+                    mem.husk_raw_size,
+                    mem.byteorder,
+                ),
             )
+            return PixelReader(self, pixels, cache)
         sub = self.nested(mem.subarchive)
         got = sub.manifest
         if (got.original_size, got.original_sha256) != (mem.original_size, mem.original_sha256):
@@ -188,10 +217,11 @@ class DecantArchive:
 
     def nested(self, name: str) -> DecantArchive:
         """A nested member's own bundle (opened once): mode D or V, in this folder, no symlink."""
-        sub = self._nested.get(name)
-        if sub is None:
-            sub = self._nested[name] = self._open_nested(name)
-        return sub
+        with self._lock:
+            sub = self._nested.get(name)
+            if sub is None:
+                sub = self._nested[name] = self._open_nested(name)
+            return sub
 
     def _open_nested(self, name: str) -> DecantArchive:
         if "/" in name or name in ("", ".", ".."):
@@ -293,16 +323,22 @@ class DigestTap:
 
 
 class OriginalReader:
-    """read(offset, size) over one original. Thread-safe; pages decode through the shared cache."""
+    """read(offset, size) over one original. Thread-safe; pages decode through the shared cache.
 
-    size: int
+    One per open handle, over the original's plan that every reader of it shares (vfs.decant.plan):
+    the reader holds only what a handle's reads change."""
 
-    def __init__(self, archive: DecantArchive, cache: PageCache, key: tuple[Any, ...]) -> None:
+    def __init__(
+        self, archive: DecantArchive, plan: HuskPlan | PixelPlan, cache: PageCache
+    ) -> None:
         self.archive = archive
+        self.plan = plan
         self.cache = cache
-        self.key = key
-        self.sha256 = ""
-        self.regions: RegionIndex
+        self.key: tuple[Any, ...] = (archive.cache_key, plan.husk)
+        self.size = plan.size
+        self.sha256 = plan.sha256
+        self.regions = plan.regions
+        self._husk_spec = plan.husk_spec
         self.partial_limit = PARTIAL_LIMIT
         self._next = self._run = 0  # where the last read ended; bytes read in order up to it
         # Without a digest map, note each chunk's xxh3 as it is read: a first read that hashes
@@ -391,32 +427,8 @@ class OriginalReader:
             n -= take
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
-    def _use_husk(self, array: str, needed: int) -> None:
-        spec = self.archive.spec(array, MAX_BLOCK_BYTES)
-        where = f"{self.archive.path}: array '{array}'"
-        if len(spec.shape) != 1 or spec.dtype != np.uint8:
-            raise ManifestError(f"{where} is not 1-D uint8")
-        if spec.shape[0] != needed:
-            relation = "shorter" if spec.shape[0] < needed else "longer"
-            raise ManifestError(
-                f"{where} holds {spec.shape[0]} bytes, {relation} than the {needed} the manifest "
-                "needs"
-            )
-        n_chunks = spec.grid[0]
-        if n_chunks > MAX_CHUNKS:
-            raise CorruptArchiveError(f"{where} needs {n_chunks} chunks, more than {MAX_CHUNKS}")
-        check_byte_chunks(self.archive.store, spec, n_chunks)
-        self._husk_spec: ArraySpec = spec
-
 
 class VerbatimReader(OriginalReader):
-    def __init__(self, archive: DecantArchive, size: int, cache: PageCache) -> None:
-        super().__init__(archive, cache, (archive.cache_key, "original"))
-        self.size = size
-        self.sha256 = archive.manifest.original_sha256
-        self._use_husk("original", size)
-        self.regions = RegionIndex([Region(0, size, HUSK, 0)] if size else [], size, size)
-
     def readahead(self, offset: int, depth: int = 2) -> None:
         chunk = self._husk_spec.chunks[0]
         for k in range(1, depth + 1):
@@ -426,44 +438,23 @@ class VerbatimReader(OriginalReader):
 
 
 class PixelReader(OriginalReader):
-    def __init__(
-        self,
-        archive: DecantArchive,
-        pages: Sequence[PageRecord],
-        size: int,
-        sha256: str,
-        husk: str,
-        husk_size: int,
-        byteorder: str,
-        cache: PageCache,
-    ) -> None:
-        super().__init__(archive, cache, (archive.cache_key, husk))
-        source = str(archive.path)
-        self.size = size
-        self.sha256 = sha256
-        self.pages = {p.index: p for p in pages}
-        self.byteorder = byteorder
-        self.regions = RegionIndex.build(pages, size, husk_size, source)
-        self._use_husk(husk, husk_size)
-        self._pixels = archive.spec("0", MAX_CHUNK_BYTES)
-        dtype = self._pixels.dtype
-        self._file_dtype = dtype.newbyteorder(byteorder) if dtype.itemsize > 1 else dtype
+    plan: PixelPlan
+
+    def __init__(self, archive: DecantArchive, plan: PixelPlan, cache: PageCache) -> None:
+        super().__init__(archive, plan, cache)
+        self.pages = plan.pages
+        self.byteorder = plan.byteorder
+        self._pixels = plan.pixels
+        self._file_dtype = plan.file_dtype
+        self._by_rank = plan.by_rank  # pages in file order
+        self._rank = plan.rank
         self._blocks = BlockSource(archive.store, self._pixels, cache, archive.cache_key)
-        self._geometries: dict[tuple[Any, ...], PageGeometry] = {}
         self._prefetched = -1  # the page whose chunk read-ahead last asked the kernel for
-        self._by_rank = sorted(self.pages, key=self._page_start)  # pages in file order
-        self._rank = {p: i for i, p in enumerate(self._by_rank)}
         # Pages ranked (in file order) below `behind` were dropped behind a forward reader.
         self._dropping = DropBehind(cache, DROP_BEHIND, 64) if self._drops_behind(cache) else None
         self._queued: dict[int, Future[Any]] = {}  # read-ahead decodes not finished yet
         self._queue_lock = threading.Lock()
         self._closed = False
-        self._leading = self._check_pixels(pages, source)
-        self._plane_order = self._check_plane_order(archive.manifest, source)
-        self._check_stored(pages)
-
-    def _page_start(self, page: int) -> int:
-        return self.regions.page_start.get(page, -1)
 
     def _drops_behind(self, cache: PageCache) -> bool:
         """Whether a forward reader drops the planes it has passed: when the file's planes and
@@ -479,61 +470,8 @@ class PixelReader(OriginalReader):
         window = (READAHEAD_PLANES + DROP_BEHIND + 1) * plane
         return len(self.pages) * plane + window > cache.max_bytes
 
-    def _check_pixels(self, pages: Sequence[PageRecord], source: str) -> tuple[int, ...]:
-        """`0` holds one plane per chunk, each page's plane: its leading shape, checked."""
-        spec = self._pixels
-        page_ndims = {len(p.shape) for p in pages}
-        if len(page_ndims) > 1:
-            raise ManifestError(f"{source}: pages mix (Y, X) and (Y, X, S) shapes")
-        ndim = page_ndims.pop() if page_ndims else 2
-        lead = len(spec.shape) - ndim
-        if lead < 0 or spec.chunks[lead:] != spec.shape[lead:] or set(spec.chunks[:lead]) - {1}:
-            raise ManifestError(
-                f"{source}: array '0' chunks {list(spec.chunks)} do not hold one plane per chunk "
-                f"of shape {list(spec.shape)}"
-            )
-        leading = spec.shape[:lead]
-        n_planes = math.prod(leading)
-        if n_planes > MAX_CHUNKS:
-            raise CorruptArchiveError(
-                f"{source}: array '0' shape {list(spec.shape)} has {n_planes} planes, more than "
-                f"{MAX_CHUNKS}"
-            )
-        for p in pages:
-            if p.index >= n_planes or tuple(p.shape) != spec.shape[lead:]:
-                raise ManifestError(f"{source}: page {p.index} does not fit array '0'")
-            if spec.dtype.name != p.dtype:
-                raise ManifestError(
-                    f"{source}: page {p.index} dtype {p.dtype} differs from array '0' "
-                    f"({spec.dtype.name})"
-                )
-        return leading
-
-    def _check_plane_order(self, m: Manifest, source: str) -> tuple[str, ...]:
-        """plane_order names `0`'s leading axes. Writers that store every chunk always record
-        it (spec §4b); only older archives may leave it empty, meaning a plain unravel."""
-        if len(m.plane_order) == len(self._leading):
-            return m.plane_order
-        if m.all_chunks_stored:
-            raise ManifestError(
-                f"{source}: plane_order {list(m.plane_order)} does not name the "
-                f"{len(self._leading)} leading axes of array '0'"
-            )
-        return ()
-
-    def _check_stored(self, pages: Sequence[PageRecord]) -> None:
-        """Every plane the pages need is in the store (when the store can tell without reads)."""
-        store, spec = self.archive.store, self._pixels
-        if not spec.all_stored:
-            return
-        for p in pages:
-            key = spec.chunk_key(self._chunk_index(p))
-            if store.has(key) is False:
-                raise CorruptArchiveError(f"{store.name}: chunk {key!r} is missing")
-
     def _chunk_index(self, page: PageRecord) -> tuple[int, ...]:
-        coord = page_coordinate(page.index, self._leading, self._plane_order)
-        return (*coord, *([0] * len(page.shape)))
+        return self.plan.chunk_index(page)
 
     def _region_bytes(
         self, region: Region, inner: int, n: int, cached_only: bool = False, small: bool = False
@@ -554,7 +492,7 @@ class PixelReader(OriginalReader):
         when the whole plane is the better (or only) way: a large or sequential read, a codec
         without blocks. Cached blocks serve any read, small or not."""
         page = self.pages[index]
-        geom = self._geometry(page)
+        geom = self.plan.geometry(page)
         native = self._file_dtype == self._pixels.dtype and geom.pieces[0][0] < 0
         if native and len(geom.pieces) == 1:  # on-disk bytes are the plane's own bytes
             lo, hi = start, start + n
@@ -572,13 +510,6 @@ class PixelReader(OriginalReader):
         _y, x, s = geom.shape
         rows = np.frombuffer(got, dtype=self._pixels.dtype).reshape(r1 - r0, x, s)
         return geom.extract(rows.astype(self._file_dtype, copy=False), r0, start, start + n)
-
-    def _geometry(self, page: PageRecord) -> PageGeometry:
-        layout = (page.shape, page.planarconfig, page.tilewidth, page.tilelength)
-        geom = self._geometries.get(layout)
-        if geom is None:
-            geom = self._geometries[layout] = PageGeometry(page, self._pixels.dtype.itemsize)
-        return geom
 
     def _page(self, index: int, cached_only: bool = False) -> memoryview:
         return self._cached(  # type: ignore[no-any-return]
