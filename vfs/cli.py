@@ -12,9 +12,10 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from vfs.errors import DecantError
-from vfs.logsafe import SafeFormatter
+from vfs.logsafe import SafeFormatter, escape_controls
 from vfs.mount.config import STATUS_NAME, BucketConfig, MountConfig, parse_fuse_options
 from vfs.version import VersionAction
 
@@ -237,19 +238,29 @@ def print_status(mnt: Path) -> int:
     except (OSError, ValueError) as exc:
         print(f"decant-mount: {mnt}: no status to show ({exc})", file=sys.stderr)
         return 1
+    try:
+        _print_status(doc)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `--status MNT | head -1`: the reader has all it wants
+        # Python flushes stdout again at exit and would complain of the closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return 0
+
+
+def _print_status(doc: dict[str, Any]) -> None:
     if "queued" in doc:
-        print(f"queued {doc['queued']}, packing {doc['packing']}, failed {len(doc['failed'])}, "
+        failed = doc.get("failed_total", len(doc["failed"]))
+        print(f"queued {doc['queued']}, packing {doc['packing']}, failed {failed}, "
               f"done {doc['done']}")  # fmt: skip
-        for failure in doc["failed"]:
-            print(f"failed: {failure['path']}: {failure['reason']}")
-        for waiting in doc.get("waiting_for_space", []):
-            print(f"waiting for space: {waiting['path']}: {waiting['reason']}")
-        if doc.get("temp"):
-            print(f"rsync temp files waiting for their rename: {doc['temp']}")
-        space = doc.get("space")
-        if space and space.get("refusing_writes"):
-            print(f"refusing new data: {space['free'] >> 20} MiB free, below --min-free "
-                  f"{space['min_free'] >> 20} MiB")  # fmt: skip
+        for key, what in (("failed", "failed"), ("waiting_for_space", "waiting for space")):
+            listed = doc.get(key, [])
+            for entry in listed:  # names are a user's: one line each, printable
+                print(f"{what}: {escape_controls(entry['path'])}: "
+                      f"{escape_controls(entry['reason'])}")  # fmt: skip
+            unlisted = doc.get(f"{key}_total", len(listed)) - len(listed)
+            if unlisted > 0:
+                print(f"{what}: {unlisted} more not listed")
     d = doc.get("daemon", {})
     if d:
         cache = d.get("cache", {})
@@ -263,7 +274,6 @@ def print_status(mnt: Path) -> int:
         print(f"files verified {d['verified']}, failed verification "
               f"{d['failed_verification']}, pending {d['pending_verification']}; "
               f"errors: {errors}")  # fmt: skip
-    return 0
 
 
 def bucket_config(args: argparse.Namespace, url: str) -> BucketConfig:

@@ -46,20 +46,3 @@ class SpoolFile(PlainFile):
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self.size = os.fstat(fd).st_size
-
-
-class BytesFile:
-    """A snapshot served from memory (the status file)."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.size = len(data)
-
-    def read(self, offset: int, size: int) -> bytes:
-        return self.data[offset : offset + size]
-
-    def readahead(self, offset: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass

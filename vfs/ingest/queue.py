@@ -124,6 +124,10 @@ class PackQueue:
         self.open_counts: dict[str, int] = {}
         self.publishing = HiddenNames()  # relpaths hidden from the mount while switching
         self.done = 0
+        # Bumped by every change the status shows (on the trio thread): a reader's rendered
+        # status is reused while it stands. A worker's `started` is not counted: the split of
+        # queued and packing may lag until its batch ends (the status is a second old at most).
+        self.changes = 0
         self.limiter = trio.CapacityLimiter(self.workers)
         self.on_published: Callable[[list[str]], Awaitable[None]] | None = None
         self.guard: SpaceGuard | None = None  # the write side's reserve, shown in the status
@@ -144,6 +148,7 @@ class PackQueue:
     # -- what the FUSE layer reports -------------------------------------------------------
 
     def touch(self, relpath: str) -> None:
+        self.changes += 1
         item = self.items.get((0, relpath))
         if item is None:
             item = self._new(0, relpath)
@@ -168,6 +173,7 @@ class PackQueue:
             self._schedule(item, item.changed_at + self.settle)  # `_ready` adds any retry wait
 
     def renamed(self, old: str, new: str) -> None:
+        self.changes += 1
         if self.items.pop((0, old), None) is not None:
             self._gone[(0, old)] = time.monotonic()
         if old in self.open_counts:
@@ -181,6 +187,7 @@ class PackQueue:
             self.renamed(key[1], new + key[1][len(old) :])
 
     def removed(self, relpath: str) -> None:
+        self.changes += 1
         if self.items.pop((0, relpath), None) is not None:
             self._gone[(0, relpath)] = time.monotonic()
         self.space_freed()
@@ -198,6 +205,7 @@ class PackQueue:
 
     def _new(self, k: int, relpath: str, changed_at: float | None = None) -> Item:
         """A new item (replacing any of that key: one renamed over it, say)."""
+        self.changes += 1
         item = Item(self.spools[k], relpath)
         if changed_at is not None:
             item.changed_at = changed_at
@@ -301,6 +309,7 @@ class PackQueue:
                 return
             for item in batch:
                 item.state, item.started = "packing", False
+            self.changes += 1
             self._active += 1
             nursery.start_soon(self._run_batch, batch)
 
@@ -316,6 +325,7 @@ class PackQueue:
                 if item.state == "packing":
                     self._fail(item, describe_error(exc))
         finally:
+            self.changes += 1
             self._active -= 1
             self._kick()
 
@@ -387,11 +397,13 @@ class PackQueue:
             await self._announce(changed)
 
     def _requeue(self, item: Item, at: float) -> None:
+        self.changes += 1
         item.state = "queued"
         self._schedule(item, at)
 
     def _forget(self, item: Item) -> None:
         key = self._key(item)
+        self.changes += 1
         if self.items.get(key) is item:
             del self.items[key]
             self._gone[key] = time.monotonic()
@@ -401,11 +413,13 @@ class PackQueue:
         if not item.failures or reason != item.reason:
             log.error("%s: not published, stays spooled: %s", item.relpath, reason)
         item.failures += 1
+        self.changes += 1
         item.state, item.reason = "failed", reason
         item.retry_at = time.monotonic() + min(RETRY_MAX, RETRY_AFTER * 2 ** (item.failures - 1))
         self._schedule(item, item.retry_at)
 
     def _wait_for_space(self, item: Item, reason: str) -> None:
+        self.changes += 1
         item.state, item.reason, item.waited_for_space = "space", reason, True
         self._schedule(item, time.monotonic() + SPACE_BACKOFF[0])  # `_ready` holds it back
 
@@ -455,6 +469,7 @@ class PackQueue:
             else:
                 self._forget(item)
                 self.done += 1
+                self.changes += 1
                 log.info("%s: published as %s (%s)", item.relpath, published.target,
                          published.mode)  # fmt: skip
                 if item.waited_for_space and self._space_backoff:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import os
 import resource
@@ -24,7 +23,7 @@ import pyfuse3
 import trio
 
 from vfs.backends.base import RandomAccess
-from vfs.backends.plain import BytesFile, PlainFile, SpoolFile
+from vfs.backends.plain import PlainFile, SpoolFile
 from vfs.beneath import stat_beneath
 from vfs.cache import PageCache
 from vfs.decant import TEMP_PREFIX
@@ -38,6 +37,7 @@ from vfs.mount.index import stamp_of
 from vfs.mount.inodes import ROOT_INODE, Folder, InodeTable
 from vfs.mount.metrics import COUNTERS, daemon_section
 from vfs.mount.reads import Integrity, OpenFile, Reads
+from vfs.mount.status import Joined, StatusFile
 from vfs.mount.tree import SourceTree
 from vfs.nodes import Node, mirror_node
 from vfs.stores.base import ObjectPath
@@ -247,6 +247,8 @@ class DecantOperations(pyfuse3.Operations):
         self._quick = QuickCalls()
         self._status = Node(False, 0, time.time_ns(), 0o444, os.getuid(), os.getgid(),
                             tree.root / STATUS_NAME, member=STATUS_NAME)  # fmt: skip
+        self.status_file = StatusFile(self._status_head, self._status_tail, self._queue_changes,
+                                      self._spooled_by)  # fmt: skip
 
     @property
     def nursery(self) -> trio.Nursery | None:
@@ -357,28 +359,31 @@ class DecantOperations(pyfuse3.Operations):
         return node is self._status
 
     def status(self) -> dict[str, Any]:
-        """The pack queue (writable mounts) and the daemon's counters."""
+        """The pack queue (writable mounts) and the daemon's counters, every file named: root's
+        view, for the metrics file. Readers of `.decant-status` get theirs from `status_file`."""
+        return {**self._status_head(), **self._status_tail()}
+
+    def _status_head(self) -> dict[str, Any]:
+        """The pack queue's counts and lists (O(files) to gather: see `status_file`)."""
         doc: dict[str, Any] = self.queue.status() if self.queue is not None else {}
+        doc.pop("space", None)  # in the tail: it moves with every write
+        return doc
+
+    def _queue_changes(self) -> int:
+        return self.queue.changes if self.queue is not None else 0
+
+    def _status_tail(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {}
+        if self.queue is not None and self.queue.guard is not None:
+            doc["space"] = self.queue.guard.status()
         doc["daemon"] = daemon_section(self.cache, self.integrity, len(self.inodes))
         return doc
 
-    def status_bytes(self, viewer: int = 0) -> bytes:
-        """The status as JSON. It is readable by everyone: a caller other than root sees only
-        its own files among those named (failed, waiting for space), never names from folders
-        it may not list."""
-        doc = self.status()
-        if viewer != 0:
-            for key in ("failed", "waiting_for_space"):
-                listed = doc.get(key)
-                if isinstance(listed, list):
-                    doc[key] = [e for e in listed if self._spooled_by(e.get("path"), viewer)]
-        return (json.dumps(doc, indent=1) + "\n").encode()
-
-    def _status_attrs(self, inode: int, viewer: int) -> pyfuse3.EntryAttributes:
-        """Sized as `viewer` reads it, never from another caller's status (which would tell
-        the length of names it may not see); attributes not cached, since the kernel keeps
-        one size per inode for every caller."""
-        self._status.size = len(self.status_bytes(viewer))
+    def _status_attrs(self, inode: int, data: Joined) -> pyfuse3.EntryAttributes:
+        """Sized as the caller reads it (`data`: `status_file.read(ctx.uid)`), never from another
+        caller's status (which would tell the length of names it may not see); attributes not
+        cached, since the kernel keeps one size per inode for every caller."""
+        self._status.size = data.size
         a = self._attrs(inode, self._status)
         a.attr_timeout = 0
         return a
@@ -401,8 +406,9 @@ class DecantOperations(pyfuse3.Operations):
             folder = await self._listing(parent_inode)
             node = folder.children.get(text)
             if node is None and self._status_name(parent_inode, name):
-                node = self._status  # found by name only: listings and rsync skip it
-                return self._status_attrs(self.inodes.hand_out(node), ctx.uid)
+                # Found by name only: listings and rsync skip it.
+                data = await self.status_file.read(ctx.uid)
+                return self._status_attrs(self.inodes.hand_out(self._status), data)
             if node is not None:
                 node = await self._current(folder, text, node)
             if node is None:
@@ -454,7 +460,7 @@ class DecantOperations(pyfuse3.Operations):
                     self.inodes.replace(inode, fresh)  # writes move its size
                 node = self._node(inode)
             elif self._is_status(node):
-                return self._status_attrs(inode, ctx.uid)
+                return self._status_attrs(inode, await self.status_file.read(ctx.uid))
             elif node.backend is None and not node.is_dir:
                 # A mirrored file may be rewritten in SRC without its folder changing. Reached
                 # without links: one swapped in must not lend the mount its target's attributes.
@@ -558,7 +564,8 @@ class DecantOperations(pyfuse3.Operations):
             if self._is_status(node):
                 if writing:
                     raise _fail(errno.EACCES)
-                handle = OpenFile(node, inode, BytesFile(self.status_bytes(ctx.uid)))
+                data = await self.status_file.read(ctx.uid)  # its bulk shared: see status.py
+                handle = OpenFile(node, inode, data)
                 return self._new_handle(handle, direct_io=True)
             if writing:
                 return await self._open_for_write(inode, node, flags, ctx)
@@ -665,6 +672,9 @@ class DecantOperations(pyfuse3.Operations):
         if uid is not None:
             self._drop_handle(uid)
         if handle is None:
+            return
+        if self._is_status(handle.node):  # nothing to close: no thread hop, or a loop of
+            self.inodes.unpin(handle.inode)  # opens outruns the releases (EMFILE at the cap)
             return
         with errno_boundary(f"release {handle.node.real_text}"):
             try:

@@ -1,0 +1,46 @@
+"""`decant-mount --status MNT`: printed from the status file, with no mount needed here (a
+folder holding a `.decant-status` of its own stands in)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def status_at(folder: Path, doc: dict[str, Any]) -> Path:
+    (folder / ".decant-status").write_text(json.dumps(doc))
+    return folder
+
+
+def test_a_reader_that_stops_early_gets_no_traceback(tmp_path: Path) -> None:
+    """`decant-mount --status MNT | head -1`: more lines than a pipe holds (an older daemon
+    named every failed file), the reader closes after one."""
+    failed = [{"path": f"f{i:05d}", "reason": "x" * 60} for i in range(5000)]
+    doc = {"queued": 0, "packing": 0, "failed": failed, "done": 0, "waiting_for_space": []}
+    cmd = [sys.executable, "-m", "vfs.cli", "--status", str(status_at(tmp_path, doc))]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline() == b"queued 0, packing 0, failed 5000, done 0\n"
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    proc.wait(timeout=30)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert err == ""
+
+
+def test_names_print_one_line_each_with_undecodable_bytes_escaped(tmp_path: Path) -> None:
+    failed = [{"path": "a\udcffb", "reason": "why"}, {"path": "c\nfailed: forged", "reason": "x"}]
+    doc = {"queued": 0, "packing": 0, "failed": failed, "failed_total": 7, "done": 0}
+    cmd = [sys.executable, "-m", "vfs.cli", "--status", str(status_at(tmp_path, doc))]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.splitlines()[:4] == [
+        "queued 0, packing 0, failed 7, done 0",
+        "failed: a\\xffb: why",
+        "failed: c\\x0afailed: forged: x",
+        "failed: 5 more not listed",
+    ]
