@@ -261,6 +261,12 @@ def _print_status(doc: dict[str, Any]) -> None:
             unlisted = doc.get(f"{key}_total", len(listed)) - len(listed)
             if unlisted > 0:
                 print(f"{what}: {unlisted} more not listed")
+        if doc.get("temp"):
+            print(f"rsync temp files waiting for their rename: {doc['temp']}")
+        space = doc.get("space")
+        if space and space.get("refusing_writes"):
+            print(f"refusing new data: {space['free'] >> 20} MiB free, below --min-free "
+                  f"{space['min_free'] >> 20} MiB")  # fmt: skip
     d = doc.get("daemon", {})
     if d:
         cache = d.get("cache", {})

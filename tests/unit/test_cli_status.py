@@ -44,3 +44,18 @@ def test_names_print_one_line_each_with_undecodable_bytes_escaped(tmp_path: Path
         "failed: c\\x0afailed: forged: x",
         "failed: 5 more not listed",
     ]
+
+
+def test_temp_files_and_a_refusing_write_side_are_shown(tmp_path: Path) -> None:
+    """Lines the bounded lists must not crowd out: rsync temp files waiting for their rename,
+    and a write side refusing new data below --min-free."""
+    space = {"free": 100 << 20, "min_free": 256 << 20, "refusing_writes": True, "refused": 3}
+    doc = {"queued": 1, "packing": 0, "failed": [], "done": 2, "temp": 4, "space": space}
+    cmd = [sys.executable, "-m", "vfs.cli", "--status", str(status_at(tmp_path, doc))]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.splitlines() == [
+        "queued 1, packing 0, failed 0, done 2",
+        "rsync temp files waiting for their rename: 4",
+        "refusing new data: 100 MiB free, below --min-free 256 MiB",
+    ]
