@@ -122,3 +122,37 @@ def test_publishing_replaces_nothing_put_in_its_way_after_create(
     # What the user sees: its own files, under their names, with their bytes.
     assert (mnt / "scan.tif").read_bytes() == (shared.work / "scan.tif").read_bytes()
     assert (mnt / "notes.txt").read_bytes() == b"the user s notes\n"
+
+
+def test_an_archive_of_the_same_bytes_put_in_the_way_does_not_cost_the_spooled_copy(
+    shared: Shared, unprivileged: User
+) -> None:
+    """Someone who may read the user's spooled TIFF (0644) packs the same bytes and drops the
+    archive at its archive name before it settles. Taken for the user's own ("already
+    published"), it used to cost the spooled copy: the only copy was then the other's archive,
+    which its owner may delete. Now it is refused like any entry put in the way."""
+    mnt = shared.m.mnt / "drop"
+    scan = shared.work / "scan.tif"
+    code = "import sys\nopen(sys.argv[2] + '/scan.tif', 'wb').write(open(sys.argv[1], 'rb').read())"
+    done = unprivileged.run(str(SYSTEM_PYTHON), "-I", "-c", code, str(scan), str(mnt))
+    assert done.returncode == 0, done.stderr
+    spooled = shared.drop.parent / SPOOL / "drop"
+    assert "scan.tif" in os.listdir(spooled)
+    theirs = shared.drop / "scan.tif.zarr.zip"
+    pack_file(scan, shared.work / "theirs.zarr.zip")  # the same bytes, someone else's archive
+    (shared.work / "theirs.zarr.zip").rename(theirs)
+    before = digest(theirs)
+
+    deadline = time.monotonic() + 30
+    while "drop/scan.tif: not published" not in shared.m.log_text():
+        assert "drop/scan.tif: published as" not in shared.m.log_text(), shared.m.log_text()
+        assert time.monotonic() < deadline, shared.m.log_text()[-3000:]
+        time.sleep(0.2)
+    assert digest(theirs) == before
+    assert "scan.tif" in os.listdir(spooled)  # the user's copy stays
+    assert "not replaced" in shared.m.log_text()
+    theirs.unlink()  # its owner takes it away again: the user's file is still there
+    assert (spooled / "scan.tif").read_bytes() == scan.read_bytes()
+    assert unprivileged.value_of("open(p, 'rb').read().hex()", p=mnt / "scan.tif") == (
+        scan.read_bytes().hex()
+    )

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import shutil
 import stat
+import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.toolbox import remove_chain
-from vfs.decant import TEMP_PREFIX
+from vfs.decant import MANIFEST_KEY, TEMP_PREFIX
 from vfs.decant.packer import PackOptions, pack_file
 from vfs.decant.reader import DecantArchive
 from vfs.decant.verify import require_verified
@@ -274,17 +276,64 @@ def test_an_archive_that_already_verified_is_not_packed_again(
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
 
-def test_archive_holds_only_exactly_these_bytes(src: Path, corpus: dict[str, Path]) -> None:
+def test_archive_holds_only_exactly_these_bytes(
+    src: Path, corpus: dict[str, Path], tmp_path: Path
+) -> None:
     original = corpus["zstack_u16.tif"]
     archive = src / "z.tif.zarr.zip"
-    size, sha = original.stat().st_size, sha256(original)
-    assert not publish_mod._archive_holds(archive, size, sha)  # missing
+    st, sha = original.stat(), sha256(original)
+    assert not publish_mod._archive_holds(archive, st, sha)  # missing
     pack_file(original, archive)
-    assert publish_mod._archive_holds(archive, size, sha)
-    assert not publish_mod._archive_holds(archive, size, "0" * 64)
-    assert not publish_mod._archive_holds(archive, size + 1, sha)
+    assert publish_mod._archive_holds(archive, st, sha)
+    assert not publish_mod._archive_holds(archive, st, "0" * 64)
     archive.write_bytes(b"PK\x03\x04 not really a zip")
-    assert not publish_mod._archive_holds(archive, size, sha)
+    assert not publish_mod._archive_holds(archive, st, sha)
+
+
+def test_archive_holds_not_a_manifest_claiming_the_digest(
+    src: Path, corpus: dict[str, Path], tmp_path: Path
+) -> None:
+    """Other pixels under a manifest that names this file's size and sha256 (anyone may write
+    a manifest): only reconstructing the archive tells, and it is not this file's."""
+    original = corpus["zstack_u16.tif"]
+    other = tmp_path / "z.tif"
+    data = bytearray(original.read_bytes())
+    data[-4096:] = bytes(4096)  # pixels only: the same layout, other bytes
+    other.write_bytes(bytes(data))
+    archive = src / "z.tif.zarr.zip"
+    pack_file(other, archive)
+    forged = tmp_path / "forged.zip"
+    with zipfile.ZipFile(archive) as zin, zipfile.ZipFile(forged, "w") as zout:
+        for info in zin.infolist():
+            body = zin.read(info.filename)
+            if info.filename == MANIFEST_KEY:
+                doc = json.loads(body)
+                doc["original_sha256"] = sha256(original)
+                body = json.dumps(doc).encode()
+            zout.writestr(info, body)
+    forged.replace(archive)
+    assert claimed_sha(archive) == sha256(original)  # the claim is in place
+    assert not publish_mod._archive_holds(archive, original.stat(), sha256(original))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="owners are changed as root")
+def test_archive_holds_not_another_users_archive(src: Path, corpus: dict[str, Path]) -> None:
+    """The same bytes in an archive of someone else (dropped beside a spooled file in a
+    sticky folder) are not the file's own: its spooled copy must not go on their word."""
+    original = corpus["zstack_u16.tif"]
+    archive = src / "z.tif.zarr.zip"
+    pack_file(original, archive)
+    st = original.stat()
+    os.chown(archive, st.st_uid + 4242, st.st_gid)
+    assert not publish_mod._archive_holds(archive, st, sha256(original))
+    os.chown(archive, st.st_uid, st.st_gid)
+    assert publish_mod._archive_holds(archive, st, sha256(original))
+
+
+def claimed_sha(archive: Path) -> str:
+    with DecantArchive.open(archive) as arc:
+        (info,) = arc.originals()
+        return info.sha256
 
 
 def test_a_missing_folder_is_created(spool: Spool, src: Path, corpus: dict[str, Path]) -> None:

@@ -422,16 +422,18 @@ def _publish_archive(
     sha = hashlib.sha256(data).hexdigest() if small else ""
     name = source.name
     target = folder / archive_name(name)
-    # Hashing first only pays when an archive is there: a restart after publish, pre-cleanup.
-    if target.is_file() and _archive_holds(target, st.st_size, sha or file_sha256(via, progress)):
-        with _PLACING:
-            spool.mark_placed(relpath, target.stat())
-        return Published(relpath, target, "already", signature=signature(st))
     dfd = parent_fd(spool.src, target)
     try:  # before packing it (again, at each retry): `place` checks again under the lock
+        # and before taking an archive there for this file's own: one put there since by
+        # someone else is refused, whatever it holds (the file stays spooled)
         _refuse_unchecked(spool, relpath, (target, folder / name), dfd, None)
     finally:
         os.close(dfd)
+    # Hashing first only pays when an archive is there: a restart after publish, pre-cleanup.
+    if target.is_file() and _archive_holds(target, st, sha or file_sha256(via, progress)):
+        with _PLACING:
+            spool.mark_placed(relpath, target.stat())
+        return Published(relpath, target, "already", signature=signature(st))
     need = st.st_blocks * 512 + SPACE_MARGIN
     require_space(folder, need, f"needs about {size_text(need)} free to pack")
     staged = _staged(spool, folder, archive_name(name))
@@ -484,19 +486,26 @@ def looks_like_tiff(path: Path, size: int) -> bool:
     return _scan(path, size)[0]
 
 
-def _archive_holds(archive: Path, size: int, sha: str) -> bool:
-    """True when `archive` already holds exactly these bytes (it verified before it was renamed
-    into place), so a restart after a crash between publish and cleanup need not pack again."""
-    from vfs.decant.reader import DecantArchive
+def _archive_holds(archive: Path, st: os.stat_result, sha: str) -> bool:
+    """True when `archive` is this file's own and already holds exactly its bytes (it verified
+    before it was renamed into place), so a restart after a crash between publish and cleanup
+    need not pack again, and the spooled copy may go.
 
-    if not archive.is_file():
-        return False
+    Its own: published for the file's owner (`apply_metadata` gave it the owner). Its bytes:
+    reconstructed and hashed, not taken from the manifest, which says whatever its writer
+    wrote: an archive claiming the digest over other pixels must not cost the spooled copy."""
+    from vfs.decant.verify import verify_archive
+
     try:
-        with DecantArchive.open(archive) as a:
-            (info,) = a.originals()
-    except Exception:
+        held = os.lstat(archive)
+        if not stat.S_ISREG(held.st_mode) or held.st_size == 0:
+            return False
+        if os.geteuid() == 0 and held.st_uid != st.st_uid:
+            return False
+        verdicts = verify_archive(archive)
+    except Exception:  # unreadable or damaged: not this file's archive
         return False
-    return info.size == size and info.sha256 == sha
+    return len(verdicts) == 1 and verdicts[0].ok and verdicts[0].actual == sha
 
 
 # -- shared steps --------------------------------------------------------------------------
