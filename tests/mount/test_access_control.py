@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -458,5 +459,55 @@ def test_writing_a_writable_file_of_a_folder_the_user_cannot_write_is_refused(
         assert sorted(os.listdir(src / "ro")) == before
         assert (src / "ro" / "notes.txt").read_bytes() == b"notes\n"
         assert (m.mnt / "rw" / "notes.txt").read_bytes() == b"yotes\n"
+    finally:
+        m.stop()
+
+
+# -- an AcqStore view reads files elsewhere in the collection: by the reader's rights --------
+
+
+def test_an_acqstore_view_does_not_read_a_private_file_for_someone_else(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """A collection in a shared folder names, as one of its tables, a file in a private (0700)
+    folder of someone else there. The members view shows it with the collection's modes; the
+    daemon (root) read it for anyone who asked. Now a member opens only for a caller who could
+    read its file by its real path. The view's other members stay readable (positive control)."""
+    base = open_tmp(tmp_path_factory, "acq-private")
+    src = base / "src"
+    shared = src / "shared"
+    shared.mkdir(parents=True)
+    src.chmod(0o755)
+    shared.chmod(0o1777)
+    load_tool("make_acqstore_corpus").make_collection(shared)
+    doc_path = shared / "acqstore/collection.json"
+    doc = json.loads(doc_path.read_text())
+    tables = doc["resources"]["tables"]  # velocity-pool, sum-intensity-pool
+    readable = shared / tables[0]["path"]
+    tables[1]["path"] = "private/secret.csv"
+    doc_path.write_text(json.dumps(doc, indent=1))
+    private = shared / "private"
+    private.mkdir(mode=0o700)  # root's own, as any other user's would be
+    secret = b"patient,diagnosis\np1,TOP SECRET\n"
+    (private / "secret.csv").write_bytes(secret)
+    (private / "secret.csv").chmod(0o644)
+    for path in [shared, *shared.rglob("*")]:
+        if path.is_relative_to(private):
+            continue
+        os.chown(path, unprivileged.uid, unprivileged.gid, follow_symlinks=False)
+    m = start(base, src)
+    try:
+        view = m.mnt / "shared" / "members" / "tables"
+        assert sorted(os.listdir(view)) == ["sum-intensity-pool.csv", "velocity-pool.csv"], (
+            m.log_text()[-2000:]
+        )
+        assert unprivileged.errno_of("open(p, 'rb').read()", p=private / "secret.csv") == (
+            errno.EACCES
+        )  # the real file is out of the user's reach
+        leak = view / "sum-intensity-pool.csv"
+        assert unprivileged.errno_of("open(p, 'rb').read()", p=leak) == errno.EACCES
+        assert leak.read_bytes() == secret  # root still reads it
+        got = unprivileged.value_of("open(p, 'rb').read().hex()", p=view / "velocity-pool.csv")
+        assert bytes.fromhex(got) == readable.read_bytes()  # the collection's own table
     finally:
         m.stop()

@@ -105,6 +105,14 @@ class AcqStoreBackend:
             return self._open_tiff(path, target, rel, str(entry.locator.get("name", "")), entry)
         raise ManifestError(f"{path}: {member}: unknown locator kind {kind!r}")
 
+    def reads_for(self, path: Path, member: str, entry: Entry) -> list[Path]:
+        """What opening `member` reads on the caller's behalf: a file or folder elsewhere in the
+        collection, which the mount lets only a caller read who could read it there."""
+        rel = entry.locator.get("path")
+        if not isinstance(rel, str) or paths.path_problems(rel):
+            return []  # open refuses it
+        return [paths.resolve(path, rel)]
+
     def _open_tiff(
         self, root: Path, target: Path, rel: str, title: str, entry: Entry
     ) -> SynthesizedTiff:

@@ -36,10 +36,50 @@ def may_change_entries(folder: Path, uid: int, gid: int, pid: int) -> bool:
     st = os.stat(folder, follow_symlinks=False)
     if not stat.S_ISDIR(st.st_mode):
         return False
-    if st.st_uid == uid:
-        need = stat.S_IWUSR | stat.S_IXUSR
-    elif st.st_gid in caller_groups(pid, gid):
-        need = stat.S_IWGRP | stat.S_IXGRP
-    else:
-        need = stat.S_IWOTH | stat.S_IXOTH
-    return st.st_mode & need == need
+    return _granted(st, uid, caller_groups(pid, gid), write=True, search=True)
+
+
+def may_read_beneath(root: Path, target: Path, uid: int, gid: int, pid: int) -> bool:
+    """Whether the caller could read `target` by its real path from `root`: search permission
+    on `root` and every folder below it on the way, read permission on `target` (and search,
+    for a folder). For what the daemon reads on a caller's behalf from files the kernel never
+    checked the caller against (an AcqStore view's members are files elsewhere in the
+    collection, maybe in another user's private folder). Links are not followed: a view never
+    reads through one. Blocking: not on the event loop."""
+    if uid == 0:
+        return True
+    groups = caller_groups(pid, gid)
+    try:
+        parts = target.relative_to(root).parts
+    except ValueError:
+        return False
+    folder = root
+    try:
+        for part in ("", *parts[:-1]):
+            folder = folder / part if part else folder
+            st = os.stat(folder, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode) or not _granted(st, uid, groups, search=True):
+                return False
+        st = os.stat(target, follow_symlinks=False)
+    except OSError:
+        return False
+    is_dir = stat.S_ISDIR(st.st_mode)
+    if not (is_dir or stat.S_ISREG(st.st_mode)):
+        return False  # a link (never followed), a FIFO, a device
+    return _granted(st, uid, groups, read=True, search=is_dir)
+
+
+def _granted(
+    st: os.stat_result,
+    uid: int,
+    groups: set[int],
+    *,
+    read: bool = False,
+    write: bool = False,
+    search: bool = False,
+) -> bool:
+    """Whether the owner, group or other bits that apply to the caller (the first class it is
+    in, as the kernel picks it) hold every permission asked."""
+    shift = 6 if st.st_uid == uid else 3 if st.st_gid in groups else 0
+    need = (read and 4) | (write and 2) | (search and 1)
+    return (st.st_mode >> shift) & need == need

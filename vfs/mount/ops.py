@@ -31,7 +31,7 @@ from vfs.errors import DecantError
 from vfs.ingest.queue import PackQueue
 from vfs.ingest.spool import is_temp_name
 from vfs.ingest.writeside import Attrs, WriteSide
-from vfs.mount.access import may_change_entries
+from vfs.mount.access import may_change_entries, may_read_beneath
 from vfs.mount.config import STATUS_NAME, MountConfig
 from vfs.mount.index import stamp_of
 from vfs.mount.inodes import ROOT_INODE, Folder, InodeTable
@@ -574,6 +574,7 @@ class DecantOperations(pyfuse3.Operations):
             if node.spooled:  # a plain file of the spool: see QuickCalls
                 node, reader = await self._on_spooled(inode, node, self._open_reader)
             else:
+                await self._may_read_through(node, ctx)
                 try:
                     reader = await trio.to_thread.run_sync(self._open_reader, node)
                 except OSError as exc:
@@ -606,6 +607,21 @@ class DecantOperations(pyfuse3.Operations):
         self._handles[fh] = handle
         self.inodes.pin(handle.inode)
         return pyfuse3.FileInfo(fh=fh, **info)
+
+    async def _may_read_through(self, node: Node, ctx: pyfuse3.RequestContext) -> None:
+        """A member read from files of its own elsewhere in SRC (an AcqStore view's tables and
+        images): EACCES unless the caller could read each there, by its real path."""
+        reads_for = getattr(node.backend, "reads_for", None)
+        if ctx.uid == 0 or reads_for is None or node.entry is None:
+            return
+        targets = reads_for(node.real, node.member, node.entry)
+        uid, gid, pid = ctx.uid, ctx.gid, ctx.pid
+
+        def allowed() -> bool:
+            return all(may_read_beneath(node.real, t, uid, gid, pid) for t in targets)
+
+        if not await trio.to_thread.run_sync(allowed):
+            raise _fail(errno.EACCES)
 
     def _open_reader(self, node: Node) -> RandomAccess:
         if node.backend is None:

@@ -1,0 +1,89 @@
+"""The mount's own permission checks (vfs.mount.access), against what the kernel says: each case
+is asked of `os.access` too, as a real unprivileged process (a child with its uid and groups)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from vfs.mount.access import may_change_entries, may_read_beneath
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="owners and uids are changed as root")
+
+UID, GID = 4242, 4243  # the caller: no account needed
+OTHER = 4244
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A folder every user may reach (pytest's own is root's 0700): the kernel's answers then
+    depend only on the folders each test makes."""
+    base = Path(tempfile.mkdtemp(prefix="decant-access-"))
+    base.chmod(0o755)
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base)
+
+
+def kernel_says(uid: int, gid: int, check: str, path: Path) -> bool:
+    """What the kernel answers a process of `uid`/`gid` (no supplementary groups)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.setgroups([])
+            os.setgid(gid)
+            os.setuid(uid)
+            if check == "read":
+                ok = os.access(path, os.R_OK, follow_symlinks=False)
+                if ok and path.is_dir():
+                    ok = os.access(path, os.X_OK)
+                os._exit(0 if ok else 1)
+            os._exit(0 if os.access(path, os.W_OK | os.X_OK) else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) in (0, 1)
+    return os.WEXITSTATUS(status) == 0
+
+
+@pytest.mark.parametrize("folder_mode", [0o700, 0o750, 0o711, 0o705, 0o1777])
+@pytest.mark.parametrize("owner", [UID, OTHER])
+@pytest.mark.parametrize("group", [GID, OTHER])
+@pytest.mark.parametrize("file_mode", [0o600, 0o640, 0o604])
+def test_read_beneath_agrees_with_the_kernel(
+    tmp_path: Path, folder_mode: int, owner: int, group: int, file_mode: int
+) -> None:
+    root = tmp_path / "coll"
+    inner = root / "inner"
+    inner.mkdir(parents=True)
+    target = inner / "table.csv"
+    target.write_text("x\n")
+    tmp_path.chmod(0o755)
+    root.chmod(0o755)
+    for path, mode in ((inner, folder_mode), (target, file_mode)):
+        os.chown(path, owner, group)
+        path.chmod(mode)
+    expected = kernel_says(UID, GID, "read", target)
+    assert may_read_beneath(root, target, UID, GID, 0) == expected
+    expected = kernel_says(UID, GID, "change", inner)
+    assert may_change_entries(inner, UID, GID, 0) == expected
+
+
+def test_read_beneath_refuses_links_and_paths_outside(tmp_path: Path) -> None:
+    root = tmp_path / "coll"
+    root.mkdir()
+    (tmp_path / "elsewhere.csv").write_text("x\n")
+    (tmp_path / "elsewhere.csv").chmod(0o644)
+    (root / "link.csv").symlink_to(tmp_path / "elsewhere.csv")
+    assert not may_read_beneath(root, root / "link.csv", UID, GID, 0)
+    assert not may_read_beneath(root, tmp_path / "elsewhere.csv", UID, GID, 0)
+    assert not may_read_beneath(root, root / "missing.csv", UID, GID, 0)
+    assert may_read_beneath(root, root / "link.csv", 0, 0, 0)  # root reads anything
+    assert stat.S_ISLNK((root / "link.csv").lstat().st_mode)
