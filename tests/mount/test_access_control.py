@@ -511,3 +511,33 @@ def test_an_acqstore_view_does_not_read_a_private_file_for_someone_else(
         assert bytes.fromhex(got) == readable.read_bytes()  # the collection's own table
     finally:
         m.stop()
+
+
+def test_a_status_file_dropped_in_src_does_not_stand_in_for_the_daemon_s(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """Whoever may write SRC's top folder (or a bucket's prefix) put a `.decant-status` there:
+    it was shown in place of the daemon's own, to every user and to `decant-mount --status`
+    (a queue with nothing failed, whatever failed). The daemon's wins; SRC's is not listed."""
+    base = open_tmp(tmp_path_factory, "status-spoof")
+    src = base / "src"
+    src.mkdir()
+    src.chmod(0o1777)
+    fake = {"queued": 0, "failed": [], "failed_total": 0, "done": 57, "forged": True}
+    done = unprivileged.run("sh", "-c", f"printf '%s' '{json.dumps(fake)}' > {src}/.decant-status")
+    assert done.returncode == 0, done.stderr
+    assert (src / ".decant-status").stat().st_uid == unprivileged.uid
+    m = start(base, src)
+    try:
+        for reader in ("root", "user"):
+            text = (
+                (m.mnt / ".decant-status").read_text()
+                if reader == "root"
+                else unprivileged.value_of("open(p).read()", p=m.mnt / ".decant-status")
+            )
+            shown = json.loads(text)
+            assert "forged" not in shown and "daemon" in shown, (reader, shown)
+        assert ".decant-status" not in os.listdir(m.mnt)
+        assert (src / ".decant-status").read_text() == json.dumps(fake)  # left as it was
+    finally:
+        m.stop()

@@ -402,13 +402,15 @@ class DecantOperations(pyfuse3.Operations):
         self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         with errno_boundary(f"lookup {name!r}"):
+            if self._status_name(parent_inode, name):
+                # Found by name only: listings and rsync skip it. The daemon's own, whatever
+                # SRC or a bucket holds under that name (anyone who may write there could
+                # otherwise show every user a status of their making).
+                data = await self.status_file.read(ctx.uid)
+                return self._status_attrs(self.inodes.hand_out(self._status), data)
             text = os.fsdecode(name)
             folder = await self._listing(parent_inode)
             node = folder.children.get(text)
-            if node is None and self._status_name(parent_inode, name):
-                # Found by name only: listings and rsync skip it.
-                data = await self.status_file.read(ctx.uid)
-                return self._status_attrs(self.inodes.hand_out(self._status), data)
             if node is not None:
                 node = await self._current(folder, text, node)
             if node is None:
@@ -480,6 +482,8 @@ class DecantOperations(pyfuse3.Operations):
         with errno_boundary(f"readdir {fh}"):
             folder = await self._listing(fh)
             for cookie, name, listed in folder.after(start_id):
+                if fh == ROOT_INODE and name == STATUS_NAME:
+                    continue  # SRC's own entry of that name is never shown (see lookup)
                 node = await self._current(folder, name, listed)
                 if node is None:
                     continue
