@@ -563,3 +563,28 @@ def test_credentials_from_a_profile(
     )  # fmt: skip
     assert refused.returncode == 1 and "access refused" in refused.stderr
     assert "stale-secret-1234" not in refused.stderr
+
+
+def test_of_an_object_and_an_archive_presenting_its_name_the_older_keeps_it(
+    s3_bucket: S3Bucket,
+    packed_corpus: dict[str, PackResult],
+    corpus: dict[str, Path],
+    bucket_mount: MountFactory,
+) -> None:
+    """A writer who may only add keys puts `x.tif` beside a published `x.tif.zarr.zip`: the
+    plain object used to win the name on every host (a bucket's objects have one owner, so
+    the local rule, the archive owner's entry wins, always let it). Now the one uploaded
+    first keeps the name, in both directions; the newer one is not shown under it."""
+    store = client(s3_bucket)
+    a, b = sorted(packed_corpus)[:2]
+    obstore.put(store, s3_bucket.key(f"{a}.zarr.zip"), packed_corpus[a].archive.read_bytes())
+    obstore.put(store, s3_bucket.key(b), b"the plain object came first\n")
+    time.sleep(1.1)  # last-modified counts seconds
+    obstore.put(store, s3_bucket.key(a), b"an intruder's bytes\n")
+    obstore.put(store, s3_bucket.key(f"{b}.zarr.zip"), packed_corpus[b].archive.read_bytes())
+    m = bucket_mount(s3_bucket.url())
+    shown = sorted(os.listdir(m.mnt))
+    assert shown == sorted([a, b, f"{b}.zarr.zip"]), (shown, m.log_text()[-2000:])
+    assert sha256sum(m.mnt / a) == digest(corpus[a])  # the archive, published first
+    assert (m.mnt / b).read_bytes() == b"the plain object came first\n"
+    assert f"{a}.zarr.zip: presents {a!r}, which a newer object holds" in m.log_text()

@@ -256,6 +256,20 @@ class BucketTree(SourceTree):
             return False
         return not self._skipped(folder, name)
 
+    _intruder = "a newer object"
+
+    def _may_stand_in(self, real: Node, archive: os.stat_result, path: Path) -> bool:
+        """In a bucket every object has one owner, the mount's: of a plain object and an
+        archive presenting its name, the one uploaded first keeps the name. A writer who may
+        only add keys (conditional PUTs: nothing overwritten) then cannot put other bytes
+        under a name every host serves, in either direction; a tie goes to the archive. Upload
+        times, not the times shown (a file published here shows its original's mtime)."""
+        infos: dict[str, ObjectInfo] = getattr(self._scanning, "infos", {})
+        mine, theirs = infos.get(real.real.name), infos.get(path.name)
+        if mine is None or theirs is None:  # not from this scan's listing: as shown
+            return real.mtime_ns < archive.st_mtime_ns
+        return mine.mtime < theirs.mtime
+
     def _skipped(self, folder: Path, name: str) -> bool:
         return name.startswith(TEMP_PREFIX)  # no mountpoint, spool or hidden names in a bucket
 

@@ -222,12 +222,10 @@ class SourceTree:
                 self._log_once(path, f"{path}: presents {shown!r}, as another user's archive "
                                      f"in {folder} does; shown under its archive name")  # fmt: skip
                 shown = name
-            if shown in plain and not _may_stand_in(plain[shown], st):
-                # A real file wins over an archive presenting its name only when the archive's
-                # owner made it: in a shared (sticky) folder anyone may create that name in SRC.
+            if shown in plain and not self._may_stand_in(plain[shown], st, path):
                 self._log_once(
                     path,
-                    f"{path}: presents {shown!r}, which another user's entry holds in "
+                    f"{path}: presents {shown!r}, which {self._intruder} holds in "
                     f"{folder}; that entry is not shown",
                 )
                 del out[shown], plain[shown]
@@ -245,6 +243,14 @@ class SourceTree:
                 node.mode = stat.S_IMODE(st.st_mode)  # what rsync -a / cp -a gave the original
             out[shown] = node
         return out, regular
+
+    _intruder = "another user's entry"
+
+    def _may_stand_in(self, real: Node, archive: os.stat_result, path: Path) -> bool:
+        """Whether a real entry wins a name the archive at `path` presents over the archive:
+        only one of the archive's owner (in a shared, sticky folder anyone may create that
+        name in SRC)."""
+        return real.uid == archive.st_uid
 
     def _contested(self, folder: Path, described: list[Any]) -> set[tuple[str, int]]:
         """(name, owner) of archives that lose a name other users' archives present too. Only
@@ -393,11 +399,6 @@ class SourceTree:
             return path.relative_to(self.root).as_posix()
         except ValueError:
             return str(path)
-
-
-def _may_stand_in(real: Node, archive: os.stat_result) -> bool:
-    """Whether a real entry may win a name an archive presents: only one of the archive's owner."""
-    return real.uid == archive.st_uid
 
 
 def index_key(backend: Backend) -> str:
