@@ -1,14 +1,21 @@
 """QuickCalls (vfs/mount/ops.py): small spool syscalls run inline while fast, and go to worker
-threads for a while once several calls in a row slept in the kernel."""
+threads for a while once several calls in a row slept in the kernel. What the event loop runs
+itself is a few lstats, never an archive's description (see the last test)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
+import numpy as np
 import pytest
+import tifffile
 import trio
 
+from tests.unit.inprocess import InProcessMount, fake_session
+from vfs.decant.packer import pack_file
 from vfs.mount import ops
 from vfs.mount.ops import QuickCalls
 
@@ -73,3 +80,45 @@ def test_one_long_stall_is_enough_and_stalls_that_go_on_wait_longer(
     assert first == 5.0
     assert quick.cooldown == 10.0  # a longer one
     assert quick.until > time.monotonic() + 5.0
+
+
+@pytest.fixture
+def mount(tmp_path: Path) -> Iterator[InProcessMount]:
+    with fake_session():
+        src = tmp_path / "src"
+        (src / "drop").mkdir(parents=True)
+        yield InProcessMount(src, tmp_path, read_only=True)
+
+
+def test_a_new_archive_s_description_runs_off_the_event_loop(
+    mount: InProcessMount, tmp_path: Path
+) -> None:
+    """The watcher's word of a new name in a listed folder is taken on the trio thread (`_show`:
+    a few lstats). An archive among the entries is described, for a big archive not yet in the
+    index for seconds, during which every request of every user waited (red team, stop 25)."""
+    tif = tmp_path / "scan.tif"
+    data = np.random.default_rng(1).integers(0, 60000, (2, 16, 12), dtype=np.uint16)
+    tifffile.imwrite(tif, data, photometric="minisblack")
+    archive = pack_file(tif, tmp_path / "scan.tif.zarr.zip").archive
+    described_on: list[str] = []
+    for backend in mount.tree.backends:
+        original = backend.describe
+
+        def spy(path: Path, original=original) -> object:  # type: ignore[no-untyped-def]
+            described_on.append(threading.current_thread().name)
+            return original(path)
+
+        backend.describe = spy  # type: ignore[method-assign]
+    folder = mount.config.src / "drop"
+
+    async def scenario() -> bytes:
+        assert await mount.listdir("drop") == []  # listed: the watcher's names reach it
+        archive.rename(folder / archive.name)
+        await mount.ops.on_names_changed({folder: {archive.name}})
+        assert await mount.listdir("drop") == ["scan.tif"]
+        return await mount.read_file("drop/scan.tif")
+
+    assert mount.run(scenario) == tif.read_bytes()
+    assert described_on, "the archive was never described"
+    loop = threading.main_thread().name  # trio.run's own thread
+    assert loop not in described_on, described_on

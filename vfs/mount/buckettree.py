@@ -276,7 +276,7 @@ class BucketTree(SourceTree):
     def _relative(self, path: Path) -> str:
         return str(path)[len(self._root_url) + 1 :]
 
-    def entries(self, folder: Path, names: Sequence[str]) -> None:
+    def entries(self, folder: Path, names: Sequence[str], quick: bool = False) -> None:
         return None  # only the write side asks, and a bucket mount has none
 
     # -- the SourceTree hooks --------------------------------------------------------------

@@ -38,7 +38,7 @@ from vfs.mount.inodes import ROOT_INODE, Folder, InodeTable
 from vfs.mount.metrics import COUNTERS, daemon_section
 from vfs.mount.reads import Integrity, OpenFile, Reads
 from vfs.mount.status import Joined, StatusFile
-from vfs.mount.tree import SourceTree
+from vfs.mount.tree import NotQuick, SourceTree
 from vfs.nodes import Node, mirror_node
 from vfs.stores.base import ObjectPath
 
@@ -802,7 +802,10 @@ class DecantOperations(pyfuse3.Operations):
         node = self._node(inode)
         if folder is None or node.backend is not None:
             return
-        fresh = await self._quick(self.tree.entries, node.real, names)
+        try:
+            fresh = await self._quick(self.tree.entries, node.real, names, True)
+        except NotQuick:  # an archive among them: describing it may take seconds
+            fresh = await trio.to_thread.run_sync(self.tree.entries, node.real, names)
         if fresh is None:
             await self._fresh(inode, force=True)
             return

@@ -36,6 +36,10 @@ _Archive = tuple[str, os.stat_result, Backend, Path]  # ... claimed by a backend
 MAX_FAILED = 100_000  # archives remembered as failed (then forgotten all at once)
 
 
+class NotQuick(Exception):
+    """`SourceTree.entries(quick=True)` would describe an archive: ask again in a thread."""
+
+
 class SourceTree:
     def __init__(
         self,
@@ -96,11 +100,17 @@ class SourceTree:
             self._irregular.add(folder)
         return out
 
-    def entries(self, folder: Path, names: Sequence[str]) -> dict[str, Node | None] | None:
+    def entries(
+        self, folder: Path, names: Sequence[str], quick: bool = False
+    ) -> dict[str, Node | None] | None:
         """What `scan(folder)` would present under each of `names` (None: nothing), from a few
         lstats instead of a scan of the whole folder. None when that cannot be told without a
         full scan: an overlay's folder, or one holding an archive that presents a name other
-        than its own (less .zarr.zip / .zarr), seen at its last scan or now."""
+        than its own (less .zarr.zip / .zarr), seen at its last scan or now.
+
+        `quick`: raise NotQuick, after the lstats, when an archive is among the entries found:
+        describing one may take seconds (a big archive not in the index yet), which must not
+        happen on the event loop that asked for a few lstats."""
         if folder in self._irregular or folder in self.overlay_roots:
             return None
         candidates = {c for n in names for m in _related(n) for c in _related(m)}
@@ -134,12 +144,20 @@ class SourceTree:
                 continue  # not there (or not reachable): nothing to present
             if name_problem(name) is None:
                 found.append((name, st))
+        if quick and any(self._claimed(folder / n, st) for n, st in found):
+            raise NotQuick(folder)
         out, regular = self._present(folder, found) if found else ({}, True)
         if not regular:
             self._irregular.add(folder)
             return None
         out.update(spooled)
         return {name: out.get(name) for name in names}
+
+    def _claimed(self, path: Path, st: os.stat_result) -> bool:
+        is_dir = stat.S_ISDIR(st.st_mode)
+        return (is_dir or stat.S_ISREG(st.st_mode)) and any(
+            b.claims(path, is_dir) for b in self.backends
+        )
 
     @staticmethod
     def presented_names(names: set[str]) -> set[str]:
