@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vfs.mount.access import may_change_entries, may_read_beneath
+from vfs.mount.access import may_change_entries, readable_beneath
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="owners and uids are changed as root")
 
@@ -71,7 +71,10 @@ def test_read_beneath_agrees_with_the_kernel(
         os.chown(path, owner, group)
         path.chmod(mode)
     expected = kernel_says(UID, GID, "read", target)
-    assert may_read_beneath(root, target, UID, GID, 0) == expected
+    found = readable_beneath(root, target, UID, GID, 0)
+    assert (found is not None) == expected
+    if found is not None:
+        assert found == (target.stat().st_dev, target.stat().st_ino)
     expected = kernel_says(UID, GID, "change", inner)
     assert may_change_entries(inner, UID, GID, 0) == expected
 
@@ -82,8 +85,15 @@ def test_read_beneath_refuses_links_and_paths_outside(tmp_path: Path) -> None:
     (tmp_path / "elsewhere.csv").write_text("x\n")
     (tmp_path / "elsewhere.csv").chmod(0o644)
     (root / "link.csv").symlink_to(tmp_path / "elsewhere.csv")
-    assert not may_read_beneath(root, root / "link.csv", UID, GID, 0)
-    assert not may_read_beneath(root, tmp_path / "elsewhere.csv", UID, GID, 0)
-    assert not may_read_beneath(root, root / "missing.csv", UID, GID, 0)
-    assert may_read_beneath(root, root / "link.csv", 0, 0, 0)  # root reads anything
+    assert readable_beneath(root, root / "link.csv", UID, GID, 0) is None
+    assert readable_beneath(root, root / "link.csv", 0, 0, 0) is None  # not even for root
+    assert readable_beneath(root, tmp_path / "elsewhere.csv", UID, GID, 0) is None
+    assert readable_beneath(root, root / "missing.csv", UID, GID, 0) is None
     assert stat.S_ISLNK((root / "link.csv").lstat().st_mode)
+    (root / "sub").mkdir()
+    (root / "sub" / "t.csv").write_text("x\n")
+    (root / "sub" / "t.csv").chmod(0o644)
+    assert readable_beneath(root, root / "sub" / "t.csv", UID, GID, 0) is not None
+    (root / "sub").rename(root / "real")
+    (root / "sub").symlink_to(root / "real")  # a folder on the way swapped for a link
+    assert readable_beneath(root, root / "sub" / "t.csv", UID, GID, 0) is None

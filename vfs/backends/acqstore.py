@@ -34,6 +34,7 @@ class FileAccess:
         if not stat.S_ISREG(st.st_mode):
             os.close(self._fd)
             raise not_shown(path, st)
+        self.source_ident = (st.st_dev, st.st_ino)  # what was opened: see ops._same_sources
 
     def read(self, offset: int, size: int) -> bytes:
         end = min(offset + max(size, 0), self.size)

@@ -13,6 +13,8 @@ import os
 import stat
 from pathlib import Path
 
+_FOLDER = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
 
 def caller_groups(pid: int, gid: int) -> set[int]:
     """The caller's primary and supplementary groups (/proc/PID/status), or just its primary
@@ -39,34 +41,54 @@ def may_change_entries(folder: Path, uid: int, gid: int, pid: int) -> bool:
     return _granted(st, uid, caller_groups(pid, gid), write=True, search=True)
 
 
-def may_read_beneath(root: Path, target: Path, uid: int, gid: int, pid: int) -> bool:
-    """Whether the caller could read `target` by its real path from `root`: search permission
-    on `root` and every folder below it on the way, read permission on `target` (and search,
-    for a folder). For what the daemon reads on a caller's behalf from files the kernel never
-    checked the caller against (an AcqStore view's members are files elsewhere in the
-    collection, maybe in another user's private folder). Links are not followed: a view never
-    reads through one. Blocking: not on the event loop."""
-    if uid == 0:
-        return True
-    groups = caller_groups(pid, gid)
+def readable_beneath(
+    root: Path, target: Path, uid: int, gid: int, pid: int
+) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of `target` if the caller could read it by its real path from `root`:
+    search permission on `root` and every folder below it on the way, read permission on
+    `target` (and search, for a folder); None otherwise. For what the daemon reads on a
+    caller's behalf from files the kernel never checked the caller against (an AcqStore view's
+    members are files elsewhere in the collection, maybe in another user's private folder).
+
+    The walk holds each folder by a descriptor and checks that one, never following a link,
+    so a folder swapped on the way (renameat2 in a folder others may write) cannot pass the
+    check as one folder and be read as another; the caller compares the identity returned
+    with what it then opened. Blocking: not on the event loop."""
+    parts = _below(root, target)
+    if parts is None or not parts:
+        return None
+    groups = caller_groups(pid, gid) if uid != 0 else set()
     try:
-        parts = target.relative_to(root).parts
-    except ValueError:
-        return False
-    folder = root
-    try:
-        for part in ("", *parts[:-1]):
-            folder = folder / part if part else folder
-            st = os.stat(folder, follow_symlinks=False)
-            if not stat.S_ISDIR(st.st_mode) or not _granted(st, uid, groups, search=True):
-                return False
-        st = os.stat(target, follow_symlinks=False)
+        fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        return False
+        return None
+    try:
+        for part in parts[:-1]:
+            if not _granted(os.fstat(fd), uid, groups, search=True):
+                return None
+            nfd = os.open(part, _FOLDER, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+        if not _granted(os.fstat(fd), uid, groups, search=True):
+            return None
+        st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     is_dir = stat.S_ISDIR(st.st_mode)
     if not (is_dir or stat.S_ISREG(st.st_mode)):
-        return False  # a link (never followed), a FIFO, a device
-    return _granted(st, uid, groups, read=True, search=is_dir)
+        return None  # a link (never followed), a FIFO, a device
+    if not _granted(st, uid, groups, read=True, search=is_dir):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _below(root: Path, target: Path) -> tuple[str, ...] | None:
+    try:
+        return target.relative_to(root).parts
+    except ValueError:
+        return None
 
 
 def _granted(
@@ -80,6 +102,8 @@ def _granted(
 ) -> bool:
     """Whether the owner, group or other bits that apply to the caller (the first class it is
     in, as the kernel picks it) hold every permission asked."""
+    if uid == 0:
+        return True
     shift = 6 if st.st_uid == uid else 3 if st.st_gid in groups else 0
     need = (read and 4) | (write and 2) | (search and 1)
     return (st.st_mode >> shift) & need == need

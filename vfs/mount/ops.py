@@ -31,7 +31,7 @@ from vfs.errors import DecantError
 from vfs.ingest.queue import PackQueue
 from vfs.ingest.spool import is_temp_name
 from vfs.ingest.writeside import Attrs, WriteSide
-from vfs.mount.access import may_change_entries, may_read_beneath
+from vfs.mount.access import may_change_entries, readable_beneath
 from vfs.mount.config import STATUS_NAME, MountConfig
 from vfs.mount.index import stamp_of
 from vfs.mount.inodes import ROOT_INODE, Folder, InodeTable
@@ -578,13 +578,16 @@ class DecantOperations(pyfuse3.Operations):
             if node.spooled:  # a plain file of the spool: see QuickCalls
                 node, reader = await self._on_spooled(inode, node, self._open_reader)
             else:
-                await self._may_read_through(node, ctx)
+                checked = await self._may_read_through(node, ctx)
                 try:
                     reader = await trio.to_thread.run_sync(self._open_reader, node)
                 except OSError as exc:
                     if exc.errno == errno.ESTALE:
                         await self._relist(node)
                     raise
+                if checked is not None and not self._same_sources(reader, checked):
+                    await trio.to_thread.run_sync(reader.close)
+                    raise _fail(errno.EACCES)
             handle = OpenFile(node, inode, reader, uid=ctx.uid)
             cache = await self.reads.prepare(handle)
             if node.spooled and self.queue is not None:
@@ -612,20 +615,41 @@ class DecantOperations(pyfuse3.Operations):
         self.inodes.pin(handle.inode)
         return pyfuse3.FileInfo(fh=fh, **info)
 
-    async def _may_read_through(self, node: Node, ctx: pyfuse3.RequestContext) -> None:
+    async def _may_read_through(
+        self, node: Node, ctx: pyfuse3.RequestContext
+    ) -> list[tuple[int, int]] | None:
         """A member read from files of its own elsewhere in SRC (an AcqStore view's tables and
-        images): EACCES unless the caller could read each there, by its real path."""
+        images): EACCES unless the caller could read each there, by its real path. Returns
+        their identities (st_dev, st_ino), for `_same_sources` to hold the opened reader to;
+        None when there is nothing to check."""
         reads_for = getattr(node.backend, "reads_for", None)
         if ctx.uid == 0 or reads_for is None or node.entry is None:
-            return
+            return None
         targets = reads_for(node.real, node.member, node.entry)
         uid, gid, pid = ctx.uid, ctx.gid, ctx.pid
 
-        def allowed() -> bool:
-            return all(may_read_beneath(node.real, t, uid, gid, pid) for t in targets)
+        def checked() -> list[tuple[int, int] | None]:
+            return [readable_beneath(node.real, t, uid, gid, pid) for t in targets]
 
-        if not await trio.to_thread.run_sync(allowed):
+        found = await trio.to_thread.run_sync(checked)
+        idents = [ident for ident in found if ident is not None]
+        if len(idents) != len(found):
             raise _fail(errno.EACCES)
+        return idents
+
+    @staticmethod
+    def _same_sources(reader: RandomAccess, idents: list[tuple[int, int]]) -> bool:
+        """Whether the reader opened what was checked (a folder on the way, or the file, may
+        have been swapped between the check and the open by someone who may rename there).
+        A reader that cannot say (a synthesized TIFF reads many files of an image folder)
+        passes: see README, "Security model"."""
+        source = getattr(reader, "source_ident", None)
+        if source is None:
+            opened = getattr(reader, "opened", None)  # a decant archive: (ino, size, mtime)
+            if opened is None:
+                return True
+            return any(opened[0] == ino for _dev, ino in idents)
+        return source in idents
 
     def _open_reader(self, node: Node) -> RandomAccess:
         if node.backend is None:
