@@ -418,11 +418,13 @@ def _main_bucket(args: argparse.Namespace) -> int:
     # After the fork: obstore's runtime threads would not survive it (its calls in the child
     # would hang). Until ready, the child's stderr is still the caller's terminal.
     ready_fd = None if args.foreground else _daemonize()
+    # Before the check: its listing may log keys it leaves out, and a line logged before this
+    # would go out through logging's last-resort handler, unescaped (a key can forge lines).
+    setup_logging(args, detached=ready_fd is not None)
     problem = check_bucket(bucket)
     if problem:
         print(f"decant-mount: {problem}", file=sys.stderr)
         return 1
-    setup_logging(args, detached=ready_fd is not None)
     try:
         from vfs.mount.daemon import serve
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -118,3 +119,23 @@ def test_pages_are_bounded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
     plain = s3list.Plain("http://127.0.0.1:1", "b", "r", None, None, None, 1.0)
     with pytest.raises(ValueError, match="more than 5 pages"):
         list(s3list.list_pages(plain, "", None))
+
+
+def test_a_key_logged_at_start_cannot_forge_a_line(bucket: str, tmp_path: Path) -> None:
+    """The bucket's first listing (the credentials check, before the mount) leaves out the keys
+    with a newline and logs them. Logging was set up only after that check, so those lines
+    went out through logging's last-resort handler, unescaped: a key could write whole log
+    lines of its choosing (red team, stop 25). Now they are escaped like every other line."""
+    from tests.mount.conftest import HAVE_FUSE, Mount
+
+    if not HAVE_FUSE:
+        pytest.skip("needs /dev/fuse and fusermount3")
+    m = Mount(f"s3://{bucket}/p", tmp_path / "mnt", tmp_path / "mnt.log", tmp_path / "idx")  # type: ignore[arg-type]
+    m.start()
+    try:
+        assert sorted(os.listdir(m.mnt)) == ["good.txt", "sub"]
+    finally:
+        m.stop()
+    said = m.log_text()
+    assert "odd\\x0aname.txt: not shown" in said, said
+    assert not [line for line in said.splitlines() if line.startswith("name.txt")], said
