@@ -588,3 +588,18 @@ def test_of_an_object_and_an_archive_presenting_its_name_the_older_keeps_it(
     assert sha256sum(m.mnt / a) == digest(corpus[a])  # the archive, published first
     assert (m.mnt / b).read_bytes() == b"the plain object came first\n"
     assert f"{a}.zarr.zip: presents {a!r}, which a newer object holds" in m.log_text()
+
+
+def test_an_object_named_like_a_folder_does_not_hide_it(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory
+) -> None:
+    """`runs` put beside `runs/…` (a writer who may only add keys) used to take the name from
+    the folder on every host, with no log line: everything under runs/ was gone from view."""
+    store = client(s3_bucket)
+    obstore.put(store, s3_bucket.key("runs/scan.txt"), b"a file in a folder\n")
+    obstore.put(store, s3_bucket.key("runs"), b"squat\n")
+    m = bucket_mount(s3_bucket.url())
+    assert os.listdir(m.mnt) == ["runs"]
+    assert (m.mnt / "runs").is_dir()
+    assert (m.mnt / "runs" / "scan.txt").read_bytes() == b"a file in a folder\n"
+    assert "an object named like a folder of the same prefix; not shown" in m.log_text()

@@ -219,8 +219,13 @@ class BucketTree(SourceTree):
         for name in listing.dirs:
             if self._shown(folder, name):
                 found.append((name, self._dir_stat(join_key(prefix, name))))
+        folders = set(listing.dirs)
         for info in listing.files:
             name = info.key.rpartition("/")[2]
+            if name in folders:  # `a` beside `a/…`: the folder keeps the name
+                self._log_once(folder / name, f"{self.folder.url_of(info.key)}: an object "
+                               "named like a folder of the same prefix; not shown")  # fmt: skip
+                continue
             if self._shown(folder, name):
                 infos[name] = info
                 found.append((name, self._object_stat(info)))
