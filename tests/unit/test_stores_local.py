@@ -85,3 +85,45 @@ def test_the_daemon_opens_only_what_a_path_names_without_a_link(
     monkeypatch.setattr(local, "EXACT_OPENS", False)  # the command line: a user's own links
     with DecantArchive.open(public / "via" / "a.zarr.zip") as opened:
         assert opened.originals()
+
+
+def test_a_folder_archive_s_value_is_read_as_the_size_its_head_stated() -> None:
+    """FolderStore (a `.zarr/` archive in a bucket) checked a value's size with a HEAD, then
+    fetched it with a plain GET: an object replaced in between came whole, whatever its size
+    (1.2 GiB of peak memory for a 2-byte manifest; red team, stop 25). It reads exactly the
+    stated size from what it opened (an object's GETs carry its ETag)."""
+    from vfs.decant.store import FolderStore
+    from vfs.errors import CorruptArchiveError
+
+    class Opened:
+        size = 2
+
+        def read_apart(self, offset: int, size: int) -> bytes:
+            assert (offset, size) == (0, 2)
+            return b"{}"
+
+        def close(self) -> None:
+            pass
+
+    class Swapped(Opened):
+        def read_apart(self, offset: int, size: int) -> bytes:
+            return b"{"  # the object changed under it: fewer bytes than it stated
+
+    class Prefix:
+        name = "s3://bucket/run.zarr"
+
+        def __init__(self, opened: Opened) -> None:
+            self.opened = opened
+
+        def open(self, key: str) -> Opened:
+            return self.opened
+
+        def stat(self, key: str) -> object:
+            return self.opened
+
+        def get(self, key: str) -> bytes:
+            raise AssertionError("an unranged GET of the whole object")
+
+    assert FolderStore(Prefix(Opened())).get("zarr.json", 1 << 20) == b"{}"  # type: ignore[arg-type]
+    with pytest.raises(CorruptArchiveError, match="changed while it was read"):
+        FolderStore(Prefix(Swapped())).get("zarr.json", 1 << 20)  # type: ignore[arg-type]

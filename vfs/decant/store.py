@@ -36,7 +36,13 @@ from vfs.decant import MANIFEST_KEY as MANIFEST_KEY  # re-exported: its home is 
 from vfs.decant import archive_stem as archive_stem
 from vfs.decant.limits import MAX_NDIM, MAX_ZIP_ENTRIES, human
 from vfs.decant.zipdir import ZipDirectory, ZipEntry
-from vfs.errors import CorruptArchiveError, DecantError, NotAnArchiveError
+from vfs.errors import (
+    CorruptArchiveError,
+    DecantError,
+    NotAnArchiveError,
+    ObjectChangedError,
+    ObjectMissingError,
+)
 from vfs.stores.base import ByteSource, Folder
 from vfs.stores.local import LocalFile, LocalFolder, open_exact
 
@@ -625,13 +631,23 @@ class FolderStore(Store):
     def get(self, key: str, limit: int) -> bytes | None:
         if any(p in ("", ".", "..") for p in key.split("/")):
             raise CorruptArchiveError(f"{self.path}: key {key!r} is not a safe relative path")
-        info = self.folder.stat(key)
-        if info is None:
+        # Opened (one HEAD), then read as exactly the size it stated, with its ETag pinned: a
+        # plain GET after the HEAD would take whatever replaced the object meanwhile, whole
+        # (a 600 MiB body for a manifest checked at 2 bytes; red team, stop 25).
+        try:
+            source = self.folder.open(key)
+        except (ObjectMissingError, FileNotFoundError):
             return None
-        if info.size > limit:
-            raise self._too_large(key, info.size, limit)
-        data = self.folder.get(key)
-        if data is None or len(data) != info.size:
+        try:
+            if source.size > limit:
+                raise self._too_large(key, source.size, limit)
+            read = getattr(source, "read_apart", None) or source.read
+            data = read(0, source.size)
+        except ObjectChangedError:
+            raise CorruptArchiveError(f"{self.path}: {key!r} changed while it was read") from None
+        finally:
+            source.close()
+        if len(data) != source.size:
             raise CorruptArchiveError(f"{self.path}: {key!r} changed while it was read")
         if self.digests is not None:
             self._check_digest(key, data)
