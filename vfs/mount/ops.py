@@ -885,13 +885,16 @@ class DecantOperations(pyfuse3.Operations):
                 raise
             return current, await self._quick(fn, current, *args)
 
-    @staticmethod
-    def _check_name(name: bytes) -> str:
+    def _check_name(self, name: bytes) -> str:
         if len(name) > NAME_MAX:
             raise _fail(errno.ENAMETOOLONG)
         if name == STATUS_NAME.encode():
             raise _fail(errno.EACCES)
         if name.startswith(_TEMP_PREFIX):  # hidden, and deleted at start as a crashed pack's
+            raise _fail(errno.EINVAL)
+        if b"\\" in name and isinstance(self.tree.root, ObjectPath):
+            # Object stores (SeaweedFS among them) take a backslash in a key for a "/": the
+            # file would be published into another folder, under another name.
             raise _fail(errno.EINVAL)
         return os.fsdecode(name)
 
