@@ -150,3 +150,22 @@ def test_the_command_line_reads_the_environment(uploaded: dict[str, str]) -> Non
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert f"OK   {url}: " in done.stdout
+
+
+def test_pack_to_a_bucket_refuses_a_name_an_object_holds(
+    s3_bucket: S3Bucket, corpus: dict[str, Path], decant_cli: Cli
+) -> None:
+    """A plain `scan.tif` in the bucket keeps its name over a newer `scan.tif.zarr.zip` in
+    every mount (the older object wins): uploading the archive would publish it hidden. The
+    command refuses before packing, saying why; without the plain object it uploads."""
+    name = sorted(corpus)[0]
+    obstore.put(client(s3_bucket), s3_bucket.key(name), b"squatted\n")
+    url = s3_bucket.url(f"{name}.zarr.zip")
+    status, out, err = decant_cli("pack", corpus[name], "-o", url)
+    assert status != 0 and out == "", (status, out, err)
+    assert "an object of the name this archive presents is in the bucket" in err, err
+    assert "not uploaded" in err
+    assert not list(obstore.list(client(s3_bucket), prefix=s3_bucket.key(f"{name}.zarr.zip")))
+    other = s3_bucket.url(f"elsewhere/{name}.zarr.zip")
+    status, out, err = decant_cli("pack", corpus[name], "-o", other)
+    assert (status, err) == (0, ""), err

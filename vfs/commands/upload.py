@@ -71,6 +71,9 @@ def _pack_one(src: Path, url: str, options: PackOptions, args: argparse.Namespac
     try:
         if not options.overwrite and folder.stat(key) is not None:  # early; the PUT decides
             raise UsageError(f"{url}: already exists (--force replaces it)")
+        shown = key.removesuffix(SUFFIX)  # the name mounts show the original under
+        if folder.stat(shown) is not None:
+            raise UsageError(_taken(folder, shown, "not uploaded"))
         with tempfile.TemporaryDirectory(prefix="decant-pack-") as tmp:
             local = Path(tmp) / key.rpartition("/")[2]
             try:
@@ -81,6 +84,8 @@ def _pack_one(src: Path, url: str, options: PackOptions, args: argparse.Namespac
             uploaded = put_verified(
                 folder, key, local, _originals_match(src, silent), overwrite=options.overwrite
             )
+        if folder.stat(shown) is not None:  # put there while this one was packed: older
+            raise OutputError(_taken(folder, shown, f"uploaded to {url}, but not shown"))
     except ObjectExistsError as exc:
         raise UsageError(str(exc)) from None
     except UploadError as exc:
@@ -90,6 +95,11 @@ def _pack_one(src: Path, url: str, options: PackOptions, args: argparse.Namespac
     finally:
         folder.close()
     _print(result, uploaded, silent)
+
+
+def _taken(folder: Folder, shown: str, what: str) -> str:
+    return (f"{folder.url_of(shown)}: an object of the name this archive presents is in the "
+            f"bucket, and mounts show the older of the two under it; {what}")  # fmt: skip
 
 
 def _originals_match(src: Path, silent: bool) -> Verify:
