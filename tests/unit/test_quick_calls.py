@@ -122,3 +122,36 @@ def test_a_new_archive_s_description_runs_off_the_event_loop(
     assert described_on, "the archive was never described"
     loop = threading.main_thread().name  # trio.run's own thread
     assert loop not in described_on, described_on
+
+
+def test_a_rename_of_a_spooled_file_describes_its_archive_off_the_event_loop(
+    tmp_path: Path,
+) -> None:
+    """Renaming a spooled file asks what SRC presents under its name (`_behind`): an archive
+    of that name, put in SRC directly, was described on the trio thread too."""
+    tif = tmp_path / "f1.tif"
+    data = np.random.default_rng(2).integers(0, 60000, (2, 16, 12), dtype=np.uint16)
+    tifffile.imwrite(tif, data, photometric="minisblack")
+    with fake_session():
+        src = tmp_path / "src"
+        (src / "drop").mkdir(parents=True)
+        m = InProcessMount(src, tmp_path, settle=3600)  # spooled files stay spooled
+        described_on: list[str] = []
+        for backend in m.tree.backends:
+            original = backend.describe
+
+            def spy(path: Path, original=original) -> object:  # type: ignore[no-untyped-def]
+                described_on.append(threading.current_thread().name)
+                return original(path)
+
+            backend.describe = spy  # type: ignore[method-assign]
+
+        async def scenario() -> list[str]:
+            await m.write_file("drop/f1", b"spooled, not a TIFF\n")
+            pack_file(tif, src / "drop" / "f1.zarr.zip")  # in SRC directly, beside it
+            await m.rename("drop/f1", "drop/g1")
+            return await m.listdir("drop")
+
+        assert "g1" in m.run(scenario)
+    assert described_on, "the archive was never described"
+    assert threading.main_thread().name not in described_on, described_on

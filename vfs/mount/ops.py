@@ -826,10 +826,7 @@ class DecantOperations(pyfuse3.Operations):
         node = self._node(inode)
         if folder is None or node.backend is not None:
             return
-        try:
-            fresh = await self._quick(self.tree.entries, node.real, names, True)
-        except NotQuick:  # an archive among them: describing it may take seconds
-            fresh = await trio.to_thread.run_sync(self.tree.entries, node.real, names)
+        fresh = await self._entries(node.real, names)
         if fresh is None:
             await self._fresh(inode, force=True)
             return
@@ -958,7 +955,7 @@ class DecantOperations(pyfuse3.Operations):
         hidden = self.queue.publishing
         hidden.hide([node.spooled])  # the tree skips spooled names being hidden
         try:
-            fresh = await self._quick(self.tree.entries, parent.real, [name])
+            fresh = await self._entries(parent.real, [name])
             if fresh is None:  # a folder the tree cannot tell name by name
                 found = (await trio.to_thread.run_sync(self.tree.scan, parent.real)).get(name)
             else:
@@ -966,6 +963,14 @@ class DecantOperations(pyfuse3.Operations):
         finally:
             hidden.unhide([node.spooled])
         return found if found is not None and not found.spooled else None
+
+    async def _entries(self, folder: Path, names: list[str]) -> dict[str, Node | None] | None:
+        """`tree.entries`: a few lstats on the event loop (QuickCalls), but an archive among
+        them is described in a worker thread (a big one not in the index takes seconds)."""
+        try:
+            return await self._quick(self.tree.entries, folder, names, True)  # type: ignore[no-any-return]
+        except NotQuick:
+            return await trio.to_thread.run_sync(self.tree.entries, folder, names)
 
     async def _io(self, heavy: bool, fn: Callable[..., Any], *args: Any) -> Any:
         """A spool call that may take long whatever the disk (freeing a large file's blocks,
