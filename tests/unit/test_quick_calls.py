@@ -82,6 +82,20 @@ def test_one_long_stall_is_enough_and_stalls_that_go_on_wait_longer(
     assert quick.until > time.monotonic() + 5.0
 
 
+def threads_describing(m: InProcessMount) -> list[str]:
+    """The names of the threads that describe an archive from now on, in call order."""
+    names: list[str] = []
+    for backend in m.tree.backends:
+        original = backend.describe
+
+        def spy(path: Path, original=original) -> object:  # type: ignore[no-untyped-def]
+            names.append(threading.current_thread().name)
+            return original(path)
+
+        backend.describe = spy  # type: ignore[method-assign]
+    return names
+
+
 @pytest.fixture
 def mount(tmp_path: Path) -> Iterator[InProcessMount]:
     with fake_session():
@@ -100,15 +114,7 @@ def test_a_new_archive_s_description_runs_off_the_event_loop(
     data = np.random.default_rng(1).integers(0, 60000, (2, 16, 12), dtype=np.uint16)
     tifffile.imwrite(tif, data, photometric="minisblack")
     archive = pack_file(tif, tmp_path / "scan.tif.zarr.zip").archive
-    described_on: list[str] = []
-    for backend in mount.tree.backends:
-        original = backend.describe
-
-        def spy(path: Path, original=original) -> object:  # type: ignore[no-untyped-def]
-            described_on.append(threading.current_thread().name)
-            return original(path)
-
-        backend.describe = spy  # type: ignore[method-assign]
+    described_on = threads_describing(mount)
     folder = mount.config.src / "drop"
 
     async def scenario() -> bytes:
@@ -136,15 +142,7 @@ def test_a_rename_of_a_spooled_file_describes_its_archive_off_the_event_loop(
         src = tmp_path / "src"
         (src / "drop").mkdir(parents=True)
         m = InProcessMount(src, tmp_path, settle=3600)  # spooled files stay spooled
-        described_on: list[str] = []
-        for backend in m.tree.backends:
-            original = backend.describe
-
-            def spy(path: Path, original=original) -> object:  # type: ignore[no-untyped-def]
-                described_on.append(threading.current_thread().name)
-                return original(path)
-
-            backend.describe = spy  # type: ignore[method-assign]
+        described_on = threads_describing(m)
 
         async def scenario() -> list[str]:
             await m.write_file("drop/f1", b"spooled, not a TIFF\n")
