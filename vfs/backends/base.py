@@ -13,7 +13,24 @@ DESCRIPTION_VERSION = 2
 DEFAULT_MODE_MASK = 0o555  # a backend without `mode_mask`: the archive's mode minus write bits
 
 
-@dataclass(eq=False, repr=False)
+class FrozenEmpty(dict):  # type: ignore[type-arg]
+    """An empty mapping that refuses to change: shared by every entry of a kept tree that has
+    no children, xattrs or locator (`Entry.compact`), three empty dicts a member saved. A
+    change through one would show in all of them: it raises instead."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("a shared empty mapping of a kept tree: give the entry its own dict")
+
+    __setitem__ = __delitem__ = setdefault = update = pop = popitem = clear = _refuse  # type: ignore[assignment]
+    __ior__ = _refuse  # type: ignore[assignment]
+
+
+EMPTY: Any = FrozenEmpty()
+
+
+@dataclass(eq=False, repr=False, slots=True)
 class Entry:
     """A presented file or folder: plain data, so the persistent index can keep it.
 
@@ -101,6 +118,23 @@ class Entry:
     def __repr__(self) -> str:
         kind = f"folder of {len(self.children)}" if self.is_dir else f"file of {self.size} bytes"
         return f"Entry({kind}, sha256={self.sha256!r})"
+
+    def compact(self) -> int:
+        """Share one `EMPTY` among the empty dicts of this tree (it is kept, not built on any
+        more); the number of entries in it. Without recursion, as everything here."""
+        count, stack = 0, [self]
+        while stack:
+            entry = stack.pop()
+            count += 1
+            if entry.children:
+                stack.extend(entry.children.values())
+            else:
+                entry.children = EMPTY
+            if not entry.xattrs:
+                entry.xattrs = EMPTY
+            if not entry.locator:
+                entry.locator = EMPTY
+        return count
 
     def walk(self, relpath: str) -> Entry | None:
         """The entry at a slash-separated path below this one ("" is this entry)."""
