@@ -15,6 +15,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from tests.unit.inprocess import InProcessMount, fake_session
 from vfs.backends.base import EMPTY, Description, Entry
 from vfs.mount.described import DescribedTrees
 from vfs.mount.index import DescriptionIndex
@@ -190,3 +191,43 @@ def test_a_changed_archive_never_lends_its_tree_to_the_old_version(
     fresh = tree.scan(src)["a.tar"]  # the folder's rescan shows the new version
     (d,) = tree.children_of_archive_node(fresh).values()
     assert list(tree.children_of_archive_node(d)) == [f"new{i}" for i in range(9)]
+
+
+# -- listings of archives' folders: let go past their budget, rebuilt with the same cookies -----
+
+
+def test_listings_of_archive_folders_are_let_go_and_rebuilt_with_their_cookies(
+    tmp_path: Path,
+) -> None:
+    """Listing the folders of many archives kept every listing (and its nodes) while the kernel
+    held the folder. Past `archive_listed` children in all, the oldest are let go; one let go
+    between two readdir calls of it is rebuilt with the same cookies: the reader sees every
+    name once, in the same order."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for archive in "abc":
+        write_tar(src / f"{archive}.tar", [f"d/{archive}{i:03d}" for i in range(40)])
+    m = InProcessMount(src, tmp_path / "work", read_only=True)
+    m.tree.backends.insert(0, TarBackend())
+    m.ops.inodes.archive_listed = 50
+    listings = m.ops.inodes.folders
+
+    async def run() -> None:
+        whole = await m.listdir("a.tar/d")
+        assert whole == [f"a{i:03d}" for i in range(40)]
+        first = await m.resolve("a.tar/d")
+        others = iter(["b.tar/d", "c.tar/d"])
+
+        async def list_another() -> None:
+            other = next(others, None)
+            if other is not None:
+                await m.listdir(other)
+                assert first not in listings  # let go, while its reader is half way
+            held = [f for i, f in listings.items() if m.ops.inodes.get(i).backend is not None]
+            assert sum(len(f.children) for f in held) <= 50 or len(held) == 1
+
+        again = [name for name, _ in await m.readdir(first, room=15, between=list_another)]
+        assert again == whole
+
+    with fake_session():
+        m.run(run)
