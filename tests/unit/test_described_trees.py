@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 import tarfile
 import threading
@@ -11,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -231,3 +232,30 @@ def test_listings_of_archive_folders_are_let_go_and_rebuilt_with_their_cookies(
 
     with fake_session():
         m.run(run)
+
+
+# -- what the index stores of a tree, written entry by entry -----------------------------------
+
+names = st.text(min_size=1, max_size=8)
+leaves = st.builds(
+    Entry,
+    size=st.integers(0, 2**40),
+    sha256=st.none() | st.just("ab" * 32),
+    xattrs=st.dictionaries(names, st.text(max_size=4), max_size=2),
+    locator=st.dictionaries(names, st.integers() | st.text(max_size=3), max_size=2),
+)
+
+
+def folder_of(children: dict[str, Entry]) -> Entry:
+    return Entry(is_dir=True, children=children)
+
+
+entries = st.recursive(leaves, lambda kids: st.dictionaries(names, kids, max_size=4).map(folder_of))
+
+
+@settings(max_examples=200, deadline=None)
+@given(root=entries, name=names)
+def test_json_text_is_the_json_of_to_json(root: Entry, name: str) -> None:
+    desc = Description(name, root)
+    assert desc.json_text() == json.dumps(desc.to_json(), separators=(",", ":"))
+    assert Description.from_json(json.loads(desc.json_text())).root == root

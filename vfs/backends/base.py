@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,9 @@ from typing import Any, Protocol
 # under older rules (e.g. member names cut short at a NUL before 2) are rebuilt, not served.
 DESCRIPTION_VERSION = 2
 DEFAULT_MODE_MASK = 0o555  # a backend without `mode_mask`: the archive's mode minus write bits
+
+
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 class FrozenEmpty(dict):  # type: ignore[type-arg]
@@ -61,6 +65,29 @@ class Entry:
                     kids[name] = doc = child._fields_json()
                     stack.append((child, doc))
         return root
+
+    def json_text(self) -> str:
+        """`json.dumps(self.to_json(), separators=(",", ":"))`, without building the documents
+        first: a string or two an entry, not a dict (what the index stores of a tree)."""
+        parts: list[str] = []
+        stack: list[Entry | str] = [self]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):
+                parts.append(item)
+                continue
+            fields = _compact_json(item._fields_json())
+            if not item.children:
+                parts.append(fields)
+                continue
+            parts.append(fields[:-1] + ',"c":{')
+            stack.append("}}")
+            kids = list(item.children.items())
+            for i in range(len(kids) - 1, -1, -1):
+                name, child = kids[i]
+                stack.append(child)
+                stack.append(("," if i else "") + _compact_json(name) + ":")
+        return "".join(parts)
 
     def _fields_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"d": self.is_dir, "s": self.size}
@@ -155,6 +182,11 @@ class Description:
 
     def to_json(self) -> dict[str, Any]:
         return {"v": DESCRIPTION_VERSION, "name": self.name, "root": self.root.to_json()}
+
+    def json_text(self) -> str:
+        """`json.dumps(self.to_json(), separators=(",", ":"))`, built entry by entry."""
+        head = _compact_json({"v": DESCRIPTION_VERSION, "name": self.name})
+        return f'{head[:-1]},"root":{self.root.json_text()}}}'
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Description:
