@@ -13,6 +13,7 @@ import logging
 import os
 import sqlite3
 import stat
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -71,6 +72,7 @@ class SourceTree:
         # The member trees of archives shown as folders, across all of them (their nodes keep
         # none: `children_of_archive_node` reads an evicted one again).
         self.trees = DescribedTrees(described_entries)
+        self._reloading = threading.Lock()
 
     def _log_once(self, path: Path, message: str, level: int = logging.WARNING) -> None:
         if (str(path), message) not in self._logged:
@@ -434,7 +436,13 @@ class SourceTree:
 
     def tree_of(self, node: Node) -> Entry:
         """The whole tree of the archive `node` is presented from (ESTALE: not as it was)."""
-        return self.trees.get_or_load(_tree_key(node), lambda: self._reload(node))
+        return self.trees.get_or_load(_tree_key(node), lambda: self._reload_alone(node))
+
+    def _reload_alone(self, node: Node) -> Entry:
+        # One archive read back at a time: each costs ~2× its tree while parsed (~100 MiB for
+        # a package of 100,000 members), and listings run on many worker threads at once.
+        with self._reloading:
+            return self._reload(node)
 
     def _reload(self, node: Node) -> Entry:
         """The tree of `node`'s archive read again (the persistent index first), and only as
