@@ -17,6 +17,7 @@ from typing import Any
 from vfs.errors import DecantError
 from vfs.logsafe import SafeFormatter, escape_controls
 from vfs.mount.config import STATUS_NAME, BucketConfig, MountConfig, parse_fuse_options
+from vfs.mount.described import DESCRIBED_ENTRIES
 from vfs.version import VersionAction
 
 log = logging.getLogger("decant-mount")
@@ -84,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="do not watch SRC with inotify (NFS, inotify limits): changes show within ~2 s "
         "through short kernel timeouts and folder mtime checks",
+    )
+    p.add_argument(
+        "--described-entries",
+        type=int,
+        default=DESCRIBED_ENTRIES,
+        metavar="N",
+        help="entries (members, folders) of archive trees kept in memory across all archives; "
+        f"others are read again from the index when listed (default {DESCRIBED_ENTRIES:,})",
     )
     p.add_argument(
         "--decode-threads",
@@ -302,6 +311,7 @@ def config_from_args(
         index_dir=args.index_dir,
         use_index=not args.no_index,
         decode_threads=args.decode_threads,
+        described_entries=max(1, args.described_entries),
         watch=not args.no_watch,
         read_only=args.read_only,
         spool=args.spool.resolve() if args.spool else None,  # opened exactly: see open_exact

@@ -168,10 +168,19 @@ def mirror_node(path: Path, st: os.stat_result, writable: bool = False) -> Node:
     )  # fmt: skip
 
 
+def archive_version(st: os.stat_result) -> tuple[int, int, int]:
+    """An archive's identity as its nodes carry it (`Node.version`): replaced → new inodes."""
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def archive_node(
     backend: Backend, path: Path, st: os.stat_result, member: str, entry: Entry, rel: str
 ) -> Node:
-    xattrs: Mapping[str, str] = dict(entry.xattrs) if entry.xattrs else NO_XATTRS
+    """A presented entry of an archive. A folder's node keeps no `entry`: its archive's tree
+    (up to 100,000 members a package) is kept by the tree's bounded LRU instead, and read again
+    when its children are needed (`SourceTree.children_of_archive_node`). A file's node keeps
+    its own entry (opening it needs the locator); its xattrs are the entry's, not a copy."""
+    xattrs: Mapping[str, str] = entry.xattrs if entry.xattrs else NO_XATTRS
     if not entry.is_dir and backend.name == "decant":
         xattrs = {**xattrs, "user.decant.archive": rel}
     return Node(
@@ -184,7 +193,7 @@ def archive_node(
         real=path,
         backend=backend,
         member=member,
-        entry=entry,
+        entry=None if entry.is_dir else entry,
         xattrs=xattrs,
-        version=(st.st_ino, st.st_size, st.st_mtime_ns),
+        version=archive_version(st),
     )

@@ -4,11 +4,15 @@ index keyed by object identity, and keys that cannot be names left out."""
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
+import tarfile
 from pathlib import Path
 
 import pytest
 
+from vfs.backends.base import Description, Entry
 from vfs.backends.decant import DecantBackend
 from vfs.backends.objects import BoundBackend, ObjectBackend
 from vfs.cache import PageCache
@@ -169,4 +173,60 @@ def test_a_second_tree_describes_from_the_index(
     bucket.files[f"{name}.zarr.zip"] = data + b"\0"  # replaced: a new ETag and size miss
     make_tree(bucket, index).scan(ObjectPath.of_url(bucket.name))
     assert described == [f"{name}.zarr.zip"]
+    index.close()
+
+
+class TarAt:
+    """A plain TAR object of a bucket as a folder of its members (what a package is, unsealed)."""
+
+    name = "tar"
+
+    def __init__(self) -> None:
+        self.described = 0
+
+    def describe_at(self, folder: FakeBucket, key: str) -> Description:
+        self.described += 1
+        root = Entry(is_dir=True)
+        with tarfile.open(fileobj=io.BytesIO(folder.files[key])) as tar:
+            for info in tar.getmembers():
+                root.children[info.name] = Entry(size=info.size)
+        return Description(key, root)
+
+
+def tar_of(names: list[str]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in names:
+            tar.addfile(tarfile.TarInfo(name))
+    return buf.getvalue()
+
+
+def test_a_package_tree_let_go_comes_back_for_its_own_object_only(tmp_path: Path) -> None:
+    """Trees of a bucket's folder archives share the bounded LRU: one let go is read back from
+    the index for the object identity its node was listed with; once the object is replaced
+    (and the index holds the new one), the old node gets ESTALE, not the new object's members."""
+    bucket = FakeBucket({"a.tar": tar_of(["a1", "a2"]), "b.tar": tar_of(["b1", "b2"])})
+    index = DescriptionIndex(tmp_path / "index.sqlite")
+    inner = TarAt()
+    tree: BucketTree
+
+    def key_of(path: Path) -> str:
+        return tree.key_of(path)
+
+    bound = BoundBackend(inner, bucket, key_of, (".tar",))
+    tree = BucketTree(bucket, ObjectPath.of_url(bucket.name), [bound], index, relist=3600)  # type: ignore[arg-type]
+    tree.trees.budget = 3  # one tree of three entries
+    kids = tree.scan(tree.root)
+    old = kids["a.tar"]
+    assert old.entry is None and len(tree.trees) == 1 and inner.described == 2
+    assert sorted(tree.children_of_archive_node(old)) == ["a1", "a2"]  # from the index
+    assert inner.described == 2
+    tree.children_of_archive_node(kids["b.tar"])  # a's tree let go again
+    bucket.files["a.tar"] = tar_of(["new1", "new2"])
+    tree.expire()
+    assert sorted(tree.children_of_archive_node(tree.scan(tree.root)["a.tar"])) == ["new1", "new2"]
+    tree.children_of_archive_node(kids["b.tar"])
+    with pytest.raises(OSError) as raised:
+        tree.children_of_archive_node(old)
+    assert raised.value.errno == errno.ESTALE
     index.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +14,27 @@ DESCRIPTION_VERSION = 2
 DEFAULT_MODE_MASK = 0o555  # a backend without `mode_mask`: the archive's mode minus write bits
 
 
-@dataclass(eq=False, repr=False)
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode
+
+
+class FrozenEmpty(dict):  # type: ignore[type-arg]
+    """An empty mapping that refuses to change: shared by every entry of a kept tree that has
+    no children, xattrs or locator (`Entry.compact`), three empty dicts a member saved. A
+    change through one would show in all of them: it raises instead."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args: object, **kwargs: object) -> None:
+        raise TypeError("a shared empty mapping of a kept tree: give the entry its own dict")
+
+    __setitem__ = __delitem__ = setdefault = update = pop = popitem = clear = _refuse  # type: ignore[assignment]
+    __ior__ = _refuse  # type: ignore[assignment]
+
+
+EMPTY: Any = FrozenEmpty()
+
+
+@dataclass(eq=False, repr=False, slots=True)
 class Entry:
     """A presented file or folder: plain data, so the persistent index can keep it.
 
@@ -44,6 +65,29 @@ class Entry:
                     kids[name] = doc = child._fields_json()
                     stack.append((child, doc))
         return root
+
+    def json_text(self) -> str:
+        """`json.dumps(self.to_json(), separators=(",", ":"))`, without building the documents
+        first: a string or two an entry, not a dict (what the index stores of a tree)."""
+        parts: list[str] = []
+        stack: list[Entry | str] = [self]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):
+                parts.append(item)
+                continue
+            fields = _compact_json(item._fields_json())
+            if not item.children:
+                parts.append(fields)
+                continue
+            parts.append(fields[:-1] + ',"c":{')
+            stack.append("}}")
+            kids = list(item.children.items())
+            for i in range(len(kids) - 1, -1, -1):
+                name, child = kids[i]
+                stack.append(child)
+                stack.append(("," if i else "") + _compact_json(name) + ":")
+        return "".join(parts)
 
     def _fields_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"d": self.is_dir, "s": self.size}
@@ -102,6 +146,23 @@ class Entry:
         kind = f"folder of {len(self.children)}" if self.is_dir else f"file of {self.size} bytes"
         return f"Entry({kind}, sha256={self.sha256!r})"
 
+    def compact(self) -> int:
+        """Share one `EMPTY` among the empty dicts of this tree (it is kept, not built on any
+        more); the number of entries in it. Without recursion, as everything here."""
+        count, stack = 0, [self]
+        while stack:
+            entry = stack.pop()
+            count += 1
+            if entry.children:
+                stack.extend(entry.children.values())
+            else:
+                entry.children = EMPTY
+            if not entry.xattrs:
+                entry.xattrs = EMPTY
+            if not entry.locator:
+                entry.locator = EMPTY
+        return count
+
     def walk(self, relpath: str) -> Entry | None:
         """The entry at a slash-separated path below this one ("" is this entry)."""
         node: Entry | None = self
@@ -121,6 +182,11 @@ class Description:
 
     def to_json(self) -> dict[str, Any]:
         return {"v": DESCRIPTION_VERSION, "name": self.name, "root": self.root.to_json()}
+
+    def json_text(self) -> str:
+        """`json.dumps(self.to_json(), separators=(",", ":"))`, built entry by entry."""
+        head = _compact_json({"v": DESCRIPTION_VERSION, "name": self.name})
+        return f'{head[:-1]},"root":{self.root.json_text()}}}'
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Description:

@@ -10,6 +10,7 @@ reads fail with EIO). Pure and synchronous: the daemon calls it from worker thre
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -332,6 +333,27 @@ class BucketTree(SourceTree):
         if rows is None:
             rows = batch[key] = self.index.objects_in(folder, key)
         return object_description(rows.get(url), info)
+
+    def _reload(self, node: Node) -> Entry:
+        """As SourceTree's, for the object identity the node's path carries: the index is asked
+        for that identity; a fresh describe reads whatever the key holds now, so the object is
+        checked to be still the node's before and after it (else ESTALE)."""
+        info = getattr(node.real, "info", None)
+        if info is None or node.backend is None:
+            return super()._reload(node)
+        if self.index is not None:
+            found = self.index.get_object(str(node.real), index_key(node.backend), info)
+            if found is not None:
+                return found.root
+        self._still(node.real, info)
+        root = super()._reload(node)
+        self._still(node.real, info)
+        return root
+
+    def _still(self, path: Path, info: ObjectInfo) -> None:
+        now = self.folder.stat(info.key)
+        if now is None or now.identity != info.identity:
+            raise OSError(errno.ESTALE, f"{path}: replaced in the bucket since it was listed")
 
     def describe(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:
         self.archives_seen += 1

@@ -351,6 +351,7 @@ def serve(config: MountConfig, ready: Callable[[], None]) -> int:
     src, mnt = config.src, config.mnt
     cache = PageCache(config.cache_size)
     tree = build_tree(config, cache)
+    tree.trees.budget = config.described_entries
     queue = build_write_side(config, tree)
     writer = make_writer(config, tree, queue) if queue is not None else None
     ops = DecantOperations(tree, config, writer, queue, cache)

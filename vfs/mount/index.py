@@ -112,7 +112,7 @@ class DescriptionIndex:
         return _decoded(row)
 
     def put(self, path: Path, backend: str, size: int, mtime_ns: int, desc: Description) -> None:
-        doc = json.dumps(desc.to_json(), separators=(",", ":"))
+        doc = desc.json_text()  # not a dict an entry first: a package may hold 100,000
         with self._lock:
             self._db.execute(
                 "INSERT OR REPLACE INTO descriptions VALUES (?, ?, ?, ?, ?)",
@@ -148,7 +148,7 @@ class DescriptionIndex:
                 if "/" not in url[len(lo) :]}  # fmt: skip
 
     def put_object(self, url: str, backend: str, info: ObjectInfo, desc: Description) -> None:
-        doc = json.dumps(desc.to_json(), separators=(",", ":"))
+        doc = desc.json_text()  # not a dict an entry first: a package may hold 100,000
         with self._lock:
             self._db.execute(
                 "INSERT OR REPLACE INTO object_descriptions VALUES (?, ?, ?, ?, ?, ?)",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 import time
 from array import array
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -25,6 +26,10 @@ import trio
 from vfs.nodes import Node, NodeKey
 
 ROOT_INODE = 1
+# Children of the listings of archives' folders kept across them (the most recently used): one
+# is rebuilt from its archive's tree with the same names in the same cookie order, so a listing
+# let go costs a rebuild, never a readdir offset. Listings of SRC's own folders are all kept.
+ARCHIVE_LISTED = 100_000
 
 
 @dataclass
@@ -90,7 +95,7 @@ def _key(node: Node) -> Key:
 
 
 class InodeTable:
-    def __init__(self, root: Node) -> None:
+    def __init__(self, root: Node, archive_listed: int = ARCHIVE_LISTED) -> None:
         self._nodes: dict[int, Node] = {ROOT_INODE: root}
         key = _key(root)
         self._ino_of: dict[Key, int] = {key: ROOT_INODE}
@@ -103,6 +108,9 @@ class InodeTable:
         self._locks: dict[int, trio.Lock] = {}
         self._pinned: dict[int, int] = {}  # open handles per inode: kept while open
         self.moves = 0  # folders moved so far: a scan begun before a move may hold old paths
+        self.archive_listed = archive_listed
+        self._archive_listings: OrderedDict[int, int] = OrderedDict()  # inode → children
+        self._archive_children = 0
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -181,11 +189,40 @@ class InodeTable:
         if key is not None and self._ino_of.get(key) == ino:
             del self._ino_of[key]
         self.folders.pop(ino, None)
+        self._archive_children -= self._archive_listings.pop(ino, 0)
         lock = self._locks.get(ino)
         if lock is not None and not _busy(lock):  # else `locked` drops it when released
             del self._locks[ino]
 
     # -- folders ---------------------------------------------------------------------------
+
+    def keep_archive_listing(self, ino: int, folder: Folder) -> None:
+        """Hold the listing of an archive's folder among the most recently used ones; older
+        ones past `archive_listed` children in all are let go (never the newest, nor one whose
+        lock is held: it is being read or rebuilt). A readdir of one runs without a checkpoint
+        (the listing is not dropped under it), and one let go between two readdir calls is
+        rebuilt with the same cookies."""
+        self.folders[ino] = folder
+        self._archive_children -= self._archive_listings.pop(ino, 0)
+        self._archive_listings[ino] = len(folder.children)
+        self._archive_children += len(folder.children)
+        busy: list[tuple[int, int]] = []
+        while self._archive_children > self.archive_listed and len(self._archive_listings) > 1:
+            old, count = self._archive_listings.popitem(last=False)
+            if old == ino or _busy(self._locks.get(old)):
+                busy.append((old, count))
+                self._archive_children -= count
+                continue
+            self._archive_children -= count
+            self.folders.pop(old, None)
+        for old, count in busy:  # kept, as the oldest
+            self._archive_listings[old] = count
+            self._archive_listings.move_to_end(old, last=False)
+            self._archive_children += count
+
+    def used_archive_listing(self, ino: int) -> None:
+        if ino in self._archive_listings:
+            self._archive_listings.move_to_end(ino)
 
     def folder_of(self, path: Path) -> tuple[int, Folder] | None:
         """A mirrored folder of SRC the kernel holds, by its real path."""
@@ -250,7 +287,9 @@ class InodeTable:
         return [i for i, f in self.folders.items() if now - f.checked > older_than]
 
 
-def _busy(lock: trio.Lock) -> bool:
+def _busy(lock: trio.Lock | None) -> bool:
+    if lock is None:
+        return False
     stats = lock.statistics()
     return stats.locked or stats.tasks_waiting > 0
 

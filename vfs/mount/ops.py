@@ -270,10 +270,10 @@ class DecantOperations(pyfuse3.Operations):
     async def _listing(self, inode: int) -> Folder:
         """The folder's listing, re-read first if it may be stale (takes the folder's lock)."""
         folder = self.inodes.folders.get(inode)
-        if folder is not None and (
-            self._node(inode).backend is not None
-            or time.monotonic() - folder.checked < RESCAN_INTERVAL
-        ):
+        if folder is not None and self._node(inode).backend is not None:
+            self.inodes.used_archive_listing(inode)
+            return folder
+        if folder is not None and time.monotonic() - folder.checked < RESCAN_INTERVAL:
             return folder
         async with self.inodes.locked(inode):
             return await self._fresh(inode, max_age=RESCAN_INTERVAL)
@@ -288,8 +288,9 @@ class DecantOperations(pyfuse3.Operations):
         if node.backend is not None:
             if folder is None:
                 kids = await trio.to_thread.run_sync(self.tree.children_of_archive_node, node)
-                folder = self.inodes.folders[inode] = Folder()
+                folder = Folder()
                 folder.merge(kids)
+                self.inodes.keep_archive_listing(inode, folder)
             return folder
         if folder is not None and not force and time.monotonic() - folder.checked < max_age:
             return folder

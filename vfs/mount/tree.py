@@ -6,23 +6,26 @@ file of the archive's owner wins, and an archive that would shadow it keeps its 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
 import sqlite3
 import stat
+import threading
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vfs.backends.base import Backend, Description, serves_owner
+from vfs.backends.base import Backend, Description, Entry, serves_owner
 from vfs.beneath import open_beneath
 from vfs.decant import TEMP_PREFIX
 from vfs.errors import DecantError
+from vfs.mount.described import DESCRIBED_ENTRIES, DescribedTrees
 from vfs.mount.index import DescriptionIndex
 from vfs.names import name_problem
-from vfs.nodes import Node, archive_node, mirror_node, spooled_node, unshared
+from vfs.nodes import Node, archive_node, archive_version, mirror_node, spooled_node, unshared
 
 if TYPE_CHECKING:
     from vfs.ingest.spool import Spool
@@ -32,6 +35,7 @@ log = logging.getLogger(__name__)
 
 _Found = tuple[str, os.stat_result]  # an entry of a folder and its lstat
 _Archive = tuple[str, os.stat_result, Backend, Path]  # ... claimed by a backend, at its path
+TreeKey = tuple[str, str, tuple[int, ...]]  # an archive's path, backend and version
 
 MAX_FAILED = 100_000  # archives remembered as failed (then forgotten all at once)
 
@@ -50,6 +54,7 @@ class SourceTree:
         hidden: Sequence[str] = (),
         spool: Spool | None = None,
         publishing: set[str] | None = None,
+        described_entries: int = DESCRIBED_ENTRIES,
     ) -> None:
         self.root = root
         self.backends = list(backends)
@@ -64,6 +69,10 @@ class SourceTree:
         self.overlay_roots: set[Path] = set()  # folders an overlay claimed: rebuilt on change
         self._irregular: set[Path] = set()  # folders `entries` cannot answer for: see there
         self._failed: dict[Path, tuple[object, ...]] = {}  # archives shown raw, by stamp
+        # The member trees of archives shown as folders, across all of them (their nodes keep
+        # none: `children_of_archive_node` reads an evicted one again).
+        self.trees = DescribedTrees(described_entries)
+        self._reloading = threading.Lock()
 
     def _log_once(self, path: Path, message: str, level: int = logging.WARNING) -> None:
         if (str(path), message) not in self._logged:
@@ -221,7 +230,7 @@ class SourceTree:
     ) -> tuple[dict[str, Node], bool]:
         """`_present` once its entries are sorted: archives described, names given out."""
         out = dict(plain)
-        described = [(n, st, b, self.describe(b, p, st), p) for n, st, b, p in archives]
+        described = [(n, st, b, self._described(b, p, st), p) for n, st, b, p in archives]
         contested = self._contested(folder, described)
         regular = all(d is None or d.name in _related(n) for n, _s, _b, d, _p in described)
         # Of two archives presenting one name, the one named after it (NAME.zarr.zip) wins.
@@ -340,11 +349,19 @@ class SourceTree:
             return
         st = os.stat(folder)
         node = archive_node(overlay, folder, st, "", desc.root, "")
-        # The view changes when documents inside the folder do, not the folder itself: key the
-        # node by its content so a rebuilt view gets fresh inodes.
-        digest = hashlib.sha256(json.dumps(desc.to_json(), sort_keys=True).encode()).digest()
-        node.version = (st.st_ino, int.from_bytes(digest[:8], "big"))
+        node.version = _view_version(st, desc)
+        if desc.root.is_dir:
+            self.trees.put(_tree_key(node), desc.root)
         out[desc.name] = node
+
+    def _described(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:
+        """`describe`, the tree of an archive shown as a folder handed to `trees` at once: a
+        folder of many archives never holds all their trees (~650 B a member) together."""
+        desc = self.describe(backend, path, st)
+        if desc is None or not desc.root.is_dir:
+            return desc
+        self.trees.put((str(path), backend.name, archive_version(st)), desc.root)
+        return Description(desc.name, Entry(is_dir=True, xattrs=desc.root.xattrs))
 
     def describe(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:
         """The archive's description (persistent index first), or None to show it raw."""
@@ -398,11 +415,16 @@ class SourceTree:
         return desc
 
     def children_of_archive_node(self, node: Node) -> dict[str, Node]:
-        assert node.entry is not None and node.backend is not None
+        """The presented children of a folder of an archive (or of a view), from its archive's
+        tree: kept by `trees`, or read again for the version `node` was made from."""
+        assert node.backend is not None and node.is_dir
+        at = self.tree_of(node).walk(node.member)
+        if at is None or not at.is_dir:
+            raise _stale(node.real, f"has no folder {node.member!r} now")
         st = self._stat(node.real)
         rel = self._relative(node.real)
         kids = {}
-        for name, child in node.entry.children.items():
+        for name, child in at.children.items():
             problem = name_problem(name)
             if problem is not None:
                 self._log_once(node.real, f"{node.real}: member {name[:80]!r} not shown: {problem}")
@@ -412,11 +434,61 @@ class SourceTree:
             kid.version = node.version  # members share their archive's (or view's) identity
         return kids
 
+    def tree_of(self, node: Node) -> Entry:
+        """The whole tree of the archive `node` is presented from (ESTALE: not as it was)."""
+        return self.trees.get_or_load(_tree_key(node), lambda: self._reload_alone(node))
+
+    def _reload_alone(self, node: Node) -> Entry:
+        # One archive read back at a time: each costs ~2× its tree while parsed (~100 MiB for
+        # a package of 100,000 members), and listings run on many worker threads at once.
+        with self._reloading:
+            return self._reload(node)
+
+    def _reload(self, node: Node) -> Entry:
+        """The tree of `node`'s archive read again (the persistent index first), and only as
+        the version `node` was made from: a changed archive never lends its members to the
+        folders listed from the one it replaced (ESTALE; its folder's rescan shows it anew)."""
+        assert node.backend is not None
+        path, backend = node.real, node.backend
+        log.debug("%s: reading its %s description again", path, backend.name)
+        if backend in self.overlays:
+            st = os.stat(path)
+            desc = backend.describe(path)
+            if _view_version(st, desc) != node.version:
+                raise _stale(path, "its view changed")
+            return desc.root
+        st = self._stat(path)
+        if archive_version(st) != node.version:
+            raise _stale(path, "changed since it was listed")
+        found = self.describe(backend, path, st)
+        if found is None:
+            raise _stale(path, "cannot be described now")
+        if archive_version(self._stat(path)) != node.version:
+            raise _stale(path, "changed while it was read")
+        return found.root
+
     def _relative(self, path: Path) -> str:
         try:
             return path.relative_to(self.root).as_posix()
         except ValueError:
             return str(path)
+
+
+def _tree_key(node: Node) -> TreeKey:
+    """Where `trees` keeps the tree of `node`'s archive, as that version of it."""
+    assert node.backend is not None
+    return node.real_text, node.backend.name, node.version
+
+
+def _view_version(st: os.stat_result, desc: Description) -> tuple[int, int]:
+    """A view changes when documents inside its folder do, not the folder itself: its nodes are
+    keyed by its content, so a rebuilt view gets fresh inodes."""
+    digest = hashlib.sha256(json.dumps(desc.to_json(), sort_keys=True).encode()).digest()
+    return (st.st_ino, int.from_bytes(digest[:8], "big"))
+
+
+def _stale(path: Path, why: str) -> OSError:
+    return OSError(errno.ESTALE, f"{path}: {why}")
 
 
 def index_key(backend: Backend) -> str:

@@ -1,0 +1,261 @@
+"""The archive trees the mount keeps (`DescribedTrees`) and how a tree let go comes back."""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import tarfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from tests.unit.inprocess import InProcessMount, fake_session
+from vfs.backends.base import EMPTY, Description, Entry
+from vfs.mount.described import DescribedTrees
+from vfs.mount.index import DescriptionIndex
+from vfs.mount.tree import SourceTree
+
+
+def tree_of(size: int, tag: int) -> Entry:
+    """A folder of `size - 1` files (`size` entries in all), told apart by `tag`."""
+    root = Entry(is_dir=True)
+    for i in range(size - 1):
+        root.children[f"f{i}"] = Entry(size=tag, locator={"offset": i})
+    return root
+
+
+class TreesMachine(RuleBasedStateMachine):
+    """Kept entries never exceed the budget but by the most recent tree alone; what a get
+    returns equals what was put; a tree let go loads again equal."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trees = DescribedTrees(budget=20)
+        self.made: dict[int, tuple[int, int]] = {}  # key → (size, tag) of the tree put last
+        self.tag = 0
+
+    def fresh(self, key: int) -> Entry:
+        size, tag = self.made[key]
+        return tree_of(size, tag)
+
+    @rule(key=st.integers(0, 5), size=st.integers(1, 30))
+    def put(self, key: int, size: int) -> None:
+        self.tag += 1
+        self.made[key] = (size, self.tag)
+        self.trees.put(key, tree_of(size, self.tag))
+        assert self.trees.get(key) == self.fresh(key)  # the most recent is always kept
+
+    @rule(key=st.integers(0, 5))
+    def get(self, key: int) -> None:
+        found = self.trees.get(key)
+        if found is not None:
+            assert found == self.fresh(key)
+
+    @rule(key=st.integers(0, 5))
+    def load(self, key: int) -> None:
+        if key not in self.made:
+            return
+        loaded = self.trees.get_or_load(key, lambda: self.fresh(key))
+        assert loaded == self.fresh(key)
+
+    @invariant()
+    def within_budget(self) -> None:
+        assert self.trees.held <= self.trees.budget or len(self.trees) == 1
+
+
+TestTreesMachine = TreesMachine.TestCase
+TestTreesMachine.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def test_a_kept_tree_shares_one_empty_mapping_that_refuses_changes() -> None:
+    trees = DescribedTrees(budget=100)
+    root = tree_of(3, 1)
+    trees.put("k", root)
+    leaf = root.children["f0"]
+    assert leaf.children is EMPTY and leaf.xattrs is EMPTY and leaf.locator == {"offset": 0}
+    with pytest.raises(TypeError):
+        leaf.children["x"] = Entry()
+    assert Description("a", root).to_json()["root"]["c"]["f0"] == {"d": False, "s": 1,
+                                                                  "l": {"offset": 0}}  # fmt: skip
+
+
+def test_one_load_at_a_time_per_key() -> None:
+    trees = DescribedTrees(budget=1)
+    started, release = threading.Event(), threading.Event()
+    loads: list[int] = []
+
+    def load() -> Entry:
+        loads.append(1)
+        started.set()
+        release.wait(5)
+        return tree_of(2, 7)
+
+    got: list[Entry] = []
+    first = threading.Thread(target=lambda: got.append(trees.get_or_load("k", load)))
+    first.start()
+    started.wait(5)
+    second = threading.Thread(target=lambda: got.append(trees.get_or_load("k", load)))
+    second.start()
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert len(loads) == 1 and len(got) == 2 and got[0] is got[1]
+
+
+# -- a tree let go, read again through SourceTree --------------------------------------------
+
+
+class TarBackend:
+    """A plain (unencrypted) TAR as a folder of its members: enough to test the tree."""
+
+    name = "tar"
+
+    def __init__(self) -> None:
+        self.described = 0
+
+    def claims(self, path: Path, is_dir: bool) -> bool:
+        return not is_dir and path.name.endswith(".tar")
+
+    def describe(self, path: Path) -> Description:
+        self.described += 1
+        root = Entry(is_dir=True)
+        with tarfile.open(path) as tar:
+            for info in tar.getmembers():
+                folder, _, leaf = info.name.rpartition("/")
+                node = root
+                for part in filter(None, folder.split("/")):
+                    node = node.children.setdefault(part, Entry(is_dir=True))
+                node.children[leaf] = Entry(size=info.size, locator={"offset": info.offset_data})
+        return Description(path.name, root)
+
+    def open(self, path: Path, member: str, entry: Entry) -> Any:
+        raise NotImplementedError
+
+
+def write_tar(path: Path, names: list[str]) -> None:
+    with tarfile.open(path, "w") as tar:
+        for name in names:
+            data = name.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+@pytest.fixture
+def src(tmp_path: Path) -> Path:
+    folder = tmp_path / "src"
+    folder.mkdir()
+    write_tar(folder / "a.tar", [f"d/a{i}" for i in range(5)])
+    write_tar(folder / "b.tar", [f"d/b{i}" for i in range(5)])
+    return folder
+
+
+def test_a_tree_let_go_is_read_again_from_the_index_with_the_same_children(
+    src: Path, tmp_path: Path
+) -> None:
+    backend = TarBackend()
+    index = DescriptionIndex(tmp_path / "index" / "index.sqlite")
+    tree = SourceTree(src, [backend], index=index, described_entries=8)  # one tree of 7
+    shown = tree.scan(src)
+    assert backend.described == 2 and len(tree.trees) == 1  # a.tar's tree let go
+    a = shown["a.tar"]
+    assert a.entry is None  # a folder's node keeps no tree
+    (d,) = tree.children_of_archive_node(a).values()
+    kids = tree.children_of_archive_node(d)
+    assert list(kids) == [f"a{i}" for i in range(5)]  # TAR order: the listing's cookie order
+    assert backend.described == 2 and tree.trees.loads == 1  # from the index, not the TAR
+    assert kids["a3"].entry is not None and kids["a3"].entry.locator["offset"] > 0
+    index.close()
+
+
+def test_a_changed_archive_never_lends_its_tree_to_the_old_version(
+    src: Path, tmp_path: Path
+) -> None:
+    backend = TarBackend()
+    tree = SourceTree(src, [backend], described_entries=8)
+    shown = tree.scan(src)
+    a = shown["a.tar"]
+    (d,) = tree.children_of_archive_node(shown["b.tar"]).values()  # b is kept: a let go
+    write_tar(src / "a.tar", [f"d/new{i}" for i in range(9)])
+    os.utime(src / "a.tar", ns=(1, 1))
+    with pytest.raises(OSError) as raised:
+        tree.children_of_archive_node(a)
+    assert raised.value.errno == errno.ESTALE
+    assert list(tree.children_of_archive_node(d)) == [f"b{i}" for i in range(5)]
+    fresh = tree.scan(src)["a.tar"]  # the folder's rescan shows the new version
+    (d,) = tree.children_of_archive_node(fresh).values()
+    assert list(tree.children_of_archive_node(d)) == [f"new{i}" for i in range(9)]
+
+
+# -- listings of archives' folders: let go past their budget, rebuilt with the same cookies -----
+
+
+def test_listings_of_archive_folders_are_let_go_and_rebuilt_with_their_cookies(
+    tmp_path: Path,
+) -> None:
+    """Listing the folders of many archives kept every listing (and its nodes) while the kernel
+    held the folder. Past `archive_listed` children in all, the oldest are let go; one let go
+    between two readdir calls of it is rebuilt with the same cookies: the reader sees every
+    name once, in the same order."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for archive in "abc":
+        write_tar(src / f"{archive}.tar", [f"d/{archive}{i:03d}" for i in range(40)])
+    m = InProcessMount(src, tmp_path / "work", read_only=True)
+    m.tree.backends.insert(0, TarBackend())
+    m.ops.inodes.archive_listed = 50
+    listings = m.ops.inodes.folders
+
+    async def run() -> None:
+        whole = await m.listdir("a.tar/d")
+        assert whole == [f"a{i:03d}" for i in range(40)]
+        first = await m.resolve("a.tar/d")
+        others = iter(["b.tar/d", "c.tar/d"])
+
+        async def list_another() -> None:
+            other = next(others, None)
+            if other is not None:
+                await m.listdir(other)
+                assert first not in listings  # let go, while its reader is half way
+            held = [f for i, f in listings.items() if m.ops.inodes.get(i).backend is not None]
+            assert sum(len(f.children) for f in held) <= 50 or len(held) == 1
+
+        again = [name for name, _ in await m.readdir(first, room=15, between=list_another)]
+        assert again == whole
+
+    with fake_session():
+        m.run(run)
+
+
+# -- what the index stores of a tree, written entry by entry -----------------------------------
+
+names = st.text(min_size=1, max_size=8)
+leaves = st.builds(
+    Entry,
+    size=st.integers(0, 2**40),
+    sha256=st.none() | st.just("ab" * 32),
+    xattrs=st.dictionaries(names, st.text(max_size=4), max_size=2),
+    locator=st.dictionaries(names, st.integers() | st.text(max_size=3), max_size=2),
+)
+
+
+def folder_of(children: dict[str, Entry]) -> Entry:
+    return Entry(is_dir=True, children=children)
+
+
+entries = st.recursive(leaves, lambda kids: st.dictionaries(names, kids, max_size=4).map(folder_of))
+
+
+@settings(max_examples=200, deadline=None)
+@given(root=entries, name=names)
+def test_json_text_is_the_json_of_to_json(root: Entry, name: str) -> None:
+    desc = Description(name, root)
+    assert desc.json_text() == json.dumps(desc.to_json(), separators=(",", ":"))
+    assert Description.from_json(json.loads(desc.json_text())).root == root
