@@ -186,7 +186,8 @@ def _add_bucket_options(p: argparse.ArgumentParser) -> None:
                    "AWS_ACCESS_KEY_ID is unset (default AWS_PROFILE, else 'default')")  # fmt: skip
     b.add_argument("--s3-timeout", type=float, default=10.0, metavar="S",
                    help="one request, connect to last byte; while the store is down a read "
-                   "gives EIO after at most ~3x this, retries included (default 10)")  # fmt: skip
+                   "gives EIO after at most ~3x this, retries included (~4x when it answers "
+                   "too slowly: the kernel asks again) (default 10)")  # fmt: skip
     b.add_argument("--s3-retries", type=int, default=3, metavar="N",
                    help="retries of a failed request (default 3)")  # fmt: skip
     b.add_argument("--disk-cache", type=Path, metavar="DIR",
