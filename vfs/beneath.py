@@ -14,7 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
@@ -23,7 +23,7 @@ _DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
 _ROOT = os.O_PATH | os.O_DIRECTORY | _CLOEXEC  # SRC itself is the operator's: it may be a link
 
 
-def _parts(root: Path, path: Path) -> tuple[str, ...] | None:
+def parts_below(root: Path, path: Path) -> tuple[str, ...] | None:
     """The components of `path` below `root` (() for root itself), None if not below it."""
     try:
         return path.relative_to(root).parts
@@ -31,18 +31,24 @@ def _parts(root: Path, path: Path) -> tuple[str, ...] | None:
         return None
 
 
-def parent_fd(root: Path, path: Path) -> int:
+def parent_fd(root: Path, path: Path, each: Callable[[int], None] | None = None) -> int:
     """An O_PATH descriptor of the folder holding `path`, reached from `root` without following
-    a link (a `path` outside `root`: its folder opened with O_NOFOLLOW on the last part)."""
-    parts = _parts(root, path)
+    a link (a `path` outside `root`: its folder opened with O_NOFOLLOW on the last part).
+    `each(fd)` is called on `root` and on every folder below it on the way, the parent last:
+    what it checks is the folder walked, not one found again by path (it raises to stop)."""
+    parts = parts_below(root, path)
     if parts is None or not parts:
         return os.open(path.parent, _DIR)
     fd = os.open(root, _ROOT)
     try:
         for part in parts[:-1]:
+            if each is not None:
+                each(fd)
             nfd = os.open(part, _DIR, dir_fd=fd)
             os.close(fd)
             fd = nfd
+        if each is not None:
+            each(fd)
     except BaseException:
         os.close(fd)
         raise
@@ -51,7 +57,7 @@ def parent_fd(root: Path, path: Path) -> int:
 
 def open_beneath(root: Path, path: Path, flags: int, mode: int = 0o600) -> int:
     """`os.open(path, flags)` with no link followed from `root` down (O_NOFOLLOW added)."""
-    if _parts(root, path) == ():
+    if parts_below(root, path) == ():
         return os.open(root, flags | _CLOEXEC, mode)
     dfd = parent_fd(root, path)
     try:
@@ -64,7 +70,7 @@ def makedirs_beneath(root: Path, path: Path, mode: int = 0o777) -> None:
     """`path.mkdir(parents=True, exist_ok=True)` with no link followed from `root` down: each
     missing folder is made beside its parent's descriptor, and a component that is a link (to
     a folder elsewhere, say) fails with ELOOP/ENOTDIR instead of being made or walked into."""
-    parts = _parts(root, path)
+    parts = parts_below(root, path)
     if parts is None:
         raise OSError(errno.EXDEV, f"not below {root}", str(path))
     fd = os.open(root, _ROOT)

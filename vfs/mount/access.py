@@ -1,5 +1,6 @@
-"""Whether a caller may change a folder's entries: for what the mount does on a caller's behalf
-that the kernel's own check (default_permissions) does not cover.
+"""Whether a caller may change a folder's entries, or read a file where it lies: for what the
+mount does on a caller's behalf that the kernel's own check (default_permissions) does not
+cover.
 
 Writing into a published file moves it into the spool and publishes it again (a new archive, a
 new name in the folder): on a local filesystem that needs write and search permission on the
@@ -9,11 +10,12 @@ the caller could do.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 from pathlib import Path
 
-_FOLDER = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+from vfs.beneath import parent_fd, parts_below
 
 
 def caller_groups(pid: int, gid: int) -> set[int]:
@@ -54,41 +56,29 @@ def readable_beneath(
     so a folder swapped on the way (renameat2 in a folder others may write) cannot pass the
     check as one folder and be read as another; the caller compares the identity returned
     with what it then opened. Blocking: not on the event loop."""
-    parts = _below(root, target)
-    if parts is None or not parts:
+    parts = parts_below(root, target)
+    if not parts:
         return None
     groups = caller_groups(pid, gid) if uid != 0 else set()
-    try:
-        fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        for part in parts[:-1]:
-            if not _granted(os.fstat(fd), uid, groups, search=True):
-                return None
-            nfd = os.open(part, _FOLDER, dir_fd=fd)
-            os.close(fd)
-            fd = nfd
+
+    def searchable(fd: int) -> None:
         if not _granted(os.fstat(fd), uid, groups, search=True):
-            return None
-        st = os.stat(parts[-1], dir_fd=fd, follow_symlinks=False)
+            raise PermissionError(errno.EACCES, "no search permission on the way", str(target))
+
+    try:
+        dfd = parent_fd(root, target, searchable)
+        try:
+            st = os.stat(target.name, dir_fd=dfd, follow_symlinks=False)
+        finally:
+            os.close(dfd)
     except OSError:
         return None
-    finally:
-        os.close(fd)
     is_dir = stat.S_ISDIR(st.st_mode)
     if not (is_dir or stat.S_ISREG(st.st_mode)):
         return None  # a link (never followed), a FIFO, a device
     if not _granted(st, uid, groups, read=True, search=is_dir):
         return None
     return st.st_dev, st.st_ino
-
-
-def _below(root: Path, target: Path) -> tuple[str, ...] | None:
-    try:
-        return target.relative_to(root).parts
-    except ValueError:
-        return None
 
 
 def _granted(
