@@ -64,8 +64,16 @@ def _c4gh_backend(config: MountConfig, cache: PageCache) -> Any:
 
 
 def build_tree(config: MountConfig, cache: PageCache) -> SourceTree:
-    if config.bucket is not None:
-        return build_bucket_tree(config, cache)
+    tree = (
+        build_bucket_tree(config, cache)
+        if config.bucket is not None
+        else _local_tree(config, cache)
+    )
+    tree.trees.budget = config.described_entries  # archive trees kept, across all archives
+    return tree
+
+
+def _local_tree(config: MountConfig, cache: PageCache) -> SourceTree:
     decant = DecantBackend(cache)
     backends: list[Any] = [decant]
     c4gh = _c4gh_backend(config, cache)
@@ -351,7 +359,6 @@ def serve(config: MountConfig, ready: Callable[[], None]) -> int:
     src, mnt = config.src, config.mnt
     cache = PageCache(config.cache_size)
     tree = build_tree(config, cache)
-    tree.trees.budget = config.described_entries
     queue = build_write_side(config, tree)
     writer = make_writer(config, tree, queue) if queue is not None else None
     ops = DecantOperations(tree, config, writer, queue, cache)
