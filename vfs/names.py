@@ -46,6 +46,16 @@ def name_problem(name: str) -> str | None:
     return None
 
 
+def is_utf8(name: str) -> bool:
+    """Whether `name` is text, not a file name's undecodable bytes (held as lone surrogates):
+    what UTF-8 stores (sqlite, JSON) can keep only those that are."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def path_problem(path: str, max_depth: int = MAX_DEPTH) -> str | None:
     """Why a slash-separated relative path cannot be presented, checked component by component.
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 from vfs.beneath import fsync_beneath, makedirs_beneath, open_beneath, parent_fd, stat_beneath
 from vfs.decant import TEMP_PREFIX
 from vfs.ingest.space import free_bytes
+from vfs.names import is_utf8
 
 if TYPE_CHECKING:
     from vfs.decant.packer import PackOptions
@@ -202,11 +203,7 @@ def _mostly_holes(st: os.stat_result) -> bool:
 def _nameable(name: str) -> bool:
     """Whether an archive's manifest can record the name (JSON text: UTF-8). A file whose name
     is other bytes is published as it is, never left failing in the spool for good."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    return is_utf8(name)
 
 
 def describe_error(exc: BaseException) -> str:

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from vfs.backends.base import Description
+from vfs.names import is_utf8
 from vfs.stores.base import ObjectInfo, ObjectPath, etag_number
 
 log = logging.getLogger(__name__)
@@ -48,11 +49,7 @@ def _text(value: Path | str) -> str:
     (the bytes of a file name are anyone's choice, and sqlite stores text as UTF-8), a NUL and
     its bytes in hex, which no real name can be mistaken for (no name holds a NUL)."""
     text = str(value)
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return "\0" + os.fsencode(text).hex()
-    return text
+    return text if is_utf8(text) else "\0" + os.fsencode(text).hex()
 
 
 def stamp_of(path: Path) -> Stamp:
