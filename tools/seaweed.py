@@ -166,9 +166,11 @@ class SeaweedServer:
         except OSError:
             return ""
 
-    def stop(self, grace: float = 3.0) -> None:
+    def stop(self, grace: float = 0.5) -> None:
         """Stop by our own PID: SIGTERM, wait `grace` s, then SIGKILL. A graceful `weed` shutdown
-        takes ~25 s, which throwaway data does not need."""
+        takes ~25 s, which throwaway data does not need (a test restarting on the same folder
+        after SIGKILL finds its objects: see test_mount_bucket_write). Each of the suite's own
+        servers waited 3 s here before."""
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.terminate()
