@@ -10,6 +10,7 @@ import trio
 from vfs.mount.status import (
     LIST_BYTES,
     LIST_MAX,
+    SPACING,
     StatusFile,
     bounded,
     for_viewer,
@@ -62,20 +63,25 @@ def test_the_queue_s_part_and_the_counters_read_as_json_would_write_the_whole() 
 
 
 class State:
-    """A pack queue and counters standing in for the daemon's."""
+    """A pack queue and counters standing in for the daemon's, and the clocks they run on: a
+    gather costs `cost` seconds of the loop's CPU."""
 
-    def __init__(self) -> None:
+    def __init__(self, cost: float = 0.0) -> None:
         self.changes, self.reads, self.gathered = 0, 0, 0
+        self.cost, self.now, self.cpu = cost, 0.0, 0.0
 
     def head(self) -> dict[str, Any]:
         self.gathered += 1
+        self.now += self.cost
+        self.cpu += self.cost
         return {"queued": self.changes, "failed": failures(5)}
 
     def tail(self) -> dict[str, Any]:
         return {"daemon": {"uptime_s": 0.1 * self.gathered, "reads": self.reads}}
 
     def status(self) -> StatusFile:
-        return StatusFile(self.head, self.tail, lambda: self.changes, lambda path, uid: True)
+        return StatusFile(self.head, self.tail, lambda: self.changes, lambda path, uid: True,
+                          clock=lambda: self.now, cpu=lambda: self.cpu)  # fmt: skip
 
 
 def test_opens_share_one_rendering_while_nothing_changed() -> None:
@@ -88,8 +94,8 @@ def test_opens_share_one_rendering_while_nothing_changed() -> None:
         first = await status.read(1000)
         again = await status.read(1000)
         assert again is first and state.gathered == 1
-        other = await status.read(1001)  # another reader: its own rendering
-        assert other is not first and state.gathered == 2
+        other = await status.read(1001)  # another reader: its own rendering of the same gather
+        assert other is not first and state.gathered == 1
         state.reads += 1  # a counter moved: the queue's part is still shared
         counted = await status.read(1000)
         assert counted is not first and counted.head is first.head
@@ -112,5 +118,28 @@ def test_what_a_reader_reads_is_current() -> None:
         state.changes += 1
         changed = json.loads((await status.read(1000)).data())
         assert changed["queued"] == first["queued"] + 1 and state.gathered == 2
+
+    trio.run(main)
+
+
+def test_a_queue_costly_to_gather_takes_a_bounded_share_of_the_loop() -> None:
+    """A user churning temp names (the queue changes before every read) and reading the status
+    120 times a second: gathering 50,000 names cost ~9 ms of the loop at each read, so other
+    users' requests waited. Gathers are spaced by SPACING times their cost; the change still
+    shows once the spacing has passed."""
+    state = State(cost=0.009)
+
+    async def main() -> None:
+        status = state.status()
+        for _ in range(240):  # two seconds of reads
+            state.changes += 1
+            state.now += 1 / 120
+            await status.read(1000)
+        spent = state.gathered * state.cost
+        assert spent <= state.now / 20 + state.cost, (state.gathered, state.now)  # 5% of the loop
+        assert state.gathered >= 2  # not frozen: gathered again after each spacing
+        state.now += SPACING * state.cost
+        shown = json.loads((await status.read(1001)).data())
+        assert shown["queued"] == state.changes
 
     trio.run(main)
