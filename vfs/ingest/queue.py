@@ -379,6 +379,11 @@ class PackQueue:
             elif outcome.kind == "space":
                 short.append(item)
                 self._wait_for_space(item, outcome.reason)
+            elif item.changed_at > item.started_at:
+                # Written to while it was packed: its check against the spooled bytes may have
+                # failed for that alone ("byte-exact reconstruction failed verification"). Not a
+                # failure with a 30 s back-off: the newer bytes settle and are packed.
+                self._requeue(item, now)
             else:
                 self._fail(item, outcome.reason)
         if short:
