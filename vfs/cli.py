@@ -192,7 +192,8 @@ def _add_bucket_options(p: argparse.ArgumentParser) -> None:
                    help="retries of a failed request (default 3)")  # fmt: skip
     b.add_argument("--disk-cache", type=Path, metavar="DIR",
                    help="keep byte ranges fetched from the bucket in DIR (reused across "
-                   "restarts; keyed by ETag, so never stale)")  # fmt: skip
+                   "restarts; keyed by ETag, so never stale; each range checked by its xxh3). "
+                   "DIR must be this user's own, writable by no one else")  # fmt: skip
     b.add_argument("--disk-cache-size", type=parse_size, default=parse_size("10G"),
                    metavar="SIZE", help="bound of --disk-cache (default 10G)")  # fmt: skip
     b.add_argument("--relist", type=parse_duration, default=30.0, metavar="T",
@@ -388,8 +389,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def check_bucket(bucket: BucketConfig) -> str | None:
-    """One LIST of the prefix, before anything is mounted: a clear reason it fails, or None."""
+    """One LIST of the prefix, before anything is mounted: a clear reason it fails, or None.
+    The --disk-cache folder is checked first (no other user may write it)."""
+    from vfs.stores.diskcache import check_folder
     from vfs.stores.s3 import S3Folder, S3Options
+
+    if bucket.disk_cache is not None:
+        try:
+            check_folder(bucket.disk_cache)
+        except DecantError as exc:
+            return str(exc)
 
     options = S3Options(endpoint=bucket.endpoint, region=bucket.region, timeout=bucket.timeout,
                         retries=min(bucket.retries, 1), retry_timeout=bucket.timeout,

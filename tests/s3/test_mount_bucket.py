@@ -366,6 +366,44 @@ def test_the_disk_cache_is_bounded_and_reused_after_a_restart(
     assert sum(p.stat().st_size for p in cache.iterdir()) <= bound
 
 
+def test_a_damaged_disk_cache_entry_is_fetched_again_not_served(
+    s3_bucket: S3Bucket, tmp_path: Path, bucket_mount: MountFactory
+) -> None:
+    """A plain object has no digest of its own: a range of it kept by --disk-cache and changed
+    on disk since (bit rot, or whoever could write there) must not be served as its bytes
+    after a restart. And a cache folder another user may write is refused at start."""
+    data = os.urandom(300_000)
+    obstore.put(client(s3_bucket), s3_bucket.key("blob.bin"), data)
+    cache = tmp_path / "ranges"
+    first = bucket_mount(s3_bucket.url(), "--disk-cache", str(cache), "--no-index")
+    assert (first.mnt / "blob.bin").read_bytes() == data
+    first.stop()
+    entries = [p for p in cache.iterdir() if p.is_file()]
+    assert entries
+    for entry in entries:  # flip one byte of every kept range, lengths unchanged
+        raw = bytearray(entry.read_bytes())
+        raw[len(raw) // 2] ^= 0xFF
+        entry.write_bytes(bytes(raw))
+    second = Mount(s3_bucket.url(), first.mnt, tmp_path / "second.log", first.index)  # type: ignore[arg-type]
+    try:
+        second.start("--disk-cache", str(cache), "--no-index")
+        assert (second.mnt / "blob.bin").read_bytes() == data
+    finally:
+        second.stop()
+    assert "damaged (size or xxh3); dropped, fetched again" in second.log_text()
+
+    cache.chmod(0o777)  # another user could plant ranges now
+    run = subprocess.run(
+        [sys.executable, "-m", "vfs.cli", s3_bucket.url(), str(first.mnt), "-f",
+         "--disk-cache", str(cache), "--no-index"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--disk-cache {cache}: writable by others" in lines[0], lines
+    assert not is_mounted(first.mnt)
+
+
 # -- a server of our own: stopped and restarted, and one that checks credentials ---------------
 
 IDENTITIES = {

@@ -4,8 +4,16 @@ Keyed by (object URL, ETag, offset, length): an object replaced in the bucket ha
 nothing is ever invalidated, only evicted (least recently used first, by file mtime, which a
 hit refreshes). The decant core asks for the same exact ranges again (a zip's tail, whole
 chunks), so exact-range keys hit. Entries are written to a temp name and renamed: a crash
-leaves whole entries or none; a damaged entry (wrong length) is dropped and fetched again.
-Standard library only; every method is thread-safe.
+leaves whole entries or none.
+
+What the cache serves is served as the object's bytes, to every user of the mount, and a plain
+object (not an archive) has no digest of its own that would catch a wrong one. So each entry
+ends with the xxh3-64 of its bytes: one damaged on disk (or cut short) is dropped and fetched
+again, never served. And only the daemon's user may write the folder: one another user can
+write would let them plant ranges (their names are hashes anyone can compute) or links to
+files they may not read; such a folder is refused at start. Entries are opened without
+following links and made 0600.
+Every method is thread-safe.
 """
 
 from __future__ import annotations
@@ -14,12 +22,18 @@ import contextlib
 import hashlib
 import logging
 import os
+import stat
 import threading
 from pathlib import Path
+
+import xxhash
+
+from vfs.errors import StoreError
 
 log = logging.getLogger(__name__)
 
 MAX_ENTRY = 64 << 20  # larger ranges are not cached
+TRAILER = 8  # each entry's bytes are followed by their xxh3-64, little-endian
 
 
 class DiskCache:
@@ -27,15 +41,15 @@ class DiskCache:
         self.folder = folder
         self.max_bytes = max_bytes
         self.hits = self.misses = 0
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        check_folder(folder)
         self._lock = threading.Lock()
-        self._sizes: dict[str, int] = {}
+        self._sizes: dict[str, int] = {}  # entry: its size on disk (bytes and trailer)
         for entry in os.scandir(folder):
             if entry.name.startswith(".tmp-"):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)  # left by a crash
-            elif entry.is_file():
-                self._sizes[entry.name] = entry.stat().st_size
+            elif entry.is_file(follow_symlinks=False):
+                self._sizes[entry.name] = entry.stat(follow_symlinks=False).st_size
         self._total = sum(self._sizes.values())
         self._evict()
 
@@ -46,25 +60,44 @@ class DiskCache:
     def get(self, key: str, size: int) -> bytes | None:
         path = self.folder / key
         try:
-            data = path.read_bytes()
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
             self.misses += 1
             return None
-        if len(data) != size:
+        try:
+            st = os.fstat(fd)
+            fits = stat.S_ISREG(st.st_mode) and st.st_size == size + TRAILER
+            data = os.pread(fd, size, 0) if fits else b""
+            trailer = os.pread(fd, TRAILER, size) if fits else b""
+        except OSError:
+            data = trailer = b""
+        finally:
+            os.close(fd)
+        if len(data) != size or xxhash.xxh3_64_intdigest(data) != int.from_bytes(trailer, "little"):
+            log.warning("disk cache %s: entry %s damaged (size or xxh3); dropped, fetched again",
+                        self.folder, key)  # fmt: skip
             self._drop(key)
             self.misses += 1
             return None
         with contextlib.suppress(OSError):
-            os.utime(path)  # recently used
+            os.utime(path, follow_symlinks=False)  # recently used
         self.hits += 1
         return data
 
-    def put(self, key: str, data: bytes) -> None:
-        if len(data) > MAX_ENTRY or len(data) > self.max_bytes:
+    def put(self, key: str, data: bytes | memoryview) -> None:
+        if len(data) > MAX_ENTRY or len(data) + TRAILER > self.max_bytes:
             return
         tmp = self.folder / f".tmp-{key}-{threading.get_ident()}"
+        digest = xxhash.xxh3_64_intdigest(data).to_bytes(TRAILER, "little")
         try:
-            tmp.write_bytes(data)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o600)  # fmt: skip
+            try:
+                with os.fdopen(fd, "wb", closefd=False) as out:
+                    out.write(data)
+                    out.write(digest)
+            finally:
+                os.close(fd)
             os.replace(tmp, self.folder / key)
         except OSError as exc:  # a full disk costs a fetch, never a read
             log.debug("disk cache %s: cannot keep a range (%s)", self.folder, exc)
@@ -72,8 +105,8 @@ class DiskCache:
                 tmp.unlink()
             return
         with self._lock:
-            self._total += len(data) - self._sizes.get(key, 0)
-            self._sizes[key] = len(data)
+            self._total += len(data) + TRAILER - self._sizes.get(key, 0)
+            self._sizes[key] = len(data) + TRAILER
         self._evict()
 
     def _drop(self, key: str) -> None:
@@ -89,7 +122,7 @@ class DiskCache:
             aged = []
             for name in self._sizes:
                 try:
-                    aged.append((os.stat(self.folder / name).st_mtime, name))
+                    aged.append((os.lstat(self.folder / name).st_mtime, name))
                 except OSError:
                     aged.append((0.0, name))
             aged.sort()
@@ -104,3 +137,25 @@ class DiskCache:
     @property
     def total(self) -> int:
         return self._total
+
+
+def check_folder(folder: Path) -> None:
+    """Make `folder` (0700) or take it as it is if it is a real folder of this user's that no
+    one else may write; else StoreError, naming it and why."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        st = os.lstat(folder)
+    except OSError as exc:
+        raise StoreError(f"--disk-cache {folder}: {exc.strerror}") from None
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        why = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a folder"
+    elif st.st_uid != os.geteuid():
+        why = f"owned by uid {st.st_uid}, not this daemon's user"
+    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        why = f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    else:
+        return
+    raise StoreError(
+        f"--disk-cache {folder}: {why}: what it holds is served as the bucket's bytes, so no "
+        "other user may write it; pick a folder of this user's own (it is made 0700)"
+    )
