@@ -95,6 +95,37 @@ def test_detaches_only_once_mounted(src: Path, tmp_path: Path) -> None:
     assert not is_mounted(mnt)
 
 
+@pytest.mark.parametrize("how", ["folder-writable", "database-not-ours"])
+def test_an_index_another_user_may_write_is_refused_at_start(
+    src: Path, tmp_path: Path, how: str
+) -> None:
+    """The index says which archives verified and holds the digests reads are checked
+    against: one another user may write (a shared folder, a database they made first) could
+    have a damaged archive served as verified. Refused at start, naming it and why."""
+    if how == "database-not-ours" and os.geteuid() != 0:
+        pytest.skip("needs root to give the database to another user")
+    index = tmp_path / "ix"
+    index.mkdir()
+    if how == "folder-writable":
+        index.chmod(0o777)
+    else:
+        sqlite3.connect(index / "index.sqlite").close()
+        os.chown(index / "index.sqlite", 65534, 65534)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        run = subprocess.run([*DAEMON, str(src), str(mnt), "-f", "--index-dir", str(index)],
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+    finally:
+        if is_mounted(mnt):  # it served from that index instead of refusing it
+            subprocess.run(["fusermount3", "-uz", str(mnt)], check=False)
+    assert run.returncode == 1, run.stderr
+    assert f"--index-dir {index}: " in run.stderr
+    why = "writable by others" if how == "folder-writable" else "owned by uid 65534"
+    assert why in run.stderr
+    assert not is_mounted(mnt)
+
+
 def test_persistent_index_remembers_descriptions_and_verification(src: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
     m = make_mount(src)
     original = tifffile.imread(m.mnt / "stack.tif")

@@ -35,6 +35,7 @@ from vfs.mount.ops import DecantOperations
 from vfs.mount.scrub import scrub_forever
 from vfs.mount.tree import SourceTree
 from vfs.mount.watch import watch_source
+from vfs.owned import not_own
 from vfs.stores import local
 from vfs.walk import MAX_WALK_DEPTH, walk
 
@@ -88,8 +89,8 @@ def _local_tree(config: MountConfig, cache: PageCache) -> SourceTree:
         overlays.append(AcqStoreBackend(cache, decant))
     index = None
     if config.use_index:
-        folder = config.index_dir or Path(os.path.expanduser("~/.cache/decant-mount"))
-        index = DescriptionIndex(folder / "index.sqlite")
+        index = open_index(config)
+        assert index is not None
         known = index
         switch = os.environ.get(NO_CHUNK_DIGESTS, "")
         if switch:
@@ -110,8 +111,7 @@ def _local_tree(config: MountConfig, cache: PageCache) -> SourceTree:
 def open_index(config: MountConfig) -> DescriptionIndex | None:
     if not config.use_index:
         return None
-    folder = config.index_dir or Path(os.path.expanduser("~/.cache/decant-mount"))
-    return DescriptionIndex(folder / "index.sqlite")
+    return open_index_at(config.index_dir or Path(os.path.expanduser("~/.cache/decant-mount")))
 
 
 def build_bucket_tree(config: MountConfig, cache: PageCache) -> SourceTree:
@@ -171,21 +171,35 @@ def _check_inbox(inbox: Path) -> None:
     daemon's user may write an inbox: a real folder of its own, no group or other write bit."""
     try:
         inbox.mkdir(mode=0o755, parents=True, exist_ok=True)  # as Spool would make it
-        st = os.lstat(inbox)
     except OSError as exc:
         raise DecantError(f"--inbox {inbox}: {exc.strerror}") from None
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        why = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a folder"
-    elif st.st_uid != os.geteuid():
-        why = f"owned by uid {st.st_uid}, not this daemon's user"
-    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        why = f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
-    else:
-        return
-    raise DecantError(
-        f"--inbox {inbox}: {why}: everything in an inbox is published as this daemon's user, "
-        "so no other user may write it; let users write through the mount instead"
-    )
+    why = not_own(inbox)
+    if why is not None:
+        raise DecantError(
+            f"--inbox {inbox}: {why}: everything in an inbox is published as this daemon's "
+            "user, so no other user may write it; let users write through the mount instead"
+        )
+
+
+def open_index_at(folder: Path) -> DescriptionIndex:
+    """The persistent index in `folder` (made 0700), if that folder and its database are this
+    user's own and no one else may write them (vfs.owned): the index says which archives
+    verified and holds the chunk digests reads are checked against, so a user who could write
+    it could have a damaged or swapped archive served as verified."""
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DecantError(f"--index-dir {folder}: {exc.strerror}") from None
+    db = folder / "index.sqlite"
+    for path, kind in ((folder, "folder"), (db, "file")):
+        why = not_own(path, kind)
+        if why is not None:
+            raise DecantError(
+                f"--index-dir {folder}: {path.name} is {why}: the index says which archives "
+                "verified and holds their digests, so no other user may write it; pick a "
+                "folder of this user's own (it is made 0700)"
+            )
+    return DescriptionIndex(db)
 
 
 def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:

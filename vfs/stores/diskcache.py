@@ -29,6 +29,7 @@ from pathlib import Path
 import xxhash
 
 from vfs.errors import StoreError
+from vfs.owned import not_own
 
 log = logging.getLogger(__name__)
 
@@ -141,21 +142,14 @@ class DiskCache:
 
 def check_folder(folder: Path) -> None:
     """Make `folder` (0700) or take it as it is if it is a real folder of this user's that no
-    one else may write; else StoreError, naming it and why."""
+    one else may write (vfs.owned); else StoreError, naming it and why."""
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        st = os.lstat(folder)
     except OSError as exc:
         raise StoreError(f"--disk-cache {folder}: {exc.strerror}") from None
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
-        why = "a symlink" if stat.S_ISLNK(st.st_mode) else "not a folder"
-    elif st.st_uid != os.geteuid():
-        why = f"owned by uid {st.st_uid}, not this daemon's user"
-    elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        why = f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
-    else:
-        return
-    raise StoreError(
-        f"--disk-cache {folder}: {why}: what it holds is served as the bucket's bytes, so no "
-        "other user may write it; pick a folder of this user's own (it is made 0700)"
-    )
+    why = not_own(folder)
+    if why is not None:
+        raise StoreError(
+            f"--disk-cache {folder}: {why}: what it holds is served as the bucket's bytes, so "
+            "no other user may write it; pick a folder of this user's own (it is made 0700)"
+        )

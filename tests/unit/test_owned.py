@@ -1,0 +1,43 @@
+"""`vfs/owned.py`: which folders and files the daemon may trust as its own state."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from vfs.owned import not_own
+
+
+def test_a_private_folder_and_file_of_this_user_are_its_own(tmp_path: Path) -> None:
+    folder = tmp_path / "state"
+    folder.mkdir(mode=0o700)
+    (folder / "db").write_bytes(b"")
+    (folder / "db").chmod(0o644)
+    assert not_own(folder) is None
+    assert not_own(folder / "db", "file") is None
+    assert not_own(folder / "missing", "file") is None  # nothing there to trust yet
+
+
+def test_what_another_user_could_write_or_redirect_is_not(tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert not_own(shared) == "writable by others (mode 0777)"
+    shared.chmod(0o775)
+    assert not_own(shared) == "writable by others (mode 0775)"
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path)
+    assert not_own(link) == "a symlink"
+    (tmp_path / "f").write_bytes(b"")
+    assert not_own(tmp_path / "f") == "not a folder"
+    assert not_own(tmp_path, "file") == "not a file"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a folder to another user")
+def test_another_user_s_folder_is_not(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o700)
+    os.chown(theirs, 65534, 65534)
+    assert not_own(theirs) == "owned by uid 65534, not this daemon's user"
