@@ -14,6 +14,8 @@ import os
 import stat
 from pathlib import Path
 
+from vfs.errors import DecantError
+
 
 def not_own(path: Path, kind: str = "folder") -> str | None:
     """Why `path` is not a real `kind` ("folder" or "file") of this process's user that no one
@@ -32,3 +34,28 @@ def not_own(path: Path, kind: str = "folder") -> str | None:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
+
+
+def own_folder(
+    folder: Path,
+    option: str,
+    because: str,
+    *,
+    mode: int = 0o700,
+    files: tuple[str, ...] = (),
+    error: type[DecantError] = DecantError,
+) -> None:
+    """Make `folder` (`mode`) if it is missing, then refuse it unless it and its `files` (those
+    there) are this user's own and no one else may write them: `error`, naming `option`, the
+    folder, why, and `because` (what another user could do with it)."""
+    try:
+        folder.mkdir(mode=mode, parents=True, exist_ok=True)
+    except OSError as exc:
+        raise error(f"{option} {folder}: {exc.strerror}") from None
+    why = not_own(folder)
+    for name in files:
+        if why is None:
+            found = not_own(folder / name, "file")
+            why = None if found is None else f"{name} is {found}"
+    if why is not None:
+        raise error(f"{option} {folder}: {why}: {because}")

@@ -35,7 +35,7 @@ from vfs.mount.ops import DecantOperations
 from vfs.mount.scrub import scrub_forever
 from vfs.mount.tree import SourceTree
 from vfs.mount.watch import watch_source
-from vfs.owned import not_own
+from vfs.owned import own_folder
 from vfs.stores import local
 from vfs.walk import MAX_WALK_DEPTH, walk
 
@@ -168,38 +168,22 @@ def _check_inbox(inbox: Path) -> None:
     """Whatever is in an inbox is published into SRC as this daemon's user, at its path below
     the inbox: a user who may write the inbox could replace files and fill folders of SRC they
     may not write, or swap its folders for links to files they may not read. So only the
-    daemon's user may write an inbox: a real folder of its own, no group or other write bit."""
-    try:
-        inbox.mkdir(mode=0o755, parents=True, exist_ok=True)  # as Spool would make it
-    except OSError as exc:
-        raise DecantError(f"--inbox {inbox}: {exc.strerror}") from None
-    why = not_own(inbox)
-    if why is not None:
-        raise DecantError(
-            f"--inbox {inbox}: {why}: everything in an inbox is published as this daemon's "
-            "user, so no other user may write it; let users write through the mount instead"
-        )
+    daemon's user may write an inbox: a real folder of its own, no group or other write bit
+    (made 0755 if missing, as Spool would make it)."""
+    own_folder(inbox, "--inbox", "everything in an inbox is published as this daemon's user, "
+               "so no other user may write it; let users write through the mount instead",
+               mode=0o755)  # fmt: skip
 
 
 def open_index_at(folder: Path) -> DescriptionIndex:
     """The persistent index in `folder` (made 0700), if that folder and its database are this
-    user's own and no one else may write them (vfs.owned): the index says which archives
-    verified and holds the chunk digests reads are checked against, so a user who could write
-    it could have a damaged or swapped archive served as verified."""
-    try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except OSError as exc:
-        raise DecantError(f"--index-dir {folder}: {exc.strerror}") from None
-    db = folder / "index.sqlite"
-    for path, kind in ((folder, "folder"), (db, "file")):
-        why = not_own(path, kind)
-        if why is not None:
-            raise DecantError(
-                f"--index-dir {folder}: {path.name} is {why}: the index says which archives "
-                "verified and holds their digests, so no other user may write it; pick a "
-                "folder of this user's own (it is made 0700)"
-            )
-    return DescriptionIndex(db)
+    user's own and no one else may write them: the index says which archives verified and
+    holds the chunk digests reads are checked against, so a user who could write it could
+    have a damaged or swapped archive served as verified."""
+    own_folder(folder, "--index-dir", "the index says which archives verified and holds their "
+               "digests, so no other user may write it; pick a folder of this user's own (it is "
+               "made 0700)", files=("index.sqlite",))  # fmt: skip
+    return DescriptionIndex(folder / "index.sqlite")
 
 
 def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:

@@ -29,7 +29,7 @@ from pathlib import Path
 import xxhash
 
 from vfs.errors import StoreError
-from vfs.owned import not_own
+from vfs.owned import own_folder
 
 log = logging.getLogger(__name__)
 
@@ -142,14 +142,7 @@ class DiskCache:
 
 def check_folder(folder: Path) -> None:
     """Make `folder` (0700) or take it as it is if it is a real folder of this user's that no
-    one else may write (vfs.owned); else StoreError, naming it and why."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    except OSError as exc:
-        raise StoreError(f"--disk-cache {folder}: {exc.strerror}") from None
-    why = not_own(folder)
-    if why is not None:
-        raise StoreError(
-            f"--disk-cache {folder}: {why}: what it holds is served as the bucket's bytes, so "
-            "no other user may write it; pick a folder of this user's own (it is made 0700)"
-        )
+    one else may write; else StoreError, naming it and why."""
+    own_folder(folder, "--disk-cache", "what it holds is served as the bucket's bytes, so no "
+               "other user may write it; pick a folder of this user's own (it is made 0700)",
+               error=StoreError)  # fmt: skip
