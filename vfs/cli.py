@@ -12,12 +12,13 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from vfs.errors import DecantError
 from vfs.logsafe import SafeFormatter, escape_controls
 from vfs.mount.config import STATUS_NAME, BucketConfig, MountConfig, parse_fuse_options
 from vfs.mount.described import DESCRIBED_ENTRIES
+from vfs.owned import why_not_own
 from vfs.version import VersionAction
 
 log = logging.getLogger("decant-mount")
@@ -330,16 +331,34 @@ def config_from_args(
     )
 
 
+def _open_log(path: str) -> TextIO:
+    """The log file, appended to. It names every user's files: created 0600 (an operator may
+    widen it, as for the journal), never with the umask's 0644 beside other users. Opened
+    without following a link, and only if it is the daemon's user's own and no one else may
+    write it: as root, a link or a file another user put at that name (in a folder they may
+    write) would have had the daemon append to whatever it names, or keep its log in their
+    file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        why = "a symlink" if exc.errno == errno.ELOOP else exc.strerror
+        raise SystemExit(f"decant-mount: --log-file {path}: {why}") from None
+    why = why_not_own(os.fstat(fd))
+    if why is not None:
+        os.close(fd)
+        raise SystemExit(f"decant-mount: --log-file {path}: {why}: the log names every user's "
+                         "files, so no other user may hold or write it")  # fmt: skip
+    return os.fdopen(fd, "a", buffering=1, encoding="utf-8", errors="backslashreplace")
+
+
 def setup_logging(args: argparse.Namespace, detached: bool) -> None:
     level = getattr(logging, str(args.log_level).upper(), None)
     if not isinstance(level, int):
         raise SystemExit(f"decant-mount: unknown --log-level {args.log_level!r}")
     handler: logging.Handler
     if args.log_file:
-        # The log names every user's files: created 0600 (an operator may widen it, as for
-        # the journal), never with the umask's 0644 beside other users.
-        os.close(os.open(args.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
-        handler = logging.FileHandler(args.log_file)
+        handler = logging.StreamHandler(_open_log(args.log_file))
         handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     elif detached and os.path.exists("/dev/log"):
         handler = logging.handlers.SysLogHandler("/dev/log")

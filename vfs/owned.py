@@ -24,6 +24,12 @@ def not_own(path: Path, kind: str = "folder") -> str | None:
         st = os.lstat(path)
     except FileNotFoundError:
         return None
+    return why_not_own(st, kind)
+
+
+def why_not_own(st: os.stat_result, kind: str = "file") -> str | None:
+    """`not_own` for what `st` describes (an `fstat` of a descriptor opened with O_NOFOLLOW:
+    the file checked is the file used)."""
     is_kind = stat.S_ISDIR(st.st_mode) if kind == "folder" else stat.S_ISREG(st.st_mode)
     if stat.S_ISLNK(st.st_mode):
         return "a symlink"

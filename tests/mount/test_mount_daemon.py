@@ -126,6 +126,61 @@ def test_an_index_another_user_may_write_is_refused_at_start(
     assert not is_mounted(mnt)
 
 
+@pytest.mark.parametrize("how", ["symlink", "not-ours"])
+def test_a_log_file_put_in_the_way_is_refused_at_start(src: Path, tmp_path: Path, how: str) -> None:
+    """--log-file in a folder another user may write: a link they put at its name would have
+    the daemon (root) append its log to whatever it names; a file of theirs would hold a log
+    that names every user's files. Refused, the target untouched."""
+    if how == "not-ours" and os.geteuid() != 0:
+        pytest.skip("needs root to give the file to another user")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    logs.chmod(0o777)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"root's file\n")
+    log = logs / "decant.log"
+    if how == "symlink":
+        log.symlink_to(victim)
+    else:
+        log.write_bytes(b"")
+        os.chown(log, 65534, 65534)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    try:
+        run = subprocess.run([*DAEMON, str(src), str(mnt), "-f", "--log-file", str(log),
+                              "--index-dir", str(tmp_path / "ix")],
+                             capture_output=True, text=True, timeout=30)  # fmt: skip
+    finally:
+        if is_mounted(mnt):
+            subprocess.run(["fusermount3", "-uz", str(mnt)], check=False)
+    assert run.returncode == 1, run.stderr
+    why = "a symlink" if how == "symlink" else "owned by uid 65534"
+    assert f"--log-file {log}: {why}" in run.stderr
+    assert victim.read_bytes() == b"root's file\n"
+    assert log.is_symlink() or log.read_bytes() == b""
+
+
+def test_metrics_pass_a_link_at_a_temp_name(src: Path, tmp_path: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
+    """The metrics file is replaced whole every few seconds through a temp file beside it: a
+    link put at the temp name it used (`.NAME.tmp`) had the daemon truncate and write its
+    target. The temp name is now its own (O_EXCL), the link left alone."""
+    folder = tmp_path / "textfile"
+    folder.mkdir()
+    folder.chmod(0o777)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"root's file\n")
+    (folder / ".decant.prom.tmp").symlink_to(victim)
+    metrics = folder / "decant.prom"
+    make_mount(src, "--read-only", "--metrics-file", str(metrics))
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and not metrics.exists():
+        time.sleep(0.1)
+    assert "decant_reads_total" in metrics.read_text()
+    assert victim.read_bytes() == b"root's file\n"
+    assert oct(metrics.stat().st_mode & 0o777) == oct(0o644)
+    assert sorted(p.name for p in folder.iterdir()) == [".decant.prom.tmp", "decant.prom"]
+
+
 def test_persistent_index_remembers_descriptions_and_verification(src: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
     m = make_mount(src)
     original = tifffile.imread(m.mnt / "stack.tif")

@@ -6,9 +6,11 @@ for node_exporter's textfile collector.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -99,6 +101,17 @@ def prometheus(status: dict[str, Any]) -> str:
 
 
 def write_atomically(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """`path` replaced whole by `text` (0644: node_exporter reads it). The temp file is made
+    with a name of its own (O_EXCL): a fixed `.NAME.tmp` was opened by path, so a link put at
+    that name in a folder others may write had the daemon (root) truncate and write whatever
+    it named."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+            os.fchmod(out.fileno(), 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
