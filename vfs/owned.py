@@ -58,10 +58,28 @@ def own_folder(
         folder.mkdir(mode=mode, parents=True, exist_ok=True)
     except OSError as exc:
         raise error(f"{option} {folder}: {exc.strerror}") from None
-    why = not_own(folder)
+    why = not_own(folder) or _ancestors_let_others_swap(folder)
     for name in files:
         if why is None:
             found = not_own(folder / name, "file")
             why = None if found is None else f"{name} is {found}"
     if why is not None:
         raise error(f"{option} {folder}: {why}: {because}")
+
+
+def _ancestors_let_others_swap(folder: Path) -> str | None:
+    """Why another user could rename `folder` away and put their own in its place after it was
+    checked (the daemon opens what it holds by path later), or None: a folder above it that
+    someone else owns, or that group or others may write without the sticky bit (/tmp has it).
+    """
+    for parent in folder.resolve().parents:
+        try:
+            st = os.stat(parent)
+        except OSError:
+            continue
+        if st.st_uid not in (0, os.geteuid()):
+            return f"{parent} is owned by uid {st.st_uid}: its owner could swap the folder"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            mode = stat.S_IMODE(st.st_mode)
+            return f"{parent} is writable by others (mode {mode:04o}): the folder could be swapped"
+    return None

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from vfs.owned import not_own
+from vfs.errors import DecantError
+from vfs.owned import not_own, own_folder
 
 
 def test_a_private_folder_and_file_of_this_user_are_its_own(tmp_path: Path) -> None:
@@ -41,3 +42,19 @@ def test_another_user_s_folder_is_not(tmp_path: Path) -> None:
     theirs.mkdir(mode=0o700)
     os.chown(theirs, 65534, 65534)
     assert not_own(theirs) == "owned by uid 65534, not this daemon's user"
+
+
+def test_a_folder_another_user_could_swap_is_refused(tmp_path: Path) -> None:
+    """The daemon opens what its folder holds by path, later: a folder above it that others may
+    write (without the sticky bit /tmp has) would let them rename it away and put their own
+    in its place after the check."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(DecantError) as err:
+        own_folder(shared / "state", "--index-dir", "why it matters")
+    why = f"{shared} is writable by others (mode 0777): the folder could be swapped"
+    assert str(err.value) == f"--index-dir {shared / 'state'}: {why}: why it matters"
+    shared.chmod(0o1777)  # sticky, as /tmp: no one may rename what is not theirs
+    own_folder(shared / "state", "--index-dir", "why it matters")
+    assert not_own(shared / "state") is None
