@@ -50,28 +50,32 @@ def own_folder(
     mode: int = 0o700,
     files: tuple[str, ...] = (),
     error: type[DecantError] = DecantError,
-) -> None:
+) -> Path:
     """Make `folder` (`mode`) if it is missing, then refuse it unless it and its `files` (those
-    there) are this user's own and no one else may write them: `error`, naming `option`, the
-    folder, why, and `because` (what another user could do with it)."""
+    there) are this user's own and no one else may write them or swap them (see
+    `swappable_by_others`): `error`, naming `option`, the folder, why, and `because` (what
+    another user could do with it). Returns the folder's real path, the one checked: use that
+    one (a link on the way given, someone else's, could be pointed elsewhere later)."""
     try:
         folder.mkdir(mode=mode, parents=True, exist_ok=True)
+        real = folder.resolve(strict=True)
     except OSError as exc:
         raise error(f"{option} {folder}: {exc.strerror}") from None
-    why = not_own(folder) or _ancestors_let_others_swap(folder)
+    why = not_own(folder) or swappable_by_others(real)
     for name in files:
         if why is None:
             found = not_own(folder / name, "file")
             why = None if found is None else f"{name} is {found}"
     if why is not None:
         raise error(f"{option} {folder}: {why}: {because}")
+    return real
 
 
-def _ancestors_let_others_swap(folder: Path) -> str | None:
-    """Why another user could rename `folder` away and put their own in its place after it was
-    checked (the daemon opens what it holds by path later), or None: a folder above it that
-    someone else owns, or that group or others may write without the sticky bit (/tmp has it).
-    """
+def swappable_by_others(folder: Path) -> str | None:
+    """Why another user could rename `folder` (a real path, no link on the way) away and put
+    their own, or a link, in its place after it was checked (the daemon opens what it holds by
+    path later), or None: a folder above it that someone else owns, or that group or others
+    may write without the sticky bit (/tmp has it)."""
     for parent in folder.resolve().parents:
         try:
             st = os.stat(parent)

@@ -181,6 +181,36 @@ def test_metrics_pass_a_link_at_a_temp_name(src: Path, tmp_path: Path, make_moun
     assert sorted(p.name for p in folder.iterdir()) == [".decant.prom.tmp", "decant.prom"]
 
 
+def test_a_write_side_whose_spool_others_could_swap_is_refused(src: Path, tmp_path: Path) -> None:
+    """SRC writable by others without the sticky bit (a group-writable share): a user renamed
+    SRC/.decant-spool away and put a link to a folder of theirs in its place; a file written
+    through the mount then truncated, chmod-ed and chown-ed to them whatever their link named
+    (red team, stop 26). The write side refuses such a SRC, naming the way out; read-only and
+    a sticky SRC (as /tmp) start."""
+    src.chmod(0o777)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    base = [*DAEMON, str(src), str(mnt), "--index-dir", str(tmp_path / "ix")]
+    try:
+        run = subprocess.run([*base, "-f"], capture_output=True, text=True, timeout=30)
+    finally:
+        if is_mounted(mnt):
+            subprocess.run(["fusermount3", "-uz", str(mnt)], check=False)
+    assert run.returncode == 1, run.stderr
+    assert f"{src} is writable by others (mode 0777)" in run.stderr
+    assert "chmod +t" in run.stderr and not is_mounted(mnt)
+    for mode, extra in ((0o777, ["--read-only"]), (0o1777, [])):
+        src.chmod(mode)
+        assert subprocess.run([*base, *extra], timeout=60).returncode == 0
+        try:
+            assert os.listdir(mnt) == ["stack.tif"]
+        finally:
+            subprocess.run([*DAEMON, "-u", str(mnt)], check=False)
+            deadline = time.monotonic() + 10
+            while is_mounted(mnt) and time.monotonic() < deadline:
+                time.sleep(0.1)
+
+
 def test_persistent_index_remembers_descriptions_and_verification(src: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
     m = make_mount(src)
     original = tifffile.imread(m.mnt / "stack.tif")

@@ -35,7 +35,7 @@ from vfs.mount.ops import DecantOperations
 from vfs.mount.scrub import scrub_forever
 from vfs.mount.tree import SourceTree
 from vfs.mount.watch import watch_source
-from vfs.owned import own_folder
+from vfs.owned import own_folder, swappable_by_others
 from vfs.stores import local
 from vfs.walk import MAX_WALK_DEPTH, walk
 
@@ -164,6 +164,21 @@ def _check_private(folder: Path) -> None:
         )
 
 
+def _check_unswappable(spool: Path) -> None:
+    """The spool is reached by path for as long as the daemon runs (files are created,
+    truncated, chmod-ed and chown-ed to their writers in it): a folder above it that another
+    user may write without the sticky bit (a group-writable SRC holding .decant-spool) let them
+    rename the spool away and put a link to a folder of theirs in its place, whose links the
+    daemon then followed as root (a file written through the mount truncated and chown-ed
+    /etc/shadow to its writer). So the write side refuses such a place."""
+    why = swappable_by_others(spool.resolve())
+    if why is not None:
+        raise DecantError(
+            f"{spool}: {why}, so another user could put a folder of theirs in the spool's "
+            "place; make that folder sticky (chmod +t, as /tmp is) or mount read-only"
+        )
+
+
 def _check_inbox(inbox: Path) -> None:
     """Whatever is in an inbox is published into SRC as this daemon's user, at its path below
     the inbox: a user who may write the inbox could replace files and fill folders of SRC they
@@ -180,10 +195,10 @@ def open_index_at(folder: Path) -> DescriptionIndex:
     user's own and no one else may write them: the index says which archives verified and
     holds the chunk digests reads are checked against, so a user who could write it could
     have a damaged or swapped archive served as verified."""
-    own_folder(folder, "--index-dir", "the index says which archives verified and holds their "
-               "digests, so no other user may write it; pick a folder of this user's own (it is "
-               "made 0700)", files=("index.sqlite",))  # fmt: skip
-    return DescriptionIndex(folder / "index.sqlite")
+    real = own_folder(folder, "--index-dir", "the index says which archives verified and holds "
+                      "their digests, so no other user may write it; pick a folder of this "
+                      "user's own (it is made 0700)", files=("index.sqlite",))  # fmt: skip
+    return DescriptionIndex(real / "index.sqlite")
 
 
 def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:
@@ -199,6 +214,7 @@ def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:
     for private in {config.spool_root, src / SPOOL_NAME}:
         private.mkdir(mode=0o700, parents=True, exist_ok=True)
         _check_private(private)
+        _check_unswappable(private)
         os.chmod(private, 0o700)
     for inbox in config.inbox:
         _check_inbox(inbox)
@@ -227,6 +243,7 @@ def build_bucket_write_side(config: MountConfig, tree: SourceTree) -> PackQueue:
     root = config.spool_root
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     _check_private(root)
+    _check_unswappable(root)
     os.chmod(root, 0o700)  # the writers' bytes: no other local user may reach them here
     spool = Spool(config.src, root / "files", staging=root / "staging")
     spool.placer = BucketPlacer(tree.folder, tree.note_published)  # type: ignore[arg-type]

@@ -39,10 +39,9 @@ TRAILER = 8  # each entry's bytes are followed by their xxh3-64, little-endian
 
 class DiskCache:
     def __init__(self, folder: Path, max_bytes: int) -> None:
-        self.folder = folder
+        folder = self.folder = check_folder(folder)  # its real path, checked: only that one
         self.max_bytes = max_bytes
         self.hits = self.misses = 0
-        check_folder(folder)
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}  # entry: its size on disk (bytes and trailer)
         for entry in os.scandir(folder):
@@ -140,9 +139,11 @@ class DiskCache:
         return self._total
 
 
-def check_folder(folder: Path) -> None:
+def check_folder(folder: Path) -> Path:
     """Make `folder` (0700) or take it as it is if it is a real folder of this user's that no
-    one else may write; else StoreError, naming it and why."""
-    own_folder(folder, "--disk-cache", "what it holds is served as the bucket's bytes, so no "
-               "other user may write it; pick a folder of this user's own (it is made 0700)",
-               error=StoreError)  # fmt: skip
+    one else may write or swap; else StoreError, naming it and why. Returns its real path."""
+    because = (
+        "what it holds is served as the bucket's bytes, so no other user may write it; "
+        "pick a folder of this user's own (it is made 0700)"
+    )
+    return own_folder(folder, "--disk-cache", because, error=StoreError)
