@@ -87,3 +87,17 @@ def swappable_by_others(folder: Path) -> str | None:
             mode = stat.S_IMODE(st.st_mode)
             return f"{parent} is writable by others (mode {mode:04o}): the folder could be swapped"
     return None
+
+
+def not_trusted(st: os.stat_result) -> str | None:
+    """Why a file the daemon takes settings or secrets from (a key, a passphrase, the allowed
+    writers) is not to be trusted, or None: it must be a regular file of this user's or root's
+    that no one else may write. One another user holds or may write would let them add their
+    own writer, or have their key taken."""
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file"
+    if st.st_uid not in (0, os.geteuid()):
+        return f"owned by uid {st.st_uid}"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None

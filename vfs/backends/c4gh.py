@@ -37,6 +37,7 @@ from vfs.c4gh.tarindex import Member, TarIndex, build_index
 from vfs.cache import PageCache
 from vfs.decant.limits import parse_json
 from vfs.errors import CorruptArchiveError, DecantError, DecryptError, NotAnArchiveError
+from vfs.owned import not_trusted
 from vfs.stores.base import ByteSource, Folder
 from vfs.stores.local import LocalFile, LocalFolder
 
@@ -50,6 +51,7 @@ POLICIES = ("warn", "enforce")
 READAHEAD = 8 * PAGE_SIZE  # decrypted ahead of a sequential reader, on every core
 DECRYPTERS = min(2, os.cpu_count() or 1)  # threads that decrypt read-ahead pages side by side
 MAX_MANIFEST = 16 << 20
+MAX_WRITERS_FILE = 16 << 20  # of fingerprints (~72 bytes a line)
 DEFAULT_MODE = 0o440  # decrypted data: owner and group read it, "other" only if the operator says
 LOGGED_DROPS = 50  # dropped members named in the log line; the rest are counted
 FINGERPRINT_RE = re.compile(r"sha256:[0-9a-f]{64}")
@@ -466,7 +468,12 @@ def _log_index(name: str, index: TarIndex) -> None:
 def load_allowed_writers(path: Path) -> set[str]:
     """A file of `sha256:<hex>` writer fingerprints, one a line; `#` starts a comment."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            why = not_trusted(os.fstat(f.fileno()))
+            if why is not None:
+                raise DecantError(f"allowed writers file '{path}' is {why}: anyone who may "
+                                  "write it could add a writer of their own; refused")  # fmt: skip
+            text = f.read(MAX_WRITERS_FILE).decode("utf-8", errors="replace")
     except OSError as exc:
         raise DecantError(f"cannot read allowed writers file '{path}': {exc.strerror}") from None
     writers = set()

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from vfs.errors import DecryptError, UnsupportedFormatError
+from vfs.owned import not_trusted
 
 PASSPHRASE_ENV = "C4GH_PASSPHRASE"
 C4GH_MAGIC = b"c4gh-v1"
@@ -45,7 +46,11 @@ def read_secret_file(path: Path) -> bytes:
     """Contents of a key or passphrase file, after checking its permissions on the open file."""
     try:
         with open(path, "rb") as f:
-            check_permissions(path, os.fstat(f.fileno()).st_mode)
+            st = os.fstat(f.fileno())
+            check_permissions(path, st.st_mode)
+            why = not_trusted(st)
+            if why is not None:
+                raise DecryptError(f"secret file '{path}' is {why}: refused")
             return f.read(1 << 16)
     except OSError as exc:
         raise DecryptError(f"cannot read secret file '{path}': {exc.strerror}") from None
