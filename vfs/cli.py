@@ -9,6 +9,7 @@ import logging
 import logging.handlers
 import os
 import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -244,9 +245,23 @@ def unmount(mnt: Path) -> int:
     return 1
 
 
+MAX_STATUS = 4 << 20  # the daemon's status is bounded well below this (vfs/mount/status.py)
+
+
 def print_status(mnt: Path) -> int:
+    """Print MNT's status. MNT may be any folder: a FIFO or device put at its status name is
+    not waited on or read without end (an admin's `--status` of a user's folder hung)."""
     try:
-        doc = json.loads((mnt / STATUS_NAME).read_text())
+        fd = os.open(mnt / STATUS_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ValueError("not a decant-mount status file")
+            data = b""
+            while len(data) < MAX_STATUS and (more := os.read(fd, MAX_STATUS - len(data))):
+                data += more
+            doc = json.loads(data)
+        finally:
+            os.close(fd)
     except (OSError, ValueError) as exc:
         print(f"decant-mount: {mnt}: no status to show ({exc})", file=sys.stderr)
         return 1
@@ -344,7 +359,8 @@ def _open_log(path: str) -> TextIO:
     except OSError as exc:
         why = "a symlink" if exc.errno == errno.ELOOP else exc.strerror
         raise SystemExit(f"decant-mount: --log-file {path}: {why}") from None
-    why = why_not_own(os.fstat(fd))
+    st = os.fstat(fd)
+    why = why_not_own(st) or (f"a hard link ({st.st_nlink} names)" if st.st_nlink != 1 else None)
     if why is not None:
         os.close(fd)
         raise SystemExit(f"decant-mount: --log-file {path}: {why}: the log names every user's "

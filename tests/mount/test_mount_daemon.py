@@ -126,7 +126,7 @@ def test_an_index_another_user_may_write_is_refused_at_start(
     assert not is_mounted(mnt)
 
 
-@pytest.mark.parametrize("how", ["symlink", "not-ours"])
+@pytest.mark.parametrize("how", ["symlink", "not-ours", "hardlink"])
 def test_a_log_file_put_in_the_way_is_refused_at_start(src: Path, tmp_path: Path, how: str) -> None:
     """--log-file in a folder another user may write: a link they put at its name would have
     the daemon (root) append its log to whatever it names; a file of theirs would hold a log
@@ -141,6 +141,9 @@ def test_a_log_file_put_in_the_way_is_refused_at_start(src: Path, tmp_path: Path
     log = logs / "decant.log"
     if how == "symlink":
         log.symlink_to(victim)
+    elif how == "hardlink":  # another name of root's file (protected_hardlinks off, or root's)
+        victim.chmod(0o600)
+        os.link(victim, log)
     else:
         log.write_bytes(b"")
         os.chown(log, 65534, 65534)
@@ -154,10 +157,11 @@ def test_a_log_file_put_in_the_way_is_refused_at_start(src: Path, tmp_path: Path
         if is_mounted(mnt):
             subprocess.run(["fusermount3", "-uz", str(mnt)], check=False)
     assert run.returncode == 1, run.stderr
-    why = "a symlink" if how == "symlink" else "owned by uid 65534"
+    why = {"symlink": "a symlink", "not-ours": "owned by uid 65534",
+           "hardlink": "a hard link (2 names)"}[how]  # fmt: skip
     assert f"--log-file {log}: {why}" in run.stderr
     assert victim.read_bytes() == b"root's file\n"
-    assert log.is_symlink() or log.read_bytes() == b""
+    assert log.is_symlink() or log.read_bytes() in (b"", b"root's file\n")
 
 
 def test_metrics_pass_a_link_at_a_temp_name(src: Path, tmp_path: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
@@ -209,6 +213,26 @@ def test_a_write_side_whose_spool_others_could_swap_is_refused(src: Path, tmp_pa
             deadline = time.monotonic() + 10
             while is_mounted(mnt) and time.monotonic() < deadline:
                 time.sleep(0.1)
+
+
+def test_a_diagnosis_folder_another_user_may_write_is_refused(src: Path, tmp_path: Path) -> None:
+    """DECANT_DIAGNOSE=DIR: its files are made by name on SIGUSR2; in a folder another user
+    may write, links they put at those names were written through as root."""
+    diag = tmp_path / "diag"
+    diag.mkdir()
+    diag.chmod(0o777)
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    env = {**os.environ, "DECANT_DIAGNOSE": str(diag)}
+    try:
+        run = subprocess.run([*DAEMON, str(src), str(mnt), "-f", "--read-only", "--index-dir",
+                              str(tmp_path / "ix")], capture_output=True, text=True, timeout=30,
+                             env=env)  # fmt: skip
+    finally:
+        if is_mounted(mnt):
+            subprocess.run(["fusermount3", "-uz", str(mnt)], check=False)
+    assert run.returncode == 1, run.stderr
+    assert f"DECANT_DIAGNOSE {diag}: writable by others" in run.stderr
 
 
 def test_persistent_index_remembers_descriptions_and_verification(src: Path, make_mount) -> None:  # type: ignore[no-untyped-def]

@@ -58,3 +58,43 @@ def test_a_folder_another_user_could_swap_is_refused(tmp_path: Path) -> None:
     shared.chmod(0o1777)  # sticky, as /tmp: no one may rename what is not theirs
     own_folder(shared / "state", "--index-dir", "why it matters")
     assert not_own(shared / "state") is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to give a file to another user")
+def test_trust_files_another_user_holds_or_may_write_are_refused(tmp_path: Path) -> None:
+    """The allowed writers and a secret key are taken as the daemon's: one another user holds
+    or may write would let them add a writer of their own, or have their key taken."""
+    from vfs.backends.c4gh import load_allowed_writers
+    from vfs.c4gh.keys import read_secret_file
+    from vfs.errors import DecryptError
+
+    writers = tmp_path / "writers"
+    writers.write_text("sha256:" + "a" * 64 + "\n")
+    assert load_allowed_writers(writers) == {"sha256:" + "a" * 64}
+    writers.chmod(0o666)
+    with pytest.raises(DecantError, match="writable by others"):
+        load_allowed_writers(writers)
+    writers.chmod(0o644)
+    os.chown(writers, 65534, 65534)
+    with pytest.raises(DecantError, match="owned by uid 65534"):
+        load_allowed_writers(writers)
+    key = tmp_path / "key.sec"
+    key.write_bytes(b"secret")
+    key.chmod(0o600)
+    assert read_secret_file(key) == b"secret"
+    os.chown(key, 65534, 65534)
+    with pytest.raises(DecryptError, match="owned by uid 65534"):
+        read_secret_file(key)
+
+
+def test_status_of_a_folder_holding_a_fifo_does_not_hang(tmp_path: Path) -> None:
+    """`decant-mount --status X` run by an admin on a user's folder: a FIFO (or a device) at
+    the status name is refused at once, not waited on or read without end."""
+    import subprocess
+    import sys
+
+    os.mkfifo(tmp_path / ".decant-status")
+    run = subprocess.run([sys.executable, "-m", "vfs.cli", "--status", str(tmp_path)],
+                         capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert run.returncode == 1
+    assert "no status to show (not a decant-mount status file)" in run.stderr

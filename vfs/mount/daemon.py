@@ -369,8 +369,14 @@ def serve(config: MountConfig, ready: Callable[[], None]) -> int:
     local.EXACT_OPENS = True  # SRC (resolved) is opened through no link: see open_exact
     tune_malloc(config.cache_size)
     raise_fd_limit()
-    if os.environ.get(DIAGNOSE) and os.environ.get(TRACEMALLOC):
-        tracemalloc.start(8)
+    diagnose = None
+    if os.environ.get(DIAGNOSE):
+        # Its files are made by name: links another user put at those names in a folder they
+        # could write were written through as root. So the folder must be this user's own.
+        diagnose = own_folder(Path(os.environ[DIAGNOSE]).absolute(), DIAGNOSE,
+                              "its files are written as this daemon's user")  # fmt: skip
+        if os.environ.get(TRACEMALLOC):
+            tracemalloc.start(8)
     src, mnt = config.src, config.mnt
     cache = PageCache(config.cache_size)
     tree = build_tree(config, cache)
@@ -383,7 +389,7 @@ def serve(config: MountConfig, ready: Callable[[], None]) -> int:
     try:
         log.info("mounted %s on %s (cache %d MiB)", src, mnt, config.cache_size >> 20)
         ready()
-        trio.run(_run, ops, config, queue)
+        trio.run(_run, ops, config, queue, diagnose)
     finally:
         pyfuse3.close(unmount=True)
         if tree.index is not None:
@@ -392,7 +398,9 @@ def serve(config: MountConfig, ready: Callable[[], None]) -> int:
     return 0
 
 
-async def _run(ops: DecantOperations, config: MountConfig, queue: PackQueue | None) -> None:
+async def _run(
+    ops: DecantOperations, config: MountConfig, queue: PackQueue | None, diagnose: Path | None
+) -> None:
     src = config.src
     async with trio.open_nursery() as nursery:
         ops.nursery = nursery
@@ -410,8 +418,8 @@ async def _run(ops: DecantOperations, config: MountConfig, queue: PackQueue | No
             nursery.start_soon(_relist_forever, ops, config.bucket.relist)
         else:
             nursery.start_soon(_census, ops, src)
-        if os.environ.get(DIAGNOSE):
-            nursery.start_soon(_diagnose, Path(os.environ[DIAGNOSE]))
+        if diagnose is not None:
+            nursery.start_soon(_diagnose, diagnose)
         if config.scrub_interval is not None and config.bucket is not None:
             log.warning("--scrub-interval is not supported on a bucket yet: no scrubbing")
         elif config.scrub_interval is not None:
@@ -433,8 +441,8 @@ async def _signals(scope: trio.CancelScope) -> None:
 
 
 async def _diagnose(folder: Path) -> None:
-    """Allocator statistics (and a tracemalloc snapshot) to `folder` on each SIGUSR2."""
-    folder.mkdir(parents=True, exist_ok=True)
+    """Allocator statistics (and a tracemalloc snapshot) to `folder` on each SIGUSR2 (checked
+    at start: see `serve`)."""
     with trio.open_signal_receiver(signal.SIGUSR2) as signals:
         n = 0
         async for _ in signals:
