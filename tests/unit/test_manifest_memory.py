@@ -1,7 +1,8 @@
 """A decant manifest is read in bounded memory (manifest_text, pagetable): what `json.loads` and
 the same checks made of any text, parse_manifest makes too (an equal Manifest, or the same kind
 of refusal naming the file); and any text that passes manifest_shape, at mode D's bounds or
-hostile within them, parses or is refused within MAX_PARSE_PEAK (tracemalloc)."""
+hostile within them, parses or is refused within MAX_PARSE_PEAK (the resident set of a child
+that parses it)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.toolbox import traced_peak
+from tests.toolbox import peak_in_child
 from vfs.decant import manifest_text
 from vfs.decant.geometry import ITEMSIZE
 from vfs.decant.limits import (
@@ -286,13 +287,18 @@ HOSTILE = {
 }
 
 
+SETUP = "from tests.unit.test_manifest_memory import *\n"
+
+
 @pytest.mark.parametrize("case", sorted(HOSTILE))
 def test_a_hostile_manifest_costs_at_most_the_bound(case: str) -> None:
     """Within manifest_shape's counts and MAX_MANIFEST_BYTES, each was 500-960 MiB to parse."""
     raw = HOSTILE[case]()
     assert len(raw) <= MAX_MANIFEST_BYTES and manifest_shape(raw) == ""
-    result, peak = traced_peak(lambda: outcome(parse_manifest, raw))
-    print(f"{case}: {len(raw) / MiB:.1f} MiB of text, peak {peak / MiB:.1f} MiB, {result}")
+    del raw
+    result, peak = peak_in_child(SETUP + f"raw = HOSTILE[{case!r}]()",
+                                 "repr(outcome(parse_manifest, raw))")  # fmt: skip
+    print(f"{case}: peak {peak / MiB:.1f} MiB, {result}")
     assert peak <= MAX_PARSE_PEAK, f"peak {peak / MiB:.1f} MiB"
 
 
@@ -306,18 +312,22 @@ MOST_ELSE = b'"notes": "%s", "x": "%s", ' % (b"a" * (15 * MiB), b"b" * (7 * MiB)
 def test_a_manifest_at_mode_d_bounds_parses_within_the_bound(pages: int, segments: int) -> None:
     """What the packer may write at mode D's bounds was ~480 MiB (2^18 pages of 8 segments);
     with the most a manifest may keep and parse besides, it still fits."""
-    raw = at_bounds(pages, segments, MOST_ELSE) if pages > 1 else one_page(segments)
-    m, peak = traced_peak(lambda: parse_manifest(raw, "bounds.zarr.zip"))
-    print(f"{pages} pages of {segments} segments: {len(raw) / MiB:.1f} MiB, {peak / MiB:.1f} MiB")
-    assert peak <= MAX_PARSE_PEAK, f"peak {peak / MiB:.1f} MiB"
-    assert len(m.pages) == pages and m.pages.segments() == MAX_SEGMENTS  # type: ignore[attr-defined]
-    last = m.pages[-1]
-    assert (last.index, len(last.dataoffsets), last.nbytes) == (
-        pages - 1,
-        segments,
-        last.plane_nbytes,
+    build = "at_bounds(pages, segments, MOST_ELSE)" if pages > 1 else "one_page(segments)"
+    got, peak = peak_in_child(
+        SETUP + f"pages, segments = {pages}, {segments}\nraw = {build}",
+        "summary(parse_manifest(raw, 'bounds.zarr.zip'))",
     )
-    assert len(m.notes) == (15 * MiB if pages > 1 else 0)
+    print(f"{pages} pages of {segments} segments: peak {peak / MiB:.1f} MiB")
+    assert peak <= MAX_PARSE_PEAK, f"peak {peak / MiB:.1f} MiB"
+    notes = 15 * MiB if pages > 1 else 0
+    assert got == [pages, MAX_SEGMENTS, pages - 1, segments, True, notes]
+
+
+def summary(m: Manifest) -> list[int | bool]:
+    """What the test of mode D's bounds checks of a parsed manifest (read in the child)."""
+    last = m.pages[-1]
+    return [len(m.pages), m.pages.segments(), last.index, len(last.dataoffsets),  # type: ignore[attr-defined]
+            last.nbytes == last.plane_nbytes, len(m.notes)]  # fmt: skip
 
 
 def test_an_integer_of_64_bits_or_more_in_a_page_is_refused_naming_it() -> None:
