@@ -105,3 +105,22 @@ def test_a_folder_another_user_may_write_is_refused(tmp_path: Path, how: str) ->
     assert str(err.value).startswith(f"--disk-cache {folder}: ")
     assert {"writable": "writable by others", "symlink": "a symlink",
             "not-ours": "owned by uid 65534"}[how] in str(err.value)  # fmt: skip
+
+
+def test_the_cache_keeps_to_the_real_folder_it_checked(tmp_path: Path) -> None:
+    """A --disk-cache path through a link (someone else's, say) was checked as resolved, then
+    used as given: the link repointed later, entries were read from wherever it pointed (red
+    team, stop 26). The cache uses the real path it checked, whatever the link says later."""
+    real = tmp_path / "real"
+    real.mkdir(mode=0o700)
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    cache = DiskCache(link / "cache", 1 << 20)
+    assert cache.folder == real / "cache"
+    key = cache.key("s3://b/k", "e", 0, 4)
+    cache.put(key, b"ours")
+    link.unlink()
+    link.symlink_to(tmp_path / "elsewhere")  # repointed after the check
+    assert cache.get(key, 4) == b"ours"
+    assert not (tmp_path / "elsewhere" / "cache").exists()
