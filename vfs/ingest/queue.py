@@ -364,8 +364,7 @@ class PackQueue:
                     gone.append((item, published))
                 continue
             if outcome.kind == "published" and published is not None:
-                written = item.changed_at > item.started_at
-                if written or (key[0] == 0 and self.open_counts.get(item.relpath)):
+                if _written_meanwhile(item) or (key[0] == 0 and self.open_counts.get(item.relpath)):
                     self._requeue(item, now)  # written to meanwhile: publish the newer bytes
                 else:
                     switch.append((item, published))
@@ -379,7 +378,7 @@ class PackQueue:
             elif outcome.kind == "space":
                 short.append(item)
                 self._wait_for_space(item, outcome.reason)
-            elif item.changed_at > item.started_at:
+            elif _written_meanwhile(item):
                 # Written to while it was packed: its check against the spooled bytes may have
                 # failed for that alone ("byte-exact reconstruction failed verification"). Not a
                 # failure with a 30 s back-off: the newer bytes settle and are packed.
@@ -577,6 +576,11 @@ class PackQueue:
         if self.guard is not None:
             doc["space"] = self.guard.status()
         return doc
+
+
+def _written_meanwhile(item: Item) -> bool:
+    """Whether the mount heard of a write to the file after its worker started on it."""
+    return item.changed_at > item.started_at
 
 
 def _duration(seconds: float) -> str:

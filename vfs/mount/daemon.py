@@ -87,10 +87,8 @@ def _local_tree(config: MountConfig, cache: PageCache) -> SourceTree:
         pass
     else:
         overlays.append(AcqStoreBackend(cache, decant))
-    index = None
-    if config.use_index:
-        index = open_index(config)
-        assert index is not None
+    index = open_index(config)
+    if index is not None:
         known = index
         switch = os.environ.get(NO_CHUNK_DIGESTS, "")
         if switch:
