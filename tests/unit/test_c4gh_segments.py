@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.toolbox import load_tool
-from vfs.c4gh import buffers, segments
-from vfs.c4gh.buffers import DIRECT_ALIGN, BufferPool
+from vfs.c4gh import segments
+from vfs.c4gh.buffers import BufferPool
 from vfs.c4gh.segments import (
     MAX_SPAN_PAGES,
     PAGE_SEGMENTS,
@@ -30,6 +30,7 @@ from vfs.c4gh.segments import (
 )
 from vfs.cache import PageCache
 from vfs.errors import CorruptArchiveError
+from vfs.stores.direct import DIRECT_ALIGN
 
 SEG = 65536
 
@@ -389,26 +390,6 @@ def test_direct_read_errors_other_than_einval_are_not_swallowed(big, monkeypatch
             rd.read(0, PAGE_SIZE)
         assert info.value.errno == errno.EIO
         assert rd.read(5, 10) == BIG[5:15]  # a small load reads through the page cache
-
-
-@pytest.mark.parametrize("offset", [0, 1, 4095, 4096, 65563, 100_000])
-def test_pread_direct_returns_exactly_the_bytes_asked(tmp_path: Path, offset: int) -> None:
-    data = os.urandom(300_000)
-    path = tmp_path / "f"
-    path.write_bytes(data)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        direct = buffers.open_direct(fd)
-        if direct is None:
-            pytest.skip("no O_DIRECT on this file system")
-        try:
-            for size in (1, 4096, 70_000, len(data)):  # the last runs past the end: short
-                got = buffers.pread_direct(direct, size, offset, 1 << 20)
-                assert bytes(got) == data[offset : offset + size]
-        finally:
-            os.close(direct)
-    finally:
-        os.close(fd)
 
 
 # -- whole pages decrypted into one buffer; the two ciphers -----------------------------------

@@ -27,13 +27,12 @@ from vfs.c4gh.buffers import (
     BufferPool,
     ByteBudget,
     RecycledBuffers,
-    open_direct,
-    pread_direct,
     pread_reused,
 )
 from vfs.cache import PageCache
 from vfs.errors import CorruptArchiveError
 from vfs.stores.base import ByteSource
+from vfs.stores.direct import open_direct, pread_direct
 from vfs.stores.local import open_exact
 
 SEGMENT_SIZE = 65536
