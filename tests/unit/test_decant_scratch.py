@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from vfs.decant import store as store_module
 from vfs.decant.chunks import read_chunk
 from vfs.decant.digests import archive_digests
 from vfs.decant.packer import PackResult
@@ -120,3 +121,38 @@ def test_a_local_archive_is_not_read_ahead_with_fadvise(
         monkeypatch.delattr(type(store.source), "fileno")  # as a bucket's source: no descriptor
         store.prefetch(PLANE)
         assert len(advised) == 1
+
+
+@pytest.mark.parametrize("direct_ok", [True, False], ids=["o-direct", "refused"])
+def test_large_chunks_read_past_the_page_cache_give_the_same_bytes(
+    archive: Path, monkeypatch: pytest.MonkeyPatch, direct_ok: bool
+) -> None:
+    """Entries of DIRECT_MIN bytes and more go through the source's read_past_cache (O_DIRECT);
+    where it is refused (None) they come through the page cache: the same bytes either way."""
+    monkeypatch.setattr(store_module, "DIRECT_MIN", 1)  # the corpus's chunks are small
+    keys = chunk_keys(archive)
+    asked: list[int] = []
+    with ZipArchiveStore(archive) as plain, ZipArchiveStore(archive) as store:
+        real = store.source.read_past_cache  # type: ignore[attr-defined]
+
+        def past(offset: int, size: int, keep: int) -> memoryview | None:
+            asked.append(size)
+            return real(offset, size, keep) if direct_ok else None
+
+        monkeypatch.setattr(store.source, "read_past_cache", past)
+        for _ in range(2):  # with the local header, then the data alone
+            for key in keys:
+                got = store.get_scratch(key, 1 << 30)
+                assert got is not None and bytes(got) == bytes(plain.get(key, 1 << 30) or b"")
+    assert len(asked) == 2 * len(keys)
+
+
+def test_flipped_bit_fails_crc_past_the_page_cache(
+    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store_module, "DIRECT_MIN", 1)
+    bad = flipped(archive, tmp_path / "flip.zarr.zip", PLANE)
+    with DecantArchive.open(bad) as arc:
+        spec = arc.spec("0", 1 << 30)
+        with pytest.raises(CorruptArchiveError, match=f"'{PLANE}' fails its CRC-32"):
+            read_chunk(arc.store, spec, (0, 0, 0, 0, 0))

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from vfs.errors import CorruptArchiveError
 from vfs.stores.base import ObjectInfo, check_range, join_key
+from vfs.stores.direct import open_direct, pread_direct
+
+log = logging.getLogger("decant-mount")
 
 # Set by the daemon: SRC is resolved at start and its tree follows no link, so a path it opens
 # names its file with no link on the way. Its maker may swap a folder on that way for a link
@@ -59,6 +64,9 @@ class LocalFile:
             os.close(self._fd)
             raise
         self.size = self.stat.st_size
+        self._direct: int | None = None  # the O_DIRECT descriptor, opened on first use
+        self._direct_ok = True  # until the system or file system refuses it (decided once)
+        self._direct_lock = threading.Lock()
 
     @property
     def identity(self) -> tuple[object, ...]:
@@ -82,6 +90,32 @@ class LocalFile:
         RWF_NOWAIT, fadvise): the c4gh SegmentReader. Valid until `close`."""
         return self._fd
 
+    def read_past_cache(self, offset: int, size: int, keep_up_to: int) -> memoryview | None:
+        """Up to `size` bytes at `offset` (short only at the end), read past the page cache
+        into this thread's reused buffer (vfs.stores.direct: valid until the thread's next such
+        read; kept while at most `keep_up_to` bytes). None where O_DIRECT is refused: the caller
+        reads through the page cache then, as it does for this file from then on."""
+        if not self._direct_ok:
+            return None
+        try:
+            return pread_direct(self._direct_fd(), size, offset, keep_up_to)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            log.debug("%s: no O_DIRECT reads (%s): through the page cache", self.name, exc)
+            self._direct_ok = False
+            return None
+
+    def _direct_fd(self) -> int:
+        with self._direct_lock:
+            if self._direct is None:
+                if self._fd < 0:
+                    raise OSError(errno.EBADF, "read after close", self.name)
+                self._direct = open_direct(self._fd)
+                if self._direct is None:
+                    raise OSError(errno.EINVAL, "O_DIRECT refused", self.name)
+            return self._direct
+
     def prefetch(self, offset: int, size: int) -> None:
         """Ask the kernel to start reading [offset, offset + size) (read-ahead of a chunk)."""
         if self._fd >= 0:
@@ -89,6 +123,11 @@ class LocalFile:
                 os.posix_fadvise(self._fd, offset, size, os.POSIX_FADV_WILLNEED)
 
     def close(self) -> None:
+        with self._direct_lock:
+            if self._direct is not None:
+                os.close(self._direct)
+                self._direct = None
+            self._direct_ok = False
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
