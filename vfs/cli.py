@@ -386,6 +386,10 @@ def setup_logging(args: argparse.Namespace, detached: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # No linear algebra here: without this, numpy's OpenBLAS starts a thread per further core
+    # when the first archive is opened, and it spins ~0.1 s of a core (perf: blas_thread_server,
+    # 205-215 samples at 2 kHz in a 1.5 s first read) just as the first reads need that core.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     args = build_parser().parse_args(argv)
     if args.unmount:
         return unmount(args.unmount)
