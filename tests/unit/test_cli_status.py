@@ -59,3 +59,14 @@ def test_temp_files_and_a_refusing_write_side_are_shown(tmp_path: Path) -> None:
         "rsync temp files waiting for their rename: 4",
         "refusing new data: 100 MiB free, below --min-free 256 MiB",
     ]
+
+
+def test_the_daemon_starts_no_openblas_threads(tmp_path: Path, monkeypatch) -> None:
+    """Set before numpy is imported: its OpenBLAS would start a spinning thread per core."""
+    from vfs import cli
+
+    env: dict[str, str] = {}
+    monkeypatch.setattr(cli.os, "environ", env)
+    doc = {"queued": 0, "packing": 0, "failed": [], "done": 0}
+    assert cli.main(["--status", str(status_at(tmp_path, doc))]) == 0
+    assert env == {"OPENBLAS_NUM_THREADS": "1"}
