@@ -45,6 +45,7 @@ from vfs.errors import (
     StoreAccessError,
     StoreError,
 )
+from vfs.owned import not_trusted
 from vfs.stores.base import ObjectInfo, check_range, join_key
 from vfs.stores.diskcache import DiskCache
 from vfs.stores.ranges import Ranges
@@ -149,10 +150,11 @@ def profile_settings(name: str | None = None) -> dict[str, str]:
             "endpoint_url": "endpoint"}  # fmt: skip
     out: dict[str, str] = {}
     for path, section in files:
+        text = _profile_file(Path(path))
         parser = configparser.ConfigParser(interpolation=None)
         try:
-            parser.read(path)
-        except (OSError, configparser.Error):
+            parser.read_string(text or "", str(path))
+        except configparser.Error:
             continue
         if parser.has_section(section):
             for key, value in parser.items(section):
@@ -166,6 +168,27 @@ def profile_settings(name: str | None = None) -> dict[str, str]:
         if key in out:
             _PROFILE_SECRETS.add(out[key])
     return out
+
+
+MAX_PROFILE_FILE = 1 << 20  # bytes read of a shared credentials or config file
+
+
+def _profile_file(path: Path) -> str | None:
+    """The text of an AWS shared credentials or config file (None when there is none to read),
+    refused unless it is this user's or root's and no one else may write it: an endpoint put
+    there by another user would send this daemon's signed requests, and its archives, their
+    way. Opened as the AWS CLI does (a link is followed); the file checked is the file read."""
+    try:
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+            why = not_trusted(os.fstat(f.fileno()))
+            if why is not None:
+                raise StoreAccessError(f"AWS profile file {path} is {why}: refused")
+            data = f.read(MAX_PROFILE_FILE + 1)
+    except OSError:
+        return None
+    if len(data) > MAX_PROFILE_FILE:
+        raise StoreAccessError(f"AWS profile file {path} is larger than 1 MiB: refused")
+    return data.decode("utf-8", "replace")
 
 
 def _client(bucket: str, options: S3Options) -> S3Store:
