@@ -4,6 +4,7 @@ and the same checks as `get`, and a decoded value never aliases the scratch buff
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import zipfile
 from pathlib import Path
@@ -156,3 +157,20 @@ def test_flipped_bit_fails_crc_past_the_page_cache(
         spec = arc.spec("0", 1 << 30)
         with pytest.raises(CorruptArchiveError, match=f"'{PLANE}' fails its CRC-32"):
             read_chunk(arc.store, spec, (0, 0, 0, 0, 0))
+
+
+@pytest.mark.parametrize("direct_min", [1, 1 << 40], ids=["o-direct", "page-cache"])
+def test_an_archive_cut_short_while_open_is_an_error_naming_the_entry(
+    archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct_min: int
+) -> None:
+    """Truncated in place after opening (its size was taken at open): a short read, never the
+    bytes of a shorter buffer or stale bytes of an earlier read."""
+    monkeypatch.setattr(store_module, "DIRECT_MIN", direct_min)
+    cut = tmp_path / "cut.zarr.zip"
+    cut.write_bytes(archive.read_bytes())
+    keys = chunk_keys(cut)
+    with ZipArchiveStore(cut) as store:
+        assert store.get_scratch(keys[0], 1 << 30) is not None  # a first read fills the buffer
+        os.truncate(cut, 40)
+        with pytest.raises(CorruptArchiveError, match=f"{keys[-1]}.*(truncated|no local header)"):
+            store.get_scratch(keys[-1], 1 << 30)
