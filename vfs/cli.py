@@ -171,6 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="delete an rsync temp file (.NAME.XXXXXX) left unchanged this long; such files "
         "are never published (default 24h; 30m, 90s, never)",
     )
+    w.add_argument(
+        "--retry-after",
+        type=parse_duration,
+        default=30.0,
+        metavar="TIME",
+        help="retry a failed publish (store down, folder taken) this long after it failed, "
+        "doubling each time up to an hour (default 30s)",
+    )
     _add_bucket_options(p)
     _add_backend_options(p)
     return p
@@ -342,6 +350,7 @@ def config_from_args(
         scrub_interval=args.scrub_interval,
         min_free=args.min_free,
         stale_temp=args.stale_temp,
+        retry_after=args.retry_after,
         backend_args=args,
     )
 
@@ -397,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         return print_status(args.status)
     if args.source is None or args.mountpoint is None:
         build_parser().error("SRC and MNT are required")
+    if args.retry_after < 1:  # 0 would retry a failing publish in a tight loop
+        build_parser().error("--retry-after: at least 1s")
     if args.source.startswith("s3://"):
         return _main_bucket(args)
     src, mnt = Path(args.source).resolve(), args.mountpoint.absolute()

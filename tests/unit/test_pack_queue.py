@@ -9,6 +9,7 @@ import errno
 import logging
 import os
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -327,6 +328,22 @@ def test_a_failure_is_reported_kept_spooled_and_retried_with_back_off(
     spool.fail.clear()
     pack(queue, "x.csv")
     assert counts(queue) == (0, 0, 0, 1) and (src / "x.csv").is_file()
+
+
+def test_the_first_retry_waits_retry_after_then_doubles(spool: HookedSpool) -> None:
+    """--retry-after: how long a failed publish waits before its first retry."""
+    queue = PackQueue([spool], SETTLE, PackOptions(), retry_after=4.0)
+    queue.disk_settle = 0.0
+    drop(spool, "x.csv")
+    spool.fail.add("x.csv")
+    queue.touch("x.csv")
+    waits = []
+    for _ in range(3):
+        retry_now(queue, item_of(queue, "x.csv"))
+        pack(queue, "x.csv")
+        item = item_of(queue, "x.csv")
+        waits.append(item.retry_at - time.monotonic())
+    assert [round(w) for w in waits] == [4, 8, 16]
 
 
 def test_a_failed_file_held_open_at_its_retry_is_retried_once_closed(

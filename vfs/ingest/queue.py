@@ -54,6 +54,7 @@ BATCH_SECONDS = 0.5  # a worker hands back what it has not started after this lo
 # batches, 5,217 hand-offs on the trio thread, which rsync waits for).
 GATHER = 0.2
 RETRY_AFTER = 30.0  # a failed publish is tried again this much later, doubling up to an hour
+# (--retry-after)
 RETRY_MAX = 3600.0
 SPACE_BACKOFF = (1.0, 60.0)  # waiting for space: first and longest pause between looks
 WALK_EVERY = 5.0  # the spools are walked at most this often (more seldom when walks are slow)
@@ -110,6 +111,7 @@ class PackQueue:
         pack_all: bool = False,
         workers: int = 1,
         stale_temp: float = STALE_TEMP,
+        retry_after: float = RETRY_AFTER,
     ) -> None:
         self.spools = spools
         self.settle = settle
@@ -117,6 +119,7 @@ class PackQueue:
         self.pack_all = pack_all
         self.workers = max(1, workers)
         self.stale_temp = stale_temp
+        self.retry_after = retry_after
         # A file found by a walk (not written through the mount, whose changes the queue
         # hears of) must also have been left alone this long on disk (its ctime).
         self.disk_settle = settle
@@ -413,13 +416,15 @@ class PackQueue:
             self._gone[key] = time.monotonic()
 
     def _fail(self, item: Item, reason: str) -> None:
-        """Tried again later (30 s, doubling up to an hour); logged when the reason changes."""
+        """Tried again later (`retry_after`, doubling up to an hour); logged when the reason
+        changes."""
         if not item.failures or reason != item.reason:
             log.error("%s: not published, stays spooled: %s", item.relpath, reason)
         item.failures += 1
         self.changes += 1
         item.state, item.reason = "failed", reason
-        item.retry_at = time.monotonic() + min(RETRY_MAX, RETRY_AFTER * 2 ** (item.failures - 1))
+        wait = min(RETRY_MAX, self.retry_after * 2 ** (item.failures - 1))
+        item.retry_at = time.monotonic() + wait
         self._schedule(item, item.retry_at)
 
     def _wait_for_space(self, item: Item, reason: str) -> None:

@@ -66,6 +66,7 @@ class MountConfig:
     metrics_file: Path | None = None  # Prometheus text, rewritten every few seconds
     min_free: int | None = None  # bytes kept free on the spool's fs; None: min(256M, 5 %)
     stale_temp: float = 24 * 3600.0  # an rsync temp file left this long (s) is deleted
+    retry_after: float = 30.0  # a failed publish's first retry (s), doubling up to an hour
     described_entries: int = DESCRIBED_ENTRIES  # archive tree entries kept, all archives
     backend_args: argparse.Namespace = field(default_factory=argparse.Namespace)
     bucket: BucketConfig | None = None  # SRC is s3://BUCKET/PREFIX (then `src` is its ObjectPath)

@@ -219,7 +219,7 @@ def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:
     spool = Spool(src, config.spool_root / "files")
     spools = [spool] + [Spool(src, inbox) for inbox in config.inbox]
     queue = PackQueue(spools, config.settle, None, config.pack_all, config.pack_workers,
-                      config.stale_temp)  # fmt: skip
+                      config.stale_temp, config.retry_after)  # fmt: skip
     queue.guard = SpaceGuard(spool.files, config.min_free)
     # Every publish changes SRC: watchfiles' own "N changes detected" INFO line per batch made
     # ~10,000 log lines of a 3,000-file rsync. Its warnings still show.
@@ -247,7 +247,7 @@ def build_bucket_write_side(config: MountConfig, tree: SourceTree) -> PackQueue:
     spool.placer = BucketPlacer(tree.folder, tree.note_published)  # type: ignore[arg-type]
     tree.keep_published(root / "published.jsonl")
     queue = PackQueue([spool], config.settle, None, config.pack_all, config.pack_workers,
-                      config.stale_temp)  # fmt: skip
+                      config.stale_temp, config.retry_after)  # fmt: skip
     queue.guard = SpaceGuard(spool.files, config.min_free)
     log.info("write side: files written are spooled in %s and uploaded to %s; new data is "
              "refused below %d MiB free there (--min-free)", spool.files, tree.folder.name,
