@@ -8,7 +8,7 @@ import re
 import threading
 from array import array
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from vfs.decant import SUPPORTED_FORMATS
@@ -51,7 +51,8 @@ class PageRecord:
         return math.prod(self.shape) * ITEMSIZE.get(self.dtype, 1)
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
+        # Not asdict: its deep copy of every field was most of writing an 8,192-page manifest.
+        out = _shallow(self)
         for key in ("shape", "dataoffsets", "databytecounts"):
             out[key] = list(out[key])
         return out
@@ -69,7 +70,7 @@ class MemberRecord:
     subarchive: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = _shallow(self)
         out["pages"] = [p.to_json() for p in self.pages]
         return out
 
@@ -96,7 +97,7 @@ class Manifest:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        out = asdict(self)
+        out = _shallow(self)  # asdict would convert every page twice: here and below
         out.pop("extra")
         out["pages"] = [p.to_json() for p in self.pages]
         out["members"] = [m.to_json() for m in self.members]
@@ -106,6 +107,11 @@ class Manifest:
 
     def dumps(self) -> bytes:
         return json.dumps(self.to_json(), indent=1, sort_keys=True).encode()
+
+
+def _shallow(record: Any) -> dict[str, Any]:
+    """A dataclass's fields as a dict, values as they are (the callers convert the nested)."""
+    return {f.name: getattr(record, f.name) for f in fields(record)}
 
 
 # Manifests parsed at once: any number up to this size (a 100,000-page one is ~50 MiB of text),
