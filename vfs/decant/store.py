@@ -402,9 +402,9 @@ class ZipArchiveStore(Store):
         fill and a copy. How much depends on the host. In one state of this VM a cold read of
         the bench's 537 MB stack spent 0.2-0.5 s of the decoding thread's CPU in the kernel's
         copy (perf: _copy_to_iter), and O_DIRECT cut the daemon's CPU for the read from
-        1.41-1.86 s to 1.03-1.53 s (12 A/B pairs, fresh daemon, archive evicted); later, with
-        that copy cheap, the two were level within noise (12 pairs). Small chunks keep the
-        page cache, and with it the kernel's read-ahead."""
+        1.41-1.86 s to 1.03-1.53 s (6 A/B pairs, fresh daemon, archive evicted); later, with
+        that copy cheap, the two were level within noise (16 pairs; and on a disk throttled to
+        300 MB/s). Small chunks keep the page cache, and with it the kernel's read-ahead."""
         if size >= DIRECT_MIN:
             past = getattr(self._source, "read_past_cache", None)
             got = past(start, size, SCRATCH_KEEP) if past else None
