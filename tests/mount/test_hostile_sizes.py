@@ -5,6 +5,7 @@ The daemon's peak RSS (VmHWM) stays near its cache budget and it keeps serving."
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import sqlite3
 import time
@@ -166,4 +167,38 @@ def test_handles_of_a_stack_of_many_pages_share_its_plan(
     assert grown < handles * one // 4, (
         f"peak RSS grew {grown >> 20} MiB for {handles} handles; one open keeps {one >> 20} MiB"
     )
+    assert (mount.mnt / "notes.txt").read_bytes() == b"still served\n"
+
+
+def test_an_archive_its_owner_cuts_short_under_an_open_handle_gives_eio(
+    mount: Mount, unprivileged: User, tmp_path: Path
+) -> None:
+    """Chunks of MiBs (read past the page cache, O_DIRECT): the owner truncates the archive in
+    SRC while the original is open through the mount. A read of the last plane (past the cut,
+    and past the three planes read ahead) is EIO, never a short or stale buffer's bytes; the
+    log names the archive and the entry; the mount stays up."""
+    rng = np.random.default_rng(3)
+    yy, xx = np.mgrid[0:2048, 0:2048]
+    planes = np.stack([(yy + xx + k) % 4096 + rng.integers(0, 16, (2048, 2048)) for k in range(8)])
+    tif = tmp_path / "cut.tif"
+    tifffile.imwrite(tif, planes.astype(np.uint16), photometric="minisblack")
+    original = tif.read_bytes()
+    archive = mount.src / "userdir" / "cut.tif.zarr.zip"
+    pack_file(tif, archive)
+    os.chown(archive, unprivileged.uid, unprivileged.gid)
+    with DecantArchive.open(archive) as arc:
+        assert min(arc.store.entry_size(f"0/{k}.0.0") or 0 for k in range(8)) >= 1 << 20
+    shown = mount.mnt / "userdir" / "cut.tif"
+    fd = os.open(shown, os.O_RDONLY)
+    try:
+        assert os.pread(fd, 1 << 20, 0) == original[: 1 << 20]
+        cut = unprivileged.run("truncate", "-s", str(archive.stat().st_size // 3), str(archive))
+        assert cut.returncode == 0, cut.stderr
+        with pytest.raises(OSError) as info:
+            os.pread(fd, 1 << 20, len(original) - (1 << 20))
+        assert info.value.errno == errno.EIO
+    finally:
+        os.close(fd)
+    log = mount.log.read_text()
+    assert f"{archive}: zip entry" in log and "truncated" in log, log[-2000:]
     assert (mount.mnt / "notes.txt").read_bytes() == b"still served\n"
