@@ -399,12 +399,12 @@ class ZipArchiveStore(Store):
 
         A chunk this large is read past the page cache (O_DIRECT) where the file system lets
         it, as c4gh loads are: the plane cache serves repeats, so the page cache only costs a
-        fill and a copy. How much depends on the host. In one state of this VM a cold read of
-        the bench's 537 MB stack spent 0.2-0.5 s of the decoding thread's CPU in the kernel's
-        copy (perf: _copy_to_iter), and O_DIRECT cut the daemon's CPU for the read from
-        1.41-1.86 s to 1.03-1.53 s (6 A/B pairs, fresh daemon, archive evicted); later, with
-        that copy cheap, the two were level within noise (16 pairs; and on a disk throttled to
-        300 MB/s). Small chunks keep the page cache, and with it the kernel's read-ahead."""
+        fill and a copy: perf of a cold read of the bench's 537 MB stack found 0.2-0.5 s of
+        the decoding thread's CPU in the kernel's copy (_copy_to_iter). A/B of the code before
+        and after, 6 rounds, fresh daemon, archive evicted: a first read 441-549 -> 583-667
+        MB/s, daemon CPU 1.71-2.09 -> 1.39-1.49 s; a verified read 0.99-1.33 -> 0.95-1.05 s
+        of CPU. Level on a disk throttled to 300 MB/s, where the disk is the limit. Small
+        chunks keep the page cache, and with it the kernel's read-ahead."""
         if size >= DIRECT_MIN:
             past = getattr(self._source, "read_past_cache", None)
             got = past(start, size, SCRATCH_KEEP) if past else None
