@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 from vfs.errors import DecantError
@@ -101,3 +102,40 @@ def not_trusted(st: os.stat_result) -> str | None:
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
+
+
+class Untrusted(ValueError):
+    """A settings or secrets file `read_trusted` refused; the message says why."""
+
+
+class TooLarge(Untrusted):
+    """Refused for its size alone (who may write it was fine)."""
+
+
+def read_trusted(
+    path: Path, limit: int, check: Callable[[os.stat_result], None] | None = None
+) -> bytes:
+    """The bytes of a file the daemon takes settings or secrets from, read from the descriptor
+    that was checked (`check`, which raises its own refusal, then `not_trusted`): the file
+    checked is the file read. Opened non-blocking, so a FIFO put at the path cannot hang the
+    daemon's start; links are followed, as the tools that write these files do. At most `limit`
+    bytes: a longer file is refused, never cut (a writers list cut short drops writers without
+    a word). Raises Untrusted (TooLarge for the size), naming why, or OSError."""
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+        st = os.fstat(f.fileno())
+        if check is not None:
+            check(st)
+        why = not_trusted(st)
+        if why is not None:
+            raise Untrusted(why)
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(f"larger than {_size(limit)}")
+    return data
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} bytes"

@@ -519,6 +519,20 @@ def test_key_readable_by_others_is_refused(tmp_path: Path, foreground: bool) -> 
     assert "0644" in err and "too open" in err and f"chmod 600 '{key}'" in err
 
 
+@pytest.mark.parametrize("option", ["--c4gh-key", "--c4gh-allowed-writers"])
+def test_a_fifo_given_as_key_or_writers_file_is_refused_at_start(tmp_path: Path, option: str) -> None:
+    """Opening a FIFO waits for a writer: the daemon's start must not (the 60 s timeout of
+    `refused` fails the test where it would)."""
+    key = corpus.make_keypair(tmp_path / "keys", "node").secret_path
+    fifo = tmp_path / "keys" / "fifo"
+    os.mkfifo(fifo, 0o600)
+    args = ["-f", "--c4gh-key", str(fifo if option == "--c4gh-key" else key)]
+    if option != "--c4gh-key":
+        args += [option, str(fifo), "--c4gh-writer-policy", "enforce"]
+    err = refused(tmp_path, args, dict(os.environ))
+    assert f"'{fifo}' is not a regular file" in err and err.count("\n") <= 2, err
+
+
 @pytest.mark.parametrize("given", [None, "not the passphrase"], ids=["missing", "wrong"])
 def test_protected_key_without_its_passphrase_is_refused(tmp_path: Path, given: str | None) -> None:
     key = corpus.make_keypair(tmp_path / "keys", "locked", passphrase=PASSPHRASE).secret_path

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,66 @@ def test_status_of_a_folder_holding_a_fifo_does_not_hang(tmp_path: Path) -> None
                          capture_output=True, text=True, timeout=30)  # fmt: skip
     assert run.returncode == 1
     assert "no status to show (not a decant-mount status file)" in run.stderr
+
+
+def _without_hanging(call: Callable[[], object], fifo: Path) -> BaseException | None:
+    """Run `call` in a thread; if it still waits after 10 s (opening `fifo` blocks until a
+    writer comes), be that writer and fail: the exception `call` raised otherwise."""
+    box: list[BaseException | None] = [None]
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # handed to the test
+            box[0] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # lets the blocked open return
+        thread.join(10)
+        pytest.fail(f"reading {fifo.name} waited for a writer to open the FIFO")
+    return box[0]
+
+
+@pytest.mark.parametrize("which", ["key", "passphrase", "writers", "aws"])
+def test_a_fifo_where_a_trusted_file_should_be_refuses_without_hanging(
+    tmp_path: Path, which: str
+) -> None:
+    """A key, passphrase, allowed-writers or AWS profile file swapped for a FIFO: opening it
+    for reading would wait for a writer, and the daemon's start with it."""
+    from vfs.backends.c4gh import load_allowed_writers
+    from vfs.c4gh.keys import passphrase_source, read_secret_file
+    from vfs.stores.s3 import profile_settings
+
+    fifo = tmp_path / which
+    os.mkfifo(fifo, 0o600)
+    calls: dict[str, Callable[[], object]] = {
+        "key": lambda: read_secret_file(fifo),
+        "passphrase": lambda: passphrase_source(fifo, env={}, prompt=False)(tmp_path / "k"),
+        "writers": lambda: load_allowed_writers(fifo),
+        "aws": lambda: profile_settings("lab"),
+    }
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AWS_SHARED_CREDENTIALS_FILE", str(fifo))
+        mp.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+        raised = _without_hanging(calls[which], fifo)
+    assert isinstance(raised, DecantError), raised
+    assert "not a regular file" in str(raised) and str(fifo) in str(raised)
+
+
+@pytest.mark.parametrize("which", ["key", "writers"])
+def test_a_trusted_file_too_long_is_refused_not_cut(tmp_path: Path, which: str) -> None:
+    """Read to a bound, and refused past it: a writers list cut at the bound would drop the
+    writers after it without a word."""
+    from vfs.backends.c4gh import MAX_WRITERS_FILE, load_allowed_writers
+    from vfs.c4gh.keys import MAX_SECRET_FILE, read_secret_file
+
+    path = tmp_path / which
+    line = "sha256:" + "a" * 64 + "\n"
+    limit, shown = (MAX_SECRET_FILE, "64 KiB") if which == "key" else (MAX_WRITERS_FILE, "16 MiB")
+    path.write_text(line * (limit // len(line) + 1))
+    path.chmod(0o600)
+    with pytest.raises(DecantError, match=f"'{path}' is larger than {shown}: refused"):
+        (read_secret_file if which == "key" else load_allowed_writers)(path)

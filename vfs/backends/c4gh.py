@@ -37,7 +37,7 @@ from vfs.c4gh.tarindex import Member, TarIndex, build_index
 from vfs.cache import PageCache
 from vfs.decant.limits import parse_json
 from vfs.errors import CorruptArchiveError, DecantError, DecryptError, NotAnArchiveError
-from vfs.owned import not_trusted
+from vfs.owned import TooLarge, Untrusted, read_trusted
 from vfs.stores.base import ByteSource, Folder
 from vfs.stores.local import LocalFile, LocalFolder
 
@@ -468,12 +468,12 @@ def _log_index(name: str, index: TarIndex) -> None:
 def load_allowed_writers(path: Path) -> set[str]:
     """A file of `sha256:<hex>` writer fingerprints, one a line; `#` starts a comment."""
     try:
-        with open(path, "rb") as f:
-            why = not_trusted(os.fstat(f.fileno()))
-            if why is not None:
-                raise DecantError(f"allowed writers file '{path}' is {why}: anyone who may "
-                                  "write it could add a writer of their own; refused")  # fmt: skip
-            text = f.read(MAX_WRITERS_FILE).decode("utf-8", errors="replace")
+        text = read_trusted(path, MAX_WRITERS_FILE).decode("utf-8", errors="replace")
+    except TooLarge as why:
+        raise DecantError(f"allowed writers file '{path}' is {why}: refused") from None
+    except Untrusted as why:
+        raise DecantError(f"allowed writers file '{path}' is {why}: anyone who may write it "
+                          "could add a writer of their own; refused") from None  # fmt: skip
     except OSError as exc:
         raise DecantError(f"cannot read allowed writers file '{path}': {exc.strerror}") from None
     writers = set()

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from vfs.errors import DecryptError, UnsupportedFormatError
-from vfs.owned import not_trusted
+from vfs.owned import Untrusted, read_trusted
 
 PASSPHRASE_ENV = "C4GH_PASSPHRASE"
 C4GH_MAGIC = b"c4gh-v1"
@@ -31,6 +31,9 @@ SSH_MAGIC = b"openssh-key-v1\x00"
 
 # Called with the key path when a key turns out to be passphrase-protected.
 PassphraseSource = Callable[[Path], str]
+
+
+MAX_SECRET_FILE = 1 << 16  # a key file is ~200 bytes, a passphrase a line
 
 
 def check_permissions(path: Path, mode: int) -> None:
@@ -45,13 +48,9 @@ def check_permissions(path: Path, mode: int) -> None:
 def read_secret_file(path: Path) -> bytes:
     """Contents of a key or passphrase file, after checking its permissions on the open file."""
     try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            check_permissions(path, st.st_mode)
-            why = not_trusted(st)
-            if why is not None:
-                raise DecryptError(f"secret file '{path}' is {why}: refused")
-            return f.read(1 << 16)
+        return read_trusted(path, MAX_SECRET_FILE, lambda st: check_permissions(path, st.st_mode))
+    except Untrusted as why:
+        raise DecryptError(f"secret file '{path}' is {why}: refused") from None
     except OSError as exc:
         raise DecryptError(f"cannot read secret file '{path}': {exc.strerror}") from None
 

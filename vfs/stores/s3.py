@@ -45,7 +45,7 @@ from vfs.errors import (
     StoreAccessError,
     StoreError,
 )
-from vfs.owned import not_trusted
+from vfs.owned import Untrusted, read_trusted
 from vfs.stores.base import ObjectInfo, check_range, join_key
 from vfs.stores.diskcache import DiskCache
 from vfs.stores.ranges import Ranges
@@ -179,16 +179,11 @@ def _profile_file(path: Path) -> str | None:
     there by another user would send this daemon's signed requests, and its archives, their
     way. Opened as the AWS CLI does (a link is followed); the file checked is the file read."""
     try:
-        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
-            why = not_trusted(os.fstat(f.fileno()))
-            if why is not None:
-                raise StoreAccessError(f"AWS profile file {path} is {why}: refused")
-            data = f.read(MAX_PROFILE_FILE + 1)
+        return read_trusted(path, MAX_PROFILE_FILE).decode("utf-8", "replace")
+    except Untrusted as why:
+        raise StoreAccessError(f"AWS profile file {path} is {why}: refused") from None
     except OSError:
         return None
-    if len(data) > MAX_PROFILE_FILE:
-        raise StoreAccessError(f"AWS profile file {path} is larger than 1 MiB: refused")
-    return data.decode("utf-8", "replace")
 
 
 def _client(bucket: str, options: S3Options) -> S3Store:
