@@ -520,7 +520,9 @@ def test_key_readable_by_others_is_refused(tmp_path: Path, foreground: bool) -> 
 
 
 @pytest.mark.parametrize("option", ["--c4gh-key", "--c4gh-allowed-writers"])
-def test_a_fifo_given_as_key_or_writers_file_is_refused_at_start(tmp_path: Path, option: str) -> None:
+def test_a_fifo_given_as_key_or_writers_file_is_refused_at_start(
+    tmp_path: Path, option: str
+) -> None:
     """Opening a FIFO waits for a writer: the daemon's start must not (the 60 s timeout of
     `refused` fails the test where it would)."""
     key = corpus.make_keypair(tmp_path / "keys", "node").secret_path
