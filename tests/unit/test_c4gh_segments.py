@@ -30,6 +30,7 @@ from vfs.c4gh.segments import (
 )
 from vfs.cache import PageCache
 from vfs.errors import CorruptArchiveError
+from vfs.stores import local
 from vfs.stores.direct import DIRECT_ALIGN
 
 SEG = 65536
@@ -353,8 +354,9 @@ def test_segment_buffers_are_recycled_only_once_nothing_holds_them(big) -> None:
 def test_large_loads_read_the_opened_file_even_after_its_path_is_replaced(
     big, tmp_path: Path
 ) -> None:
-    """The O_DIRECT descriptor is reopened from the reader's own descriptor, never the path:
-    a package renamed over it after opening is not what a later large load decrypts."""
+    """The O_DIRECT descriptor is reopened from the reader's own descriptor (its LocalFile's),
+    never the path: a package renamed over it after opening is not what a later large load
+    decrypts."""
     path = tmp_path / "swapped.tar.c4gh"
     path.write_bytes(big.data)
     other = tmp_path / "other.tar.c4gh"
@@ -363,13 +365,15 @@ def test_large_loads_read_the_opened_file_even_after_its_path_is_replaced(
         assert rd.read(0, 10) == BIG[:10]  # opens the descriptor
         os.replace(other, path)
         assert rd.read(PAGE_SIZE, PAGE_SIZE) == BIG[PAGE_SIZE : 2 * PAGE_SIZE]  # segment 20 too
-        if rd._direct is not None:  # the file system took O_DIRECT
-            assert os.fstat(rd._direct).st_ino == os.fstat(rd._fd).st_ino
-    assert rd._direct is None and rd._fd is None  # both closed
+        file = rd._file
+        assert file is not None
+        if file._direct is not None:  # the file system took O_DIRECT
+            assert os.fstat(file._direct).st_ino == os.fstat(file.fileno()).st_ino
+    assert file._direct is None and file.fileno() == -1 and rd._file is None  # both closed
 
 
 def test_o_direct_refused_falls_back_to_the_page_cache(big, monkeypatch) -> None:
-    monkeypatch.setattr(segments, "open_direct", lambda fd: None)
+    monkeypatch.setattr(local, "open_direct", lambda fd: None)
     with big_reader(big) as rd:
         assert rd.read(SEG + 3, PAGE_SIZE) == BIG[SEG + 3 : SEG + 3 + PAGE_SIZE]
         assert not rd._direct_ok  # decided once: later loads go straight to the page cache
@@ -382,7 +386,7 @@ def test_direct_read_errors_other_than_einval_are_not_swallowed(big, monkeypatch
     def failing(*args: object) -> memoryview:
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(segments, "pread_direct", failing)
+    monkeypatch.setattr(local, "pread_direct", failing)
     with big_reader(big) as rd:
         if not rd._direct_ok:
             pytest.skip("no O_DIRECT on this platform")

@@ -91,7 +91,7 @@ def test_local_file_keeps_the_descriptor_fast_paths(env) -> None:
     src = LocalFile(env.path)
     _, rd = open_package(src, [env.node.secret], PageCache(64 * SEG))
     with rd:
-        assert rd._local and rd._fd == src.fileno()
+        assert rd._local and rd._file is src and rd._descriptor() == src.fileno()
         assert rd._nowait == bool(NOWAIT)
         assert rd.segments >= 3
         rd.prefetch(0, 1)

@@ -14,7 +14,6 @@ a bucket: one ranged GET per span), so the same maths serves packages wherever t
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import hashlib
 import logging
@@ -32,8 +31,7 @@ from vfs.c4gh.buffers import (
 from vfs.cache import PageCache
 from vfs.errors import CorruptArchiveError
 from vfs.stores.base import ByteSource
-from vfs.stores.direct import open_direct, pread_direct
-from vfs.stores.local import open_exact
+from vfs.stores.local import LocalFile
 
 SEGMENT_SIZE = 65536
 NONCE_SIZE = 12
@@ -250,7 +248,7 @@ class SegmentReader:
         stats: SegmentStats | None = None,
         buffers: SegmentBuffers | None = None,
     ) -> None:
-        self._fd: int | None = None
+        self._file: LocalFile | None = None  # a local package (opened on first use from a path)
         self._source: ByteSource | None = None
         if isinstance(source, (str, Path)):
             self.path: Path | None = Path(source)
@@ -263,9 +261,8 @@ class SegmentReader:
             self.label = source.name
             self.name = source.name.rpartition("/")[2]
             size = source.size if file_size is None else file_size
-            fileno = getattr(source, "fileno", None)  # a LocalFile: the descriptor fast paths
-            if callable(fileno):
-                self._fd = fileno()
+            if isinstance(source, LocalFile):  # the descriptor fast paths
+                self._file = source
         self.header_len = header_len
         self.file_size = size
         self.size = plaintext_capacity(header_len, self.file_size)
@@ -281,10 +278,9 @@ class SegmentReader:
         self._lock = threading.Lock()
         self._advised = (0, 0)  # segments whose cipher text the kernel was asked to read ahead
         self._failed: set[int] = set()  # segments that failed: read-ahead does not retry them
-        self._local = self.path is not None or self._fd is not None
+        self._local = self.path is not None or self._file is not None
         self._nowait = bool(NOWAIT) and self._local
-        self._direct: int | None = None  # the O_DIRECT descriptor, opened on first use
-        self._direct_ok = self._local and hasattr(os, "O_DIRECT")
+        self._direct_ok = self._local and hasattr(os, "O_DIRECT")  # until the file system refuses
 
     def cache_key(self, page_no: int) -> Hashable:
         """The cache key of page `page_no` (segments page_no * PAGE_SEGMENTS onwards)."""
@@ -420,15 +416,12 @@ class SegmentReader:
 
     def close(self) -> None:
         with self._lock:
-            if self._direct is not None:
-                os.close(self._direct)
-                self._direct = None
             self._direct_ok = False
             if self._source is not None:
-                self._source.close()  # a LocalFile closes its own descriptor
-            elif self._fd is not None:
-                os.close(self._fd)
-            self._fd = None
+                self._source.close()
+            elif self._file is not None:
+                self._file.close()
+            self._file = None
 
     def __enter__(self) -> SegmentReader:
         return self
@@ -610,23 +603,12 @@ class SegmentReader:
         page cache first: on a miss it starts the kernel's read-ahead before saying EAGAIN, so
         every byte was read twice. Where O_DIRECT is refused, loads use the page cache.
         """
-        fd = self._descriptor()
-        try:
-            return pread_direct(self._direct_descriptor(fd), want, start, MAX_SPAN)
-        except OSError as exc:
-            if exc.errno != errno.EINVAL:
-                raise
-            log.debug("%s: no O_DIRECT reads (%s); loads use the page cache", self.name, exc)
+        local = self._local_file()
+        got = local.read_past_cache(start, want, MAX_SPAN)
+        if got is None:  # refused (LocalFile logs it once): the page cache from now on
             self._direct_ok = False
-            return pread_reused(fd, want, start, MAX_SPAN)
-
-    def _direct_descriptor(self, fd: int) -> int:
-        with self._lock:
-            if self._direct is None:
-                self._direct = open_direct(fd)
-                if self._direct is None:
-                    raise OSError(errno.EINVAL, "O_DIRECT refused")
-            return self._direct
+            return pread_reused(local.fileno(), want, start, MAX_SPAN)
+        return got
 
     def _whole_page(
         self, page: _Page, page_no: int, lo: int, hi: int, into: bool
@@ -716,13 +698,16 @@ class SegmentReader:
             pos += len(view)
         return out
 
-    def _descriptor(self) -> int:
+    def _local_file(self) -> LocalFile:
         with self._lock:
-            if self._fd is None:
+            if self._file is None:
                 if self.path is None:
                     raise ValueError(f"{self.name}: reader is closed")
-                self._fd = open_exact(self.path, os.O_RDONLY)
-            return self._fd
+                self._file = LocalFile(self.path)
+            return self._file
+
+    def _descriptor(self) -> int:
+        return self._local_file().fileno()
 
     def _fetch(self, start: int, want: int) -> memoryview:
         """Up to `want` cipher bytes at `start` from a byte source, short (as a pread is) where
