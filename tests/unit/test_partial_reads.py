@@ -136,6 +136,52 @@ def test_sequential_reads_switch_to_whole_planes(
         assert any(k[1] == "p" for k in cache._data)
 
 
+@pytest.mark.parametrize("digests", ["none", "chunks only", "blocks"])
+@pytest.mark.parametrize("size", [32 << 10, 4 << 20])
+def test_planes_larger_than_a_quarter_of_the_cache_are_read_block_by_block(
+    tiny_block_archives: dict[tuple[str, str], Path],
+    corpus: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    digests: str,
+    size: int,
+) -> None:
+    """A forward reader of planes the cache cannot keep gets the blocks it needs, not a whole
+    plane per request: each such plane was decoded again for every read (`sha256sum`'s
+    32 KiB reads of 8 MiB planes under `--cache-size 8M`: 106 s for 256 MiB)."""
+    name = "zstack_u16.tif"
+    path = tiny_block_archives[(name, "zstd:byteshuffle")]
+    original = corpus[name].read_bytes()
+    decoded: list[int] = []
+    whole = reader_module.PixelReader._decode_page
+
+    def counted(self: Any, index: int) -> memoryview:
+        decoded.append(index)
+        return whole(self, index)
+
+    monkeypatch.setattr(reader_module.PixelReader, "_decode_page", counted)
+    recorded = None if digests == "none" else archive_digests(path)
+    if digests == "chunks only":
+        recorded = chunk_digests(recorded)
+    with DecantArchive.open(path, recorded) as archive:
+        (info,) = archive.originals()
+        plane = archive.open_original(info.relpath, PageCache(0)).pages[0].nbytes
+        cache = PageCache(3 * plane)  # a plane is more than a quarter of it
+        reader = archive.open_original(info.relpath, cache)
+        got, pos = bytearray(), 0
+        while pos < reader.size:
+            assert not reader.readahead_needed(pos)  # nothing read ahead: it would not stay
+            data = reader.read(pos, size)
+            got += data
+            pos += len(data)
+        assert got == original
+        assert decoded == [], "whole planes were decoded"
+        roomy = archive.open_original(info.relpath, PageCache(64 << 20))
+        pos = 0
+        while pos < roomy.size:  # the same reads, planes fitting: whole planes, as before
+            pos += len(roomy.read(pos, size))
+        assert decoded
+
+
 def _flipped(good: Path, dest: Path, at: int) -> Path:
     """`good` with one byte of chunk 0/0.0.0's stored bytes flipped (the zip's CRC made anew)."""
     from tests.toolbox import load_tool

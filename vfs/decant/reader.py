@@ -452,6 +452,7 @@ class PixelReader(OriginalReader):
         self._prefetched = -1  # the page whose chunk read-ahead last asked the kernel for
         # Pages ranked (in file order) below `behind` were dropped behind a forward reader.
         self._dropping = DropBehind(cache, DROP_BEHIND, 64) if self._drops_behind(cache) else None
+        self._large_planes = self._pixels.chunk_nbytes > cache.max_bytes // 4
         self._queued: dict[int, Future[Any]] = {}  # read-ahead decodes not finished yet
         self._queue_lock = threading.Lock()
         self._closed = False
@@ -472,6 +473,15 @@ class PixelReader(OriginalReader):
 
     def _chunk_index(self, page: PageRecord) -> tuple[int, ...]:
         return self.plan.chunk_index(page)
+
+    def _block_wise(self) -> bool:
+        """Whether every read decodes just the blosc blocks it needs, whatever its size: planes
+        larger than a quarter of the cache. Decoded whole, such a plane pushes out the file's
+        read-ahead and every other file's planes, and is gone again before the next request:
+        `sha256sum` (32 KiB reads) of a 256 MiB stack of 8 MiB planes under `--cache-size 8M`
+        decoded a whole plane for every read, 106 s. Blocks (256 KiB at the default codec) are
+        cached one by one. Not where the caller asked for whole planes (partial_limit 0)."""
+        return self._large_planes and self.partial_limit > 0
 
     def _region_bytes(
         self, region: Region, inner: int, n: int, cached_only: bool = False, small: bool = False
@@ -499,9 +509,10 @@ class PixelReader(OriginalReader):
         else:
             r0, r1 = geom.rows_for(start, start + n)
             lo, hi = r0 * geom.plane_rowbytes, r1 * geom.plane_rowbytes
-        if not small and not cached_only:
+        wise = self._block_wise()
+        if not small and not cached_only and not wise:
             return None
-        if hi - lo > self.partial_limit * 4 or 4 * (hi - lo) > geom.nbytes:
+        if not wise and (hi - lo > self.partial_limit * 4 or 4 * (hi - lo) > geom.nbytes):
             return None
         chunk = self._pixels.chunk_key(self._chunk_index(page))
         got = self._blocks.read(chunk, lo, hi, cached_only)
@@ -547,7 +558,9 @@ class PixelReader(OriginalReader):
         """Whether `readahead(offset)` has anything to do: a page of the next `depth` is neither
         decoded, queued nor being decoded. Cheap (no I/O), so a sequential reader's every
         request can ask before it hands a read-ahead to a thread: most requests land in a plane
-        whose successors are already done."""
+        whose successors are already done. Nothing for planes read block by block."""
+        if self._block_wise():
+            return False
         cached, queued = self.cache.present_or_loading, self._queued
         return any(
             p not in queued and not cached(self._page_key(p))
@@ -559,7 +572,10 @@ class PixelReader(OriginalReader):
         decode pool, and ask the kernel to start reading the compressed chunk after them.
         Returns at once: the pool's threads decode (and digest-check) two planes at a time on
         the cores the request path leaves, while the serving thread only slices ready planes.
-        A failed decode is not reported here: the read that needs the page decodes it itself."""
+        A failed decode is not reported here: the read that needs the page decodes it itself.
+        Planes read block by block (`_block_wise`) are not read ahead: they would not stay."""
+        if self._block_wise():
+            return
         pages = self._pages_after(offset, depth + 1)
         if pages:
             self._drop_behind(self._rank[pages[0]] - 1)
