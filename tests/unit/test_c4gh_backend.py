@@ -414,6 +414,72 @@ def test_read_ahead_loads_run_on_the_executor_and_close_waits_for_them(paged, mo
     assert len(started) == 3
 
 
+def test_a_read_waiting_on_a_read_ahead_load_is_served_from_the_event_loop(
+    paged, monkeypatch
+) -> None:
+    """The mount awaits the load a read needs on its event loop (vfs.mount.reads), then serves
+    the read from the cache; handed to a thread, the read only waited on the page's lock."""
+    import threading
+
+    import trio
+
+    from vfs.mount.reads import _after_loads
+
+    be = backend(paged.keys.node)
+    handle = be.open(paged.path, paged.name, paged.entry)
+    start = paged.entry.locator["offset"]
+    end = start + len(paged.big)
+    last = (end - 1) // PAGE  # the member's last page, held back below
+    if end - last * PAGE < 4 * SEG:
+        last -= 1  # the page before it is the member's whole
+    offset, size = max(0, last * PAGE - start), 3 * SEG  # more than a read decrypts inline
+    gate = threading.Event()
+    real = handle._reader.load_span
+
+    def gated(span: tuple[int, int]) -> None:
+        if span[0] // PAGE_SEGMENTS == last:
+            gate.wait(30)
+        real(span)
+
+    monkeypatch.setattr(handle._reader, "load_span", gated)
+    try:
+        assert nothing_to_await(handle, offset, size)  # nothing loading yet: nothing to await
+        handle.readahead(-1)  # returns once the first two pages are in; the held one loads
+        future = handle.loading(offset, size)
+        assert future is not None and not future.done()
+        assert handle.read_cached(offset, size) is None
+        assert handle.loading(0, 100) is None  # its page is in
+
+        async def main() -> bytes | memoryview | None:
+            async with trio.open_nursery() as nursery:
+
+                async def release() -> None:
+                    await trio.sleep(0.05)
+                    gate.set()
+
+                nursery.start_soon(release)
+                return await _after_loads(handle, offset, size, handle.read_cached)
+
+        assert trio.run(main) == paged.big[offset : offset + size]
+        assert gate.is_set() and future.done() and handle.loading(offset, size) is None
+    finally:
+        gate.set()
+        handle.close()
+
+
+def nothing_to_await(handle: MemberReader, offset: int, size: int) -> bool:
+    """`_after_loads` of a read no load is running for: None at once (the read goes to a
+    thread), without waiting."""
+    import trio
+
+    from vfs.mount.reads import _after_loads
+
+    async def main() -> bytes | memoryview | None:
+        return await _after_loads(handle, offset, size, handle.read_cached)
+
+    return trio.run(main) is None
+
+
 def stream_keeping_one_page_behind(handle: MemberReader, want: bytes) -> None:
     """Read the member forward a page at a time, with read-ahead, as if the cache were four
     pages (one kept behind the reader); every page read must be exact."""

@@ -356,3 +356,36 @@ def test_readahead_decodes_the_next_planes_and_asks_for_the_chunk_after(
         reader.readahead(start + 1, 2)  # same place again: nothing new asked
         assert len(asked) == 1
         assert bytes(reader.read(0, reader.size)) == original
+
+
+def test_a_read_names_the_read_ahead_decode_it_waits_for(
+    packed_corpus: dict[str, Any], corpus: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`loading`: the queued decode of a page a read needs, for the mount to await on its
+    event loop; None once it is done, and for a page nothing decodes."""
+    import threading
+
+    path = packed_corpus["zstack_u16.tif"].archive
+    original = corpus["zstack_u16.tif"].read_bytes()
+    with DecantArchive.open(path) as archive:
+        (info,) = archive.originals()
+        reader = archive.open_original(info.relpath, PageCache(64 << 20))
+        gate = threading.Event()
+        real = reader._decode_page
+        monkeypatch.setattr(reader, "_decode_page", lambda p: gate.wait(30) and real(p))
+        first = min(reader.pages)
+        start, second = reader.regions.page_start[first], reader.regions.page_start[first + 1]
+        try:
+            assert reader.loading(second, 10) is None  # nothing queued yet
+            reader.readahead(start, 1)  # queues page first + 1, held at the gate
+            future = reader.loading(second, 10)
+            assert future is not None and not future.done()
+            assert reader.loading(start, 10) is None  # page `first` is not being decoded
+            assert reader.read_cached(second, 10) is None
+            gate.set()
+            future.result(30)
+            assert reader.loading(second, 10) is None
+            assert bytes(reader.read_cached(second, 10) or b"") == original[second : second + 10]
+        finally:
+            gate.set()
+            reader.close()

@@ -197,7 +197,12 @@ class Description:
 
 
 class RandomAccess(Protocol):
-    """An opened presented file. Its methods block (decode, decrypt): run them in threads."""
+    """An opened presented file. Its methods block (decode, decrypt): run them in threads.
+
+    Optional, looked up by the mount (vfs.mount.reads), all cheap enough for its event loop:
+    `read_cached(offset, size)` (the bytes if nothing needs decoding, else None),
+    `readahead_needed(offset)`, and `loading(offset, size)` (a concurrent Future of a read-ahead
+    decode those bytes wait for, else None)."""
 
     size: int
 

@@ -111,6 +111,20 @@ class MemberReader:
         data = self._reader.read_cached(self._offset + offset, want, self._pool)
         return data if data is not None and len(data) == want else None
 
+    def loading(self, offset: int, size: int) -> Future[None] | None:
+        """A read-ahead load of a page that [offset, offset + size) needs, not finished yet, or
+        None (see vfs.mount.reads: the event loop awaits it rather than a thread)."""
+        if offset < 0 or size <= 0 or offset >= self.size:
+            return None
+        first = (self._offset + offset) // PAGE_SIZE
+        last = (self._offset + min(offset + size, self.size) - 1) // PAGE_SIZE
+        with self._lock:
+            for page in range(first, last + 1):
+                load = self._loading.get(page)
+                if load is not None and not load.done():
+                    return load
+        return None
+
     def readahead(self, offset: int) -> None:
         """Decrypt the READAHEAD bytes after `offset` (the last byte served), a page at a time,
         the pages spread over the backend's decrypting threads."""

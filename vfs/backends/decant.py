@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from vfs.backends.base import Description, Entry
 from vfs.cache import PageCache
@@ -262,6 +263,9 @@ class DecantFile:
 
     def read_cached(self, offset: int, size: int) -> bytes | memoryview | None:
         return self.reader.read_cached(offset, size)
+
+    def loading(self, offset: int, size: int) -> Future[Any] | None:
+        return self.reader.loading(offset, size)
 
     def readahead(self, offset: int) -> None:
         self.reader.readahead(offset)

@@ -396,6 +396,11 @@ class OriginalReader:
     def readahead(self, offset: int, depth: int = 2) -> None:
         """Warm the cache for what follows `offset` (pages; a verbatim file has none to decode)."""
 
+    def loading(self, offset: int, size: int) -> Future[Any] | None:
+        """A read-ahead decode that [offset, offset + size) needs, not finished yet, or None:
+        the mount awaits it on its event loop, then serves the read from the cache."""
+        return None
+
     def readahead_needed(self, offset: int, depth: int = 2) -> bool:
         """Whether `readahead(offset)` would decode anything (always, unless a reader knows)."""
         return True
@@ -596,6 +601,16 @@ class PixelReader(OriginalReader):
                 submitted.append((p, future))
         for p, future in submitted:  # outside the lock: a done future calls back at once
             future.add_done_callback(lambda _f, p=p: self._dequeue(p))
+
+    def loading(self, offset: int, size: int) -> Future[Any] | None:
+        with self._queue_lock:
+            if not self._queued:
+                return None
+            for region, _inner, _n in self.regions.spans(offset, size):
+                future = self._queued.get(region.page)
+                if future is not None and not future.done():
+                    return future
+        return None
 
     def _drop_behind(self, current: int) -> None:
         """Forget the planes ranked more than DROP_BEHIND before `current` (the one being read),

@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -231,6 +232,8 @@ class Reads:
         # than the slicing it would move off the loop.
         fast = getattr(handle.reader, "read_cached", None)
         data = fast(off, size) if fast is not None else None
+        if data is None and fast is not None:
+            data = await _after_loads(handle.reader, off, size, fast)
         if data is None:
             started = time.perf_counter()
             try:
@@ -345,6 +348,42 @@ class Reads:
             if hasher is not None and not hasher.complete:
                 self.integrity.queue(handle.node)  # read in part: verify it in the background
         await trio.to_thread.run_sync(handle.reader.close)
+
+
+async def _after_loads(
+    reader: RandomAccess,
+    off: int,
+    size: int,
+    fast: Callable[[int, int], bytes | memoryview | None],
+) -> bytes | memoryview | None:
+    """The read served from what the read-ahead loads it needs decode, awaited here on the event
+    loop; None when there were none (or what they decoded is gone again): the read then goes to
+    a thread. Handed to a thread, such a read only waited there on the page's lock: a stream of
+    a c4gh member did so for half its requests, a thread hop each."""
+    loading = getattr(reader, "loading", None)
+    waited = False
+    for _ in range(4):  # a request spans a few pages at most
+        future = loading(off, size) if loading is not None else None
+        if future is None:
+            break
+        await wait_future(future)
+        waited = True
+    return fast(off, size) if waited else None
+
+
+async def wait_future(future: Future[Any]) -> None:
+    """Wait on the event loop, without a thread, for a future a pool thread completes."""
+    if future.done():
+        return
+    token = trio.lowlevel.current_trio_token()
+    done = trio.Event()
+
+    def wake(_future: Future[Any]) -> None:
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(done.set)
+
+    future.add_done_callback(wake)
+    await done.wait()
 
 
 def _readahead_needed(handle: OpenFile) -> bool:
