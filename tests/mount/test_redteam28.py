@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from tests.mount.conftest import Mount
+import pytest
+
+from tests.mount.conftest import RUNUSER, SYSTEM_PYTHON, Mount, User, open_tmp
 from tests.toolbox import load_tool
 
 c4gh_corpus: ModuleType = load_tool("make_c4gh_corpus")
@@ -68,3 +72,85 @@ def test_a_fifo_renamed_over_an_open_package_holds_no_thread(
         assert sorted(os.listdir(m.mnt)) == []  # the FIFO is not listed; the mount answers
     finally:
         os.close(fd)
+
+
+# As the user: open the member of each package given until the daemon says EMFILE, reading each
+# whole; print how many, then hold them until stdin closes.
+HOLD_READ = """
+import os, sys
+fds = []
+for path in sys.argv[1:]:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        break
+    fds.append(fd)
+    while os.read(fd, 1 << 20):
+        pass
+print(len(fds), flush=True)
+sys.stdin.read()
+"""
+FD_LIMIT = 256  # the daemon's: a user may hold a quarter of it (64 descriptors)
+
+
+class LimitedMount(Mount):
+    """A mount whose daemon starts with an open-files limit of FD_LIMIT (soft and hard)."""
+
+    def start(self, *extra: str, wait: bool = True) -> Mount:
+        self.extra = list(extra)
+        self.mnt.mkdir(parents=True, exist_ok=True)
+        cmd = ["prlimit", f"--nofile={FD_LIMIT}:{FD_LIMIT}", sys.executable, "-m", "vfs.cli",
+               str(self.src), str(self.mnt), "-f", "--log-file", str(self.log),
+               "--index-dir", str(self.index), *extra]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if wait:
+            self.wait_mounted()
+        return self
+
+
+def _fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_one_users_c4gh_handles_hold_at_most_a_quarter_of_the_daemons_descriptors(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """A member read past the page cache holds two descriptors of the daemon (the package's,
+    and its O_DIRECT twin), but the per-user handle cap (a quarter of the fd limit) counted
+    one a handle: a user's handles held half the daemon's descriptors, two users all of
+    them (every other open, and publishing, EMFILE)."""
+    base = open_tmp(tmp_path_factory, "rt28-fds")
+    src = base / "src"
+    src.mkdir()
+    node, writer = (c4gh_corpus.make_keypair(base / "keys", n) for n in ("node", "writer"))
+    first = src / "p000.tar.c4gh"
+    c4gh_corpus.write_package(first, [("m.bin", os.urandom(600 << 10))], writer, [node])
+    packages = [first] + [src / f"p{i:03d}.tar.c4gh" for i in range(1, FD_LIMIT // 2)]
+    for package in packages:
+        if package != first:
+            package.write_bytes(first.read_bytes())
+        package.chmod(0o644)
+        fd = os.open(package, os.O_RDONLY)
+        os.fsync(fd)  # clean pages can be dropped: reads then load from disk, past the cache
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    m = LimitedMount(src, base / "mnt", base / "log", base / "index")
+    m.start("-o", "allow_other", "--c4gh-key", str(node.secret_path), "--c4gh-mode", "0444")
+    holder = None
+    try:
+        assert m.proc is not None
+        before = _fds(m.proc.pid)
+        members = [str(m.mnt / p.name / "m.bin") for p in packages]
+        holder = subprocess.Popen([RUNUSER, "-u", unprivileged.name, "--", str(SYSTEM_PYTHON),
+                                   "-I", "-c", HOLD_READ, *members], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True,
+                                  env={"PATH": "/usr/bin:/bin"}, cwd="/")  # fmt: skip
+        assert holder.stdout is not None
+        held = int(holder.stdout.readline())
+        assert 0 < held < len(members), held  # the cap was reached
+        grown = _fds(m.proc.pid) - before
+        assert grown <= FD_LIMIT // 4, f"{held} handles of one user hold {grown} descriptors"
+    finally:
+        if holder is not None:
+            holder.communicate(input="", timeout=60)
+        m.stop()
