@@ -154,3 +154,43 @@ def test_one_users_c4gh_handles_hold_at_most_a_quarter_of_the_daemons_descriptor
         if holder is not None:
             holder.communicate(input="", timeout=60)
         m.stop()
+
+
+def test_names_of_247_to_255_bytes_are_copied_in_and_published(
+    tmp_path: Path, make_mount: Any
+) -> None:
+    """A name whose archive name (NAME.zarr.zip) is longer than NAME_MAX: creating it failed
+    with ENAMETOOLONG (the check for an archive of the name lstat-ed that name), so `rsync -a`
+    lost a 240-byte name (its temp name is longer) and a 255-byte one; and once created, such a
+    file (a TIFF too) failed to publish for good, left spooled. Each is published under its
+    name with its bytes: a TIFF whose archive cannot be named as it is."""
+    from tests.mount.test_write_side import spooled, wait_drained
+
+    src = tmp_path / "src"
+    src.mkdir()
+    data = tmp_path / "data"
+    data.mkdir()
+    tif = tifffile_bytes()
+    names = {"p" * 240: b"240\n", "q" * 255: b"255\n", "t" * 246 + ".tif": tif}
+    for name, body in names.items():
+        (data / name).write_bytes(body)
+    m: Mount = make_mount(src, "--settle", "0.2")
+    done = subprocess.run(["rsync", "-a", f"{data}/", f"{m.mnt}/"], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    wait_drained(m.mnt, src)
+    for name, body in names.items():
+        assert (src / name).read_bytes() == body, name[:8]
+        assert (m.mnt / name).read_bytes() == body, name[:8]
+    assert spooled(src) == []
+
+
+def tifffile_bytes() -> bytes:
+    import io
+
+    import numpy as np
+    import tifffile
+
+    out = io.BytesIO()
+    tifffile.imwrite(out, np.arange(64 * 64, dtype=np.uint16).reshape(64, 64))
+    return out.getvalue()
