@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 from vfs.beneath import fsync_beneath, makedirs_beneath, open_beneath, parent_fd, stat_beneath
 from vfs.decant import TEMP_PREFIX
 from vfs.ingest.space import free_bytes
-from vfs.names import is_utf8
+from vfs.names import NAME_MAX, is_utf8
 
 if TYPE_CHECKING:
     from vfs.decant.packer import PackOptions
@@ -88,6 +88,11 @@ class Outcome:
 
 def archive_name(name: str) -> str:
     return f"{name}.zarr.zip"
+
+
+# What an lstat of a name that holds nothing fails with: a name of 247 to 255 bytes, as rsync's
+# temp names are, has an archive name (NAME.zarr.zip) longer than NAME_MAX, which none can have.
+NOTHING_THERE = (errno.ENOENT, errno.ENAMETOOLONG)
 
 
 class Placer(Protocol):
@@ -201,9 +206,10 @@ def _mostly_holes(st: os.stat_result) -> bool:
 
 
 def _nameable(name: str) -> bool:
-    """Whether an archive's manifest can record the name (JSON text: UTF-8). A file whose name
-    is other bytes is published as it is, never left failing in the spool for good."""
-    return is_utf8(name)
+    """Whether an archive's manifest can record the name (JSON text: UTF-8), and the archive
+    can have one (NAME.zarr.zip within NAME_MAX). Another file is published as it is, never
+    left failing in the spool for good."""
+    return is_utf8(name) and len(os.fsencode(archive_name(name))) <= NAME_MAX
 
 
 def describe_error(exc: BaseException) -> str:
@@ -593,8 +599,10 @@ def set_aside(spool: Spool, path: Path, dfd: int | None = None) -> Path | None:
     try:
         try:
             os.lstat(path.name, dir_fd=fd)
-        except FileNotFoundError:
-            return None
+        except OSError as exc:
+            if exc.errno in NOTHING_THERE:
+                return None
+            raise
         doomed = _staged(spool, path.parent, "gone")
         os.rename(path.name, doomed, src_dir_fd=fd)
         return doomed
@@ -632,8 +640,10 @@ def _refuse_unchecked(
     for path in names:
         try:
             st = os.lstat(path.name, dir_fd=dfd)
-        except FileNotFoundError:
-            continue
+        except OSError as exc:
+            if exc.errno in NOTHING_THERE:
+                continue
+            raise
         if (st.st_dev, st.st_ino) in allowed or (own is not None and os.path.samestat(own, st)):
             continue
         raise FileExistsError(

@@ -19,7 +19,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vfs.beneath import entry_path, not_shown, parent_fd
-from vfs.ingest.publish import archive_name, placing_lock, remove_tree, set_aside
+from vfs.ingest.publish import (
+    NOTHING_THERE,
+    archive_name,
+    placing_lock,
+    remove_tree,
+    set_aside,
+)
 from vfs.ingest.space import SpaceGuard
 from vfs.ingest.spool import Spool
 from vfs.nodes import Node, mirror_node, spooled_node
@@ -292,6 +298,10 @@ class WriteSide:
                 with _folder_of(self.root, path) as dfd:
                     st = os.stat(candidate, dir_fd=dfd, follow_symlinks=False)
             except (FileNotFoundError, NotADirectoryError):
+                continue
+            except OSError as exc:
+                if exc.errno not in NOTHING_THERE:
+                    raise
                 continue
             if not any(_is_entry(shown, path, st) for shown in over if shown is not None):
                 why = f"holds an entry the mount does not show as {name!r}; not replaced"

@@ -61,7 +61,7 @@ QUICK_WINDOW = 5.0
 QUICK_COOLDOWN = 5.0
 QUICK_STALL = 0.1  # one call blocked this long sends them to threads at once
 QUICK_COOLDOWN_MAX = 120.0  # cooldowns double while stalls go on, up to this
-HANDLES_PER_USER = 4096  # open files one user but root may hold (at most a quarter of the fd limit)
+HANDLES_PER_USER = 4096  # open files one user but root may hold (at most an eighth of the fd limit)
 QUICK_WRITE = 64 * 1024  # larger writes always go to a worker thread (the data path)
 QUICK_FREE = 16 << 20  # truncating or deleting a larger file frees blocks: a worker thread
 
@@ -237,10 +237,12 @@ class DecantOperations(pyfuse3.Operations):
         self.reads = Reads(self.integrity, config.decode_threads)
         self._handles: dict[int, OpenFile] = {}
         self._next_fh = 1
-        # Each open handle holds a descriptor of the daemon: one user holding them all would
-        # make every other user's open (and publishing) fail with EMFILE.
+        # Each open handle holds descriptors of the daemon: one user holding them all would
+        # make every other user's open (and publishing) fail with EMFILE. Up to two a handle (a
+        # package's own and its O_DIRECT twin, vfs.stores.local.LocalFile): a user's handles
+        # hold at most a quarter of them.
         fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        self.handles_per_user = max(16, min(HANDLES_PER_USER, fd_limit // 4))
+        self.handles_per_user = max(16, min(HANDLES_PER_USER, fd_limit // 8))
         self._handle_uid: dict[int, int] = {}
         self._open_by_uid: dict[int, int] = {}
         self._told_cap: set[int] = set()

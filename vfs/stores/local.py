@@ -10,6 +10,7 @@ import contextlib
 import errno
 import logging
 import os
+import stat
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -57,9 +58,16 @@ class LocalFile:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.name = str(path)
-        self._fd = open_exact(path, os.O_RDONLY)
+        # Non-blocking: a FIFO put at the path (renamed over a file listed a moment ago) would
+        # hold the opening thread until a writer came, for good if its maker unlinks it.
+        self._fd = open_exact(path, os.O_RDONLY | os.O_NONBLOCK)
         try:
             self.stat = os.fstat(self._fd)
+            if not stat.S_ISREG(self.stat.st_mode):
+                # ESTALE: not the file listed (the mount lists its names again and the kernel's
+                # retry finds what is there now).
+                raise OSError(errno.ESTALE, "not a regular file", self.name)
+            os.set_blocking(self._fd, True)
         except OSError:
             os.close(self._fd)
             raise
