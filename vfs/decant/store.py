@@ -403,7 +403,9 @@ class ZipArchiveStore(Store):
         the decoding thread's CPU in the kernel's copy (_copy_to_iter). A/B of the code before
         and after, 6 rounds, fresh daemon, archive evicted: a first read 441-549 -> 583-667
         MB/s, daemon CPU 1.71-2.09 -> 1.39-1.49 s; a verified read 0.99-1.33 -> 0.95-1.05 s
-        of CPU. Level on a disk throttled to 300 MB/s, where the disk is the limit. Small
+        of CPU. On a disk throttled to 300 MB/s (tools/bench.py mount --disk-mbps 300, each
+        tree's own, 2 runs) the disk sets the pace either way (a first read 502-504 -> 518-523
+        MB/s) and the CPU of a first read went from 2.72-2.74 to 2.07-2.10 s per GB. Small
         chunks keep the page cache, and with it the kernel's read-ahead."""
         if size >= DIRECT_MIN:
             past = getattr(self._source, "read_past_cache", None)
