@@ -39,7 +39,7 @@ from vfs.mount.metrics import COUNTERS, daemon_section
 from vfs.mount.reads import Integrity, OpenFile, Reads
 from vfs.mount.status import Joined, StatusFile
 from vfs.mount.tree import NotQuick, SourceTree
-from vfs.nodes import Node, mirror_node
+from vfs.nodes import Node, archive_version, mirror_node
 from vfs.stores.base import ObjectPath
 
 log = logging.getLogger(__name__)
@@ -193,7 +193,7 @@ def _rewritten(folder: Folder, names: set[str]) -> set[str]:
             st = os.lstat(node.real)
         except OSError:
             continue
-        if (st.st_ino, st.st_size, st.st_mtime_ns) != node.version:
+        if len(node.version) == 4 and archive_version(st) != node.version:
             out.add(name)
     return out
 
@@ -648,7 +648,7 @@ class DecantOperations(pyfuse3.Operations):
         passes: see README, "Security model"."""
         source = getattr(reader, "source_ident", None)
         if source is None:
-            opened = getattr(reader, "opened", None)  # a decant archive: (ino, size, mtime)
+            opened = getattr(reader, "opened", None)  # a decant archive: (ino, size, mtime, ctime)
             if opened is None:
                 return True
             return any(opened[0] == ino for _dev, ino in idents)
@@ -663,7 +663,7 @@ class DecantOperations(pyfuse3.Operations):
         assert node.entry is not None
         reader = node.backend.open(node.real, node.member, node.entry)
         opened = getattr(reader, "opened", None)
-        if opened is not None and len(node.version) == 3 and opened != node.version:
+        if opened is not None and len(node.version) == 4 and opened != node.version:
             # Not the archive listed: replaced since, or swapped for a link by the folder's
             # owner (which must not make root decode someone else's archive for them).
             reader.close()
