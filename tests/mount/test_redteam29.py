@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import tifffile
 
+from tests.mount.helpers import edit_manifest, rewrite_zip
 from vfs.decant.packer import pack_file
 
 
@@ -76,3 +77,47 @@ def test_a_verified_archive_rewritten_in_place_with_its_mtime_restored_is_not_se
     # Every read gives whole bytes of one version (or fails), and the new one shows.
     assert all(got in (None, old.read_bytes(), new.read_bytes()) for got in served)
     assert served[-1] == new.read_bytes(), m.log_text()[-1500:]
+
+
+def test_an_archive_renamed_over_one_being_verified_does_not_inherit_its_verdict(
+    tmp_path: Path,
+    make_mount,  # type: ignore[no-untyped-def]
+) -> None:
+    """A reader reads an archive whole; before its last read, another archive is renamed over
+    it (rsync of a "restored" copy: temp name, then rename) whose manifest claims the same
+    sha256 but whose planes hold other bytes (a damaged or doctored copy). The reader's bytes
+    were the first archive's and hash right; the verdict was recorded under the stamp of
+    whatever the path named by then, with the chunk digests read from it: the copy counted as
+    verified, and every later reader got its wrong bytes without an error."""
+    src, side = tmp_path / "src", tmp_path / "side"
+    src.mkdir()
+    side.mkdir()
+    old, new = _two_stacks(tmp_path / "work")
+    archive = src / "scan.tif.zarr.zip"
+    pack_file(old, archive)
+    pack_file(new, side / "packed.zarr.zip")
+    claimed = _sha(old.read_bytes())
+    rewrite_zip(side / "packed.zarr.zip", side / "copy.zarr.zip",
+                edit_manifest(lambda doc: doc.update(original_sha256=claimed)))  # fmt: skip
+    m = make_mount(src)
+    shown = m.mnt / "scan.tif"
+    size = old.stat().st_size
+    fd = os.open(shown, os.O_RDONLY)
+    try:
+        head = os.pread(fd, size - 100, 0)
+        os.rename(side / "copy.zarr.zip", archive)
+        tail = os.pread(fd, 200, size - 100)
+    finally:
+        os.close(fd)
+    assert head + tail == old.read_bytes()  # the open file kept the archive it opened
+
+    served: list[bytes | None] = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        served.append(_cat(shown))
+        if served[-1] != old.read_bytes():
+            break
+        time.sleep(0.2)
+    # The copy's bytes do not hash to what its manifest claims: never served without an error.
+    assert new.read_bytes() not in served, m.log_text()[-1500:]
+    assert served[-1] is None
