@@ -121,3 +121,43 @@ def test_an_archive_renamed_over_one_being_verified_does_not_inherit_its_verdict
     # The copy's bytes do not hash to what its manifest claims: never served without an error.
     assert new.read_bytes() not in served, m.log_text()[-1500:]
     assert served[-1] is None
+
+
+def test_a_collection_view_does_not_vouch_for_an_archive_swapped_under_it(
+    tmp_path: Path,
+    make_mount,  # type: ignore[no-untyped-def]
+) -> None:
+    """An AcqStore view shows a decant archive of the collection as its member's TIFF. Its
+    verified state was keyed by the collection folder's stamp and the view's description: an
+    archive renamed over the member's (by whoever may write the collection's images/ folder)
+    whose manifest claims the same name, size and sha256 but holds other pixels changes
+    neither, so the view kept serving it as verified, unhashed: its wrong bytes without an
+    error, while the same archive mirrored at images/scan.tif failed with EIO as it must."""
+    from tests.toolbox import load_tool
+
+    src, side = tmp_path / "src", tmp_path / "side"
+    src.mkdir()
+    side.mkdir()
+    old, new = _two_stacks(tmp_path / "work")
+    pack_file(old, side / "scan.tif.zarr.zip")
+    load_tool("make_acqstore_corpus").make_collection(
+        src / "coll", decant_archive=side / "scan.tif.zarr.zip"
+    )
+    pack_file(new, side / "packed.zarr.zip")
+    claimed = _sha(old.read_bytes())
+    rewrite_zip(side / "packed.zarr.zip", side / "copy.zarr.zip",
+                edit_manifest(lambda doc: doc.update(original_sha256=claimed)))  # fmt: skip
+    m = make_mount(src)
+    view = m.mnt / "coll" / "members" / "Kymograph 1" / "Kymograph 1.tif"
+    mirrored = m.mnt / "coll" / "images" / "scan.tif"
+    assert _cat(view) == old.read_bytes()
+    assert os.getxattr(view, "user.decant.verified") == b"yes"
+
+    os.rename(side / "copy.zarr.zip", src / "coll" / "images" / "scan.tif.zarr.zip")
+    deadline = time.monotonic() + 10
+    while _cat(mirrored) is not None:  # the mount has seen the swap: the mirror hashes it
+        assert time.monotonic() < deadline, m.log_text()[-1500:]
+        time.sleep(0.2)
+    served = [_cat(view) for _ in range(3)]
+    assert new.read_bytes() not in served, m.log_text()[-2000:]
+    assert served[-1] is None
