@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tifffile
 
 from tests.mount.helpers import edit_manifest, rewrite_zip
@@ -38,9 +39,11 @@ def _cat(path: Path) -> bytes | None:
     return done.stdout if done.returncode == 0 else None
 
 
+@pytest.mark.parametrize("extra", [(), ("--no-watch",)], ids=["watch", "no-watch"])
 def test_a_verified_archive_rewritten_in_place_with_its_mtime_restored_is_not_served_stale(
     tmp_path: Path,
     make_mount,  # type: ignore[no-untyped-def]
+    extra: tuple[str, ...],
 ) -> None:
     """`cp -p backup.zarr.zip scan.tif.zarr.zip` (or cp, then `touch -r`) rewrites a verified
     archive in place: same inode, same size, same mtime; only its ctime tells. The mount kept
@@ -54,7 +57,7 @@ def test_a_verified_archive_rewritten_in_place_with_its_mtime_restored_is_not_se
     pack_file(old, archive)
     pack_file(new, replacement)
     assert archive.stat().st_size == replacement.stat().st_size
-    m = make_mount(src)
+    m = make_mount(src, *extra)
     shown = m.mnt / "scan.tif"
     assert _cat(shown) == old.read_bytes()
     assert os.getxattr(shown, "user.decant.verified") == b"yes"
