@@ -164,3 +164,31 @@ def test_a_collection_view_does_not_vouch_for_an_archive_swapped_under_it(
     served = [_cat(view) for _ in range(3)]
     assert new.read_bytes() not in served, m.log_text()[-2000:]
     assert served[-1] is None
+
+
+def test_a_chmod_through_the_mount_keeps_the_archive_served_as_it_was(
+    tmp_path: Path,
+    make_mount,  # type: ignore[no-untyped-def]
+) -> None:
+    """A chmod (or chown, or touch) of an original through the mount is applied to its archive,
+    which changes the archive's ctime. Since the ctime is part of an archive's version, the
+    mount took its own chmod for a rewrite: the next open failed with ESTALE (EIO for `cat`)
+    and the original came back under a new inode number. The daemon's own change keeps the
+    version: same bytes, same inode."""
+    src = tmp_path / "src"
+    src.mkdir()
+    old, _new = _two_stacks(tmp_path / "work")
+    pack_file(old, src / "scan.tif.zarr.zip")
+    m = make_mount(src)
+    shown = m.mnt / "scan.tif"
+    assert _cat(shown) == old.read_bytes()
+    ino = shown.stat().st_ino
+    for change in (lambda: os.chmod(shown, 0o600), lambda: os.utime(shown, ns=(10**18, 10**18)),
+                   lambda: os.chown(shown, 0, 0)):  # fmt: skip
+        before = (src / "scan.tif.zarr.zip").stat().st_ctime_ns
+        time.sleep(0.01)
+        change()
+        assert (src / "scan.tif.zarr.zip").stat().st_ctime_ns != before  # it reached the archive
+        assert _cat(shown) == old.read_bytes()
+        assert shown.stat().st_ino == ino
+    assert (src / "scan.tif.zarr.zip").stat().st_mode & 0o777 == 0o600
