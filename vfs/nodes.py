@@ -56,7 +56,7 @@ class Node:
         entry: Entry | None = None,
         xattrs: Mapping[str, str] = NO_XATTRS,
         spooled: str = "",  # relpath of a file written through the mount and not yet published
-        version: tuple[int, ...] = (),  # the archive's (inode, size, mtime): replaced → new key
+        version: tuple[int, ...] = (),  # the archive's (inode, size, mtime, ctime): new → new key
     ) -> None:
         self.is_dir = is_dir
         self.size = size
@@ -168,9 +168,11 @@ def mirror_node(path: Path, st: os.stat_result, writable: bool = False) -> Node:
     )  # fmt: skip
 
 
-def archive_version(st: os.stat_result) -> tuple[int, int, int]:
-    """An archive's identity as its nodes carry it (`Node.version`): replaced → new inodes."""
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
+def archive_version(st: os.stat_result) -> tuple[int, int, int, int]:
+    """An archive's identity as its nodes carry it (`Node.version`): replaced → new inodes.
+    The ctime too: an archive rewritten in place with its mtime put back (`cp -p`, `touch -r`)
+    keeps inode, size and mtime, and was served as the version verified before it."""
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def archive_node(

@@ -173,9 +173,9 @@ def test_a_500_deep_member_is_dropped_and_the_tree_is_indexed(env, tmp_path, cap
     index.close()
 
 
-def stamp(path) -> tuple[int, int]:
+def stamp(path) -> tuple[int, int, int, int]:
     st = path.stat()
-    return st.st_size, st.st_mtime_ns
+    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns
 
 
 def test_nul_and_overlong_names_are_dropped_and_edge_names_served(env, tmp_path, caplog) -> None:

@@ -146,14 +146,18 @@ def _image(
     xattrs = {"user.acqstore.source": key}
     if image.decant and describe_decant is not None:
         try:
+            # The archive's version before it is read: the member is keyed by it (a new version
+            # is a new view), and an open or a verdict of another file than this is refused.
+            st = os.lstat(image.path)
+            stamp = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
             original = describe_decant(image.path)
-        except DecantError as exc:
+        except (DecantError, OSError) as exc:
             log.warning(
                 "%s: decant archive not served as its original (%s); synthesizing", image.path, exc
             )
             original = None
         if original is not None and not original.is_dir:
-            locator = {"kind": "decant", "path": key, "entry": original.to_json()}
+            locator = {"kind": "decant", "path": key, "entry": original.to_json(), "stamp": stamp}
             xattrs = {**original.xattrs, **xattrs}
             return Entry(size=original.size, sha256=original.sha256, xattrs=xattrs, locator=locator)
     layout = layout_for_image(image, name=title)

@@ -106,6 +106,19 @@ class AcqStoreBackend:
             return self._open_tiff(path, target, rel, str(entry.locator.get("name", "")), entry)
         raise ManifestError(f"{path}: {member}: unknown locator kind {kind!r}")
 
+    def verifies_as(self, path: Path, entry: Entry) -> tuple[Path, tuple[int, ...]] | None:
+        """A member that is a decant archive's original: (the archive, its version as the view
+        was built from it: inode, size, mtime, ctime). Its verified state is that archive's,
+        of that version: the collection folder's stamp and the view's description stay the
+        same when an archive claiming the same original is put in its place."""
+        stamp = entry.locator.get("stamp")
+        rel = entry.locator.get("path")
+        if entry.locator.get("kind") != "decant" or not isinstance(rel, str):
+            return None
+        if not isinstance(stamp, list) or len(stamp) != 4 or paths.path_problems(rel):
+            return None
+        return paths.resolve(path, rel), tuple(int(v) for v in stamp)
+
     def reads_for(self, path: Path, member: str, entry: Entry) -> list[Path]:
         """What opening `member` reads on the caller's behalf: a file or folder elsewhere in the
         collection, which the mount lets only a caller read who could read it there."""

@@ -81,7 +81,7 @@ class MemberReader:
         self.size = size
         self.name = name
         # (inode, size, mtime_ns) of the package file read, when local (see C4ghBackend.open).
-        self.opened: tuple[int, int, int] | None = None
+        self.opened: tuple[int, int, int, int] | None = None
         self._reader = reader
         self._offset = offset
         self._pool = pool
@@ -292,7 +292,7 @@ class C4ghBackend:
             source.close()
             raise
         st = source.stat
-        reader.opened = (st.st_ino, st.st_size, st.st_mtime_ns)
+        reader.opened = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         return reader
 
     def open_at(

@@ -221,11 +221,11 @@ class DecantFile:
         self.listed_etag: str | None = None  # a bucket archive's, as its listing gave it
 
     @property
-    def opened(self) -> tuple[int, int, int] | None:
-        """(inode, size, mtime_ns) of the local zip this handle really opened (from its
-        descriptor), for the mount to check against the archive it listed; None otherwise."""
+    def opened(self) -> tuple[int, int, int, int] | None:
+        """(inode, size, mtime_ns, ctime_ns) of the local zip this handle really opened (from
+        its descriptor), for the mount to check against the archive it listed; else None."""
         st = self.archive.store.stat
-        return None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns)
+        return None if st is None else (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
     def read(self, offset: int, size: int) -> bytes | memoryview:
         return self.reader.read(offset, size)
@@ -244,7 +244,7 @@ class DecantFile:
             now = os.stat(self.archive.path, follow_symlinks=False)
         except OSError:
             return None
-        if (now.st_ino, now.st_size, now.st_mtime_ns) != (st.st_ino, st.st_size, st.st_mtime_ns):
+        if _identity(now) != _identity(st):
             return None
         return tap.complete()
 

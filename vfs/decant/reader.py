@@ -72,7 +72,7 @@ class DecantArchive:
             self.cache_key: tuple[object, ...] = store.identity
         else:
             st = store.stat or os.stat(path)
-            self.cache_key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+            self.cache_key = (str(path), st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns)
         # Lazy maps filled as originals open; handles on several threads open them at once.
         self._lock = threading.RLock()
         self._nested: dict[str, DecantArchive] = {}
@@ -244,7 +244,7 @@ class DecantArchive:
         # Opened by path after the lstat: a bundle swapped for a link in between would be read
         # through it. The file opened must be the one seen (same inode, size and mtime).
         got = sub.store.identity
-        if got is not None and tuple(got[1:]) != (seen.st_mtime_ns, seen.st_size, seen.st_ino):
+        if got is not None and tuple(got[1:4]) != (seen.st_mtime_ns, seen.st_size, seen.st_ino):
             sub.close()
             raise CorruptArchiveError(f"{path}: member bundle changed while opened (refused)")
         return self._check_nested(sub, path)

@@ -28,7 +28,7 @@ from vfs.ingest.publish import (
 )
 from vfs.ingest.space import SpaceGuard
 from vfs.ingest.spool import Spool
-from vfs.nodes import Node, mirror_node, spooled_node
+from vfs.nodes import Node, archive_version, mirror_node, spooled_node
 
 
 def refuse(code: int, what: str) -> OSError:
@@ -172,6 +172,7 @@ class WriteSide:
 
     def _set(self, node: Node, path: Path, attrs: Attrs) -> Node:
         with entry_path(self.root, path) as target:  # never a link's target: vfs/beneath.py
+            before = os.stat(target) if node.version else None
             if attrs.mode is not None:
                 os.chmod(target, stat.S_IMODE(attrs.mode))
             if attrs.uid is not None or attrs.gid is not None:
@@ -182,6 +183,8 @@ class WriteSide:
                 atime = st.st_atime_ns if attrs.atime_ns is None else attrs.atime_ns
                 mtime = st.st_mtime_ns if attrs.mtime_ns is None else attrs.mtime_ns
                 os.utime(target, ns=(atime, mtime))
+            if before is not None and archive_version(before) == node.version:
+                _same_version(node, before, os.stat(target))
         return self.refresh(node)
 
     def refresh(self, node: Node) -> Node:
@@ -445,3 +448,14 @@ def _is_entry(shown: Node, path: Path, st: os.stat_result) -> bool:
 def _moved(node: Node, target: Path) -> Node:
     node.real = target
     return node
+
+
+def _same_version(node: Node, before: os.stat_result, after: os.stat_result) -> None:
+    """An archive whose mode, owner or times the daemon itself just changed (a chmod through the
+    mount) is the version listed still: only its ctime (and mtime, if set) moved. Its node takes
+    the new stamp, or the next open would refuse the file as replaced (ESTALE) and a relisting
+    give the original a new inode number. Not when the inode or size differ: then another file
+    is there now. The verified state, keyed by the old ctime, is not carried over: the next
+    whole read verifies it again, as a remount would."""
+    if (after.st_ino, after.st_size) == (before.st_ino, before.st_size):
+        node.version = archive_version(after)

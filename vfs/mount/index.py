@@ -1,11 +1,13 @@
 """Persistent index of archive descriptions and verified digests: a remount lists without reopening.
 
-Descriptions are keyed by archive path, size and mtime: a changed archive misses and is described
-afresh (objects of a mounted bucket: by URL, size, last-modified and ETag, in a table of their
-own). A verified state is keyed by more (inode number and ctime too), so an archive rewritten in
-place with its mtime restored is no longer "verified". The schema version is kept in SQLite's
-`user_version`; an index of another version is set aside and rebuilt (as ratarmount does), never
-misread. SQLite gives atomic, crash-safe writes; a damaged index file is set aside the same way.
+Descriptions are keyed by archive path, size, mtime, inode number and ctime: a changed archive
+misses and is described afresh (objects of a mounted bucket: by URL, size, last-modified and ETag,
+in a table of their own). So is a verified state: an archive rewritten in place with its mtime
+restored (`cp -p`, `touch -r`) is neither "verified" nor described as the archive it replaced (its
+predecessor's description, and so its sha256, stood in for it: a valid archive failed as damaged).
+The schema version is kept in SQLite's `user_version`; an index of another version is set aside
+and rebuilt (as ratarmount does), never misread. SQLite gives atomic, crash-safe writes; a damaged
+index file is set aside the same way.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from vfs.stores.base import ObjectInfo, ObjectPath, etag_number
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS descriptions (
     path TEXT NOT NULL, backend TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
-    doc TEXT NOT NULL, PRIMARY KEY (path, backend));
+    ino INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, doc TEXT NOT NULL,
+    PRIMARY KEY (path, backend));
 CREATE TABLE IF NOT EXISTS verified (
     path TEXT NOT NULL, member TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
     ino INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, sha256 TEXT NOT NULL,
@@ -100,20 +103,32 @@ class DescriptionIndex:
             raise
         return db
 
-    def get(self, path: Path, backend: str, size: int, mtime_ns: int) -> Description | None:
+    def get(
+        self, path: Path, backend: str, size: int, mtime_ns: int, ino: int = 0, ctime_ns: int = 0
+    ) -> Description | None:
         with self._lock:
             row = self._db.execute(
-                "SELECT doc FROM descriptions WHERE path=? AND backend=? AND size=? AND mtime_ns=?",
-                (_text(path), backend, size, mtime_ns),
+                "SELECT doc FROM descriptions WHERE path=? AND backend=? AND size=? AND mtime_ns=? "
+                "AND ino=? AND ctime_ns=?",
+                (_text(path), backend, size, mtime_ns, ino, ctime_ns),
             ).fetchone()
         return _decoded(row)
 
-    def put(self, path: Path, backend: str, size: int, mtime_ns: int, desc: Description) -> None:
+    def put(
+        self,
+        path: Path,
+        backend: str,
+        size: int,
+        mtime_ns: int,
+        desc: Description,
+        ino: int = 0,
+        ctime_ns: int = 0,
+    ) -> None:
         doc = desc.json_text()  # not a dict an entry first: a package may hold 100,000
         with self._lock:
             self._db.execute(
-                "INSERT OR REPLACE INTO descriptions VALUES (?, ?, ?, ?, ?)",
-                (_text(path), backend, size, mtime_ns, doc),
+                "INSERT OR REPLACE INTO descriptions VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (_text(path), backend, size, mtime_ns, ino, ctime_ns, doc),
             )
 
     def get_object(self, url: str, backend: str, info: ObjectInfo) -> Description | None:

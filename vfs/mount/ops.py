@@ -39,7 +39,7 @@ from vfs.mount.metrics import COUNTERS, daemon_section
 from vfs.mount.reads import Integrity, OpenFile, Reads
 from vfs.mount.status import Joined, StatusFile
 from vfs.mount.tree import NotQuick, SourceTree
-from vfs.nodes import Node, mirror_node
+from vfs.nodes import Node, archive_version, mirror_node
 from vfs.stores.base import ObjectPath
 
 log = logging.getLogger(__name__)
@@ -193,7 +193,7 @@ def _rewritten(folder: Folder, names: set[str]) -> set[str]:
             st = os.lstat(node.real)
         except OSError:
             continue
-        if (st.st_ino, st.st_size, st.st_mtime_ns) != node.version:
+        if len(node.version) == 4 and archive_version(st) != node.version:
             out.add(name)
     return out
 
@@ -648,7 +648,7 @@ class DecantOperations(pyfuse3.Operations):
         passes: see README, "Security model"."""
         source = getattr(reader, "source_ident", None)
         if source is None:
-            opened = getattr(reader, "opened", None)  # a decant archive: (ino, size, mtime)
+            opened = getattr(reader, "opened", None)  # a decant archive: (ino, size, mtime, ctime)
             if opened is None:
                 return True
             return any(opened[0] == ino for _dev, ino in idents)
@@ -663,44 +663,70 @@ class DecantOperations(pyfuse3.Operations):
         assert node.entry is not None
         reader = node.backend.open(node.real, node.member, node.entry)
         opened = getattr(reader, "opened", None)
-        if opened is not None and len(node.version) == 3 and opened != node.version:
+        _path, _member, want = self._verified_as(node)
+        if opened is not None and want is not None and opened != want:
             # Not the archive listed: replaced since, or swapped for a link by the folder's
             # owner (which must not make root decode someone else's archive for them).
             reader.close()
             raise OSError(errno.ESTALE, "the archive changed since it was listed", str(node.real))
         return reader
 
+    @staticmethod
+    def _verified_as(node: Node) -> tuple[Path, str, tuple[int, ...] | None]:
+        """Whose verified state a node's is: (file, member, the version of it the node was
+        listed for, None if it cannot say). An AcqStore view's member that is a decant
+        archive's original is that archive's original (vfs.backends.acqstore.verifies_as)."""
+        verifies_as = getattr(node.backend, "verifies_as", None)
+        if verifies_as is not None and node.entry is not None:
+            found = verifies_as(node.real, node.entry)
+            if found is not None:
+                return found[0], "", found[1]
+        return node.real, node.member, node.version if len(node.version) == 4 else None
+
     def _is_verified(self, node: Node) -> bool:
         index = self.tree.index
         if index is None or not node.sha256:
             return False
-        return index.is_verified(node.real, node.member, stamp_of(node.real), node.sha256)
+        path, member, want = self._verified_as(node)
+        stamp = stamp_of(path)
+        if want is not None and (stamp[2], stamp[0], stamp[1], stamp[3]) != want:
+            return False  # another file than the one listed: its own first read verifies it
+        return index.is_verified(path, member, stamp, node.sha256)
 
     def _mark_verified(self, node: Node, seen: Mapping[str, int] | None = None) -> None:
         """`seen`: the chunk digests the verifying reads noted (else the archive is read again)."""
         index = self.tree.index
         if index is None or not node.sha256:
             return
-        stamp = stamp_of(node.real)
-        index.mark_verified(node.real, node.member, stamp, node.sha256)
-        record = getattr(node.backend, "chunk_digests", None)
+        path, member, want = self._verified_as(node)
+        stamp = stamp_of(path)
+        if want is not None and (stamp[2], stamp[0], stamp[1], stamp[3]) != want:
+            # The bytes that hashed right were the listed archive's, read through its open
+            # descriptor; the path names another file now (renamed over it, rewritten): that
+            # one is not verified by them, nor are digests read from it.
+            log.info("%s: replaced while it verified; the new file is not marked verified", path)
+            return
+        index.mark_verified(path, member, stamp, node.sha256)
+        backend = getattr(node.backend, "decant_backend", None) if path != node.real else None
+        record = getattr(backend or node.backend, "chunk_digests", None)
         if record is None:
             return
-        held = index.digests(node.real, stamp)
+        held = index.digests(path, stamp)
         if held is None:
             # From now on every chunk read from disk is checked against these before decoding
             # (an archive of more chunks than a map may hold has none: its CRC-32s stay).
-            digests = seen if seen is not None else record(node.real)
+            digests = seen if seen is not None else record(path)
             if digests is not None:
-                index.put_digests(node.real, stamp, digests)
+                index.put_digests(path, stamp, digests)
         elif seen is not None and len(seen) > len(held):
             # A finer map of the same bytes (the reads of a scrub noted block entries that a
             # map recorded before them lacks): small reads then check just what they decode.
-            index.put_digests(node.real, stamp, seen)
+            index.put_digests(path, stamp, seen)
 
     def _forget_verified(self, node: Node) -> None:
         if self.tree.index is not None:
-            self.tree.index.forget_verified(node.real, node.member)
+            path, member, _want = self._verified_as(node)
+            self.tree.index.forget_verified(path, member)
 
     def _handle(self, fh: int) -> OpenFile:
         handle = self._handles.get(fh)

@@ -368,7 +368,8 @@ class SourceTree:
         self.archives_seen += 1
         if self.index is not None:
             try:
-                cached = self.index.get(path, index_key(backend), st.st_size, st.st_mtime_ns)
+                cached = self.index.get(path, index_key(backend), st.st_size, st.st_mtime_ns,
+                                        st.st_ino, st.st_ctime_ns)  # fmt: skip
             except (sqlite3.Error, ValueError) as exc:  # the index fails one name, not a folder
                 self._log_once(path, f"{path}: not looked up in the index ({exc})")
                 cached = None
@@ -391,7 +392,8 @@ class SourceTree:
             return None
         if self.index is not None:
             try:
-                self.index.put(path, index_key(backend), st.st_size, st.st_mtime_ns, desc)
+                self.index.put(path, index_key(backend), st.st_size, st.st_mtime_ns, desc,
+                               st.st_ino, st.st_ctime_ns)  # fmt: skip
             except (sqlite3.Error, ValueError, RecursionError) as exc:  # costs a re-describe
                 self._log_once(path, f"{path}: not kept in the index ({exc})")
         return desc

@@ -79,7 +79,8 @@ class LocalFile:
     @property
     def identity(self) -> tuple[object, ...]:
         st = self.stat
-        return (self.name, st.st_mtime_ns, st.st_size, st.st_ino)
+        # The ctime too: a file rewritten in place with its mtime put back is another file.
+        return (self.name, st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns)
 
     def read(self, offset: int, size: int) -> bytes:
         check_range(self, offset, size)
