@@ -246,3 +246,38 @@ def test_an_archive_replaced_under_a_reader_gives_estale_never_the_new_bytes(
     new = other.read_bytes()
     wait_for(lambda: path.stat().st_size == len(new), 30, "the new archive described")
     assert path.read_bytes() == new
+
+
+def test_an_archive_replaced_after_its_listing_opens_as_the_new_one(
+    daemon: Callable[..., Daemon],
+    packed: tuple[Path, Path],
+    s3_bucket: S3Bucket,
+    tmp_path: Path,
+) -> None:
+    """Another host replaces an archive this mount has listed (and verified), and the next
+    relisting is far off: the open finds the object's ETag is not the listed one, gives ESTALE,
+    and the key is listed again, so the kernel's retry opens the new original. Before, the open
+    pinned the new object under the old listing's size and digests: every read failed with EIO,
+    logged as damage, until the next relisting."""
+    import numpy as np
+    import tifffile
+
+    from vfs.decant.packer import PackOptions, pack_file
+
+    tif, _archive = packed
+    other = tmp_path / "other" / NAME
+    other.parent.mkdir()
+    tifffile.imwrite(other, np.full((4, 256, 1024), 7, dtype=np.uint16), photometric="minisblack")
+    replacement = pack_file(other, tmp_path / "other.zarr.zip", PackOptions()).archive
+    d = daemon("--relist", "10m")
+    path = d.mnt / NAME
+    assert path.read_bytes() == tif.read_bytes()
+    wait_for(lambda: os.getxattr(path, "user.decant.verified") == b"yes", 30, "verified")
+    obstore.put(store(s3_bucket), s3_bucket.key(f"{NAME}.zarr.zip"), replacement.read_bytes())
+    got = subprocess.run(["cat", str(path)], capture_output=True, timeout=60, check=False)
+    if got.returncode != 0:  # at most once: the key is listed again before the error returns
+        assert b"Stale file handle" in got.stderr, got.stderr
+        got = subprocess.run(["cat", str(path)], capture_output=True, timeout=60, check=False)
+    assert got.returncode == 0, got.stderr
+    assert hashlib.sha256(got.stdout).hexdigest() == hashlib.sha256(other.read_bytes()).hexdigest()
+    assert "damaged" not in d.mount.log_text()

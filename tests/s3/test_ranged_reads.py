@@ -5,6 +5,7 @@ and at page and block boundaries."""
 
 from __future__ import annotations
 
+import errno
 import itertools
 import random
 import struct
@@ -319,8 +320,9 @@ def test_a_whole_first_read_of_a_bucket_archive_notes_its_digest_map(
     s3_bucket: S3Bucket, packed: tuple[Path, Path]
 ) -> None:
     """The mount records a verified archive's chunk digests from the reads that verified it:
-    for an object, only when the ETag its GETs were pinned to is the one its listing gave (else
-    the map is made by reading the archive again, as before)."""
+    for an object, only when the ETag its GETs were pinned to is the one its listing gave. An
+    object that is not the version listed is not opened at all (ESTALE: the mount lists the
+    folder again); a handle that cannot tell its listing notes nothing."""
     from vfs.backends.decant import DecantBackend
     from vfs.backends.objects import BoundBackend
     from vfs.decant.digests import archive_digests
@@ -333,7 +335,13 @@ def test_a_whole_first_read_of_a_bucket_archive_notes_its_digest_map(
         info = folder.stat(KEY)
         assert info is not None and info.etag
         want = archive_digests(packed[1])
-        for listed, noted in ((info, want), (replace(info, etag='"other"'), None)):
+        stale = BoundBackend(DecantBackend(PageCache(64 << 20)), folder, lambda p: p.name,
+                             (".zarr.zip",))  # fmt: skip
+        path.info = replace(info, etag='"other"')
+        with pytest.raises(OSError) as raised:
+            stale.open(path, "", stale.describe(path).root)
+        assert raised.value.errno == errno.ESTALE
+        for listed, noted in ((info, want), (None, None)):
             # A fresh cache each time: the handle must read every chunk itself.
             backend = BoundBackend(DecantBackend(PageCache(64 << 20)), folder,
                                    lambda p: p.name, (".zarr.zip",))  # fmt: skip

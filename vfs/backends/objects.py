@@ -8,12 +8,13 @@ objects (no format claims them) are served as they are by `ObjectBackend`.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Callable, Mapping
 from pathlib import PurePosixPath
 from typing import Any
 
 from vfs.backends.base import Description, Entry
-from vfs.stores.base import ByteSource, Folder, ObjectPath
+from vfs.stores.base import ByteSource, Folder, ObjectInfo, ObjectPath
 
 KeyOf = Callable[[PurePosixPath], str]
 
@@ -52,8 +53,10 @@ class BoundBackend:
         lookup = getattr(self.inner, "digests", None)
         if lookup is not None:
             digests = lookup(path)
-        opened = self.inner.open_at(self.folder, self.key_of(path), member, entry, digests)
         info = getattr(path, "info", None)
+        key = self.key_of(path)
+        folder = self.folder if info is None else _Listed(self.folder, key, info)
+        opened = self.inner.open_at(folder, key, member, entry, digests)
         if info is not None and hasattr(opened, "listed_etag"):
             opened.listed_etag = info.etag  # what the handle's noted digests must belong to
         return opened
@@ -83,7 +86,43 @@ class ObjectBackend:
         return self.describe_info(path)
 
     def open(self, path: PurePosixPath, member: str, entry: Entry) -> ObjectFile:
-        return ObjectFile(self.folder.open(self.key_of(path)))
+        key, info = self.key_of(path), getattr(path, "info", None)
+        folder = self.folder if info is None else _Listed(self.folder, key, info)
+        return ObjectFile(folder.open(key))
+
+
+class _Listed:
+    """The bucket folder for one open of the object at `key`: what opens there must be the
+    version listed (`info`), else ESTALE, as for a local archive replaced since its listing.
+    The mount then lists the folder again and the kernel's retry opens what is there now.
+    Opened as it was instead (a HEAD gives the object's current ETag, to which every ranged
+    GET is then pinned), another host's replacement was read under the old listing's size
+    and digests: every read failed with EIO, logged as damage, until the next relisting.
+    Size and ETag are compared, not the modification time: a listing and a HEAD may give it
+    at different precisions."""
+
+    def __init__(self, folder: Folder, key: str, info: ObjectInfo) -> None:
+        self._folder = folder
+        self._key = key
+        self._info = info
+
+    def open(self, key: str) -> Any:
+        source = self._folder.open(key)
+        now = getattr(source, "info", None)
+        if key == self._key and now is not None and _replaced(self._info, now):
+            source.close()
+            url = getattr(self._folder, "url_of", str)(key)
+            raise OSError(errno.ESTALE, "replaced in the bucket since it was listed", url)
+        return source
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._folder, name)
+
+
+def _replaced(listed: ObjectInfo, now: ObjectInfo) -> bool:
+    if listed.size != now.size:
+        return True
+    return bool(listed.etag and now.etag) and listed.etag != now.etag
 
 
 class ObjectFile:

@@ -93,6 +93,14 @@ class BucketTree(SourceTree):
             for listing in self._listings.values():
                 listing.at = float("-inf")
 
+    def forget_listing(self, folder: Path) -> None:
+        """`folder` is listed afresh at its next use: an object of it opened as another
+        version than listed (replaced by another host since; ESTALE)."""
+        with self._lock:
+            listing = self._listings.get(self.key_of(folder))
+            if listing is not None:
+                listing.at = float("-inf")
+
     def note_published(self, key: str, etag: str, st: os.stat_result | None) -> None:
         """The write side placed an object at `key` (`st`: the spooled file's stat, which it
         shows) or withdrew it (None): its folder (and the folders above, one of which may be

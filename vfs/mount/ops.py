@@ -607,6 +607,9 @@ class DecantOperations(pyfuse3.Operations):
         found = self.inodes.folder_of(node.real.parent)
         if found is None:
             return
+        forget = getattr(self.tree, "forget_listing", None)  # a bucket's listings are kept
+        if forget is not None:
+            forget(node.real.parent)
         with contextlib.suppress(OSError, pyfuse3.FUSEError):
             async with self.inodes.locked(found[0]):
                 await self._show(found[0], sorted(self.tree.presented_names({node.real.name})))
