@@ -341,6 +341,12 @@ def test_a_whole_first_read_of_a_bucket_archive_notes_its_digest_map(
         with pytest.raises(OSError) as raised:
             stale.open(path, "", stale.describe(path).root)
         assert raised.value.errno == errno.ESTALE
+        # The digests a verdict records when its reads noted none: of the listed version only.
+        with pytest.raises(OSError) as raised:
+            stale.chunk_digests(path)
+        assert raised.value.errno == errno.ESTALE
+        path.info = info
+        assert stale.chunk_digests(path) == want
         for listed, noted in ((info, want), (None, None)):
             # A fresh cache each time: the handle must read every chunk itself.
             backend = BoundBackend(DecantBackend(PageCache(64 << 20)), folder,

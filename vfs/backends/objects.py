@@ -38,8 +38,14 @@ class BoundBackend:
             record = getattr(self.inner, "chunk_digests_at", None)
             if record is None:
                 raise AttributeError(name)
-            return lambda path: record(self.folder, self.key_of(path))
+            return lambda path: record(self._listed(path), self.key_of(path))
         return getattr(self.inner, name)
+
+    def _listed(self, path: PurePosixPath) -> Any:
+        """The folder, for reading the object `path` names: pinned to the version its listing
+        gave, where it gave one (a verdict's digests must be of the version that verified)."""
+        info = getattr(path, "info", None)
+        return self.folder if info is None else _Listed(self.folder, self.key_of(path), info)
 
     def claims(self, path: PurePosixPath, is_dir: bool) -> bool:
         ends = self._dir_suffixes if is_dir else self._suffixes
@@ -54,9 +60,7 @@ class BoundBackend:
         if lookup is not None:
             digests = lookup(path)
         info = getattr(path, "info", None)
-        key = self.key_of(path)
-        folder = self.folder if info is None else _Listed(self.folder, key, info)
-        opened = self.inner.open_at(folder, key, member, entry, digests)
+        opened = self.inner.open_at(self._listed(path), self.key_of(path), member, entry, digests)
         if info is not None and hasattr(opened, "listed_etag"):
             opened.listed_etag = info.etag  # what the handle's noted digests must belong to
         return opened

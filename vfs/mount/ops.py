@@ -718,7 +718,11 @@ class DecantOperations(pyfuse3.Operations):
         if held is None:
             # From now on every chunk read from disk is checked against these before decoding
             # (an archive of more chunks than a map may hold has none: its CRC-32s stay).
-            digests = seen if seen is not None else record(path)
+            try:
+                digests = seen if seen is not None else record(path)
+            except (OSError, DecantError) as exc:  # replaced meanwhile (ESTALE), store down
+                log.info("%s: chunk digests not recorded (%s)", path, exc)
+                return
             if digests is not None:
                 index.put_digests(path, stamp, digests)
         elif seen is not None and len(seen) > len(held):
