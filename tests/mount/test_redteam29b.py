@@ -3,8 +3,10 @@ a real mount run by root with `-o allow_other` (see test_access_control.py for t
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -46,3 +48,35 @@ def test_status_shows_the_free_space_there_is_before_anything_was_written(
     low = min(before.f_bavail * before.f_frsize, after.f_bavail * after.f_frsize)
     high = max(before.f_bavail * before.f_frsize, after.f_bavail * after.f_frsize)
     assert low - SLACK <= space["free"] <= high + SLACK, (space, low, high)
+
+
+def _failed_paths(text: str) -> list[str]:
+    return [e["path"] for e in json.loads(text).get("failed", [])]
+
+
+def test_status_names_no_folder_the_reader_may_not_enter(
+    shared: tuple[Path, Mount], unprivileged: User
+) -> None:
+    """`.decant-status` names a reader's own failed files only, and "never names from folders it
+    may not list" (vfs/mount/status.py); the filter looked at the spooled file's owner alone. A
+    user's file that cannot be published, in a shared folder another user then moves into their
+    own 0700 folder under a new name, showed that user the folder's new name and where it lies."""
+    src, m = shared
+    (m.mnt / "drop").mkdir(mode=0o777)
+    (m.mnt / "drop").chmod(0o1777)
+    done = unprivileged.run("/usr/bin/cp", "/etc/hostname", str(m.mnt / "drop" / "mine.txt"))
+    assert done.returncode == 0, done.stderr
+    (src / "drop" / "mine.txt").mkdir()  # its name taken in SRC: it can never be published
+    (m.mnt / "private").mkdir(mode=0o700)
+    os.rename(m.mnt / "drop", m.mnt / "private" / "carol-layoffs")  # the other user (root here)
+    want = "private/carol-layoffs/mine.txt"
+    for _ in range(200):  # root sees every name: wait until it is reported failed again
+        if want in _failed_paths((m.mnt / ".decant-status").read_text()):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("never reported as failed")
+    assert unprivileged.errno_of("os.listdir(p)", p=m.mnt / "private") == errno.EACCES  # control
+    seen = unprivileged.run("/usr/bin/cat", str(m.mnt / ".decant-status"))
+    assert seen.returncode == 0, seen.stderr
+    assert "carol-layoffs" not in seen.stdout, seen.stdout
