@@ -83,5 +83,10 @@ class SpaceGuard:
             return False
 
     def status(self) -> dict[str, Any]:
+        """As the filesystem tells it, at most REFRESH old: `_free` alone is the estimate
+        `admit` keeps (0 until the first write asked, then less what was admitted since)."""
+        with self._lock:
+            if time.monotonic() - self._at > REFRESH:
+                self._refresh()
         return {"free": self._free, "min_free": self.min_free, "refusing_writes": self.refusing,
                 "refused": self.refused}  # fmt: skip

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import pwd
 import stat
 from pathlib import Path
 
@@ -79,6 +80,46 @@ def readable_beneath(
     if not _granted(st, uid, groups, read=True, search=is_dir):
         return None
     return st.st_dev, st.st_ino
+
+
+def user_groups(uid: int) -> set[int]:
+    """The groups of the user `uid` as the user database lists them (primary and
+    supplementary), or none for a uid without an entry (the check is then stricter)."""
+    try:
+        entry = pwd.getpwuid(uid)
+        return set(os.getgrouplist(entry.pw_name, entry.pw_gid))
+    except (KeyError, OSError):
+        return set()
+
+
+def may_list_folder_of(root: Path, target: Path, uid: int) -> bool:
+    """Whether the user `uid` may list the folder holding `target` by its real path from
+    `root`: search permission on `root` and every folder on the way, read and search on the
+    folder itself. For names the daemon tells a user (`.decant-status`) that the user could not
+    otherwise see: a folder of theirs another user moved into a private folder under a new
+    name. Blocking: not on the event loop."""
+    if uid == 0:
+        return True
+    groups: set[int] | None = None
+
+    def check(st: os.stat_result, read: bool) -> bool:
+        nonlocal groups
+        if st.st_uid != uid and groups is None:
+            groups = user_groups(uid)
+        return _granted(st, uid, groups or set(), read=read, search=True)
+
+    def searchable(fd: int) -> None:
+        if not check(os.fstat(fd), read=False):
+            raise PermissionError(errno.EACCES, "no search permission on the way", str(target))
+
+    try:
+        dfd = parent_fd(root, target, searchable)
+        try:
+            return check(os.fstat(dfd), read=True)
+        finally:
+            os.close(dfd)
+    except OSError:
+        return False
 
 
 def _granted(

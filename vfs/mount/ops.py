@@ -31,7 +31,7 @@ from vfs.errors import DecantError
 from vfs.ingest.queue import PackQueue
 from vfs.ingest.spool import is_temp_name
 from vfs.ingest.writeside import Attrs, WriteSide
-from vfs.mount.access import may_change_entries, readable_beneath
+from vfs.mount.access import may_change_entries, may_list_folder_of, readable_beneath
 from vfs.mount.config import STATUS_NAME, MountConfig
 from vfs.mount.index import stamp_of
 from vfs.mount.inodes import ROOT_INODE, Folder, InodeTable
@@ -395,9 +395,16 @@ class DecantOperations(pyfuse3.Operations):
         if self.writer is None or not isinstance(relpath, str):
             return False
         try:
-            return os.lstat(self.writer.spool.path(relpath)).st_uid == uid
+            if os.lstat(self.writer.spool.path(relpath)).st_uid != uid:
+                return False
         except OSError:
             return False
+        root = self.tree.root
+        if isinstance(root, ObjectPath):  # a bucket's folders have no modes of their own
+            return True
+        # The user's own file, but maybe moved since into a folder they may not list (another
+        # user's rename of a folder holding it): its path would tell them that folder's name.
+        return may_list_folder_of(root, root / relpath, uid)
 
     # -- namespace handlers ----------------------------------------------------------------
 
