@@ -53,9 +53,10 @@ def main(command: str, argv: list[str]) -> int:
         return 2
     with workdir(args.workdir) as work:
         # A fresh server each run, even in a kept --workdir (its inputs are what is reused):
-        # the data of earlier runs' overwritten objects slowed the next runs' server (5.3 GiB
-        # after five runs: a warm-index `ls -l` of 1,000 archives 0.15-0.26 s -> 0.64-0.82 s,
-        # the same code against a fresh server 0.13-0.19 s).
+        # five runs had left 5.3 GiB of overwritten objects' data behind. Whether that slowed
+        # the server is not shown: a warm-index `ls -l` of 1,000 archives ran 0.64-0.82 s in
+        # four runs, stale data or not, and 0.10-0.19 s in the next four and in A/B rounds of
+        # old and new code at the time; the host's state changed in between.
         shutil.rmtree(work / "seaweed", ignore_errors=True)
         server = SeaweedServer(work / "seaweed", weed)
         log("starting SeaweedFS")
