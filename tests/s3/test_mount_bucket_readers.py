@@ -114,6 +114,20 @@ def chunk_count(archive: Path) -> int:
         return sum(1 for i in zf.infolist() if is_chunk_key(i.filename))
 
 
+def another_stack(tmp_path: Path) -> tuple[Path, Path]:
+    """Another original named like the packed one (4 planes of 7s), and its archive: what
+    another host puts in the bucket in its place."""
+    import numpy as np
+    import tifffile
+
+    from vfs.decant.packer import PackOptions, pack_file
+
+    other = tmp_path / "other" / NAME
+    other.parent.mkdir()
+    tifffile.imwrite(other, np.full((4, 256, 1024), 7, dtype=np.uint16), photometric="minisblack")
+    return other, pack_file(other, tmp_path / "other.zarr.zip", PackOptions()).archive
+
+
 def test_the_verification_a_partial_read_queues_reads_ahead(
     daemon: Callable[..., Daemon], packed: tuple[Path, Path]
 ) -> None:
@@ -215,17 +229,9 @@ def test_an_archive_replaced_under_a_reader_gives_estale_never_the_new_bytes(
     read-ahead GETs pinned to the old ETag are in flight or queued: every read gives the old
     original's bytes (what read-ahead fetched before) or ESTALE, never the new object's; a new
     open reads the new original."""
-    import numpy as np
-    import tifffile
-
-    from vfs.decant.packer import PackOptions, pack_file
-
     tif, _archive = packed
     original = tif.read_bytes()
-    other = tmp_path / "other" / NAME
-    other.parent.mkdir()
-    tifffile.imwrite(other, np.full((4, 256, 1024), 7, dtype=np.uint16), photometric="minisblack")
-    replacement = pack_file(other, tmp_path / "other.zarr.zip", PackOptions()).archive
+    other, replacement = another_stack(tmp_path)
     # Read-ahead of 2 MiB (a 4th of the cache): most of the archive is read after the put.
     d = daemon("--cache-size", "8M", "--relist", "1s")
     path = d.mnt / NAME
@@ -259,16 +265,8 @@ def test_an_archive_replaced_after_its_listing_opens_as_the_new_one(
     and the key is listed again, so the kernel's retry opens the new original. Before, the open
     pinned the new object under the old listing's size and digests: every read failed with EIO,
     logged as damage, until the next relisting."""
-    import numpy as np
-    import tifffile
-
-    from vfs.decant.packer import PackOptions, pack_file
-
     tif, _archive = packed
-    other = tmp_path / "other" / NAME
-    other.parent.mkdir()
-    tifffile.imwrite(other, np.full((4, 256, 1024), 7, dtype=np.uint16), photometric="minisblack")
-    replacement = pack_file(other, tmp_path / "other.zarr.zip", PackOptions()).archive
+    other, replacement = another_stack(tmp_path)
     d = daemon("--relist", "10m")
     path = d.mnt / NAME
     assert path.read_bytes() == tif.read_bytes()
