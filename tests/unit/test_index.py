@@ -27,6 +27,21 @@ def test_verified_state_is_lost_when_the_file_is_rewritten_with_its_mtime_restor
     index.close()
 
 
+def test_a_description_is_kept_for_the_inode_and_ctime_it_was_made_from(tmp_path: Path) -> None:
+    """An archive rewritten in place with its mtime put back (`cp -p`, `touch -r`) keeps path,
+    size and mtime: its predecessor's description (and sha256) must not stand in for it."""
+    from vfs.backends.base import Description, Entry
+
+    index = DescriptionIndex(tmp_path / "index.sqlite")
+    archive = tmp_path / "a.zarr.zip"
+    desc = Description(name="a", root=Entry(is_dir=True))
+    index.put(archive, "decant", 10, 20, desc, 30, 40)
+    assert index.get(archive, "decant", 10, 20, 30, 40) == desc
+    assert index.get(archive, "decant", 10, 20, 30, 41) is None  # ctime moved
+    assert index.get(archive, "decant", 10, 20, 31, 40) is None  # another inode
+    index.close()
+
+
 def test_an_index_of_another_schema_version_is_set_aside(tmp_path: Path) -> None:
     db_path = tmp_path / "index.sqlite"
     old = sqlite3.connect(db_path)
