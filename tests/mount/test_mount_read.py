@@ -75,6 +75,10 @@ def test_xattrs_name_archive_digest_and_mode(corpus_mount) -> None:  # type: ign
         assert os.getxattr(shown, "user.decant.sha256").decode() == sha256(path)
         assert os.getxattr(shown, "user.decant.archive").decode() == f"{path.name}.zarr.zip"
         assert os.getxattr(shown, "user.decant.mode") in (b"byte-exact", b"verbatim")
+    for name in ("security.selinux", "system.posix_acl_access", "trusted.decant", "user.nope"):
+        with pytest.raises(OSError) as absent:  # what `ls -l` probes: answered before any lookup
+            os.getxattr(m.mnt / "zstack_u16.tif", name)
+        assert absent.value.errno in (errno.ENODATA, errno.EOPNOTSUPP), (name, absent.value)
     out = subprocess.run(["getfattr", "-d", str(m.mnt / "zstack_u16.tif")],
                          capture_output=True, text=True)  # fmt: skip
     if out.returncode == 0:
