@@ -189,15 +189,49 @@ def _listing(report: Report, args: Any, work: Path, store: S3Store, bucket: str,
     with mounted(daemon(url, mnt, index, logs), mnt, logs / "stderr.log"):
         cold = time_ls(mnt)
         shown = len(os.listdir(mnt))
-    times = []
+    times, beside = [], []
     for _ in range(args.repeat):
         drop_caches()
-        with mounted(daemon(url, mnt, index, logs), mnt, logs / "stderr.log"):
+        listed = _list_seconds(store, "many/")
+        with mounted(daemon(url, mnt, index, logs), mnt, logs / "stderr.log") as m:
+            before = (cpu_seconds(m.pid), _weed_cpu(), _busy_ticks())
             times.append(time_ls(mnt))
+            after = (cpu_seconds(m.pid), _weed_cpu(), _busy_ticks())
+        busy = (after[2][0] - before[2][0]) / max(1, after[2][1] - before[2][1])
+        beside.append(f"LIST {listed:.3f} s, CPU daemon {after[0] - before[0]:.2f} s, server "
+                      f"{after[1] - before[1]:.2f} s, machine {busy:.0%} busy")  # fmt: skip
     report.add(f"ls -l of {shown} archives, empty index", f"{cold:.2f} s", "describes each (GETs)")
     report.add(f"ls -l of {shown} archives, warm index", f"{min(times):.3f} s",
                f"fresh daemon each; rounds {', '.join(f'{t:.3f}' for t in times)}")  # fmt: skip
+    for t, why in zip(times, beside, strict=True):
+        report.add("  round", f"{t:.3f} s", why)
     report.target("ls -l warm index (worst round)", max(times), 0.3, "s", at_most=True)
+
+
+def _list_seconds(store: S3Store, prefix: str) -> float:
+    """Seconds the server takes to LIST `prefix` whole (obstore): the floor of a fresh
+    daemon's listing, measured just before each round (the server's state varies)."""
+    start = time.perf_counter()
+    for _page in obstore.list(store, prefix=prefix):
+        pass
+    return time.perf_counter() - start
+
+
+def _weed_cpu() -> float:
+    """CPU seconds used so far by every `weed` process (the server shares the 2 cores)."""
+    total = 0.0
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                if (proc / "comm").read_text().strip() == "weed":
+                    total += cpu_seconds(int(proc.name))
+    return total
+
+
+def _busy_ticks() -> tuple[int, int]:
+    """(busy, total) CPU ticks of the whole machine so far (/proc/stat; iowait is idle)."""
+    v = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    return sum(v) - v[3] - v[4], sum(v)
 
 
 def _warm(report: Report, args: Any, work: Path, tif: Path, archive: Path, url: str,
