@@ -87,11 +87,11 @@ def test_descriptions_of_another_version_are_rebuilt(tmp_path: Path) -> None:
         Description.from_json(old)
     index = DescriptionIndex(tmp_path / "index.sqlite")
     path = tmp_path / "p.tar.c4gh"
-    index.put(path, "c4gh", 10, 20, desc)
-    assert index.get(path, "c4gh", 10, 20) == desc
+    index.put(path, "c4gh", 10, 20, desc, 30, 40)
+    assert index.get(path, "c4gh", 10, 20, 30, 40) == desc
     with sqlite3.connect(index.path) as db:  # what an older daemon left behind
         db.execute("UPDATE descriptions SET doc=?", (json.dumps(old),))
-    assert index.get(path, "c4gh", 10, 20) is None
+    assert index.get(path, "c4gh", 10, 20, 30, 40) is None
     index.close()
 
 

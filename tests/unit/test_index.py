@@ -75,9 +75,9 @@ def test_names_that_are_not_utf8_are_kept_apart_from_every_other_name(tmp_path: 
     spelled = tmp_path / "w\\xff.zarr.zip"
     index = DescriptionIndex(tmp_path / "index.sqlite")
     desc = Description(name="w.tif", root=Entry(is_dir=True))
-    index.put(odd, "decant", 10, 20, desc)
-    assert index.get(odd, "decant", 10, 20) == desc
-    assert index.get(spelled, "decant", 10, 20) is None
+    index.put(odd, "decant", 10, 20, desc, 30, 40)
+    assert index.get(odd, "decant", 10, 20, 30, 40) == desc
+    assert index.get(spelled, "decant", 10, 20, 30, 40) is None
     stamp = (10, 20, 30, 40)
     member = os.fsdecode(b"m\xfe.txt")
     index.mark_verified(odd, member, stamp, "ab" * 32)

@@ -104,8 +104,10 @@ class DescriptionIndex:
         return db
 
     def get(
-        self, path: Path, backend: str, size: int, mtime_ns: int, ino: int = 0, ctime_ns: int = 0
+        self, path: Path, backend: str, size: int, mtime_ns: int, ino: int, ctime_ns: int
     ) -> Description | None:
+        """The description kept for this very version of `path` (the inode and ctime too: a
+        file rewritten in place with its size and mtime put back is another version)."""
         with self._lock:
             row = self._db.execute(
                 "SELECT doc FROM descriptions WHERE path=? AND backend=? AND size=? AND mtime_ns=? "
@@ -121,8 +123,8 @@ class DescriptionIndex:
         size: int,
         mtime_ns: int,
         desc: Description,
-        ino: int = 0,
-        ctime_ns: int = 0,
+        ino: int,
+        ctime_ns: int,
     ) -> None:
         doc = desc.json_text()  # not a dict an entry first: a package may hold 100,000
         with self._lock:
