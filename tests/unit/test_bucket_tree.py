@@ -230,3 +230,42 @@ def test_a_package_tree_let_go_comes_back_for_its_own_object_only(tmp_path: Path
         tree.children_of_archive_node(old)
     assert raised.value.errno == errno.ESTALE
     index.close()
+
+
+class CoarseHeads(FakeBucket):
+    """A store that lists modification times in milliseconds and gives them in whole seconds
+    in a HEAD's Last-Modified (MinIO does; SeaweedFS gives seconds in both)."""
+
+    def _info(self, key: str) -> ObjectInfo:
+        info = super()._info(key)
+        return ObjectInfo(info.key, info.size, info.mtime + 0.123, info.etag)
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        info = super().stat(key)
+        return None if info is None else ObjectInfo(key, info.size, int(info.mtime), info.etag)
+
+
+def test_a_tree_let_go_without_an_index_comes_back_whatever_the_heads_precision() -> None:
+    """Without an index, a package tree let go is described again from the object, checked by
+    a HEAD to be the version listed: by size and ETag, as an open is. Compared by the whole
+    identity, the listing's milliseconds against the HEAD's seconds made every such package
+    ESTALE for good (until relisted, and then again)."""
+    bucket = CoarseHeads({"a.tar": tar_of(["a1", "a2"]), "b.tar": tar_of(["b1", "b2"])})
+    inner = TarAt()
+    tree: BucketTree
+
+    def key_of(path: Path) -> str:
+        return tree.key_of(path)
+
+    bound = BoundBackend(inner, bucket, key_of, (".tar",))
+    tree = BucketTree(bucket, ObjectPath.of_url(bucket.name), [bound], None, relist=3600)  # type: ignore[arg-type]
+    tree.trees.budget = 3  # one tree of three entries
+    kids = tree.scan(tree.root)
+    tree.children_of_archive_node(kids["b.tar"])  # a's tree let go
+    assert sorted(tree.children_of_archive_node(kids["a.tar"])) == ["a1", "a2"]
+    assert inner.described == 3
+    tree.children_of_archive_node(kids["b.tar"])
+    bucket.files["a.tar"] = tar_of(["new1", "new2"])  # replaced: another size and ETag
+    with pytest.raises(OSError) as raised:
+        tree.children_of_archive_node(kids["a.tar"])
+    assert raised.value.errno == errno.ESTALE

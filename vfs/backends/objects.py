@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from vfs.backends.base import Description, Entry
-from vfs.stores.base import ByteSource, Folder, ObjectInfo, ObjectPath
+from vfs.stores.base import ByteSource, Folder, ObjectInfo, ObjectPath, replaced
 
 KeyOf = Callable[[PurePosixPath], str]
 
@@ -102,8 +102,7 @@ class _Listed:
     Opened as it was instead (a HEAD gives the object's current ETag, to which every ranged
     GET is then pinned), another host's replacement was read under the old listing's size
     and digests: every read failed with EIO, logged as damage, until the next relisting.
-    Size and ETag are compared, not the modification time: a listing and a HEAD may give it
-    at different precisions."""
+    Compared by size and ETag (vfs.stores.base.replaced)."""
 
     def __init__(self, folder: Folder, key: str, info: ObjectInfo) -> None:
         self._folder = folder
@@ -113,7 +112,7 @@ class _Listed:
     def open(self, key: str) -> Any:
         source = self._folder.open(key)
         now = getattr(source, "info", None)
-        if key == self._key and now is not None and _replaced(self._info, now):
+        if key == self._key and now is not None and replaced(self._info, now):
             source.close()
             url = getattr(self._folder, "url_of", str)(key)
             raise OSError(errno.ESTALE, "replaced in the bucket since it was listed", url)
@@ -121,12 +120,6 @@ class _Listed:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._folder, name)
-
-
-def _replaced(listed: ObjectInfo, now: ObjectInfo) -> bool:
-    if listed.size != now.size:
-        return True
-    return bool(listed.etag and now.etag) and listed.etag != now.etag
 
 
 class ObjectFile:

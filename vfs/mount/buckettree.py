@@ -31,7 +31,7 @@ from vfs.mount.index import DescriptionIndex, object_description
 from vfs.mount.tree import SourceTree, index_key
 from vfs.names import name_problem
 from vfs.nodes import Node, archive_node, mirror_node
-from vfs.stores.base import Folder, ObjectInfo, ObjectPath, etag_number, join_key
+from vfs.stores.base import Folder, ObjectInfo, ObjectPath, etag_number, join_key, replaced
 
 log = logging.getLogger(__name__)
 
@@ -360,7 +360,7 @@ class BucketTree(SourceTree):
 
     def _still(self, path: Path, info: ObjectInfo) -> None:
         now = self.folder.stat(info.key)
-        if now is None or now.identity != info.identity:
+        if now is None or replaced(info, now):
             raise OSError(errno.ESTALE, f"{path}: replaced in the bucket since it was listed")
 
     def describe(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:

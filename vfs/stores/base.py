@@ -33,6 +33,15 @@ class ObjectInfo:
         return (self.key, self.size, self.mtime, self.etag)
 
 
+def replaced(listed: ObjectInfo, now: ObjectInfo) -> bool:
+    """Whether `now` (a HEAD, an open) is another version of the object than `listed` (a LIST):
+    by size and ETag, not by modification time: a listing and a HEAD may give it at different
+    precisions (MinIO lists milliseconds; a Last-Modified header holds whole seconds)."""
+    if listed.size != now.size:
+        return True
+    return bool(listed.etag and now.etag) and listed.etag != now.etag
+
+
 class ByteSource(Protocol):
     """One immutable blob. `read` returns exactly `size` bytes or raises; thread-safe."""
 
