@@ -201,12 +201,8 @@ def tar_of(names: list[str]) -> bytes:
     return buf.getvalue()
 
 
-def test_a_package_tree_let_go_comes_back_for_its_own_object_only(tmp_path: Path) -> None:
-    """Trees of a bucket's folder archives share the bounded LRU: one let go is read back from
-    the index for the object identity its node was listed with; once the object is replaced
-    (and the index holds the new one), the old node gets ESTALE, not the new object's members."""
-    bucket = FakeBucket({"a.tar": tar_of(["a1", "a2"]), "b.tar": tar_of(["b1", "b2"])})
-    index = DescriptionIndex(tmp_path / "index.sqlite")
+def tar_tree(bucket: FakeBucket, index: DescriptionIndex | None) -> tuple[BucketTree, TarAt]:
+    """A tree of `bucket`'s TAR objects as folders, keeping one tree of three entries."""
     inner = TarAt()
     tree: BucketTree
 
@@ -216,6 +212,16 @@ def test_a_package_tree_let_go_comes_back_for_its_own_object_only(tmp_path: Path
     bound = BoundBackend(inner, bucket, key_of, (".tar",))
     tree = BucketTree(bucket, ObjectPath.of_url(bucket.name), [bound], index, relist=3600)  # type: ignore[arg-type]
     tree.trees.budget = 3  # one tree of three entries
+    return tree, inner
+
+
+def test_a_package_tree_let_go_comes_back_for_its_own_object_only(tmp_path: Path) -> None:
+    """Trees of a bucket's folder archives share the bounded LRU: one let go is read back from
+    the index for the object identity its node was listed with; once the object is replaced
+    (and the index holds the new one), the old node gets ESTALE, not the new object's members."""
+    bucket = FakeBucket({"a.tar": tar_of(["a1", "a2"]), "b.tar": tar_of(["b1", "b2"])})
+    index = DescriptionIndex(tmp_path / "index.sqlite")
+    tree, inner = tar_tree(bucket, index)
     kids = tree.scan(tree.root)
     old = kids["a.tar"]
     assert old.entry is None and len(tree.trees) == 1 and inner.described == 2
@@ -251,15 +257,7 @@ def test_a_tree_let_go_without_an_index_comes_back_whatever_the_heads_precision(
     identity, the listing's milliseconds against the HEAD's seconds made every such package
     ESTALE for good (until relisted, and then again)."""
     bucket = CoarseHeads({"a.tar": tar_of(["a1", "a2"]), "b.tar": tar_of(["b1", "b2"])})
-    inner = TarAt()
-    tree: BucketTree
-
-    def key_of(path: Path) -> str:
-        return tree.key_of(path)
-
-    bound = BoundBackend(inner, bucket, key_of, (".tar",))
-    tree = BucketTree(bucket, ObjectPath.of_url(bucket.name), [bound], None, relist=3600)  # type: ignore[arg-type]
-    tree.trees.budget = 3  # one tree of three entries
+    tree, inner = tar_tree(bucket, None)
     kids = tree.scan(tree.root)
     tree.children_of_archive_node(kids["b.tar"])  # a's tree let go
     assert sorted(tree.children_of_archive_node(kids["a.tar"])) == ["a1", "a2"]
