@@ -1,0 +1,178 @@
+"""Red team, round 30: hostile archives served from a bucket, read through a real mount."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+import os
+import struct
+import subprocess
+import threading
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import obstore
+import pytest
+from obstore.store import S3Store
+
+from tests.mount.conftest import HAVE_FUSE, Mount
+from tests.s3.conftest import S3Bucket
+from tests.toolbox import load_tool, proc_status
+from vfs.decant.packer import PackResult
+
+pytestmark = [
+    pytest.mark.mount,
+    pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3"),
+]
+
+GOOD_D = "imagej_hyperstack_tzc_u16.tif"
+GOOD_V = "zlib_u16.tif"
+CACHE_MIB = 64
+RSS_LIMIT_MIB = 600  # as the local hostile test: the daemon's own ~300 MiB, the cache, 150 MiB
+
+
+def cat(path: Path) -> bytes:
+    out = subprocess.run(["cat", str(path)], capture_output=True, timeout=60, check=False)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def client(bucket: S3Bucket) -> S3Store:
+    return S3Store(bucket.name, client_options={"allow_http": True})
+
+
+@pytest.fixture
+def bucket_mount(tmp_path: Path) -> Iterator[Callable[..., Mount]]:
+    mounts: list[Mount] = []
+
+    def factory(url: str, *extra: str, name: str = "mnt") -> Mount:
+        m = Mount(url, tmp_path / name, tmp_path / f"{name}.log", tmp_path / f"{name}-index")  # type: ignore[arg-type]
+        mounts.append(m)
+        return m.start(*extra)
+
+    yield factory
+    for m in mounts:
+        m.stop()
+
+
+def _eocd(data: bytes) -> int:
+    at = data.rfind(b"PK\x05\x06")
+    assert at >= 0
+    return at
+
+
+def _cd(data: bytes) -> int:
+    return struct.unpack_from("<L", data, _eocd(data) + 16)[0]
+
+
+def zip_lies(good: bytes) -> dict[str, bytes]:
+    """Zips whose end record or central directory lie, each made from `good` by one edit."""
+    out: dict[str, bytes] = {}
+    e = _eocd(good)
+    cd = _cd(good)
+
+    def eocd(fmt: str, at: int, value: int) -> bytes:
+        raw = bytearray(good)
+        struct.pack_into(fmt, raw, e + at, value)
+        return bytes(raw)
+
+    out["cd-offset-past-end"] = eocd("<L", 16, len(good) + 1000)
+    out["cd-size-past-end"] = eocd("<L", 12, 0x7FFF_FFFF)
+    entries = bytearray(eocd("<H", 8, 0xFFFF))
+    struct.pack_into("<H", entries, e + 10, 0xFFFF)
+    out["entries-65535"] = bytes(entries)
+    # the first central record's local header offset, and its sizes, past the object
+    raw = bytearray(good)
+    names = []
+    at = cd
+    while raw[at : at + 4] == b"PK\x01\x02":
+        nlen, xlen, clen = struct.unpack_from("<3H", raw, at + 28)
+        names.append((at, bytes(raw[at + 46 : at + 46 + nlen])))
+        at += 46 + nlen + xlen + clen
+    chunk_rec = next(a for a, n in names if n.startswith(b"0/") and b"/." not in n)
+    off = bytearray(good)
+    struct.pack_into("<L", off, chunk_rec + 42, len(good) + 10)
+    out["entry-offset-past-end"] = bytes(off)
+    size = bytearray(good)
+    struct.pack_into("<L", size, chunk_rec + 20, 0x7FFF_0000)  # compressed size
+    struct.pack_into("<L", size, chunk_rec + 24, 0x7FFF_0000)
+    out["entry-size-past-end"] = bytes(size)
+    # a comment of 65,535 bytes: valid, and must read as the good archive
+    com = bytearray(good)
+    struct.pack_into("<H", com, e + 20, 0xFFFF)
+    out["comment-64k"] = bytes(com) + b"\0" * 0xFFFF
+    out["truncated-half"] = good[: len(good) // 2]
+    out["tail-only"] = good[cd:]
+    return out
+
+
+def test_hostile_archives_in_a_bucket_fail_alone(
+    s3_bucket: S3Bucket,
+    packed_corpus: dict[str, PackResult],
+    corpus: dict[str, Path],
+    tmp_path: Path,
+    bucket_mount: Callable[..., Mount],
+) -> None:
+    store = client(s3_bucket)
+    for name, result in packed_corpus.items():
+        obstore.put(store, s3_bucket.key(f"good/{name}.zarr.zip"), result.archive.read_bytes())
+    made = load_tool("fuzz").headline_cases(
+        packed_corpus[GOOD_D].archive, packed_corpus[GOOD_V].archive, tmp_path / "hostile"
+    )
+    hostile = {case: path.read_bytes() for case, path in made.items()}
+    hostile.update(zip_lies(packed_corpus[GOOD_D].archive.read_bytes()))
+    for case, data in hostile.items():
+        obstore.put(store, s3_bucket.key(f"hostile/{case}/{GOOD_D}.zarr.zip"), data)
+    for case, path in made.items():  # the same edits as NAME.zarr/ key prefixes
+        with zipfile.ZipFile(io.BytesIO(path.read_bytes())) as zf:
+            for info in zf.infolist():
+                key = f"hostile/dir-{case}/{GOOD_D}.zarr/{info.filename}"
+                obstore.put(store, s3_bucket.key(key), zf.read(info))
+        hostile[f"dir-{case}"] = b""
+
+    m = bucket_mount(s3_bucket.url(), "--cache-size", f"{CACHE_MIB}M", "--no-index")
+    assert m.proc is not None
+    results: dict[str, str] = {}
+
+    def hammer(case: str) -> None:
+        folder = m.mnt / "hostile" / case
+        try:
+            shown = os.listdir(folder)
+            got = []
+            for name in shown:
+                try:
+                    data = (folder / name).read_bytes()
+                    ok = data == (corpus[GOOD_D].read_bytes() if name == GOOD_D else hostile[case])
+                    got.append(f"{name}:{'same' if ok else 'DIFFERENT'}")
+                except OSError as exc:
+                    got.append(f"{name}:{errno.errorcode.get(exc.errno or 0)}")
+            results[case] = " ".join(got)
+        except BaseException as exc:
+            results[case] = f"listing: {exc!r}"
+
+    threads = [threading.Thread(target=hammer, args=(case,)) for case in hostile]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    # Each one fails alone: shown raw (its own bytes) or as its original that gives EIO;
+    # one holding no lie to the reader (a long comment, a wrong entry count) reads byte-exact.
+    wrong = {c: r for c, r in results.items() if "DIFFERENT" in r or "listing" in r or not r}
+    assert not wrong, wrong
+    for case in ("comment-64k", "entries-65535"):
+        assert results[case] == f"{GOOD_D}:same", results[case]
+    for name, path in sorted(corpus.items()):
+        got = hashlib.sha256((m.mnt / "good" / name).read_bytes()).hexdigest()
+        assert got == hashlib.sha256(path.read_bytes()).hexdigest(), name
+    assert m.proc.poll() is None, "the daemon exited"
+    hwm = proc_status(m.proc.pid, "VmHWM") >> 20
+    print(f"daemon VmHWM {hwm} MiB; {json.dumps(results, indent=1)}")
+    log = m.log_text()
+    assert "Traceback" not in log
+    for case, result in results.items():
+        if "EIO" in result:  # the log names the key
+            assert f"hostile/{case}/{GOOD_D}.zarr" in log, case
+    assert hwm < RSS_LIMIT_MIB
