@@ -10,6 +10,7 @@ import os
 import struct
 import subprocess
 import threading
+import time
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -176,3 +177,45 @@ def test_hostile_archives_in_a_bucket_fail_alone(
         if "EIO" in result:  # the log names the key
             assert f"hostile/{case}/{GOOD_D}.zarr" in log, case
     assert hwm < RSS_LIMIT_MIB
+
+
+# Two 128-byte blocks with one MD5 (Wang et al. 2004, as printed in Wikipedia's "MD5"); followed
+# by the same bytes, whole objects keep the one MD5: an S3 ETag (the MD5 of a single-PUT body).
+MD5_A = bytes.fromhex(
+    "d131dd02c5e6eec4693d9a0698aff95c2fcab58712467eab4004583eb8fb7f89"
+    "55ad340609f4b30283e488832571415a085125e8f7cdc99fd91dbdf280373c5b"
+    "d8823e3156348f5bae6dacd436c919c6dd53e2b487da03fd02396306d248cda0"
+    "e99f33420f577ee8ce54b67080a80d1ec69821bcb6a8839396f9652b6ff72a70"
+)
+MD5_B = bytes.fromhex(
+    "d131dd02c5e6eec4693d9a0698aff95c2fcab50712467eab4004583eb8fb7f89"
+    "55ad340609f4b30283e4888325f1415a085125e8f7cdc99fd91dbd7280373c5b"
+    "d8823e3156348f5bae6dacd436c919c6dd53e23487da03fd02396306d248cda0"
+    "e99f33420f577ee8ce54b67080280d1ec69821bcb6a8839396f965ab6ff72a70"
+)
+
+
+def test_an_object_replaced_by_one_of_the_same_md5_is_not_served_from_the_disk_cache(
+    s3_bucket: S3Bucket, tmp_path: Path, bucket_mount: Callable[..., Mount]
+) -> None:
+    """--disk-cache keyed ranges by URL, ETag and range. A single PUT's ETag is the MD5 of its
+    body, and two bodies of one MD5 are easy to make: an object rewritten with such a twin
+    (a later Last-Modified, the same ETag) was served after a remount as the bytes kept from
+    the first one, without an error."""
+    tail = os.urandom(200_000)
+    first, second = MD5_A + tail, MD5_B + tail
+    assert first != second and hashlib.md5(first).digest() == hashlib.md5(second).digest()
+    store = client(s3_bucket)
+    key = s3_bucket.key("blob.bin")
+    obstore.put(store, key, first)
+    etag = obstore.head(store, key)["e_tag"]
+    cache = tmp_path / "ranges"
+    m = bucket_mount(s3_bucket.url(), "--disk-cache", str(cache), "--no-index")
+    assert cat(m.mnt / "blob.bin") == first
+    m.stop()
+    assert any(cache.iterdir()), "nothing was kept"
+    time.sleep(1.1)  # Last-Modified has whole seconds
+    obstore.put(store, key, second)
+    assert obstore.head(store, key)["e_tag"] == etag  # the store cannot tell them apart by it
+    again = bucket_mount(s3_bucket.url(), "--disk-cache", str(cache), "--no-index", name="again")
+    assert cat(again.mnt / "blob.bin") == second, "the first body's kept ranges were served"

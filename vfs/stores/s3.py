@@ -484,7 +484,7 @@ class S3Object:
         cache = self._folder.conn.disk_cache
         if cache is None or not self.info.etag:
             return self._get(offset, size)
-        key = cache.key(self.name, self.info.etag, offset, size)
+        key = cache.key(self.name, self.info.etag, offset, size, self.info.mtime)
         data = cache.get(key, size)
         if data is None:
             data = self._get(offset, size)
