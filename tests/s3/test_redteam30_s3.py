@@ -6,6 +6,7 @@ import errno
 import hashlib
 import io
 import json
+import mmap
 import os
 import struct
 import subprocess
@@ -219,3 +220,40 @@ def test_an_object_replaced_by_one_of_the_same_md5_is_not_served_from_the_disk_c
     assert obstore.head(store, key)["e_tag"] == etag  # the store cannot tell them apart by it
     again = bucket_mount(s3_bucket.url(), "--disk-cache", str(cache), "--no-index", name="again")
     assert cat(again.mnt / "blob.bin") == second, "the first body's kept ranges were served"
+
+
+def test_an_object_replaced_under_an_open_file_by_one_of_the_same_md5_gives_estale(
+    s3_bucket: S3Bucket, bucket_mount: Callable[..., Mount]
+) -> None:
+    """Ranged GETs are pinned to the ETag the open's HEAD gave (If-Match): an object replaced
+    while open gives ESTALE, never mixed bytes. An object rewritten with a body of the same MD5
+    keeps its ETag, so the pin held and the open went on with the new body's bytes (O_DIRECT
+    reads, so each reaches the daemon): the first half of the first 128 bytes of one body, the
+    second half of the other's, which neither holds. Its Last-Modified moved."""
+    tail = os.urandom(100_000)
+    first, second = MD5_A + tail, MD5_B + tail
+    store = client(s3_bucket)
+    key = s3_bucket.key("blob.bin")
+    obstore.put(store, key, first)
+    m = bucket_mount(s3_bucket.url(), "--no-index")
+    fd = os.open(m.mnt / "blob.bin", os.O_RDONLY | os.O_DIRECT)
+    try:
+        buf = mmap.mmap(-1, 4096)  # aligned, as O_DIRECT may want
+        assert os.preadv(fd, [memoryview(buf)[:64]], 0) == 64
+        head = bytes(buf[:64])
+        assert head == first[:64]
+        time.sleep(1.1)  # Last-Modified has whole seconds
+        obstore.put(store, key, second)
+        try:
+            got = os.preadv(fd, [memoryview(buf)[:64]], 64)
+        except OSError as exc:
+            assert exc.errno == errno.ESTALE, exc
+        else:
+            served = head + bytes(buf[:got])
+            assert served == first[:128], (
+                "one open served bytes of two bodies: "
+                f"{'the second' if served == second[:128] else 'neither'}'s at 64"
+            )
+    finally:
+        os.close(fd)
+    assert cat(m.mnt / "blob.bin") == second  # a new open: the new body
