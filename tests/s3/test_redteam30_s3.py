@@ -257,3 +257,26 @@ def test_an_object_replaced_under_an_open_file_by_one_of_the_same_md5_gives_esta
     finally:
         os.close(fd)
     assert cat(m.mnt / "blob.bin") == second  # a new open: the new body
+
+
+def test_the_disk_cache_deletes_no_file_it_did_not_write(
+    s3_bucket: S3Bucket, tmp_path: Path, bucket_mount: Callable[..., Mount]
+) -> None:
+    """--disk-cache DIR evicts least recently used entries, by file mtime, down to
+    --disk-cache-size. It counted and evicted every file in DIR, its own or not: pointed at a
+    folder that holds anything else (the operator's, or a cache folder shared with another
+    tool), its start deleted the oldest of those files, and its `.tmp-*` files."""
+    data = os.urandom(300_000)
+    obstore.put(client(s3_bucket), s3_bucket.key("blob.bin"), data)
+    folder = tmp_path / "shared"
+    folder.mkdir(mode=0o700)
+    theirs = {"notes.txt": os.urandom(2 << 20), ".tmp-draft": b"draft\n"}
+    for name, body in theirs.items():
+        (folder / name).write_bytes(body)
+        os.utime(folder / name, (1e9, 1e9))  # the oldest there: evicted first
+    m = bucket_mount(s3_bucket.url(), "--disk-cache", str(folder), "--disk-cache-size", "1M",
+                     "--no-index")  # fmt: skip
+    assert cat(m.mnt / "blob.bin") == data
+    m.stop()
+    kept = {name: (folder / name).read_bytes() for name in theirs if (folder / name).exists()}
+    assert kept == theirs, f"deleted: {sorted(set(theirs) - set(kept))}"

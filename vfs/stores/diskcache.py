@@ -27,6 +27,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import stat
 import threading
 from pathlib import Path
@@ -40,6 +41,8 @@ log = logging.getLogger(__name__)
 
 MAX_ENTRY = 64 << 20  # larger ranges are not cached
 TRAILER = 8  # each entry's bytes are followed by their xxh3-64, little-endian
+_ENTRY = re.compile(r"[0-9a-f]{64}")  # an entry's name: its key (`DiskCache.key`)
+_TEMP = re.compile(r"\.tmp-[0-9a-f]{64}-[0-9]+")  # an entry being written (`DiskCache.put`)
 
 
 class DiskCache:
@@ -49,11 +52,15 @@ class DiskCache:
         self.hits = self.misses = 0
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}  # entry: its size on disk (bytes and trailer)
+        # Only names this cache writes are counted, evicted or cleaned up: the folder may hold
+        # other files (a folder the operator also keeps things in, another tool's cache), and
+        # every file there was once taken for an entry, so a start deleted the oldest of them
+        # down to the bound, and any `.tmp-*` file.
         for entry in os.scandir(folder):
-            if entry.name.startswith(".tmp-"):
+            if _TEMP.fullmatch(entry.name):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)  # left by a crash
-            elif entry.is_file(follow_symlinks=False):
+            elif _ENTRY.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
                 self._sizes[entry.name] = entry.stat(follow_symlinks=False).st_size
         self._total = sum(self._sizes.values())
         self._evict()
