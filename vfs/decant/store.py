@@ -107,6 +107,11 @@ class Store:
         """Whether `key` exists, or None when only a read can tell (checked lazily then)."""
         return None
 
+    def value_size(self, key: str) -> int | None:
+        """How many bytes `get(key)` would return, when that is known without reading them
+        (None: unknown, or no such key)."""
+        return None
+
     def entry_size(self, key: str) -> int | None:
         """Stored size of `key` when parts of it can be read alone (`get_range`), else None."""
         return None
@@ -264,6 +269,10 @@ class ZipArchiveStore(Store):
 
     def has(self, key: str) -> bool:
         return self._entries.get(key) is not None
+
+    def value_size(self, key: str) -> int | None:
+        info = self._entries.get(key)
+        return None if info is None else info.file_size  # a deflated entry's, inflated
 
     def listed(self, prefix: str) -> list[str]:
         """Keys below `prefix` ("name/"): a first path part is a group kept by the directory."""
@@ -579,6 +588,25 @@ class DirectoryStore(Store):
         if self._dir >= 0:
             os.close(self._dir)
             self._dir = -1
+
+    def value_size(self, key: str) -> int | None:
+        """The size of the regular file at `key`, walked as `get` walks (a sparse file costs
+        its maker no disk, its size in memory once read)."""
+        parts = key.split("/")
+        if self._dir < 0 or any(p in ("", ".", "..") for p in parts):
+            return None
+        fds: list[int] = []
+        try:
+            for part in parts[:-1]:
+                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+                fds.append(os.open(part, flags, dir_fd=fds[-1] if fds else self._dir))
+            st = os.stat(parts[-1], dir_fd=fds[-1] if fds else self._dir, follow_symlinks=False)
+        except OSError:
+            return None  # `get` says why
+        finally:
+            for fd in fds:
+                os.close(fd)
+        return st.st_size if stat.S_ISREG(st.st_mode) else None
 
     def get(self, key: str, limit: int) -> bytes | None:
         parts = key.split("/")
