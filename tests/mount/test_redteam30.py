@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 import zipfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -104,4 +106,50 @@ def test_manifests_inflated_at_once_stay_within_the_memory_bound(
           f"zip {first.stat().st_size} bytes")  # fmt: skip
     assert all(v == ["bomb.tif.zarr.zip"] for v in listed.values()), listed  # shown raw
     assert (mount.mnt / "notes.txt").read_bytes() == b"still served\n"
+    assert grown < CACHE_MIB + 150, f"peak RSS grew {grown} MiB"
+
+
+def test_deflated_chunks_read_at_once_stay_within_the_memory_bound(
+    mount: Mount, unprivileged: User, tmp_path: Path
+) -> None:
+    """A chunk may hold 64 MiB, and a deflated zip entry of zeros costs its maker a thousandth
+    of that: one 66 KB archive linked into four folders, a small read of each at once."""
+    from tests.toolbox import load_tool
+    from vfs.decant.packer import PackOptions, pack_file
+
+    fz = load_tool("fuzz")
+    size = 64 << 20
+    (tmp_path / "big.bin").write_bytes(b"\0" * size)
+    res = pack_file(tmp_path / "big.bin", tmp_path / "big.bin.zarr.zip", PackOptions())
+    entries = dict(fz.zip_entries(res.archive))
+    array = json.loads(entries["original/.zarray"])
+    array["chunks"], array["compressor"] = [size], None
+    first = mount.src / "u0" / "big.bin.zarr.zip"
+    with zipfile.ZipFile(first, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in entries.items():
+            if not (name.startswith("original/") and name[9:].isdigit()):
+                zf.writestr(name, json.dumps(array) if name == "original/.zarray" else data)
+        zf.writestr("original/0", b"\0" * size)
+    os.chown(first, unprivileged.uid, unprivileged.gid)
+    for i in range(1, FOLDERS):
+        made = unprivileged.run("ln", str(first), str(mount.src / f"u{i}" / "big.bin.zarr.zip"))
+        assert made.returncode == 0, made.stderr
+    for i in range(FOLDERS):
+        assert os.listdir(mount.mnt / f"u{i}") == ["big.bin"]
+    assert mount.proc is not None
+    before = proc_status(mount.proc.pid, "VmRSS")
+    got: dict[int, str] = {}
+
+    def head(i: int) -> None:
+        out = unprivileged.run("head", "-c", "4096", str(mount.mnt / f"u{i}" / "big.bin"))
+        got[i] = out.stdout
+
+    threads = [threading.Thread(target=head, args=(i,)) for i in range(FOLDERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    grown = (proc_status(mount.proc.pid, "VmHWM") - before) >> 20
+    print(f"peak RSS {grown} MiB over the start, zip {first.stat().st_size} bytes")
+    assert all(v == "\0" * 4096 for v in got.values()), {i: len(v) for i, v in got.items()}
     assert grown < CACHE_MIB + 150, f"peak RSS grew {grown} MiB"
