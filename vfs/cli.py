@@ -202,7 +202,8 @@ def _add_bucket_options(p: argparse.ArgumentParser) -> None:
                    help="retries of a failed request (default 3)")  # fmt: skip
     b.add_argument("--disk-cache", type=Path, metavar="DIR",
                    help="keep byte ranges fetched from the bucket in DIR (reused across "
-                   "restarts; keyed by ETag, so never stale; each range checked by its xxh3). "
+                   "restarts; keyed by ETag and Last-Modified, so never stale; each range "
+                   "checked by its xxh3; only its own entries are evicted). "
                    "DIR must be this user's own, writable by no one else")  # fmt: skip
     b.add_argument("--disk-cache-size", type=parse_size, default=parse_size("10G"),
                    metavar="SIZE", help="bound of --disk-cache (default 10G)")  # fmt: skip

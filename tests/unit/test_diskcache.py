@@ -46,7 +46,7 @@ def test_a_damaged_entry_and_temp_files_are_dropped(tmp_path: Path) -> None:
     key = cache.key("u", "e", 0, 8)
     cache.put(key, b"12345678")
     (tmp_path / key).write_bytes(b"1234")  # cut short
-    (tmp_path / ".tmp-x-1").write_bytes(b"half")
+    (tmp_path / f".tmp-{key}-1").write_bytes(b"half")  # a put cut short by a crash
     again = DiskCache(tmp_path, 1 << 20)
     assert again.get(key, 8) is None
     assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -30,7 +30,7 @@ from vfs.decant.limits import (
     MAX_MANIFEST_BYTES,
     compressed_bound,
 )
-from vfs.decant.manifest import Manifest, PageRecord, parse_manifest
+from vfs.decant.manifest import Manifest, PageRecord, large_manifest, parse_manifest
 from vfs.decant.partial import BlockSource
 from vfs.decant.plan import HuskPlan, PixelPlan
 from vfs.decant.regions import HUSK, Region
@@ -107,10 +107,13 @@ class DecantArchive:
     ) -> DecantArchive:
         store.digests = digests
         try:
-            raw = store.get(MANIFEST_KEY, MAX_MANIFEST_BYTES)
-            if raw is None:
-                raise NotAnArchiveError(f"{path}: not a decant archive (no {MANIFEST_KEY})")
-            return cls(path, store, parse_manifest(raw, str(path)), at)
+            with large_manifest(store.value_size(MANIFEST_KEY)):
+                raw = store.get(MANIFEST_KEY, MAX_MANIFEST_BYTES)
+                if raw is None:
+                    raise NotAnArchiveError(f"{path}: not a decant archive (no {MANIFEST_KEY})")
+                manifest = parse_manifest(raw, str(path))
+                del raw
+            return cls(path, store, manifest, at)
         except BaseException:
             store.close()
             raise

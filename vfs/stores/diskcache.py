@@ -1,9 +1,14 @@
 """A bounded on-disk cache of byte ranges fetched from an object store, reused across restarts.
 
-Keyed by (object URL, ETag, offset, length): an object replaced in the bucket has a new ETag, so
-nothing is ever invalidated, only evicted (least recently used first, by file mtime, which a
-hit refreshes). The decant core asks for the same exact ranges again (a zip's tail, whole
-chunks), so exact-range keys hit. Entries are written to a temp name and renamed: a crash
+Keyed by (object URL, ETag, Last-Modified, offset, length): an object replaced in the bucket has
+a new ETag or a new Last-Modified, so nothing is ever invalidated, only evicted (least recently
+used first, by file mtime, which a hit refreshes). The ETag alone is not enough: a single PUT's
+ETag is the MD5 of its body, and two bodies of one MD5 are easy to make (collision blocks are
+published): one written over the other kept its ETag, and a remount served the ranges kept from
+the first as the second's bytes. A replacement within the same second as the object it
+replaced, with the same MD5, is still not told apart: S3 tells no more.
+The decant core asks for the same exact ranges again (a zip's tail, whole chunks), so
+exact-range keys hit. Entries are written to a temp name and renamed: a crash
 leaves whole entries or none.
 
 What the cache serves is served as the object's bytes, to every user of the mount, and a plain
@@ -22,6 +27,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import stat
 import threading
 from pathlib import Path
@@ -35,6 +41,8 @@ log = logging.getLogger(__name__)
 
 MAX_ENTRY = 64 << 20  # larger ranges are not cached
 TRAILER = 8  # each entry's bytes are followed by their xxh3-64, little-endian
+_ENTRY = re.compile(r"[0-9a-f]{64}")  # an entry's name: its key (`DiskCache.key`)
+_TEMP = re.compile(r"\.tmp-[0-9a-f]{64}-[0-9]+")  # an entry being written (`DiskCache.put`)
 
 
 class DiskCache:
@@ -44,18 +52,27 @@ class DiskCache:
         self.hits = self.misses = 0
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}  # entry: its size on disk (bytes and trailer)
+        # Only names this cache writes are counted, evicted or cleaned up: the folder may hold
+        # other files (a folder the operator also keeps things in, another tool's cache), and
+        # every file there was once taken for an entry, so a start deleted the oldest of them
+        # down to the bound, and any `.tmp-*` file.
         for entry in os.scandir(folder):
-            if entry.name.startswith(".tmp-"):
+            if _TEMP.fullmatch(entry.name):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)  # left by a crash
-            elif entry.is_file(follow_symlinks=False):
+            elif _ENTRY.fullmatch(entry.name) and entry.is_file(follow_symlinks=False):
                 self._sizes[entry.name] = entry.stat(follow_symlinks=False).st_size
         self._total = sum(self._sizes.values())
         self._evict()
 
     @staticmethod
-    def key(url: str, etag: str | None, offset: int, size: int) -> str:
-        return hashlib.sha256(f"{url}\0{etag}\0{offset}\0{size}".encode()).hexdigest()
+    def key(url: str, etag: str | None, offset: int, size: int, modified: float = 0.0) -> str:
+        """The entry of bytes [offset, offset + size) of the object at `url` as it was when it
+        had `etag` and Last-Modified `modified` (POSIX seconds)."""
+        text = f"{url}\0{etag}\0{offset}\0{size}"
+        if modified:
+            text += f"\0{modified!r}"
+        return hashlib.sha256(text.encode()).hexdigest()
 
     def get(self, key: str, size: int) -> bytes | None:
         path = self.folder / key

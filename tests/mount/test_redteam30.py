@@ -1,0 +1,155 @@
+"""Red team, round 30: through a real mount, as unprivileged users."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.mount.conftest import Mount, User, open_tmp
+from tests.toolbox import proc_status, zip_of_many
+
+CACHE_MIB = 64
+ENTRIES = 1_000_000  # half the most a zip may hold (MAX_ZIP_ENTRIES, 2,097,152)
+FOLDERS = 4
+
+
+@pytest.fixture
+def mount(tmp_path_factory: pytest.TempPathFactory, unprivileged: User) -> Iterator[Mount]:
+    base = open_tmp(tmp_path_factory, "redteam30")
+    src = base / "src"
+    src.mkdir()
+    src.chmod(0o755)
+    (src / "notes.txt").write_bytes(b"still served\n")
+    for i in range(FOLDERS):
+        (src / f"u{i}").mkdir()
+        os.chown(src / f"u{i}", unprivileged.uid, unprivileged.gid)
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    m.start("-o", "allow_other", "--read-only", "--cache-size", f"{CACHE_MIB}M")
+    try:
+        yield m
+    finally:
+        m.stop()
+
+
+def test_zips_of_many_entries_listed_at_once_stay_within_the_memory_bound(
+    mount: Mount, unprivileged: User
+) -> None:
+    """A user links one zip of 1,000,000 one-byte entries (their own file, 75 MB) into four
+    folders of theirs in SRC and lists them all at once: each listing opens its archive, whose
+    directory costs the daemon ~75 MiB while it is parsed, and all four were parsed together
+    (peak RSS +300 MiB here; six of 2,000,000 entries: +748 MiB, and it grows with the number
+    of folders). The daemon must stay within its cache budget + 150 MiB over its start."""
+    first = zip_of_many(mount.src / "u0" / "many.tif.zarr.zip", ENTRIES)
+    os.chown(first, unprivileged.uid, unprivileged.gid)
+    for i in range(1, FOLDERS):
+        made = unprivileged.run("ln", str(first), str(mount.src / f"u{i}" / "many.tif.zarr.zip"))
+        assert made.returncode == 0, made.stderr
+    assert mount.proc is not None
+    before = proc_status(mount.proc.pid, "VmRSS")
+    listed: dict[int, object] = {}
+
+    def ls(i: int) -> None:
+        listed[i] = unprivileged.run("ls", str(mount.mnt / f"u{i}"), timeout=120).stdout.split()
+
+    threads = [threading.Thread(target=ls, args=(i,)) for i in range(FOLDERS)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    took = time.monotonic() - started
+    grown = (proc_status(mount.proc.pid, "VmHWM") - before) >> 20
+    print(f"{FOLDERS} listings at once: {took:.1f} s, peak RSS {grown} MiB over the start")
+    assert all(v == ["many.tif.zarr.zip"] for v in listed.values()), listed  # shown raw
+    assert (mount.mnt / "notes.txt").read_bytes() == b"still served\n"
+    assert grown < CACHE_MIB + 150, f"peak RSS grew {grown} MiB"
+
+
+def test_manifests_inflated_at_once_stay_within_the_memory_bound(
+    mount: Mount, unprivileged: User
+) -> None:
+    """A manifest may be 128 MiB, and a deflated zip entry costs its maker a thousandth of
+    that: one zip of 60 KB whose manifest inflates to 60 MiB, linked into four folders of the
+    user's and listed at once. Large manifests were parsed one at a time, but each listing
+    inflated its own first and waited with it in hand: peak RSS +344 MiB (four of 120 MiB:
+    +615 MiB), growing with the number of folders."""
+    first = mount.src / "u0" / "bomb.tif.zarr.zip"
+    with zipfile.ZipFile(first, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr(".decant/manifest.json", b" " * (60 << 20) + b"{}")
+    os.chown(first, unprivileged.uid, unprivileged.gid)
+    for i in range(1, FOLDERS):
+        made = unprivileged.run("ln", str(first), str(mount.src / f"u{i}" / "bomb.tif.zarr.zip"))
+        assert made.returncode == 0, made.stderr
+    assert mount.proc is not None
+    before = proc_status(mount.proc.pid, "VmRSS")
+    listed: dict[int, object] = {}
+
+    def ls(i: int) -> None:
+        listed[i] = unprivileged.run("ls", str(mount.mnt / f"u{i}"), timeout=120).stdout.split()
+
+    threads = [threading.Thread(target=ls, args=(i,)) for i in range(FOLDERS)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    took = time.monotonic() - started
+    grown = (proc_status(mount.proc.pid, "VmHWM") - before) >> 20
+    print(f"{FOLDERS} listings at once: {took:.1f} s, peak RSS {grown} MiB over the start, "
+          f"zip {first.stat().st_size} bytes")  # fmt: skip
+    assert all(v == ["bomb.tif.zarr.zip"] for v in listed.values()), listed  # shown raw
+    assert (mount.mnt / "notes.txt").read_bytes() == b"still served\n"
+    assert grown < CACHE_MIB + 150, f"peak RSS grew {grown} MiB"
+
+
+def test_deflated_chunks_read_at_once_stay_within_the_memory_bound(
+    mount: Mount, unprivileged: User, tmp_path: Path
+) -> None:
+    """A chunk may hold 64 MiB, and a deflated zip entry of zeros costs its maker a thousandth
+    of that: one 66 KB archive linked into four folders, a small read of each at once."""
+    from tests.toolbox import load_tool
+    from vfs.decant.packer import PackOptions, pack_file
+
+    fz = load_tool("fuzz")
+    size = 64 << 20
+    (tmp_path / "big.bin").write_bytes(b"\0" * size)
+    res = pack_file(tmp_path / "big.bin", tmp_path / "big.bin.zarr.zip", PackOptions())
+    entries = dict(fz.zip_entries(res.archive))
+    array = json.loads(entries["original/.zarray"])
+    array["chunks"], array["compressor"] = [size], None
+    first = mount.src / "u0" / "big.bin.zarr.zip"
+    with zipfile.ZipFile(first, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in entries.items():
+            if not (name.startswith("original/") and name[9:].isdigit()):
+                zf.writestr(name, json.dumps(array) if name == "original/.zarray" else data)
+        zf.writestr("original/0", b"\0" * size)
+    os.chown(first, unprivileged.uid, unprivileged.gid)
+    for i in range(1, FOLDERS):
+        made = unprivileged.run("ln", str(first), str(mount.src / f"u{i}" / "big.bin.zarr.zip"))
+        assert made.returncode == 0, made.stderr
+    for i in range(FOLDERS):
+        assert os.listdir(mount.mnt / f"u{i}") == ["big.bin"]
+    assert mount.proc is not None
+    before = proc_status(mount.proc.pid, "VmRSS")
+    got: dict[int, str] = {}
+
+    def head(i: int) -> None:
+        out = unprivileged.run("head", "-c", "4096", str(mount.mnt / f"u{i}" / "big.bin"))
+        got[i] = out.stdout
+
+    threads = [threading.Thread(target=head, args=(i,)) for i in range(FOLDERS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    grown = (proc_status(mount.proc.pid, "VmHWM") - before) >> 20
+    print(f"peak RSS {grown} MiB over the start, zip {first.stat().st_size} bytes")
+    assert all(v == "\0" * 4096 for v in got.values()), {i: len(v) for i, v in got.items()}
+    assert grown < CACHE_MIB + 150, f"peak RSS grew {grown} MiB"
