@@ -194,12 +194,15 @@ def _listing(report: Report, args: Any, work: Path, store: S3Store, bucket: str,
         drop_caches()
         listed = _list_seconds(store, "many/")
         with mounted(daemon(url, mnt, index, logs), mnt, logs / "stderr.log") as m:
-            before = (cpu_seconds(m.pid), _weed_cpu(), _busy_ticks())
+            before = (cpu_seconds(m.pid), _weed_cpu(), _busy_ticks(), _every_cpu())
             times.append(time_ls(mnt))
-            after = (cpu_seconds(m.pid), _weed_cpu(), _busy_ticks())
-        busy = (after[2][0] - before[2][0]) / max(1, after[2][1] - before[2][1])
+            after = (cpu_seconds(m.pid), _weed_cpu(), _busy_ticks(), _every_cpu())
+        ticks = [b - a for a, b in zip(before[2], after[2], strict=True)]
+        busy, stolen = ticks[0] / max(1, ticks[2]), ticks[1] / max(1, ticks[2])
         beside.append(f"LIST {listed:.3f} s, CPU daemon {after[0] - before[0]:.2f} s, server "
-                      f"{after[1] - before[1]:.2f} s, machine {busy:.0%} busy")  # fmt: skip
+                      f"{after[1] - before[1]:.2f} s, machine {busy:.0%} busy of which "
+                      f"{stolen:.0%} stolen by the hypervisor; most CPU: "
+                      f"{_top(before[3], after[3])}")  # fmt: skip
     report.add(f"ls -l of {shown} archives, empty index", f"{cold:.2f} s", "describes each (GETs)")
     report.add(f"ls -l of {shown} archives, warm index", f"{min(times):.3f} s",
                f"fresh daemon each; rounds {', '.join(f'{t:.3f}' for t in times)}")  # fmt: skip
@@ -228,10 +231,30 @@ def _weed_cpu() -> float:
     return total
 
 
-def _busy_ticks() -> tuple[int, int]:
-    """(busy, total) CPU ticks of the whole machine so far (/proc/stat; iowait is idle)."""
+def _every_cpu() -> dict[int, tuple[str, float]]:
+    """Every process's name and CPU seconds so far."""
+    out = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                out[int(proc.name)] = ((proc / "comm").read_text().strip(),
+                                       cpu_seconds(int(proc.name)))  # fmt: skip
+    return out
+
+
+def _top(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> str:
+    """The three processes that used the most CPU between two `_every_cpu` snapshots."""
+    used = sorted(((sec - before.get(pid, (name, 0.0))[1], name) for pid, (name, sec)
+                   in after.items()), reverse=True)[:3]  # fmt: skip
+    return ", ".join(f"{name} {sec:.2f} s" for sec, name in used if sec > 0) or "none"
+
+
+def _busy_ticks() -> tuple[int, int, int]:
+    """(busy, stolen, total) CPU ticks of the whole machine so far (/proc/stat; iowait is
+    idle). Stolen: the hypervisor ran another guest on our CPU. Slow rounds here had 30-40 %
+    of the machine's ticks stolen and their system time tripled; fast ones under 10 %."""
     v = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
-    return sum(v) - v[3] - v[4], sum(v)
+    return sum(v) - v[3] - v[4], v[7], sum(v)
 
 
 def _warm(report: Report, args: Any, work: Path, tif: Path, archive: Path, url: str,
