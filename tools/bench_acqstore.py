@@ -50,6 +50,7 @@ from benchlib import (  # noqa: E402
     mbps,
     median,
     mounted,
+    note_end,
     require,
     run_child,
     vm_hwm,
@@ -83,7 +84,7 @@ def main(command: str, argv: list[str]) -> int:
             report_validation(report, args, ensure_large(work, args.members))
         if args.part in ("all", "read"):
             report_read(report, args, work)
-    report.context["load at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    note_end(report)
     print(report.render())
     return 0
 

@@ -67,6 +67,7 @@ from benchlib import (  # noqa: E402
     mbps,
     median,
     mounted,
+    note_end,
     percentile,
     require,
     run_child,
@@ -101,7 +102,7 @@ def main(command: str, argv: list[str]) -> int:
     with workdir(args.workdir) as work:
         pkg = ensure_package(work, args.gib)
         report = run(args, work, pkg)
-    report.context["load at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    note_end(report)
     print(report.render())
     return 0
 

@@ -40,6 +40,7 @@ from benchlib import (
     mbps,
     median,
     mounted,
+    note_end,
     percentile,
     require,
     run_child,
@@ -70,7 +71,7 @@ def main(command: str, argv: list[str]) -> int:
         log("cannot drop dentries and inodes (not root?): 'cold' listings will be warm")
     with workdir(args.workdir) as work:
         report = RUNNERS[command](args, work)
-    report.context["load at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    note_end(report)
     print(report.render())
     return 0
 

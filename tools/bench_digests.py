@@ -43,6 +43,7 @@ from benchlib import (
     mbps,
     median,
     mounted,
+    note_end,
     percentile,
     timed_preads,
     workdir,
@@ -65,7 +66,7 @@ def main(command: str, argv: list[str]) -> int:
         return 2
     with workdir(args.workdir) as work:
         report = bench_digests(args, work)
-    report.context["load at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    note_end(report)
     print(report.render())
     return 0
 

@@ -43,6 +43,7 @@ from benchlib import (
     machine_context,
     median,
     mounted,
+    note_end,
     percentile,
     require,
     run_child,
@@ -63,7 +64,7 @@ def main(command: str, argv: list[str]) -> int:
         log("cannot drop dentries and inodes (not root?): 'cold' runs may be warm")
     with workdir(args.workdir) as work:
         report = bench_small(args, work) if args.small else bench_ingest(args, work)
-    report.context["load at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    note_end(report)
     print(report.render())
     return 0
 

@@ -45,6 +45,7 @@ from benchlib import (  # noqa: E402
     log,
     machine_context,
     mounted,
+    note_end,
     workdir,
 )
 
@@ -73,7 +74,7 @@ def main(command: str, argv: list[str]) -> int:
         }
         for name in args.scenarios.upper():
             runs[name]()
-    report.context["load at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    note_end(report)
     print(report.render())
     return 0 if bench.all_met else 1
 

@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:  # this checkout's vfs, not another installed one
     sys.path.insert(0, str(ROOT))
 
 import obstore  # noqa: E402
-from benchlib import MiB, Report, log, mbps, percentile, workdir  # noqa: E402
+from benchlib import MiB, Report, log, mbps, note_end, percentile, workdir  # noqa: E402
 from obstore.store import S3Store  # noqa: E402
 from seaweed import SeaweedServer, weed_binary  # noqa: E402
 
@@ -67,7 +67,7 @@ def main(command: str, argv: list[str]) -> int:
             report = run(args, work, bucket, server.endpoint)
         finally:
             server.stop()
-    report.context["load at end"] = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    note_end(report)
     print(report.render())
     return 0
 
