@@ -7,7 +7,7 @@ import os
 import threading
 import time
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -38,6 +38,34 @@ def mount(tmp_path_factory: pytest.TempPathFactory, unprivileged: User) -> Itera
         m.stop()
 
 
+def link_into_every_folder(mount: Mount, user: User, first: Path) -> None:
+    """`first` (in the user's folder u0) hard-linked into their other folders, as the user."""
+    os.chown(first, user.uid, user.gid)
+    for i in range(1, FOLDERS):
+        made = user.run("ln", str(first), str(mount.src / f"u{i}" / first.name))
+        assert made.returncode == 0, made.stderr
+
+
+def at_once(mount: Mount, run: Callable[[int], object]) -> tuple[dict[int, object], int, float]:
+    """`run(i)` for every folder at once: what each gave, the daemon's peak RSS over what it
+    held before (MiB), and the seconds they took together."""
+    assert mount.proc is not None
+    before = proc_status(mount.proc.pid, "VmRSS")
+    got: dict[int, object] = {}
+
+    def one(i: int) -> None:
+        got[i] = run(i)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(FOLDERS)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    took = time.monotonic() - started
+    return got, (proc_status(mount.proc.pid, "VmHWM") - before) >> 20, took
+
+
 def test_zips_of_many_entries_listed_at_once_stay_within_the_memory_bound(
     mount: Mount, unprivileged: User
 ) -> None:
@@ -47,25 +75,9 @@ def test_zips_of_many_entries_listed_at_once_stay_within_the_memory_bound(
     (peak RSS +300 MiB here; six of 2,000,000 entries: +748 MiB, and it grows with the number
     of folders). The daemon must stay within its cache budget + 150 MiB over its start."""
     first = zip_of_many(mount.src / "u0" / "many.tif.zarr.zip", ENTRIES)
-    os.chown(first, unprivileged.uid, unprivileged.gid)
-    for i in range(1, FOLDERS):
-        made = unprivileged.run("ln", str(first), str(mount.src / f"u{i}" / "many.tif.zarr.zip"))
-        assert made.returncode == 0, made.stderr
-    assert mount.proc is not None
-    before = proc_status(mount.proc.pid, "VmRSS")
-    listed: dict[int, object] = {}
-
-    def ls(i: int) -> None:
-        listed[i] = unprivileged.run("ls", str(mount.mnt / f"u{i}"), timeout=120).stdout.split()
-
-    threads = [threading.Thread(target=ls, args=(i,)) for i in range(FOLDERS)]
-    started = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    took = time.monotonic() - started
-    grown = (proc_status(mount.proc.pid, "VmHWM") - before) >> 20
+    link_into_every_folder(mount, unprivileged, first)
+    listed, grown, took = at_once(mount, lambda i: unprivileged.run(
+        "ls", str(mount.mnt / f"u{i}"), timeout=120).stdout.split())  # fmt: skip
     print(f"{FOLDERS} listings at once: {took:.1f} s, peak RSS {grown} MiB over the start")
     assert all(v == ["many.tif.zarr.zip"] for v in listed.values()), listed  # shown raw
     assert (mount.mnt / "notes.txt").read_bytes() == b"still served\n"
@@ -83,25 +95,9 @@ def test_manifests_inflated_at_once_stay_within_the_memory_bound(
     first = mount.src / "u0" / "bomb.tif.zarr.zip"
     with zipfile.ZipFile(first, "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr(".decant/manifest.json", b" " * (60 << 20) + b"{}")
-    os.chown(first, unprivileged.uid, unprivileged.gid)
-    for i in range(1, FOLDERS):
-        made = unprivileged.run("ln", str(first), str(mount.src / f"u{i}" / "bomb.tif.zarr.zip"))
-        assert made.returncode == 0, made.stderr
-    assert mount.proc is not None
-    before = proc_status(mount.proc.pid, "VmRSS")
-    listed: dict[int, object] = {}
-
-    def ls(i: int) -> None:
-        listed[i] = unprivileged.run("ls", str(mount.mnt / f"u{i}"), timeout=120).stdout.split()
-
-    threads = [threading.Thread(target=ls, args=(i,)) for i in range(FOLDERS)]
-    started = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    took = time.monotonic() - started
-    grown = (proc_status(mount.proc.pid, "VmHWM") - before) >> 20
+    link_into_every_folder(mount, unprivileged, first)
+    listed, grown, took = at_once(mount, lambda i: unprivileged.run(
+        "ls", str(mount.mnt / f"u{i}"), timeout=120).stdout.split())  # fmt: skip
     print(f"{FOLDERS} listings at once: {took:.1f} s, peak RSS {grown} MiB over the start, "
           f"zip {first.stat().st_size} bytes")  # fmt: skip
     assert all(v == ["bomb.tif.zarr.zip"] for v in listed.values()), listed  # shown raw
@@ -130,26 +126,11 @@ def test_deflated_chunks_read_at_once_stay_within_the_memory_bound(
             if not (name.startswith("original/") and name[9:].isdigit()):
                 zf.writestr(name, json.dumps(array) if name == "original/.zarray" else data)
         zf.writestr("original/0", b"\0" * size)
-    os.chown(first, unprivileged.uid, unprivileged.gid)
-    for i in range(1, FOLDERS):
-        made = unprivileged.run("ln", str(first), str(mount.src / f"u{i}" / "big.bin.zarr.zip"))
-        assert made.returncode == 0, made.stderr
+    link_into_every_folder(mount, unprivileged, first)
     for i in range(FOLDERS):
         assert os.listdir(mount.mnt / f"u{i}") == ["big.bin"]
-    assert mount.proc is not None
-    before = proc_status(mount.proc.pid, "VmRSS")
-    got: dict[int, str] = {}
-
-    def head(i: int) -> None:
-        out = unprivileged.run("head", "-c", "4096", str(mount.mnt / f"u{i}" / "big.bin"))
-        got[i] = out.stdout
-
-    threads = [threading.Thread(target=head, args=(i,)) for i in range(FOLDERS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    grown = (proc_status(mount.proc.pid, "VmHWM") - before) >> 20
+    got, grown, _took = at_once(mount, lambda i: unprivileged.run(
+        "head", "-c", "4096", str(mount.mnt / f"u{i}" / "big.bin")).stdout)  # fmt: skip
     print(f"peak RSS {grown} MiB over the start, zip {first.stat().st_size} bytes")
-    assert all(v == "\0" * 4096 for v in got.values()), {i: len(v) for i, v in got.items()}
+    assert all(v == "\0" * 4096 for v in got.values()), {i: len(str(v)) for i, v in got.items()}
     assert grown < CACHE_MIB + 150, f"peak RSS grew {grown} MiB"
