@@ -279,3 +279,34 @@ def test_an_archive_replaced_after_its_listing_opens_as_the_new_one(
     assert got.returncode == 0, got.stderr
     assert hashlib.sha256(got.stdout).hexdigest() == hashlib.sha256(other.read_bytes()).hexdigest()
     assert "damaged" not in d.mount.log_text()
+
+
+def test_handles_of_one_archive_share_its_opening(
+    daemon: Callable[..., Daemon], packed: tuple[Path, Path]
+) -> None:
+    """Eight more handles opened on one original of a bucket archive while a first is open share
+    its opened archive, as a local archive's handles do: they fetch less than the first did.
+    Each used to GET the zip's tail and its metadata and keep its own parsed directory and
+    manifest (memory that grows with the archive's entries, per handle). Each open still checks
+    the object is the version listed, and every byte is the original's."""
+    tif, _archive = packed
+    original = tif.read_bytes()
+    offset = 3 * MiB + 4096
+    d = daemon()
+    os.stat(d.mnt / NAME)  # listed and described (GETs of its own) before the counts start
+    before = d.fetched()[0]
+    fds = [os.open(d.mnt / NAME, os.O_RDONLY)]
+    try:
+        assert os.pread(fds[0], 4096, offset) == original[offset : offset + 4096]
+        alone = d.fetched()[0] - before  # the opening and the block the read needs
+        before = d.fetched()[0]
+        fds += [os.open(d.mnt / NAME, os.O_RDONLY) for _ in range(8)]
+        for fd in fds[1:]:
+            assert os.pread(fd, 4096, offset) == original[offset : offset + 4096]
+        more = d.fetched()[0] - before
+    finally:
+        for fd in fds:
+            os.close(fd)
+    # Before: 6 GETs for the first handle, 32 more for the next eight (a tail and the
+    # archive's metadata each); the block they read is in the page cache either way.
+    assert alone > 0 and more < alone, (more, alone)

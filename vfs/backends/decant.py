@@ -70,9 +70,25 @@ class DecantBackend:
         entry: Entry,
         digests: Mapping[str, int] | None = None,
     ) -> DecantFile:
+        """As `open`, for the archive at `key` of any folder. Where the folder says which version
+        of the object its listing gave (`listed`: a bucket's), handles of that version share one
+        opened archive, as local ones do: each used to GET the zip's tail and metadata and
+        keep its own parsed directory and manifest (~0.9 KiB a zip entry, per handle; eight
+        more handles of a 48-chunk archive: 32 GETs, none now)."""
         from vfs.decant.reader import DecantArchive
 
-        return _open_original(DecantArchive.open_at(folder, key, digests), member, self.cache)
+        def opened() -> DecantArchive:
+            return DecantArchive.open_at(folder, key, digests)
+
+        listed = getattr(folder, "listed", None)
+        if listed is None:
+            return _open_original(opened(), member, self.cache)
+        url = getattr(folder, "url_of", str)(key)
+        version = (url, listed.size, listed.etag, listed.mtime, digests is not None)
+        # A handle joining one open already checks the object is still that version (the HEAD
+        # an open of its own would make), so a replaced object gives ESTALE at open, as before.
+        still = folder.still  # type: ignore[attr-defined]  # a _Listed (vfs.backends.objects)
+        return self.shared.join(version, opened, member, self.cache, joining=still)
 
     def chunk_digests_at(self, folder: Folder, key: str) -> dict[str, int] | None:
         """As `chunk_digests`, for the archive at `key` of any folder (GETs every chunk once)."""
@@ -110,8 +126,9 @@ def _open_original(archive: DecantArchive, member: str, cache: PageCache) -> Dec
         raise
 
 
-# An opened local archive, as the handles sharing it see it: stat identity, digests or not.
-_Key = tuple[str, int, int, int, int, int, bool]
+# An opened archive's version, as the handles sharing it see it: a local one's path and stat
+# identity, an object's URL and listed identity; and whether it is read with digests.
+_Key = tuple[object, ...]
 
 
 class _Shared:
@@ -121,7 +138,7 @@ class _Shared:
 
 
 class _SharedArchives:
-    """Opened local archives, one per archive version, shared by every handle open on it.
+    """Opened archives, one per archive version, shared by every handle open on it.
 
     Opening parses the zip's central directory and the manifest: ~0.9 KiB of objects per zip
     entry, 175 MiB for an archive of 200 000 chunks. Each handle used to open its own, so one
@@ -141,13 +158,36 @@ class _SharedArchives:
         from vfs.decant.reader import DecantArchive
 
         key = _version(path, digests is not None)
+        if key is None:
+            return _open_original(DecantArchive.open(path, digests), member, cache)
+        return self.join(key, lambda: DecantArchive.open(path, digests), member, cache,
+                         same=lambda archive: _opened(archive) == key[1:6])  # fmt: skip
+
+    def join(
+        self,
+        key: _Key,
+        opener: Callable[[], DecantArchive],
+        member: str,
+        cache: PageCache,
+        same: Callable[[DecantArchive], bool] | None = None,
+        joining: Callable[[], None] | None = None,
+    ) -> DecantFile:
+        """A handle on `member` of the archive version `key`: the one open already (after
+        `joining()`, which may refuse), else one `opener` opens, shared if `same` says it is
+        that version (a file changed meanwhile is opened for this handle alone)."""
         with self._lock:
-            shared = self._open.get(key) if key is not None else None
+            shared = self._open.get(key)
             if shared is not None:
                 shared.users += 1
+        if shared is not None and joining is not None:
+            try:
+                joining()
+            except BaseException:
+                self._release(key, shared)
+                raise
         if shared is None:
-            archive = DecantArchive.open(path, digests)
-            if key is None or _opened(archive) != key[1:6]:
+            archive = opener()
+            if same is not None and not same(archive):
                 return _open_original(archive, member, cache)  # changed meanwhile: not shared
             with self._lock:
                 shared = self._open.get(key)
@@ -157,7 +197,6 @@ class _SharedArchives:
                 shared.users += 1
             if archive is not None:  # another handle opened it first: use that one
                 archive.close()
-        assert key is not None
         try:
             # The archive builds each original's plan once, under its own lock (the page table,
             # region index and checks: O(pages)); the reader made here is this handle's own.

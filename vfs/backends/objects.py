@@ -109,6 +109,19 @@ class _Listed:
         self._key = key
         self._info = info
 
+    @property
+    def listed(self) -> ObjectInfo:
+        """The object's identity as the listing gave it."""
+        return self._info
+
+    def still(self) -> None:
+        """ESTALE unless the object at the key is still the version listed (one HEAD): what an
+        open checks, for a handle that joins an archive opened already (vfs.backends.decant)."""
+        now = self._folder.stat(self._key)
+        if now is None or replaced(self._info, now):
+            url = getattr(self._folder, "url_of", str)(self._key)
+            raise OSError(errno.ESTALE, "replaced in the bucket since it was listed", url)
+
     def open(self, key: str) -> Any:
         source = self._folder.open(key)
         now = getattr(source, "info", None)
