@@ -178,9 +178,9 @@ def test_readers_of_one_original_at_once_get_its_bytes_and_fetch_it_a_bounded_nu
     """Five processes read one original at once, each in its own order through its own
     handle: `dd` from the start, `dd` from the middle, `cat`, a reader going backwards in
     1 MiB steps, and one reading 64 KiB at random offsets. Each gets the original's bytes; the
-    daemon fetches the archive at most once per reader and once for the verification (each
-    handle reads through its own view of the object; read-ahead thrown away and fetched again
-    without end, or two passes of one handle fetching twice, break the bound)."""
+    daemon fetches the archive at most once per reader and once for the verification (the
+    handles share one opened archive and its read-ahead; read-ahead thrown away and fetched
+    again without end, or two passes of one handle fetching twice, break the bound)."""
     import sys
 
     tif, archive = packed
