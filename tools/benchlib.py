@@ -470,7 +470,11 @@ class ThreadCpuSampler:
         use.seconds = t1 - t0
         names: dict[str, float] = {}
         for tid, (name, ticks) in last.items():
-            label = name if not name.startswith(("Trio thread", "wrapper from")) else "trio worker"
+            # A trio worker thread is named after the job it runs ("FN from TASK"), so its name
+            # at the last sample says only what it does now (the folder watcher's 200 ms wait,
+            # say), not what its CPU went to: all of them count as one.
+            trio = name.startswith("Trio thread") or " from " in name
+            label = "trio worker" if trio else name
             used = (ticks - first.get(tid, (name, 0))[1]) / hz
             names[label] = names.get(label, 0.0) + used
         use.threads = names
