@@ -28,6 +28,17 @@ def proc_status(pid: int, field: str) -> int:
     raise AssertionError(f"no {field} for pid {pid}")
 
 
+def json_in_child(script: str, *args: str, timeout: float = 120) -> Any:
+    """What `script`, run by a fresh interpreter from the repository's root with `args`, prints
+    as JSON: for tests of what a process imports, which another test's imports would hide."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True, text=True, timeout=timeout, cwd=TOOLS.parent, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
 def load_tool(name: str) -> ModuleType:
     """A script from tools/ as a module, under a private name so it never shadows anything."""
     module_name = f"_decant_tool_{name}"

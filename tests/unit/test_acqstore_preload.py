@@ -4,11 +4,10 @@ a fresh interpreter, so no other test's imports count."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
+
+from tests.toolbox import json_in_child
 
 SCRIPT = textwrap.dedent(
     """
@@ -28,10 +27,5 @@ SCRIPT = textwrap.dedent(
 
 
 def test_a_view_with_images_imports_their_readers_ahead(template: Path) -> None:
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(template)],
-        capture_output=True, text=True, timeout=120, cwd=root, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"before": False, "after": True, "chunks": True}
+    out = json_in_child(SCRIPT, str(template))
+    assert out == {"before": False, "after": True, "chunks": True}

@@ -4,11 +4,10 @@ new mount's first requests. Run in a fresh interpreter, so no other test's impor
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
+
+from tests.toolbox import json_in_child
 
 SCRIPT = textwrap.dedent(
     """
@@ -54,13 +53,7 @@ SCRIPT = textwrap.dedent(
 
 def test_changes_reach_the_mount_without_anyio(tmp_path: Path) -> None:
     (tmp_path / "sub").mkdir()
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path)],
-        capture_output=True, text=True, timeout=60, cwd=root, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout)
+    out = json_in_child(SCRIPT, str(tmp_path))
     assert out["seen"][0] == ["caught up", sorted([str(tmp_path), str(tmp_path / "sub")])]
     assert ["names", {str(tmp_path / "sub"): ["new.txt"]}] in out["seen"]
     assert out["anyio"] == ["anyio._lazyimport"], out["anyio"]  # what `import watchfiles` loads
