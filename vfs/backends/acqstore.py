@@ -104,8 +104,9 @@ class AcqStoreBackend:
     def _preload_readers(self) -> None:
         """Import what opening a synthesized TIFF needs (zarr-python above all) on a worker
         thread, once, as soon as a view that holds one is built: the first open of an image
-        imported it on the spot, ~0.1-0.15 s more than every later open (bench acqstore: a fresh
-        daemon's first open 0.16-0.25 s, 0.05-0.11 s with this; zarr adds ~14 MiB of RSS)."""
+        imported it on the spot, ~0.1-0.15 s more than every later open (the bench acqstore
+        collection on a fresh daemon: its first open 0.16-0.27 s, 0.05-0.15 s with this; zarr
+        adds ~14 MiB of RSS)."""
         global _PRELOADING
         if _PRELOADING is None:
             _PRELOADING = self._decoders.submit(_import_readers)
