@@ -606,10 +606,7 @@ class DirectoryStore(Store):
             return None
         fds: list[int] = []
         try:
-            for part in parts[:-1]:
-                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-                fds.append(os.open(part, flags, dir_fd=fds[-1] if fds else self._dir))
-            st = os.stat(parts[-1], dir_fd=fds[-1] if fds else self._dir, follow_symlinks=False)
+            st = os.stat(parts[-1], dir_fd=self._parent(parts, fds), follow_symlinks=False)
         except OSError:
             return None  # `get` says why
         finally:
@@ -625,11 +622,9 @@ class DirectoryStore(Store):
             raise CorruptArchiveError(f"{self.path}: read after close")
         fds: list[int] = []
         try:
-            for part in parts[:-1]:
-                flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-                fds.append(os.open(part, flags, dir_fd=fds[-1] if fds else self._dir))
+            parent = self._parent(parts, fds)
             flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
-            fds.append(os.open(parts[-1], flags, dir_fd=fds[-1] if fds else self._dir))
+            fds.append(os.open(parts[-1], flags, dir_fd=parent))
             data = self._read_regular(key, fds[-1], limit)
             if data is not None and self.digests is not None:
                 self._check_digest(key, data)
@@ -645,6 +640,14 @@ class DirectoryStore(Store):
         finally:
             for fd in fds:
                 os.close(fd)
+
+    def _parent(self, parts: list[str], fds: list[int]) -> int:
+        """The folder holding key `parts`' last one, reached with no link followed; each
+        descriptor it opens is appended to `fds`, for the caller to close."""
+        for part in parts[:-1]:
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+            fds.append(os.open(part, flags, dir_fd=fds[-1] if fds else self._dir))
+        return fds[-1] if fds else self._dir
 
     def all_keys(self) -> list[str]:
         """Every regular file below the folder, walked without recursion or symlinks."""
