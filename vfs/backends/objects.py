@@ -119,16 +119,18 @@ class _Listed:
         open checks, for a handle that joins an archive opened already (vfs.backends.decant)."""
         now = self._folder.stat(self._key)
         if now is None or replaced(self._info, now):
-            url = getattr(self._folder, "url_of", str)(self._key)
-            raise OSError(errno.ESTALE, "replaced in the bucket since it was listed", url)
+            raise self._stale()
+
+    def _stale(self) -> OSError:
+        url = getattr(self._folder, "url_of", str)(self._key)
+        return OSError(errno.ESTALE, "replaced in the bucket since it was listed", url)
 
     def open(self, key: str) -> Any:
         source = self._folder.open(key)
         now = getattr(source, "info", None)
         if key == self._key and now is not None and replaced(self._info, now):
             source.close()
-            url = getattr(self._folder, "url_of", str)(key)
-            raise OSError(errno.ESTALE, "replaced in the bucket since it was listed", url)
+            raise self._stale()
         return source
 
     def __getattr__(self, name: str) -> Any:
