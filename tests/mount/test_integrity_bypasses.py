@@ -25,7 +25,7 @@ import pytest
 import tifffile
 
 from tests.mount.helpers import flip_byte, rewrite_zip
-from vfs.decant.digestmap import chunk_digests, has_block_entries
+from vfs.decant.digestmap import chunk_digests, has_block_entries, unpack_layout
 from vfs.decant.packer import PackOptions, pack_file
 from vfs.decant.writer import CodecChoice
 
@@ -200,13 +200,16 @@ def test_scrub_finds_damage_nobody_read(tmp_path: Path, make_mount) -> None:  # 
     assert (m.mnt / "good.tif").read_bytes() == good.read_bytes()
 
 
+@pytest.mark.parametrize("older", ["chunks only", "no layouts"])
 def test_a_scrub_gives_a_chunk_only_digest_map_its_block_entries(
     tmp_path: Path,
     make_mount,  # type: ignore[no-untyped-def]
+    older: str,
 ) -> None:
     """An index recorded before block entries holds one digest per chunk, so each small read of
     a verified archive read and checked its whole chunk. A scrub reads every chunk anyway: the
-    map it notes, block entries and all, replaces the coarser one (its chunk digests equal)."""
+    map it notes, block entries and all, replaces the coarser one (its chunk digests equal).
+    So too for a map recorded before layout entries (its cold small reads read each table)."""
     work, src = tmp_path / "work", tmp_path / "src"
     work.mkdir(), src.mkdir()
     rng = np.random.default_rng(3)
@@ -229,9 +232,24 @@ def test_a_scrub_gives_a_chunk_only_digest_map_its_block_entries(
         time.sleep(0.1)
     m.stop()
     assert has_block_entries(full)
+    # Each chunk's layout entry: its header and table as the archive holds them, at the offset
+    # where the archive file holds the chunk's bytes (a cold small read then reads once).
+    archive = (src / "s.tif.zarr.zip").read_bytes()
+    with zipfile.ZipFile(src / "s.tif.zarr.zip") as zf:
+        stored = {n: zf.read(n) for n in chunk_digests(full)}
+    for key, raw in stored.items():
+        layout = unpack_layout(full[f".b/{key}/l"])
+        assert layout is not None and layout[1] is not None, key
+        table, offset = layout
+        assert raw.startswith(table) and archive[offset : offset + len(raw)] == raw, key
+    if older == "chunks only":
+        earlier = chunk_digests(full)
+    else:
+        earlier = {k: v for k, v in full.items() if not k.endswith("/l")}
+        assert has_block_entries(earlier) and len(earlier) < len(full)
     with contextlib.closing(sqlite3.connect(index)) as db, db:  # as an earlier version kept it
-        db.execute("UPDATE chunk_digests SET doc=?", (json.dumps(chunk_digests(full)),))
-    assert recorded() == chunk_digests(full)
+        db.execute("UPDATE chunk_digests SET doc=?", (json.dumps(earlier),))
+    assert recorded() == earlier
 
     m.start("--scrub-interval", "1s")
     while not re.search(r"scrub of .*: 1 files verified, 0 failed", m.log_text()):

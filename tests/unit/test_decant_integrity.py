@@ -13,7 +13,7 @@ import xxhash
 
 from tests.toolbox import load_tool
 from vfs.cache import PageCache
-from vfs.decant.digestmap import chunk_digests
+from vfs.decant.digestmap import chunk_digests, unpack_layout
 from vfs.decant.digests import archive_digests
 from vfs.decant.packer import PackOptions, PackResult
 from vfs.decant.reader import DecantArchive
@@ -61,11 +61,20 @@ def test_block_entries_are_each_blosc_blocks_own_digest(good: Path) -> None:
     digests = archive_digests(good)
     with zipfile.ZipFile(good) as zf:
         chunks = {n: zf.read(n) for n in zf.namelist() if is_chunk_key(n)}
-    want, kinds = {}, set()
+        local = {n: zf.getinfo(n).header_offset for n in chunks}
+    data = good.read_bytes()
+    layouts, want, kinds = {}, {}, set()
     for key, raw in chunks.items():
         nbytes, blocksize, cbytes = struct.unpack_from("<iii", raw, 4)
         assert cbytes == len(raw)
         n = -(-nbytes // blocksize)
+        # The layout entry: header and table, and where the entry's bytes start in the file
+        # (after its local header's 30 bytes, name and extra field).
+        name_len, extra_len = struct.unpack_from("<HH", data, local[key] + 26)
+        offset = local[key] + 30 + name_len + extra_len
+        assert data[offset : offset + len(raw)] == raw
+        table = raw[:16] if raw[2] & 0x02 else raw[: 16 + 4 * n]
+        layouts[f".b/{key}/l"] = (table, offset)
         if raw[2] & 0x02:  # memcpyed (the corpus's noise does not compress)
             kinds.add("memcpyed")
             want[f".b/{key}/t"] = xxhash.xxh3_64_intdigest(raw[:16])
@@ -79,7 +88,11 @@ def test_block_entries_are_each_blosc_blocks_own_digest(good: Path) -> None:
         want[f".b/{key}/t"] = xxhash.xxh3_64_intdigest(raw[: 16 + 4 * n])
         for j, s in enumerate(starts):
             want[f".b/{key}/{j}"] = xxhash.xxh3_64_intdigest(raw[s : ends[s]])
-    assert {k: v for k, v in digests.items() if k.startswith(".b/")} == want
+    assert digests is not None
+    got = {k: v for k, v in digests.items() if k.startswith(".b/") and not k.endswith("/l")}
+    assert got == want
+    got_layouts = {k: unpack_layout(v) for k, v in digests.items() if k.endswith("/l")}
+    assert got_layouts == layouts
     assert kinds == {"compressed", "memcpyed"}
 
 
@@ -193,8 +206,19 @@ def test_directory_archive_digests(good: Path, corpus: dict[str, Path], tmp_path
     folder = tmp_path / "d.zarr"
     with zipfile.ZipFile(good) as zf:
         zf.extractall(folder)
-    assert archive_digests(folder) == archive_digests(good)
-    assert read_all(folder, archive_digests(good)) == corpus[D].read_bytes()
+    in_folder, in_zip = archive_digests(folder), archive_digests(good)
+    assert in_folder is not None and in_zip is not None
+    # The same digests; the layout entries keep the same tables, and an offset only in a zip.
+    layouts = {k: unpack_layout(v) for k, v in in_folder.items() if k.endswith("/l")}
+    assert layouts and all(offset is None for _table, offset in layouts.values())
+    assert {k: t for k, (t, _offset) in layouts.items()} == {
+        k: unpack_layout(v)[0] for k, v in in_zip.items() if k.endswith("/l")
+    }
+    assert {k: v for k, v in in_folder.items() if k not in layouts} == {
+        k: v for k, v in in_zip.items() if k not in layouts
+    }
+    assert read_all(folder, in_folder) == corpus[D].read_bytes()
+    assert read_all(folder, in_zip) == corpus[D].read_bytes()
     (folder / A).write_bytes((folder / B).read_bytes())
     with pytest.raises(CorruptArchiveError, match=f"'{A}' does not match"):
         read_all(folder, archive_digests(good))

@@ -255,19 +255,30 @@ def test_a_damaged_block_is_an_error(
                 assert "0/0.0.0" in str(exc)
 
 
+@pytest.mark.parametrize("layouts", [False, True], ids=["table-read", "table-recorded"])
 def test_a_damaged_block_table_fails_every_read_of_the_chunk(
-    gray: tuple[Path, bytes, bytes], tmp_path: Path, every_read_partial: None
+    gray: tuple[Path, bytes, bytes], tmp_path: Path, every_read_partial: None, layouts: bool
 ) -> None:
     """A flipped byte in the block table (or the header) would send a block's decode to other
-    bytes: with block entries no read of the chunk is served, whichever block it needs."""
-    good, _original, _raw = gray
+    bytes: with block entries no read of the chunk that reads the table is served, whichever
+    block it needs. With layout entries small reads take the table recorded when the archive
+    verified, so they serve the right bytes (each block still checked), and a whole read of
+    the chunk fails on the chunk's digest."""
+    good, original, _raw = gray
     recorded = archive_digests(good)
+    assert recorded is not None
+    if not layouts:
+        recorded = {k: v for k, v in recorded.items() if not k.endswith("/l")}
     for at in (3, 16 + 4 * 1 + 1):  # the typesize; block 1's offset
         bad = _flipped(good, tmp_path / f"bad-{at}.zarr.zip", at)
         with DecantArchive.open(bad, recorded) as archive:
             reader = _reader(archive, PageCache(64 << 20), True)
+            at_300 = _in_file(reader, 300)
+            if layouts:
+                assert bytes(reader.read(at_300, 16)) == original[at_300 : at_300 + 16]
+                reader = _reader(archive, PageCache(64 << 20), False)
             with pytest.raises(CorruptArchiveError, match=r"chunk '0/0\.0\.0'"):
-                reader.read(_in_file(reader, 300), 16)
+                reader.read(at_300, 16)
 
 
 def test_a_small_read_of_a_verified_archive_reads_its_blocks_not_the_chunk(
@@ -389,3 +400,40 @@ def test_a_read_names_the_read_ahead_decode_it_waits_for(
         finally:
             gate.set()
             reader.close()
+
+
+@pytest.mark.parametrize("layouts", [True, False], ids=["layout-recorded", "no-layout"])
+def test_a_cold_small_read_of_a_verified_archive_reads_the_file_once(
+    tiny_block_archives: dict[tuple[str, str], Path],
+    corpus: dict[str, Path],
+    every_read_partial: None,
+    monkeypatch: pytest.MonkeyPatch,
+    layouts: bool,
+) -> None:
+    """With the layout entries a verified archive's map keeps (each chunk's header and table,
+    and where its bytes start in the file), the first small read of a chunk reads the archive
+    file once, for its block; without them twice: the entry's local header with the table,
+    then the block. Both serve the original's bytes."""
+    from vfs.stores.local import LocalFile
+
+    name = "zstack_u16.tif"
+    good, original = tiny_block_archives[(name, "zstd:byteshuffle")], corpus[name].read_bytes()
+    recorded = archive_digests(good)
+    assert recorded is not None and any(k.endswith("/l") for k in recorded)
+    if not layouts:
+        recorded = {k: v for k, v in recorded.items() if not k.endswith("/l")}
+    reads: list[tuple[int, int]] = []
+    plain_read = LocalFile.read
+
+    def counted(self: LocalFile, offset: int, size: int) -> bytes:
+        reads.append((offset, size))
+        return plain_read(self, offset, size)
+
+    with DecantArchive.open(good, recorded) as archive:
+        reader = _reader(archive, PageCache(64 << 20), True)
+        monkeypatch.setattr(LocalFile, "read", counted)
+        for start, length, _page in _pixel_spans(reader)[:3]:
+            at = start + length // 2
+            before = len(reads)
+            assert bytes(reader.read(at, 100)) == original[at : at + 100]
+            assert len(reads) - before == (1 if layouts else 2), reads[before:]

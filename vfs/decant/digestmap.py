@@ -11,6 +11,12 @@ Block entries sit in the same key → int map under hidden keys (".b/<chunk>/t" 
 and table, ".b/<chunk>/<j>" for block j): a key with a part starting with "." is never a chunk
 key, so no entry of an archive can collide with one. They are bounded per archive
 (MAX_BLOCK_ENTRIES, ~8 MiB of map): chunks past the bound keep the whole-chunk check.
+
+A layout entry (".b/<chunk>/l") keeps the chunk's header and block table themselves, and where
+its bytes start in the archive file: a cold small read then makes one read (the block), not two
+(the entry's local header with the table, then the block). Its value packs both into one int,
+which JSON keeps at any size (`pack_layout`); it is bounded (LAYOUT_TABLE_MAX) and checked
+against the table's digest before use, so a damaged entry only costs the read it would save.
 """
 
 from __future__ import annotations
@@ -29,6 +35,10 @@ MAX_BLOCK_ENTRIES = 1 << 16  # 2048 chunks of 32 blocks: 8 GiB of planes at the 
 MAX_MAP_CHUNKS = 1 << 18
 
 _PREFIX = ".b/"
+# Header and table bytes a layout entry may keep: 252 blocks (32 for a plane at the default
+# codec). Its int stays far below the 4300 digits Python converts to and from text by default.
+LAYOUT_TABLE_MAX = 1024
+_OFFSET_BITS = 64
 
 
 def table_key(chunk: str) -> str:
@@ -39,24 +49,52 @@ def block_key(chunk: str, j: int) -> str:
     return f"{_PREFIX}{chunk}/{j}"
 
 
+def layout_key(chunk: str) -> str:
+    return f"{_PREFIX}{chunk}/l"
+
+
+def pack_layout(table: bytes | memoryview, data_offset: int | None) -> int:
+    """A chunk's header and block table and its data offset in the archive file (None:
+    not a zip entry, or not known) as one int: 0x01 ‖ table, then the offset + 1 (0: none)."""
+    offset = 0 if data_offset is None else data_offset + 1
+    return int.from_bytes(b"\x01" + bytes(table), "big") << _OFFSET_BITS | offset
+
+
+def unpack_layout(value: object) -> tuple[bytes, int | None] | None:
+    """(table, data offset) of a layout entry's value, None when it is not one `pack_layout`
+    could have made (a damaged index then costs the read the entry would have saved)."""
+    if not isinstance(value, int) or value <= 0:
+        return None
+    rest, offset = value >> _OFFSET_BITS, value & ((1 << _OFFSET_BITS) - 1)
+    raw = rest.to_bytes((rest.bit_length() + 7) // 8, "big")
+    if not raw or raw[0] != 1 or len(raw) - 1 > LAYOUT_TABLE_MAX:
+        return None
+    return raw[1:], offset - 1 if offset else None
+
+
 def _chunk_of(key: str) -> str | None:
     return key[len(_PREFIX) :].rpartition("/")[0] if key.startswith(_PREFIX) else None
 
 
-def block_entries(chunk: str, data: bytes | memoryview, room: int) -> dict[str, int]:
-    """The block entries of one stored blosc1 chunk, if it has at most `room` - 1 blocks, else
-    none (nor for other codecs or a damaged header: those keep the whole-chunk check). For a
-    chunk stored without compression (memcpyed) the "table" entry covers just the header and
-    each block entry its slice of the payload."""
+def block_entries(
+    chunk: str, data: bytes | memoryview, room: int, data_offset: int | None = None
+) -> dict[str, int]:
+    """The block entries of one stored blosc1 chunk, if they fit in `room` entries, else none
+    (nor for other codecs or a damaged header: those keep the whole-chunk check). For a chunk
+    stored without compression (memcpyed) the "table" entry covers just the header and each
+    block entry its slice of the payload. `data_offset`: where the chunk's bytes start in the
+    archive file, for its layout entry."""
     view = memoryview(data).cast("B")
     try:
         h = parse_header(view, len(view))
-        if h is None or not 0 < h.nblocks < room:
+        if h is None or not 0 < h.nblocks <= room - 2:
             return {}
         spans = block_spans(h, view[: h.table_end])
     except BloscChunkError:
         return {}
     out = {table_key(chunk): xxhash.xxh3_64_intdigest(view[: h.table_end])}
+    if h.table_end <= LAYOUT_TABLE_MAX:
+        out[layout_key(chunk)] = pack_layout(view[: h.table_end], data_offset)
     for j, (start, end) in enumerate(spans):
         out[block_key(chunk, j)] = xxhash.xxh3_64_intdigest(view[start:end])
     return out
@@ -70,11 +108,11 @@ class DigestRecorder:
         self.chunks: dict[str, int] = {}
         self._blocks: dict[str, int] = {}
 
-    def note(self, key: str, data: bytes | memoryview) -> None:
+    def note(self, key: str, data: bytes | memoryview, data_offset: int | None = None) -> None:
         self.chunks[key] = xxhash.xxh3_64_intdigest(data)
         room = MAX_BLOCK_ENTRIES - len(self._blocks)
-        if table_key(key) not in self._blocks and room > 1:
-            self._blocks.update(block_entries(key, data, room))
+        if table_key(key) not in self._blocks and room > 2:
+            self._blocks.update(block_entries(key, data, room, data_offset))
 
     def digest_map(self, keys: list[str] | None = None) -> dict[str, int] | None:
         """The map of `keys` (default: every chunk noted) and their block entries; None past
@@ -90,6 +128,12 @@ def has_block_entries(digests: Mapping[str, int]) -> bool:
     """Whether the map holds block entries (maps recorded before them, or of archives with no
     blosc1 chunk, hold one digest per chunk only). A nested archive's keys carry its prefix."""
     return any(k.startswith(_PREFIX) or f"/{_PREFIX}" in k for k in digests)
+
+
+def has_layout_entries(digests: Mapping[str, int]) -> bool:
+    """Whether the map holds layout entries (maps recorded before them hold none: a whole read
+    or a scrub of their archive then records the map anew, with them)."""
+    return any(k.endswith("/l") and (k.startswith(_PREFIX) or f"/{_PREFIX}" in k) for k in digests)
 
 
 def chunk_digests(digests: Mapping[str, int]) -> dict[str, int]:

@@ -59,5 +59,5 @@ def store_digests(store: Store, room: int | None = None) -> dict[str, int] | Non
     for key in keys:
         data = store.get(key, limit)
         if data is not None:
-            recorder.note(key, data)
+            recorder.note(key, data, store.data_offset(key))
     return recorder.digest_map()

@@ -20,7 +20,7 @@ from vfs.decant.blosc_blocks import (
     parse_header,
 )
 from vfs.decant.chunks import ArraySpec
-from vfs.decant.digestmap import block_key, table_key
+from vfs.decant.digestmap import block_key, layout_key, table_key, unpack_layout
 from vfs.decant.layout import tile_grid
 from vfs.decant.limits import compressed_bound
 from vfs.decant.manifest import PageRecord
@@ -167,6 +167,9 @@ class BlockSource:
                 length = self.store.entry_size(chunk)
                 if length is None:
                     return _UNSPLIT
+                recorded = self._recorded_table(chunk, length)
+                if recorded is not None:
+                    return recorded
                 # One read holds the header and a table of up to 1020 blocks (32 for a plane at
                 # the default codec); a longer table takes a second.
                 head = self.store.get_range(chunk, 0, min(length, _FIRST_READ))
@@ -186,6 +189,30 @@ class BlockSource:
             return h, block_spans(h, head)
         except BloscChunkError as exc:
             raise CorruptArchiveError(f"{self.store.name}: chunk {chunk!r} {exc}") from None
+
+    def _recorded_table(
+        self, chunk: str, length: int
+    ) -> tuple[BloscHeader, list[tuple[int, int]]] | None:
+        """The header and table the digest map's layout entry keeps for `chunk` (and, told to
+        the store, where its bytes start), when the entry is there and its table matches the
+        table's digest: then a cold read of one block is one read of the archive, not two."""
+        digests = self.store.digests
+        layout = unpack_layout(digests.get(layout_key(chunk))) if digests is not None else None
+        if layout is None or digests is None:
+            return None
+        table, data_offset = layout
+        if xxhash.xxh3_64_intdigest(table) != digests.get(table_key(chunk)):
+            return None  # a damaged index entry: read the table from the archive
+        try:
+            h = parse_header(table, length)
+            if h is None or h.table_end != len(table) or h.nbytes != self.spec.chunk_nbytes:
+                return None
+            spans = block_spans(h, table)
+        except BloscChunkError:
+            return None  # the archive's own header then reports what is wrong with it
+        if data_offset is not None:
+            self.store.assume_data_offset(chunk, data_offset)
+        return h, spans
 
     def _whole_checked(self, chunk: str) -> bool:
         """Whether this chunk's reads are checked by its whole-chunk digest (see the class)."""

@@ -23,7 +23,7 @@ import numpy as np
 
 from vfs.cache import DropBehind, PageCache
 from vfs.decant.chunks import ArraySpec, read_array_spec, read_chunk
-from vfs.decant.digestmap import MAX_MAP_CHUNKS, DigestRecorder, has_block_entries
+from vfs.decant.digestmap import MAX_MAP_CHUNKS, DigestRecorder, has_layout_entries
 from vfs.decant.layout import serialize_page
 from vfs.decant.limits import (
     MAX_CHUNK_BYTES,
@@ -293,7 +293,7 @@ class DigestTap:
 
     def _note(self, key: str, data: bytes | memoryview | None) -> bytes | memoryview | None:
         if data is not None and is_chunk_key(key):
-            self.recorder.note(key, data)
+            self.recorder.note(key, data, self.store.data_offset(key))
         return data
 
     def complete(self) -> dict[str, int] | None:
@@ -347,8 +347,9 @@ class OriginalReader:
         # Without a digest map, note each chunk's xxh3 as it is read: a first read that hashes
         # the whole file then has the map to record, instead of reading the archive again. So
         # too with a map of chunk digests only (an index older than block entries): a scrub's
-        # whole read then records block entries, and small reads stop checking whole chunks.
-        noting = not archive.digests or not has_block_entries(archive.digests)
+        # whole read then records block entries, and small reads stop checking whole chunks;
+        # and with one older than layout entries, whose cold small reads read the table first.
+        noting = not archive.digests or not has_layout_entries(archive.digests)
         self.tap = DigestTap(archive.store) if noting else None
         self._chunks: Any = self.tap if self.tap is not None else archive.store
 

@@ -126,6 +126,16 @@ class Store:
     def prefetch(self, key: str) -> None:
         """Ask the kernel to start reading `key`'s bytes (read-ahead of the next chunk)."""
 
+    def data_offset(self, key: str) -> int | None:
+        """Where `key`'s stored bytes start in the archive file, once a read has found and
+        checked it (zip stores; None elsewhere, or not read yet)."""
+        return None
+
+    def assume_data_offset(self, key: str, offset: int) -> None:
+        """Take `offset` as where `key`'s bytes start, without reading its local header again:
+        a digest map recorded it from this very file (the caller checks every range read at
+        it against the map's digests, so an offset that is wrong fails as a digest error)."""
+
     def get_range(self, key: str, start: int, size: int) -> bytes:
         """Bytes [start, start + size) of the stored value at `key` (which `entry_size` sized).
 
@@ -438,6 +448,19 @@ class ZipArchiveStore(Store):
         if info is None or info.method != _STORED or info.flags & 0x1:
             return None
         return int(info.file_size) if info.compress_size == info.file_size else None
+
+    def data_offset(self, key: str) -> int | None:
+        return self._data_offsets.get(key)
+
+    def assume_data_offset(self, key: str, offset: int) -> None:
+        info = self._entries.get(key)
+        if info is None:
+            return
+        lowest = info.header_offset + _LOCAL_HEADER.size + len(info.raw_name)
+        if not lowest <= offset <= self.source.size - info.compress_size:
+            return  # not where this entry can start: read and check its local header instead
+        with self._lock:
+            self._data_offsets.setdefault(key, offset)
 
     def prefetch(self, key: str) -> None:
         """Start reading `key` (the reader's read-ahead asks for the chunk after the ones it
