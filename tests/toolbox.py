@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import os
 import struct
@@ -127,27 +128,27 @@ def peak_in_child(setup: str, call: str) -> tuple[Any, int]:
     return out["result"], int(out["peak"])
 
 
-def zip_of_many(path: Path, count: int, claim: int | None = None) -> Path:
+def zip_of_many(
+    path: Path, count: int, claim: int | None = None, first: dict[str, bytes] | None = None
+) -> Path:
     """A valid stored ZIP64 zip of `count` one-byte entries named "a/<n>", written directly (zipfile
     takes ~10 µs an entry): what a user can drop in SRC for a few dozen bytes an entry. Its end
-    records claim `claim` entries (default: the truth)."""
+    records claim `claim` entries (default: the truth). `first`: entries stored before them
+    (a decant archive's, so that the zip is still that archive)."""
     local = struct.Struct("<4sHHHHHIIIHH")
     central = struct.Struct("<4sHHHHHHIIIHHHHHII")
-    crc = zlib.crc32(b"x")
     records, pos = [], 0
+    first = first or {}
+    entries = itertools.chain(first.items(), ((f"a/{n}", b"x") for n in range(count)))
     with open(path, "wb") as out:
-        for n in range(count):
-            name = f"a/{n}".encode()
-            out.write(
-                local.pack(b"PK\x03\x04", 20, 0, 0, 0, 0, crc, 1, 1, len(name), 0) + name + b"x"
-            )
-            records.append(
-                central.pack(
-                    b"PK\x01\x02", 20, 20, 0, 0, 0, 0, crc, 1, 1, len(name), 0, 0, 0, 0, 0, pos
-                )
-                + name
-            )
-            pos += local.size + len(name) + 1
+        for text, data in entries:
+            name, crc, size = text.encode(), zlib.crc32(data), len(data)
+            out.write(local.pack(b"PK\x03\x04", 20, 0, 0, 0, 0, crc, size, size, len(name), 0))
+            out.write(name + data)
+            fields = (20, 20, 0, 0, 0, 0, crc, size, size, len(name), 0, 0, 0, 0, 0, pos)
+            records.append(central.pack(b"PK\x01\x02", *fields) + name)
+            pos += local.size + len(name) + size
+        count += len(first)
         directory = b"".join(records)
         claimed = count if claim is None else claim
         out.write(directory)

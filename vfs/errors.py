@@ -47,6 +47,12 @@ class NotAnArchiveError(DecantError):
     errno = errno.EINVAL
 
 
+class OpenArchivesFullError(DecantError):
+    """Opening one more archive would take what open archives hold past the daemon's budget."""
+
+    errno = errno.ENOMEM
+
+
 class PackError(DecantError):
     """Packing refused or failed; nothing was published."""
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.mount.conftest import Mount, User, open_tmp
+from tests.mount.conftest import SYSTEM_PYTHON, Mount, User, open_tmp
 from tests.toolbox import proc_status, zip_of_many
 
 CACHE_MIB = 64
@@ -133,4 +133,68 @@ def test_deflated_chunks_read_at_once_stay_within_the_memory_bound(
         "head", "-c", "4096", str(mount.mnt / f"u{i}" / "big.bin")).stdout)  # fmt: skip
     print(f"peak RSS {grown} MiB over the start, zip {first.stat().st_size} bytes")
     assert all(v == "\0" * 4096 for v in got.values()), {i: len(str(v)) for i, v in got.items()}
+    assert grown < CACHE_MIB + 150, f"peak RSS grew {grown} MiB"
+
+
+HOLD_EACH = """
+import errno, json, os, sys
+paths, out, fds = sys.argv[1:], {}, {}
+for path in paths:
+    try:
+        fds[path] = os.open(path, os.O_RDONLY)
+        out[path] = os.pread(fds[path], 64, 0).hex()
+    except OSError as exc:
+        out[path] = errno.errorcode[exc.errno]
+refused = [p for p in paths if p not in fds]
+os.close(fds.pop(paths[0]))  # the user closes one handle: another archive now opens
+if refused:
+    fd = os.open(refused[0], os.O_RDONLY)
+    out["after"] = os.pread(fd, 64, 0).hex()
+    os.close(fd)
+for fd in fds.values():
+    os.close(fd)
+print(json.dumps(out))
+"""
+
+
+def test_handles_held_on_copies_of_a_many_entry_archive_stay_within_the_memory_bound(
+    mount: Mount, unprivileged: User, tmp_path: Path
+) -> None:
+    """A valid archive with 1,500,000 entries beyond its own (~100 MiB of directory tables while
+    it is open), linked into the user's four folders; the user opens the original in each and
+    holds the handles. Each was opened with its own tables, and the daemon grew by all four.
+    What open archives hold is now bounded (half the cache, at least 128 MiB, or one archive
+    alone): the opens past it fail with ENOMEM and a log line naming the archive, the daemon
+    stays within its cache budget + 150 MiB, and once the user closes a handle another opens."""
+    import numpy as np
+    import tifffile
+
+    from vfs.decant.packer import pack_file
+
+    tif = tmp_path / "many.tif"
+    tifffile.imwrite(tif, np.random.default_rng(5).integers(0, 60000, (2, 64, 64), np.uint16))
+    pack_file(tif, tmp_path / "packed.zip")
+    with zipfile.ZipFile(tmp_path / "packed.zip") as zf:
+        own = {info.filename: zf.read(info) for info in zf.infolist()}
+    first = mount.src / "u0" / "many.tif.zarr.zip"
+    zip_of_many(first, 1_500_000, first=own)
+    link_into_every_folder(mount, unprivileged, first)
+    shown = [str(mount.mnt / f"u{i}" / "many.tif") for i in range(FOLDERS)]
+    for path in shown:  # listed (each archive described) first, one at a time: not measured
+        assert unprivileged.run("ls", "-l", path, timeout=60).returncode == 0
+    assert mount.proc is not None
+    Path(f"/proc/{mount.proc.pid}/clear_refs").write_text("5")  # VmHWM from here on
+    before = proc_status(mount.proc.pid, "VmRSS")
+    done = unprivileged.run(str(SYSTEM_PYTHON), "-I", "-c", HOLD_EACH, *shown, timeout=180)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    grown = (proc_status(mount.proc.pid, "VmHWM") - before) >> 20
+    print(f"holding {FOLDERS} copies: {got}; peak RSS {grown} MiB over the start")
+    head = tif.read_bytes()[:64].hex()
+    opened = [p for p in shown if got[p] == head]
+    refused = [p for p in shown if got[p] == "ENOMEM"]
+    assert opened and refused and len(opened) + len(refused) == FOLDERS, got
+    assert got["after"] == head  # room given back when a handle closed
+    assert f"u{shown.index(refused[0])}/many.tif.zarr.zip: not opened" in mount.log_text()
+    assert (mount.mnt / "notes.txt").read_bytes() == b"still served\n"
     assert grown < CACHE_MIB + 150, f"peak RSS grew {grown} MiB"

@@ -12,7 +12,10 @@ from typing import TYPE_CHECKING, Any
 from vfs.backends.base import Description, Entry
 from vfs.cache import PageCache
 from vfs.decant import MANIFEST_KEY, archive_stem
+from vfs.decant.limits import human
+from vfs.errors import DecantError, OpenArchivesFullError
 from vfs.stores.base import Folder
+from vfs.stores.local import open_exact
 
 if TYPE_CHECKING:  # numpy, numcodecs: imported when the first archive is read, not at start-up
     from vfs.decant.reader import DecantArchive, OriginalReader
@@ -31,7 +34,7 @@ class DecantBackend:
     def __init__(self, cache: PageCache, digests: DigestSource | None = None) -> None:
         self.cache = cache
         self.digests = digests
-        self.shared = _SharedArchives()
+        self.shared = _SharedArchives(cache)
 
     def chunk_digests(self, path: Path) -> dict[str, int] | None:
         """xxh3 of every stored chunk, for the adapter to record (reads the whole archive);
@@ -82,7 +85,7 @@ class DecantBackend:
 
         listed = getattr(folder, "listed", None)
         if listed is None:
-            return _open_original(opened(), member, self.cache)
+            return self.shared.alone(opened(), member)
         url = getattr(folder, "url_of", str)(key)
         version = (url, listed.size, listed.etag, listed.mtime, digests is not None)
         # A handle joining one open already checks the object is still that version (the HEAD
@@ -118,22 +121,20 @@ def _describe(archive: DecantArchive, name: str) -> Description:
     return Description(archive_stem(name), root)
 
 
-def _open_original(archive: DecantArchive, member: str, cache: PageCache) -> DecantFile:
-    try:
-        return DecantFile(archive, archive.open_original(member, cache))
-    except BaseException:
-        archive.close()
-        raise
-
-
 # An opened archive's version, as the handles sharing it see it: a local one's path and stat
 # identity, an object's URL and listed identity; and whether it is read with digests.
 _Key = tuple[object, ...]
 
 
+# Open archives hold their zip directory and manifest outside the page cache; together they may
+# hold this much, or half the cache if that is more (see _SharedArchives).
+HELD_FLOOR = 128 << 20
+
+
 class _Shared:
-    def __init__(self, archive: DecantArchive) -> None:
+    def __init__(self, archive: DecantArchive, held: int) -> None:
         self.archive = archive
+        self.held = held
         self.users = 0
 
 
@@ -146,9 +147,20 @@ class _SharedArchives:
     size. A handle now joins the archive another handle of the same version opened; the last
     to close closes it. The version is the path's lstat (device, inode, size, mtime, ctime):
     a file rewritten or replaced, or a link put in its place, is a new version, opened anew
-    under the store's own rules."""
+    under the store's own rules.
 
-    def __init__(self) -> None:
+    What open archives hold is budgeted: a user could otherwise keep handles open on K copies
+    of an archive with a million entries (~75 MiB of tables each) and grow the daemon by K
+    times that. Each opened archive's `held_bytes` is lent from the page cache (which evicts to
+    make room) while it is open, and an archive that would take the total past the budget
+    (half the cache, at least HELD_FLOOR) is refused with ENOMEM and a log line naming it,
+    unless nothing else is held: one archive of any size allowed by the format's limits still
+    opens. Closing handles gives the room back."""
+
+    def __init__(self, cache: PageCache) -> None:
+        self.cache = cache
+        self.budget = max(cache.max_bytes // 2, HELD_FLOOR)
+        self.held = 0
         self._lock = threading.Lock()
         self._open: dict[_Key, _Shared] = {}
 
@@ -158,10 +170,75 @@ class _SharedArchives:
         from vfs.decant.reader import DecantArchive
 
         key = _version(path, digests is not None)
+        with self._lock:
+            shared = key is not None and key in self._open
+        if not shared:
+            self._precheck(path)
         if key is None:
-            return _open_original(DecantArchive.open(path, digests), member, cache)
+            return self.alone(DecantArchive.open(path, digests), member)
         return self.join(key, lambda: DecantArchive.open(path, digests), member, cache,
                          same=lambda archive: _opened(archive) == key[1:6])  # fmt: skip
+
+    def _precheck(self, path: Path) -> None:
+        """Refuse a local zip whose directory cannot fit the budget before parsing it (from its
+        end record: vfs.decant.zipdir.tables_estimate): refused after the parse, each such open
+        still cost its tables for a moment (a 1,000,000 entry archive: ~115 MiB of peak RSS per
+        refused open, which the heap kept afterwards)."""
+        with self._lock:
+            held = self.held
+        if not held or not path.name.endswith(".zip"):
+            return
+        from vfs.decant.zipdir import tables_estimate  # numpy: not at start-up
+
+        try:
+            fd = open_exact(path, os.O_RDONLY)
+            with os.fdopen(fd, "rb") as fh:
+                needs = tables_estimate(fh, path)
+        except (OSError, DecantError):
+            return  # the open itself reports what is wrong
+        if held + needs > self.budget:
+            raise self._full(path, needs, held)
+
+    def alone(self, archive: DecantArchive, member: str) -> DecantFile:
+        """A handle on `member` of an archive opened for it alone (not shared), admitted to
+        the budget like a shared one; closing the handle closes the archive."""
+        try:
+            held = self._admit(archive)
+        except BaseException:
+            archive.close()
+            raise
+
+        def release() -> None:
+            archive.close()
+            self._give_back(held)
+
+        try:
+            reader = archive.open_original(member, self.cache)
+        except BaseException:
+            release()
+            raise
+        return DecantFile(archive, reader, release)
+
+    def _admit(self, archive: DecantArchive) -> int:
+        held = archive.held_bytes()
+        with self._lock:
+            if self.held and self.held + held > self.budget:
+                raise self._full(archive.path, held, self.held)
+            self.held += held
+        self.cache.lend(held)
+        return held
+
+    def _full(self, path: object, needs: int, held: int) -> OpenArchivesFullError:
+        return OpenArchivesFullError(
+            f"{path}: not opened: it needs {human(needs)} of tables, and the archives open "
+            f"now hold {human(held)} of the {human(self.budget)} open archives may hold; close "
+            "some and retry"
+        )
+
+    def _give_back(self, held: int) -> None:
+        with self._lock:
+            self.held -= held
+        self.cache.unlend(held)
 
     def join(
         self,
@@ -188,14 +265,26 @@ class _SharedArchives:
         if shared is None:
             archive = opener()
             if same is not None and not same(archive):
-                return _open_original(archive, member, cache)  # changed meanwhile: not shared
+                return self.alone(archive, member)  # changed meanwhile: not shared
             with self._lock:
                 shared = self._open.get(key)
-                if shared is None:
-                    shared = self._open[key] = _Shared(archive)
-                    archive = None
-                shared.users += 1
-            if archive is not None:  # another handle opened it first: use that one
+                if shared is not None:
+                    shared.users += 1
+            if shared is None:
+                try:
+                    held = self._admit(archive)
+                except BaseException:
+                    archive.close()
+                    raise
+                with self._lock:
+                    shared = self._open.get(key)
+                    if shared is None:
+                        shared = self._open[key] = _Shared(archive, held)
+                        archive = None
+                    shared.users += 1
+                if archive is not None:  # another handle opened it first: use that one
+                    self._give_back(held)
+            if archive is not None:
                 archive.close()
         try:
             # The archive builds each original's plan once, under its own lock (the page table,
@@ -214,6 +303,7 @@ class _SharedArchives:
             if self._open.get(key) is shared:
                 del self._open[key]
         shared.archive.close()
+        self._give_back(shared.held)
 
     def __len__(self) -> int:
         with self._lock:
@@ -244,18 +334,15 @@ def _file_entry(size: int, sha256: str, mode: str) -> Entry:
 
 
 class DecantFile:
-    """An opened original; owns its archive handle so closing the file releases the descriptor."""
+    """An opened original; closing it hands its archive back (`release`: the last handle of a
+    shared archive, or the only one, closes it and gives its room back to the budget)."""
 
     def __init__(
-        self,
-        archive: DecantArchive,
-        reader: OriginalReader,
-        release: Callable[[], None] | None = None,
+        self, archive: DecantArchive, reader: OriginalReader, release: Callable[[], None]
     ) -> None:
         self.archive = archive
         self.reader = reader
-        self._release = release  # a shared archive: hand it back instead of closing it
-        self._shared = release is not None
+        self._release: Callable[[], None] | None = release
         self.size = reader.size
         self.listed_etag: str | None = None  # a bucket archive's, as its listing gave it
 
@@ -314,9 +401,6 @@ class DecantFile:
 
     def close(self) -> None:
         self.reader.close()  # its queued read-ahead decodes use the archive's descriptor
-        if self._shared:
-            release, self._release = self._release, None
-            if release is not None:  # once, however often close is called
-                release()
-        else:
-            self.archive.close()
+        release, self._release = self._release, None
+        if release is not None:  # once, however often close is called
+            release()

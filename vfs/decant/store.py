@@ -126,6 +126,10 @@ class Store:
     def prefetch(self, key: str) -> None:
         """Ask the kernel to start reading `key`'s bytes (read-ahead of the next chunk)."""
 
+    def held_bytes(self) -> int:
+        """Memory this open store holds for its index of keys (a zip's central directory)."""
+        return 0
+
     def data_offset(self, key: str) -> int | None:
         """Where `key`'s stored bytes start in the archive file, once a read has found and
         checked it (zip stores; None elsewhere, or not read yet)."""
@@ -448,6 +452,9 @@ class ZipArchiveStore(Store):
         if info is None or info.method != _STORED or info.flags & 0x1:
             return None
         return int(info.file_size) if info.compress_size == info.file_size else None
+
+    def held_bytes(self) -> int:
+        return self._entries.nbytes
 
     def data_offset(self, key: str) -> int | None:
         return self._data_offsets.get(key)

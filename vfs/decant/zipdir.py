@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import struct
+import sys
 import threading
 import zipfile
 from array import array
@@ -115,6 +116,16 @@ class ZipDirectory:
 
     def __len__(self) -> int:
         return len(self._ends)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes its tables hold (the rank `following` makes on first use counted already):
+        what holding this archive open costs, for a caller that budgets open archives."""
+        columns = (self._names, self._ends, self._offsets, self._csizes, self._sizes,
+                   self._crcs, self._methods, self._flags, self._extras)  # fmt: skip
+        groups = self._groups.values() if self._groups is not None else ()
+        held = sum(sys.getsizeof(c) for c in (*columns, *groups))  # with what growth left spare
+        return held + self._order.nbytes + self._hashes.nbytes + 8 * len(self)
 
     def get(self, name: str) -> ZipEntry | None:
         """The entry named `name`, or None."""
@@ -255,6 +266,17 @@ class ZipDirectory:
                 f"{self.path}: zip entry {name[:80]!r} starts before the start of the file"
             )
         return raw, name, (offset + self._concat, csize, size, crc, method, flags, extra_len)
+
+
+def tables_estimate(fh: BinaryIO, path: object) -> int:
+    """About the bytes a ZipDirectory of this zip would hold, from its end record alone (nothing
+    parsed), so a caller can tell an archive will not fit a memory budget before it costs
+    anything: a record is 46 bytes and the name (and any extra field and comment), its tables
+    ~58 bytes and the name; so over by what extra fields and comments take, which a decant
+    archive's entries do not have. CorruptArchiveError as ZipDirectory would raise it."""
+    _start, size, _concat = _directory_span(fh, path)
+    rec = zipfile._EndRecData(fh)  # type: ignore[attr-defined]  # read again: ~100 bytes
+    return int(size + 12 * rec[4])
 
 
 def _directory_span(fh: BinaryIO, path: object) -> tuple[int, int, int]:

@@ -1,0 +1,141 @@
+"""What open archives hold (their zip directory and manifest) is lent from the page cache and
+bounded: a user holding handles on many copies of an archive of many entries gets ENOMEM for
+the one past the budget instead of growing the daemon by each copy's tables."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+import tracemalloc
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+from vfs.backends import decant as decant_backend
+from vfs.backends.decant import DecantBackend
+from vfs.cache import PageCache
+from vfs.decant.packer import pack_file
+from vfs.decant.reader import DecantArchive
+from vfs.errors import OpenArchivesFullError
+
+JUNK = 20_000  # entries a copy holds beyond its own: ~3.5 MiB of directory tables
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, bytes]:
+    """(an archive holding JUNK entries beyond its own, a plain small archive, the original)."""
+    base = tmp_path_factory.mktemp("budget")
+    tif = base / "a.tif"
+    tifffile.imwrite(tif, np.random.default_rng(1).integers(0, 60000, (2, 64, 64), np.uint16))
+    small = base / "small.tif.zarr.zip"
+    pack_file(tif, small)
+    many = base / "many.tif.zarr.zip"
+    with zipfile.ZipFile(small) as zin, zipfile.ZipFile(many, "w") as zout:
+        for info in zin.infolist():
+            zout.writestr(info, zin.read(info))
+        for k in range(JUNK):
+            zout.writestr(f"junk/{k:08d}{'x' * 100}", b"")
+    return many, small, tif.read_bytes()
+
+
+def test_held_bytes_cover_what_opening_allocates(made: tuple[Path, Path, bytes]) -> None:
+    """The estimate the budget charges is at least what an open archive keeps allocated
+    (measured by tracemalloc, an independent count), and not far above it."""
+    many, small, _ = made
+    DecantArchive.open(small).close()  # imports and one-time caches: not the archive's
+    tracemalloc.start()
+    try:
+        archive = DecantArchive.open(many)
+        kept = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    try:
+        assert kept > 3 << 20
+        assert kept <= archive.held_bytes() < 1.5 * kept, (kept, archive.held_bytes())
+    finally:
+        archive.close()
+
+
+def test_open_archives_past_the_budget_are_refused_until_some_close(
+    made: tuple[Path, Path, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    many, small, original = made
+    copies = [tmp_path / f"c{i}.tif.zarr.zip" for i in range(3)]
+    for copy in copies:
+        shutil.copyfile(many, copy)
+    monkeypatch.setattr(decant_backend, "HELD_FLOOR", 6 << 20)
+    cache = PageCache(2 << 20)
+    backend = DecantBackend(cache)
+    assert backend.shared.budget == 6 << 20
+    desc = backend.describe(copies[0])
+
+    first = backend.open(copies[0], "", desc.root)
+    again = backend.open(copies[0], "", desc.root)  # shares the first's tables: no more held
+    held = backend.shared.held
+    assert held == first.archive.held_bytes() > 3 << 20
+    assert cache._reserved == held  # lent: the cache evicted to make room for it
+    with pytest.raises(OpenArchivesFullError) as refused:
+        backend.open(copies[1], "", desc.root)
+    assert refused.value.errno == errno.ENOMEM and str(copies[1]) in str(refused.value)
+    assert backend.shared.held == held and cache._reserved == held  # nothing kept of it
+
+    tiny = backend.open(small, "", backend.describe(small).root)  # small ones still fit
+    assert bytes(tiny.read(0, len(original))) == original
+    assert bytes(again.read(0, len(original))) == original
+    first.close()
+    with pytest.raises(OpenArchivesFullError):  # `again` still holds the tables
+        backend.open(copies[2], "", desc.root)
+    again.close()
+    second = backend.open(copies[1], "", desc.root)
+    assert bytes(second.read(0, len(original))) == original
+    for handle in (second, tiny):
+        handle.close()
+    assert backend.shared.held == 0 and cache._reserved == 0 and len(backend.shared) == 0
+
+
+def test_one_archive_opens_whatever_it_holds(
+    made: tuple[Path, Path, bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing else open, an archive holding more than the whole budget still opens (the
+    format's own limits bound it): a small cache never makes a valid archive unreadable."""
+    many, _, original = made
+    monkeypatch.setattr(decant_backend, "HELD_FLOOR", 1 << 20)
+    backend = DecantBackend(PageCache(1 << 20))
+    handle = backend.open(many, "", backend.describe(many).root)
+    try:
+        assert backend.shared.held > backend.shared.budget
+        assert bytes(handle.read(0, len(original))) == original
+    finally:
+        handle.close()
+    assert backend.shared.held == 0
+
+
+def test_a_zip_that_cannot_fit_is_refused_before_its_directory_is_parsed(
+    made: tuple[Path, Path, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused after parsing, each open past the budget still cost its tables for a moment
+    (and the heap kept them): the end record's counts refuse it first."""
+    from vfs.decant.zipdir import ZipDirectory
+
+    many, _small, _ = made
+    copies = [tmp_path / f"c{i}.tif.zarr.zip" for i in range(2)]
+    for copy in copies:
+        shutil.copyfile(many, copy)
+    monkeypatch.setattr(decant_backend, "HELD_FLOOR", 6 << 20)
+    backend = DecantBackend(PageCache(2 << 20))
+    desc = backend.describe(copies[0])
+    parsed: list[object] = []
+    build = ZipDirectory._build
+    monkeypatch.setattr(ZipDirectory, "_build", lambda self, *a: parsed.append(str(self.path))
+                        or build(self, *a))  # fmt: skip
+    first = backend.open(copies[0], "", desc.root)
+    assert parsed == [str(copies[0])]
+    with pytest.raises(OpenArchivesFullError, match="not opened"):
+        backend.open(copies[1], "", desc.root)
+    assert parsed == [str(copies[0])]  # the second was never parsed
+    first.close()
+    backend.open(copies[1], "", desc.root).close()
+    assert parsed == [str(copies[0]), str(copies[1])]
