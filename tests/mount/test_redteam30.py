@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import threading
 import time
 import zipfile
@@ -198,3 +199,51 @@ def test_handles_held_on_copies_of_a_many_entry_archive_stay_within_the_memory_b
     assert f"u{shown.index(refused[0])}/many.tif.zarr.zip: not opened" in mount.log_text()
     assert (mount.mnt / "notes.txt").read_bytes() == b"still served\n"
     assert grown < CACHE_MIB + 150, f"peak RSS grew {grown} MiB"
+
+
+def test_listings_of_slow_archives_at_once_leave_other_users_a_thread(
+    mount: Mount, unprivileged: User, tmp_path: Path
+) -> None:
+    """Zip directories over 8 MiB are parsed one at a time, and each listing waited for its
+    turn in one of trio's 40 worker threads: a user listing 48 folders of such archives at
+    once held them all, and another user's `cat` of a plain file waited 7.3 s for a thread.
+    Listings now take at most LISTING_THREADS of them. Checked by order, not time: with
+    listings holding every thread, the `cat` could not finish before (folders - 40) listings
+    had; it must finish while far fewer have."""
+    import numpy as np
+    import tifffile
+
+    from vfs.decant.packer import pack_file
+
+    folders = 60
+    tif = tmp_path / "slow.tif"
+    tifffile.imwrite(tif, np.random.default_rng(6).integers(0, 60000, (2, 64, 64), np.uint16))
+    pack_file(tif, tmp_path / "packed.zip")
+    with zipfile.ZipFile(tmp_path / "packed.zip") as zf:
+        own = {info.filename: zf.read(info) for info in zf.infolist()}
+    made = zip_of_many(tmp_path / "slow.zip", 200_000, first=own)  # an 11 MB directory
+    for i in range(folders):
+        folder = mount.src / "u0" / f"d{i}"
+        folder.mkdir()
+        os.link(made, folder / "slow.tif.zarr.zip")
+        os.chown(folder, unprivileged.uid, unprivileged.gid)
+    finished: list[float] = []
+
+    def list_one(i: int) -> None:
+        done = unprivileged.run("ls", str(mount.mnt / "u0" / f"d{i}"), timeout=300)
+        assert done.stdout.split() == ["slow.tif"], done
+        finished.append(time.monotonic())
+
+    threads = [threading.Thread(target=list_one, args=(i,)) for i in range(folders)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)  # the listings reach the daemon
+    cat = subprocess.run(["cat", str(mount.mnt / "notes.txt")], capture_output=True, timeout=300)
+    at = time.monotonic()
+    done_before = sum(1 for f in list(finished) if f < at)
+    for t in threads:
+        t.join()
+    print(f"cat done when {done_before} of {folders} listings were")
+    assert cat.stdout == b"still served\n", cat.stderr
+    assert len(finished) == folders
+    assert done_before < folders - 40 - 5, f"the cat waited for {done_before} listings"

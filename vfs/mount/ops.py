@@ -61,6 +61,11 @@ QUICK_WINDOW = 5.0
 QUICK_COOLDOWN = 5.0
 QUICK_STALL = 0.1  # one call blocked this long sends them to threads at once
 QUICK_COOLDOWN_MAX = 120.0  # cooldowns double while stalls go on, up to this
+# Worker threads folder listings (which describe the archives in them) may take at once. Large
+# zip directories are parsed one at a time (vfs.decant.zipdir), so without this one user
+# listing 48 folders of large archives at once held all of trio's 40 worker threads waiting
+# for their turn, and another user's `cat` of a plain file waited 7.3 s for a thread.
+LISTING_THREADS = 16
 HANDLES_PER_USER = 4096  # open files one user but root may hold (at most an eighth of the fd limit)
 QUICK_WRITE = 64 * 1024  # larger writes always go to a worker thread (the data path)
 QUICK_FREE = 16 << 20  # truncating or deleting a larger file frees blocks: a worker thread
@@ -247,6 +252,7 @@ class DecantOperations(pyfuse3.Operations):
         self._open_by_uid: dict[int, int] = {}
         self._told_cap: set[int] = set()
         self._quick = QuickCalls()
+        self.listing = trio.CapacityLimiter(LISTING_THREADS)
         self._status = Node(False, 0, time.time_ns(), 0o444, os.getuid(), os.getgid(),
                             tree.root / STATUS_NAME, member=STATUS_NAME)  # fmt: skip
         self.status_file = StatusFile(self._status_head, self._status_tail, self._queue_changes,
@@ -289,7 +295,8 @@ class DecantOperations(pyfuse3.Operations):
         folder = self.inodes.folders.get(inode)
         if node.backend is not None:
             if folder is None:
-                kids = await trio.to_thread.run_sync(self.tree.children_of_archive_node, node)
+                kids = await trio.to_thread.run_sync(self.tree.children_of_archive_node, node,
+                                                     limiter=self.listing)  # fmt: skip
                 folder = Folder()
                 folder.merge(kids)
                 self.inodes.keep_archive_listing(inode, folder)
@@ -303,7 +310,7 @@ class DecantOperations(pyfuse3.Operations):
                 if folder is not None and folder.mtime_ns == mtime and not force:
                     folder.checked = time.monotonic()
                     return folder
-                kids = await trio.to_thread.run_sync(self.tree.scan, real)
+                kids = await trio.to_thread.run_sync(self.tree.scan, real, limiter=self.listing)
             except FileNotFoundError:
                 if moves == self.inodes.moves:
                     raise
@@ -1007,7 +1014,9 @@ class DecantOperations(pyfuse3.Operations):
         try:
             fresh = await self._entries(parent.real, [name])
             if fresh is None:  # a folder the tree cannot tell name by name
-                found = (await trio.to_thread.run_sync(self.tree.scan, parent.real)).get(name)
+                scanned = await trio.to_thread.run_sync(self.tree.scan, parent.real,
+                                                        limiter=self.listing)  # fmt: skip
+                found = scanned.get(name)
             else:
                 found = fresh[name]
         finally:
@@ -1020,7 +1029,8 @@ class DecantOperations(pyfuse3.Operations):
         try:
             return await self._quick(self.tree.entries, folder, names, True)  # type: ignore[no-any-return]
         except NotQuick:
-            return await trio.to_thread.run_sync(self.tree.entries, folder, names)
+            return await trio.to_thread.run_sync(self.tree.entries, folder, names,
+                                                 limiter=self.listing)  # fmt: skip
 
     async def _io(self, heavy: bool, fn: Callable[..., Any], *args: Any) -> Any:
         """A spool call that may take long whatever the disk (freeing a large file's blocks,
