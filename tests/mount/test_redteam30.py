@@ -164,7 +164,7 @@ def test_handles_held_on_copies_of_a_many_entry_archive_stay_within_the_memory_b
     """A valid archive with 1,500,000 entries beyond its own (~100 MiB of directory tables while
     it is open), linked into the user's four folders; the user opens the original in each and
     holds the handles. Each was opened with its own tables, and the daemon grew by all four.
-    What open archives hold is now bounded (half the cache, at least 128 MiB, or one archive
+    What open archives hold is now bounded (half the cache, at least 64 MiB, or one archive
     alone): the opens past it fail with ENOMEM and a log line naming the archive, the daemon
     stays within its cache budget + 150 MiB, and once the user closes a handle another opens."""
     import numpy as np

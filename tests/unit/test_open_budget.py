@@ -67,7 +67,7 @@ def test_open_archives_past_the_budget_are_refused_until_some_close(
     for copy in copies:
         shutil.copyfile(many, copy)
     monkeypatch.setattr(decant_backend, "HELD_FLOOR", 6 << 20)
-    cache = PageCache(2 << 20)
+    cache = PageCache(4 << 20)
     backend = DecantBackend(cache)
     assert backend.shared.budget == 6 << 20
     desc = backend.describe(copies[0])
@@ -76,11 +76,13 @@ def test_open_archives_past_the_budget_are_refused_until_some_close(
     again = backend.open(copies[0], "", desc.root)  # shares the first's tables: no more held
     held = backend.shared.held
     assert held == first.archive.held_bytes() > 3 << 20
-    assert cache._reserved == held  # lent: the cache evicted to make room for it
+    assert cache._reserved == 2 << 20  # lent up to half the cache: it evicted to make room
+    cache.put(("plane",), bytearray(1 << 20))  # the other half still caches every user's reads
+    assert ("plane",) in cache
     with pytest.raises(OpenArchivesFullError) as refused:
         backend.open(copies[1], "", desc.root)
     assert refused.value.errno == errno.ENOMEM and str(copies[1]) in str(refused.value)
-    assert backend.shared.held == held and cache._reserved == held  # nothing kept of it
+    assert backend.shared.held == held and cache._reserved == 2 << 20  # nothing kept of it
 
     tiny = backend.open(small, "", backend.describe(small).root)  # small ones still fit
     assert bytes(tiny.read(0, len(original))) == original

@@ -128,7 +128,7 @@ _Key = tuple[object, ...]
 
 # Open archives hold their zip directory and manifest outside the page cache; together they may
 # hold this much, or half the cache if that is more (see _SharedArchives).
-HELD_FLOOR = 128 << 20
+HELD_FLOOR = 64 << 20
 
 
 class _Shared:
@@ -151,16 +151,18 @@ class _SharedArchives:
 
     What open archives hold is budgeted: a user could otherwise keep handles open on K copies
     of an archive with a million entries (~75 MiB of tables each) and grow the daemon by K
-    times that. Each opened archive's `held_bytes` is lent from the page cache (which evicts to
-    make room) while it is open, and an archive that would take the total past the budget
-    (half the cache, at least HELD_FLOOR) is refused with ENOMEM and a log line naming it,
-    unless nothing else is held: one archive of any size allowed by the format's limits still
-    opens. Closing handles gives the room back."""
+    times that. What open archives hold (`held_bytes`) is lent from the page cache (which
+    evicts to make room) while they are open, up to half of it: all of it would leave every
+    user's reads without a cache while one user held a large archive open. An archive that
+    would take the total past the budget (half the cache, at least HELD_FLOOR) is refused with
+    ENOMEM and a log line naming it, unless nothing else is held: one archive of any size the
+    format's limits allow still opens. Closing handles gives the room back."""
 
     def __init__(self, cache: PageCache) -> None:
         self.cache = cache
         self.budget = max(cache.max_bytes // 2, HELD_FLOOR)
         self.held = 0
+        self.lent = 0  # of `held`, what the cache made room for: at most half of it
         self._lock = threading.Lock()
         self._open: dict[_Key, _Shared] = {}
 
@@ -224,8 +226,8 @@ class _SharedArchives:
         with self._lock:
             if self.held and self.held + held > self.budget:
                 raise self._full(archive.path, held, self.held)
-            self.held += held
-        self.cache.lend(held)
+            lend = self._count(held)
+        self.cache.lend(lend)
         return held
 
     def _full(self, path: object, needs: int, held: int) -> OpenArchivesFullError:
@@ -237,8 +239,17 @@ class _SharedArchives:
 
     def _give_back(self, held: int) -> None:
         with self._lock:
-            self.held -= held
-        self.cache.unlend(held)
+            lend = self._count(-held)
+        self.cache.unlend(-lend)
+
+    def _count(self, delta: int) -> int:
+        """Add `delta` to what is held (the lock held); what the cache must lend more (or, < 0,
+        may take back) for it. Each change is applied to the cache exactly once, so the cache's
+        loans always add up to `lent`."""
+        self.held += delta
+        lend = min(self.held, self.cache.max_bytes // 2) - self.lent
+        self.lent += lend
+        return lend
 
     def join(
         self,
