@@ -131,8 +131,8 @@ def has_block_entries(digests: Mapping[str, int]) -> bool:
 
 
 def has_layout_entries(digests: Mapping[str, int]) -> bool:
-    """Whether the map holds layout entries (maps recorded before them hold none: a whole read
-    or a scrub of their archive then records the map anew, with them)."""
+    """Whether the map holds layout entries (maps recorded before them hold none: the next
+    verification of their archive, a scrub's, records the map anew, with them)."""
     return any(k.endswith("/l") and (k.startswith(_PREFIX) or f"/{_PREFIX}" in k) for k in digests)
 
 
