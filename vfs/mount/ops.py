@@ -613,7 +613,15 @@ class DecantOperations(pyfuse3.Operations):
                     await trio.to_thread.run_sync(reader.close)
                     raise _fail(errno.EACCES)
             handle = OpenFile(node, inode, reader, uid=ctx.uid)
-            cache = await self.reads.prepare(handle)
+            try:
+                cache = await self.reads.prepare(handle)
+            except BaseException:
+                # No handle holds the reader yet: closed here, or an open that failed now (its
+                # archive renamed away before prepare's stat: ENOENT) kept its descriptor and
+                # its open archive's share of the budget (_SharedArchives) for ever.
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(reader.close)
+                raise
             if node.spooled and self.queue is not None:
                 self.queue.opened(node.spooled)
             # Unverified archive content bypasses the page cache (see reads.py); verified archive
