@@ -205,11 +205,13 @@ def test_listings_of_slow_archives_at_once_leave_other_users_a_thread(
     mount: Mount, unprivileged: User, tmp_path: Path
 ) -> None:
     """Zip directories over 8 MiB are parsed one at a time, and each listing waited for its
-    turn in one of trio's 40 worker threads: a user listing 48 folders of such archives at
-    once held them all, and another user's `cat` of a plain file waited 7.3 s for a thread.
-    Listings now take at most LISTING_THREADS of them. Checked by order, not time: with
-    listings holding every thread, the `cat` could not finish before (folders - 40) listings
-    had; it must finish while far fewer have."""
+    turn in a worker thread. A user listing 48 folders of such archives at once held all 40 of
+    trio's, and another user's `cat` of a plain file waited 7.3 s for a thread; with one bound
+    of 16 threads for all listings, another user's `ls` of a folder of one text file waited
+    60 s (red team, round 32). The listings of each owner's folders now take at most
+    LISTING_THREADS threads. Checked by order, not time: with every thread held, the `cat`
+    could not finish before (folders - 40) listings had, the `ls` not before (folders - 16);
+    both must finish while far fewer have."""
     import numpy as np
     import tifffile
 
@@ -227,6 +229,8 @@ def test_listings_of_slow_archives_at_once_leave_other_users_a_thread(
         folder.mkdir()
         os.link(made, folder / "slow.tif.zarr.zip")
         os.chown(folder, unprivileged.uid, unprivileged.gid)
+    (mount.src / "victim").mkdir()
+    (mount.src / "victim" / "notes.txt").write_text("mine\n")
     finished: list[float] = []
 
     def list_one(i: int) -> None:
@@ -234,16 +238,23 @@ def test_listings_of_slow_archives_at_once_leave_other_users_a_thread(
         assert done.stdout.split() == ["slow.tif"], done
         finished.append(time.monotonic())
 
+    def done_now() -> int:
+        now = time.monotonic()
+        return sum(1 for f in list(finished) if f < now)
+
     threads = [threading.Thread(target=list_one, args=(i,)) for i in range(folders)]
     for t in threads:
         t.start()
     time.sleep(1.0)  # the listings reach the daemon
+    listed = subprocess.run(["ls", str(mount.mnt / "victim")], capture_output=True, timeout=300)
+    done_at_ls = done_now()
     cat = subprocess.run(["cat", str(mount.mnt / "notes.txt")], capture_output=True, timeout=300)
-    at = time.monotonic()
-    done_before = sum(1 for f in list(finished) if f < at)
+    done_at_cat = done_now()
     for t in threads:
         t.join()
-    print(f"cat done when {done_before} of {folders} listings were")
+    print(f"ls done when {done_at_ls}, cat when {done_at_cat} of {folders} listings were")
+    assert listed.stdout == b"notes.txt\n", listed.stderr
     assert cat.stdout == b"still served\n", cat.stderr
     assert len(finished) == folders
-    assert done_before < folders - 40 - 5, f"the cat waited for {done_before} listings"
+    assert done_at_ls < folders - 40 - 5, f"the ls waited for {done_at_ls} listings"
+    assert done_at_cat < folders - 40 - 5, f"the cat waited for {done_at_cat} listings"

@@ -61,11 +61,13 @@ QUICK_WINDOW = 5.0
 QUICK_COOLDOWN = 5.0
 QUICK_STALL = 0.1  # one call blocked this long sends them to threads at once
 QUICK_COOLDOWN_MAX = 120.0  # cooldowns double while stalls go on, up to this
-# Worker threads folder listings (which describe the archives in them) may take at once. Large
-# zip directories are parsed one at a time (vfs.decant.zipdir), so without this one user
-# listing 48 folders of large archives at once held all of trio's 40 worker threads waiting
-# for their turn, and another user's `cat` of a plain file waited 7.3 s for a thread.
-LISTING_THREADS = 16
+# Worker threads the listings of one owner's folders (which describe the archives in them) may
+# take at once. Large zip directories are parsed one at a time (vfs.decant.zipdir): without a
+# bound, one user listing 48 folders of large archives at once held all of trio's 40 worker
+# threads waiting for their turn, and another user's `cat` of a plain file waited 7.3 s for a
+# thread; with one bound for all listings (16), another user's `ls` of a folder of one text
+# file waited 60 s behind 20 such listings (red team, round 32). Each owner has its own.
+LISTING_THREADS = 4
 HANDLES_PER_USER = 4096  # open files one user but root may hold (at most an eighth of the fd limit)
 QUICK_WRITE = 64 * 1024  # larger writes always go to a worker thread (the data path)
 QUICK_FREE = 16 << 20  # truncating or deleting a larger file frees blocks: a worker thread
@@ -252,7 +254,7 @@ class DecantOperations(pyfuse3.Operations):
         self._open_by_uid: dict[int, int] = {}
         self._told_cap: set[int] = set()
         self._quick = QuickCalls()
-        self.listing = trio.CapacityLimiter(LISTING_THREADS)
+        self._listing_by_owner: dict[int, trio.CapacityLimiter] = {}
         self._status = Node(False, 0, time.time_ns(), 0o444, os.getuid(), os.getgid(),
                             tree.root / STATUS_NAME, member=STATUS_NAME)  # fmt: skip
         self.status_file = StatusFile(self._status_head, self._status_tail, self._queue_changes,
@@ -275,6 +277,14 @@ class DecantOperations(pyfuse3.Operations):
             raise _fail(errno.ENOENT)
         return node
 
+    def _lister(self, folder: Node) -> trio.CapacityLimiter:
+        """The worker threads listings of `folder` share: those of its owner's folders (an
+        archive shown as a folder: its file's owner). A user fills only their own."""
+        limiter = self._listing_by_owner.get(folder.uid)
+        if limiter is None:
+            limiter = self._listing_by_owner[folder.uid] = trio.CapacityLimiter(LISTING_THREADS)
+        return limiter
+
     async def _listing(self, inode: int) -> Folder:
         """The folder's listing, re-read first if it may be stale (takes the folder's lock)."""
         folder = self.inodes.folders.get(inode)
@@ -296,7 +306,7 @@ class DecantOperations(pyfuse3.Operations):
         if node.backend is not None:
             if folder is None:
                 kids = await trio.to_thread.run_sync(self.tree.children_of_archive_node, node,
-                                                     limiter=self.listing)  # fmt: skip
+                                                     limiter=self._lister(node))  # fmt: skip
                 folder = Folder()
                 folder.merge(kids)
                 self.inodes.keep_archive_listing(inode, folder)
@@ -310,7 +320,8 @@ class DecantOperations(pyfuse3.Operations):
                 if folder is not None and folder.mtime_ns == mtime and not force:
                     folder.checked = time.monotonic()
                     return folder
-                kids = await trio.to_thread.run_sync(self.tree.scan, real, limiter=self.listing)
+                kids = await trio.to_thread.run_sync(self.tree.scan, real,
+                                                     limiter=self._lister(node))  # fmt: skip
             except FileNotFoundError:
                 if moves == self.inodes.moves:
                     raise
@@ -891,7 +902,7 @@ class DecantOperations(pyfuse3.Operations):
         node = self._node(inode)
         if folder is None or node.backend is not None:
             return
-        fresh = await self._entries(node.real, names)
+        fresh = await self._entries(node, names)
         if fresh is None:
             await self._fresh(inode, force=True)
             return
@@ -1020,10 +1031,10 @@ class DecantOperations(pyfuse3.Operations):
         hidden = self.queue.publishing
         hidden.hide([node.spooled])  # the tree skips spooled names being hidden
         try:
-            fresh = await self._entries(parent.real, [name])
+            fresh = await self._entries(parent, [name])
             if fresh is None:  # a folder the tree cannot tell name by name
                 scanned = await trio.to_thread.run_sync(self.tree.scan, parent.real,
-                                                        limiter=self.listing)  # fmt: skip
+                                                        limiter=self._lister(parent))  # fmt: skip
                 found = scanned.get(name)
             else:
                 found = fresh[name]
@@ -1031,14 +1042,14 @@ class DecantOperations(pyfuse3.Operations):
             hidden.unhide([node.spooled])
         return found if found is not None and not found.spooled else None
 
-    async def _entries(self, folder: Path, names: list[str]) -> dict[str, Node | None] | None:
+    async def _entries(self, folder: Node, names: list[str]) -> dict[str, Node | None] | None:
         """`tree.entries`: a few lstats on the event loop (QuickCalls), but an archive among
         them is described in a worker thread (a big one not in the index takes seconds)."""
         try:
-            return await self._quick(self.tree.entries, folder, names, True)  # type: ignore[no-any-return]
+            return await self._quick(self.tree.entries, folder.real, names, True)  # type: ignore[no-any-return]
         except NotQuick:
-            return await trio.to_thread.run_sync(self.tree.entries, folder, names,
-                                                 limiter=self.listing)  # fmt: skip
+            return await trio.to_thread.run_sync(self.tree.entries, folder.real, names,
+                                                 limiter=self._lister(folder))  # fmt: skip
 
     async def _io(self, heavy: bool, fn: Callable[..., Any], *args: Any) -> Any:
         """A spool call that may take long whatever the disk (freeing a large file's blocks,
