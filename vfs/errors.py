@@ -47,6 +47,13 @@ class NotAnArchiveError(DecantError):
     errno = errno.EINVAL
 
 
+class ArchiveGoneError(NotAnArchiveError):
+    """Nothing is at the archive's path now (removed, or its folder renamed away): no verdict
+    on the archive itself."""
+
+    errno = errno.ENOENT
+
+
 class OpenArchivesFullError(DecantError):
     """Opening one more archive would take what open archives hold past the daemon's budget."""
 

@@ -62,3 +62,40 @@ def test_an_open_whose_archive_moves_away_before_its_check_closes_it(
     (backend,) = backends
     assert len(backend.shared) == 0  # the archive opened for it was closed
     assert backend.shared.held == 0  # and its tables' room given back
+
+
+def test_a_verification_whose_archive_moves_away_gives_no_verdict(
+    mount: InProcessMount, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background verification whose archive's folder was renamed away (and back: the same
+    version) failed to open it and marked the version bad: every user's open gave EIO until
+    the archive changed (red team, round 32). It now gives no verdict: the file verifies later
+    and serves its bytes."""
+    folder = mount.config.src / "d"
+    want = (mount.config.src / "d" / "a.tif.zarr.zip").stat()  # the version shown
+    real_open = DecantBackend.open
+
+    def moved_away(self: DecantBackend, path: Path, member: str, entry: object) -> object:
+        folder.rename(folder.with_name("away"))
+        try:
+            return real_open(self, path, member, entry)  # type: ignore[arg-type]
+        finally:
+            folder.with_name("away").rename(folder)
+
+    async def scenario() -> tuple[bool, bool, bytes]:
+        ino = await mount.resolve("d/a.tif")
+        node = mount.ops.inodes.get(ino)
+        assert node is not None
+        monkeypatch.setattr(DecantBackend, "open", moved_away)
+        verdict = await mount.ops.integrity.verify_now(node)
+        refused = node.key in mount.ops.integrity.bad
+        monkeypatch.setattr(DecantBackend, "open", real_open)
+        info = await mount.ops.open(ino, os.O_RDONLY, mount.ctx)
+        data = await mount.ops.read(info.fh, 0, 1 << 20)
+        await mount.ops.release(info.fh)
+        return verdict, refused, bytes(data)
+
+    verdict, refused, data = mount.run(scenario)
+    assert (folder / "a.tif.zarr.zip").stat().st_ctime_ns == want.st_ctime_ns  # same version
+    assert not verdict and not refused
+    assert data == (mount.config.src.parent / "a.tif").read_bytes()

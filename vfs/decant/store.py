@@ -37,6 +37,7 @@ from vfs.decant import archive_stem as archive_stem
 from vfs.decant.limits import MAX_NDIM, MAX_ZIP_ENTRIES, human
 from vfs.decant.zipdir import ZipDirectory, ZipEntry
 from vfs.errors import (
+    ArchiveGoneError,
     CorruptArchiveError,
     DecantError,
     NotAnArchiveError,
@@ -254,6 +255,8 @@ class ZipArchiveStore(Store):
         if isinstance(source, Path):
             try:
                 source = LocalFile(source)
+            except FileNotFoundError:
+                raise ArchiveGoneError(f"{source}: no such archive") from None
             except OSError as exc:
                 raise CorruptArchiveError(f"{source}: cannot read ({exc.strerror})") from None
         super().__init__(getattr(source, "path", source.name))
@@ -759,6 +762,8 @@ def open_store(path: Path) -> Store:
         return DirectoryStore(path)
     if path.is_file():
         return ZipArchiveStore(path)
+    if not os.path.lexists(path):
+        raise ArchiveGoneError(f"{path}: no such archive")
     raise NotAnArchiveError(f"{path}: no such archive")
 
 

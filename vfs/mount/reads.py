@@ -23,7 +23,7 @@ from typing import Any
 import trio
 
 from vfs.backends.base import RandomAccess
-from vfs.errors import CorruptArchiveError, StoreError
+from vfs.errors import ArchiveGoneError, CorruptArchiveError, StoreError
 from vfs.integrity import Coverage, SequentialHasher
 from vfs.mount.metrics import COUNTERS
 from vfs.nodes import Node, NodeKey
@@ -148,7 +148,9 @@ class Integrity:
                 return node.key in self.good
             try:
                 digest, seen = await trio.to_thread.run_sync(self._hash_whole, node)
-            except StoreError as exc:  # the object store unreachable: no verdict, try later
+            except (StoreError, ArchiveGoneError) as exc:
+                # The object store unreachable, or the archive not at its path now (its folder
+                # renamed away and back kept it refused for every user): no verdict, try later.
                 self.pending.discard(node.key)
                 log.warning("%s%s: not verified now: %s", node.real, _member(node), exc)
                 return False
