@@ -141,3 +141,40 @@ def test_a_zip_that_cannot_fit_is_refused_before_its_directory_is_parsed(
     first.close()
     backend.open(copies[1], "", desc.root).close()
     assert parsed == [str(copies[0]), str(copies[1])]
+
+
+def test_the_plan_an_open_builds_is_charged_too(
+    made: tuple[Path, Path, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An original's plan holds ~700 bytes a page (a stack of 65,536 pages: ~46 MiB) for as
+    long as the archive is open: charged once the open built it, and an open whose plan does
+    not fit is refused (its reader closed, nothing kept), while a small archive is open."""
+    from vfs.decant.reader import PLAN_PAGE_BYTES
+
+    _many, small, original = made
+    pages = 4096
+    tif = tmp_path / "pages.tif"
+    planes = (np.arange(pages * 16, dtype=np.uint32) % 251).astype(np.uint8)
+    tifffile.imwrite(tif, planes.reshape(pages, 4, 4), photometric="minisblack")
+    stack = tmp_path / "pages.tif.zarr.zip"
+    pack_file(tif, stack)
+    with DecantArchive.open(stack) as archive:
+        admitted = archive.held_bytes()  # before any plan: tables and manifest
+    planned = admitted + pages * PLAN_PAGE_BYTES
+
+    monkeypatch.setattr(decant_backend, "HELD_FLOOR", planned + (64 << 10))
+    backend = DecantBackend(PageCache(1 << 20))
+    handle = backend.open(stack, "", backend.describe(stack).root)
+    assert backend.shared.held == planned  # the plan charged once the open built it
+    assert bytes(handle.read(0, 4096)) == tif.read_bytes()[:4096]
+    handle.close()
+    assert backend.shared.held == 0
+
+    tiny = backend.open(small, "", backend.describe(small).root)  # holds ~20 KiB
+    monkeypatch.setattr(backend.shared, "budget", admitted + tiny.archive.held_bytes() + 4096)
+    with pytest.raises(OpenArchivesFullError):  # admitted, then its plan does not fit
+        backend.open(stack, "", backend.describe(stack).root)
+    assert backend.shared.held == tiny.archive.held_bytes() and len(backend.shared) == 1
+    assert bytes(tiny.read(0, len(original))) == original
+    tiny.close()
+    assert backend.shared.held == 0

@@ -63,7 +63,7 @@ class DecantBackend:
 
     def open(self, path: Path, member: str, entry: Entry) -> DecantFile:
         digests = self.digests(path) if self.digests else None
-        return self.shared.open(path, digests, member, self.cache)
+        return self.shared.open(path, digests, member)
 
     def open_at(
         self,
@@ -91,7 +91,7 @@ class DecantBackend:
         # A handle joining one open already checks the object is still that version (the HEAD
         # an open of its own would make), so a replaced object gives ESTALE at open, as before.
         still = folder.still  # type: ignore[attr-defined]  # a _Listed (vfs.backends.objects)
-        return self.shared.join(version, opened, member, self.cache, joining=still)
+        return self.shared.join(version, opened, member, joining=still)
 
     def chunk_digests_at(self, folder: Folder, key: str) -> dict[str, int] | None:
         """As `chunk_digests`, for the archive at `key` of any folder (GETs every chunk once)."""
@@ -166,9 +166,7 @@ class _SharedArchives:
         self._lock = threading.Lock()
         self._open: dict[_Key, _Shared] = {}
 
-    def open(
-        self, path: Path, digests: Mapping[str, int] | None, member: str, cache: PageCache
-    ) -> DecantFile:
+    def open(self, path: Path, digests: Mapping[str, int] | None, member: str) -> DecantFile:
         from vfs.decant.reader import DecantArchive
 
         key = _version(path, digests is not None)
@@ -178,7 +176,7 @@ class _SharedArchives:
             self._precheck(path)
         if key is None:
             return self.alone(DecantArchive.open(path, digests), member)
-        return self.join(key, lambda: DecantArchive.open(path, digests), member, cache,
+        return self.join(key, lambda: DecantArchive.open(path, digests), member,
                          same=lambda archive: _opened(archive) == key[1:6])  # fmt: skip
 
     def _precheck(self, path: Path) -> None:
@@ -205,21 +203,49 @@ class _SharedArchives:
         """A handle on `member` of an archive opened for it alone (not shared), admitted to
         the budget like a shared one; closing the handle closes the archive."""
         try:
-            held = self._admit(archive)
+            one = _Shared(archive, self._admit(archive))
         except BaseException:
             archive.close()
             raise
 
         def release() -> None:
             archive.close()
-            self._give_back(held)
+            self._give_back(one.held)
 
+        return self._reader(one, member, release)
+
+    def _reader(self, shared: _Shared, member: str, release: Callable[[], None]) -> DecantFile:
+        """A handle on `member` of an admitted archive; the original's plan it builds (O(pages):
+        ~46 MiB for 65,536 pages) is charged to the budget too, and past it the open is
+        refused like any other. `release` hands the archive back, also when this fails."""
         try:
-            reader = archive.open_original(member, self.cache)
+            # The archive builds each original's plan once, under its own lock (the page table,
+            # region index and checks: O(pages)); the reader made here is this handle's own.
+            reader = shared.archive.open_original(member, self.cache)
         except BaseException:
             release()
             raise
-        return DecantFile(archive, reader, release)
+        try:
+            self._grow(shared)
+        except BaseException:
+            reader.close()
+            release()
+            raise
+        return DecantFile(shared.archive, reader, release)
+
+    def _grow(self, shared: _Shared) -> None:
+        """Charge what the archive holds now beyond what it was admitted with (a plan an open
+        built); refused, as an open past the budget, unless it is the only archive held."""
+        now = shared.archive.held_bytes()
+        with self._lock:
+            extra = now - shared.held
+            if extra <= 0:
+                return
+            if self.held > shared.held and self.held + extra > self.budget:
+                raise self._full(shared.archive.path, now, self.held - shared.held)
+            shared.held = now
+            lend = self._count(extra)
+        self.cache.lend(lend)
 
     def _admit(self, archive: DecantArchive) -> int:
         held = archive.held_bytes()
@@ -256,7 +282,6 @@ class _SharedArchives:
         key: _Key,
         opener: Callable[[], DecantArchive],
         member: str,
-        cache: PageCache,
         same: Callable[[DecantArchive], bool] | None = None,
         joining: Callable[[], None] | None = None,
     ) -> DecantFile:
@@ -297,14 +322,7 @@ class _SharedArchives:
                     self._give_back(held)
             if archive is not None:
                 archive.close()
-        try:
-            # The archive builds each original's plan once, under its own lock (the page table,
-            # region index and checks: O(pages)); the reader made here is this handle's own.
-            reader = shared.archive.open_original(member, cache)
-        except BaseException:
-            self._release(key, shared)
-            raise
-        return DecantFile(shared.archive, reader, lambda: self._release(key, shared))
+        return self._reader(shared, member, lambda: self._release(key, shared))
 
     def _release(self, key: _Key, shared: _Shared) -> None:
         with self._lock:
