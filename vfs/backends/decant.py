@@ -207,6 +207,7 @@ class _SharedArchives:
         except BaseException:
             archive.close()
             raise
+        one.users = 1
 
         def release() -> None:
             archive.close()
@@ -234,14 +235,17 @@ class _SharedArchives:
         return DecantFile(shared.archive, reader, release)
 
     def _grow(self, shared: _Shared) -> None:
-        """Charge what the archive holds now beyond what it was admitted with (a plan an open
-        built); refused, as an open past the budget, unless it is the only archive held."""
+        """Charge what the archive holds now beyond what it was admitted with (a plan, or a
+        series member's bundle, an open built); refused, as an open past the budget, unless
+        this archive is all that is held and this its only handle (one handle of any archive
+        opens; handles on many members of one series are bounded like many archives)."""
         now = shared.archive.held_bytes()
         with self._lock:
             extra = now - shared.held
             if extra <= 0:
                 return
-            if self.held > shared.held and self.held + extra > self.budget:
+            alone = self.held == shared.held and shared.users <= 1
+            if not alone and self.held + extra > self.budget:
                 raise self._full(shared.archive.path, now, self.held - shared.held)
             shared.held = now
             lend = self._count(extra)

@@ -35,7 +35,8 @@ def opened_digests(archive: DecantArchive) -> dict[str, int] | None:
     out: dict[str, int] = {}
     chunks = 0
     for mem in m.members:
-        digests = store_digests(archive.nested(mem.subarchive).store, MAX_MAP_CHUNKS - chunks)
+        with archive.bundle(mem.subarchive) as sub:
+            digests = store_digests(sub.store, MAX_MAP_CHUNKS - chunks)
         if digests is None:
             return None
         chunks += sum(1 for k in digests if is_chunk_key(k))
