@@ -126,8 +126,8 @@ def _describe(archive: DecantArchive, name: str) -> Description:
 _Key = tuple[object, ...]
 
 
-# Open archives hold their zip directory and manifest outside the page cache; together they may
-# hold this much, or half the cache if that is more (see _SharedArchives).
+# Open archives hold their zip directory, manifest, plans and nested bundles outside the page
+# cache; together they may hold this much, or half the cache if that is more (_SharedArchives).
 HELD_FLOOR = 64 << 20
 
 
@@ -155,8 +155,9 @@ class _SharedArchives:
     evicts to make room) while they are open, up to half of it: all of it would leave every
     user's reads without a cache while one user held a large archive open. An archive that
     would take the total past the budget (half the cache, at least HELD_FLOOR) is refused with
-    ENOMEM and a log line naming it, unless nothing else is held: one archive of any size the
-    format's limits allow still opens. Closing handles gives the room back."""
+    ENOMEM and a log line naming it, unless nothing else is held and it is the archive's only
+    handle: one handle of any archive the format's limits allow still opens. Closing handles
+    gives the room back."""
 
     def __init__(self, cache: PageCache) -> None:
         self.cache = cache
