@@ -119,8 +119,9 @@ class Integrity:
         key = node.key
         if key in self.good or key in self.bad or key in self.pending or self.spawn is None:
             return
-        if getattr(node.backend, "authenticated", False):
-            return  # every block is authenticated as it is read (crypt4gh segments)
+        # Authenticated blocks (crypt4gh segments) are not exempt: each segment authenticates
+        # alone, not its place, so segments swapped in a package all decrypt and the member's
+        # plaintext is wrong; only its declared sha256 tells, and small reads never hash it.
         self.pending.add(key)
         self.spawn(self.verify_now, node)
 
@@ -156,6 +157,11 @@ class Integrity:
                 return False
             except Exception as exc:
                 self.pending.discard(node.key)
+                if isinstance(exc, CorruptArchiveError) and _authenticated(node):
+                    # A segment that fails its MAC fails the reads that touch it, and only
+                    # those (docs/gdi-packages.md): no verdict on the rest of the member.
+                    log.warning("%s%s: not verified: %s", node.real, _member(node), exc)
+                    return False
                 self.bad.add(node.key)
                 log.error("%s%s: verification failed: %s", node.real, _member(node), exc)
                 return False
@@ -431,6 +437,11 @@ def _unpinned(data: Any) -> Any:
     if isinstance(data, memoryview) and data.nbytes * PIN_RATIO < memoryview(data.obj).nbytes:
         return bytes(data)
     return data
+
+
+def _authenticated(node: Node) -> bool:
+    """Whether each block of the node's backend authenticates as it is read (crypt4gh)."""
+    return bool(getattr(node.backend, "authenticated", False))
 
 
 def _member(node: Node) -> str:
