@@ -9,11 +9,21 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+import zipfile
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+import numpy as np
+import tifffile
 
 from tests.conftest import load_tool
 from tests.mount.conftest import Mount
+from tests.mount.test_bit_rot import _data_offset, _on_device
+from tests.mount.test_ingest_space import ext4_src  # noqa: F401 (a fixture)
+from tests.mount.test_write_side import wait_status
+from vfs.decant import MANIFEST_KEY
+from vfs.decant.packer import PackOptions, pack_file
 
 corpus: ModuleType = load_tool("make_c4gh_corpus")
 
@@ -78,3 +88,56 @@ def test_reordered_segments_of_a_gdi_package_are_refused_once_checked(tmp_path: 
         assert subprocess.run(["cat", str(member)], capture_output=True).returncode != 0
     finally:
         m.stop()
+
+
+def test_a_rotten_manifest_byte_of_a_verified_archive_is_an_error(
+    ext4_src: Path,  # noqa: F811
+    make_mount: Any,
+    tmp_path: Path,
+) -> None:
+    """One bit rots in the manifest of a zip archive that verified (a page's data offset, 256
+    → 246: the manifest still parses and checks, and the original rebuilds shifted). Once an
+    archive verified, its digest map replaces the zip's CRC-32, but it held digests of chunks
+    only: the manifest and the `.zarray`s were read with no check at all, and a fresh daemon on
+    the same index served the shifted original as verified, with exit 0."""
+    data = np.random.default_rng(1).integers(0, 65535, (4, 256, 256), dtype=np.uint16)
+    tifffile.imwrite(tmp_path / "s.tif", data, photometric="minisblack")
+    original = (tmp_path / "s.tif").read_bytes()
+    path = pack_file(tmp_path / "s.tif", ext4_src / "s.tif.zarr.zip", PackOptions()).archive
+
+    m = make_mount(ext4_src)
+    assert (m.mnt / "s.tif").read_bytes() == original
+    wait_status(m.mnt, lambda doc: doc["daemon"]["verified"] == 1)
+    m.stop()
+
+    with zipfile.ZipFile(path) as zf:
+        manifest = zf.read(MANIFEST_KEY)
+    at = manifest.index(b'"dataoffsets": [') + len(b'"dataoffsets": [')
+    at += len(manifest[at:]) - len(manifest[at:].lstrip())
+    assert manifest[at : at + 4] == b"256\n", manifest[at : at + 8]
+    before = os.stat(path)
+    rot = _data_offset(path, MANIFEST_KEY) + at + 1  # the "5": a 4 after one bit flips
+    device_byte = _on_device(path, rot)
+    image = ext4_src.parent / "src.img"
+    os.sync()
+    with open(image, "r+b") as fh:
+        fh.seek(device_byte)
+        assert fh.read(1) == b"5"
+        fh.seek(device_byte)
+        fh.write(b"4")
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    with open(path, "rb") as fh:
+        fh.seek(rot - 1)
+        assert fh.read(3) == b"246", "the rot did not land"
+    stamp = ("st_size", "st_mtime_ns", "st_ino", "st_ctime_ns")
+    assert [getattr(os.stat(path), k) for k in stamp] == [getattr(before, k) for k in stamp]
+
+    m = make_mount(ext4_src, "--index-dir", str(tmp_path / "mnt-index"), name="again")
+    got = subprocess.run(["cat", str(m.mnt / "s.tif")], capture_output=True, timeout=20)
+    assert got.returncode != 0 or got.stdout == original, (
+        f"a verified archive with a rotten manifest served {len(got.stdout)} bytes with exit 0, "
+        f"{sum(a != b for a, b in zip(got.stdout, original, strict=False))} of them wrong"
+    )
+    assert got.returncode != 0 and b"Input/output error" in got.stderr, got.stderr
+    assert "manifest" in m.log_text()

@@ -4,6 +4,7 @@ every later chunk read before decoding — so a swapped or rewritten chunk fails
 from __future__ import annotations
 
 import json
+import re
 import struct
 import zipfile
 from pathlib import Path
@@ -13,12 +14,18 @@ import xxhash
 
 from tests.toolbox import load_tool
 from vfs.cache import PageCache
-from vfs.decant.digestmap import chunk_digests, unpack_layout
+from vfs.decant import MANIFEST_KEY
+from vfs.decant.digestmap import (
+    chunk_digests,
+    has_metadata_entries,
+    metadata_digests,
+    unpack_layout,
+)
 from vfs.decant.digests import archive_digests
 from vfs.decant.packer import PackOptions, PackResult
 from vfs.decant.reader import DecantArchive
 from vfs.decant.series import pack_series
-from vfs.decant.store import ZipArchiveStore, is_chunk_key
+from vfs.decant.store import ZipArchiveStore, is_chunk_key, is_metadata_key
 from vfs.errors import CorruptArchiveError
 
 fuzz = load_tool("fuzz")
@@ -176,6 +183,54 @@ def test_digest_replaces_crc_on_reads(good: Path, tmp_path: Path) -> None:
         read_all(bad, digests)
 
 
+def _rot_a_page_offset(src: Path, dest: Path) -> Path:
+    """A copy of `src` whose stored manifest has one digit of a page's data offset changed:
+    still JSON, still a manifest, and the original rebuilt from it is shifted."""
+    data = bytearray(src.read_bytes())
+    with zipfile.ZipFile(src) as zf:
+        info = zf.getinfo(MANIFEST_KEY)
+        manifest = zf.read(MANIFEST_KEY)
+    assert info.compress_type == zipfile.ZIP_STORED
+    at = manifest.index(b'"dataoffsets"')
+    at += re.search(rb"[1-9]", manifest[at:]).start()  # type: ignore[union-attr]
+    start = info.header_offset + 30 + len(info.filename) + len(info.extra)
+    data[start + at] = ord("1") if data[start + at] != ord("1") else ord("2")
+    dest.write_bytes(bytes(data))
+    return dest
+
+
+def test_metadata_entries_are_checked_by_the_map_or_by_their_crc(
+    good: Path, tmp_path: Path
+) -> None:
+    """A verified archive's map replaces the zip's CRC-32: it must cover the manifest (a rotten
+    digit of a page's offset, read unchecked, served the original shifted). A map recorded
+    before metadata digests has none for it: the entry keeps its CRC-32, and a reader with such
+    a map notes digests, so the next whole read records the map anew."""
+    full = archive_digests(good)
+    assert full is not None and has_metadata_entries(full)
+    assert {k for k in full if is_metadata_key(k)} >= {MANIFEST_KEY, "0/.zarray"}
+    old = {k: v for k, v in full.items() if not is_metadata_key(k)}
+    assert not has_metadata_entries(old)
+    bad = _rot_a_page_offset(good, tmp_path / "rot.zarr.zip")
+    with pytest.raises(
+        CorruptArchiveError, match=re.escape(f"'{MANIFEST_KEY}' does not match its")
+    ):
+        read_all(bad, full)
+    with pytest.raises(CorruptArchiveError, match=re.escape(f"'{MANIFEST_KEY}' fails its CRC-32")):
+        read_all(bad, old)
+    # The map records the manifest the archive was read with, not what the file holds later.
+    copy = tmp_path / "copy.zarr.zip"
+    copy.write_bytes(good.read_bytes())
+    with DecantArchive.open(copy) as archive:
+        _rot_a_page_offset(copy, copy)
+        assert metadata_digests(archive.store) == {k: full[k] for k in full if is_metadata_key(k)}
+    for digests, noting in ((full, False), (old, True)):
+        with DecantArchive.open(good, digests) as archive:
+            (info,) = archive.originals()
+            reader = archive.open_original(info.relpath, PageCache(1 << 20))
+            assert (reader.tap is not None) is noting
+
+
 def test_nested_series_digests(corpus: dict[str, Path], tmp_path: Path) -> None:
     folder = tmp_path / "plates"
     folder.mkdir()
@@ -187,7 +242,9 @@ def test_nested_series_digests(corpus: dict[str, Path], tmp_path: Path) -> None:
         m["subarchive"]
         for m in json.loads((archive / ".decant/manifest.json").read_text())["members"]
     }
-    assert {k.split("/", 1)[0] for k in digests} == bundles
+    # The bundles' entries, and the series' own manifest (checked like a chunk once recorded).
+    assert {k.split("/", 1)[0] for k in digests} == bundles | {".decant"}
+    assert ".decant/manifest.json" in digests
     with DecantArchive.open(archive, digests) as opened:
         for info in opened.originals():
             reader = opened.open_original(info.relpath, PageCache(1 << 20))

@@ -81,7 +81,7 @@ def read_array_spec(
 ) -> ArraySpec:
     """The array's metadata, refused if a chunk would decode to more than `max_chunk_bytes`."""
     where = f"{store.name}: array '{name}'"
-    raw = store.get(f"{name}/.zarray", MAX_METADATA_BYTES)
+    raw = store.get_metadata(f"{name}/.zarray", MAX_METADATA_BYTES)
     if raw is None:
         raise CorruptArchiveError(f"{where} is missing (no {name}/.zarray)")
     try:

@@ -26,7 +26,8 @@ from collections.abc import Mapping
 import xxhash
 
 from vfs.decant.blosc_blocks import BloscChunkError, block_spans, parse_header
-from vfs.decant.store import is_chunk_key
+from vfs.decant.limits import MAX_MANIFEST_BYTES, MAX_METADATA_BYTES, MAX_METADATA_KEYS
+from vfs.decant.store import MANIFEST_KEY, Store, is_chunk_key, is_metadata_key
 
 MAX_BLOCK_ENTRIES = 1 << 16  # 2048 chunks of 32 blocks: 8 GiB of planes at the default codec
 # Chunk digests one map may hold: as many planes as a manifest may have pages. A map is parsed
@@ -122,6 +123,38 @@ class DigestRecorder:
         chunks = self.chunks if keys is None else {k: self.chunks[k] for k in keys}
         blocks = {k: v for k, v in list(self._blocks.items()) if _chunk_of(k) in chunks}
         return {**chunks, **blocks}
+
+
+def metadata_digests(store: Store) -> dict[str, int] | None:
+    """xxh3-64 of every metadata entry of `store` (see is_metadata_key), for the map: a store
+    given a map checks every entry the map holds as it reads it, in place of the zip's CRC-32,
+    so a map of chunks only left a verified archive's manifest read with no check at all (one
+    rotten bit in a page's offset: the original served shifted, as verified). The digests of
+    entries this store parsed already are of those very bytes (no second read of them, no GET
+    from a bucket); others are read now. None past MAX_METADATA_KEYS entries."""
+    keys = []
+    for key in store.all_keys():
+        if is_metadata_key(key):
+            keys.append(key)
+            if len(keys) > MAX_METADATA_KEYS:
+                return None
+    out = {}
+    for key in keys:
+        seen = store.metadata_seen.get(key)
+        if seen is None:
+            limit = MAX_MANIFEST_BYTES if key == MANIFEST_KEY else MAX_METADATA_BYTES
+            data = store.get(key, limit)
+            seen = None if data is None else xxhash.xxh3_64_intdigest(data)
+        if seen is not None:
+            out[key] = seen
+    return out
+
+
+def has_metadata_entries(digests: Mapping[str, int]) -> bool:
+    """Whether the map holds its archive's manifest digest (maps recorded before metadata
+    digests hold none: the next verification of their archive, a scrub's, records the map
+    anew; until then a zip's metadata keeps its CRC-32 check, a `.zarr/` folder's none)."""
+    return MANIFEST_KEY in digests
 
 
 def has_block_entries(digests: Mapping[str, int]) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vfs.decant.digestmap import MAX_MAP_CHUNKS, DigestRecorder
+from vfs.decant.digestmap import MAX_MAP_CHUNKS, DigestRecorder, metadata_digests
 from vfs.decant.limits import MAX_CHUNK_BYTES, compressed_bound
 from vfs.decant.reader import DecantArchive
 from vfs.decant.store import Store, is_chunk_key
@@ -32,7 +32,9 @@ def opened_digests(archive: DecantArchive) -> dict[str, int] | None:
     m = archive.manifest
     if m.mode != "series" or m.series_consolidated:
         return store_digests(archive.store)
-    out: dict[str, int] = {}
+    out = metadata_digests(archive.store)  # the series' own manifest
+    if out is None:
+        return None
     chunks = 0
     for mem in m.members:
         with archive.bundle(mem.subarchive) as sub:
@@ -61,4 +63,5 @@ def store_digests(store: Store, room: int | None = None) -> dict[str, int] | Non
         data = store.get(key, limit)
         if data is not None:
             recorder.note(key, data, store.data_offset(key))
-    return recorder.digest_map()
+    found, meta = recorder.digest_map(), metadata_digests(store)
+    return None if found is None or meta is None else {**found, **meta}

@@ -34,6 +34,9 @@ MAX_MANIFEST_OBJECTS = 2 * MAX_PAGES + 64
 MAX_MANIFEST_LISTS = 8 * MAX_PAGES + 64
 # Any other metadata document (.zarray, .zattrs, .zgroup).
 MAX_METADATA_BYTES = 1 * MiB
+# Metadata documents (the manifest, `.zarray`s: a consolidated series has one husk array per
+# member) whose digests a digest map holds; an archive with more gets no map (CRC-32 checks).
+MAX_METADATA_KEYS = 1 << 12
 # What parsing one JSON document may cost in memory (json_cost): an AcqStore document, a
 # package's manifest.json; metadata documents less. A parsed document is ~50-100 bytes of
 # Python objects a value: counting values alone let a 10 M-value document cost 600-750 MiB.

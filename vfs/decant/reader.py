@@ -24,7 +24,13 @@ import numpy as np
 
 from vfs.cache import DropBehind, PageCache
 from vfs.decant.chunks import ArraySpec, read_array_spec, read_chunk
-from vfs.decant.digestmap import MAX_MAP_CHUNKS, DigestRecorder, has_layout_entries
+from vfs.decant.digestmap import (
+    MAX_MAP_CHUNKS,
+    DigestRecorder,
+    has_layout_entries,
+    has_metadata_entries,
+    metadata_digests,
+)
 from vfs.decant.layout import serialize_page
 from vfs.decant.limits import (
     MAX_CHUNK_BYTES,
@@ -131,7 +137,7 @@ class DecantArchive:
         store.digests = digests
         try:
             with large_manifest(store.value_size(MANIFEST_KEY)):
-                raw = store.get(MANIFEST_KEY, MAX_MANIFEST_BYTES)
+                raw = store.get_metadata(MANIFEST_KEY, MAX_MANIFEST_BYTES)
                 if raw is None:
                     raise NotAnArchiveError(f"{path}: not a decant archive (no {MANIFEST_KEY})")
                 manifest = parse_manifest(raw, str(path))
@@ -383,7 +389,8 @@ class DigestTap:
             self.get(key, limit)  # noted on the way (a chunk gone from the store: still None)
         if any(k not in seen for k in keys):
             return None
-        return self.recorder.digest_map(keys)
+        found, meta = self.recorder.digest_map(keys), metadata_digests(self.store)
+        return None if found is None or meta is None else {**found, **meta}
 
 
 class OriginalReader:
@@ -410,8 +417,10 @@ class OriginalReader:
         # the whole file then has the map to record, instead of reading the archive again. So
         # too with a map of chunk digests only (an index older than block entries): a scrub's
         # whole read then records block entries, and small reads stop checking whole chunks;
-        # and with one older than layout entries, whose cold small reads read the table first.
-        noting = not archive.digests or not has_layout_entries(archive.digests)
+        # and with one older than layout entries, whose cold small reads read the table first,
+        # or than metadata digests (the manifest and `.zarray`s).
+        digests = archive.digests
+        noting = not digests or not (has_layout_entries(digests) and has_metadata_entries(digests))
         self.tap = DigestTap(archive.store) if noting else None
         self._chunks: Any = self.tap if self.tap is not None else archive.store
 

@@ -34,7 +34,7 @@ from isal.isal_zlib import crc32
 
 from vfs.decant import MANIFEST_KEY as MANIFEST_KEY  # re-exported: its home is vfs.decant
 from vfs.decant import archive_stem as archive_stem
-from vfs.decant.limits import MAX_NDIM, MAX_ZIP_ENTRIES, human
+from vfs.decant.limits import MAX_METADATA_KEYS, MAX_NDIM, MAX_ZIP_ENTRIES, human
 from vfs.decant.zipdir import ZipDirectory, ZipEntry
 from vfs.errors import (
     ArchiveGoneError,
@@ -82,6 +82,12 @@ def is_archive_name(name: str) -> bool:
     return name.endswith((".zarr.zip", ".zarr"))
 
 
+def is_metadata_key(key: str) -> bool:
+    """What a reconstruction reads besides chunks: the manifest (where each page's bytes go)
+    and each array's `.zarray` (its dtype and codec). Never a chunk key."""
+    return key == MANIFEST_KEY or key.endswith("/.zarray")
+
+
 def is_chunk_key(key: str) -> bool:
     """A chunk of some array: no part is hidden (.zarray, .zattrs, .decant/…)."""
     parts = key.split("/")
@@ -99,11 +105,24 @@ class Store:
         # Chunk key → xxh3-64 of its stored bytes (digests.chunk_digests), from the adapter's
         # index: every chunk read is checked against it before it is decoded.
         self.digests: Mapping[str, int] | None = None
+        # Metadata key → xxh3-64 of the bytes `get_metadata` returned: the map a verification
+        # records holds the digests of the very manifest and `.zarray`s it was read with.
+        self.metadata_seen: dict[str, int] = {}
 
     def get(self, key: str, limit: int) -> bytes | memoryview | None:
         """The value at `key`, None if there is none; CorruptArchiveError if over `limit` bytes.
         A large chunk may come back as a read-only view; metadata is always bytes."""
         raise NotImplementedError
+
+    def get_metadata(self, key: str, limit: int) -> bytes | None:
+        """`get` of a metadata entry (the manifest, a `.zarray`), its digest noted."""
+        raw = self.get(key, limit)
+        if raw is None:
+            return None
+        raw = bytes(raw)
+        if len(self.metadata_seen) < MAX_METADATA_KEYS:
+            self.metadata_seen[key] = xxhash.xxh3_64_intdigest(raw)
+        return raw
 
     def get_scratch(self, key: str, limit: int) -> bytes | memoryview | None:
         """As `get`, checked the same way, but the value may be a view of this thread's scratch
@@ -167,8 +186,9 @@ class Store:
                 )
             return
         if xxhash.xxh3_64_intdigest(data) != want:
+            what = "chunk" if is_chunk_key(key) else "entry"
             raise CorruptArchiveError(
-                f"{self.path}: chunk {key!r} does not match its recorded xxh3 digest"
+                f"{self.path}: {what} {key!r} does not match its recorded xxh3 digest"
             )
 
     def close(self) -> None:
@@ -557,8 +577,10 @@ class ZipArchiveStore(Store):
     def _check_stored(self, key: str, info: ZipEntry, data: bytes | memoryview) -> None:
         # The writer's CRC-32 (zipfile checks it for compressed entries, pread does not): a flipped
         # bit on disk is an error here, not a wrong pixel that only a whole-file sha256 would see.
-        # A digest map, made from CRC-checked reads, replaces it: xxh3 is four times faster.
-        if self.digests is not None:
+        # A digest map, made from CRC-checked reads, replaces it: xxh3 is four times faster. An
+        # entry the map has no digest for keeps its CRC (a map recorded before metadata digests:
+        # its manifest was read with no check at all, and one rotten bit shifted the original).
+        if self.digests is not None and (key in self.digests or is_chunk_key(key)):
             self._check_digest(key, data)
         elif self.verify_crc and crc32(data) != info.crc:
             raise CorruptArchiveError(
