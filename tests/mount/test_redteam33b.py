@@ -6,6 +6,7 @@ never from vfs.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -141,3 +142,39 @@ def test_a_rotten_manifest_byte_of_a_verified_archive_is_an_error(
     )
     assert got.returncode != 0 and b"Input/output error" in got.stderr, got.stderr
     assert "manifest" in m.log_text()
+
+
+def test_a_folder_archive_whose_manifest_is_replaced_after_it_verified_is_an_error(
+    make_mount: Any, tmp_path: Path
+) -> None:
+    """A `.zarr/` archive's verified state is keyed by the folder's own stamp, which a file
+    renamed into `.decant/` leaves as it was. A manifest with two pages' chunks swapped (every
+    chunk still matches its digest) was served by a fresh daemon on the same index as the
+    verified original, two planes swapped, with exit 0."""
+    data = np.random.default_rng(1).integers(0, 65535, (4, 256, 256), dtype=np.uint16)
+    tifffile.imwrite(tmp_path / "s.tif", data, photometric="minisblack")
+    original = (tmp_path / "s.tif").read_bytes()
+    src = tmp_path / "src"
+    src.mkdir()
+    path = pack_file(tmp_path / "s.tif", src / "s.tif.zarr", PackOptions()).archive
+
+    m = make_mount(src)
+    assert (m.mnt / "s.tif").read_bytes() == original
+    wait_status(m.mnt, lambda doc: doc["daemon"]["verified"] == 1)
+    m.stop()
+
+    top = os.stat(path)
+    doc = json.loads((path / MANIFEST_KEY).read_text())
+    doc["pages"][0]["index"], doc["pages"][1]["index"] = 1, 0
+    (path / ".decant" / "new.json").write_text(json.dumps(doc, indent=1, sort_keys=True))
+    os.replace(path / ".decant" / "new.json", path / MANIFEST_KEY)
+    stamp = ("st_size", "st_mtime_ns", "st_ino", "st_ctime_ns")
+    assert [getattr(os.stat(path), k) for k in stamp] == [getattr(top, k) for k in stamp]
+
+    m = make_mount(src, "--index-dir", str(tmp_path / "mnt-index"), name="again")
+    got = subprocess.run(["cat", str(m.mnt / "s.tif")], capture_output=True, timeout=20)
+    assert got.returncode != 0 or got.stdout == original, (
+        f"a verified folder archive with a replaced manifest served {len(got.stdout)} bytes "
+        f"with exit 0, {sum(a != b for a, b in zip(got.stdout, original, strict=False))} wrong"
+    )
+    assert b"Input/output error" in got.stderr, got.stderr
