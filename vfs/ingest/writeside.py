@@ -239,6 +239,11 @@ class WriteSide:
             _folder_of(self.root, target) as dfd,
             placing_lock(),
         ):
+            if node.is_dir and self._holds_spooled(new_rel):
+                # SRC's folder may be empty while the mount shows files in it (all spooled):
+                # renamed over in SRC, it would be replaced and those files published into
+                # the folder moved there (or the spool's rename fail after SRC's was made).
+                raise refuse(errno.ENOTEMPTY, f"{target}: holds files not yet published")
             os.rename(node.real.name, target.name, src_dir_fd=sfd, dst_dir_fd=dfd)
             if node.is_dir and self.spool.path(old_rel).is_dir():
                 # Files still spooled inside move along (none, if a publish just took the
@@ -249,6 +254,15 @@ class WriteSide:
                 self.spool.discard(new_rel)
                 self._discard_link(old_rel, target)
         return self.refresh(_moved(node, target))
+
+    def _holds_spooled(self, rel: str) -> bool:
+        """Whether the spool has anything below the presented folder `rel` (emptied spool
+        folders are pruned, so anything there is a spooled file or leads to one)."""
+        try:
+            with os.scandir(self.spool.path(rel)) as it:
+                return any(True for _ in it)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
 
     def _check_shown(self, target: Path, spool_only: bool = False) -> None:
         """Refuse a rename onto a name whose real entry the mount does not show (a symlink, a
