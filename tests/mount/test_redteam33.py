@@ -80,3 +80,24 @@ def test_a_folder_is_not_renamed_over_one_holding_spooled_files(
     assert sorted(os.listdir(src)) == [".decant-spool", "a", "b"], "SRC changed by a failed rename"
     assert (src / "a").stat().st_mode & 0o777 == 0o700
     assert (src / "b").stat().st_mode & 0o777 == 0o750
+
+
+# -- a file spooled deeper than the spool's walks go ----------------------------------------
+
+
+def test_a_file_written_deeper_than_the_walks_go_is_still_published(
+    src: Path, make_mount: MakeMount
+) -> None:
+    """Walks of the spool stop 256 folders deep (vfs/walk.py). A file written through the mount
+    below that was taken by the next walk (every 5 s) for one deleted behind the queue's back
+    and dropped from it: it stayed spooled for good, never published, and `.decant-status`
+    no longer counted it. Here it settles after that walk has run."""
+    mnt = make_mount(src, "--settle", "7").mnt
+    deep = Path(*(["d"] * 260))
+    (mnt / deep).mkdir(parents=True)
+    (mnt / deep / "f").write_bytes(b"deep data\n")
+    published = src / deep / "f"
+    wait_for(f"published at {published}", published.exists, timeout=25)
+    assert published.read_bytes() == b"deep data\n"
+    wait_for("unspooled", lambda: not (src / SPOOL / deep / "f").exists())
+    assert (mnt / deep / "f").read_bytes() == b"deep data\n"

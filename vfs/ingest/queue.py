@@ -18,6 +18,7 @@ import heapq
 import itertools
 import logging
 import math
+import stat
 import threading
 import time
 from collections import Counter
@@ -522,6 +523,10 @@ class PackQueue:
                 if key[0] == k and key[1] not in seen and item.state != "packing"
                 and item.changed_at < started  # else it came after the walk began
             ]  # fmt: skip
+            if vanished:
+                # Only those really gone: a walk stops MAX_WALK_DEPTH folders deep, and a
+                # file written through the mount below that is not in `seen`.
+                vanished = await trio.to_thread.run_sync(_gone_from_disk, vanished)
             for item in vanished:
                 self._forget(item)
         self._gone = {key: t for key, t in self._gone.items() if t >= started}
@@ -581,6 +586,19 @@ class PackQueue:
         if self.guard is not None:
             doc["space"] = self.guard.status()
         return doc
+
+
+def _gone_from_disk(items: list[Item]) -> list[Item]:
+    """The items whose spooled file is no longer a regular file at its path."""
+    out = []
+    for item in items:
+        try:
+            there = stat.S_ISREG(item.spool.path(item.relpath).lstat().st_mode)
+        except OSError:
+            there = False
+        if not there:
+            out.append(item)
+    return out
 
 
 def _written_meanwhile(item: Item) -> bool:
