@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.mount.conftest import Mount
+from tests.mount.conftest import RUNUSER, SYSTEM_PYTHON, Mount, User, open_tmp
 
 MakeMount = Callable[..., Mount]
 SLOW = ("--settle", "600")  # files stay spooled while the test acts on them
@@ -101,3 +102,82 @@ def test_a_file_written_deeper_than_the_walks_go_is_still_published(
     assert published.read_bytes() == b"deep data\n"
     wait_for("unspooled", lambda: not (src / SPOOL / deep / "f").exists())
     assert (mnt / deep / "f").read_bytes() == b"deep data\n"
+
+
+# -- an archive built beside its target, in a folder of the writer's on another filesystem ----
+
+# Run as the user: on the first `.decant-tmp-` name made in FOLDER (the user's own folder),
+# move it away and put a link to VICTIM in its place.
+RACER = """
+import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init()
+folder, victim = sys.argv[1], sys.argv[2]
+assert libc.inotify_add_watch(fd, folder.encode(), 0x100) >= 0  # IN_CREATE
+os.chdir(folder)
+print("ready", flush=True)
+while True:
+    buf = os.read(fd, 65536)
+    i = 0
+    while i < len(buf):
+        _wd, _mask, _cookie, n = struct.unpack_from("iIII", buf, i)
+        name = buf[i + 16 : i + 16 + n].rstrip(b"\\0").decode()
+        i += 16 + n
+        if name.startswith(".decant-tmp-"):
+            os.rename(name, "moved-away")
+            os.symlink(victim, name)
+            print("swapped", flush=True)
+            sys.exit(0)
+"""
+
+
+def test_an_archive_built_in_a_writer_s_folder_writes_through_no_link_of_theirs(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """A folder of SRC on another filesystem than SRC's staging folder (a disk mounted inside
+    the archive; a btrfs subvolume, which a user may make) had its TIFFs' archives built beside
+    the target: the packer made its temp file there, then wrote it, verified it and set its
+    mode by path, as root. The folder's owner, watching it with inotify, swapped the temp name
+    for a link the moment it appeared: root wrote the zip into the link's target, any file on
+    the machine (here a 0600 file of root's, outside SRC). Now archives are built in the
+    staging folder and copied beside the target through a new file (O_EXCL)."""
+    import numpy as np
+    import tifffile
+
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt33-other-fs")
+    src, proj = base / "src", base / "src" / "proj"
+    proj.mkdir(parents=True)
+    victim = base / "victim"
+    victim.write_bytes(b"root's secret\n")
+    victim.chmod(0o600)
+    tiff = base / "scan.tif"  # compressed: packed by the zarr path (verbatim)
+    data = np.random.default_rng(0).integers(0, 60000, (4, 128, 128), dtype=np.uint16)
+    tifffile.imwrite(tiff, data, compression="zlib")
+    tiff.chmod(0o644)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(proj)],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
+    racer = None
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        os.chown(proj, u.uid, u.gid)
+        proj.chmod(0o755)
+        m.start("-o", "allow_other", "--settle", "0.3")
+        racer = subprocess.Popen(
+            [RUNUSER, "-u", u.name, "--", str(SYSTEM_PYTHON), "-I", "-c", RACER, str(proj),
+             str(victim)], stdout=subprocess.PIPE, text=True, cwd="/")  # fmt: skip
+        assert racer.stdout is not None and racer.stdout.readline() == "ready\n"
+        done = u.run("cp", str(tiff), str(m.mnt / "proj" / "scan.tif"))
+        assert done.returncode == 0, done.stderr
+        wait_for("tried", lambda: "proj/scan.tif: " in m.log_text())
+        assert victim.read_bytes() == b"root's secret\n", "root wrote through the user's link"
+        assert victim.stat().st_mode & 0o7777 == 0o600
+        assert (m.mnt / "proj" / "scan.tif").read_bytes() == tiff.read_bytes()
+    finally:
+        if racer is not None:
+            racer.kill()
+            racer.communicate()
+        m.stop()
+        subprocess.run(["umount", str(proj)], check=False, capture_output=True)

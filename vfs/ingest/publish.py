@@ -440,23 +440,34 @@ def _publish_archive(
     need = st.st_blocks * 512 + SPACE_MARGIN
     require_space(folder, need, f"needs about {size_text(need)} free to pack")
     staged = _staged(spool, folder, archive_name(name))
+    # Built where no other user reaches: the packer writes, verifies and chmods its files by
+    # path. Beside the target (a folder on another filesystem than the staging folder) the
+    # folder's owner could swap them for a link to any file, which root then overwrote.
+    built = staged if staged.parent == spool.staging else _private(spool, archive_name(name))
+    if built is not staged:
+        require_space(spool.staging, need, f"needs about {size_text(need)} free to pack")
     try:
         if small and layout is not None:
             from vfs.decant.smallpack import pack_small
 
             # ~2 ms instead of ~20 (zarr-python's fixed cost per archive), and no fsync: the
             # queue makes a batch durable at once (`sync_placed`) before spooled files go.
-            pack_small(name, data, layout, staged, options.codec, sha)
+            pack_small(name, data, layout, built, options.codec, sha)
             mode, reason = "byte-exact", ""
         else:
-            result = pack_file(source, staged, options, progress)
+            result = pack_file(source, built, options, progress)
             mode, reason = result.mode, result.reason
+        if built is not staged:  # copied into a new file (O_EXCL: no link followed), compared
+            copy_sparse(built, staged, cancel)
+            if not same_bytes(built, staged, cancel):
+                raise OSError(errno.EIO, "the copy of the archive differs from it", str(target))
         check(cancel)  # stopping: do not publish what was finished meanwhile
         apply_metadata(staged, st)
         # A real file of that name would shadow it: it goes.
         placed = place(spool, staged, target, folder / name, durable, source=(relpath, st))
     finally:
         staged.unlink(missing_ok=True)
+        built.unlink(missing_ok=True)
     return Published(relpath, target, mode, reason, signature(st), durable, placed)
 
 
@@ -538,6 +549,12 @@ def _staged(spool: Spool, folder: Path, name: str) -> Path:
     spool.staging.mkdir(parents=True, exist_ok=True)
     where = spool.staging if _same_fs(spool.staging, folder) else folder
     return where / f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{name}"
+
+
+def _private(spool: Spool, name: str) -> Path:
+    """A temp name in the staging folder (the daemon's own), whatever the target's filesystem."""
+    spool.staging.mkdir(parents=True, exist_ok=True)
+    return spool.staging / f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{name}"
 
 
 def apply_metadata(path: Path, st: os.stat_result) -> None:
