@@ -5,6 +5,7 @@ Each test fails on the daemon before its fix; see the commit that added it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -176,6 +177,84 @@ def test_an_archive_built_in_a_writer_s_folder_writes_through_no_link_of_theirs(
         assert victim.stat().st_mode & 0o7777 == 0o600
         assert (m.mnt / "proj" / "scan.tif").read_bytes() == tiff.read_bytes()
     finally:
+        if racer is not None:
+            racer.kill()
+            racer.communicate()
+        m.stop()
+        subprocess.run(["umount", str(proj)], check=False, capture_output=True)
+
+
+# Run as the user: once a `.decant-tmp-` file in FOLDER is read (the daemon comparing its copy
+# with the spooled file), move it away and put a FIFO in its place.
+FIFO_RACER = """
+import ctypes, os, struct, sys
+libc = ctypes.CDLL(None, use_errno=True)
+fd = libc.inotify_init()
+folder = sys.argv[1]
+assert libc.inotify_add_watch(fd, folder.encode(), 0x1) >= 0  # IN_ACCESS
+os.chdir(folder)
+print("ready", flush=True)
+while True:
+    buf = os.read(fd, 65536)
+    i = 0
+    while i < len(buf):
+        _wd, _mask, _cookie, n = struct.unpack_from("iIII", buf, i)
+        name = buf[i + 16 : i + 16 + n].rstrip(b"\\0").decode()
+        i += 16 + n
+        if name.startswith(".decant-tmp-"):
+            os.rename(name, "moved-away")
+            os.mkfifo(name)
+            print("swapped " + name, flush=True)
+            sys.exit(0)
+"""
+
+
+def test_a_fifo_put_in_place_of_a_copy_being_published_holds_up_no_queue(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """A plain file published into a folder on another filesystem is copied beside its target
+    and the copy is compared, then fsynced by path before its rename. The folder's owner who
+    swapped the copy for a FIFO while it was being compared (inotify tells when it is read)
+    had the daemon open the FIFO, as root, and wait for a writer forever: every other user's
+    publishing stopped (one pack worker), and so did unmounting. Now the copy is reopened
+    without following a link or waiting, and a FIFO is refused."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt33-fifo")
+    src, proj = base / "src", base / "src" / "proj"
+    proj.mkdir(parents=True)
+    (src / "other").mkdir()
+    data = os.urandom(1 << 20) * 24  # compared for a while: the swap lands meanwhile
+    blob = base / "blob.bin"
+    blob.write_bytes(data)
+    blob.chmod(0o644)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(proj)],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.strip()}")
+    racer = None
+    fifo = None
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        os.chown(proj, u.uid, u.gid)
+        proj.chmod(0o755)
+        m.start("-o", "allow_other", "--settle", "0.3")
+        racer = subprocess.Popen(
+            [RUNUSER, "-u", u.name, "--", str(SYSTEM_PYTHON), "-I", "-c", FIFO_RACER,
+             str(proj)], stdout=subprocess.PIPE, text=True, cwd="/")  # fmt: skip
+        assert racer.stdout is not None and racer.stdout.readline() == "ready\n"
+        done = u.run("cp", str(blob), str(m.mnt / "proj" / "blob.bin"))
+        assert done.returncode == 0, done.stderr
+        line = racer.stdout.readline()
+        assert line.startswith("swapped "), line
+        fifo = proj / line.split()[1]
+        # Someone else's file, published after it: the queue must not be stuck.
+        (m.mnt / "other" / "notes.txt").write_bytes(b"another user's notes\n")
+        wait_for("published", (src / "other" / "notes.txt").exists)
+        assert (m.mnt / "proj" / "blob.bin").read_bytes() == data
+    finally:
+        if fifo is not None:  # a daemon waiting on the FIFO: let it go, so it can stop
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
         if racer is not None:
             racer.kill()
             racer.communicate()

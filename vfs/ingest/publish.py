@@ -380,7 +380,7 @@ def _copy_range(
 def same_bytes(a: Path, b: Path, cancel: threading.Event | None) -> bool:
     """Equal sizes and equal bytes over `a`'s data extents (its holes read as zeros in both:
     `b` was written at those extents only)."""
-    with open(a, "rb") as fa, open(b, "rb") as fb:
+    with open(a, "rb") as fa, os.fdopen(open_copy(b), "rb") as fb:
         size = os.fstat(fa.fileno()).st_size
         if os.fstat(fb.fileno()).st_size != size:
             return False
@@ -391,6 +391,18 @@ def same_bytes(a: Path, b: Path, cancel: threading.Event | None) -> bool:
                 if os.pread(fa.fileno(), count, off) != os.pread(fb.fileno(), count, off):
                     return False
     return True
+
+
+def open_copy(path: Path) -> int:
+    """A descriptor of the copy at `path`, read-only, refusing anything but a regular file: a
+    copy beside its target sits in the writer's folder, whose owner may swap it for a link or
+    a FIFO (opening one would wait for a writer for ever, holding up every publish)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EPERM, "not a regular file (swapped?)", str(path))
+    os.set_blocking(fd, True)
+    return fd
 
 
 # -- archives ------------------------------------------------------------------------------
@@ -718,7 +730,7 @@ def place(
     from vfs.decant.writer import fsync_dir
 
     if durable:
-        fd = os.open(staged, os.O_RDONLY)
+        fd = open_copy(staged)
         try:
             os.fsync(fd)  # its bytes and the metadata just given, before the name points at it
         finally:
