@@ -9,6 +9,7 @@ import contextlib
 import errno
 import json
 import os
+import struct
 import subprocess
 import time
 from collections.abc import Callable
@@ -260,3 +261,36 @@ def test_a_fifo_put_in_place_of_a_copy_being_published_holds_up_no_queue(
             racer.communicate()
         m.stop()
         subprocess.run(["umount", str(proj)], check=False, capture_output=True)
+
+
+# -- hostile TIFFs written in ---------------------------------------------------------------
+
+
+def looping_tiff(seed: int) -> bytes:
+    """A 216-byte TIFF of one 4x4 uint8 page whose IFD names itself as the next one."""
+    tags = [(256, 3, 1, 4), (257, 3, 1, 4), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1),
+            (273, 4, 1, 200), (277, 3, 1, 1), (278, 3, 1, 4), (279, 4, 1, 16)]  # fmt: skip
+    ifd = struct.pack("<H", len(tags))
+    for tag in tags:
+        ifd += struct.pack("<HHII", *tag)
+    head = b"II*\x00" + struct.pack("<I", 8) + ifd + struct.pack("<I", 8)  # next IFD: itself
+    return head + bytes(200 - len(head)) + bytes((seed + i) % 256 for i in range(16))
+
+
+def test_a_tiff_whose_pages_loop_holds_up_no_one_s_publishing(
+    src: Path, make_mount: MakeMount
+) -> None:
+    """A TIFF whose IFD chain loops back was read by tifffile as the same page again and
+    again, up to mode D's 2^18 pages: 216 bytes held the pack worker for ~30 s to be refused,
+    then as long again for the verbatim archive (the packer scans once more), while every
+    other user's files waited. Now a page seen before ends the scan: it is archived verbatim
+    at once, its bytes intact, and a file written after it is published promptly."""
+    mnt = make_mount(src, "--settle", "0.3").mnt
+    loops = {f"loop{i}.tif": looping_tiff(i) for i in range(2)}
+    for name, data in loops.items():
+        (mnt / name).write_bytes(data)
+    (mnt / "notes.txt").write_bytes(b"someone else's notes\n")
+    wait_for("notes.txt published", (src / "notes.txt").exists)
+    for name, data in loops.items():
+        wait_for(f"{name} archived", (src / f"{name}.zarr.zip").exists)
+        assert (mnt / name).read_bytes() == data

@@ -54,9 +54,15 @@ def scan_tiff(path: Path, size: int) -> TiffLayout:
             # file of 18-byte IFDs would cost ~40x its size), and no further than mode D's
             # bound (the reader's: mode D must stay readable).
             first, records = None, []
+            offsets: set[int] = set()
             for i, page in enumerate(tif.pages):
                 if i >= MAX_PAGES:
                     raise NotByteExact(f"more than the {MAX_PAGES} pages of mode D")
+                # tifffile follows an IFD chain that loops back (a 216-byte file read as 2^18
+                # pages: ~30 s, twice per publish, holding the pack worker for every user).
+                if page.offset in offsets:
+                    raise NotByteExact(f"page {i}'s IFD (at {page.offset}) is an earlier page's")
+                offsets.add(page.offset)
                 if first is None:
                     first = page
                 records.append(_page_record(i, page))  # type: ignore[arg-type]
