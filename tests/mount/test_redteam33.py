@@ -294,3 +294,27 @@ def test_a_tiff_whose_pages_loop_holds_up_no_one_s_publishing(
     for name, data in loops.items():
         wait_for(f"{name} archived", (src / f"{name}.zarr.zip").exists)
         assert (mnt / name).read_bytes() == data
+
+
+# -- a folder renamed while a file in it is open ----------------------------------------------
+
+
+def test_a_file_open_while_its_folder_is_renamed_is_published_once_closed(
+    src: Path, make_mount: MakeMount
+) -> None:
+    """The pack queue moved a spooled file's open count to its new relpath when its folder was
+    renamed, but the open handle kept the old one: its release closed a name nothing was open
+    under, and the file stayed open to the queue for good (queued in the status, never
+    published while the daemon ran)."""
+    mnt = make_mount(src, "--settle", "0.3").mnt
+    (mnt / "run1").mkdir()
+    fd = os.open(mnt / "run1" / "data.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, b"first half, ")
+        os.rename(mnt / "run1", mnt / "run2")
+        os.write(fd, b"second half\n")
+    finally:
+        os.close(fd)
+    wait_for("published", (src / "run2" / "data.bin").exists)
+    assert (src / "run2" / "data.bin").read_bytes() == b"first half, second half\n"
+    wait_for("the queue empty", lambda: status(mnt)["queued"] == 0)

@@ -1224,12 +1224,27 @@ class DecantOperations(pyfuse3.Operations):
         dst.put(new, moved)
         if node.is_dir and moved.real != old_real:
             self.inodes.rekey_below(old_real, moved.real)
+            self._rekey_handles(old_real, moved.real)
         if ino is not None:
             self.inodes.replace(ino, moved)
             self.inodes.folders.pop(ino, None)  # a moved folder is listed afresh
             for handle in self._handles.values():
                 if handle.inode == ino:  # its writes and release (often after the rename)
                     handle.node = moved  # must reach the pack queue under the new name
+
+    def _rekey_handles(self, old: Path, new: Path) -> None:
+        """Handles of files spooled below a moved folder take their moved nodes: the pack
+        queue moved their open counts to the new relpaths (`renamed_folder`), and their
+        writes and release must reach it under those, or the file stays open to the queue
+        (never published) and its count under the old name closes a file made there since."""
+        old_rel, new_rel = self.tree.relpath(old) + "/", self.tree.relpath(new) + "/"
+        for handle in self._handles.values():
+            spooled = handle.node.spooled
+            if not spooled.startswith(old_rel):
+                continue
+            current = self.inodes.get(handle.inode)
+            if current is not None and current.spooled == new_rel + spooled[len(old_rel) :]:
+                handle.node = current
 
     async def unlink(self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> None:
         with errno_boundary(f"unlink {name!r}"):
