@@ -318,3 +318,39 @@ def test_a_file_open_while_its_folder_is_renamed_is_published_once_closed(
     wait_for("published", (src / "run2" / "data.bin").exists)
     assert (src / "run2" / "data.bin").read_bytes() == b"first half, second half\n"
     wait_for("the queue empty", lambda: status(mnt)["queued"] == 0)
+
+
+# -- long names ---------------------------------------------------------------------------------
+
+
+def test_long_names_publish_through_temp_names_that_fit(src: Path, make_mount: MakeMount) -> None:
+    """Temp names are the name behind `.decant-tmp-PID-TAG-`: a TIFF of a 210- to 246-byte name
+    (whose archive name fits in 255 bytes) failed to publish for good with ENAMETOOLONG (its
+    archive's temp name did not fit, nor the packer's temp name for that), and so did a new
+    version of a published plain file of a 229- to 255-byte name (the temp link it replaces the
+    older one through). Temp names now keep as much of the name's end as fits."""
+    import io
+
+    import numpy as np
+    import tifffile
+
+    def tiff(seed: int) -> bytes:
+        out = io.BytesIO()
+        tifffile.imwrite(out, np.full((32, 32), seed, dtype=np.uint16))
+        return out.getvalue()
+
+    mnt = make_mount(src, "--settle", "0.3").mnt
+    tiffs = {"t" * (n - 4) + ".tif": tiff(n) for n in (220, 246)}
+    plain = "p" * 250
+    for name, data in tiffs.items():
+        (mnt / name).write_bytes(data)
+    (mnt / plain).write_bytes(b"first version\n")
+    wait_for("the plain file published", lambda: (src / plain).exists())
+    new = mnt / f".{plain[:240]}.AbC123"  # rsync's way: a temp name, renamed over
+    new.write_bytes(b"second version\n")
+    os.rename(new, mnt / plain)
+    wait_for("the new version published", lambda: (src / plain).read_bytes() == b"second version\n")
+    for name, data in tiffs.items():
+        wait_for(f"{len(name)}-byte TIFF archived", (src / f"{name}.zarr.zip").exists)
+        assert (mnt / name).read_bytes() == data
+    assert status(mnt)["failed"] == []

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import secrets
 import shutil
 import stat
 from collections import deque
@@ -18,7 +17,7 @@ from typing import Any
 import numpy as np
 
 import vfs
-from vfs.decant import TEMP_PREFIX
+from vfs.decant import temp_name
 from vfs.decant.layout import deserialize_page, page_coordinate
 from vfs.decant.manifest import Manifest, PageRecord
 from vfs.decant.regions import HUSK, RegionIndex
@@ -129,7 +128,7 @@ def _publish(out: Path, st: os.stat_result, write: Any, expected: dict[str, str]
     """temp name → write → fsync → verify from disk → mtime → rename → fsync folder."""
     # The temp name keeps the archive's suffix (it decides zip or folder) behind a hidden prefix
     # that the mount and the spool recovery recognise.
-    tmp = out.parent / f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{out.name}"
+    tmp = out.parent / temp_name(out.name)
     try:
         if out.name.endswith(".zip"):
             # Nobody else reads the archive of a 0600 original while it is being written: the

@@ -14,7 +14,6 @@ import errno
 import hashlib
 import logging
 import os
-import secrets
 import stat
 import threading
 import time
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from vfs.beneath import fsync_beneath, makedirs_beneath, open_beneath, parent_fd, stat_beneath
-from vfs.decant import TEMP_PREFIX
+from vfs.decant import TEMP_PREFIX, temp_name
 from vfs.ingest.space import free_bytes
 from vfs.names import NAME_MAX, is_utf8
 
@@ -560,13 +559,13 @@ def _staged(spool: Spool, folder: Path, name: str) -> Path:
     one rename and keeps its mtime (what `rsync -a` set), else beside the target."""
     spool.staging.mkdir(parents=True, exist_ok=True)
     where = spool.staging if _same_fs(spool.staging, folder) else folder
-    return where / f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{name}"
+    return where / temp_name(name)
 
 
 def _private(spool: Spool, name: str) -> Path:
     """A temp name in the staging folder (the daemon's own), whatever the target's filesystem."""
     spool.staging.mkdir(parents=True, exist_ok=True)
-    return spool.staging / f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-{name}"
+    return spool.staging / temp_name(name)
 
 
 def apply_metadata(path: Path, st: os.stat_result) -> None:
