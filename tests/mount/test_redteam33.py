@@ -354,3 +354,30 @@ def test_long_names_publish_through_temp_names_that_fit(src: Path, make_mount: M
         wait_for(f"{len(name)}-byte TIFF archived", (src / f"{name}.zarr.zip").exists)
         assert (mnt / name).read_bytes() == data
     assert status(mnt)["failed"] == []
+
+
+def bad_count_tiff(seed: int) -> bytes:
+    """A 216-byte TIFF whose strip tags claim 2^28 values: tifffile logs six ERROR lines."""
+    many = 1 << 28
+    tags = [(256, 3, 1, 4), (257, 4, 1, many), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1),
+            (273, 4, many, 200), (277, 3, 1, 1), (278, 3, 1, 1), (279, 4, many, 200)]  # fmt: skip
+    ifd = struct.pack("<H", len(tags))
+    for tag in tags:
+        ifd += struct.pack("<HHII", *tag)
+    head = b"II*\x00" + struct.pack("<I", 8) + ifd + struct.pack("<I", 0)
+    return head + bytes(200 - len(head)) + bytes((seed + i) % 256 for i in range(16))
+
+
+def test_malformed_tiffs_written_in_do_not_flood_the_log(src: Path, make_mount: MakeMount) -> None:
+    """Failure lines in the log are bounded (100 a minute), but tifffile logged each flaw of a
+    malformed TIFF at ERROR itself, at each scan (the publish's and the packer's): 20 files of
+    216 bytes written by any user gave 240 lines. Each is archived verbatim and logged once."""
+    m = make_mount(src, "--settle", "0.3")
+    names = [f"bad{i}.tif" for i in range(20)]
+    for i, name in enumerate(names):
+        (m.mnt / name).write_bytes(bad_count_tiff(i))
+    for name in names:
+        wait_for(f"{name} archived", (src / f"{name}.zarr.zip").exists)
+    lines = m.log_text().splitlines()
+    assert [line for line in lines if " tifffile: " in line][:3] == []
+    assert sum(1 for line in lines if "bad" in line) == len(names)
