@@ -381,3 +381,43 @@ def test_malformed_tiffs_written_in_do_not_flood_the_log(src: Path, make_mount: 
     lines = m.log_text().splitlines()
     assert [line for line in lines if " tifffile: " in line][:3] == []
     assert sum(1 for line in lines if "bad" in line) == len(names)
+
+
+# -- the free-space reserve --------------------------------------------------------------------
+
+
+def test_filling_the_holes_of_a_sparse_file_stops_at_the_reserve(
+    tmp_path: Path, make_mount: MakeMount
+) -> None:
+    """Below the reserve (--min-free) only writes within a file's size pass, so that a file
+    rewritten in place is not refused. A file made large first (truncate up, while there was
+    room: it costs nothing) was then written within its size, into its holes, and every write
+    passed: the disk filled past the reserve to the last block (the daemon writes as root), and
+    what was spooled could no longer be packed. A write into a hole is new data now."""
+    src = tmp_path / "small-src"
+    src.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(src)],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    m = None
+    try:
+        m = make_mount(src, "--settle", "600", "--min-free", "2M")
+        chunk = os.urandom(1 << 18)
+        fd = os.open(m.mnt / "sparse.bin", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            os.ftruncate(fd, 64 << 20)  # all holes: allowed, there is room
+            with pytest.raises(OSError) as caught:
+                for i in range(32):  # 8 MiB into the holes
+                    os.pwrite(fd, chunk, i * len(chunk))
+        finally:
+            os.close(fd)
+        assert caught.value.errno == errno.ENOSPC
+        st = os.statvfs(src)
+        assert st.f_bavail * st.f_frsize >= 1 << 20, "the reserve was written into"
+        assert status(m.mnt)["space"]["refusing_writes"]
+    finally:
+        if m is not None:
+            m.stop()
+        if subprocess.run(["umount", str(src)], check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(src)], check=False)

@@ -102,9 +102,11 @@ class WriteSide:
         return spooled_node(self.spool.path(rel), rel, st), fd
 
     def write(self, fd: int, data: bytes, offset: int, rel: str) -> int:
-        """pwrite into a spooled file; near the reserve, only writes within its size pass."""
+        """pwrite into a spooled file; near the reserve, only writes within its size and its
+        data pass (a hole written into takes new blocks, as a write past the end does)."""
         room = self.guard is None or self.guard.admit(len(data))
-        if not room and offset + len(data) > os.fstat(fd).st_size:
+        end = offset + len(data)
+        if not room and (end > os.fstat(fd).st_size or _hole_within(fd, offset, end)):
             raise refuse(errno.ENOSPC, f"{rel}: below the free-space reserve (--min-free)")
         return os.pwrite(fd, data, offset)
 
@@ -433,6 +435,16 @@ class WriteSide:
         with _folder_of(self.root, node.real) as dfd, placing_lock():
             os.rmdir(node.real.name, dir_fd=dfd)
         self.spool.prune_dirs(rel)
+
+
+def _hole_within(fd: int, start: int, end: int) -> bool:
+    """Whether the file holds a hole between `start` and `end` (both within its size)."""
+    if start >= end:
+        return False
+    try:
+        return os.lseek(fd, start, os.SEEK_HOLE) < end
+    except OSError:
+        return True  # cannot tell: new data, then
 
 
 @contextmanager
