@@ -378,9 +378,14 @@ def test_malformed_tiffs_written_in_do_not_flood_the_log(src: Path, make_mount: 
         (m.mnt / name).write_bytes(bad_count_tiff(i))
     for name in names:
         wait_for(f"{name} archived", (src / f"{name}.zarr.zip").exists)
+
+    def published() -> int:
+        return sum(1 for line in m.log_text().splitlines() if " published as " in line)
+
+    wait_for("each publish logged", lambda: published() == len(names))
     lines = m.log_text().splitlines()
     assert [line for line in lines if " tifffile: " in line][:3] == []
-    assert sum(1 for line in lines if "bad" in line) == len(names)
+    assert sum(1 for line in lines if "bad" in line) == len(names)  # one line each
 
 
 # -- the free-space reserve --------------------------------------------------------------------
