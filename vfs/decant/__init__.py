@@ -1,5 +1,8 @@
 """Decant archives (spec v1): pure, synchronous format logic — no FUSE, no trio."""
 
+import os
+import secrets
+
 SUPPORTED_FORMATS = frozenset({1})
 TEMP_PREFIX = ".decant-tmp-"  # archives being written carry it until renamed into place
 MANIFEST_KEY = ".decant/manifest.json"
@@ -10,9 +13,6 @@ def temp_name(name: str) -> str:
     """A fresh temp name for building `name` beside it: TEMP_PREFIX, the pid, a random tag and
     as much of the end of `name` as fits in NAME_MAX bytes (its suffix, `.zarr.zip`, says
     what is built). `name` itself may be up to NAME_MAX long."""
-    import os
-    import secrets
-
     head = f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-"
     room = _NAME_MAX - len(head)
     while len(os.fsencode(name)) > room:
