@@ -108,14 +108,14 @@ def test_a_file_written_deeper_than_the_walks_go_is_still_published(
 
 # -- an archive built beside its target, in a folder of the writer's on another filesystem ----
 
-# Run as the user: on the first `.decant-tmp-` name made in FOLDER (the user's own folder),
-# move it away and put a link to VICTIM in its place.
-RACER = """
+# Run as the user: on the first inotify event MASK for a `.decant-tmp-` name in FOLDER (argv 1),
+# move that file away and run SWAP (argv 2: the link's target, if any) in its place.
+_RACER = """
 import ctypes, os, struct, sys
 libc = ctypes.CDLL(None, use_errno=True)
 fd = libc.inotify_init()
-folder, victim = sys.argv[1], sys.argv[2]
-assert libc.inotify_add_watch(fd, folder.encode(), 0x100) >= 0  # IN_CREATE
+folder, victim = sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else ""
+assert libc.inotify_add_watch(fd, folder.encode(), MASK) >= 0
 os.chdir(folder)
 print("ready", flush=True)
 while True:
@@ -127,10 +127,14 @@ while True:
         i += 16 + n
         if name.startswith(".decant-tmp-"):
             os.rename(name, "moved-away")
-            os.symlink(victim, name)
-            print("swapped", flush=True)
+            SWAP
+            print("swapped " + name, flush=True)
             sys.exit(0)
 """
+# A link to VICTIM for the first temp name made (IN_CREATE).
+RACER = _RACER.replace("MASK", "0x100").replace("SWAP", "os.symlink(victim, name)")
+# A FIFO for the first temp file read (IN_ACCESS: the daemon comparing its copy).
+FIFO_RACER = _RACER.replace("MASK", "0x1").replace("SWAP", "os.mkfifo(name)")
 
 
 def test_an_archive_built_in_a_writer_s_folder_writes_through_no_link_of_theirs(
@@ -183,31 +187,6 @@ def test_an_archive_built_in_a_writer_s_folder_writes_through_no_link_of_theirs(
             racer.communicate()
         m.stop()
         subprocess.run(["umount", str(proj)], check=False, capture_output=True)
-
-
-# Run as the user: once a `.decant-tmp-` file in FOLDER is read (the daemon comparing its copy
-# with the spooled file), move it away and put a FIFO in its place.
-FIFO_RACER = """
-import ctypes, os, struct, sys
-libc = ctypes.CDLL(None, use_errno=True)
-fd = libc.inotify_init()
-folder = sys.argv[1]
-assert libc.inotify_add_watch(fd, folder.encode(), 0x1) >= 0  # IN_ACCESS
-os.chdir(folder)
-print("ready", flush=True)
-while True:
-    buf = os.read(fd, 65536)
-    i = 0
-    while i < len(buf):
-        _wd, _mask, _cookie, n = struct.unpack_from("iIII", buf, i)
-        name = buf[i + 16 : i + 16 + n].rstrip(b"\\0").decode()
-        i += 16 + n
-        if name.startswith(".decant-tmp-"):
-            os.rename(name, "moved-away")
-            os.mkfifo(name)
-            print("swapped " + name, flush=True)
-            sys.exit(0)
-"""
 
 
 def test_a_fifo_put_in_place_of_a_copy_being_published_holds_up_no_queue(
