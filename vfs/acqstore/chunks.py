@@ -2,11 +2,12 @@
 
 zarr-python reads a chunk through its async machinery and copies the decoded chunk into the
 selection (about 7 ms for an 8 MiB blosc plane here, against 3 ms for the codec alone). When the
-layout is simple (C order, no filters or transposes, one codec from blosc/zstd/gzip or none), a
-plane is read here instead: each chunk file is decoded into the plane buffer itself when one chunk
-holds exactly the plane, or into a scratch chunk copied into place otherwise. Anything else (a zip
-store, sharding, a missing chunk whose fill value zarr-python knows) returns None and the caller
-asks zarr-python.
+layout is simple (C order, no filters or transposes, one codec from blosc/zstd/lz4/gzip/zlib/bz2
+or none), a plane is read here instead: each chunk file is decoded into the plane buffer itself
+when one chunk holds exactly the plane, or into a scratch chunk copied into place otherwise, and
+must decode to exactly that size (the buffer is recycled: a short chunk left another image's
+pixels in it; a bz2 chunk of a few KiB inflated to GiBs). Anything else (a zip store, sharding, a
+missing chunk whose fill value zarr-python knows) returns None and the caller asks zarr-python.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from vfs.beneath import open_beneath, read_beneath
-from vfs.decant.blosc_blocks import BloscChunkError, decompress_into, parse_header
+from vfs.decant.chunks import EXACT_CODECS, decode_into
 from vfs.decant.limits import compressed_bound
 from vfs.errors import CorruptArchiveError
 
@@ -54,6 +55,9 @@ class PlaneReader:
 
         if getattr(meta, "zarr_format", None) == 2:
             if meta.filters or meta.order != "C":
+                return False
+            codec_id = getattr(meta.compressor, "codec_id", None)
+            if meta.compressor is not None and codec_id not in EXACT_CODECS:
                 return False
             self._codec = meta.compressor
             self._store_dtype = np.dtype(meta.dtype.to_native_dtype())
@@ -138,7 +142,7 @@ class PlaneReader:
                 return True
             chunk = np.empty(self.chunks, self._store_dtype)
             self._decode(raw, chunk)
-        except BloscChunkError as exc:
+        except Exception as exc:  # codecs raise anything from RuntimeError to ValueError
             raise CorruptArchiveError(f"{path}: chunk does not decode ({exc})") from None
         inner = tuple(c % s for c, s in zip(lead, self.chunks, strict=False))
         ny, nx = min(self.chunks[-2], height - y0), min(self.chunks[-1], width - x0)
@@ -146,25 +150,12 @@ class PlaneReader:
         return True
 
     def _decode(self, raw: bytes, out: np.ndarray) -> None:
-        if self._codec is None:
-            out.reshape(-1).view(np.uint8)[:] = np.frombuffer(raw, np.uint8, count=out.nbytes)
-        elif getattr(self._codec, "codec_id", None) == "blosc" and self._decode_blosc(raw, out):
-            return
-        else:
-            self._codec.decode(raw, out=out)
-
-    @staticmethod
-    def _decode_blosc(raw: bytes, out: np.ndarray) -> bool:
-        """Decode through c-blosc's context call: numcodecs' Blosc.decode holds one process-wide
-        lock, so read-ahead decoders never ran on both cores. The header is checked first
-        (c-blosc trusts its sizes); False leaves formats this does not check to numcodecs."""
-        flat = out.reshape(-1).view(np.uint8)
-        h = parse_header(raw, len(raw))
-        if h is None or h.nbytes != flat.nbytes or not out.flags.c_contiguous:
-            return False
-        if decompress_into(raw, flat) != flat.nbytes:
-            raise BloscChunkError(f"decodes to fewer than the {flat.nbytes} bytes it states")
-        return True
+        """Fill every byte of `out` (a recycled buffer: what it held before is another image's)
+        from the chunk, or raise: a chunk stating or inflating to any other size is an error,
+        found before more than `out` is written (vfs.decant.chunks.decode_into)."""
+        if not out.flags.c_contiguous:
+            raise ValueError("the plane buffer is not contiguous")
+        decode_into(self._codec, raw, out)
 
 
 def store_folder(array: Any) -> Path | None:

@@ -277,6 +277,38 @@ def _decode(
     return _exact(codec.decode(raw, out=out), expected)
 
 
+EXACT_CODECS = frozenset({"blosc", "zstd", "lz4", "zlib", "gzip", "bz2"})
+
+
+def decode_into(codec: Any, raw: Buffer, out: np.ndarray[Any, Any]) -> None:
+    """Decode `raw` with `codec` (a numcodecs codec of EXACT_CODECS, or None: stored as is) into
+    `out`, a C-contiguous array every byte of which it fills: the chunk must state (or decode
+    to) exactly `out.nbytes`, else ValueError saying what it holds. numcodecs' own decode into
+    `out` fills only what the stream holds and leaves the rest as it was, and a stream codec
+    without `out` inflates whatever the stream holds."""
+    flat = out.reshape(-1).view(np.uint8)
+    expected = flat.nbytes
+    codec_id = None if codec is None else codec.codec_id
+    try:
+        if codec_id is None:
+            flat[:] = np.frombuffer(_exact(raw, expected), np.uint8)
+        elif codec_id in ("zlib", "gzip", "bz2"):
+            flat[:] = np.frombuffer(_decode_stream(codec_id, raw, expected), np.uint8)
+        elif codec_id in EXACT_CODECS:
+            stated = {"blosc": _blosc_size, "zstd": _zstd_size, "lz4": _lz4_size}[codec_id](raw)
+            if stated != expected:
+                raise _SizeError(f"states {stated} decoded bytes, expected {expected}")
+            if codec_id == "blosc":
+                if decompress_into(raw, flat) != expected:
+                    raise _SizeError(f"does not decode to the {expected} bytes it states")
+            else:
+                codec.decode(raw, out=flat)  # zstd and lz4 fail a stream short of what it states
+        else:
+            raise UnsupportedFormatError(f"codec {codec_id!r} is not one decoded here")
+    except _SizeError as exc:
+        raise ValueError(str(exc)) from None
+
+
 def _blosc_size(raw: Buffer) -> int | None:
     """nbytes from the blosc header, once the header is sane: cbytes must be the entry's own
     length (c-blosc trusts cbytes and would read past the buffer) and the block table must fit."""

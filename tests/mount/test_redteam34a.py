@@ -1,0 +1,143 @@
+"""Red team, round 34a: the read side of AcqStore collections and GDI packages, through a real
+mount.
+
+Expected bytes (or the expected failure) come from what was handed to the writers (the arrays
+and chunk bytes written, the TAR plaintext), never from vfs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+from tests.conftest import load_tool
+from tests.mount.conftest import RUNUSER, Mount, User, open_tmp
+
+acq: ModuleType = load_tool("make_acqstore_corpus")
+
+PLANE = (1024, 1024)  # uint8: a 1 MiB plane, the size the daemon's buffer pool recycles
+
+
+def test_the_daemon_runs_this_worktree_s_code(tmp_path: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
+    """The mount these tests start runs `python -m vfs.cli` from this worktree (its cwd comes
+    first on sys.path), not another checkout's `vfs`."""
+    src = tmp_path / "src"
+    src.mkdir()
+    m = make_mount(src)
+    assert m.proc is not None
+    here = Path(__file__).resolve().parents[2]
+    assert Path(f"/proc/{m.proc.pid}/cwd").resolve() == here
+    environ = Path(f"/proc/{m.proc.pid}/environ").read_bytes().split(b"\0")
+    assert not any(e.startswith(b"PYTHONPATH=") for e in environ)
+
+
+def _as_user(u: User, *cmd: str) -> subprocess.CompletedProcess[bytes]:
+    env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+    return subprocess.run([RUNUSER, "-u", u.name, "--", *cmd], capture_output=True, timeout=60,
+                          cwd="/", env=env, check=False)  # fmt: skip
+
+
+def _image(path: Path, shape: tuple[int, ...], compressor: dict | None, chunk: bytes) -> None:
+    """An OME-Zarr folder (zarr v2, one level) whose only chunk file holds `chunk` as given."""
+    shutil.rmtree(path, ignore_errors=True)
+    (path / "0").mkdir(parents=True)
+    axes = "zyx"[-len(shape) :]
+    (path / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
+    attrs = acq._multiscales(acq.ngff_axes(axes), [[1.0] * len(shape)])
+    (path / ".zattrs").write_text(json.dumps(attrs))
+    zarray = {"zarr_format": 2, "shape": list(shape), "chunks": list(shape), "dtype": "|u1",
+              "compressor": compressor, "fill_value": 0, "filters": None, "order": "C"}  # fmt: skip
+    (path / "0" / ".zarray").write_text(json.dumps(zarray))
+    key = ".".join("0" * len(shape))
+    (path / "0" / key).write_bytes(chunk)
+
+
+def _collection(root: Path) -> Path:
+    """The corpus collection; its member img-a's reference image is `images/reference.zarr`."""
+    acq.make_collection(root)
+    return root / "images" / "reference.zarr"
+
+
+@pytest.mark.parametrize("codec", ["zstd", "gzip", "blosc"])
+def test_a_chunk_that_decodes_short_is_an_error_not_another_image_s_pixels(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User, codec: str
+) -> None:
+    """A synthesized TIFF's plane is decoded into a recycled buffer of the daemon's pool (planes
+    of other images it served). numcodecs' decode into `out` fills only what the stream holds:
+    a chunk stating 16 bytes where the plane has 1 MiB left the rest of the buffer as it was,
+    and the TIFF served it with exit 0 -- a plane of another user's image, read by someone who
+    could not read that image in SRC. A chunk must decode to exactly its plane, else EIO."""
+    import numcodecs
+
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, f"rt34a-short-{codec}")
+    src = base / "src"
+    secret_root, mine_root = src / "secret", src / "mine"
+    rng = np.random.default_rng(5)
+    secret = rng.integers(1, 255, (8, *PLANE), dtype=np.uint8)  # no zero byte in it
+    acq.make_collection(secret_root)
+    acq.write_ome_zarr(secret_root / "images/reference.zarr", secret, "zyx", [1.0, 1.0, 1.0])
+    os.chmod(secret_root, 0o700)  # root's: the user cannot read any of it
+    factory = {"zstd": numcodecs.Zstd, "gzip": numcodecs.GZip, "blosc": numcodecs.Blosc}[codec]
+    written = np.zeros(16, np.uint8)
+    chunk = factory().encode(written)
+    _image(_collection(mine_root), PLANE, factory().get_config(), chunk)
+    subprocess.run(["chown", "-R", f"{u.uid}:{u.gid}", str(mine_root)], check=True)
+    src.chmod(0o755)
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--cache-size", "8M")
+        view = m.mnt / "secret" / "members" / "Kymograph 1" / "reference.tif"
+        served = view.read_bytes()  # root reads its image: planes pass through the pool
+        assert secret[0].tobytes() in served
+        mine = m.mnt / "mine" / "members" / "Kymograph 1" / "reference.tif"
+        got = _as_user(u, "/usr/bin/cat", str(mine))
+        body = got.stdout
+        leaked = sum(plane.tobytes()[4096:8192] in body for plane in secret)
+        assert got.returncode != 0 and b"Input/output error" in got.stderr, (
+            f"a {codec} chunk of {len(written)} bytes for a {PLANE} plane was served "
+            f"(exit {got.returncode}, {len(body)} bytes, holding pixels of {leaked} of "
+            "root's planes)"
+        )
+    finally:
+        m.stop()
+
+
+def _peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for {pid}")
+
+
+def test_a_compression_bomb_chunk_costs_the_daemon_no_more_than_its_plane(
+    tmp_path: Path,
+    make_mount,  # type: ignore[no-untyped-def]
+) -> None:
+    """A collection image's `.zarray` may name any numcodecs compressor. A bz2 chunk of a few
+    KiB (within the bound a 4 KiB plane's chunk file may have) inflates to GiBs: numcodecs
+    decodes it whole before copying it into the plane, so one read of a 4 KiB TIFF plane made
+    the daemon allocate all of it (its peak RSS grew by the bomb), and a few users at once end
+    it for everyone. A chunk is decoded to at most its plane's size, else EIO."""
+    import bz2
+
+    root = tmp_path / "src" / "col"
+    one = bz2.compress(bytes(1 << 30))  # 785 bytes
+    bomb = one * 3  # 3 GiB of zeros, 2.4 KiB stored: within compressed_bound(64 * 64)
+    _image(_collection(root), (64, 64), {"id": "bz2", "level": 9}, bomb)
+    m = make_mount(tmp_path / "src")
+    assert m.proc is not None
+    before = _peak_rss_mib(m.proc.pid)
+    tif = m.mnt / "col" / "members" / "Kymograph 1" / "reference.tif"
+    with pytest.raises(OSError) as failed:
+        tif.read_bytes()
+    grew = _peak_rss_mib(m.proc.pid) - before
+    assert grew < 256, f"reading a 4 KiB plane grew the daemon's peak RSS by {grew:.0f} MiB"
+    assert failed.value.errno == 5
