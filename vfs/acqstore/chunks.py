@@ -19,12 +19,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numcodecs.abc
 import numpy as np
+from numcodecs.compat import ensure_bytes
 
 from vfs.beneath import open_beneath, read_beneath
-from vfs.decant.chunks import EXACT_CODECS, decode_into
-from vfs.decant.limits import compressed_bound
-from vfs.errors import CorruptArchiveError
+from vfs.decant.chunks import COMPRESSORS, FILTERS, decode_into
+from vfs.decant.limits import MAX_CHUNK_BYTES, compressed_bound
+from vfs.errors import CorruptArchiveError, UnsupportedFormatError
 
 _V3_COMPRESSORS = {"BloscCodec": "blosc", "ZstdCodec": "zstd", "GzipCodec": "gzip"}
 
@@ -56,10 +58,7 @@ class PlaneReader:
         if getattr(meta, "zarr_format", None) == 2:
             if meta.filters or meta.order != "C":
                 return False
-            codec_id = getattr(meta.compressor, "codec_id", None)
-            if meta.compressor is not None and codec_id not in EXACT_CODECS:
-                return False
-            self._codec = meta.compressor
+            self._codec = getattr(meta.compressor, "inner", meta.compressor)
             self._store_dtype = np.dtype(meta.dtype.to_native_dtype())
             return True
         codecs = list(getattr(meta, "codecs", ()))
@@ -156,6 +155,58 @@ class PlaneReader:
         if not out.flags.c_contiguous:
             raise ValueError("the plane buffer is not contiguous")
         decode_into(self._codec, raw, out)
+
+
+class ExactCodec(numcodecs.abc.Codec):  # type: ignore[misc]
+    """A v2 array's compressor as zarr-python is given it: `decode` gives exactly one chunk's
+    bytes or raises. zarr-python decodes a chunk whole, with no bound, before it checks its
+    shape: a bz2 chunk of 2.4 KiB for a 4 KiB plane grew the daemon by 9 GiB."""
+
+    codec_id = "exact"  # zarr-python checks the class has one; each instance says its own
+
+    def __init__(self, inner: Any, nbytes: int) -> None:
+        self.inner, self.nbytes, self.codec_id = inner, nbytes, inner.codec_id
+
+    def decode(self, buf: Any, out: Any = None) -> Any:
+        dest = np.empty(self.nbytes, np.uint8) if out is None else out
+        decode_into(self.inner, ensure_bytes(buf), dest)
+        return dest
+
+    def encode(self, buf: Any) -> Any:
+        return self.inner.encode(buf)
+
+    def get_config(self) -> dict[str, Any]:
+        return self.inner.get_config()  # type: ignore[no-any-return]
+
+
+def bounded(array: Any) -> Any:
+    """`array` (as zarr.open_array gave it) with every chunk decoded to exactly its size, or
+    UnsupportedFormatError naming what cannot be: a v2 array's compressor and filters from the
+    decant core's allowlists (filters that keep the size), its compressor wrapped (ExactCodec),
+    and no chunk over MAX_CHUNK_BYTES. A v3 array is returned as it is."""
+    from dataclasses import replace
+
+    from zarr import Array
+    from zarr.core.array import AsyncArray
+
+    meta = array.metadata
+    if getattr(meta, "zarr_format", None) != 2:
+        return array
+    itemsize = np.dtype(meta.dtype.to_native_dtype()).itemsize
+    nbytes = math.prod(meta.chunks) * itemsize
+    if nbytes > MAX_CHUNK_BYTES:
+        raise UnsupportedFormatError(f"chunks {list(meta.chunks)} of {nbytes} bytes are too large")
+    codec_id = getattr(meta.compressor, "codec_id", None)
+    if meta.compressor is not None and codec_id not in COMPRESSORS:
+        raise UnsupportedFormatError(f"compressor {codec_id!r} is not one decoded here")
+    for codec in meta.filters or ():
+        same = np.dtype(getattr(codec, "astype", meta.dtype.to_native_dtype())).itemsize
+        if codec.codec_id not in FILTERS or same != itemsize:
+            raise UnsupportedFormatError(f"filter {codec.codec_id!r} is not one decoded here")
+    if meta.compressor is None:
+        return array
+    exact = replace(meta, compressor=ExactCodec(meta.compressor, nbytes))
+    return Array(AsyncArray(metadata=exact, store_path=array.store_path))
 
 
 def store_folder(array: Any) -> Path | None:

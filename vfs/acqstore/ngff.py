@@ -347,7 +347,7 @@ def open_full_resolution(
     import zarr
     from zarr.storage import ZipStore
 
-    from vfs.acqstore.chunks import PlaneReader, store_folder
+    from vfs.acqstore.chunks import PlaneReader, bounded, store_folder
 
     if not image.zipped:
         refuse_links(image.path)  # one clear error for a folder that holds links at all
@@ -361,8 +361,10 @@ def open_full_resolution(
             if not anchor.is_dir:
                 raise ManifestError("changed from a folder to a file since it was inspected")
             store = _no_link_store()(anchor.root, read_only=True)
-        array = zarr.open_array(
-            store=store, path=image.dataset, mode="r", zarr_format=image.zarr_format
+        array = bounded(
+            zarr.open_array(
+                store=store, path=image.dataset, mode="r", zarr_format=image.zarr_format
+            )
         )
     except BaseException:
         anchor.close()

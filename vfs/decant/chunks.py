@@ -277,11 +277,8 @@ def _decode(
     return _exact(codec.decode(raw, out=out), expected)
 
 
-EXACT_CODECS = frozenset({"blosc", "zstd", "lz4", "zlib", "gzip", "bz2"})
-
-
 def decode_into(codec: Any, raw: Buffer, out: np.ndarray[Any, Any]) -> None:
-    """Decode `raw` with `codec` (a numcodecs codec of EXACT_CODECS, or None: stored as is) into
+    """Decode `raw` with `codec` (a numcodecs codec of COMPRESSORS, or None: stored as is) into
     `out`, a C-contiguous array every byte of which it fills: the chunk must state (or decode
     to) exactly `out.nbytes`, else ValueError saying what it holds. numcodecs' own decode into
     `out` fills only what the stream holds and leaves the rest as it was, and a stream codec
@@ -294,7 +291,7 @@ def decode_into(codec: Any, raw: Buffer, out: np.ndarray[Any, Any]) -> None:
             flat[:] = np.frombuffer(_exact(raw, expected), np.uint8)
         elif codec_id in ("zlib", "gzip", "bz2"):
             flat[:] = np.frombuffer(_decode_stream(codec_id, raw, expected), np.uint8)
-        elif codec_id in EXACT_CODECS:
+        elif codec_id in COMPRESSORS:
             stated = {"blosc": _blosc_size, "zstd": _zstd_size, "lz4": _lz4_size}[codec_id](raw)
             if stated != expected:
                 raise _SizeError(f"states {stated} decoded bytes, expected {expected}")
