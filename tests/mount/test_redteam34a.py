@@ -166,3 +166,46 @@ def test_a_compression_bomb_chunk_costs_the_daemon_no_more_than_its_plane(
     grew = _peak_rss_mib(m.proc.pid) - before
     assert grew < 256, f"reading a 4 KiB plane grew the daemon's peak RSS by {grew:.0f} MiB"
     assert failed.value.errno == 5
+
+
+def _v3_image(path: Path, codecs: list[dict], chunk: bytes) -> None:
+    """An OME-Zarr 0.5 folder (zarr v3, one 64 x 64 uint8 level) whose chunk holds `chunk`."""
+    shutil.rmtree(path, ignore_errors=True)
+    (path / "0" / "c").mkdir(parents=True)
+    ms = acq._multiscales(acq.ngff_axes("yx"), [[1.0, 1.0]])["multiscales"]
+    group = {"zarr_format": 3, "node_type": "group",
+             "attributes": {"ome": {"version": "0.5", "multiscales": ms}}}  # fmt: skip
+    (path / "zarr.json").write_text(json.dumps(group))
+    array = {"zarr_format": 3, "node_type": "array", "shape": [64, 64], "data_type": "uint8",
+             "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [64, 64]}},
+             "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+             "fill_value": 0, "codecs": codecs, "attributes": {}}  # fmt: skip
+    (path / "0" / "zarr.json").write_text(json.dumps(array))
+    (path / "0" / "c" / "0").mkdir()
+    (path / "0" / "c" / "0" / "0").write_bytes(chunk)
+
+
+def test_a_compression_bomb_chunk_of_a_zarr_v3_image_is_bounded_too(
+    tmp_path: Path,
+    make_mount,  # type: ignore[no-untyped-def]
+) -> None:
+    """The same bomb in a Zarr v3 image that zarr-python decodes (a transpose before `bytes`
+    keeps it off the fast path): a gzip chunk of 3 MiB for a 4 KiB plane."""
+    import zlib
+
+    root = tmp_path / "src" / "col"
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    block = bytes(64 << 20)
+    bomb = b"".join(packer.compress(block) for _ in range(48)) + packer.flush()  # 3 GiB
+    codecs = [{"name": "transpose", "configuration": {"order": [1, 0]}},
+              {"name": "bytes"}, {"name": "gzip", "configuration": {"level": 9}}]  # fmt: skip
+    _v3_image(_collection(root), codecs, bomb)
+    m = make_mount(tmp_path / "src")
+    assert m.proc is not None
+    before = _peak_rss_mib(m.proc.pid)
+    tif = m.mnt / "col" / "members" / "Kymograph 1" / "reference.tif"
+    with pytest.raises(OSError) as failed:
+        tif.read_bytes()
+    grew = _peak_rss_mib(m.proc.pid) - before
+    assert grew < 256, f"reading a 4 KiB plane grew the daemon's peak RSS by {grew:.0f} MiB"
+    assert failed.value.errno == 5

@@ -12,13 +12,17 @@ missing chunk whose fill value zarr-python knows) returns None and the caller as
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import errno
+import functools
 import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numcodecs
 import numcodecs.abc
 import numpy as np
 from numcodecs.compat import ensure_bytes
@@ -191,7 +195,8 @@ def bounded(array: Any) -> Any:
 
     meta = array.metadata
     if getattr(meta, "zarr_format", None) != 2:
-        return array
+        exact3 = replace(meta, codecs=_exact_v3(meta.codecs, "codecs"))
+        return Array(AsyncArray(metadata=exact3, store_path=array.store_path))
     itemsize = np.dtype(meta.dtype.to_native_dtype()).itemsize
     nbytes = math.prod(meta.chunks) * itemsize
     if nbytes > MAX_CHUNK_BYTES:
@@ -207,6 +212,62 @@ def bounded(array: Any) -> Any:
         return array
     exact = replace(meta, compressor=ExactCodec(meta.compressor, nbytes))
     return Array(AsyncArray(metadata=exact, store_path=array.store_path))
+
+
+# Zarr v3 bytes-to-bytes codecs decoded here with a bound, by the numcodecs codec they wrap.
+_V3_EXACT = {"BloscCodec": "Blosc", "ZstdCodec": "Zstd", "GzipCodec": "GZip"}
+_V3_PASSING = {"TransposeCodec", "BytesCodec", "Crc32cCodec"}  # decode to no more than given
+
+
+def _exact_v3(codecs: Any, where: str) -> tuple[Any, ...]:
+    """A v3 codec list whose compressors decode to exactly their chunk (`_ExactV3`), inside a
+    sharding codec too; UnsupportedFormatError for any codec not known to be bounded, or for
+    two compressors in one list (the inner one's size would be unknown)."""
+    from dataclasses import replace
+
+    out: list[Any] = []
+    crcs = 0  # crc32c checksums appended before the compressor: inside what it decodes to
+    if sum(type(c).__name__ in _V3_EXACT for c in codecs) > 1:
+        raise UnsupportedFormatError(f"{where}: more than one compressor")
+    for codec in codecs:
+        kind = type(codec).__name__
+        if kind == "ShardingCodec":
+            codec = replace(codec, codecs=_exact_v3(codec.codecs, "sharding codecs"),
+                            index_codecs=_exact_v3(codec.index_codecs, "index codecs"))  # fmt: skip
+        elif kind in _V3_EXACT:
+            wrapped = copy.copy(codec)  # its class swapped: zarr-python's `replace`s keep it
+            object.__setattr__(wrapped, "__class__", _exact_class(type(codec), crcs))
+            codec = wrapped
+        elif kind == "Crc32cCodec":
+            crcs += 1
+        elif kind not in _V3_PASSING:
+            raise UnsupportedFormatError(f"{where}: codec {kind} is not one decoded here")
+        out.append(codec)
+    return tuple(out)
+
+
+@functools.cache
+def _exact_class(base: type, crcs: int) -> type:
+    """`base` (a zarr v3 compressor) whose decode gives exactly the chunk's bytes or raises:
+    zarr-python decodes a chunk whole, with no bound (a 3 MiB gzip chunk of a 4 KiB plane grew
+    the daemon by 9 GiB). `crcs`: crc32c checksums the chunk carries inside the compression."""
+
+    class Exact(base):  # type: ignore[misc,valid-type]
+        async def _decode_single(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
+            return await asyncio.to_thread(self._exact, chunk_bytes, chunk_spec)
+
+        def _exact(self, chunk_bytes: Any, chunk_spec: Any) -> Any:
+            itemsize = np.dtype(chunk_spec.dtype.to_native_dtype()).itemsize
+            nbytes = math.prod(chunk_spec.shape) * itemsize + 4 * crcs
+            if nbytes > MAX_CHUNK_BYTES:
+                raise UnsupportedFormatError(f"a chunk of {nbytes} bytes is too large")
+            codec = getattr(numcodecs, _V3_EXACT[base.__name__])()
+            dest = np.empty(nbytes, np.uint8)
+            decode_into(codec, ensure_bytes(chunk_bytes.as_numpy_array()), dest)
+            return chunk_spec.prototype.buffer.from_array_like(dest)
+
+    Exact.__name__ = base.__name__  # what the codec lists say (and _plan matches on)
+    return Exact
 
 
 def store_folder(array: Any) -> Path | None:
