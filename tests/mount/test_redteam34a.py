@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import subprocess
+import time
 import zipfile
 from pathlib import Path
 from types import ModuleType
@@ -209,3 +210,72 @@ def test_a_compression_bomb_chunk_of_a_zarr_v3_image_is_bounded_too(
     grew = _peak_rss_mib(m.proc.pid) - before
     assert grew < 256, f"reading a 4 KiB plane grew the daemon's peak RSS by {grew:.0f} MiB"
     assert failed.value.errno == 5
+
+
+# -- GDI packages ----------------------------------------------------------------------------
+
+c4gh: ModuleType = load_tool("make_c4gh_corpus")
+SEG = 65536
+CIPHER_SEG = SEG + 28
+
+
+def _dd(path: Path, offset: int, size: int = 4096) -> subprocess.CompletedProcess[bytes]:
+    """One small read at `offset` by dd (direct: no kernel read-ahead around it)."""
+    return subprocess.run(
+        ["dd", f"if={path}", "bs=4096", f"skip={offset // 4096}", f"count={size // 4096}",
+         "iflag=direct", "status=none"],
+        capture_output=True, timeout=20,
+    )  # fmt: skip
+
+
+def test_swapped_segments_stay_caught_when_another_segment_of_the_member_is_damaged(
+    tmp_path: Path,
+) -> None:
+    """Segments authenticate alone, not their place: two segments of a member swapped both
+    decrypt, and only the member's declared sha256 tells. A member read in part is verified in
+    the background; but a segment that fails its MAC anywhere in the member ended that
+    verification with no verdict ("authenticated": only the reads touching it fail), so one
+    damaged segment at the member's end kept every small read of the swapped ones serving
+    another segment's plaintext with exit 0, for good. A member whose declared digest cannot
+    be checked is refused whole."""
+    keys = {n: c4gh.make_keypair(tmp_path / "keys", n) for n in ("node", "writer")}
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(12 * SEG)
+    name = "allele-freq.chr1.0.br10000000.00000000000000aa.parquet"
+    members = [(name, data)]
+    plain = c4gh.write_package(
+        src / "P.tar.c4gh", [("manifest.json", c4gh.manifest(members)), *members],
+        keys["writer"], [keys["node"]],
+    )  # fmt: skip
+    at = plain.index(data)
+    package = bytearray((src / "P.tar.c4gh").read_bytes())
+    head = c4gh.header_len_of(bytes(package))
+    a, b, bad = at // SEG + 2, at // SEG + 4, at // SEG + 10  # all inside the member's data
+    sa = slice(head + a * CIPHER_SEG, head + (a + 1) * CIPHER_SEG)
+    sb = slice(head + b * CIPHER_SEG, head + (b + 1) * CIPHER_SEG)
+    package[sa], package[sb] = package[sb], package[sa]
+    package[head + bad * CIPHER_SEG + 100] ^= 0x01  # one bit of ciphertext: its MAC fails
+    (src / "P.tar.c4gh").write_bytes(bytes(package))
+
+    m = Mount(src, tmp_path / "mnt", tmp_path / "log", tmp_path / "index")
+    m.start("--c4gh-key", str(keys["node"].secret_path))
+    try:
+        member = m.mnt / "P.tar.c4gh" / name
+        off = a * SEG - at + 4096  # inside swapped segment a, in the member's coordinates
+        want = data[off : off + 4096]
+        _dd(member, off)  # the first small read may slip through: it starts the check
+        deadline = time.monotonic() + 15
+        while True:
+            got = _dd(member, off)
+            if got.returncode != 0:
+                assert b"Input/output error" in got.stderr, got.stderr
+                break
+            assert got.stdout == want or time.monotonic() < deadline, (
+                "a small read of the reordered segment still served another segment's "
+                f"plaintext with exit 0 after 15 s (matches offset {data.find(got.stdout)}, "
+                f"asked {off})"
+            )
+            time.sleep(0.5)
+    finally:
+        m.stop()

@@ -157,12 +157,16 @@ class Integrity:
                 return False
             except Exception as exc:
                 self.pending.discard(node.key)
-                if isinstance(exc, CorruptArchiveError) and _authenticated(node):
-                    # A segment that fails its MAC fails the reads that touch it, and only
-                    # those (docs/gdi-packages.md): no verdict on the rest of the member.
-                    log.warning("%s%s: not verified: %s", node.real, _member(node), exc)
-                    return False
                 self.bad.add(node.key)
+                if isinstance(exc, CorruptArchiveError) and _authenticated(node):
+                    # A segment that fails its MAC: the member's declared sha256 cannot be
+                    # checked, and segments authenticate alone, not their place, so none of
+                    # its others is known to be where it is served (swapped ones decrypt).
+                    # Left unverified, a damaged segment anywhere kept swapped ones serving
+                    # wrong bytes with exit 0, and each open read the member again.
+                    log.error("%s%s: its declared sha256 cannot be checked (%s): refusing it",
+                              node.real, _member(node), exc)  # fmt: skip
+                    return False
                 log.error("%s%s: verification failed: %s", node.real, _member(node), exc)
                 return False
         if digest == node.sha256:
