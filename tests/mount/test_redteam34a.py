@@ -279,3 +279,44 @@ def test_swapped_segments_stay_caught_when_another_segment_of_the_member_is_dama
             time.sleep(0.5)
     finally:
         m.stop()
+
+
+def test_a_damaged_manifest_does_not_switch_the_member_digests_off(tmp_path: Path) -> None:
+    """`manifest.json` declares every member's sha256, the only check that tells segments
+    swapped inside a member. One flipped bit in a segment wholly inside a manifest of a few
+    segments made its read fail, and the package was then served with no member digests at
+    all ("no member digests from manifest.json", at info level): segments swapped in a member
+    were served with exit 0 however it was read. A manifest that fails authentication leaves
+    nothing of the package served as checked: the package is shown raw."""
+    keys = {n: c4gh.make_keypair(tmp_path / "keys", n) for n in ("node", "writer")}
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(8 * SEG)
+    name = "allele-freq.chr1.0.br10000000.00000000000000aa.parquet"
+    members = [(name, data)]
+    manifest = c4gh.manifest(members, notes="n" * (3 * SEG))  # spans four segments
+    plain = c4gh.write_package(
+        src / "P.tar.c4gh", [("manifest.json", manifest), *members],
+        keys["writer"], [keys["node"]],
+    )  # fmt: skip
+    at, inside = plain.index(data), plain.index(manifest) // SEG + 2  # wholly in the manifest
+    package = bytearray((src / "P.tar.c4gh").read_bytes())
+    head = c4gh.header_len_of(bytes(package))
+    a, b = at // SEG + 2, at // SEG + 4  # two segments wholly inside the member's data
+    sa = slice(head + a * CIPHER_SEG, head + (a + 1) * CIPHER_SEG)
+    sb = slice(head + b * CIPHER_SEG, head + (b + 1) * CIPHER_SEG)
+    package[sa], package[sb] = package[sb], package[sa]
+    package[head + inside * CIPHER_SEG + 100] ^= 0x01
+    (src / "P.tar.c4gh").write_bytes(bytes(package))
+
+    m = Mount(src, tmp_path / "mnt", tmp_path / "log", tmp_path / "index")
+    m.start("--c4gh-key", str(keys["node"].secret_path))
+    try:
+        member = m.mnt / "P.tar.c4gh" / name
+        whole = subprocess.run(["cat", str(member)], capture_output=True, timeout=30)
+        assert whole.returncode != 0 or whole.stdout == data, (
+            f"a member with two segments swapped was served whole ({len(whole.stdout)} bytes, "
+            "not its plaintext) with exit 0"
+        )
+    finally:
+        m.stop()

@@ -11,6 +11,7 @@ A package is named by a local path (`describe`, `open`) or by (Folder, key) (`de
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
@@ -426,13 +427,25 @@ class C4ghBackend:
     def _declared_digests(
         self, reader: SegmentReader, index: TarIndex, name: str
     ) -> dict[str, str]:
-        """payload.members sha256 by member name; a bad manifest costs the xattrs, not the mount."""
+        """payload.members sha256 by member name; a manifest without them costs the xattrs, not
+        the mount. One that fails authentication, or is not JSON at all (segments of the package
+        reordered into it decrypt), is CorruptArchiveError: the digests it holds are the only
+        check that tells segments swapped inside a member, so the package is not served
+        without them (it was, with no digest checked at all)."""
         manifest = index.get("manifest.json")
         if manifest is None or manifest.size > MAX_MANIFEST:
             return {}
         try:
             raw = reader.read(manifest.offset, manifest.size)
             doc = parse_json(raw)  # refused before parsing when it could cost too much
+        except CorruptArchiveError as exc:
+            raise CorruptArchiveError(f"{name}: manifest.json cannot be read ({exc})") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CorruptArchiveError(f"{name}: manifest.json is not JSON ({exc})") from None
+        except (DecantError, ValueError) as exc:
+            log.info("%s: no member digests from manifest.json (%s)", name, exc)
+            return {}
+        try:
             members = doc["payload"]["members"]
             return {
                 name: item["sha256"]
