@@ -320,3 +320,45 @@ def test_a_damaged_manifest_does_not_switch_the_member_digests_off(tmp_path: Pat
         )
     finally:
         m.stop()
+
+
+@pytest.mark.parametrize("how", ["rewritten", "replaced"])
+def test_an_image_rewritten_after_it_was_read_serves_its_new_pixels(
+    tmp_path: Path,
+    make_mount,  # type: ignore[no-untyped-def]
+    how: str,
+) -> None:
+    """A synthesized TIFF's planes are kept in the daemon's cache by collection, image and
+    page, and the kernel keeps its pages (the view's node is the same: its description, sizes
+    and paths, did not change). An image whose chunk files were written anew in place, or
+    replaced by a new folder renamed over it, went on serving its old pixels with exit 0."""
+    root = tmp_path / "src" / "col"
+    rng = np.random.default_rng(3)
+    old, new = (rng.integers(0, 255, (2, 128, 128), dtype=np.uint8) for _ in range(2))
+    image = _collection(root)
+    acq.write_ome_zarr(image, old, "zyx", [1.0, 1.0, 1.0])
+    m = make_mount(tmp_path / "src")
+    tif = m.mnt / "col" / "members" / "Kymograph 1" / "reference.tif"
+    first = tif.read_bytes()
+    assert old[1].tobytes() in first
+    if how == "rewritten":  # the same files, written again in place
+        fresh = tmp_path / "fresh.zarr"
+        acq.write_ome_zarr(fresh, new, "zyx", [1.0, 1.0, 1.0])
+        for file in fresh.rglob("*"):
+            if file.is_file():
+                (image / file.relative_to(fresh)).write_bytes(file.read_bytes())
+    else:
+        acq.write_ome_zarr(tmp_path / "src" / "col" / "images" / "next.zarr", new, "zyx",
+                           [1.0, 1.0, 1.0])  # fmt: skip
+        shutil.rmtree(image)
+        os.rename(image.with_name("next.zarr"), image)
+    deadline = time.monotonic() + 10
+    while True:
+        served = tif.read_bytes()
+        if new[1].tobytes() in served and new[0].tobytes() in served:
+            break
+        assert time.monotonic() < deadline, (
+            f"10 s after its image was {how}, the TIFF still served "
+            f"{'its old pixels' if old[1].tobytes() in served else 'other bytes'} with exit 0"
+        )
+        time.sleep(0.5)

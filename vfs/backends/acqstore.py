@@ -69,6 +69,10 @@ class AcqStoreBackend:
 
     name = "acqstore"
     overlay = True
+    # The view's nodes are keyed by its description (paths, sizes), not by its files' bytes: a
+    # chunk file or CSV written anew keeps the node, so the kernel keeps no page of it across
+    # opens, and `forget` drops the collection's decoded planes when anything in it changes.
+    kernel_cache = False
     # Synthesized TIFFs decode read-ahead planes here besides the mount's read-ahead thread: one
     # more decoder, so a forward reader keeps both cores busy (decode, and serving on the loop).
     READAHEAD_WORKERS = 1
@@ -81,6 +85,11 @@ class AcqStoreBackend:
 
     def claims(self, path: Path, is_dir: bool) -> bool:
         return is_dir and (path / ENTRY_POINT).is_file()
+
+    def forget(self, root: Path) -> None:
+        """Something in the collection at `root` changed: its synthesized planes are decoded
+        again (they were kept by collection, image and page, and served old pixels for good)."""
+        self.cache.discard_prefix(root)
 
     def describe(self, path: Path) -> Description:
         """Validate, then build the view; an invalid collection raises with the validator lines."""

@@ -816,6 +816,7 @@ class DecantOperations(pyfuse3.Operations):
         # A document deep inside a collection changed: rebuild the collection's view.
         roots = {r for r in self.tree.overlay_roots for f in folders if f == r or r in f.parents}
         for root in roots:
+            self._overlay_changed(root)
             await self._rescan_path(root, force=True)
 
     async def on_names_changed(self, changed: dict[Path, set[str]]) -> None:
@@ -851,7 +852,15 @@ class DecantOperations(pyfuse3.Operations):
                             self.inodes.replace(known, node)
         roots = {r for r in self.tree.overlay_roots for f in changed if f == r or r in f.parents}
         for root in roots:
+            self._overlay_changed(root)
             await self._rescan_path(root, force=True)
+
+    def _overlay_changed(self, root: Path) -> None:
+        """A file inside an overlay's folder changed: what the overlay decoded from it goes."""
+        for overlay in self.tree.overlays:
+            forget = getattr(overlay, "forget", None)
+            if forget is not None:
+                forget(root)
 
     async def _rescan_path(self, path: Path, force: bool = False) -> None:
         found = self.inodes.folder_of(path)

@@ -227,7 +227,7 @@ class Reads:
         """Set up checking for a newly opened archive file; True if the kernel may cache it."""
         node = handle.node
         if not node.sha256 or node.backend is None:
-            return node.backend is not None
+            return node.backend is not None and getattr(node.backend, "kernel_cache", True)
         if await self.integrity.verified(node):
             return True
         handle.hasher = SequentialHasher(node.size, node.sha256)
