@@ -224,7 +224,7 @@ def _dd(path: Path, offset: int, size: int = 4096) -> subprocess.CompletedProces
     return subprocess.run(
         ["dd", f"if={path}", "bs=4096", f"skip={offset // 4096}", f"count={size // 4096}",
          "iflag=direct", "status=none"],
-        capture_output=True, timeout=20,
+        capture_output=True, timeout=120,
     )  # fmt: skip
 
 
@@ -362,3 +362,28 @@ def test_an_image_rewritten_after_it_was_read_serves_its_new_pixels(
             f"{'its old pixels' if old[1].tobytes() in served else 'other bytes'} with exit 0"
         )
         time.sleep(0.5)
+
+
+def test_an_image_of_huge_planes_costs_the_daemon_no_memory(
+    tmp_path: Path,
+    make_mount,  # type: ignore[no-untyped-def]
+) -> None:
+    """An image is its `.zarray`: a few hundred bytes may declare planes of any size, their
+    chunks absent (the fill value). The synthesized TIFF's strip tables are built when the
+    view is listed, one entry a strip of a row or more, so listing a collection whose image
+    has 2^25 rows of 32 MiB made the daemon build 1.5 GiB of them (2^28 rows: more than this
+    machine holds). Anyone who may create a folder in SRC could end the daemon for everyone."""
+    what, shape = "2^25 strips", (1 << 25, 1 << 25)
+    root = tmp_path / "src" / "col"
+    image = _collection(root)
+    shutil.rmtree(image)
+    acq.write_ome_zarr_stub(image, shape, "uint8", "yx")
+    m = make_mount(tmp_path / "src")
+    assert m.proc is not None
+    before = _peak_rss_mib(m.proc.pid)
+    member = m.mnt / "col" / "members" / "Kymograph 1"
+    done = _dd(member / "reference.tif", 1 << 20)  # inside the first plane
+    grew = _peak_rss_mib(m.proc.pid) - before
+    assert m.proc.poll() is None, f"the daemon ended: {done.stderr!r}"
+    assert grew < 256, f"{what}: the daemon's peak RSS grew by {grew:.0f} MiB"
+    assert (m.mnt / "col" / "acqstore" / "collection.json").is_file()

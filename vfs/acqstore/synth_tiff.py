@@ -21,10 +21,12 @@ import numpy as np
 from vfs.acqstore.ngff import Axis, NgffImage
 from vfs.acqstore.tiff_meta import describe_planes, resolution
 from vfs.cache import DropBehind, PageCache
+from vfs.decant.limits import MAX_CHUNK_BYTES, human
 from vfs.errors import UnsupportedFormatError
 
 log = logging.getLogger(__name__)
 
+MAX_PLANE_BYTES = MAX_CHUNK_BYTES  # a plane is decoded whole: bounded as a decant chunk is
 CLASSIC_MAX_SIZE = 2**32  # every offset and count of a classic TIFF is a 32-bit LONG
 STRIP_BYTES = 1 << 20  # strips of about 1 MiB: few strip offsets per IFD, small reader buffers
 BLOCK_BYTES = 64 << 20  # read a whole zarr chunk of planes at once when it is no larger than this
@@ -68,6 +70,13 @@ class TiffLayout:
         self.plane_bytes = row_bytes * self.height
         if self.plane_bytes == 0 or self.n_pages == 0:
             raise UnsupportedFormatError(f"cannot present an empty array {tuple(shape)} as TIFF")
+        if self.plane_bytes > MAX_PLANE_BYTES:
+            # A plane is decoded whole, and its strip tables (a strip a row, for rows of 1 MiB
+            # or more) are built when the view is listed: 2^25 rows of 32 MiB cost 1.5 GiB.
+            raise UnsupportedFormatError(
+                f"planes of {human(self.plane_bytes)} ({self.height} x {self.width} "
+                f"{self.dtype}) are larger than the {human(MAX_PLANE_BYTES)} a TIFF is made of"
+            )
         self.rows_per_strip = max(1, min(self.height, STRIP_BYTES // max(row_bytes, 1)))
         self.n_strips = -(-self.height // self.rows_per_strip)
         self.strip_bytes = self.rows_per_strip * row_bytes

@@ -160,7 +160,10 @@ def _image(
             locator = {"kind": "decant", "path": key, "entry": original.to_json(), "stamp": stamp}
             xattrs = {**original.xattrs, **xattrs}
             return Entry(size=original.size, sha256=original.sha256, xattrs=xattrs, locator=locator)
-    layout = layout_for_image(image, name=title)
+    try:
+        layout = layout_for_image(image, name=title)
+    except DecantError as exc:
+        raise type(exc)(f"{key}: {exc}") from None
     return Entry(
         size=layout.size, xattrs=xattrs, locator={"kind": "tiff", "path": key, "name": title}
     )
