@@ -387,3 +387,42 @@ def test_an_image_of_huge_planes_costs_the_daemon_no_memory(
     assert m.proc.poll() is None, f"the daemon ended: {done.stderr!r}"
     assert grew < 256, f"{what}: the daemon's peak RSS grew by {grew:.0f} MiB"
     assert (m.mnt / "col" / "acqstore" / "collection.json").is_file()
+
+
+@pytest.mark.parametrize("private", ["array folder", "chunk file"])
+def test_pixels_the_user_cannot_read_in_src_are_not_served_as_a_tiff(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User, private: str
+) -> None:
+    """A member TIFF opens only for a caller who could read what it is made of. The check
+    looked at the image folder alone: an image whose array folder is 0700 (or whose chunk
+    file is 0600) of its owner, the folder around it readable, was served to any user as a
+    TIFF, pixels included, though none of them could read a byte of it in SRC."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, f"rt34a-private-{private.replace(' ', '-')}")
+    src = base / "src"
+    root = src / "col"
+    rng = np.random.default_rng(8)
+    pixels = rng.integers(1, 255, (2, 64, 64), dtype=np.uint8)
+    image = _collection(root)
+    acq.write_ome_zarr(image, pixels, "zyx", [1.0, 1.0, 1.0])
+    subprocess.run(["chmod", "-R", "a+rX", str(src)], check=True)
+    if private == "array folder":
+        (image / "0").chmod(0o700)
+    else:
+        for chunk in (image / "0").iterdir():
+            if not chunk.name.startswith("."):
+                chunk.chmod(0o600)
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other")
+        tif = m.mnt / "col" / "members" / "Kymograph 1" / "reference.tif"
+        got = _as_user(u, "/usr/bin/cat", str(tif))
+        leaked = pixels[0].tobytes() in got.stdout
+        assert not leaked, (
+            f"the user read pixels of an image whose {private} they cannot read in SRC "
+            f"(exit {got.returncode}, {len(got.stdout)} bytes)"
+        )
+        assert b"Permission denied" in got.stderr, got.stderr
+        assert pixels[0].tobytes() in tif.read_bytes()  # root still reads it
+    finally:
+        m.stop()

@@ -49,7 +49,8 @@ def readable_beneath(
 ) -> tuple[int, int] | None:
     """(st_dev, st_ino) of `target` if the caller could read it by its real path from `root`:
     search permission on `root` and every folder below it on the way, read permission on
-    `target` (and search, for a folder); None otherwise. For what the daemon reads on a
+    `target` (and search, for a folder, and read on everything in it: a synthesized TIFF is
+    made of the chunk files in its image folder); None otherwise. For what the daemon reads on a
     caller's behalf from files the kernel never checked the caller against (an AcqStore view's
     members are files elsewhere in the collection, maybe in another user's private folder).
 
@@ -70,16 +71,55 @@ def readable_beneath(
         dfd = parent_fd(root, target, searchable)
         try:
             st = os.stat(target.name, dir_fd=dfd, follow_symlinks=False)
+            is_dir = stat.S_ISDIR(st.st_mode)
+            if not (is_dir or stat.S_ISREG(st.st_mode)):
+                return None  # a link (never followed), a FIFO, a device
+            if not _granted(st, uid, groups, read=True, search=is_dir):
+                return None
+            if is_dir and uid != 0 and not _tree_readable(dfd, target.name, uid, groups):
+                return None
         finally:
             os.close(dfd)
     except OSError:
         return None
-    is_dir = stat.S_ISDIR(st.st_mode)
-    if not (is_dir or stat.S_ISREG(st.st_mode)):
-        return None  # a link (never followed), a FIFO, a device
-    if not _granted(st, uid, groups, read=True, search=is_dir):
-        return None
     return st.st_dev, st.st_ino
+
+
+MAX_TREE_DEPTH = 64  # folders below a checked folder (an image's chunk keys nest a few levels)
+
+
+def _tree_readable(parent: int, name: str, uid: int, groups: set[int]) -> bool:
+    """Whether the caller may read every file and list every folder below the folder `name`
+    of `parent` (a folder read whole on the caller's behalf: an image's chunk files, which a
+    synthesized TIFF serves as pixels). Links are not followed (the daemon never reads through
+    one); a FIFO or device is not read either. Costs a stat per entry."""
+    stack = [(_open_dir(name, parent), 0)]
+    try:
+        while stack:
+            fd, depth = stack.pop()
+            try:
+                with os.scandir(fd) as entries:
+                    for entry in entries:
+                        st = entry.stat(follow_symlinks=False)
+                        folder = stat.S_ISDIR(st.st_mode)
+                        if not (folder or stat.S_ISREG(st.st_mode)):
+                            continue
+                        if not _granted(st, uid, groups, read=True, search=folder):
+                            return False
+                        if folder:
+                            if depth >= MAX_TREE_DEPTH:
+                                return False
+                            stack.append((_open_dir(entry.name, fd), depth + 1))
+            finally:
+                os.close(fd)
+    finally:
+        for fd, _depth in stack:
+            os.close(fd)
+    return True
+
+
+def _open_dir(name: str, parent: int) -> int:
+    return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
 
 
 def user_groups(uid: int) -> set[int]:
