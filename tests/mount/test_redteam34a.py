@@ -426,3 +426,64 @@ def test_pixels_the_user_cannot_read_in_src_are_not_served_as_a_tiff(
         assert pixels[0].tobytes() in tif.read_bytes()  # root still reads it
     finally:
         m.stop()
+
+
+def test_a_verified_member_held_open_never_serves_segments_swapped_in_place(
+    tmp_path: Path,
+) -> None:
+    """A member that verified opens with no running hash (segments carry MACs). A package
+    rewritten in place (same inode: `dd conv=notrunc`, a tool writing into it) with two of the
+    member's segments swapped gives every new open ESTALE and a fresh check, but a handle
+    opened before went on reading the file it holds: the swapped segments decrypt, and it
+    served another segment's plaintext with exit 0."""
+    keys = {n: c4gh.make_keypair(tmp_path / "keys", n) for n in ("node", "writer")}
+    src = tmp_path / "src"
+    src.mkdir()
+    data = os.urandom(8 * SEG)
+    name = "allele-freq.chr1.0.br10000000.00000000000000aa.parquet"
+    members = [(name, data)]
+    path = src / "P.tar.c4gh"
+    plain = c4gh.write_package(
+        path, [("manifest.json", c4gh.manifest(members)), *members],
+        keys["writer"], [keys["node"]],
+    )  # fmt: skip
+    at = plain.index(data)
+    head = c4gh.header_len_of(path.read_bytes())
+    a, b = at // SEG + 2, at // SEG + 4  # two segments wholly inside the member's data
+
+    m = Mount(src, tmp_path / "mnt", tmp_path / "log", tmp_path / "index")
+    m.start("--c4gh-key", str(keys["node"].secret_path))
+    try:
+        member = m.mnt / "P.tar.c4gh" / name
+        assert member.read_bytes() == data
+        deadline = time.monotonic() + 10
+        while "verified sha256" not in m.log_text():
+            assert time.monotonic() < deadline, "the member did not verify"
+            time.sleep(0.1)
+        fd = os.open(member, os.O_RDONLY)
+        try:
+            with open(path, "r+b") as fh:  # in place: the same inode
+                fh.seek(head + a * CIPHER_SEG)
+                first = fh.read(CIPHER_SEG)
+                fh.seek(head + b * CIPHER_SEG)
+                second = fh.read(CIPHER_SEG)
+                fh.seek(head + a * CIPHER_SEG)
+                fh.write(second)
+                fh.seek(head + b * CIPHER_SEG)
+                fh.write(first)
+            time.sleep(1.5)  # the watcher sees it: the package is described anew
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # no page kept by the kernel
+            off = a * SEG - at + 4096
+            try:
+                got = os.pread(fd, 4096, off)
+            except OSError as exc:
+                assert exc.errno in (5, 116), exc  # EIO or ESTALE
+            else:
+                assert got == data[off : off + 4096], (
+                    "a handle held open on a verified member served another segment's "
+                    f"plaintext with exit 0 (matches offset {data.find(got)}, asked {off})"
+                )
+        finally:
+            os.close(fd)
+    finally:
+        m.stop()

@@ -422,6 +422,7 @@ class C4ghBackend:
             file_size=session.file_size,
             stats=self.stats,
             buffers=self.buffers,
+            version=session.stamp,
         )
 
     def _declared_digests(

@@ -247,6 +247,7 @@ class SegmentReader:
         file_size: int | None = None,
         stats: SegmentStats | None = None,
         buffers: SegmentBuffers | None = None,
+        version: tuple[object, ...] = (),
     ) -> None:
         self._file: LocalFile | None = None  # a local package (opened on first use from a path)
         self._source: ByteSource | None = None
@@ -274,7 +275,16 @@ class SegmentReader:
         # The session key names the package's contents (each package draws its own): a file
         # replaced under the same path, even with its size and mtime kept, never meets the
         # plaintext of the one it replaced. Hashed: the key itself stays out of the cache's keys.
-        self._prefix = (CACHE_PREFIX, self.label, hashlib.sha256(session_key).digest()[:16])
+        # The version too (a local file's size, mtime, inode and ctime): a package rewritten in
+        # place keeps its header, and so its session key, and a handle of the version before
+        # must not be served the new one's segments (swapped ones decrypt).
+        self._prefix = (
+            CACHE_PREFIX,
+            self.label,
+            hashlib.sha256(session_key).digest()[:16],
+            *version,
+        )
+        self._version = version
         self._lock = threading.Lock()
         self._advised = (0, 0)  # segments whose cipher text the kernel was asked to read ahead
         self._failed: set[int] = set()  # segments that failed: read-ahead does not retry them
@@ -560,6 +570,8 @@ class SegmentReader:
             raise _WouldBlock from None
         if nowait and len(cipher) < want:
             raise _WouldBlock  # in part on disk (or cut short: the thread's read says which)
+        if self._local and self._version:
+            self._check_version()
         cipher_of = _cipher(self._key)
         done: list[int] = []
         error: CorruptArchiveError | None = None
@@ -708,6 +720,19 @@ class SegmentReader:
 
     def _descriptor(self) -> int:
         return self._local_file().fileno()
+
+    def _check_version(self) -> None:
+        """The cipher text just read is the version this reader was made for (its file's size,
+        mtime, inode and ctime after the read): a package rewritten in place since (its header
+        kept, so its session key: segments swapped in it decrypt) is an error, never its
+        segments. A verified member's handle has no running hash to tell them."""
+        st = os.fstat(self._descriptor())
+        now = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
+        if now != self._version:
+            raise CorruptArchiveError(
+                f"{self.name}: changed since it was opened (size, mtime, inode or ctime); "
+                "reopen it to read the new version"
+            )
 
     def _fetch(self, start: int, want: int) -> memoryview:
         """Up to `want` cipher bytes at `start` from a byte source, short (as a pread is) where
