@@ -487,3 +487,37 @@ def test_a_verified_member_held_open_never_serves_segments_swapped_in_place(
             os.close(fd)
     finally:
         m.stop()
+
+
+def test_a_table_linked_to_a_private_file_tells_nothing_of_it(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """A collection's CSV may be a symlink: validation checked it with `is_file()` and the view
+    took its size with `stat()`, both through the link. The open is refused (no link is
+    followed), but the view listed the table with the size of whatever the link named: a
+    user's collection told them the size of root's 0600 file in a 0700 folder. A link is no
+    table: the collection is invalid, and says why."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt34a-link-size")
+    private = base / "private"
+    private.mkdir(mode=0o700)
+    secret = private / "secret.txt"
+    secret.write_bytes(b"s" * 12345)
+    secret.chmod(0o600)
+    src = base / "src"
+    root = src / "col"
+    _collection(root)
+    table = root / "acqstore" / "tables" / "velocity-pool.csv"
+    table.unlink()
+    table.symlink_to(secret)
+    subprocess.run(["chown", "-hR", f"{u.uid}:{u.gid}", str(root)], check=True)
+    src.chmod(0o755)
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other")
+        shown = m.mnt / "col" / "members" / "tables" / "velocity-pool.csv"
+        size = _as_user(u, "/usr/bin/stat", "-c", "%s", str(shown)).stdout.strip()
+        assert size != b"12345", "the view told the user the size of root's private file"
+        assert "velocity-pool.csv' is a symlink" in m.log_text()
+    finally:
+        m.stop()

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import re
+import stat
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import cache
@@ -17,7 +19,7 @@ from jsonschema import Draft202012Validator, FormatChecker
 from vfs.acqstore import paths
 from vfs.acqstore.ngff import NgffImage, inspect_image
 from vfs.acqstore.paths import ENTRY_POINT
-from vfs.beneath import read_beneath
+from vfs.beneath import read_beneath, stat_beneath
 from vfs.decant.limits import MAX_JSON_COST, MiB, json_cost, json_kept, parse_json
 from vfs.errors import ManifestError
 
@@ -394,10 +396,29 @@ class _Run:
         if found is None:
             return
         key, path = found
-        if path.is_dir():
+        kind = self.kind(path)
+        if kind == "folder":
             self.error(rel, pointer(*where), f"CSV path {key!r} is a folder, not a text/csv file")
-        elif not path.is_file():
-            self.error(rel, pointer(*where), f"CSV file {key!r} does not exist")
+        elif kind != "file":
+            self.error(rel, pointer(*where), f"CSV file {key!r} {kind}")
+
+    def kind(self, path: Path) -> str:
+        """ "file", "folder", or why `path` is neither, looked at from the collection with no
+        link followed: a link is never a resource (its target's size would show in the view,
+        whoever's file it is)."""
+        try:
+            st = stat_beneath(self.root, path)
+        except FileNotFoundError:
+            return "does not exist"
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                return "is a symlink, or lies below one (links are not followed)"
+            return f"cannot be looked at ({exc.strerror})"
+        if stat.S_ISDIR(st.st_mode):
+            return "folder"
+        if stat.S_ISLNK(st.st_mode):
+            return "is a symlink (links are not followed)"
+        return "file" if stat.S_ISREG(st.st_mode) else "is not a regular file"
 
     def linked(
         self, rel: str, where: tuple[Any, ...], value: Any, kind: str

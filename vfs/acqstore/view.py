@@ -14,6 +14,7 @@ from vfs.acqstore.ngff import NgffImage
 from vfs.acqstore.synth_tiff import layout_for_image
 from vfs.acqstore.validate import ENTRY_POINT, Validation
 from vfs.backends.base import Entry
+from vfs.beneath import stat_beneath
 from vfs.errors import DecantError, ManifestError
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ def _member_entry(
 
 def _file(root: Path, rel: str) -> Entry:
     key = paths.normalize(rel)
-    size = paths.resolve(root, key).stat().st_size
+    size = stat_beneath(root, paths.resolve(root, key)).st_size  # never a link's target's
     return Entry(
         size=size, xattrs={"user.acqstore.source": key}, locator={"kind": "file", "path": key}
     )
