@@ -279,6 +279,9 @@ class BucketWriteSide(WriteSide):
             local = self.spool.path(self._relpath(node.real))
             if local.is_dir():
                 self._set(mirror_node(local, local.stat(), True), local, attrs)
+                st = local.stat()
+                node.mode, node.uid, node.gid = stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid
+                node.mtime_ns = st.st_mtime_ns
             return node
         if _unchanged(node, attrs):
             return node

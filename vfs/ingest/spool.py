@@ -173,7 +173,11 @@ class Spool:
         return out
 
     def prune_dirs(self, reldir: str) -> None:
-        """Remove empty spool folders from `reldir` up (never the spool root)."""
+        """Remove empty spool folders from `reldir` up (never the spool root). Not over a
+        bucket: there a folder made through the mount is its spool folder for good (a bucket
+        keeps no mode or owner of a prefix; its mode and owner are the spool folder's)."""
+        if self.placer is not None:
+            return
         folder = self.files / reldir
         while folder != self.files and self.files in folder.parents:
             try:

@@ -303,11 +303,22 @@ class BucketTree(SourceTree):
     def _dir_stat(self, key: str) -> os.stat_result:
         ino = zlib.crc32(key.encode()) | 1 << 40
         mode = 0o755 if self.spool is not None else 0o555  # writable with --spool
+        if self.spool is not None and key:
+            # A folder made through the mount keeps its spool folder (a bucket keeps no mode
+            # or owner), and shows its mode and owner: shown 0555 and the daemon's, a `mkdir
+            # -m 700` let every local user list it and read the 0644 files in it.
+            try:
+                st = os.lstat(self.spool.path(key))
+            except OSError:
+                st = None
+            if st is not None and stat.S_ISDIR(st.st_mode):
+                return _make_stat(stat.S_IFDIR | stat.S_IMODE(st.st_mode), ino, 0,
+                                  st.st_mtime_ns, st.st_uid, st.st_gid)  # fmt: skip
         return _make_stat(stat.S_IFDIR | mode, ino, 0, self._started_ns, self._uid, self._gid)
 
     def _raw_node(self, path: Path, st: os.stat_result) -> Node:
         if stat.S_ISDIR(st.st_mode):
-            return mirror_node(path, st, False)
+            return mirror_node(path, st, self.writable)
         entry = Entry(size=st.st_size)
         node = archive_node(self.objects, path, st, "", entry, self._relative(path))  # type: ignore[arg-type]
         if self.writable:

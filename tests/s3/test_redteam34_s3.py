@@ -1,0 +1,116 @@
+"""Red team, round 34: bucket mounts and `decant … s3://` attacked through real mounts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import obstore
+import pytest
+from obstore.store import S3Store
+
+from tests.mount.conftest import HAVE_FUSE, Mount, User, open_tmp, unprivileged
+from tests.s3.conftest import S3Bucket
+
+pytestmark = [
+    pytest.mark.mount,
+    pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3"),
+]
+
+__all__ = ["unprivileged"]  # the fixture, imported for the tests below
+ROOT = Path(__file__).resolve().parents[2]
+MountFactory = Callable[..., Mount]
+
+
+def client(bucket: S3Bucket) -> S3Store:
+    return S3Store(bucket.name, client_options={"allow_http": True})
+
+
+def digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def status(mnt: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((mnt / ".decant-status").read_text())
+    return doc
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not after {timeout} s")
+        time.sleep(0.2)
+
+
+def spooled(spool: Path) -> list[str]:
+    files = spool / "files"
+    return sorted(p.relative_to(files).as_posix() for p in files.rglob("*") if p.is_file())
+
+
+@pytest.fixture
+def bucket_mount(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MountFactory]:
+    """Mounts of a bucket URL; the mountpoint lies in a folder other users may traverse."""
+    mounts: list[Mount] = []
+    where = open_tmp(tmp_path_factory, "rt34")
+
+    def factory(url: str, *extra: str, name: str = "mnt", wait: bool = True) -> Mount:
+        m = Mount(url, where / name, tmp_path / f"{name}.log", tmp_path / f"{name}-index")  # type: ignore[arg-type]
+        mounts.append(m)
+        return m.start(*extra, wait=wait)
+
+    yield factory
+    for m in mounts:
+        m.stop()
+
+
+def test_the_daemon_runs_this_checkout(s3_bucket: S3Bucket, bucket_mount: MountFactory) -> None:
+    obstore.put(client(s3_bucket), s3_bucket.key("a.txt"), b"a\n")
+    m = bucket_mount(s3_bucket.url())
+    assert m.proc is not None
+    assert Path(f"/proc/{m.proc.pid}/cwd").resolve() == ROOT
+    out = subprocess.run([sys.executable, "-c", "import vfs; print(vfs.__file__)"],
+                         capture_output=True, text=True, cwd=ROOT, check=True)  # fmt: skip
+    assert out.stdout.strip() == str(ROOT / "vfs" / "__init__.py")
+    assert (m.mnt / "a.txt").read_bytes() == b"a\n"
+
+
+def test_a_private_folder_made_through_a_bucket_mount_stays_private(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path, unprivileged: User
+) -> None:
+    """`mkdir -m 700` through the mount, a 0644 file in it (umask 022): another local user may
+    not read it, while it is spooled nor once it is published (the folder then lives on as a
+    prefix of the bucket)."""
+    spool = tmp_path / "spool"
+    m = bucket_mount(s3_bucket.url(), "-o", "allow_other", "--spool", str(spool),
+                     "--settle", "4", "--relist", "1")  # fmt: skip
+    private = m.mnt / "private"
+    os.mkdir(private, 0o700)
+    (private / "notes.txt").write_bytes(b"root's notes\n")
+    os.chmod(private / "notes.txt", 0o644)
+    notes = private / "notes.txt"
+
+    def outsider_reads() -> list[int]:
+        return [unprivileged.errno_of("os.listdir(p)", p=private),
+                unprivileged.errno_of("read(p)", p=notes)]  # fmt: skip
+
+    time.sleep(1.5)  # the kernel's attributes of the new folder expire
+    assert outsider_reads() == [13, 13], "spooled"
+    wait_for(lambda: not spooled(spool), 60, "notes.txt published")
+    listed = [m["path"] for batch in obstore.list(client(s3_bucket), prefix=s3_bucket.key())
+              for m in batch]  # fmt: skip
+    assert listed == [s3_bucket.key("private/notes.txt")]
+    time.sleep(2.5)  # relisted, and the kernel's attributes expired
+    assert (notes).read_bytes() == b"root's notes\n"
+    assert outsider_reads() == [13, 13], "published"
+    assert stat.S_IMODE(os.stat(private).st_mode) == 0o700
