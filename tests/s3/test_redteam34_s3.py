@@ -114,3 +114,27 @@ def test_a_private_folder_made_through_a_bucket_mount_stays_private(
     assert (notes).read_bytes() == b"root's notes\n"
     assert outsider_reads() == [13, 13], "published"
     assert stat.S_IMODE(os.stat(private).st_mode) == 0o700
+
+
+def bucket_keys(bucket: S3Bucket) -> list[str]:
+    found = obstore.list(client(bucket), prefix=bucket.key() + "/")
+    return sorted(m["path"][len(bucket.key()) + 1 :] for batch in found for m in batch)
+
+
+def test_files_in_dot_folders_are_published_under_their_own_names(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    """`.git/config`, `.snakemake/log.txt`, `run./data.txt`: uploaded to the keys of their own
+    paths, and shown there once published."""
+    want = {".git/config": b"[core]\n", ".snakemake/log/run.txt": b"log\n" * 50,
+            "run./data.txt": b"data\n", "a/b../c.txt": b"c\n"}  # fmt: skip
+    spool = tmp_path / "spool"
+    m = bucket_mount(s3_bucket.url(), "--spool", str(spool), "--settle", "0.2")
+    for rel, data in want.items():
+        (m.mnt / rel).parent.mkdir(parents=True, exist_ok=True)
+        (m.mnt / rel).write_bytes(data)
+    wait_for(lambda: not spooled(spool), 60, "the spool drained")
+    keys = bucket_keys(s3_bucket)
+    assert keys == sorted(want), keys
+    for rel, data in want.items():
+        assert (m.mnt / rel).read_bytes() == data, rel

@@ -92,7 +92,8 @@ class BucketPlacer:
             raise FileNotFoundError(errno.ENOENT, "not a regular file", str(source))
         archive = pack_all or looks_like_tiff(source, st.st_size)
         name = archive_name(source.name) if archive else source.name
-        key = join_key(str(Path(relpath).parent).strip("."), name)
+        folder = relpath.rpartition("/")[0]  # not `.strip(".")`: `.git/x` went to `git/x`
+        key = join_key(folder, name)
 
         def progress(_nbytes: int) -> None:
             check(cancel)
