@@ -138,3 +138,39 @@ def test_files_in_dot_folders_are_published_under_their_own_names(
     assert keys == sorted(want), keys
     for rel, data in want.items():
         assert (m.mnt / rel).read_bytes() == data, rel
+
+
+def cache_entries(folder: Path) -> dict[str, bytes]:
+    """The disk cache's entries: name → the range's bytes (the trailer cut off)."""
+    names = [p for p in folder.iterdir() if len(p.name) == 64]
+    return {p.name: p.read_bytes()[:-8] for p in names}
+
+
+def test_a_disk_cache_entry_under_another_entrys_name_is_not_served(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    """Two entries of the same size swapped while the daemon is down (a restore from a backup,
+    a copy): each still carries the xxh3 of its bytes, but they are another range's bytes."""
+    a, b = os.urandom(300_000), os.urandom(300_000)
+    store = client(s3_bucket)
+    obstore.put(store, s3_bucket.key("a.bin"), a)
+    obstore.put(store, s3_bucket.key("b.bin"), b)
+    cache = tmp_path / "disk-cache"
+    m = bucket_mount(s3_bucket.url(), "--disk-cache", str(cache))
+    assert (m.mnt / "a.bin").read_bytes() == a and (m.mnt / "b.bin").read_bytes() == b
+    m.stop()
+    entries = cache_entries(cache)
+    of_a = {(a.find(data), len(data)): name for name, data in entries.items() if data in a}
+    of_b = {(b.find(data), len(data)): name for name, data in entries.items() if data in b}
+    same = sorted(set(of_a) & set(of_b))
+    assert same, (of_a, of_b)
+    for at in same:  # each range of a.bin swapped with the same range of b.bin
+        ea, eb = cache / of_a[at], cache / of_b[at]
+        os.rename(ea, cache / "swap")
+        os.rename(eb, ea)
+        os.rename(cache / "swap", eb)
+    m2 = bucket_mount(s3_bucket.url(), "--disk-cache", str(cache), name="mnt2")
+    got = (m2.mnt / "a.bin").read_bytes()
+    wrong = sum(x != y for x, y in zip(got, a, strict=True))
+    assert got == a, f"a.bin served {wrong} wrong bytes"
+    assert (m2.mnt / "b.bin").read_bytes() == b

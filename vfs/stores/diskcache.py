@@ -13,11 +13,12 @@ leaves whole entries or none.
 
 What the cache serves is served as the object's bytes, to every user of the mount, and a plain
 object (not an archive) has no digest of its own that would catch a wrong one. So each entry
-ends with the xxh3-64 of its bytes: one damaged on disk (or cut short) is dropped and fetched
-again, never served. And only the daemon's user may write the folder: one another user can
-write would let them plant ranges (their names are hashes anyone can compute) or links to
-files they may not read; such a folder is refused at start. Entries are opened without
-following links and made 0600.
+ends with the xxh3-64 of its key and its bytes: one damaged on disk (or cut short), or put under
+another entry's name (two of one size swapped: each still held the xxh3 of its own bytes, and
+the other range was served, exit 0), is dropped and fetched again, never served. And only the
+daemon's user may write the folder: one another user can write would let them plant ranges
+(their names are hashes anyone can compute) or links to files they may not read; such a folder
+is refused at start. Entries are opened without following links and made 0600.
 Every method is thread-safe.
 """
 
@@ -40,7 +41,7 @@ from vfs.owned import own_folder
 log = logging.getLogger(__name__)
 
 MAX_ENTRY = 64 << 20  # larger ranges are not cached
-TRAILER = 8  # each entry's bytes are followed by their xxh3-64, little-endian
+TRAILER = 8  # each entry's bytes are followed by the xxh3-64 of its key and them, little-endian
 _ENTRY = re.compile(r"[0-9a-f]{64}")  # an entry's name: its key (`DiskCache.key`)
 _TEMP = re.compile(r"\.tmp-[0-9a-f]{64}-[0-9]+")  # an entry being written (`DiskCache.put`)
 
@@ -90,7 +91,7 @@ class DiskCache:
             data = trailer = b""
         finally:
             os.close(fd)
-        if len(data) != size or xxhash.xxh3_64_intdigest(data) != int.from_bytes(trailer, "little"):
+        if len(data) != size or _digest(key, data) != int.from_bytes(trailer, "little"):
             log.warning("disk cache %s: entry %s damaged (size or xxh3); dropped, fetched again",
                         self.folder, key)  # fmt: skip
             self._drop(key)
@@ -105,7 +106,7 @@ class DiskCache:
         if len(data) > MAX_ENTRY or len(data) + TRAILER > self.max_bytes:
             return
         tmp = self.folder / f".tmp-{key}-{threading.get_ident()}"
-        digest = xxhash.xxh3_64_intdigest(data).to_bytes(TRAILER, "little")
+        digest = _digest(key, data).to_bytes(TRAILER, "little")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o600)  # fmt: skip
@@ -154,6 +155,13 @@ class DiskCache:
     @property
     def total(self) -> int:
         return self._total
+
+
+def _digest(key: str, data: bytes | memoryview) -> int:
+    """An entry's trailer: the xxh3-64 of its name (the range it holds) and its bytes."""
+    hasher = xxhash.xxh3_64(key.encode())
+    hasher.update(data)
+    return hasher.intdigest()
 
 
 def check_folder(folder: Path) -> Path:
