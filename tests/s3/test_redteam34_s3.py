@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import stat
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from obstore.store import S3Store
 
 from tests.mount.conftest import HAVE_FUSE, Mount, User, open_tmp, unprivileged
 from tests.s3.conftest import S3Bucket
+from tests.s3.stall import StallingProxy, _shut
 
 pytestmark = [
     pytest.mark.mount,
@@ -174,3 +176,77 @@ def test_a_disk_cache_entry_under_another_entrys_name_is_not_served(
     wrong = sum(x != y for x, y in zip(got, a, strict=True))
     assert got == a, f"a.bin served {wrong} wrong bytes"
     assert (m2.mnt / "b.bin").read_bytes() == b
+
+
+class HoldingProxy(StallingProxy):
+    """A loopback proxy (tests/s3/stall.py) that holds the first GET whose head holds `marker`
+    (a Range header) until `release` is set, then passes it on; everything else passes."""
+
+    def _upstream(self, client: socket.socket, server: socket.socket) -> None:
+        buf = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    data = client.recv(1 << 16)
+                    if not data:
+                        return _shut(client, server)
+                    buf += data
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                length = 0
+                for f in head.split(b"\r\n")[1:]:
+                    name, _, value = f.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value.strip())
+                with self._lock:
+                    hold = self._armed and head.startswith(b"GET ") and self.marker in head
+                    self._armed = self._armed and not hold
+                if hold:
+                    self.held = head
+                    self.stalled.set()
+                    self.release.wait()
+                server.sendall(head + b"\r\n\r\n")
+                while length:
+                    if not buf:
+                        buf = client.recv(1 << 16)
+                        if not buf:
+                            return _shut(client, server)
+                    part, buf = buf[:length], buf[length:]
+                    server.sendall(part)
+                    length -= len(part)
+        except OSError:
+            _shut(client, server)
+
+
+def test_a_file_written_to_while_it_is_published_ends_in_the_bucket_as_written(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    """A file reopened and changed through the mount while its upload is read back (a program
+    that rewrites its header after closing the file): its newer bytes end in the bucket and the
+    spool drains, as on a local SRC; the older upload is not taken for another host's."""
+    store = client(s3_bucket)
+    spool = tmp_path / "spool"
+    port = int(s3_bucket.endpoint.rsplit(":", 1)[1])
+    proxy = HoldingProxy(port, b"bytes=8388608-")  # the read-back's second 8 MiB block
+    try:
+        m = bucket_mount(s3_bucket.url(), "--spool", str(spool), "--settle", "0.5",
+                         "--retry-after", "2", "--s3-endpoint", proxy.endpoint)  # fmt: skip
+        data = bytearray(os.urandom(24 << 20))
+        (m.mnt / "big.bin").write_bytes(data)
+        assert proxy.stalled.wait(60), "no read-back"
+        # Its first block compared, the upload being read back: the file is written to.
+        fd = os.open(m.mnt / "big.bin", os.O_WRONLY)
+        try:
+            os.pwrite(fd, b"NEW!", 0)
+        finally:
+            os.close(fd)
+        data[:4] = b"NEW!"
+    finally:
+        proxy.release.set()
+    deadline = time.monotonic() + 60
+    while spooled(spool):
+        assert time.monotonic() < deadline, f"still spooled: {status(m.mnt)['failed']}"
+        time.sleep(0.2)
+    got = bytes(obstore.get(store, s3_bucket.key("big.bin")).bytes())
+    assert digest(got) == digest(bytes(data)), "the bucket holds the older bytes"
+    assert digest((m.mnt / "big.bin").read_bytes()) == digest(bytes(data))
+    proxy.close()

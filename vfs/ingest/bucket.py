@@ -74,6 +74,9 @@ class BucketPlacer:
         self.folder = folder
         self.on_placed = on_placed
         self._ours: dict[str, tuple[str, str]] = {}  # URL → (key, ETag) of what it uploaded
+        # URL → (ETag, (st_dev, st_ino) of the spooled file) of what it uploaded: an earlier
+        # state of that very file, which its newer state replaces (see `_already`).
+        self._sources: dict[str, tuple[str, tuple[int, int]]] = {}
         self._lock = threading.Lock()
 
     def publish(
@@ -102,7 +105,9 @@ class BucketPlacer:
         verify = _restores_to(source.name, sha, st.st_size) if archive else _same_as(source)
         existing = self.folder.stat(key)
         if existing is not None:
-            return self._already(spool, relpath, key, existing.etag or "", st, verify)
+            done = self._already(spool, relpath, key, existing.etag or "", st, verify)
+            if done is not None:
+                return done
         other = source.name if archive else archive_name(source.name)
         if self.folder.stat(join_key(key.rpartition("/")[0], other)) is not None:
             raise KeyTakenError(f"{self.folder.url_of(key)}: {other} is already in the bucket "
@@ -161,6 +166,7 @@ class BucketPlacer:
             raise KeyTakenError(f"{self.folder.url_of(key)}: {why}") from None
         with self._lock:
             self._ours[uploaded.url] = (key, uploaded.etag)
+            self._sources[uploaded.url] = (uploaded.etag, (st.st_dev, st.st_ino))
         self._placed(key, uploaded.etag, st)
         return Published(relpath, self._target(key), mode, reason, signature(st))
 
@@ -172,16 +178,48 @@ class BucketPlacer:
         etag: str,
         st: os.stat_result,
         verify: Verify,
-    ) -> Published:
+    ) -> Published | None:
         """The key is taken: by this very file (uploaded before a crash or a stop, its spooled
-        copy not yet deleted), or by something else, which is never overwritten."""
+        copy not yet deleted), or by something else, which is never overwritten. None: it holds
+        an earlier state of this very spooled file, uploaded by this mount (the file was
+        written to while it was published, after the check of what was uploaded), now deleted
+        so the newer state goes up in its place: refused as another host's, the newer bytes
+        stayed spooled and failed for good, the bucket serving the older ones to every host."""
         try:
             verify(self.folder, key)
         except (DecantError, OSError) as exc:
+            url = self.folder.url_of(key)
+            with self._lock:
+                earlier = self._sources.get(url) == (etag, (st.st_dev, st.st_ino))
+            if earlier and self._withdraw_earlier(key, etag):
+                return None
             why = f"already exists and holds other bytes ({exc}); not overwritten"
-            raise KeyTakenError(f"{self.folder.url_of(key)}: {why}") from None
+            raise KeyTakenError(f"{url}: {why}") from None
         self._placed(key, etag, st)
         return Published(relpath, self._target(key), "already", signature=signature(st))
+
+    def _withdraw_earlier(self, key: str, etag: str) -> bool:
+        """Delete the object at `key` if it is still the upload of ETag `etag` (a HEAD first: S3
+        has no conditional DELETE); whether it is gone."""
+        import obstore
+
+        url = self.folder.url_of(key)
+        info = self.folder.stat(key)
+        if info is None or info.etag != etag:
+            return info is None
+        try:
+            obstore.delete(self.folder.client, self.folder.full_key(key))
+        except Exception as exc:  # obstore errors: the file stays spooled, failed
+            log.warning("%s: could not delete the earlier upload: %s", url, exc)
+            return False
+        log.info("%s: the spooled file changed after it was uploaded; its earlier upload is "
+                 "deleted and the newer state uploaded", url)  # fmt: skip
+        with self._lock:
+            self._sources.pop(url, None)
+            self._ours.pop(url, None)
+        if self.on_placed is not None:
+            self.on_placed(key, etag, None)
+        return True
 
     def _placed(self, key: str, etag: str, st: os.stat_result) -> None:
         if self.on_placed is not None:
