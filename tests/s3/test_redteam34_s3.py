@@ -250,3 +250,26 @@ def test_a_file_written_to_while_it_is_published_ends_in_the_bucket_as_written(
     assert digest(got) == digest(bytes(data)), "the bucket holds the older bytes"
     assert digest((m.mnt / "big.bin").read_bytes()) == digest(bytes(data))
     proxy.close()
+
+
+def test_a_bucket_folder_written_into_stays_the_daemons_and_closed_to_others(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path, unprivileged: User
+) -> None:
+    """A folder of the bucket (another host's upload) that root writes a file into gets a spool
+    folder, made by the daemon whatever its umask: it still shows 0555 or 0755, the daemon's,
+    so no other local user may add files there."""
+    obstore.put(client(s3_bucket), s3_bucket.key("shared/other.txt"), b"theirs\n")
+    spool = tmp_path / "spool"
+    old = os.umask(0)  # a daemon started with umask 0 (the mount inherits this process's)
+    try:
+        m = bucket_mount(s3_bucket.url(), "-o", "allow_other", "--spool", str(spool),
+                         "--settle", "30", "--relist", "1")  # fmt: skip
+    finally:
+        os.umask(old)
+    shared = m.mnt / "shared"
+    (shared / "mine.txt").write_bytes(b"root's\n")
+    obstore.put(client(s3_bucket), s3_bucket.key("other.txt"), b"relisted\n")
+    wait_for(lambda: "other.txt" in os.listdir(m.mnt), 10, "the top folder listed again")
+    time.sleep(1.5)  # the kernel's attributes expire
+    assert stat.S_IMODE(os.stat(shared).st_mode) & 0o022 == 0, oct(os.stat(shared).st_mode)
+    assert unprivileged.errno_of("write(p)", p=shared / "evil.txt") == 13

@@ -46,7 +46,7 @@ from vfs.ingest.publish import (
     size_text,
 )
 from vfs.ingest.space import SpaceGuard
-from vfs.ingest.spool import Spool
+from vfs.ingest.spool import Spool, make_folders
 from vfs.ingest.writeside import Attrs, WriteSide, refuse
 from vfs.nodes import Node, mirror_node
 from vfs.stores.base import etag_number, join_key
@@ -446,7 +446,8 @@ class BucketWriteSide(WriteSide):
         rel = self._rel(parent, name)
         self._need_room(0, rel)
         local = self.spool.path(rel)
-        local.mkdir(mode=stat.S_IMODE(mode) | 0o700, parents=True)
+        make_folders(local.parent)  # 0755, the daemon's: folders of the bucket above it
+        local.mkdir(mode=stat.S_IMODE(mode) | 0o700)
         if os.geteuid() == 0:
             os.chown(local, uid, gid)
         return mirror_node(self.root / rel, local.stat(), writable=True)

@@ -16,7 +16,6 @@ import shutil
 import stat
 import threading
 from collections.abc import Callable
-from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -287,20 +286,26 @@ def _into_folder(target: Path, make: Callable[[], T], source: Path | None = None
         except FileNotFoundError:
             if source is not None and not os.path.lexists(source):
                 raise
-            _make_folders(target.parent)
+            make_folders(target.parent)
     return make()
 
 
-def _make_folders(folder: Path) -> None:
+def make_folders(folder: Path) -> None:
     """`folder.mkdir(parents=True, exist_ok=True)` one level at a time: pathlib recurses once
-    per missing level, and a file created thousands of folders deep needs that many."""
+    per missing level, and a file created thousands of folders deep needs that many. Each is
+    made 0755 whatever the daemon's umask: over a bucket a spool folder's mode is the folder's
+    shown mode (BucketTree._dir_stat), and one made 0777 under umask 0 let every local user
+    add files to a folder of the bucket."""
     missing = []
     while not folder.is_dir() and folder != folder.parent:
         missing.append(folder)
         folder = folder.parent
     for level in reversed(missing):
-        with suppress(FileExistsError):
-            level.mkdir()
+        try:
+            level.mkdir(0o755)
+        except FileExistsError:
+            continue
+        os.chmod(level, 0o755)
 
 
 _TOLD_DEEP: set[Path] = set()  # folders already reported: the inbox is walked every few seconds
