@@ -74,9 +74,10 @@ class BucketPlacer:
         self.folder = folder
         self.on_placed = on_placed
         self._ours: dict[str, tuple[str, str]] = {}  # URL → (key, ETag) of what it uploaded
-        # URL → (ETag, (st_dev, st_ino) of the spooled file) of what it uploaded: an earlier
-        # state of that very file, which its newer state replaces (see `_already`).
-        self._sources: dict[str, tuple[str, tuple[int, int]]] = {}
+        # URL → ETag of what it uploaded, the spooled file being noted in its spool as placed
+        # (`Spool.mark_placed`, forgotten once its spooled name goes): an earlier state of that
+        # very file, which its newer state replaces (see `_already`).
+        self._sources: dict[str, str] = {}
         self._lock = threading.Lock()
 
     def publish(
@@ -166,7 +167,8 @@ class BucketPlacer:
             raise KeyTakenError(f"{self.folder.url_of(key)}: {why}") from None
         with self._lock:
             self._ours[uploaded.url] = (key, uploaded.etag)
-            self._sources[uploaded.url] = (uploaded.etag, (st.st_dev, st.st_ino))
+            self._sources[uploaded.url] = uploaded.etag
+        spool.mark_placed(relpath, st)
         self._placed(key, uploaded.etag, st)
         return Published(relpath, self._target(key), mode, reason, signature(st))
 
@@ -190,7 +192,11 @@ class BucketPlacer:
         except (DecantError, OSError) as exc:
             url = self.folder.url_of(key)
             with self._lock:
-                earlier = self._sources.get(url) == (etag, (st.st_dev, st.st_ino))
+                ours = self._sources.get(url) == etag
+            # An inode number comes back for other files once its file is gone: the spool
+            # forgets what it placed once the spooled name goes (published), so a file renamed
+            # over the name later never replaces the object (a key taken stays taken).
+            earlier = ours and spool.placed_ident(relpath) == (st.st_dev, st.st_ino)
             if earlier and self._withdraw_earlier(key, etag):
                 return None
             why = f"already exists and holds other bytes ({exc}); not overwritten"

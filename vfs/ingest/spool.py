@@ -225,6 +225,10 @@ class Spool:
     def mark_placed(self, relpath: str, st: os.stat_result) -> None:
         self._placed[relpath] = (st.st_dev, st.st_ino)
 
+    def placed_ident(self, relpath: str) -> tuple[int, int] | None:
+        """(st_dev, st_ino) of what publishing `relpath` placed, until its spooled name goes."""
+        return self._placed.get(relpath)
+
     def placed_copy(self, relpath: str, path: Path) -> bool:
         """Is the entry at `path` what publishing `relpath` put there (a hard link of it, or
         the archive or copy made of it), rather than an older version it replaces?"""
