@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -273,3 +274,25 @@ def test_a_bucket_folder_written_into_stays_the_daemons_and_closed_to_others(
     time.sleep(1.5)  # the kernel's attributes expire
     assert stat.S_IMODE(os.stat(shared).st_mode) & 0o022 == 0, oct(os.stat(shared).st_mode)
     assert unprivileged.errno_of("write(p)", p=shared / "evil.txt") == 13
+
+
+def test_names_a_bucket_cannot_hold_are_refused_not_spooled_for_good(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    """A name with a control character, or not UTF-8, can never be a key obstore uploads (nor
+    one a listing shows): refused at once (EINVAL), as a backslash is, not spooled and failed
+    at every retry for good while `cp` and `rsync` report success."""
+    spool = tmp_path / "spool"
+    m = bucket_mount(s3_bucket.url(), "--spool", str(spool), "--settle", "0.2")
+    (m.mnt / "ok.txt").write_bytes(b"ok\n")
+    got = {}
+    for name in (b"a\nb.txt", b"c\x01.txt", b"d\x7f.txt", b"e\r.txt", b"\xff.txt"):
+        try:
+            with open(os.fsencode(m.mnt) + b"/" + name, "wb") as fh:
+                fh.write(b"data\n")
+            got[name] = 0
+        except OSError as exc:
+            got[name] = exc.errno or 0
+    assert got == dict.fromkeys(got, errno.EINVAL), got
+    wait_for(lambda: not spooled(spool), 30, f"the spool drained: {spooled(spool)}")
+    assert bucket_keys(s3_bucket) == ["ok.txt"]

@@ -41,6 +41,7 @@ from vfs.mount.status import Joined, StatusFile
 from vfs.mount.tree import NotQuick, SourceTree
 from vfs.nodes import Node, archive_version, mirror_node
 from vfs.stores.base import ObjectPath
+from vfs.stores.s3list import key_problem
 
 log = logging.getLogger(__name__)
 
@@ -967,7 +968,9 @@ class DecantOperations(pyfuse3.Operations):
                 raise
             return current, await self._quick(fn, current, *args)
 
-    def _check_name(self, name: bytes) -> str:
+    def _check_name(self, name: bytes, new: bool = False) -> str:
+        """The name as text, or a refusal; `new`: a name being made (create, mkdir, the target
+        of a rename), held to what a bucket's keys can be too."""
         if len(name) > NAME_MAX:
             raise _fail(errno.ENAMETOOLONG)
         if name == STATUS_NAME.encode():
@@ -978,7 +981,13 @@ class DecantOperations(pyfuse3.Operations):
             # Object stores (SeaweedFS among them) take a backslash in a key for a "/": the
             # file would be published into another folder, under another name.
             raise _fail(errno.EINVAL)
-        return os.fsdecode(name)
+        text = os.fsdecode(name)
+        if new and isinstance(self.tree.root, ObjectPath) and _not_a_key(text):
+            # obstore takes no key with a control character, nor one that is not UTF-8: such a
+            # file was spooled, then failed at every retry for good while cp and rsync had
+            # reported success.
+            raise _fail(errno.EINVAL)
+        return text
 
     @staticmethod
     def _safe_mode(mode: int, ctx: pyfuse3.RequestContext) -> int:
@@ -1084,7 +1093,7 @@ class DecantOperations(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         with errno_boundary(f"create {name!r}"):
             writer = self._writer()
-            text = self._check_name(name)
+            text = self._check_name(name, new=True)
             async with self.inodes.locked(parent_inode):
                 folder = await self._fresh(parent_inode, max_age=RESCAN_INTERVAL)
                 parent = self._node(parent_inode)
@@ -1187,7 +1196,7 @@ class DecantOperations(pyfuse3.Operations):
             writer = self._writer()
             if flags & pyfuse3.RENAME_EXCHANGE:
                 raise _fail(errno.EINVAL)
-            old, new = self._check_name(name_old), self._check_name(name_new)
+            old, new = self._check_name(name_old), self._check_name(name_new, new=True)
             async with self.inodes.locked(parent_inode_old, parent_inode_new):
                 src_folder = await self._fresh(parent_inode_old, max_age=RESCAN_INTERVAL)
                 dst_folder = await self._fresh(parent_inode_new, max_age=RESCAN_INTERVAL)
@@ -1300,7 +1309,7 @@ class DecantOperations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         with errno_boundary(f"mkdir {name!r}"):
             writer = self._writer()
-            text = self._check_name(name)
+            text = self._check_name(name, new=True)
             async with self.inodes.locked(parent_inode):
                 folder = await self._fresh(parent_inode, max_age=RESCAN_INTERVAL)
                 if text in folder.children:
@@ -1327,3 +1336,14 @@ class DecantOperations(pyfuse3.Operations):
                 if ino is not None:
                     self.inodes.folders.pop(ino, None)
                 await self._folder_changed(parent_inode)
+
+
+def _not_a_key(name: str) -> bool:
+    """Whether `name` can be no part of an object key: a control character, or not UTF-8."""
+    if key_problem(name) is not None:
+        return True
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # the surrogates os.fsdecode made of bytes that are not UTF-8
+        return True
+    return False
