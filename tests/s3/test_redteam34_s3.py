@@ -296,3 +296,25 @@ def test_names_a_bucket_cannot_hold_are_refused_not_spooled_for_good(
     assert got == dict.fromkeys(got, errno.EINVAL), got
     wait_for(lambda: not spooled(spool), 30, f"the spool drained: {spooled(spool)}")
     assert bucket_keys(s3_bucket) == ["ok.txt"]
+
+
+def test_a_tiff_whose_archive_name_is_too_long_stays_visible(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path, corpus: dict[str, Path]
+) -> None:
+    """TIFFs of long names: one of 250 bytes, whose NAME.zarr.zip (259 bytes) no mount would
+    show, is published as it is (as on a local SRC); one of 240 bytes is packed, its archive
+    staged under a temp name within NAME_MAX. Both read back through the mount."""
+    tif = corpus["striped_i16.tif"].read_bytes()
+    names = ["t" * 246 + ".tif", "u" * 236 + ".tif"]
+    spool = tmp_path / "spool"
+    m = bucket_mount(s3_bucket.url(), "--spool", str(spool), "--settle", "0.2")
+    for name in names:
+        (m.mnt / name).write_bytes(tif)
+    deadline = time.monotonic() + 60
+    while spooled(spool):
+        assert time.monotonic() < deadline, f"still spooled: {status(m.mnt)['failed']}"
+        time.sleep(0.2)
+    assert bucket_keys(s3_bucket) == sorted([names[0], names[1] + ".zarr.zip"])
+    time.sleep(1.5)  # the kernel's entries expire
+    for name in names:
+        assert digest((m.mnt / name).read_bytes()) == digest(tif)

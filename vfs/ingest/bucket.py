@@ -25,14 +25,13 @@ import contextlib
 import errno
 import logging
 import os
-import secrets
 import stat
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from vfs.decant import TEMP_PREFIX
+from vfs.decant import temp_name
 from vfs.errors import DecantError, StoreError
 from vfs.ingest.publish import (
     SPACE_MARGIN,
@@ -41,6 +40,7 @@ from vfs.ingest.publish import (
     archive_name,
     check,
     looks_like_tiff,
+    nameable,
     require_space,
     signature,
     size_text,
@@ -94,7 +94,10 @@ class BucketPlacer:
         st = source.stat()
         if not stat.S_ISREG(st.st_mode):
             raise FileNotFoundError(errno.ENOENT, "not a regular file", str(source))
-        archive = pack_all or looks_like_tiff(source, st.st_size)
+        # As on a local SRC, a file whose archive name would pass NAME_MAX goes as it is: no
+        # mount shows a longer name, and its staged temp name could not even be made (it was
+        # failed for good: "File name too long").
+        archive = (pack_all or looks_like_tiff(source, st.st_size)) and nameable(source.name)
         name = archive_name(source.name) if archive else source.name
         folder = relpath.rpartition("/")[0]  # not `.strip(".")`: `.git/x` went to `git/x`
         key = join_key(folder, name)
@@ -136,8 +139,7 @@ class BucketPlacer:
         spool.staging.mkdir(parents=True, exist_ok=True)
         need = st.st_blocks * 512 + SPACE_MARGIN
         require_space(spool.staging, need, f"needs about {size_text(need)} free to pack")
-        tag = f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
-        staged = spool.staging / f"{tag}-{key.rpartition('/')[2]}"
+        staged = spool.staging / temp_name(key.rpartition("/")[2])  # within NAME_MAX
         try:
             result = pack_file(source, staged, options or PackOptions(), progress)
             check(cancel)

@@ -144,7 +144,7 @@ def publish(
             raise SourceChangedError(source)
         via = Path(_fd_path(rfd))
         tiff, layout = _scan(via, st.st_size)
-        if (not pack_all and not tiff) or not _nameable(source.name) or _mostly_holes(st):
+        if (not pack_all and not tiff) or not nameable(source.name) or _mostly_holes(st):
             return _publish_plain(spool, relpath, source, st, folder, cancel, via)
         return _publish_archive(
             spool, relpath, source, st, folder, options, cancel, durable, layout, via
@@ -204,7 +204,7 @@ def _mostly_holes(st: os.stat_result) -> bool:
     return st.st_size > SPARSE_MIN and st.st_blocks * 512 < st.st_size // 2
 
 
-def _nameable(name: str) -> bool:
+def nameable(name: str) -> bool:
     """Whether an archive's manifest can record the name (JSON text: UTF-8), and the archive
     can have one (NAME.zarr.zip within NAME_MAX). Another file is published as it is, never
     left failing in the spool for good."""
