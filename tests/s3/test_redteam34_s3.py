@@ -318,3 +318,27 @@ def test_a_tiff_whose_archive_name_is_too_long_stays_visible(
     time.sleep(1.5)  # the kernel's entries expire
     for name in names:
         assert digest((m.mnt / name).read_bytes()) == digest(tif)
+
+
+def test_a_private_file_renamed_in_the_bucket_stays_private(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path, unprivileged: User
+) -> None:
+    """A 0600 file published through the mount, then renamed (`mv`, --allow-delete: a copy and
+    a delete in the bucket): the new name keeps its mode and owner on this host."""
+    spool = tmp_path / "spool"
+    m = bucket_mount(s3_bucket.url(), "-o", "allow_other", "--spool", str(spool),
+                     "--settle", "0.2", "--allow-delete")  # fmt: skip
+    fd = os.open(m.mnt / "secret.txt", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, b"root's secret\n")
+    finally:
+        os.close(fd)
+    wait_for(lambda: not spooled(spool), 60, "published")
+    time.sleep(1.5)
+    assert unprivileged.errno_of("read(p)", p=m.mnt / "secret.txt") == errno.EACCES
+    os.rename(m.mnt / "secret.txt", m.mnt / "moved.txt")
+    assert bucket_keys(s3_bucket) == ["moved.txt"]
+    time.sleep(1.5)  # the kernel's attributes expire
+    assert (m.mnt / "moved.txt").read_bytes() == b"root's secret\n"
+    assert unprivileged.errno_of("read(p)", p=m.mnt / "moved.txt") == errno.EACCES
+    assert stat.S_IMODE(os.stat(m.mnt / "moved.txt").st_mode) == 0o600

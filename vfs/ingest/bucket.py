@@ -378,7 +378,11 @@ class BucketWriteSide(WriteSide):
         except (BaseError, OSError) as exc:
             raise translate(exc, self.folder.url_of(new_key), "copy:") from None
         self._delete(old_key, etag)
-        self._notify(new_key, copied.etag or "")
+        if self._changed is not None:
+            # The new key shows the mode, owner and mtime the old one showed (what this host
+            # published): shown as any object's, 0444, a 0600 file `mv`-ed became readable by
+            # every local user.
+            self._changed(new_key, copied.etag or "", _shown_stat(node))
         moved = self.root / new_key
         moved.info = copied  # type: ignore[attr-defined]  # the listing's, as a scan gives it
         node.real = moved
@@ -469,6 +473,14 @@ class BucketWriteSide(WriteSide):
             raise refuse(errno.ENOTEMPTY, name)
         with contextlib.suppress(FileNotFoundError):  # only ever in the bucket
             self.spool.path(rel).rmdir()
+
+
+def _shown_stat(node: Node) -> os.stat_result:
+    """What `node` shows (mode, owner, mtime), as the stat `OnPlaced` records."""
+    seconds = node.mtime_ns / 1e9
+    fields = (stat.S_IFREG | node.mode, 0, 0, 1, node.uid, node.gid, node.size, seconds, seconds,
+              seconds)  # fmt: skip
+    return os.stat_result(fields, {"st_mtime_ns": node.mtime_ns})
 
 
 def _unchanged(node: Node, attrs: Attrs) -> bool:
