@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -342,3 +343,48 @@ def test_a_private_file_renamed_in_the_bucket_stays_private(
     assert (m.mnt / "moved.txt").read_bytes() == b"root's secret\n"
     assert unprivileged.errno_of("read(p)", p=m.mnt / "moved.txt") == errno.EACCES
     assert stat.S_IMODE(os.stat(m.mnt / "moved.txt").st_mode) == 0o600
+
+
+class RewritingProxy(StallingProxy):
+    """A loopback proxy that stands for another store (or one an attacker on the path of an
+    http:// endpoint answers for): it passes requests on and replaces `old` by `new` (of the
+    same length) in what the store answers, headers (ETag, Last-Modified) untouched."""
+
+    def __init__(self, upstream: int, old: bytes, new: bytes) -> None:
+        super().__init__(upstream, b"\0")
+        self.old, self.new = old, new
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(1 << 20):
+                dst.sendall(data.replace(self.old, self.new))
+        _shut(src, dst)
+
+    def _upstream(self, client: socket.socket, server: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(1 << 16):
+                server.sendall(data)
+        _shut(client, server)
+
+
+def test_a_disk_cache_shared_by_mounts_of_two_stores_serves_each_its_own_bytes(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    """Two mounts of one bucket name at two endpoints, one --disk-cache folder: what one store
+    answered (here another store, or an attacker on the path of an http:// endpoint, which
+    answers with the trusted object's ETag and Last-Modified) is never served as the other's."""
+    data = b"TRUSTED-CONTENT " * 4096
+    obstore.put(client(s3_bucket), s3_bucket.key("x.bin"), data)
+    cache = tmp_path / "disk-cache"
+    port = int(s3_bucket.endpoint.rsplit(":", 1)[1])
+    proxy = RewritingProxy(port, b"TRUSTED-CONTENT ", b"EVIL!!!-CONTENT ")
+    try:
+        other = bucket_mount(s3_bucket.url(), "--disk-cache", str(cache),
+                             "--s3-endpoint", proxy.endpoint, name="other")  # fmt: skip
+        assert (other.mnt / "x.bin").read_bytes() != data  # that store's bytes
+        other.stop()
+    finally:
+        proxy.close()
+    m = bucket_mount(s3_bucket.url(), "--disk-cache", str(cache))
+    got = (m.mnt / "x.bin").read_bytes()
+    assert got == data, f"served {got[:16]!r}…"

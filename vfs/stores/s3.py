@@ -481,10 +481,15 @@ class S3Object:
 
     def _fetch(self, offset: int, size: int) -> Buffer:
         """The range from the on-disk cache (--disk-cache) if it holds it, else a GET."""
-        cache = self._folder.conn.disk_cache
+        conn = self._folder.conn
+        cache = conn.disk_cache
         if cache is None or not self.info.etag:
             return self._get(offset, size)
-        key = cache.key(self.name, self.info.etag, offset, size, self.info.mtime)
+        # The store's endpoint too: mounts of one bucket name at two stores may share the
+        # folder, and an ETag and a Last-Modified are whatever a store (or whoever answers for
+        # an http:// one) says: another store's bytes were served as this one's.
+        url = f"{conn.endpoint} {self.name}"
+        key = cache.key(url, self.info.etag, offset, size, self.info.mtime)
         data = cache.get(key, size)
         if data is None:
             data = self._get(offset, size)
@@ -610,6 +615,7 @@ class S3Connection:
         self.options = options
         self.budget = budget
         self.client = _client(bucket, options)
+        self.endpoint = _plain(bucket, options).endpoint  # what the disk cache keys carry
         self.disk_cache: DiskCache | None = None
         if options.disk_cache is not None:
             self.disk_cache = DiskCache(options.disk_cache, options.disk_cache_size)
