@@ -388,3 +388,26 @@ def test_a_disk_cache_shared_by_mounts_of_two_stores_serves_each_its_own_bytes(
     m = bucket_mount(s3_bucket.url(), "--disk-cache", str(cache))
     got = (m.mnt / "x.bin").read_bytes()
     assert got == data, f"served {got[:16]!r}…"
+
+
+def test_two_mounts_given_one_spool_never_publish_each_others_files(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    """Two bucket mounts of two prefixes started with the same `--spool` (the README's example
+    path for both): a file written into one and still spooled when the other starts is never
+    shown by the other nor uploaded under its prefix. The second is refused at start, or keeps
+    to its own files."""
+    spool = tmp_path / "spool"
+    a = bucket_mount(s3_bucket.url("p1"), "--spool", str(spool), "--settle", "8", name="a")
+    (a.mnt / "x.txt").write_bytes(b"for p1\n")
+    try:
+        b = bucket_mount(s3_bucket.url("p2"), "--spool", str(spool), "--settle", "0.2",
+                         "--relist", "1", name="b")  # fmt: skip
+    except AssertionError as refused:  # exited at start, saying why
+        assert "spool" in str(refused), refused
+        b = None
+    if b is not None:
+        time.sleep(3)
+        assert "x.txt" not in os.listdir(b.mnt), f"mount b shows a's file: {bucket_keys(s3_bucket)}"
+    wait_for(lambda: not spooled(spool), 30, "published")
+    assert bucket_keys(s3_bucket) == ["p1/x.txt"]

@@ -243,6 +243,7 @@ def build_bucket_write_side(config: MountConfig, tree: SourceTree) -> PackQueue:
     _check_private(root)
     _check_unswappable(root)
     os.chmod(root, 0o700)  # the writers' bytes: no other local user may reach them here
+    _hold_spool(root, config.src)
     spool = Spool(config.src, root / "files", staging=root / "staging")
     spool.placer = BucketPlacer(tree.folder, tree.note_published)  # type: ignore[arg-type]
     tree.keep_published(root / "published.jsonl")
@@ -255,6 +256,26 @@ def build_bucket_write_side(config: MountConfig, tree: SourceTree) -> PackQueue:
     tree.spool = spool
     tree.publishing = queue.publishing
     return queue
+
+
+_HELD: list[int] = []  # descriptors of the spools this daemon holds, for as long as it runs
+
+
+def _hold_spool(root: Path, src: object) -> None:
+    """Take the spool for this daemon alone (an exclusive flock on its folder, held until the
+    daemon exits): two bucket mounts given one --spool (the README's example path for each)
+    each published, to its own prefix, the files the other had spooled, and cleared the
+    other's staging folder at start."""
+    import fcntl
+
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise DecantError(f"--spool {root}: in use by another decant-mount; give each mount "
+                          f"its own (this one is of {src})") from None  # fmt: skip
+    _HELD.append(fd)
 
 
 def make_writer(config: MountConfig, tree: SourceTree, queue: PackQueue) -> WriteSide | None:
