@@ -411,3 +411,25 @@ def test_two_mounts_given_one_spool_never_publish_each_others_files(
         assert "x.txt" not in os.listdir(b.mnt), f"mount b shows a's file: {bucket_keys(s3_bucket)}"
     wait_for(lambda: not spooled(spool), 30, "published")
     assert bucket_keys(s3_bucket) == ["p1/x.txt"]
+
+
+def test_two_local_mounts_given_one_spool_never_publish_each_others_files(
+    bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    """The same with two local SRC folders: a file written into the first mount and still
+    spooled when the second starts was published into the second's SRC."""
+    s1, s2, spool = tmp_path / "s1", tmp_path / "s2", tmp_path / "spool"
+    s1.mkdir()
+    s2.mkdir()
+    a = bucket_mount(s1, "--spool", str(spool), "--settle", "8", name="a")
+    (a.mnt / "x.txt").write_bytes(b"for s1\n")
+    try:
+        b = bucket_mount(s2, "--spool", str(spool), "--settle", "0.2", name="b")
+    except AssertionError as refused:  # exited at start, saying why
+        assert "spool" in str(refused), refused
+        b = None
+    if b is not None:
+        time.sleep(3)
+        assert "x.txt" not in os.listdir(b.mnt), f"published into s2: {os.listdir(s2)}"
+    wait_for(lambda: (s1 / "x.txt").exists(), 30, "published into s1")
+    assert not (s2 / "x.txt").exists()

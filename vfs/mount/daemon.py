@@ -214,6 +214,7 @@ def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:
         _check_private(private)
         _check_unswappable(private)
         os.chmod(private, 0o700)
+    _hold_spool(config.spool_root, src)
     for inbox in config.inbox:
         _check_inbox(inbox)
     spool = Spool(src, config.spool_root / "files")
@@ -263,9 +264,9 @@ _HELD: list[int] = []  # descriptors of the spools this daemon holds, for as lon
 
 def _hold_spool(root: Path, src: object) -> None:
     """Take the spool for this daemon alone (an exclusive flock on its folder, held until the
-    daemon exits): two bucket mounts given one --spool (the README's example path for each)
-    each published, to its own prefix, the files the other had spooled, and cleared the
-    other's staging folder at start."""
+    daemon exits): two mounts given one --spool (the README's example path for each bucket)
+    each published, into its own SRC or prefix, the files the other had spooled, and cleared
+    the other's staging folder at start."""
     import fcntl
 
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
