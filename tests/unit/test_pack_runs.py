@@ -16,6 +16,7 @@ from vfs.cache import PageCache
 from vfs.decant.layout import page_coordinate
 from vfs.decant.packer import (
     RUN_BYTES,
+    RUN_PAGES,
     SMALL_PLANE,
     PackOptions,
     pack_file,
@@ -40,6 +41,7 @@ def test_runs_cover_every_page_once_in_order_as_slices(
     assert [i for run in runs for i in run] == list(range(len(coords)))  # all, once, in order
     for run in runs:
         assert len(run) * plane <= max(RUN_BYTES, plane)
+        assert len(run) <= RUN_PAGES
         if plane >= SMALL_PLANE:
             assert len(run) == 1
         if len(run) > 1:  # the selection names exactly the run's coordinates, in its order
@@ -48,6 +50,14 @@ def test_runs_cover_every_page_once_in_order_as_slices(
             grid[sel] = np.arange(1, len(run) + 1)
             assert [int(grid[coords[i]]) for i in run] == list(range(1, len(run) + 1))
             assert int((grid > 0).sum()) == len(run)
+
+
+def test_a_run_of_one_pixel_pages_is_cut_by_page_count_not_bytes_alone() -> None:
+    """30,000 one-byte planes are 29 KiB: by bytes alone one run, a single zarr assignment of
+    30,000 chunks (~75 MiB of zarr tasks and buffers at its peak)."""
+    coords = [(i,) for i in range(30_000)]
+    runs = plane_runs(coords, 1)
+    assert [len(r) for r in runs] == [RUN_PAGES] * (30_000 // RUN_PAGES) + [30_000 % RUN_PAGES]
 
 
 @pytest.mark.parametrize("axes", ["TZCYX", "ZTCYX"])

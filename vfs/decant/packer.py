@@ -291,6 +291,9 @@ def write_planes(
 # 13 of the 18 s that packing a stack of 8,192 4x4 pages took, one assignment a plane.
 SMALL_PLANE = 256 << 10
 RUN_BYTES = 4 << 20  # decoded bytes of one run at most
+# Pages of one run at most: zarr holds a few KiB of tasks and buffers per chunk of an assignment
+# until it completes, so a run of 30,000 one-pixel pages peaked at ~75 MiB; 512 cost ~1.3 MiB.
+RUN_PAGES = 512
 
 
 def plane_runs(coords: list[tuple[int, ...]], plane_bytes: int) -> list[list[int]]:
@@ -298,7 +301,7 @@ def plane_runs(coords: list[tuple[int, ...]], plane_bytes: int) -> list[list[int
     axis (so a run is one slice of the array); every page alone when planes are not small."""
     if plane_bytes >= SMALL_PLANE or not coords or not coords[0]:
         return [[i] for i in range(len(coords))]
-    most = max(1, RUN_BYTES // max(1, plane_bytes))
+    most = max(1, min(RUN_PAGES, RUN_BYTES // max(1, plane_bytes)))
     runs: list[list[int]] = []
     axis = -1
     for i, c in enumerate(coords):
