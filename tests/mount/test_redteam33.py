@@ -433,14 +433,14 @@ def peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
-@pytest.mark.xfail(strict=True, reason="packing costs ~4 KiB of memory per page: not bounded yet")
 def test_packing_a_tiff_of_many_tiny_pages_costs_memory_near_its_size(
     src: Path, make_mount: MakeMount
 ) -> None:
     """The scan of a TIFF of many tiny pages is bounded (tests/unit/test_redteam_tiffscan.py),
     its packing is not: 30,000 one-pixel pages (3.4 MB) took ~7 s and ~120 MB in the daemon,
     200,000 (23 MB) 115 s and ~1 GB (mode D allows 2^18 pages: ~30 MB, ~1.3 GB per pack worker).
-    Any user may write such files in; the daemon is shared."""
+    Any user may write such files in; the daemon is shared. Pages this many and this tiny now
+    go verbatim (vfs.decant.limits.PAGE_OVERHEAD)."""
     m = make_mount(src, "--settle", "0.3")
     assert m.proc is not None
     data = tiny_pages_tiff(30_000)

@@ -8,7 +8,9 @@ import struct
 import tracemalloc
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tifffile
 
 from vfs.decant.tiffscan import NotByteExact, scan_tiff
 
@@ -38,3 +40,18 @@ def test_a_tiff_of_many_tiny_pages_costs_memory_near_its_size(tmp_path: Path) ->
         tracemalloc.stop()
     # Measured: 39x the file's size with every tifffile page kept, 12x with records only.
     assert peak < 20 * size, f"peak {peak / 1e6:.1f} MB for a {size / 1e6:.1f} MB file"
+
+
+def test_many_pages_too_tiny_to_carry_mode_d_go_verbatim(tmp_path: Path) -> None:
+    """20,000 pages of 2 x 2: mode D costs ~4.7 KiB of memory a page to pack (and made a
+    12 MB archive of 30,000 such pages, 3.4 MB as a TIFF), so the file goes verbatim."""
+    tif = tmp_path / "tiny.tif"
+    tifffile.imwrite(tif, np.zeros((20_000, 2, 2), np.uint8), photometric="minisblack")
+    with pytest.raises(NotByteExact, match="20000 pages of 4 bytes on average"):
+        scan_tiff(tif, tif.stat().st_size)
+
+
+def test_a_stack_of_small_pages_within_the_free_overhead_stays_mode_d(tmp_path: Path) -> None:
+    tif = tmp_path / "small.tif"
+    tifffile.imwrite(tif, np.zeros((8192, 4, 4), np.uint8), photometric="minisblack")
+    assert len(scan_tiff(tif, tif.stat().st_size).pages) == 8192

@@ -29,6 +29,12 @@ MAX_ORIGINAL_SIZE = 1 << 50  # 1 PiB
 MAX_MANIFEST_BYTES = 128 * MiB
 MAX_PAGES = 1 << 18
 MAX_SEGMENTS = 1 << 21
+# What packing a page in mode D costs in memory beyond its pixels (its zarr chunk, manifest
+# record, page table entry and checks: ~4.7 KiB measured, 30,000 one-pixel pages), and what
+# that may come to before the pixels must outweigh it: a TIFF of more, tinier pages is packed
+# verbatim (mode D made the 3.4 MB file of 30,000 one-pixel pages a 12 MB archive).
+PAGE_OVERHEAD = 4 << 10
+PAGES_OVERHEAD_FREE = 64 * MiB
 MAX_MANIFEST_ITEMS = 2 * MAX_SEGMENTS + 26 * MAX_PAGES + 64  # commas and colons
 MAX_MANIFEST_OBJECTS = 2 * MAX_PAGES + 64
 MAX_MANIFEST_LISTS = 8 * MAX_PAGES + 64

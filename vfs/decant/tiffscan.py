@@ -11,7 +11,14 @@ import numpy as np
 import tifffile
 
 from vfs.decant.layout import axis_rank, real_segments
-from vfs.decant.limits import MAX_CHUNK_BYTES, MAX_PAGES, MAX_SEGMENTS, human
+from vfs.decant.limits import (
+    MAX_CHUNK_BYTES,
+    MAX_PAGES,
+    MAX_SEGMENTS,
+    PAGE_OVERHEAD,
+    PAGES_OVERHEAD_FREE,
+    human,
+)
 from vfs.decant.manifest import PageRecord
 
 _AXES = {"T": "t", "C": "c", "Z": "z"}
@@ -73,6 +80,7 @@ def scan_tiff(path: Path, size: int) -> TiffLayout:
                 raise NotByteExact(
                     f"{segments} strips/tiles, more than the {MAX_SEGMENTS} of mode D"
                 )
+            _check_overhead(records)
             byteorder = tif.byteorder
             leading_axes, leading_shape = _leading(tif, len(records))
     except NotByteExact:
@@ -89,6 +97,17 @@ def scan_tiff(path: Path, size: int) -> TiffLayout:
             raise NotByteExact("pages differ in shape or dtype")
     _check_disjoint(records, size)
     return TiffLayout(byteorder, dtype, shape, tuple(records), leading_axes, leading_shape)
+
+
+def _check_overhead(records: list[PageRecord]) -> None:
+    """Mode V for many pages too tiny to carry mode D's cost per page (any user may write such
+    a file in, and the pack worker is shared)."""
+    pixels = sum(r.nbytes for r in records)
+    if len(records) * PAGE_OVERHEAD > max(PAGES_OVERHEAD_FREE, pixels):
+        raise NotByteExact(
+            f"{len(records)} pages of {human(pixels // len(records))} on average: mode D "
+            f"would cost more per page than its pixels"
+        )
 
 
 def _page_record(index: int, page: tifffile.TiffPage) -> PageRecord:
