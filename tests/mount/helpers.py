@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -33,3 +35,33 @@ def flip_byte(at: int = -1) -> Callable[[bytes], bytes]:
         return bytes(buf)
 
     return apply
+
+
+def dd_direct(path: Path, offset: int, size: int = 4096) -> subprocess.CompletedProcess[bytes]:
+    """One small read at `offset` by dd (direct: no kernel read-ahead around it)."""
+    return subprocess.run(
+        ["dd", f"if={path}", "bs=4096", f"skip={offset // 4096}", f"count={size // 4096}",
+         "iflag=direct", "status=none"],
+        capture_output=True, timeout=120,
+    )  # fmt: skip
+
+
+def small_reads_fail_within(
+    path: Path, offset: int, want: bytes, whole: bytes, seconds: float
+) -> None:
+    """4 KiB reads at `offset` (of a range served wrong: `want` is what belongs there, `whole`
+    the file's true bytes) until one fails with EIO; each that succeeds before must be `want`
+    or come within `seconds`. The first read may slip through: it starts the check."""
+    dd_direct(path, offset)
+    deadline = time.monotonic() + seconds
+    while True:
+        got = dd_direct(path, offset)
+        if got.returncode != 0:
+            assert b"Input/output error" in got.stderr, got.stderr
+            return
+        assert got.stdout == want or time.monotonic() < deadline, (
+            "a small read of the reordered segment still served another segment's plaintext "
+            f"with exit 0 after {seconds:g} s (matches offset {whole.find(got.stdout)}, "
+            f"asked {offset})"
+        )
+        time.sleep(0.5)

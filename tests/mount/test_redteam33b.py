@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import zipfile
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +19,7 @@ import tifffile
 
 from tests.conftest import load_tool
 from tests.mount.conftest import Mount
+from tests.mount.helpers import small_reads_fail_within
 from tests.mount.test_bit_rot import _data_offset, _on_device
 from tests.mount.test_ingest_space import ext4_src  # noqa: F401 (a fixture)
 from tests.mount.test_write_side import wait_status
@@ -30,15 +30,6 @@ corpus: ModuleType = load_tool("make_c4gh_corpus")
 
 SEG = 65536
 CIPHER_SEG = SEG + 28
-
-
-def dd(path: Path, offset: int, size: int = 4096) -> subprocess.CompletedProcess[bytes]:
-    """One small read at `offset` by dd (direct: no kernel read-ahead around it)."""
-    return subprocess.run(
-        ["dd", f"if={path}", "bs=4096", f"skip={offset // 4096}", f"count={size // 4096}",
-         "iflag=direct", "status=none"],
-        capture_output=True, timeout=20,
-    )  # fmt: skip
 
 
 def test_reordered_segments_of_a_gdi_package_are_refused_once_checked(tmp_path: Path) -> None:
@@ -72,19 +63,7 @@ def test_reordered_segments_of_a_gdi_package_are_refused_once_checked(tmp_path: 
         member = m.mnt / "P.tar.c4gh" / name
         off = a * SEG - at + 4096  # inside swapped segment a, in the member's coordinates
         want = data[off : off + 4096]
-        dd(member, off)  # the first small read may slip through: it starts the check
-        deadline = time.monotonic() + 10
-        while True:
-            got = dd(member, off)
-            if got.returncode != 0:
-                assert b"Input/output error" in got.stderr, got.stderr
-                break
-            assert got.stdout == want or time.monotonic() < deadline, (
-                "a small read of the reordered segment still served another segment's "
-                f"plaintext with exit 0 after 10 s (matches offset {data.find(got.stdout)}, "
-                f"asked {off})"
-            )
-            time.sleep(0.5)
+        small_reads_fail_within(member, off, want, data, 10)
         # A whole read of the member fails too.
         assert subprocess.run(["cat", str(member)], capture_output=True).returncode != 0
     finally:

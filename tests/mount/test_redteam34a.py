@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import load_tool
 from tests.mount.conftest import RUNUSER, Mount, User, open_tmp
+from tests.mount.helpers import dd_direct, small_reads_fail_within
 
 acq: ModuleType = load_tool("make_acqstore_corpus")
 
@@ -219,15 +220,6 @@ SEG = 65536
 CIPHER_SEG = SEG + 28
 
 
-def _dd(path: Path, offset: int, size: int = 4096) -> subprocess.CompletedProcess[bytes]:
-    """One small read at `offset` by dd (direct: no kernel read-ahead around it)."""
-    return subprocess.run(
-        ["dd", f"if={path}", "bs=4096", f"skip={offset // 4096}", f"count={size // 4096}",
-         "iflag=direct", "status=none"],
-        capture_output=True, timeout=120,
-    )  # fmt: skip
-
-
 def test_swapped_segments_stay_caught_when_another_segment_of_the_member_is_damaged(
     tmp_path: Path,
 ) -> None:
@@ -264,19 +256,7 @@ def test_swapped_segments_stay_caught_when_another_segment_of_the_member_is_dama
         member = m.mnt / "P.tar.c4gh" / name
         off = a * SEG - at + 4096  # inside swapped segment a, in the member's coordinates
         want = data[off : off + 4096]
-        _dd(member, off)  # the first small read may slip through: it starts the check
-        deadline = time.monotonic() + 15
-        while True:
-            got = _dd(member, off)
-            if got.returncode != 0:
-                assert b"Input/output error" in got.stderr, got.stderr
-                break
-            assert got.stdout == want or time.monotonic() < deadline, (
-                "a small read of the reordered segment still served another segment's "
-                f"plaintext with exit 0 after 15 s (matches offset {data.find(got.stdout)}, "
-                f"asked {off})"
-            )
-            time.sleep(0.5)
+        small_reads_fail_within(member, off, want, data, 15)
     finally:
         m.stop()
 
@@ -382,7 +362,7 @@ def test_an_image_of_huge_planes_costs_the_daemon_no_memory(
     assert m.proc is not None
     before = _peak_rss_mib(m.proc.pid)
     member = m.mnt / "col" / "members" / "Kymograph 1"
-    done = _dd(member / "reference.tif", 1 << 20)  # inside the first plane
+    done = dd_direct(member / "reference.tif", 1 << 20)  # inside the first plane
     grew = _peak_rss_mib(m.proc.pid) - before
     assert m.proc.poll() is None, f"the daemon ended: {done.stderr!r}"
     assert grew < 256, f"{what}: the daemon's peak RSS grew by {grew:.0f} MiB"
