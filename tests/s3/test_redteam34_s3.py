@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hashlib
-import json
 import os
 import socket
 import stat
@@ -14,7 +12,6 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import obstore
 import pytest
@@ -23,6 +20,7 @@ from obstore.store import S3Store
 from tests.mount.conftest import HAVE_FUSE, Mount, User, open_tmp, unprivileged
 from tests.s3.conftest import S3Bucket
 from tests.s3.stall import StallingProxy, _shut
+from tests.s3.test_mount_bucket_write import digest, spooled, status, wait_for
 
 pytestmark = [
     pytest.mark.mount,
@@ -36,28 +34,6 @@ MountFactory = Callable[..., Mount]
 
 def client(bucket: S3Bucket) -> S3Store:
     return S3Store(bucket.name, client_options={"allow_http": True})
-
-
-def digest(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
-def status(mnt: Path) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads((mnt / ".decant-status").read_text())
-    return doc
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not after {timeout} s")
-        time.sleep(0.2)
-
-
-def spooled(spool: Path) -> list[str]:
-    files = spool / "files"
-    return sorted(p.relative_to(files).as_posix() for p in files.rglob("*") if p.is_file())
 
 
 @pytest.fixture
