@@ -32,16 +32,17 @@ SEG = 65536
 CIPHER_SEG = SEG + 28
 
 
-def test_reordered_segments_of_a_gdi_package_are_refused_once_checked(tmp_path: Path) -> None:
-    """crypt4gh authenticates each 64 KiB segment alone: two segments of one member's data
-    swapped in the package both authenticate, and the member's plaintext is wrong. The member
-    has a declared sha256 (manifest payload); a whole read fails on it, but small reads never
-    lead to a check (no background verification for "authenticated" packages), so every small
-    read of the swapped range kept serving another segment's bytes with exit 0."""
+def swapped_segments(
+    tmp_path: Path, size: int, bad: int | None = None
+) -> tuple[Path, Path, str, bytes, int]:
+    """`src/P.tar.c4gh` holding one member of `size` random bytes (its sha256 declared), the
+    member's segments 2 and 4 swapped in the package (and segment `bad` with one bit of its
+    ciphertext flipped: its MAC fails). Returns src, the node's secret key, the member's name,
+    its true bytes, and an offset inside the first swapped segment."""
     keys = {n: corpus.make_keypair(tmp_path / "keys", n) for n in ("node", "writer")}
     src = tmp_path / "src"
     src.mkdir()
-    data = os.urandom(8 * SEG)
+    data = os.urandom(size)
     name = "allele-freq.chr1.0.br10000000.00000000000000aa.parquet"
     members = [(name, data)]
     plain = corpus.write_package(
@@ -55,15 +56,25 @@ def test_reordered_segments_of_a_gdi_package_are_refused_once_checked(tmp_path: 
     sa = slice(head + a * CIPHER_SEG, head + (a + 1) * CIPHER_SEG)
     sb = slice(head + b * CIPHER_SEG, head + (b + 1) * CIPHER_SEG)
     package[sa], package[sb] = package[sb], package[sa]
+    if bad is not None:
+        package[head + (at // SEG + bad) * CIPHER_SEG + 100] ^= 0x01
     (src / "P.tar.c4gh").write_bytes(bytes(package))
+    return src, keys["node"].secret_path, name, data, a * SEG - at + 4096
+
+
+def test_reordered_segments_of_a_gdi_package_are_refused_once_checked(tmp_path: Path) -> None:
+    """crypt4gh authenticates each 64 KiB segment alone: two segments of one member's data
+    swapped in the package both authenticate, and the member's plaintext is wrong. The member
+    has a declared sha256 (manifest payload); a whole read fails on it, but small reads never
+    lead to a check (no background verification for "authenticated" packages), so every small
+    read of the swapped range kept serving another segment's bytes with exit 0."""
+    src, secret, name, data, off = swapped_segments(tmp_path, 8 * SEG)
 
     m = Mount(src, tmp_path / "mnt", tmp_path / "log", tmp_path / "index")
-    m.start("--c4gh-key", str(keys["node"].secret_path))
+    m.start("--c4gh-key", str(secret))
     try:
         member = m.mnt / "P.tar.c4gh" / name
-        off = a * SEG - at + 4096  # inside swapped segment a, in the member's coordinates
-        want = data[off : off + 4096]
-        small_reads_fail_within(member, off, want, data, 10)
+        small_reads_fail_within(member, off, data[off : off + 4096], data, 10)
         # A whole read of the member fails too.
         assert subprocess.run(["cat", str(member)], capture_output=True).returncode != 0
     finally:

@@ -22,6 +22,7 @@ import pytest
 from tests.conftest import load_tool
 from tests.mount.conftest import RUNUSER, Mount, User, open_tmp
 from tests.mount.helpers import dd_direct, small_reads_fail_within
+from tests.mount.test_redteam33b import swapped_segments
 
 acq: ModuleType = load_tool("make_acqstore_corpus")
 
@@ -230,33 +231,13 @@ def test_swapped_segments_stay_caught_when_another_segment_of_the_member_is_dama
     damaged segment at the member's end kept every small read of the swapped ones serving
     another segment's plaintext with exit 0, for good. A member whose declared digest cannot
     be checked is refused whole."""
-    keys = {n: c4gh.make_keypair(tmp_path / "keys", n) for n in ("node", "writer")}
-    src = tmp_path / "src"
-    src.mkdir()
-    data = os.urandom(12 * SEG)
-    name = "allele-freq.chr1.0.br10000000.00000000000000aa.parquet"
-    members = [(name, data)]
-    plain = c4gh.write_package(
-        src / "P.tar.c4gh", [("manifest.json", c4gh.manifest(members)), *members],
-        keys["writer"], [keys["node"]],
-    )  # fmt: skip
-    at = plain.index(data)
-    package = bytearray((src / "P.tar.c4gh").read_bytes())
-    head = c4gh.header_len_of(bytes(package))
-    a, b, bad = at // SEG + 2, at // SEG + 4, at // SEG + 10  # all inside the member's data
-    sa = slice(head + a * CIPHER_SEG, head + (a + 1) * CIPHER_SEG)
-    sb = slice(head + b * CIPHER_SEG, head + (b + 1) * CIPHER_SEG)
-    package[sa], package[sb] = package[sb], package[sa]
-    package[head + bad * CIPHER_SEG + 100] ^= 0x01  # one bit of ciphertext: its MAC fails
-    (src / "P.tar.c4gh").write_bytes(bytes(package))
+    src, secret, name, data, off = swapped_segments(tmp_path, 12 * SEG, bad=10)
 
     m = Mount(src, tmp_path / "mnt", tmp_path / "log", tmp_path / "index")
-    m.start("--c4gh-key", str(keys["node"].secret_path))
+    m.start("--c4gh-key", str(secret))
     try:
         member = m.mnt / "P.tar.c4gh" / name
-        off = a * SEG - at + 4096  # inside swapped segment a, in the member's coordinates
-        want = data[off : off + 4096]
-        small_reads_fail_within(member, off, want, data, 15)
+        small_reads_fail_within(member, off, data[off : off + 4096], data, 15)
     finally:
         m.stop()
 
