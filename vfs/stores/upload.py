@@ -42,8 +42,11 @@ from vfs.stores.s3 import S3Folder, translate
 log = logging.getLogger(__name__)
 
 SINGLE_PUT_MAX = 256 << 20  # one conditional PUT up to this (its body is held in memory)
-CHUNK_SIZE = 16 << 20  # multipart part size: 10,000 parts (S3's limit) reach 160 GiB
+CHUNK_SIZE = 16 << 20  # multipart part size: 10,000 parts (S3's limit) reach 156 GiB
 PART_CONCURRENCY = 4
+MAX_PARTS = 10_000  # S3's limit on the parts of one multipart upload
+MAX_PART = 5 << 30  # and on the size of one part: 5 TiB objects at most
+PART_BUFFER = 64 << 20  # parts in flight hold their bytes in memory
 COMPARE_BLOCK = 8 << 20
 
 Verify = Callable[[Folder, str], None]
@@ -112,6 +115,22 @@ def put_verified(
     return Uploaded(url, size, etag, conditional)
 
 
+def multipart_plan(url: str, size: int, chunk_size: int) -> tuple[int, int]:
+    """(part size, parts in flight) for a multipart upload of `size` bytes: parts of
+    `chunk_size`, grown (in whole MiB) where 10,000 of them would not reach `size` (S3 refuses
+    part numbers past 10,000: a file past 156 GiB could never complete, and was retried for
+    good), and fewer
+    in flight as they grow, so the buffers stay near PART_BUFFER. UploadError for an object
+    larger than S3 takes, before anything is sent."""
+    part = max(chunk_size, -(-size // MAX_PARTS))
+    part = -(-part // (1 << 20)) << 20
+    if part > MAX_PART:
+        raise UploadError(
+            f"{url}: {size} bytes, more than an S3 object holds ({MAX_PARTS} parts of 5 GiB)"
+        )
+    return part, max(1, min(PART_CONCURRENCY, PART_BUFFER // part))
+
+
 def _upload(
     folder: S3Folder,
     key: str,
@@ -130,7 +149,8 @@ def _upload(
     else:
         if not overwrite and folder.stat(key) is not None:
             raise ObjectExistsError(f"{url}: already exists (--force replaces it)")
-        options = {"chunk_size": chunk_size, "max_concurrency": PART_CONCURRENCY}
+        part, in_flight = multipart_plan(url, size, chunk_size)
+        options = {"chunk_size": part, "max_concurrency": in_flight}
     try:
         result = obstore.put(folder.client, folder.full_key(key), local_path, **options)
     except AlreadyExistsError:
