@@ -29,7 +29,7 @@ class DecantBackend:
     name = "decant"
     # Raised whenever describe() refuses more than before: a persistent index that keys its
     # descriptions by it re-describes archives an older, laxer describe() listed.
-    describe_version = 2
+    describe_version = 3  # 3: a nested series member's entry names its bundle (reads_for)
 
     def __init__(self, cache: PageCache, digests: DigestSource | None = None) -> None:
         self.cache = cache
@@ -60,6 +60,20 @@ class DecantBackend:
 
         with DecantArchive.open_at(folder, key) as archive:
             return _describe(archive, key.rstrip("/").rpartition("/")[2])
+
+    def reads_for(self, path: Path, member: str, entry: Entry) -> list[Path]:
+        """What opening `member` reads on the caller's behalf beyond what the kernel checked
+        the caller against (the archive's own mode, which a presented original takes): the
+        files of a folder archive (`.zarr/`), which keep modes of their own. A nested series
+        member reads its bundle; any other original of a folder archive, every file in it (a
+        member whose entry names no bundle, from an older index, likewise: stricter, never
+        looser). A zip is one file: nothing more to check."""
+        if not isinstance(path, Path) or not path.name.endswith(".zarr"):
+            return []  # a zip (claims: a folder archive's name ends .zarr), or a bucket's
+        bundle = entry.locator.get("bundle")
+        if isinstance(bundle, str) and bundle and "/" not in bundle and bundle not in (".", ".."):
+            return [path / bundle]
+        return [path]
 
     def open(self, path: Path, member: str, entry: Entry) -> DecantFile:
         digests = self.digests(path) if self.digests else None
@@ -112,12 +126,14 @@ def _describe(archive: DecantArchive, name: str) -> Description:
         (info,) = originals
         return Description(info.relpath, _file_entry(info.size, info.sha256, m.mode))
     root = Entry(is_dir=True)
-    for info in originals:
+    for info, record in zip(originals, m.members, strict=True):
         *folders, leaf = info.relpath.split("/")
         node = root
         for folder in folders:
             node = node.children.setdefault(folder, Entry(is_dir=True))
-        node.children[leaf] = _file_entry(info.size, info.sha256, info.mode)
+        node.children[leaf] = entry = _file_entry(info.size, info.sha256, info.mode)
+        if record.subarchive:  # what a reader of it reads: see DecantBackend.reads_for
+            entry.locator["bundle"] = record.subarchive
     return Description(archive_stem(name), root)
 
 
@@ -379,6 +395,17 @@ class DecantFile:
         self._release: Callable[[], None] | None = release
         self.size = reader.size
         self.listed_etag: str | None = None  # a bucket archive's, as its listing gave it
+
+    @property
+    def source_ident(self) -> tuple[int, int] | None:
+        """(st_dev, st_ino) of a nested series member's bundle as opened (its descriptor), for
+        the mount to hold to the bundle it checked the caller against (ops._same_sources);
+        None for any other original (its archive's `opened` is checked instead)."""
+        sub = self.reader.archive
+        if sub is self.archive:
+            return None
+        st = sub.store.stat
+        return None if st is None else (st.st_dev, st.st_ino)
 
     @property
     def opened(self) -> tuple[int, int, int, int] | None:

@@ -666,17 +666,25 @@ class DecantOperations(pyfuse3.Operations):
         self, node: Node, ctx: pyfuse3.RequestContext
     ) -> list[tuple[int, int]] | None:
         """A member read from files of its own elsewhere in SRC (an AcqStore view's tables and
-        images): EACCES unless the caller could read each there, by its real path. Returns
-        their identities (st_dev, st_ino), for `_same_sources` to hold the opened reader to;
-        None when there is nothing to check."""
+        images; a folder archive's files, which keep modes of their own): EACCES unless the
+        caller could read each there, by its real path. Returns their identities (st_dev,
+        st_ino), for `_same_sources` to hold the opened reader to; None when there is nothing
+        to check."""
         reads_for = getattr(node.backend, "reads_for", None)
         if ctx.uid == 0 or reads_for is None or node.entry is None:
             return None
         targets = reads_for(node.real, node.member, node.entry)
-        uid, gid, pid = ctx.uid, ctx.gid, ctx.pid
+        if not targets:
+            return None  # nothing beyond what the kernel checked (a zip), or open refuses it
+        uid, gid, pid, real = ctx.uid, ctx.gid, ctx.pid, node.real
 
         def checked() -> list[tuple[int, int] | None]:
-            return [readable_beneath(node.real, t, uid, gid, pid) for t in targets]
+            # A target that is the archive itself (a folder archive read whole) is walked to
+            # from its folder, whose search permission the kernel checked on the way in.
+            return [
+                readable_beneath(node.real.parent if t == real else real, t, uid, gid, pid)
+                for t in targets
+            ]
 
         found = await trio.to_thread.run_sync(checked)
         idents = [ident for ident in found if ident is not None]

@@ -1,0 +1,132 @@
+"""Red team, round 35a: decant archives (series, folder archives, hostile zips) through a real
+mount, and the `decant` CLI on hostile input.
+
+Expected bytes (or the expected failure) come from what was handed to the writers (the arrays
+given to tifffile, the bytes written), never from vfs.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+from tests.mount.conftest import Mount, User, open_tmp
+
+
+def test_the_daemon_runs_this_worktree_s_code(tmp_path: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
+    """The mount these tests start runs `python -m vfs.cli` from this worktree (its cwd comes
+    first on sys.path), not another checkout's `vfs`."""
+    src = tmp_path / "src"
+    src.mkdir()
+    m = make_mount(src)
+    assert m.proc is not None
+    here = Path(__file__).resolve().parents[2]
+    assert Path(f"/proc/{m.proc.pid}/cwd").resolve() == here
+    environ = Path(f"/proc/{m.proc.pid}/environ").read_bytes().split(b"\0")
+    assert not any(e.startswith(b"PYTHONPATH=") for e in environ)
+
+
+def _decant(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "vfs.commands", *args], capture_output=True,
+                          text=True, timeout=timeout, check=False)  # fmt: skip
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _nested_series(folder: Path, out: Path) -> dict[str, bytes]:
+    """A folder of two TIFFs of different dtypes (so packed nested: `out` is a `.zarr/` of one
+    bundle per member) packed with the real CLI; returns each member's bytes as written."""
+    folder.mkdir()
+    rng = np.random.default_rng(35)
+    tifffile.imwrite(folder / "a.tif", rng.integers(0, 255, (3, 64, 64), dtype=np.uint8))
+    tifffile.imwrite(folder / "b.tif", rng.integers(0, 65535, (2, 32, 48), dtype=np.uint16))
+    done = _decant("pack", "--series", "-q", str(folder), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in out.iterdir()) == [".decant", "m0.zarr.zip", "m1.zarr.zip"]
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_a_series_member_whose_bundle_its_owner_keeps_private_is_not_read_by_others(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """A nested series is a folder (`run.zarr/`) of one zip bundle per member. Its members were
+    shown with the folder's mode (0755 → 0444) whatever each bundle's own: root chmods
+    `run.zarr/m0.zarr.zip` 0600, which nobody else may read in SRC, and another user read the
+    member it holds through the mount, exit 0. A member opens only for a caller who may read its
+    bundle in SRC (group bits count as the kernel counts them)."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt35a-series-mode")
+    src = base / "src"
+    src.mkdir()
+    src.chmod(0o755)
+    members = _nested_series(base / "run", src / "run.zarr")
+    (src / "run.zarr" / "m0.zarr.zip").chmod(0o600)  # a.tif's bundle: root's alone
+    b_bundle = src / "run.zarr" / "m1.zarr.zip"
+    os.chown(b_bundle, 0, u.gid)
+    b_bundle.chmod(0o640)  # b.tif's: root's and the user's group's
+    assert u.errno_of("read(p)", p=src / "run.zarr" / "m0.zarr.zip") == errno.EACCES
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other")
+        shown = m.mnt / "run"
+        assert (shown / "a.tif").read_bytes() == members["a.tif"]  # root reads as before
+        got = u.value_of("read(p)", p=shown / "b.tif")  # the group may read b's bundle
+        assert got == _sha(members["b.tif"])
+        assert u.errno_of("read(p)", p=shown / "a.tif") == errno.EACCES, (
+            "another user read the member of a bundle its owner made 0600"
+        )
+        b_bundle.chmod(0o600)  # the group's right taken back after the listing
+        assert u.errno_of("read(p)", p=shown / "b.tif") == errno.EACCES
+    finally:
+        m.stop()
+
+
+def test_a_folder_archive_whose_chunk_file_its_owner_keeps_private_is_not_read_by_others(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """A `.zarr/` folder archive (a `.zarr.zip` unzipped) is shown as its TIFF with the
+    folder's mode; its pixel chunk file chmod 0600 by its owner was served to anyone through
+    the mount. A folder archive's original opens only for a caller who may read every file of
+    it in SRC, as an AcqStore image's."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt35a-folder-mode")
+    src = base / "src"
+    src.mkdir()
+    src.chmod(0o755)
+    pixels = np.arange(4 * 50 * 60, dtype=np.uint16).reshape(4, 50, 60)
+    tifffile.imwrite(base / "one.tif", pixels)
+    written = (base / "one.tif").read_bytes()
+    done = _decant("pack", "-q", str(base / "one.tif"), "-o", str(base / "one.tif.zarr.zip"))
+    assert done.returncode == 0, done.stderr
+    folder = src / "one.tif.zarr"
+    with zipfile.ZipFile(base / "one.tif.zarr.zip") as zf:
+        zf.extractall(folder)
+    for dirpath, _dirs, filenames in os.walk(folder):
+        os.chmod(dirpath, 0o755)
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), 0o644)
+    chunk = next(p for p in (folder / "0").iterdir() if not p.name.startswith("."))
+    chunk.chmod(0o600)
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only")
+        shown = m.mnt / "one.tif"
+        assert shown.read_bytes() == written
+        assert u.errno_of("read(p)", p=shown) == errno.EACCES, (
+            "another user read pixels of a chunk file its owner made 0600"
+        )
+        chunk.chmod(0o644)
+        assert u.value_of("read(p)", p=shown) == _sha(written)
+    finally:
+        m.stop()
