@@ -130,3 +130,49 @@ def test_a_folder_archive_whose_chunk_file_its_owner_keeps_private_is_not_read_b
         assert u.value_of("read(p)", p=shown) == _sha(written)
     finally:
         m.stop()
+
+
+def _restore_as_root(archive: Path, cwd: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    here = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(here)}
+    return subprocess.run([sys.executable, "-m", "vfs.commands", "restore", "-q", str(archive),
+                           *extra], capture_output=True, text=True, timeout=120, cwd=cwd,
+                          env=env, check=False)  # fmt: skip
+
+
+def test_restore_into_a_shared_folder_follows_no_link_another_user_planted(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """`cd /shared && decant restore run.zarr` (a series) writes its members into `run/`,
+    made with `mkdir -p`: a user who planted `run` as a symlink to a folder of root's in a
+    shared (sticky, world-writable) folder had root restore into that folder, exit 0 (with
+    `-o /shared/out/x.tif` likewise for one original). A link of another user's on the way is
+    refused, with one line naming it; nothing is written through it. A link of root's own is
+    still followed."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt35a-restore-link")
+    members = _nested_series(base / "run", base / "run.zarr")
+    single = base / "a.tif.zarr.zip"
+    done = _decant("pack", "-q", str(base / "run" / "a.tif"), "-o", str(single))
+    assert done.returncode == 0, done.stderr
+    shared, victim = base / "shared", base / "victim"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    victim.mkdir()
+    for name, to in (("run", victim), ("out", victim)):
+        got = u.run("/usr/bin/ln", "-s", str(to), str(shared / name))
+        assert got.returncode == 0, got.stderr
+    series = _restore_as_root(base / "run.zarr", shared)
+    one = _restore_as_root(single, shared, "-o", str(shared / "out" / "a.tif"))
+    planted = sorted(p.name for p in victim.iterdir())
+    assert planted == [], f"root restored {planted} through {u.name}'s symlink"
+    for got in (series, one):
+        assert got.returncode != 0
+        line = got.stderr.strip()
+        assert "\n" not in line and "Traceback" not in line, line
+        assert "symlink" in line and f"uid {u.uid}" in line, line
+    # Root's own link is followed, as before.
+    (shared / "run").unlink()
+    (shared / "run").symlink_to(victim)
+    assert _restore_as_root(base / "run.zarr", shared).returncode == 0
+    assert {p.name: p.read_bytes() for p in victim.iterdir()} == members

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import stat
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,7 +97,12 @@ def restore_opened(
     workdir: Path,
     progress: Callable[[int], None] | None = None,
 ) -> list[Path]:
-    """`restore_archive` of an archive already open (`name`: the archive's file name)."""
+    """`restore_archive` of an archive already open (`name`: the archive's file name).
+
+    Folders are reached (and made) one component at a time from descriptors: a symlink on the
+    way is followed only if it is the caller's or root's (`output_folder`), so a link another
+    user planted in a shared folder (`cd /tmp && decant restore run.zarr`, `run` planted
+    there) cannot send what root restores into a folder of the link's choosing."""
     written: list[Path] = []
     cache = private_cache(archive)
     series = archive.manifest.mode == "series"
@@ -103,26 +111,87 @@ def restore_opened(
             target = (out or workdir / archive_stem(name)) / info.relpath
         else:
             target = out or workdir / info.relpath
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.parent / f".{target.name}.decant-restore-{os.getpid()}"
+        dfd = output_folder(target.parent)
         try:
-            _restore_one(archive.open_original(info.relpath, cache), tmp, info, progress)
-            os.replace(tmp, target)
-            written.append(target)
+            tmp = f".{target.name}.decant-restore-{os.getpid()}"
+            try:
+                reader = archive.open_original(info.relpath, cache)
+                _restore_one(reader, dfd, tmp, target, info, progress)
+                try:
+                    os.replace(tmp, target.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+                except OSError as exc:
+                    raise OSError(exc.errno, exc.strerror, str(target)) from None
+                written.append(target)
+            finally:
+                with suppress(FileNotFoundError):
+                    os.unlink(tmp, dir_fd=dfd)
         finally:
-            tmp.unlink(missing_ok=True)
+            os.close(dfd)
     return written
 
 
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_AT = os.O_PATH | os.O_DIRECTORY | _CLOEXEC
+
+
+def output_folder(path: Path) -> int:
+    """An O_PATH descriptor of the folder `path` (made, with its parents, where missing),
+    walked to from `/` (or the working folder) one component at a time. A symlink met on the
+    way is followed only if the caller or root owns it: one of another user's is refused
+    (ELOOP), wherever it stands. A folder made is 0777 less the umask, as `mkdir -p` makes it."""
+    fd = os.open("/" if path.is_absolute() else ".", _AT)
+    for part in path.parts[1:] if path.is_absolute() else path.parts:
+        fd = _step(fd, part, path)
+    return fd
+
+
+def _step(fd: int, part: str, path: Path) -> int:
+    """The folder `part` of the folder `fd` (which this closes, raising or not), as
+    `output_folder` walks."""
+    try:
+        try:
+            nfd = os.open(part, _AT | os.O_NOFOLLOW, dir_fd=fd)
+        except FileNotFoundError:
+            with suppress(FileExistsError):
+                os.mkdir(part, 0o777, dir_fd=fd)
+            nfd = os.open(part, _AT | os.O_NOFOLLOW, dir_fd=fd)
+        except OSError as exc:
+            if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                raise
+            st = os.stat(part, dir_fd=fd, follow_symlinks=False)
+            if not stat.S_ISLNK(st.st_mode):
+                raise
+            if st.st_uid not in (0, os.geteuid()):
+                raise OSError(
+                    errno.ELOOP,
+                    f"{part!r} on the way is a symlink of uid {st.st_uid}'s (not followed)",
+                    str(path),
+                ) from None
+            nfd = os.open(part, _AT, dir_fd=fd)
+    finally:
+        os.close(fd)
+    return nfd
+
+
 def _restore_one(
-    reader: OriginalReader, tmp: Path, info: OriginalInfo, progress: Callable[[int], None] | None
+    reader: OriginalReader,
+    dfd: int,
+    tmp: str,
+    target: Path,
+    info: OriginalInfo,
+    progress: Callable[[int], None] | None,
 ) -> None:
-    """Write one original to `tmp` and fsync it; raise IntegrityError unless its sha256 is the
-    manifest's. The store's per-chunk CRC check is off meanwhile (the sha256 covers every byte);
-    on a mismatch the chunks are checked again to name the damaged ones."""
+    """Write one original to `tmp` (a new file of the folder `dfd`) and fsync it; raise
+    IntegrityError unless its sha256 is the manifest's. The store's per-chunk CRC check is off
+    meanwhile (the sha256 covers every byte); on a mismatch the chunks are checked again to
+    name the damaged ones."""
     store = reader.archive.store
     crc = getattr(store, "verify_crc", None)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(tmp, flags, 0o666, dir_fd=dfd)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(target.parent / tmp)) from None
     try:
         if crc is not None:
             store.verify_crc = False  # type: ignore[attr-defined]
