@@ -176,3 +176,41 @@ def test_restore_into_a_shared_folder_follows_no_link_another_user_planted(
     (shared / "run").symlink_to(victim)
     assert _restore_as_root(base / "run.zarr", shared).returncode == 0
     assert {p.name: p.read_bytes() for p in victim.iterdir()} == members
+
+
+def test_packing_a_user_s_folder_as_a_series_packs_no_file_a_link_of_theirs_points_to(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """`decant pack --series FOLDER` followed symlinks among the folder's files: root packing a
+    user's folder packed the root-only TIFF the user's `b.tif` linked to, into an archive
+    published with the folder's mode (0755), which the user then restored: root's pixels. A
+    series packs the folder's own regular files; a symlink among them is refused (one line
+    naming it), and nothing is published."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt35a-series-link")
+    private = base / "private"
+    private.mkdir(mode=0o700)
+    secret = np.full((2, 16, 16), 7, np.uint8)
+    tifffile.imwrite(private / "secret.tif", secret)
+    (private / "secret.tif").chmod(0o600)
+    shared = base / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    run = shared / "run"
+    got = u.run("/usr/bin/mkdir", str(run))
+    assert got.returncode == 0, got.stderr
+    got = u.run("/usr/bin/ln", "-s", str(private / "secret.tif"), str(run / "b.tif"))
+    assert got.returncode == 0, got.stderr
+    tifffile.imwrite(run / "a.tif", np.full((2, 16, 16), 1, np.uint8))  # same shape: consolidated
+    os.chown(run / "a.tif", u.uid, u.gid)
+    out = shared / "run.zarr.zip"
+    done = _decant("pack", "--series", "-q", str(run), "-o", str(out))
+    if out.exists():
+        with zipfile.ZipFile(out) as zf:
+            held = zf.read(".decant/manifest.json").decode()
+        pytest.fail(f"root packed {u.name}'s link to its private TIFF (exit {done.returncode}, "
+                    f"archive mode {oct(out.stat().st_mode & 0o777)}): {held[:200]}")  # fmt: skip
+    assert done.returncode != 0
+    line = done.stderr.strip()
+    assert "\n" not in line and "Traceback" not in line, line
+    assert "b.tif" in line and "symlink" in line, line

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
 from dataclasses import replace
 from pathlib import Path
 
 import vfs
+from vfs.beneath import open_beneath
 from vfs.decant.limits import MAX_PAGES, MAX_SEGMENTS
 from vfs.decant.manifest import Manifest, MemberRecord
 from vfs.decant.packer import (
@@ -14,7 +17,6 @@ from vfs.decant.packer import (
     PackResult,
     _publish,
     create_pixel_arrays,
-    file_sha256,
     husk_blocks,
     ngff_attrs,
     pack_file,
@@ -28,15 +30,42 @@ from vfs.errors import PackError
 
 
 def series_members(folder: Path) -> list[Path]:
-    """Every regular file below `folder`, hidden ones excepted, in a stable order."""
-    files = [
-        p
-        for p in folder.rglob("*")
-        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(folder).parts)
-    ]
+    """Every regular file below `folder`, hidden ones excepted, in a stable order. A symlink
+    among them is refused, not followed: packing a user's folder (root, say) must not pack a
+    file outside it that a link of theirs names, into an archive with the folder's mode."""
+    files = []
+    for p in folder.rglob("*"):
+        if any(part.startswith(".") for part in p.relative_to(folder).parts):
+            continue
+        try:
+            st = p.lstat()
+        except FileNotFoundError:
+            continue  # gone since listed
+        if stat.S_ISLNK(st.st_mode):
+            raise PackError(f"{p}: a symlink; a series packs the folder's own files (not packed)")
+        if stat.S_ISREG(st.st_mode):
+            files.append(p)
     if not files:
         raise PackError(f"{folder}: no files to pack as a series")
     return sorted(files, key=lambda p: p.relative_to(folder).as_posix())
+
+
+def member_sha256(folder: Path, path: Path) -> str:
+    """The sha256 of the member at `path`, read from a descriptor reached from `folder` with no
+    link followed (a file swapped for a link after `series_members` looked is refused here).
+    The archive must reconstruct to these digests, so a later open by path that a swapped
+    link sent elsewhere fails the pack's verification instead of packing that file."""
+    try:
+        fd = open_beneath(folder, path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise PackError(f"{path}: cannot read it as a file of {folder} ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+            raise PackError(f"{path}: not a regular file")
+        digest = hashlib.sha256()
+        while block := fh.read(4 * 1024 * 1024):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def pack_series(
@@ -69,7 +98,7 @@ def pack_series(
         )
     if out.exists() and not options.overwrite:
         raise PackError(f"{out}: already exists (pass overwrite to replace it)")
-    shas = {p.relative_to(folder).as_posix(): file_sha256(p) for p in members}
+    shas = {p.relative_to(folder).as_posix(): member_sha256(folder, p) for p in members}
     st = folder.stat()
     if consolidated:
         _publish(
