@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import struct
 import subprocess
 import sys
 import zipfile
@@ -214,3 +215,51 @@ def test_packing_a_user_s_folder_as_a_series_packs_no_file_a_link_of_theirs_poin
     line = done.stderr.strip()
     assert "\n" not in line and "Traceback" not in line, line
     assert "b.tif" in line and "symlink" in line, line
+
+
+def _sparse_tiff_of_many_strips(path: Path, strips: int) -> None:
+    """A classic TIFF of one 16-pixel-wide page of `strips` one-row strips, its StripOffsets
+    and StripByteCounts arrays all zero: a sparse file, 4 KiB on disk."""
+    arrays = 4096
+
+    def tag(code: int, kind: int, count: int, value: bytes) -> bytes:
+        return struct.pack("<HHI", code, kind, count) + value
+
+    def short(v: int) -> bytes:
+        return struct.pack("<HH", v, 0)
+
+    def long(v: int) -> bytes:
+        return struct.pack("<I", v)
+
+    entries = [tag(256, 4, 1, long(16)), tag(257, 4, 1, long(strips)), tag(258, 3, 1, short(8)),
+               tag(259, 3, 1, short(1)), tag(262, 3, 1, short(1)),
+               tag(273, 4, strips, long(arrays)), tag(277, 3, 1, short(1)),
+               tag(278, 4, 1, long(1)), tag(279, 4, strips, long(arrays + 4 * strips))]  # fmt: skip
+    head = b"II*\x00" + long(8) + struct.pack("<H", len(entries)) + b"".join(entries) + long(0)
+    with open(path, "wb") as fh:
+        fh.write(head)
+        fh.truncate(arrays + 8 * strips + 16)
+
+
+def test_packing_a_tiff_declaring_millions_of_strips_costs_no_memory_for_them(
+    tmp_path: Path,
+) -> None:
+    """`decant pack` of a 512 MiB sparse TIFF (4 KiB on disk) whose one page declares 2^26
+    strips peaked at 1.3 GiB: tifffile read every offset and byte count into Python ints
+    before the scan could see there were more than mode D's 2^21 (2^28 strips: ~5 GiB). The
+    declared counts are summed from the IFD entries' headers first; past the bound the file is
+    packed verbatim, as before, without reading them."""
+    src = tmp_path / "strips.tif"
+    _sparse_tiff_of_many_strips(src, 1 << 26)
+    assert os.stat(src).st_blocks * 512 <= 64 * 1024
+    out, rss = tmp_path / "strips.tif.zarr.zip", tmp_path / "rss"
+    here = Path(__file__).resolve().parents[2]
+    done = subprocess.run(["/usr/bin/time", "-f", "%M", "-o", str(rss), sys.executable, "-m",
+                           "vfs.commands", "pack", "-q", str(src), "-o", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=here,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    peak_mib = int(rss.read_text().split()[-1]) / 1024
+    assert peak_mib < 600, f"packing peaked at {peak_mib:.0f} MiB"
+    info = _decant("info", str(out))
+    assert "verbatim" in info.stdout, info.stdout

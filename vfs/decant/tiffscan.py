@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import math
+import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import tifffile
@@ -56,6 +57,8 @@ class NotByteExact(Exception):
 def scan_tiff(path: Path, size: int) -> TiffLayout:
     """Describe `path` for mode D, or raise NotByteExact saying why it needs mode V."""
     try:
+        with open(path, "rb") as fh:
+            _check_declared(fh)
         with tifffile.TiffFile(path) as tif:
             # Page by page, without keeping tifffile's page objects (a few KiB each: a hostile
             # file of 18-byte IFDs would cost ~40x its size), and no further than mode D's
@@ -108,6 +111,61 @@ def _check_overhead(records: list[PageRecord]) -> None:
             f"{len(records)} pages of {human(pixels // len(records))} on average: mode D "
             f"would cost more per page than its pixels"
         )
+
+
+_OFFSET_TAGS = (273, 324)  # StripOffsets, TileOffsets
+_MAX_TAGS = 4096  # entries of one IFD: tifffile refuses more ("suspicious number of tags")
+_MAX_ENTRIES = 64 * MAX_PAGES  # entries of every IFD together (a page has ~10-30)
+
+
+def _check_declared(fh: BinaryIO) -> None:
+    """Raise NotByteExact if the IFD chain declares more strips/tiles than mode D holds (or
+    more pages), from the entries' headers alone, before tifffile reads any: it keeps each
+    page's offsets and byte counts as tuples of Python ints, ~21 bytes of memory per strip
+    declared (1.3 GiB for a 512 MiB sparse file, 4 KiB on disk, declaring 2^26 one-row
+    strips), all of it read before the pages' sum could be checked. What the walk reads is
+    bounded too (_MAX_TAGS an IFD, _MAX_ENTRIES in all). A chain that loops or leaves the
+    file, or an IFD tifffile refuses, ends the walk: tifffile then says what is wrong."""
+    head = fh.read(16)
+    order = {b"II": "<", b"MM": ">"}.get(head[:2])
+    if order is None or len(head) < 8:
+        return
+    magic = struct.unpack(order + "H", head[2:4])[0]
+    if magic == 42:
+        count_fmt, next_fmt, count_type = "H", "I", "u4"
+        offset = struct.unpack(order + "I", head[4:8])[0]
+    elif magic == 43 and len(head) == 16:
+        count_fmt, next_fmt, count_type = "Q", "Q", "u8"
+        offset = struct.unpack(order + "Q", head[8:16])[0]
+    else:
+        return
+    entry = np.dtype([("tag", order + "u2"), ("type", order + "u2"), ("count", order + count_type),
+                      ("value", "V4" if magic == 42 else "V8")])  # fmt: skip
+    count_size, next_size = struct.calcsize(count_fmt), struct.calcsize(next_fmt)
+    seen: set[int] = set()
+    declared = entries = 0
+    while offset and offset not in seen:
+        if len(seen) >= MAX_PAGES:
+            raise NotByteExact(f"more than the {MAX_PAGES} pages of mode D")
+        seen.add(offset)
+        fh.seek(offset)
+        raw = fh.read(count_size)
+        if len(raw) != count_size:
+            return
+        n = struct.unpack(order + count_fmt, raw)[0]
+        if n > _MAX_TAGS:
+            return
+        entries += n
+        if entries > _MAX_ENTRIES:
+            raise NotByteExact(f"its IFDs hold more than the {_MAX_ENTRIES} entries of mode D")
+        table = fh.read(n * entry.itemsize + next_size)
+        if len(table) != n * entry.itemsize + next_size:
+            return
+        tags = np.frombuffer(table, entry, n)
+        declared += sum(map(int, tags["count"][np.isin(tags["tag"], _OFFSET_TAGS)]))  # no wrap
+        if declared > MAX_SEGMENTS:
+            raise NotByteExact(f"more than the {MAX_SEGMENTS} strips/tiles of mode D declared")
+        offset = struct.unpack_from(order + next_fmt, table, n * entry.itemsize)[0]
 
 
 def _page_record(index: int, page: tifffile.TiffPage) -> PageRecord:
