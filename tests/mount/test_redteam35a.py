@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -263,3 +265,33 @@ def test_packing_a_tiff_declaring_millions_of_strips_costs_no_memory_for_them(
     assert peak_mib < 600, f"packing peaked at {peak_mib:.0f} MiB"
     info = _decant("info", str(out))
     assert "verbatim" in info.stdout, info.stdout
+
+
+def test_a_series_member_named_as_another_member_s_folder_fails_the_archive_alone(
+    tmp_path: Path, make_mount
+) -> None:  # type: ignore[no-untyped-def]
+    """A series manifest listing members `a` and `a/b.tif` (a file and a folder of one name)
+    was taken: the mount showed `a` alone and hid `a/b.tif` without a word, `decant verify`
+    said OK for both, and `decant restore` wrote `a`, then failed (exit 3, "cannot restore to
+    a") with half the series on disk. Such a manifest is refused as any malformed one: shown
+    raw with a log line naming it, verify fails, restore writes nothing."""
+    series = _nested_series(tmp_path / "run", tmp_path / "run.zarr")
+    assert series
+    src = tmp_path / "src"
+    src.mkdir()
+    archive = src / "x.zarr"
+    shutil.copytree(tmp_path / "run.zarr", archive)
+    manifest = archive / ".decant" / "manifest.json"
+    doc = json.loads(manifest.read_text())
+    doc["members"][0]["relpath"] = "a"
+    doc["members"][1]["relpath"] = "a/b.tif"
+    manifest.write_text(json.dumps(doc))
+    verify = _decant("verify", str(archive))
+    assert verify.returncode != 0, verify.stdout
+    back = tmp_path / "back"
+    restore = _decant("restore", "-q", str(archive), "-o", str(back))
+    assert restore.returncode not in (0, 3), restore.stderr
+    assert not back.exists() or not any(back.iterdir())
+    m = make_mount(src)
+    assert sorted(os.listdir(m.mnt)) == ["x.zarr"]  # raw, as a malformed archive is shown
+    assert "x.zarr" in m.log_text()

@@ -29,7 +29,9 @@ class DecantBackend:
     name = "decant"
     # Raised whenever describe() refuses more than before: a persistent index that keys its
     # descriptions by it re-describes archives an older, laxer describe() listed.
-    describe_version = 3  # 3: a nested series member's entry names its bundle (reads_for)
+    # 3: a nested series member's entry names its bundle (reads_for); a series member that is
+    # a folder of others is refused.
+    describe_version = 3
 
     def __init__(self, cache: PageCache, digests: DigestSource | None = None) -> None:
         self.cache = cache

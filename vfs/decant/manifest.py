@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
@@ -383,10 +384,25 @@ def _check_consistency(m: Manifest, source: str) -> None:
                 raise ManifestError(f"{source}: members[{i}] has no husk_array")
             if not m.series_consolidated and not mem.subarchive:
                 raise ManifestError(f"{source}: members[{i}] has no subarchive")
+        _no_member_is_a_folder(seen, source)
         if m.series_consolidated:
             _unique([mem.husk_array for mem in m.members], "members[].husk_array", source)
         else:
             _unique([mem.subarchive for mem in m.members], "members[].subarchive", source)
+
+
+def _no_member_is_a_folder(relpaths: set[str], source: str) -> None:
+    """Raise unless no relpath is a folder of another (`a` and `a/b.tif`: the mount would
+    show one, restore write one and fail on the other). With `/` as NUL (which no name holds)
+    the sorted relpaths put a folder's members right after it: one string a member, not one
+    per folder of each (64 deep × 500,000 members)."""
+    keys = sorted(r.replace("/", "\0") for r in relpaths)
+    for before, after in itertools.pairwise(keys):
+        if after.startswith(f"{before}\0"):
+            raise ManifestError(
+                f"{source}: member {before.replace(chr(0), '/')[:80]!r} is also a folder of "
+                "other members"
+            )
 
 
 MAX_DEPTH = 64  # folders of a series member's relpath: the mount builds its tree from them
