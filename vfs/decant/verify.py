@@ -141,7 +141,12 @@ def output_folder(path: Path) -> int:
     (ELOOP), wherever it stands. A folder made is 0777 less the umask, as `mkdir -p` makes it."""
     fd = os.open("/" if path.is_absolute() else ".", _AT)
     for part in path.parts[1:] if path.is_absolute() else path.parts:
-        fd = _step(fd, part, path)
+        try:
+            fd = _step(fd, part, path)
+        except OSError as exc:
+            if exc.filename != part:
+                raise
+            raise OSError(exc.errno, exc.strerror, str(path)) from None  # the path, not `part`
     return fd
 
 
