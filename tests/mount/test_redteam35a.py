@@ -295,3 +295,29 @@ def test_a_series_member_named_as_another_member_s_folder_fails_the_archive_alon
     m = make_mount(src)
     assert sorted(os.listdir(m.mnt)) == ["x.zarr"]  # raw, as a malformed archive is shown
     assert "x.zarr" in m.log_text()
+
+
+def test_a_consolidated_series_is_no_more_open_than_its_most_private_member(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """`decant pack --series` gave a consolidated archive (one zip of every member's pixels)
+    the folder's mode: a 0755 folder holding a 0600 TIFF became a 0755 zip, and any user could
+    read that TIFF's pixels (from the zip, or through the mount as the series' member). The
+    archive takes the folder's mode bits less any a member lacks."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt35a-series-modes")
+    run = base / "run"
+    run.mkdir()
+    tifffile.imwrite(run / "a.tif", np.full((2, 16, 16), 1, np.uint8))
+    tifffile.imwrite(run / "b.tif", np.full((2, 16, 16), 9, np.uint8))
+    (run / "a.tif").chmod(0o644)
+    (run / "b.tif").chmod(0o600)
+    run.chmod(0o755)
+    out = base / "run.zarr.zip"
+    done = _decant("pack", "--series", "-q", str(run), "-o", str(out))
+    assert done.returncode == 0, done.stderr
+    mode = out.stat().st_mode & 0o7777
+    assert u.errno_of("read(p)", p=run / "b.tif") == errno.EACCES
+    assert mode & 0o077 == 0 and u.errno_of("read(p)", p=out) == errno.EACCES, (
+        f"the series holding a 0600 member was published {oct(mode)}"
+    )

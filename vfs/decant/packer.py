@@ -124,8 +124,11 @@ def _tree_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _publish(out: Path, st: os.stat_result, write: Any, expected: dict[str, str]) -> None:
-    """temp name → write → fsync → verify from disk → mtime → rename → fsync folder."""
+def _publish(
+    out: Path, st: os.stat_result, write: Any, expected: dict[str, str], mode: int | None = None
+) -> None:
+    """temp name → write → fsync → verify from disk → mtime → rename → fsync folder. A zip
+    takes `st`'s mode bits, or `mode` where given."""
     # The temp name keeps the archive's suffix (it decides zip or folder) behind a hidden prefix
     # that the mount and the spool recovery recognise.
     tmp = out.parent / temp_name(out.name)
@@ -138,7 +141,8 @@ def _publish(out: Path, st: os.stat_result, write: Any, expected: dict[str, str]
         fsync_tree(tmp)
         require_verified(tmp, expected)
         if tmp.is_file():
-            os.chmod(tmp, stat.S_IMODE(st.st_mode))  # the mount shows an original's mode bits
+            # The mount shows an original's mode bits.
+            os.chmod(tmp, stat.S_IMODE(st.st_mode) if mode is None else mode)
         os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
         if out.is_dir() and not out.is_symlink():
             shutil.rmtree(out)

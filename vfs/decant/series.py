@@ -101,11 +101,17 @@ def pack_series(
     shas = {p.relative_to(folder).as_posix(): member_sha256(folder, p) for p in members}
     st = folder.stat()
     if consolidated:
+        # One zip holds every member: it is no more open than its most private one (it took
+        # the folder's mode alone, so a 0600 TIFF of a 0755 folder was published 0755).
+        bits = stat.S_IMODE(st.st_mode)
+        for p in members:
+            bits &= stat.S_IMODE(p.lstat().st_mode)
         _publish(
             out,
             st,
             lambda tmp: _write_consolidated(folder, members, layouts, shas, tmp, options, progress),
             shas,
+            bits,
         )
         mode = "series"
     else:
