@@ -113,7 +113,7 @@ def _check_overhead(records: list[PageRecord]) -> None:
         )
 
 
-_OFFSET_TAGS = (273, 324)  # StripOffsets, TileOffsets
+# StripOffsets (273) and TileOffsets (324) are the tags whose counts _check_declared sums.
 _MAX_TAGS = 4096  # entries of one IFD: tifffile refuses more ("suspicious number of tags")
 _MAX_ENTRIES = 64 * MAX_PAGES  # entries of every IFD together (a page has ~10-30)
 
@@ -162,7 +162,9 @@ def _check_declared(fh: BinaryIO) -> None:
         if len(table) != n * entry.itemsize + next_size:
             return
         tags = np.frombuffer(table, entry, n)
-        declared += sum(map(int, tags["count"][np.isin(tags["tag"], _OFFSET_TAGS)]))  # no wrap
+        codes = tags["tag"]
+        # Python ints: BigTIFF counts summed as uint64 could wrap past the bound.
+        declared += sum(map(int, tags["count"][(codes == 273) | (codes == 324)]))
         if declared > MAX_SEGMENTS:
             raise NotByteExact(f"more than the {MAX_SEGMENTS} strips/tiles of mode D declared")
         offset = struct.unpack_from(order + next_fmt, table, n * entry.itemsize)[0]
