@@ -83,6 +83,10 @@ def test_a_series_member_whose_bundle_its_owner_keeps_private_is_not_read_by_oth
     try:
         m.start("-o", "allow_other")
         shown = m.mnt / "run"
+        # Shown as its bundle is: `ls -l` and access() tell what an open allows.
+        probe = "[os.stat(p).st_mode & 0o7777, os.stat(p).st_gid, os.access(p, os.R_OK)]"
+        seen = {n: u.value_of(probe, p=shown / n) for n in ("a.tif", "b.tif")}
+        assert seen == {"a.tif": [0o400, 0, False], "b.tif": [0o440, u.gid, True]}, seen
         assert (shown / "a.tif").read_bytes() == members["a.tif"]  # root reads as before
         got = u.value_of("read(p)", p=shown / "b.tif")  # the group may read b's bundle
         assert got == _sha(members["b.tif"])

@@ -18,7 +18,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vfs.backends.base import Backend, Description, Entry, serves_owner
+from vfs.backends.base import (
+    Backend,
+    Description,
+    Entry,
+    mode_mask_of,
+    presented_mode,
+    serves_owner,
+)
 from vfs.beneath import open_beneath
 from vfs.decant import TEMP_PREFIX
 from vfs.errors import DecantError
@@ -434,7 +441,25 @@ class SourceTree:
             member = f"{node.member}/{name}".lstrip("/")
             kids[name] = kid = archive_node(node.backend, node.real, st, member, child, rel)
             kid.version = node.version  # members share their archive's (or view's) identity
+            if not child.is_dir and child.locator.get("bundle"):
+                self._as_its_bundle(kid, node.real, child.locator["bundle"])
         return kids
+
+    @staticmethod
+    def _as_its_bundle(kid: Node, folder: Path, bundle: object) -> None:
+        """A nested series member shown with its bundle's owner, group and read bits (its folder
+        shown with the series folder's own, as in SRC): the bundle is what reading it reads, so
+        `ls -l` and access() tell what an open allows (which checks the bundle again, on
+        descriptors: ops._may_read_through). One lstat a member, as its folder is listed."""
+        if not isinstance(folder, Path) or not isinstance(bundle, str) or "/" in bundle:
+            return
+        try:
+            bst = os.lstat(folder / bundle)
+        except OSError:
+            return  # opening it says what is wrong
+        if stat.S_ISREG(bst.st_mode):
+            kid.mode = presented_mode(bst.st_mode, mode_mask_of(kid.backend), False) & 0o444
+            kid.uid, kid.gid = bst.st_uid, bst.st_gid
 
     def tree_of(self, node: Node) -> Entry:
         """The whole tree of the archive `node` is presented from (ESTALE: not as it was)."""
