@@ -45,6 +45,8 @@ def sizes(t: InodeTable) -> dict[str, int]:
         "pinned": len(t._pinned),
         "folders": len(t.folders),
         "locks": len(t._locks),
+        "placed": len(t._place_of),
+        "places": len(t._at),
     }
 
 
@@ -117,6 +119,28 @@ def test_rekey_below_leaves_other_folders_alone_and_counts_the_move(table: Inode
     assert table.get(other).real == SRC / "ab/x"
     assert table.get(queued).spooled == "ab/y"
     assert table.moves == 1  # a folder scan that began before this must be read again
+
+
+def test_rekey_below_moves_nodes_deep_below_the_folder_and_only_those(table: InodeTable) -> None:
+    """Only the nodes below the moved folder are visited (red team, round 35b), however deep,
+    including spooled files and a listing of a folder whose own node the kernel forgot."""
+    deep = table.hand_out(real("a/b/c/x"))
+    queued = table.hand_out(spooled("a/b/y"))
+    sub = table.hand_out(real("a/b", is_dir=True))
+    listing = table.folders[sub] = Folder()
+    listing.put("unlisted", real("a/b/unlisted"))
+    other = [table.hand_out(real(f"z/f{i}")) for i in range(1000)]
+    table.rekey_below(SRC / "a", SRC / "n")
+    assert table.get(deep).real == SRC / "n/b/c/x" and table.known(real("n/b/c/x")) == deep
+    assert table.get(queued).spooled == "n/b/y" and table.known(spooled("n/b/y")) == queued
+    assert table.get(sub).real == SRC / "n/b" and listing.checked == 0.0
+    assert listing.children["unlisted"].real == SRC / "n/b/unlisted"
+    assert all(table.get(i).real.parent == SRC / "z" for i in other)
+    table.rekey_below(SRC / "n/b", SRC / "m")  # moved again, from where it is now
+    assert table.get(deep).real == SRC / "m/c/x" and table.get(queued).spooled == "m/y"
+    for ino in (deep, queued, sub, *other):
+        table.forget(ino, 1)
+    assert sizes(table) == sizes(InodeTable(real("", is_dir=True)))
 
 
 # -- the whole daemon, round after round -----------------------------------------------------

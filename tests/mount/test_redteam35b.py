@@ -1,0 +1,128 @@
+"""Red team, round 35b: one user against the others on an `allow_other` mount, and the
+adapter's shared state, through a real mount.
+
+Each test fails on the daemon before its fix; see the commit that added it. Expected results
+come from what the test wrote, never from vfs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.mount.conftest import RUNUSER, SYSTEM_PYTHON, Mount, User, open_tmp
+
+MakeMount = Callable[..., Mount]
+
+
+def test_the_daemon_runs_this_worktree_s_code(tmp_path: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
+    """The mount these tests start runs `python -m vfs.cli` from this worktree (its cwd comes
+    first on sys.path), not another checkout's `vfs`."""
+    src = tmp_path / "src"
+    src.mkdir()
+    m = make_mount(src)
+    assert m.proc is not None
+    here = Path(__file__).resolve().parents[2]
+    assert Path(f"/proc/{m.proc.pid}/cwd").resolve() == here
+    environ = Path(f"/proc/{m.proc.pid}/environ").read_bytes().split(b"\0")
+    assert not any(e.startswith(b"PYTHONPATH=") for e in environ)
+
+
+@pytest.fixture
+def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Mount]]:
+    """Mounts `allow_other` of a SRC every user may add to, sticky as /tmp is (what the write
+    side asks of a shared SRC), where the test user can reach them; each unmounted after."""
+    base = open_tmp(tmp_path_factory, "redteam35b")
+    src = base / "src"
+    src.mkdir()
+    src.chmod(0o1777)
+    mounts: list[Mount] = []
+
+    def start(*extra: str) -> Mount:
+        m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+        mounts.append(m)
+        return m.start("-o", "allow_other", *extra)
+
+    start.src = src  # type: ignore[attr-defined]
+    yield start
+    for m in mounts:
+        m.stop()
+
+
+def _as_user(u: User, script: str, *args: str) -> subprocess.Popen[str]:
+    env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+    return subprocess.Popen([RUNUSER, "-u", u.name, "--", str(SYSTEM_PYTHON), "-I", "-c", script,
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd="/", env=env)  # fmt: skip
+
+
+def _worst_of(probe: Callable[[], object], rounds: int, pause: float = 0.05) -> float:
+    worst = 0.0
+    for _ in range(rounds):
+        start = time.monotonic()
+        probe()
+        worst = max(worst, time.monotonic() - start)
+        time.sleep(pause)
+    return worst
+
+
+# -- one user renaming a folder of their own, over and over ----------------------------------
+
+RENAMER = """
+import os, sys, time
+folder, until = sys.argv[1], time.monotonic() + float(sys.argv[2])
+os.mkdir(folder)
+os.mkdir(os.path.join(folder, "a"))
+names, n = ("a", "b"), 0
+while time.monotonic() < until:
+    os.rename(os.path.join(folder, names[n % 2]), os.path.join(folder, names[(n + 1) % 2]))
+    n += 1
+print(n)
+"""
+
+
+def test_renaming_an_empty_folder_in_a_loop_holds_up_no_one_else(
+    shared: Callable[..., Mount], unprivileged: User
+) -> None:
+    """Each rename of a folder through the mount moved every node below it to its new path by
+    walking the whole inode table and every listing the daemon held (`rekey_below`), on the
+    event loop: ~1.9 s per rename with 100,000 names listed anywhere in the mount, whoever
+    listed them. A user renaming an empty folder of their own back and forth held every
+    other user's requests: another user's `stat` and read of a small file, 18 ms before the
+    attack, waited up to 6.8 s during it. The work is now that of the folder's own entries."""
+    src: Path = shared.src  # type: ignore[attr-defined]
+    big = src / "big"  # someone else's large folder, listed through the mount
+    big.mkdir()
+    n = 150_000
+    for i in range(n):
+        (big / f"f{i:06d}").touch()
+    (src / "hello.txt").write_bytes(b"hello\n")
+    mnt = shared().mnt
+    held = os.open(mnt / "big", os.O_RDONLY | os.O_DIRECTORY)  # kept listed while the test runs
+    try:
+        assert len(os.listdir(mnt / "big")) == n
+
+        def probe() -> None:
+            os.stat(mnt / "hello.txt")
+            assert (mnt / "hello.txt").read_bytes() == b"hello\n"
+
+        baseline = _worst_of(probe, 20)
+        attack = _as_user(unprivileged, RENAMER, str(mnt / "mine"), "12")
+        try:
+            time.sleep(1.0)
+            during = _worst_of(probe, 40, pause=0.1)
+        finally:
+            out, err = attack.communicate(timeout=120)
+        assert attack.returncode == 0, err
+        assert int(out) > 0
+        assert during < max(2.0, 20 * baseline), (
+            f"another user's stat+read waited {during:.2f} s while one user renamed a folder "
+            f"{int(out)} times (baseline {baseline * 1e3:.0f} ms)"
+        )
+    finally:
+        os.close(held)
