@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -126,3 +127,69 @@ def test_renaming_an_empty_folder_in_a_loop_holds_up_no_one_else(
         )
     finally:
         os.close(held)
+
+
+# -- one user's open archives and everyone else's ------------------------------------------
+
+HOLD = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+print(os.pread(fd, 64, 0).hex(), flush=True)
+sys.stdin.read()  # held until the test closes stdin
+os.close(fd)
+"""
+
+
+def test_one_user_s_open_archives_leave_other_users_room_to_open_theirs(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User, tmp_path: Path
+) -> None:
+    """What open archives hold (directory tables, manifests, plans) is bounded at half the
+    cache, at least 64 MiB, and an open past it fails with ENOMEM, unless nothing else is
+    open. One user holding a handle on an archive of their own with 1,000,000 extra zip
+    entries (~70 MiB of tables, admitted alone) made every other user's open of any archive
+    fail with ENOMEM for as long as they held it. A user's archives now count for at most
+    half the bound when others open theirs: another user's archive still opens."""
+    import numpy as np
+    import tifffile
+
+    from tests.toolbox import zip_of_many
+    from vfs.decant.packer import pack_file
+
+    base = open_tmp(tmp_path_factory, "redteam35b-held")
+    src = base / "src"
+    src.mkdir()
+    src.chmod(0o755)
+    mine = src / "u"
+    mine.mkdir()
+    os.chown(mine, unprivileged.uid, unprivileged.gid)
+    tif = tmp_path / "many.tif"
+    tifffile.imwrite(tif, np.random.default_rng(5).integers(0, 60000, (2, 64, 64), np.uint16))
+    pack_file(tif, tmp_path / "packed.zip")
+    with zipfile.ZipFile(tmp_path / "packed.zip") as zf:
+        own = {info.filename: zf.read(info) for info in zf.infolist()}
+    big = mine / "many.tif.zarr.zip"
+    zip_of_many(big, 1_000_000, first=own)
+    os.chown(big, unprivileged.uid, unprivileged.gid)
+    small = tmp_path / "small.tif"
+    tifffile.imwrite(small, np.random.default_rng(6).integers(0, 60000, (3, 96, 96), np.uint16))
+    want = small.read_bytes()
+    pack_file(small, src / "small.tif.zarr.zip")
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    m.start("-o", "allow_other", "--read-only", "--cache-size", "64M")
+    try:
+        held = unprivileged.run("ls", "-l", str(m.mnt / "u" / "many.tif"), timeout=60)
+        assert held.returncode == 0, held.stderr
+        env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+        hold = subprocess.Popen([RUNUSER, "-u", unprivileged.name, "--", str(SYSTEM_PYTHON),
+                                 "-I", "-c", HOLD, str(m.mnt / "u" / "many.tif")],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, cwd="/", env=env)  # fmt: skip
+        try:
+            assert hold.stdout is not None
+            assert hold.stdout.readline().strip() == tif.read_bytes()[:64].hex()
+            assert (m.mnt / "small.tif").read_bytes() == want  # another user's archive
+        finally:
+            _out, err = hold.communicate(input="", timeout=60)
+        assert hold.returncode == 0, err
+    finally:
+        m.stop()

@@ -178,3 +178,33 @@ def test_the_plan_an_open_builds_is_charged_too(
     assert bytes(tiny.read(0, len(original))) == original
     tiny.close()
     assert backend.shared.held == 0
+
+
+def test_one_user_s_archives_leave_other_users_their_share(
+    made: tuple[Path, Path, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's opens may hold half the budget, and count for no more than that when another
+    user's open is weighed (red team, round 35b): one user's archive admitted alone, past the
+    whole budget, used to leave every other user's open refused."""
+    many, small, original = made
+    copies = [tmp_path / f"c{i}.tif.zarr.zip" for i in range(2)]
+    for copy in copies:
+        shutil.copyfile(many, copy)
+    monkeypatch.setattr(decant_backend, "HELD_FLOOR", 2 << 20)  # below one copy's tables
+    backend = DecantBackend(PageCache(1 << 20))
+    shared = backend.shared
+    root = backend.describe(many).root
+    with decant_backend.charged_to(1000):
+        hog = backend.open(copies[0], "", root)  # alone: past the whole budget
+        with pytest.raises(OpenArchivesFullError, match="uid 1000"):
+            backend.open(copies[1], "", root)
+    assert shared.held > shared.budget
+    with decant_backend.charged_to(1001):
+        other = backend.open(small, "", backend.describe(small).root)
+    assert bytes(other.read(0, len(original))) == original
+    assert shared.by_uid[1000] == hog.archive.held_bytes() and 1001 in shared.by_uid
+    with decant_backend.charged_to(1001), pytest.raises(OpenArchivesFullError):
+        backend.open(copies[1], "", root)  # past user 1001's share
+    other.close()
+    hog.close()
+    assert shared.held == 0 and shared.by_uid == {} and len(shared) == 0

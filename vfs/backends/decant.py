@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextvars
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -149,10 +151,30 @@ _Key = tuple[object, ...]
 HELD_FLOOR = 64 << 20
 
 
+# Who an archive being opened is charged to (the caller's uid; None: the daemon itself), set by
+# the adapter around an open (`charged_to`) and read in the worker thread that opens it (trio
+# runs it in a copy of the caller's context).
+OPENER: contextvars.ContextVar[int | None] = contextvars.ContextVar("opener", default=None)
+
+
+@contextmanager
+def charged_to(uid: int | None) -> Iterator[None]:
+    token = OPENER.set(uid)
+    try:
+        yield
+    finally:
+        OPENER.reset(token)
+
+
+def _privileged(uid: int | None) -> bool:
+    return uid is None or uid == 0
+
+
 class _Shared:
-    def __init__(self, archive: DecantArchive, held: int) -> None:
+    def __init__(self, archive: DecantArchive, held: int, uid: int | None) -> None:
         self.archive = archive
         self.held = held
+        self.charges: dict[int | None, int] = {uid: held}  # what each user's opens added
         self.users = 0
 
 
@@ -175,11 +197,20 @@ class _SharedArchives:
     would take the total past the budget (half the cache, at least HELD_FLOOR) is refused with
     ENOMEM and a log line naming it, unless nothing else is held and it is the archive's only
     handle: one handle of any archive the format's limits allow still opens. Closing handles
-    gives the room back."""
+    gives the room back.
+
+    One user's share: what a user's opens added (`OPENER`; root and the daemon are not held to
+    it) may reach half the budget, and counts for no more than that when another user's open
+    is weighed: one user holding an archive admitted alone (a million zip entries: ~70 MiB),
+    or archives up to the budget, made every other user's open of any archive fail with
+    ENOMEM for as long as they held them (red team, round 35b). What open archives hold is
+    then at most the budget, or one archive alone and half the budget beside it."""
 
     def __init__(self, cache: PageCache) -> None:
         self.cache = cache
         self.budget = max(cache.max_bytes // 2, HELD_FLOOR)
+        self.share = self.budget // 2
+        self.by_uid: dict[int | None, int] = {}  # what each user's opens added, of `held`
         self.held = 0
         self.lent = 0  # of `held`, what the cache made room for: at most half of it
         self._lock = threading.Lock()
@@ -203,6 +234,7 @@ class _SharedArchives:
         end record: vfs.decant.zipdir.tables_estimate): refused after the parse, each such open
         still cost its tables for a moment (a 1,000,000 entry archive: ~115 MiB of peak RSS per
         refused open, which the heap kept afterwards)."""
+        uid = OPENER.get()
         with self._lock:
             held = self.held
         if not held or not path.name.endswith(".zip"):
@@ -215,14 +247,17 @@ class _SharedArchives:
                 needs = tables_estimate(fh, path)
         except (OSError, DecantError):
             return  # the open itself reports what is wrong
-        if held + needs > self.budget:
-            raise self._full(path, needs, held)
+        with self._lock:
+            why = self._past(uid, needs)
+        if why:
+            raise self._full(path, needs, held, why)
 
     def alone(self, archive: DecantArchive, member: str) -> DecantFile:
         """A handle on `member` of an archive opened for it alone (not shared), admitted to
         the budget like a shared one; closing the handle closes the archive."""
+        uid = OPENER.get()
         try:
-            one = _Shared(archive, self._admit(archive))
+            one = _Shared(archive, self._admit(archive, uid), uid)
         except BaseException:
             archive.close()
             raise
@@ -230,7 +265,7 @@ class _SharedArchives:
 
         def release() -> None:
             archive.close()
-            self._give_back(one.held)
+            self._give_back(one.charges)
 
         return self._reader(one, member, release)
 
@@ -259,36 +294,65 @@ class _SharedArchives:
         this archive is all that is held and this its only handle (one handle of any archive
         opens; handles on many members of one series are bounded like many archives)."""
         now = shared.archive.held_bytes()
+        uid = OPENER.get()
         with self._lock:
             extra = now - shared.held
             if extra <= 0:
                 return
             alone = self.held == shared.held and shared.users <= 1
-            if not alone and self.held + extra > self.budget:
-                raise self._full(shared.archive.path, now, self.held - shared.held)
+            why = "" if alone else self._past(uid, extra)
+            if why:
+                raise self._full(shared.archive.path, now, self.held - shared.held, why)
             shared.held = now
+            shared.charges[uid] = shared.charges.get(uid, 0) + extra
+            self.by_uid[uid] = self.by_uid.get(uid, 0) + extra
             lend = self._count(extra)
         self.cache.lend(lend)
 
-    def _admit(self, archive: DecantArchive) -> int:
+    def _admit(self, archive: DecantArchive, uid: int | None) -> int:
         held = archive.held_bytes()
         with self._lock:
-            if self.held and self.held + held > self.budget:
-                raise self._full(archive.path, held, self.held)
+            why = self._past(uid, held) if self.held else ""
+            if why:
+                raise self._full(archive.path, held, self.held, why)
+            self.by_uid[uid] = self.by_uid.get(uid, 0) + held
             lend = self._count(held)
         self.cache.lend(lend)
         return held
 
-    def _full(self, path: object, needs: int, held: int) -> OpenArchivesFullError:
+    def _past(self, uid: int | None, extra: int) -> str:
+        """Why `extra` more for `uid`'s open does not fit ("" if it does; the lock held): past
+        the user's share, or past the budget with each other user counted up to their share."""
+        mine = self.by_uid.get(uid, 0) + extra
+        if not _privileged(uid) and mine > self.share:
+            return (f"uid {uid}'s open archives would hold {human(mine)}, past the "
+                    f"{human(self.share)} one user's may")  # fmt: skip
+        counted = mine if _privileged(uid) else min(mine, self.share)
+        for other, held in self.by_uid.items():
+            if other != uid:
+                counted += held if _privileged(other) else min(held, self.share)
+        if counted > self.budget:
+            return self._budget_text(self.held)
+        return ""
+
+    def _budget_text(self, held: int) -> str:
+        return f"the archives open now hold {human(held)} of the {human(self.budget)} they may"
+
+    def _full(self, path: object, needs: int, held: int, why: str = "") -> OpenArchivesFullError:
         return OpenArchivesFullError(
-            f"{path}: not opened: it needs {human(needs)} of tables, and the archives open "
-            f"now hold {human(held)} of the {human(self.budget)} open archives may hold; close "
-            "some and retry"
+            f"{path}: not opened: it needs {human(needs)} of tables, and "
+            f"{why or self._budget_text(held)}; close some and retry"
         )
 
-    def _give_back(self, held: int) -> None:
+    def _give_back(self, charges: Mapping[int | None, int]) -> None:
         with self._lock:
-            lend = self._count(-held)
+            for uid, amount in charges.items():
+                left = self.by_uid.get(uid, 0) - amount
+                if left > 0:
+                    self.by_uid[uid] = left
+                else:
+                    self.by_uid.pop(uid, None)
+            lend = self._count(-sum(charges.values()))
         self.cache.unlend(-lend)
 
     def _count(self, delta: int) -> int:
@@ -330,19 +394,20 @@ class _SharedArchives:
                 if shared is not None:
                     shared.users += 1
             if shared is None:
+                uid = OPENER.get()
                 try:
-                    held = self._admit(archive)
+                    held = self._admit(archive, uid)
                 except BaseException:
                     archive.close()
                     raise
                 with self._lock:
                     shared = self._open.get(key)
                     if shared is None:
-                        shared = self._open[key] = _Shared(archive, held)
+                        shared = self._open[key] = _Shared(archive, held, uid)
                         archive = None
                     shared.users += 1
                 if archive is not None:  # another handle opened it first: use that one
-                    self._give_back(held)
+                    self._give_back({uid: held})
             if archive is not None:
                 archive.close()
         return self._reader(shared, member, lambda: self._release(key, shared))
@@ -355,7 +420,7 @@ class _SharedArchives:
             if self._open.get(key) is shared:
                 del self._open[key]
         shared.archive.close()
-        self._give_back(shared.held)
+        self._give_back(shared.charges)
 
     def __len__(self) -> int:
         with self._lock:

@@ -23,6 +23,7 @@ import pyfuse3
 import trio
 
 from vfs.backends.base import RandomAccess
+from vfs.backends.decant import charged_to
 from vfs.backends.plain import PlainFile, SpoolFile
 from vfs.beneath import stat_beneath
 from vfs.cache import PageCache
@@ -616,7 +617,8 @@ class DecantOperations(pyfuse3.Operations):
             else:
                 checked = await self._may_read_through(node, ctx)
                 try:
-                    reader = await trio.to_thread.run_sync(self._open_reader, node)
+                    with charged_to(ctx.uid):  # its share of what open archives may hold
+                        reader = await trio.to_thread.run_sync(self._open_reader, node)
                 except OSError as exc:
                     if exc.errno == errno.ESTALE:
                         await self._relist(node)
