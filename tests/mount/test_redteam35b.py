@@ -7,6 +7,7 @@ come from what the test wrote, never from vfs.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -191,5 +192,93 @@ def test_one_user_s_open_archives_leave_other_users_room_to_open_theirs(
         finally:
             _out, err = hold.communicate(input="", timeout=60)
         assert hold.returncode == 0, err
+    finally:
+        m.stop()
+
+
+# -- one user's slow reads and everyone else's -----------------------------------------------
+
+PROBES = 200
+SLOW_READS = """
+import os, random, sys, threading, time
+path, threads, until = sys.argv[1], int(sys.argv[2]), time.monotonic() + float(sys.argv[3])
+def loop():
+    fd = os.open(path, os.O_RDONLY)
+    while time.monotonic() < until:
+        os.pread(fd, 4096, random.randrange(0, 30 << 20))
+    os.close(fd)
+ts = [threading.Thread(target=loop) for _ in range(threads)]
+[t.start() for t in ts]
+[t.join() for t in ts]
+"""
+
+
+def test_one_user_s_slow_reads_do_not_queue_another_user_s_cat_behind_them(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User, tmp_path: Path
+) -> None:
+    """An archive written elsewhere with bzip2 (a codec the reader takes, with no blosc blocks)
+    whose 16 MiB planes do not fit a quarter of an 8 MiB cache: each 4 KiB read decodes a
+    whole plane (~1 s). One user reading it at random from 32 threads kept the daemon's four
+    decode threads' first-come queue full: another user's `cat` of a 96 KiB archive (25 ms
+    before) waited up to 38 s. A freed decode thread now goes to the user holding fewest."""
+    import numcodecs
+    import numpy as np
+    import tifffile
+
+    from vfs.decant.packer import pack_file
+
+    base = open_tmp(tmp_path_factory, "redteam35b-decode")
+    src = base / "src"
+    src.mkdir()
+    src.chmod(0o755)
+    tif = tmp_path / "slow.tif"
+    tifffile.imwrite(tif, np.random.default_rng(1).integers(0, 60000, (2, 2048, 4096), np.uint16))
+    pack_file(tif, tmp_path / "slow.zip")
+    slow = src / "slow.tif.zarr.zip"
+    with zipfile.ZipFile(tmp_path / "slow.zip") as zin, zipfile.ZipFile(slow, "w") as zout:
+        meta = json.loads(zin.read("0/.zarray"))
+        old, new = numcodecs.get_codec(meta["compressor"]), numcodecs.BZ2(level=9)
+        for info in zin.infolist():
+            name, data = info.filename, zin.read(info)
+            if name == "0/.zarray":
+                meta.update(compressor=new.get_config())
+                data = json.dumps(meta).encode()
+            elif name.startswith("0/") and not name.startswith("0/."):
+                data = new.encode(old.decode(data))
+            zout.writestr(zipfile.ZipInfo(name), data)
+    slow.chmod(0o644)
+    small = tmp_path / "small.tif"
+    tifffile.imwrite(small, np.random.default_rng(2).integers(0, 60000, (3, 128, 128), np.uint16))
+    want = small.read_bytes()
+    pack_file(small, tmp_path / "small.tif.zarr.zip")
+    for i in range(PROBES):  # a fresh file for each probe: each is read through the daemon
+        (src / f"p{i}").mkdir()
+        os.link(tmp_path / "small.tif.zarr.zip", src / f"p{i}" / "small.tif.zarr.zip")
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    m.start("-o", "allow_other", "--read-only", "--cache-size", "8M")
+    try:
+        probes = iter(range(PROBES))
+
+        def probe() -> None:
+            assert (m.mnt / f"p{next(probes)}" / "small.tif").read_bytes() == want
+
+        baseline = _worst_of(probe, 4)
+        env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+        attack = subprocess.Popen([RUNUSER, "-u", unprivileged.name, "--", str(SYSTEM_PYTHON),
+                                   "-I", "-c", SLOW_READS, str(m.mnt / "slow.tif"), "32", "25"],
+                                  stderr=subprocess.PIPE, text=True, cwd="/", env=env)  # fmt: skip
+        worst = 0.0
+        try:
+            time.sleep(3.0)
+            while attack.poll() is None:
+                worst = max(worst, _worst_of(probe, 1, pause=0.5))
+        finally:
+            _out, err = attack.communicate(timeout=120)
+        assert attack.returncode == 0, err
+        print(f"cat of a small archive: {baseline * 1e3:.0f} ms alone, {worst:.2f} s at worst")
+        assert worst < max(15.0, 100 * baseline), (
+            f"another user's cat of a small archive took {worst:.1f} s while one user read "
+            f"a slow archive from 32 threads (baseline {baseline * 1e3:.0f} ms)"
+        )
     finally:
         m.stop()

@@ -1021,7 +1021,7 @@ class DecantOperations(pyfuse3.Operations):
         self._touch(new)
         if self.queue is not None:
             self.queue.opened(new.spooled)
-        return self._new_handle(OpenFile(new, inode, SpoolFile(fd), fd=fd))
+        return self._new_handle(OpenFile(new, inode, SpoolFile(fd), fd=fd, uid=ctx.uid))
 
     async def _may_republish(self, node: Node, ctx: pyfuse3.RequestContext) -> None:
         """EACCES unless the caller may change the entries of the published file's folder: a
@@ -1115,7 +1115,7 @@ class DecantOperations(pyfuse3.Operations):
             self._touch(node)
             if self.queue is not None:
                 self.queue.opened(node.spooled)
-            info = self._new_handle(OpenFile(node, ino, SpoolFile(fd), fd=fd))
+            info = self._new_handle(OpenFile(node, ino, SpoolFile(fd), fd=fd, uid=ctx.uid))
             return info, self._attrs(ino, node)
 
     async def write(self, fh: int, off: int, buf: bytes) -> int:

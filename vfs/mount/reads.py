@@ -25,6 +25,7 @@ import trio
 from vfs.backends.base import RandomAccess
 from vfs.errors import ArchiveGoneError, CorruptArchiveError, StoreError
 from vfs.integrity import Coverage, SequentialHasher
+from vfs.mount.fair import FairSlots
 from vfs.mount.metrics import COUNTERS
 from vfs.nodes import Node, NodeKey
 
@@ -207,6 +208,10 @@ class Reads:
 
     def __init__(self, integrity: Integrity, decode_threads: int) -> None:
         self.integrity = integrity
+        # Reads that miss the cache take a decode thread: a free one goes to the waiting user
+        # who holds the fewest (vfs.mount.fair), so one user's queue of slow decodes does not
+        # hold up every other user's reads. `decode` bounds the threads themselves.
+        self.fair = FairSlots(decode_threads)
         self.decode = trio.CapacityLimiter(decode_threads)
         self.readahead_limiter = trio.CapacityLimiter(2)
         self.nursery: trio.Nursery | None = None
@@ -249,8 +254,9 @@ class Reads:
         if data is None:
             started = time.perf_counter()
             try:
-                data = await trio.to_thread.run_sync(handle.reader.read, off, size,
-                                                     limiter=self.decode)  # fmt: skip
+                async with self.fair.slot(handle.uid):
+                    data = await trio.to_thread.run_sync(handle.reader.read, off, size,
+                                                         limiter=self.decode)  # fmt: skip
             except CorruptArchiveError as exc:
                 await self.integrity.lost(handle.node, exc)
                 raise
