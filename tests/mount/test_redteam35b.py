@@ -114,10 +114,10 @@ def test_renaming_an_empty_folder_in_a_loop_holds_up_no_one_else(
             assert (mnt / "hello.txt").read_bytes() == b"hello\n"
 
         baseline = _worst_of(probe, 20)
-        attack = _as_user(unprivileged, RENAMER, str(mnt / "mine"), "12")
+        attack = _as_user(unprivileged, RENAMER, str(mnt / "mine"), "7")
         try:
             time.sleep(1.0)
-            during = _worst_of(probe, 40, pause=0.1)
+            during = _worst_of(probe, 30, pause=0.1)
         finally:
             out, err = attack.communicate(timeout=120)
         assert attack.returncode == 0, err
