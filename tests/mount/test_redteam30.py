@@ -138,7 +138,7 @@ def test_deflated_chunks_read_at_once_stay_within_the_memory_bound(
 
 
 HOLD_EACH = """
-import errno, json, os, sys
+import errno, json, os, sys, time
 paths, out, fds = sys.argv[1:], {}, {}
 for path in paths:
     try:
@@ -148,8 +148,16 @@ for path in paths:
         out[path] = errno.errorcode[exc.errno]
 refused = [p for p in paths if p not in fds]
 os.close(fds.pop(paths[0]))  # the user closes one handle: another archive now opens
-if refused:
-    fd = os.open(refused[0], os.O_RDONLY)
+if refused:  # a close returns before the daemon hears of it (FUSE's release is async)
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            fd = os.open(refused[0], os.O_RDONLY)
+            break
+        except OSError as exc:
+            if exc.errno != errno.ENOMEM or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
     out["after"] = os.pread(fd, 64, 0).hex()
     os.close(fd)
 for fd in fds.values():
