@@ -25,19 +25,6 @@ import tifffile
 from tests.mount.conftest import Mount, User, open_tmp
 
 
-def test_the_daemon_runs_this_worktree_s_code(tmp_path: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
-    """The mount these tests start runs `python -m vfs.cli` from this worktree (its cwd comes
-    first on sys.path), not another checkout's `vfs`."""
-    src = tmp_path / "src"
-    src.mkdir()
-    m = make_mount(src)
-    assert m.proc is not None
-    here = Path(__file__).resolve().parents[2]
-    assert Path(f"/proc/{m.proc.pid}/cwd").resolve() == here
-    environ = Path(f"/proc/{m.proc.pid}/environ").read_bytes().split(b"\0")
-    assert not any(e.startswith(b"PYTHONPATH=") for e in environ)
-
-
 def _decant(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "vfs.commands", *args], capture_output=True,
                           text=True, timeout=timeout, check=False)  # fmt: skip

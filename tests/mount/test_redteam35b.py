@@ -22,19 +22,6 @@ from tests.mount.conftest import RUNUSER, SYSTEM_PYTHON, Mount, User, open_tmp
 MakeMount = Callable[..., Mount]
 
 
-def test_the_daemon_runs_this_worktree_s_code(tmp_path: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
-    """The mount these tests start runs `python -m vfs.cli` from this worktree (its cwd comes
-    first on sys.path), not another checkout's `vfs`."""
-    src = tmp_path / "src"
-    src.mkdir()
-    m = make_mount(src)
-    assert m.proc is not None
-    here = Path(__file__).resolve().parents[2]
-    assert Path(f"/proc/{m.proc.pid}/cwd").resolve() == here
-    environ = Path(f"/proc/{m.proc.pid}/environ").read_bytes().split(b"\0")
-    assert not any(e.startswith(b"PYTHONPATH=") for e in environ)
-
-
 @pytest.fixture
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., Mount]]:
     """Mounts `allow_other` of a SRC every user may add to, sticky as /tmp is (what the write
