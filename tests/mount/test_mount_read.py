@@ -109,7 +109,7 @@ def test_sixteen_threads_read_concurrently(corpus_mount) -> None:  # type: ignor
     names = sorted(files)
     errors: list[str] = []
     counts = [0] * 16
-    stop = time.monotonic() + 20
+    stop = time.monotonic() + 8  # a soak (was 20 s; cut for CI time)
 
     def worker(k: int) -> None:
         rng = np.random.default_rng(k)
