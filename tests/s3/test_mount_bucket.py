@@ -23,7 +23,7 @@ import pytest
 from obstore.store import S3Store
 
 from tests.mount.conftest import HAVE_FUSE, Mount, is_mounted
-from tests.s3.conftest import WEED, S3Bucket, seaweed
+from tests.s3.conftest import WEED, S3Bucket, revived, seaweed
 from vfs.decant.packer import PackResult
 
 pytestmark = [
@@ -418,21 +418,26 @@ IDENTITIES = {
 }
 
 
-@pytest.fixture
-def own_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    """A SeaweedFS that checks signatures (known key or unsigned; a wrong key is refused); the
-    AWS_* variables point at it for the test."""
+@pytest.fixture(scope="module")
+def fault_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A SeaweedFS of this module's own, which its tests stop and SIGSTOP, and which checks
+    signatures (known key or unsigned; a wrong key is refused)."""
     assert WEED is not None
-    config = tmp_path / "s3.json"
+    base = tmp_path_factory.mktemp("weed-read-faults")
+    config = base / "s3.json"
     config.write_text(json.dumps(IDENTITIES))
-    server = seaweed.SeaweedServer(tmp_path / "weed", WEED, extra_args=[f"-s3.config={config}"])
+    server = seaweed.SeaweedServer(base / "weed", WEED, extra_args=[f"-s3.config={config}"])
     server.start()
     try:
-        for key, value in server.env().items():
-            monkeypatch.setenv(key, value)
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def own_server(fault_server: object, monkeypatch: pytest.MonkeyPatch) -> object:
+    """The module's server, running; AWS_* point at it."""
+    return revived(fault_server, monkeypatch)
 
 
 def test_the_store_stopped_under_a_reader_gives_eio_and_reads_resume(

@@ -23,7 +23,7 @@ import tifffile
 from obstore.store import S3Store
 
 from tests.mount.conftest import HAVE_FUSE, Mount
-from tests.s3.conftest import WEED, S3Bucket, seaweed
+from tests.s3.conftest import WEED, S3Bucket, revived, seaweed
 from vfs.decant.packer import PackResult
 
 pytestmark = [
@@ -193,18 +193,22 @@ def test_a_key_another_host_wrote_is_not_overwritten(
     assert "not published, stays spooled" in m.log_text()
 
 
-@pytest.fixture
-def own_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    """A SeaweedFS of this test's own, to stop and restart; AWS_* point at it."""
+@pytest.fixture(scope="module")
+def fault_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """A SeaweedFS of this module's own, which its tests stop, kill and restart."""
     assert WEED is not None
-    server = seaweed.SeaweedServer(tmp_path / "weed", WEED)
+    server = seaweed.SeaweedServer(tmp_path_factory.mktemp("weed-write-faults"), WEED)
     server.start()
     try:
-        for key, value in server.env().items():
-            monkeypatch.setenv(key, value)
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def own_server(fault_server: object, monkeypatch: pytest.MonkeyPatch) -> object:
+    """The module's server, running; AWS_* point at it."""
+    return revived(fault_server, monkeypatch)
 
 
 def test_the_store_down_during_ingest_keeps_files_spooled_until_it_returns(
