@@ -89,3 +89,30 @@ def test_names_that_are_not_utf8_are_kept_apart_from_every_other_name(tmp_path: 
     assert not index.is_verified(odd, member, stamp, "ab" * 32)
     assert index.digests(odd, stamp) is None
     index.close()
+
+
+def test_descriptions_kept_together_are_each_found_and_one_that_cannot_be_written_is_left_out(
+    tmp_path: Path,
+) -> None:
+    """put_many: a folder's new descriptions in one transaction; a description whose JSON
+    cannot be made is returned, not kept, and costs the others nothing."""
+    from vfs.backends.base import Description, Entry
+
+    class Unwritable(Description):
+        def json_text(self) -> str:
+            raise ValueError("not JSON")
+
+    index = DescriptionIndex(tmp_path / "index.sqlite")
+    rows = [(tmp_path / f"a{i}.zarr.zip", "decant", i, 20, Description(f"a{i}", Entry(size=i)),
+             30 + i, 40) for i in range(300)]  # fmt: skip
+    bad = Unwritable("bad", Entry(size=1))
+    rows.insert(150, (tmp_path / "bad.zarr.zip", "decant", 1, 20, bad, 7, 40))
+    refused = index.put_many(rows)
+    assert [(p, str(e)) for p, e in refused] == [(tmp_path / "bad.zarr.zip", "not JSON")]
+    for path, backend, size, mtime, desc, ino, ctime in rows:
+        want = None if desc is bad else desc
+        assert index.get(path, backend, size, mtime, ino, ctime) == want
+    index.close()
+    again = DescriptionIndex(tmp_path / "index.sqlite")  # committed, not only seen in-process
+    assert again.get(tmp_path / "a299.zarr.zip", "decant", 299, 20, 329, 40) == rows[300][4]
+    again.close()

@@ -374,7 +374,11 @@ class BucketTree(SourceTree):
         if now is None or replaced(info, now):
             raise OSError(errno.ESTALE, f"{path}: replaced in the bucket since it was listed")
 
-    def describe(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:
+    def describe(
+        self, backend: Backend, path: Path, st: os.stat_result, kept: list[Any] | None = None
+    ) -> Description | None:
+        """An object's description (the index first); `kept` is not used: it is written to the
+        index at once (a listing of a bucket reads its index rows together instead)."""
         self.archives_seen += 1
         assert isinstance(path, ObjectPath)
         if path.info is None:  # a NAME.zarr/ prefix: its manifest (written last) is its identity

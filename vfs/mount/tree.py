@@ -237,7 +237,11 @@ class SourceTree:
     ) -> tuple[dict[str, Node], bool]:
         """`_present` once its entries are sorted: archives described, names given out."""
         out = dict(plain)
-        described = [(n, st, b, self._described(b, p, st), p) for n, st, b, p in archives]
+        kept: list[Any] = []  # new descriptions, written to the index together
+        try:
+            described = [(n, st, b, self._described(b, p, st, kept), p) for n, st, b, p in archives]
+        finally:
+            self._keep(folder, kept)
         contested = self._contested(folder, described)
         regular = all(d is None or d.name in _related(n) for n, _s, _b, d, _p in described)
         # Of two archives presenting one name, the one named after it (NAME.zarr.zip) wins.
@@ -361,17 +365,23 @@ class SourceTree:
             self.trees.put(_tree_key(node), desc.root)
         out[desc.name] = node
 
-    def _described(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:
+    def _described(
+        self, backend: Backend, path: Path, st: os.stat_result, kept: list[Any]
+    ) -> Description | None:
         """`describe`, the tree of an archive shown as a folder handed to `trees` at once: a
         folder of many archives never holds all their trees (~650 B a member) together."""
-        desc = self.describe(backend, path, st)
+        desc = self.describe(backend, path, st, kept)
         if desc is None or not desc.root.is_dir:
             return desc
         self.trees.put((str(path), backend.name, archive_version(st)), desc.root)
         return Description(desc.name, Entry(is_dir=True, xattrs=desc.root.xattrs))
 
-    def describe(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:
-        """The archive's description (persistent index first), or None to show it raw."""
+    def describe(
+        self, backend: Backend, path: Path, st: os.stat_result, kept: list[Any] | None = None
+    ) -> Description | None:
+        """The archive's description (persistent index first), or None to show it raw. A new
+        one goes to the index at once, or, if it presents one file (a few hundred bytes), onto
+        `kept` for the caller to `_keep` with its neighbours'."""
         self.archives_seen += 1
         if self.index is not None:
             try:
@@ -397,13 +407,25 @@ class SourceTree:
             if stamp:
                 self._failed[path] = stamp
             return None
-        if self.index is not None:
-            try:
-                self.index.put(path, index_key(backend), st.st_size, st.st_mtime_ns, desc,
-                               st.st_ino, st.st_ctime_ns)  # fmt: skip
-            except (sqlite3.Error, ValueError, RecursionError) as exc:  # costs a re-describe
-                self._log_once(path, f"{path}: not kept in the index ({exc})")
+        row = (path, index_key(backend), st.st_size, st.st_mtime_ns, desc, st.st_ino,
+               st.st_ctime_ns)  # fmt: skip
+        if kept is not None and not desc.root.is_dir:  # a tree is let go at once (_described)
+            kept.append(row)
+        else:
+            self._keep(path, [row])
         return desc
+
+    def _keep(self, where: Path, rows: list[Any]) -> None:
+        """New descriptions into the index; failing costs only a re-describe."""
+        if self.index is None or not rows:
+            return
+        try:
+            refused = self.index.put_many(rows)
+        except (sqlite3.Error, ValueError) as exc:
+            self._log_once(where, f"{where}: not kept in the index ({exc})")
+            return
+        for path, exc in refused:
+            self._log_once(path, f"{path}: not kept in the index ({exc})")
 
     def _describe_fresh(self, backend: Backend, path: Path) -> Description | None:
         """The backend's description, or None (logged once) when it cannot be served."""
