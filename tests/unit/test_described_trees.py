@@ -6,8 +6,10 @@ import errno
 import io
 import json
 import os
+import subprocess
 import tarfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +20,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from tests.unit.inprocess import InProcessMount, fake_session
 from vfs.backends.base import EMPTY, Description, Entry
+from vfs.errors import ManifestError
 from vfs.mount.described import DescribedTrees
 from vfs.mount.index import DescriptionIndex
-from vfs.mount.tree import SourceTree
+from vfs.mount.tree import READ_AHEAD_MAX, SourceTree, read_ahead
 
 
 def tree_of(size: int, tag: int) -> Entry:
@@ -203,6 +206,8 @@ class OneFileBackend:
         return not is_dir and path.name.endswith(".one")
 
     def describe(self, path: Path) -> Description:
+        if path.name.startswith("bad"):
+            raise ManifestError(f"{path}: not one of ours")
         return Description(path.name[: -len(".one")], Entry(size=path.stat().st_size))
 
     def open(self, path: Path, member: str, entry: Entry) -> Any:
@@ -301,3 +306,83 @@ def test_json_text_is_the_json_of_to_json(root: Entry, name: str) -> None:
     desc = Description(name, root)
     assert desc.json_text() == json.dumps(desc.to_json(), separators=(",", ":"))
     assert Description.from_json(json.loads(desc.json_text())).root == root
+
+
+# -- a listing's archives: index rows read first, the rest read ahead ----------------------------
+
+
+def resident(path: Path) -> int:
+    """Bytes of `path` in the page cache, as util-linux's fincore counts them (not vfs's)."""
+    done = subprocess.run(["fincore", "-b", "-n", "-o", "RES", str(path)],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    return int(done.stdout.split()[0])
+
+
+def evicted(path: Path) -> Path:
+    os.sync()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    assert resident(path) == 0, f"{path} could not be evicted from the page cache here"
+    return path
+
+
+def settled(path: Path, want: bool) -> bool:
+    """Whether `path` is (`want`) or is not in the page cache within a second."""
+    deadline = time.monotonic() + 1.0
+    while (resident(path) > 0) != want and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return (resident(path) > 0) == want
+
+
+def test_read_ahead_reads_a_file_into_the_page_cache_and_never_through_a_link(
+    tmp_path: Path,
+) -> None:
+    target = tmp_path / "outside.bin"
+    target.write_bytes(os.urandom(64 * 1024))
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "link.zarr.zip").symlink_to(target)
+    os.mkfifo(tmp_path / "d" / "fifo.zarr.zip")  # swapped in after the listing: no hang
+    (tmp_path / "d" / "small.zarr.zip").write_bytes(os.urandom(64 * 1024))
+    evicted(target)
+    evicted(tmp_path / "d" / "small.zarr.zip")
+    fd = os.open(tmp_path / "d", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for name in ("link.zarr.zip", "fifo.zarr.zip", "missing.zarr.zip", "small.zarr.zip"):
+            read_ahead(fd, name)
+    finally:
+        os.close(fd)
+    assert settled(tmp_path / "d" / "small.zarr.zip", True)
+    assert settled(target, False)
+
+
+def test_a_listing_reads_ahead_only_the_small_archives_it_describes_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index is asked once per archive, before any is described; the archives it knows,
+    those that failed before and large ones are not read ahead."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"f{i}.one").write_bytes(b"x" * (i + 1))
+    (src / "big.one").write_bytes(b"x" * (READ_AHEAD_MAX + 1))
+    (src / "bad.one").write_bytes(b"junk")
+    index = DescriptionIndex(tmp_path / "index.sqlite")
+    tree = SourceTree(src, [OneFileBackend()], index=index)
+    tree.scan(src)  # all in the index now, bad.one remembered as failed
+    for i in (1, 4):
+        (src / f"f{i}.one").write_bytes(b"changed")  # described afresh
+    (src / "big.one").write_bytes(b"y" * (READ_AHEAD_MAX + 1))  # afresh, but too big
+    asked: list[str] = []
+    monkeypatch.setattr("vfs.mount.tree.read_ahead", lambda _fd, name: asked.append(name))
+    gets: list[Path] = []
+    real_get = index.get
+    monkeypatch.setattr(index, "get", lambda path, *a: gets.append(path) or real_get(path, *a))
+    shown = tree.scan(src)
+    assert sorted(asked) == ["f1.one", "f4.one"]
+    names = ["bad.one", "big.one", *(f"f{i}.one" for i in range(6))]
+    assert sorted(p.name for p in gets) == sorted(names)  # once each
+    assert shown["f1"].size == len(b"changed") and shown["f0"].size == 1
+    index.close()

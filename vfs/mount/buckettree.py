@@ -375,10 +375,10 @@ class BucketTree(SourceTree):
             raise OSError(errno.ESTALE, f"{path}: replaced in the bucket since it was listed")
 
     def describe(
-        self, backend: Backend, path: Path, st: os.stat_result, kept: list[Any] | None = None
+        self, backend: Backend, path: Path, st: os.stat_result, listing: Any = None
     ) -> Description | None:
-        """An object's description (the index first); `kept` is not used: it is written to the
-        index at once (a listing of a bucket reads its index rows together instead)."""
+        """An object's description (the index first); `listing` is not used: a new one is
+        written to the index at once (a listing of a bucket reads its index rows together)."""
         self.archives_seen += 1
         assert isinstance(path, ObjectPath)
         if path.info is None:  # a NAME.zarr/ prefix: its manifest (written last) is its identity
