@@ -361,8 +361,8 @@ def test_read_ahead_reads_a_file_into_the_page_cache_and_never_through_a_link(
 def test_a_listing_reads_ahead_only_the_small_archives_it_describes_afresh(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The index is asked once per archive, before any is described; the archives it knows,
-    those that failed before and large ones are not read ahead."""
+    """The index is asked about every archive at once, before any is described; the archives
+    it knows, those that failed before and large ones are not read ahead."""
     src = tmp_path / "src"
     src.mkdir()
     for i in range(6):
@@ -377,12 +377,17 @@ def test_a_listing_reads_ahead_only_the_small_archives_it_describes_afresh(
     (src / "big.one").write_bytes(b"y" * (READ_AHEAD_MAX + 1))  # afresh, but too big
     asked: list[str] = []
     monkeypatch.setattr("vfs.mount.tree.read_ahead", lambda _fd, name: asked.append(name))
-    gets: list[Path] = []
-    real_get = index.get
-    monkeypatch.setattr(index, "get", lambda path, *a: gets.append(path) or real_get(path, *a))
+    asks: list[list[str]] = []
+    real_get_many = index.get_many
+    monkeypatch.setattr(index, "get", lambda *_: pytest.fail("asked for one archive"))
+
+    def get_many(wanted: Any) -> Any:
+        asks.append(sorted(Path(w[0]).name for w in wanted))
+        return real_get_many(wanted)
+
+    monkeypatch.setattr(index, "get_many", get_many)
     shown = tree.scan(src)
     assert sorted(asked) == ["f1.one", "f4.one"]
-    names = ["bad.one", "big.one", *(f"f{i}.one" for i in range(6))]
-    assert sorted(p.name for p in gets) == sorted(names)  # once each
+    assert asks == [sorted(["bad.one", "big.one", *(f"f{i}.one" for i in range(6))])]
     assert shown["f1"].size == len(b"changed") and shown["f0"].size == 1
     index.close()

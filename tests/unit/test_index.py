@@ -116,3 +116,25 @@ def test_descriptions_kept_together_are_each_found_and_one_that_cannot_be_writte
     again = DescriptionIndex(tmp_path / "index.sqlite")  # committed, not only seen in-process
     assert again.get(tmp_path / "a299.zarr.zip", "decant", 299, 20, 329, 40) == rows[300][4]
     again.close()
+
+
+def test_descriptions_asked_for_together_are_those_of_the_very_versions_asked_for(
+    tmp_path: Path,
+) -> None:
+    """get_many: what get would give for each, over more names than one query takes."""
+    from vfs.backends.base import Description, Entry
+
+    index = DescriptionIndex(tmp_path / "index.sqlite")
+    odd = Path(os.fsdecode(b"/src/caf\xe9.zarr.zip"))  # a name that is not UTF-8
+    paths = [Path(f"/src/a{i}.zarr.zip") for i in range(1200)] + [odd]
+    for i, path in enumerate(paths):
+        index.put(path, "decant", i, 20, Description(f"a{i}", Entry(size=i)), 30, 40)
+    wanted = [(p, "decant", i, 20, 30, 40) for i, p in enumerate(paths)]
+    wanted[7] = (paths[7], "decant", 7, 20, 30, 41)  # another version: ctime moved
+    wanted[8] = (paths[8], "c4gh", 8, 20, 30, 40)  # another backend's
+    wanted.append((Path("/src/never.zarr.zip"), "decant", 1, 2, 3, 4))
+    found = index.get_many(wanted)
+    assert found == {(str(p), b): index.get(p, b, s, m, ino, c)
+                     for p, b, s, m, ino, c in wanted if index.get(p, b, s, m, ino, c)}  # fmt: skip
+    assert len(found) == len(paths) - 2 and found[(str(odd), "decant")].name == "a1200"
+    index.close()

@@ -455,15 +455,28 @@ class SourceTree:
         the small archive files among the rest, about to be described afresh, read ahead.
         `fd` is their folder's, reached without links: the names are opened in it, links not
         followed."""
+        known = self._indexed_many(archives)
         found: dict[Path, Description] = {}
         for name, st, backend, path in archives:
-            desc = self._indexed(backend, path, st)
+            desc = known.get((str(path), index_key(backend)))
             if desc is not None:
                 found[path] = desc
             elif (stat.S_ISREG(st.st_mode) and st.st_size <= READ_AHEAD_MAX
                   and self._failed.get(path) != self._stamp(backend, st)):  # fmt: skip
                 read_ahead(fd, name)
         return found
+
+    def _indexed_many(self, archives: list[_Archive]) -> dict[tuple[str, str], Description]:
+        if self.index is None or not archives:
+            return {}
+        wanted = [(path, index_key(backend), st.st_size, st.st_mtime_ns, st.st_ino,
+                   st.st_ctime_ns) for _n, st, backend, path in archives]  # fmt: skip
+        try:
+            return self.index.get_many(wanted)
+        except (sqlite3.Error, ValueError) as exc:  # each is then described afresh
+            self._log_once(archives[0][3].parent, f"{archives[0][3].parent}: not looked up "
+                           f"in the index ({exc})")  # fmt: skip
+            return {}
 
     def _keep(self, where: Path, rows: list[Any]) -> None:
         """New descriptions into the index; failing costs only a re-describe."""
