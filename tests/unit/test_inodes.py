@@ -14,6 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tifffile
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.toolbox import traced_peak
 from tests.unit.inprocess import InProcessMount, fake_session
@@ -333,3 +335,45 @@ def test_scanning_a_folder_holds_no_stat_result_per_name(tmp_path: Path) -> None
     kids, peak = traced_peak(lambda: tree.scan(many))
     assert len(kids) == n
     assert peak / n <= MAX_SCAN_PEAK_PER_NAME, f"{peak / n:.0f} B per name at the scan's peak"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["put", "drop", "merge", "list"]),
+            st.lists(st.sampled_from("abcdefgh"), max_size=5),
+        ),
+        max_size=40,
+    ),
+    start=st.integers(0, 30),
+)
+def test_a_listing_after_a_cookie_is_every_name_after_it_in_cookie_order(
+    ops: list[tuple[str, list[str]]], start: int
+) -> None:
+    """Folder.after against a model: a name keeps the cookie it first got for as long as it is
+    listed, a name put anew gets one above every cookie given before, and `after(c)` is the
+    names with cookies above c, in cookie order (taken from insertion order, not sorted)."""
+    folder, model, given_out = Folder(), {}, 0
+    for op, names in ops:
+        if op == "put":
+            for name in names:
+                folder.put(name, real(name))
+                if name not in model:
+                    given_out += 1
+                    model[name] = given_out
+        elif op == "drop":
+            for name in names:
+                folder.drop(name)
+                model.pop(name, None)
+        elif op == "merge":
+            folder.merge({name: real(name) for name in names})
+            model = {n: c for n, c in model.items() if n in names}
+            for name in names:
+                if name not in model:
+                    given_out += 1
+                    model[name] = given_out
+        else:
+            list(folder.after(0))  # an order built, to be dropped by the next change
+    want = sorted((c, n) for n, c in model.items() if c > start)
+    assert [(c, n) for c, n, _node in folder.after(start)] == want

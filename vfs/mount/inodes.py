@@ -73,8 +73,10 @@ class Folder:
     def after(self, cookie: int) -> Iterator[tuple[int, str, Node]]:
         """Entries whose cookie is greater than `cookie`, in cookie order."""
         if self._order is None:
-            names = sorted(self.cookies, key=self.cookies.__getitem__)
-            self._order = names, array("q", [self.cookies[n] for n in names])
+            # Already in cookie order: `put` alone adds names, each with a cookie above all
+            # before it, and a dict keeps insertion order. Sorting a million names took 0.74 s
+            # of the event loop after each change to the folder.
+            self._order = list(self.cookies), array("q", self.cookies.values())
         names, cookies = self._order  # never changed: a change makes a new order
         for i in range(bisect.bisect_right(cookies, cookie), len(names)):
             node = self.children.get(names[i])
