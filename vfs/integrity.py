@@ -3,9 +3,45 @@
 from __future__ import annotations
 
 import hashlib
+import threading
+from typing import Any
 
 MAX_PENDING = 8 * 1024 * 1024  # bytes parked ahead of the hash position before giving up
 MAX_GAP = 4 * 1024 * 1024  # how far ahead of the hash position a read may start to be parked
+PARKED_MAX = 64 * 1024 * 1024  # what all of a daemon's hashers may park together (ParkBudget)
+
+
+class ParkBudget:
+    """Bytes all running hashes may hold parked together. One handle parks at most
+    MAX_PENDING, but a user may hold thousands: 60 handles on links of one archive, each
+    read a few MiB in, grew a daemon with a 64 MiB cache to 359 MiB. A hasher that would go
+    past the budget gives up (its file is then verified aside, as after random reads)."""
+
+    def __init__(self, max_bytes: int = PARKED_MAX) -> None:
+        self.max_bytes = max_bytes
+        self.held = 0
+        self._lock = threading.Lock()
+
+    def take(self, nbytes: int) -> bool:
+        with self._lock:
+            if self.held + nbytes > self.max_bytes:
+                return False
+            self.held += nbytes
+            return True
+
+    def give(self, nbytes: int) -> None:
+        with self._lock:
+            self.held -= nbytes
+
+
+def held_bytes(data: Any) -> int:
+    """What parking `data` keeps alive: all of the buffer a view pins, not just its bytes."""
+    if isinstance(data, memoryview) and data.obj is not None:
+        try:
+            return max(data.nbytes, memoryview(data.obj).nbytes)
+        except TypeError:
+            pass
+    return len(data)
 
 
 class SequentialHasher:
@@ -13,7 +49,7 @@ class SequentialHasher:
     kernel issues read-ahead concurrently) are parked until the gap fills; a read pattern that is
     not front to back makes it give up, and then the file is simply not checked this time."""
 
-    def __init__(self, size: int, expected: str) -> None:
+    def __init__(self, size: int, expected: str, budget: ParkBudget | None = None) -> None:
         self.size = size
         self.expected = expected
         self.pos = 0
@@ -21,6 +57,8 @@ class SequentialHasher:
         self._digest = hashlib.sha256()
         self._pending: dict[int, bytes | memoryview] = {}
         self._pending_bytes = 0
+        self._budget = budget
+        self._charged = 0  # what the parked reads hold of `budget`
 
     @property
     def complete(self) -> bool:
@@ -44,7 +82,9 @@ class SequentialHasher:
             # one file: 104 MiB of a daemon's 365 MiB peak with an 8 MiB cache).
             far = offset - self.pos > MAX_GAP
             if far or offset in self._pending or self._pending_bytes + len(data) > MAX_PENDING:
-                self._abandon()
+                self.abandon()
+            elif not self._charge(data):
+                self.abandon()  # every hasher's parked reads together are at their bound
             else:
                 self._pending[offset] = data
                 self._pending_bytes += len(data)
@@ -56,14 +96,31 @@ class SequentialHasher:
             self._pending_bytes -= len(chunk)
             self._digest.update(chunk)
             self.pos += len(chunk)
+            self._release(held_bytes(chunk))
         if self._pending and min(self._pending) < self.pos:
-            self._abandon()  # overlapping reads: this is not a clean front-to-back pass
+            self.abandon()  # overlapping reads: this is not a clean front-to-back pass
         return self.pos >= self.size
 
-    def _abandon(self) -> None:
+    def abandon(self) -> None:
+        """Give up (the file is not checked this time); what was parked goes."""
         self.abandoned = True
         self._pending.clear()
         self._pending_bytes = 0
+        self._release(self._charged)
+
+    def _charge(self, data: Any) -> bool:
+        if self._budget is None:
+            return True
+        nbytes = held_bytes(data)
+        if not self._budget.take(nbytes):
+            return False
+        self._charged += nbytes
+        return True
+
+    def _release(self, nbytes: int) -> None:
+        if self._budget is not None and nbytes:
+            self._budget.give(nbytes)
+            self._charged -= nbytes
 
 
 class Coverage:

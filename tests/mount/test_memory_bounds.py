@@ -147,3 +147,36 @@ def test_planes_the_cache_cannot_keep_are_served_block_by_block(  # type: ignore
     status = json.loads((m.mnt / ".decant-status").read_text())["daemon"]
     assert status["reads"] >= 2048, status  # 64 MiB in 32 KiB requests
     assert status["cache"]["misses"] < 1024, status
+
+
+def test_handles_on_many_archives_park_for_their_hashes_within_one_bound(  # type: ignore[no-untyped-def]
+    stacks: Path, tmp_path: Path, make_mount
+) -> None:
+    """80 handles, on 80 links of one archive (each another archive to the mount), each read
+    1 MiB at 1, 2 and 3 MiB and held open: every running hash parks its reads (they are ahead
+    of its position, and close), and each handle may park up to 8 MiB. With a 64 MiB cache the
+    daemon grew by 306 MiB for 60 such handles, and a user may hold 4,096. Now all hashes
+    together park at most PARKED_MAX; a hash past it gives up (the file is verified aside)."""
+    from vfs.integrity import PARKED_MAX
+
+    src = tmp_path / "links"
+    src.mkdir()
+    for i in range(80):
+        os.link(stacks / "a.tif.zarr.zip", src / f"a{i:02d}.tif.zarr.zip")
+    m = make_mount(src, "--read-only", "--cache-size", "64M")
+    assert m.proc is not None
+    names = sorted(os.listdir(m.mnt))
+    assert len(names) == 80
+    before = proc_status(m.proc.pid, "VmRSS")
+    fds = [os.open(m.mnt / name, os.O_RDONLY) for name in names]
+    try:
+        for fd in fds:
+            for at in (1, 2, 3):
+                assert len(os.pread(fd, MiB, at * MiB)) == MiB
+        time.sleep(0.5)  # the last reads reach their hashers
+        grown = proc_status(m.proc.pid, "VmHWM") - before
+    finally:
+        for fd in fds:
+            os.close(fd)
+    bound = CACHE + PARKED_MAX + 60 * MiB
+    assert grown < bound, f"grew {grown // MiB} MiB holding 80 handles, over {bound // MiB}"

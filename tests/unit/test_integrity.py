@@ -9,7 +9,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vfs.integrity import MAX_GAP, Coverage, SequentialHasher
+from vfs.integrity import MAX_GAP, Coverage, ParkBudget, SequentialHasher, held_bytes
 
 
 def _chunks(data: bytes, cuts: list[int]) -> list[tuple[int, bytes]]:
@@ -67,3 +67,31 @@ def test_coverage_reaches_size_only_when_every_byte_was_seen(size: int, cuts: li
         seen.update(range(a, b))
         full = cov.add(a, b) >= size
         assert full == (len(seen) == size)
+
+
+def test_hashers_sharing_a_budget_park_within_it_and_give_back_what_they_held() -> None:
+    size = 8 << 20
+    budget = ParkBudget(size)
+    first, second = (SequentialHasher(size, "0" * 64, budget) for _ in range(2))
+    plane = bytearray(size)
+    first.feed(1 << 20, memoryview(plane)[1 << 20 : 2 << 20])  # a view pins its whole buffer
+    assert not first.abandoned and budget.held == size
+    budget.max_bytes = size + (2 << 20)
+    second.feed(1 << 20, b"x" * (1 << 20))
+    second.feed(2 << 20, b"x" * (1 << 20))
+    assert not second.abandoned and budget.held == size + (2 << 20)
+    second.feed(3 << 20, b"x" * 4096)  # past the budget: it gives up, and lets go
+    assert second.abandoned and budget.held == size
+    first.feed(0, b"\0" * (1 << 20))  # the gap filled: the parked read is hashed, let go
+    assert first.pos == 2 << 20 and budget.held == 0
+    first.feed(3 << 20, b"y" * 10)
+    assert budget.held == 10
+    first.abandon()
+    assert budget.held == 0
+
+
+def test_a_view_held_for_hashing_counts_the_buffer_it_keeps_alive() -> None:
+    buf = bytearray(1000)
+    assert held_bytes(memoryview(buf)[10:20]) == 1000
+    assert held_bytes(b"abc") == 3
+    assert held_bytes(memoryview(b"abcdef")[1:2]) == 6

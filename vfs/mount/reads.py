@@ -24,7 +24,7 @@ import trio
 
 from vfs.backends.base import RandomAccess
 from vfs.errors import ArchiveGoneError, CorruptArchiveError, StoreError
-from vfs.integrity import Coverage, SequentialHasher
+from vfs.integrity import Coverage, ParkBudget, SequentialHasher
 from vfs.mount.fair import FairSlots
 from vfs.mount.metrics import COUNTERS
 from vfs.nodes import Node, NodeKey
@@ -214,6 +214,7 @@ class Reads:
         self.fair = FairSlots(decode_threads)
         self.decode = trio.CapacityLimiter(decode_threads)
         self.readahead_limiter = trio.CapacityLimiter(2)
+        self.parked = ParkBudget()  # what every handle's running hash may park, all told
         self.nursery: trio.Nursery | None = None
 
     def spawn(self, fn: Callable[..., Awaitable[None]], *args: Any) -> None:
@@ -235,7 +236,7 @@ class Reads:
             return node.backend is not None and getattr(node.backend, "kernel_cache", True)
         if await self.integrity.verified(node):
             return True
-        handle.hasher = SequentialHasher(node.size, node.sha256)
+        handle.hasher = SequentialHasher(node.size, node.sha256, self.parked)
         send, receive = trio.open_memory_channel[tuple[int, Any]](HASH_BACKLOG)
         handle.hash_queue = send
         self.spawn(self._hash_worker, handle, receive)
@@ -364,6 +365,10 @@ class Reads:
             await handle.hash_queue.aclose()
             hasher = handle.hasher
             if hasher is not None and not hasher.complete:
+                with trio.move_on_after(VERDICT_WAIT):  # its worker's last batch
+                    await handle.hash_done.wait()
+                if handle.hash_done.is_set():  # nothing feeds it now
+                    hasher.abandon()  # what it parked goes back to the budget
                 self.integrity.queue(handle.node)  # read in part: verify it in the background
         await trio.to_thread.run_sync(handle.reader.close)
 
