@@ -445,9 +445,8 @@ def _publish_archive(
         os.close(dfd)
     # Hashing first only pays when an archive is there: a restart after publish, pre-cleanup.
     if target.is_file() and _archive_holds(target, st, sha or file_sha256(via, progress)):
-        with _PLACING:
-            spool.mark_placed(relpath, target.stat())
-        return Published(relpath, target, "already", signature=signature(st))
+        _take_metadata(spool, relpath, target, st, durable)
+        return Published(relpath, target, "already", signature=signature(st), synced=durable)
     need = st.st_blocks * 512 + SPACE_MARGIN
     require_space(folder, need, f"needs about {size_text(need)} free to pack")
     staged = _staged(spool, folder, archive_name(name))
@@ -480,6 +479,39 @@ def _publish_archive(
         staged.unlink(missing_ok=True)
         built.unlink(missing_ok=True)
     return Published(relpath, target, mode, reason, signature(st), durable, placed)
+
+
+def _take_metadata(
+    spool: Spool, relpath: str, target: Path, st: os.stat_result, durable: bool
+) -> None:
+    """The archive found holding the file's bytes takes the file's mode, owner and mtime, as a
+    newly packed one would (`apply_metadata`). The same bytes copied again (`rsync -a` of a
+    file made 0600 since, or a chmod while it was being published) left the archive's older
+    mode: other users kept reading a file its owner had made private, and its old mtime
+    made every later `rsync -a` copy it again. Under the placing lock, only while the spooled
+    file is unchanged (as `place`), and reached from SRC without links: it is the user's
+    folder, and only a regular file of the file's owner (`_archive_holds`) is changed."""
+    dfd = parent_fd(spool.src, target)
+    try:
+        with _PLACING:
+            if signature(stat_beneath(spool.files, spool.path(relpath))) != signature(st):
+                raise SourceChangedError(spool.path(relpath))
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+            fd = os.open(target.name, flags, dir_fd=dfd)
+            try:
+                held = os.fstat(fd)
+                if not stat.S_ISREG(held.st_mode) or (
+                    os.geteuid() == 0 and held.st_uid != st.st_uid
+                ):
+                    raise SourceChangedError(target)  # swapped since it was checked
+                _set_metadata(fd, st)
+                if durable:
+                    os.fsync(fd)
+                spool.mark_placed(relpath, os.fstat(fd))
+            finally:
+                os.close(fd)
+    finally:
+        os.close(dfd)
 
 
 def _read_whole(source: Path, st: os.stat_result) -> bytes:
@@ -576,12 +608,16 @@ def apply_metadata(path: Path, st: os.stat_result) -> None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EPERM, "not a regular file (swapped?)", str(path))
-        os.fchmod(fd, stat.S_IMODE(st.st_mode))
-        if os.geteuid() == 0:
-            os.fchown(fd, st.st_uid, st.st_gid)
-        os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
+        _set_metadata(fd, st)
     finally:
         os.close(fd)
+
+
+def _set_metadata(fd: int, st: os.stat_result) -> None:
+    os.fchmod(fd, stat.S_IMODE(st.st_mode))
+    if os.geteuid() == 0:
+        os.fchown(fd, st.st_uid, st.st_gid)
+    os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
 def signature(st: os.stat_result) -> tuple[int, ...]:

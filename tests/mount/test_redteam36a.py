@@ -1,0 +1,99 @@
+"""Red team, round 36a: the write side through a real mount, as clients and local users.
+
+Each test fails on the daemon before its fix; see the commit that added it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import stat
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tifffile
+
+from tests.mount.conftest import Mount, User, open_tmp
+
+FAST = ("-o", "allow_other", "--settle", "0.3")
+
+
+def status(mnt: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((mnt / ".decant-status").read_text())
+    return doc
+
+
+def wait_for(what: str, cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still not {what} after {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def settled(m: Mount) -> bool:
+    """Nothing spooled (published or gone) and nothing queued."""
+    doc = status(m.mnt)
+    spool = m.src / ".decant-spool" / "files"
+    left = [p for p in spool.rglob("*") if p.is_file()] if spool.exists() else []
+    return not left and doc["queued"] == 0 and doc["packing"] == 0
+
+
+def tiff(seed: int) -> bytes:
+    buf = io.BytesIO()
+    data = np.random.default_rng(seed).integers(0, 60000, (2, 24, 16), dtype=np.uint16)
+    tifffile.imwrite(buf, data, photometric="minisblack")
+    return buf.getvalue()
+
+
+@pytest.fixture
+def mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mount]:
+    """A root mount (`allow_other`, short settle) of a SRC whose folder `drop` any user may
+    add to (sticky, as /tmp), in a folder other users may reach."""
+    base = open_tmp(tmp_path_factory, "rt36a")
+    src = base / "src"
+    (src / "drop").mkdir(parents=True)
+    (src / "drop").chmod(0o1777)
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    m.start(*FAST)
+    try:
+        yield m
+    finally:
+        m.stop()
+
+
+# -- the same bytes again, with a narrower mode and another mtime -----------------------------
+
+
+def test_a_tiff_copied_again_with_the_same_bytes_takes_its_new_mode_and_mtime(
+    mount: Mount, unprivileged: User
+) -> None:
+    """`rsync -a` of a TIFF whose bytes are already archived but whose mode (now 0600) and
+    mtime changed: rsync writes a temp file, gives it the mode and mtime, renames it over the
+    name. Publishing found an archive holding those very bytes and took it for the new file's
+    own ("already"), leaving the old archive's mode 0644 and its mtime: other users kept
+    reading a file its owner had just made private, and every later `rsync -a` copied it again."""
+    m, shared = mount, mount.src
+    data = tiff(1)
+    dst = m.mnt / "drop" / "scan.tif"
+    dst.write_bytes(data)
+    dst.chmod(0o644)
+    archive = shared / "drop" / "scan.tif.zarr.zip"
+    wait_for("published", lambda: archive.exists() and settled(m))
+    assert unprivileged.errno_of("read(p)", p=dst) == 0
+    tmp = m.mnt / "drop" / ".scan.tif.Ab12Cd"
+    tmp.write_bytes(data)
+    tmp.chmod(0o600)
+    os.utime(tmp, ns=(1_500_000_000_000_000_000, 1_500_000_000_000_000_000))
+    os.rename(tmp, dst)
+    wait_for("published again", lambda: settled(m))
+    st = archive.stat()
+    assert (stat.S_IMODE(st.st_mode), st.st_mtime_ns) == (0o600, 1_500_000_000_000_000_000)
+    assert dst.read_bytes() == data
+    assert dst.stat().st_mtime_ns == 1_500_000_000_000_000_000
+    assert unprivileged.errno_of("read(p)", p=dst) == 13
