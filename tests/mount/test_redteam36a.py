@@ -97,3 +97,26 @@ def test_a_tiff_copied_again_with_the_same_bytes_takes_its_new_mode_and_mtime(
     assert dst.read_bytes() == data
     assert dst.stat().st_mtime_ns == 1_500_000_000_000_000_000
     assert unprivileged.errno_of("read(p)", p=dst) == 13
+
+
+# -- an archive copied in through the mount -----------------------------------------------------
+
+
+def test_an_archive_copied_in_shows_its_original_once_published(
+    mount: Mount, tmp_path: Path
+) -> None:
+    """`cp x.tif.zarr.zip MNT/` (an archive copied back from elsewhere): a plain file, published
+    as it is, which SRC then presents as `x.tif`. The mount looked only its own name up after
+    the publish: the name left the listing and `x.tif` never came (until a remount), so a
+    file the client was told was copied was gone from the mount."""
+    from vfs.decant.packer import pack_file
+
+    data = tiff(2)
+    (tmp_path / "x.tif").write_bytes(data)
+    pack_file(tmp_path / "x.tif", tmp_path / "x.tif.zarr.zip")
+    drop = mount.mnt / "drop"
+    (drop / "x.tif.zarr.zip").write_bytes((tmp_path / "x.tif.zarr.zip").read_bytes())
+    wait_for("published", lambda: settled(mount))
+    assert (mount.src / "drop" / "x.tif.zarr.zip").is_file()
+    assert sorted(os.listdir(drop)) == ["x.tif"]
+    assert (drop / "x.tif").read_bytes() == data

@@ -56,6 +56,7 @@ RESCAN_INTERVAL = 1.0  # a folder's mtime is re-checked at most this often
 LOG_EVERY = 60.0  # the same failure of the same entry is logged once a minute, not per call
 NAME_MAX = 255
 _TEMP_PREFIX = TEMP_PREFIX.encode()
+_ARCHIVE_SUFFIXES = (".zarr.zip", ".zarr")  # names SRC may present as another (tree._related)
 PRIVILEGE_BITS = stat.S_ISUID | stat.S_ISGID
 QUICK_LIMIT = 0.02  # seconds (above the GIL's 5 ms switch interval): see QuickCalls
 QUICK_SLOW = 3
@@ -893,7 +894,13 @@ class DecantOperations(pyfuse3.Operations):
                 if path.parent not in held:
                     held[path.parent] = self.inodes.known(Node(True, 0, 0, 0, 0, 0, path.parent))
                 if held[path.parent] is not None:
-                    by_folder.setdefault(path.parent, set()).add(path.name)
+                    names = by_folder.setdefault(path.parent, set())
+                    names.add(path.name)
+                    if path.name.endswith(_ARCHIVE_SUFFIXES):
+                        # A file written in as `x.tif.zarr.zip` (an archive copied back) is
+                        # presented as `x.tif` once in SRC: looked up under its own name
+                        # only, it left the listing and `x.tif` never came, until a remount.
+                        names |= self.tree.presented_names({path.name})
                     break
                 path = path.parent
         for folder, names in by_folder.items():
