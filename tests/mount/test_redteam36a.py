@@ -120,3 +120,22 @@ def test_an_archive_copied_in_shows_its_original_once_published(
     assert (mount.src / "drop" / "x.tif.zarr.zip").is_file()
     assert sorted(os.listdir(drop)) == ["x.tif"]
     assert (drop / "x.tif").read_bytes() == data
+
+
+# -- touch -d of a published TIFF ---------------------------------------------------------------
+
+
+def test_touch_of_an_archived_original_shows_its_new_mtime(mount: Mount) -> None:
+    """`touch -d` of a TIFF once it is archived: the archive took the mtime (a remount showed
+    it) but the mount kept serving the old one, so `rsync -a` copied the file again."""
+    path = mount.mnt / "drop" / "a.tif"
+    path.write_bytes(tiff(3))
+    archive = mount.src / "drop" / "a.tif.zarr.zip"
+    wait_for("published", lambda: archive.exists() and settled(mount))
+    when = 1_600_000_000_000_000_000
+    os.utime(path, ns=(when, when))
+    assert archive.stat().st_mtime_ns == when
+    assert os.stat(path).st_mtime_ns == when
+    os.chmod(path, 0o640)  # a chmod after it keeps it (and the file still opens)
+    assert (os.stat(path).st_mtime_ns, stat.S_IMODE(os.stat(path).st_mode)) == (when, 0o640)
+    assert path.read_bytes() == tiff(3)

@@ -485,3 +485,7 @@ def _same_version(node: Node, before: os.stat_result, after: os.stat_result) -> 
     whole read verifies it again, as a remount would."""
     if (after.st_ino, after.st_size) == (before.st_ino, before.st_size):
         node.version = archive_version(after)
+        if not node.member:
+            # An original shows its archive's mtime (as a listing would): `touch -d` of it
+            # set the archive's, while the mount kept showing the old one until a remount.
+            node.mtime_ns = after.st_mtime_ns
