@@ -139,3 +139,28 @@ def test_touch_of_an_archived_original_shows_its_new_mtime(mount: Mount) -> None
     os.chmod(path, 0o640)  # a chmod after it keeps it (and the file still opens)
     assert (os.stat(path).st_mtime_ns, stat.S_IMODE(os.stat(path).st_mode)) == (when, 0o640)
     assert path.read_bytes() == tiff(3)
+
+
+# -- a published file renamed over an archived original ----------------------------------------
+
+
+def test_a_published_file_renamed_over_an_archived_tiff_replaces_its_archive(
+    mount: Mount,
+) -> None:
+    """`mv notes.txt scan.tif` where both are published (`scan.tif` as its archive): the
+    rename put `scan.tif` into SRC beside `scan.tif.zarr.zip`, which stayed. The mount then
+    listed a `scan.tif.zarr.zip` nobody made, a later `rm scan.tif` (--allow-delete) brought
+    the old TIFF back under the name, and `scan.tif` written again was never published (the
+    leftover archive was no entry it could replace: failed, retried for ever)."""
+    drop, src = mount.mnt / "drop", mount.src / "drop"
+    (drop / "scan.tif").write_bytes(tiff(4))
+    (drop / "notes.txt").write_bytes(b"notes\n")
+    wait_for("published", lambda: (src / "scan.tif.zarr.zip").exists() and settled(mount))
+    os.rename(drop / "notes.txt", drop / "scan.tif")
+    assert sorted(os.listdir(drop)) == ["scan.tif"]
+    assert sorted(os.listdir(src)) == ["scan.tif"]
+    with open(drop / "scan.tif", "ab") as fh:  # moved back into the spool, published anew
+        fh.write(b"more\n")
+    wait_for("published again", lambda: settled(mount))
+    assert (drop / "scan.tif").read_bytes() == b"notes\nmore\n"
+    assert sorted(os.listdir(src)) == ["scan.tif"]

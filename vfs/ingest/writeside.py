@@ -235,6 +235,7 @@ class WriteSide:
         if node.backend is not None:
             raise refuse(errno.EPERM, f"{node.real}: archived originals cannot be renamed")
         target = self.root / new_rel
+        doomed: Path | None = None
         # Both folders reached without links: vfs/beneath.py.
         with (
             _folder_of(self.root, node.real) as sfd,
@@ -255,6 +256,8 @@ class WriteSide:
             else:
                 self.spool.discard(new_rel)
                 self._discard_link(old_rel, target)
+                doomed = _replaced_archive(self.spool, target, dfd, shown)
+        remove_tree(doomed)
         return self.refresh(_moved(node, target))
 
     def _holds_spooled(self, rel: str) -> bool:
@@ -469,6 +472,25 @@ def _is_entry(shown: Node, path: Path, st: os.stat_result) -> bool:
         return os.path.samestat(os.lstat(shown.real), st)
     except OSError:
         return False
+
+
+def _replaced_archive(
+    spool: Spool, target: Path, dfd: int, shown: frozenset[tuple[int, int]]
+) -> Path | None:
+    """A real file renamed over a name the mount showed from an archive (`y.tif` of
+    `y.tif.zarr.zip`): the rename replaced what was shown, so the archive goes too (set aside
+    for `remove_tree`; the caller holds the placing lock). Left in SRC it showed as
+    `y.tif.zarr.zip`, a deleted `y.tif` came back with the archive's older bytes, and the file,
+    once written again, was never published (the archive was no entry it may replace). Only
+    the entry the mount showed (`shown`, from `_check_free`), never one put there since."""
+    archive = target.with_name(archive_name(target.name))
+    try:
+        st = os.stat(archive.name, dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        return None
+    if (st.st_dev, st.st_ino) not in shown:
+        return None
+    return set_aside(spool, archive, dfd)
 
 
 def _moved(node: Node, target: Path) -> Node:
