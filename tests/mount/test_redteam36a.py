@@ -164,3 +164,39 @@ def test_a_published_file_renamed_over_an_archived_tiff_replaces_its_archive(
     wait_for("published again", lambda: settled(mount))
     assert (drop / "scan.tif").read_bytes() == b"notes\nmore\n"
     assert sorted(os.listdir(src)) == ["scan.tif"]
+
+
+# -- a write to a file in the instant after its publish -----------------------------------------
+
+
+def test_a_file_written_while_its_spooled_name_goes_stays_whole(tmp_path: Path) -> None:
+    """A plain file is published as a hard link; the mount switches to it, and only then does
+    its spooled name go. A client opening it for writing in between (the mount moves a
+    published file back into the spool to write it) renamed one link of the file over the
+    other: rename() does nothing then, the file stayed in SRC, the spooled name went, and the
+    mount's node pointed at nothing (ENOENT at open and stat of a file that is there, seen
+    through a real mount by appending to 60 files as they publish). Here the three steps run
+    in that order, without the mount: the write side's adopt, then the queue's removal."""
+    from vfs.ingest.publish import placing_lock
+    from vfs.ingest.queue import Item, PackQueue
+    from vfs.ingest.spool import Spool
+
+    src = tmp_path / "src"
+    (src / "drop").mkdir(parents=True)
+    spool = Spool(src, src / ".decant-spool" / "files")
+    rel = "drop/notes.txt"
+    fd = spool.create(rel, 0o644, os.getuid(), os.getgid())
+    os.write(fd, b"notes\n")
+    os.close(fd)
+    published = spool.publish(rel, False, None)
+    assert published.mode == "plain" and (src / rel).read_bytes() == b"notes\n"
+    with placing_lock():  # WriteSide.open_for_write of the published file
+        spool.adopt(src / rel, rel, src)
+    fd = os.open(spool.path(rel), os.O_WRONLY | os.O_APPEND)
+    try:
+        assert PackQueue._remove_spooled([(Item(spool, rel), published)]) == [False]
+        os.write(fd, b"more\n")
+    finally:
+        os.close(fd)
+    assert spool.path(rel).read_bytes() == b"notes\nmore\n"  # spooled, to be published anew
+    assert not (src / rel).exists()

@@ -492,7 +492,10 @@ class PackQueue:
     @staticmethod
     def _remove_spooled(keep: list[tuple[Item, Published]]) -> list[bool]:
         """In a worker thread: the batch's spooled names, then each emptied folder once."""
-        done = [item.spool.remove(item.relpath, p.signature, prune=False) for item, p in keep]
+        done = [
+            item.spool.remove(item.relpath, p.signature, prune=False, placed=(p.target, p.placed))
+            for item, p in keep
+        ]
         for spool, folder in {(item.spool, str(Path(item.relpath).parent)) for item, _p in keep}:
             spool.prune_dirs(folder)
         return done

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from vfs.beneath import not_shown, parent_fd
 from vfs.decant import TEMP_PREFIX
-from vfs.ingest.publish import Outcome, Published, archive_name, attempt, publish
+from vfs.ingest.publish import Outcome, Published, archive_name, attempt, placing_lock, publish
 from vfs.ingest.publish import signature as file_signature
 from vfs.walk import MAX_WALK_DEPTH, walk
 
@@ -146,6 +146,14 @@ class Spool:
         target = self.path(relpath)
         dfd = parent_fd(root or real.parent, real)
         try:
+            if _same_file(target, real.name, dfd):
+                # Just published by a hard link, its spooled name not yet gone: rename()
+                # between two links of one file does nothing, so the file stayed in SRC while
+                # the mount took it for spooled, and the spooled name went (ENOENT at every
+                # open and stat of an existing file). The SRC name goes instead; the queue
+                # keeps the spooled one (`remove`: its ctime moved) and publishes it anew.
+                os.unlink(real.name, dir_fd=dfd)
+                return
             _into_folder(target, lambda: os.replace(real.name, target, src_dir_fd=dfd), real)
             st = target.lstat()
             if not stat.S_ISREG(st.st_mode):
@@ -261,23 +269,60 @@ class Spool:
         """`remove` for a batch of (relpath, signature): one worker-thread call, not one each."""
         return [self.remove(relpath, sig) for relpath, sig in done]
 
-    def remove(self, relpath: str, signature: tuple[int, ...] = (), prune: bool = True) -> bool:
+    def remove(
+        self,
+        relpath: str,
+        signature: tuple[int, ...] = (),
+        prune: bool = True,
+        placed: tuple[Path, tuple[int, int]] | None = None,
+    ) -> bool:
         """Delete a spooled file; with `signature`, only if it is still the file that was
         published (not one renamed over it since). False if it was kept. Without `prune`
-        the caller removes emptied folders (`prune_dirs`), once per folder for a batch."""
+        the caller removes emptied folders (`prune_dirs`), once per folder for a batch.
+        `placed`: where publishing put the file and what it placed there; a spooled file that
+        is what was placed (a hard link) is kept unless that name still holds it."""
         path = self.path(relpath)
         if signature:
-            try:
-                if file_signature(path.stat()) != signature:
+            # Checked and unlinked under the placing lock: `adopt` (a write to the published
+            # link of this very file) unlinks the SRC name under it, leaving the spooled name
+            # the file's only one. Its ctime moved, but maybe not in the same clock tick:
+            # the SRC name is looked at too.
+            with placing_lock():
+                try:
+                    st = path.stat()
+                except FileNotFoundError:
+                    return True
+                if file_signature(st) != signature or _taken_back(st, placed):
                     return False
-            except FileNotFoundError:
-                return True
-        path.unlink(missing_ok=True)
+                path.unlink(missing_ok=True)
+        else:
+            path.unlink(missing_ok=True)
         self._placed.pop(relpath, None)
         self._may_replace.pop(relpath, None)
         if prune:
             self.prune_dirs(str(Path(relpath).parent))
         return True
+
+
+def _taken_back(st: os.stat_result, placed: tuple[Path, tuple[int, int]] | None) -> bool:
+    """Is the spooled file (`st`) what was placed at `placed`, and no longer there?"""
+    if placed is None or (st.st_dev, st.st_ino) != placed[1]:
+        return False
+    try:
+        there = placed[0].lstat()
+    except OSError:
+        return True
+    return (there.st_dev, there.st_ino) != placed[1]
+
+
+def _same_file(spooled: Path, name: str, dfd: int) -> bool:
+    """Is the spooled file at `spooled` the very file `name` is in the folder `dfd`?"""
+    try:
+        mine = spooled.lstat()
+        there = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(mine.st_mode) and os.path.samestat(mine, there)
 
 
 def _into_folder(target: Path, make: Callable[[], T], source: Path | None = None) -> T:
