@@ -200,3 +200,46 @@ def test_a_file_written_while_its_spooled_name_goes_stays_whole(tmp_path: Path) 
         os.close(fd)
     assert spool.path(rel).read_bytes() == b"notes\nmore\n"  # spooled, to be published anew
     assert not (src / rel).exists()
+
+
+# -- a published archive renamed away before its batch is made durable ---------------------------
+
+
+def test_an_archive_renamed_away_before_its_batch_syncs_fails_no_one_s_files(
+    tmp_path: Path,
+) -> None:
+    """A worker publishes a batch, then fsyncs its archives at once before their spooled copies
+    go. A folder renamed through the mount meanwhile (seen in a real mount, renaming folders
+    while files publish) took an archive of the batch away: the fsync raised, the whole batch
+    failed, and every file in it, of every user, was reported failed and retried only 30 s
+    later (doubling each time); the folder's owner could do it at will. Now that one file is
+    tried again soon (its spooled copy stays), and the others are published."""
+    from vfs.ingest.publish import placing_lock
+    from vfs.ingest.queue import Item, PackQueue
+    from vfs.ingest.spool import Spool
+
+    src = tmp_path / "src"
+    (src / "mine").mkdir(parents=True)
+    spool = Spool(src, src / ".decant-spool" / "files")
+    for rel, seed in (("mine/a.tif", 5), ("b.tif", 6)):
+        fd = spool.create(rel, 0o644, os.getuid(), os.getgid())
+        os.write(fd, tiff(seed))
+        os.close(fd)
+    attempt = spool.attempt
+
+    def renamed_first(relpath: str, *args: Any) -> Any:
+        if relpath == "b.tif":  # `mv mine theirs` through the mount, after a.tif was placed
+            with placing_lock():
+                os.rename(src / "mine", src / "theirs")
+                spool.rename("mine", "theirs")
+        return attempt(relpath, *args)
+
+    spool.attempt = renamed_first  # type: ignore[method-assign]
+    queue = PackQueue([spool], settle=0.0, options=None)
+    out = queue._work([Item(spool, "mine/a.tif"), Item(spool, "b.tif")])
+    assert [(o.relpath, o.kind) for o in out] == [
+        ("mine/a.tif", "unsettled"),
+        ("b.tif", "published"),
+    ]
+    assert (src / "theirs" / "a.tif.zarr.zip").is_file()
+    assert spool.path("theirs/a.tif").read_bytes() == tiff(5)

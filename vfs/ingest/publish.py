@@ -799,16 +799,37 @@ def place(
     return _ident(placed)
 
 
-def sync_placed(root: Path, targets: list[Path]) -> None:
+GONE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)  # a name (or a folder above it) went or is a link
+
+
+def sync_placed(root: Path, targets: list[Path]) -> set[Path]:
     """fsync archives placed without it, then each of their folders once: a batch's metadata
     and names are durable before its spooled copies are deleted. On a journaling filesystem
     the first fsync commits them all, so the others cost little (not syncfs: on a shared disk
     that waits for everyone's dirty data). Each is reached from `root` (SRC) without following
-    a link: a name swapped for one since it was placed is not opened as root."""
+    a link: a name swapped for one since it was placed is not opened as root.
+
+    Returns the targets not synced because they left their names since (renamed or deleted
+    through the mount, a folder above them renamed or swapped for a link): their spooled
+    copies must stay. One such target used to fail the whole batch: every file in it was
+    reported failed and retried 30 s later, doubling, and the folder's owner could do that to
+    everyone's files at will."""
+    gone: set[Path] = set()
     for target in targets:
-        fsync_beneath(root, target)
-    for folder in {t.parent for t in targets}:
-        fsync_beneath(root, folder)
+        try:
+            fsync_beneath(root, target)
+        except OSError as exc:
+            if exc.errno not in GONE:
+                raise
+            gone.add(target)
+    for folder in {t.parent for t in targets if t not in gone}:
+        try:
+            fsync_beneath(root, folder)
+        except OSError as exc:
+            if exc.errno not in GONE:
+                raise
+            gone |= {t for t in targets if t.parent == folder}
+    return gone
 
 
 def placing_lock() -> threading.Lock:

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from vfs.ingest.publish import (
+    CHANGED_WAIT,
     Outcome,
     Published,
     describe_error,
@@ -349,8 +350,16 @@ class PackQueue:
         for item, o in zip(batch, out, strict=False):
             if o.published and not o.published.synced:
                 unsynced.setdefault(item.spool.src, []).append(o.published.target)
+        gone: set[Path] = set()
         for src, targets in unsynced.items():
-            sync_placed(src, targets)  # durable before their spooled copies go
+            gone |= sync_placed(src, targets)  # durable before their spooled copies go
+        if gone:  # not durable: their spooled copies stay, and they are tried again
+            out = [
+                Outcome(o.relpath, "unsettled", wait=CHANGED_WAIT)
+                if o.published and not o.published.synced and o.published.target in gone
+                else o
+                for o in out
+            ]
         return out
 
     # -- after a batch ---------------------------------------------------------------------
