@@ -243,3 +243,29 @@ def test_an_archive_renamed_away_before_its_batch_syncs_fails_no_one_s_files(
     ]
     assert (src / "theirs" / "a.tif.zarr.zip").is_file()
     assert spool.path("theirs/a.tif").read_bytes() == tiff(5)
+
+
+def test_a_file_published_as_its_folder_is_renamed_is_not_refused_its_own_archive(
+    tmp_path: Path,
+) -> None:
+    """Its archive placed, its spooled copy not yet gone, the file's folder renamed through the
+    mount (SRC's folder and the spool's move together): publishing it again under its new
+    path found its own archive there but knew it only under the old path, refused it as an
+    entry "put there after" the file was written, and the file failed for good (retried
+    30 s later, doubling, never published)."""
+    from vfs.ingest.publish import placing_lock
+    from vfs.ingest.spool import Spool
+
+    src = tmp_path / "src"
+    (src / "mine").mkdir(parents=True)
+    spool = Spool(src, src / ".decant-spool" / "files")
+    fd = spool.create("mine/a.tif", 0o644, os.getuid(), os.getgid())
+    os.write(fd, tiff(5))
+    os.close(fd)
+    spool.allow_replacing("mine/a.tif", frozenset())  # created through the mount
+    assert spool.publish("mine/a.tif", False, None).mode == "byte-exact"
+    with placing_lock():  # WriteSide.rename of the folder
+        os.rename(src / "mine", src / "theirs")
+        spool.rename("mine", "theirs")
+    outcome = spool.attempt("theirs/a.tif", False, None, 0.0)
+    assert (outcome.kind, outcome.reason) == ("published", "")

@@ -127,6 +127,11 @@ class Spool:
         inside = old + "/"
         for rel in [r for r in list(self._may_replace) if r == old or r.startswith(inside)]:
             self._may_replace[new + rel[len(old) :]] = self._may_replace.pop(rel)
+        # A folder's files just published took their archives along (SRC's folder was renamed
+        # too): each is still its file's own copy. Left under the old paths, the files were
+        # refused their own archives ("put there after ... written"), failed for good.
+        for rel in [r for r in list(self._placed) if r.startswith(inside)]:
+            self._placed[new + rel[len(old) :]] = self._placed.pop(rel)
         if may_replace is not None:
             self._may_replace[new] = may_replace
 
