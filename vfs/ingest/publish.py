@@ -504,9 +504,10 @@ def _take_metadata(
                     os.geteuid() == 0 and held.st_uid != st.st_uid
                 ):
                     raise SourceChangedError(target)  # swapped since it was checked
-                _set_metadata(fd, st)
-                if durable:
-                    os.fsync(fd)
+                if _metadata(held) != _metadata(st):  # else its ctime (the mount's version)
+                    _set_metadata(fd, st)  # stays as it is
+                    if durable:
+                        os.fsync(fd)
                 spool.mark_placed(relpath, os.fstat(fd))
             finally:
                 os.close(fd)
@@ -611,6 +612,10 @@ def apply_metadata(path: Path, st: os.stat_result) -> None:
         _set_metadata(fd, st)
     finally:
         os.close(fd)
+
+
+def _metadata(st: os.stat_result) -> tuple[int, int, int, int]:
+    return stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns
 
 
 def _set_metadata(fd: int, st: os.stat_result) -> None:
