@@ -269,3 +269,36 @@ def test_a_file_published_as_its_folder_is_renamed_is_not_refused_its_own_archiv
         spool.rename("mine", "theirs")
     outcome = spool.attempt("theirs/a.tif", False, None, 0.0)
     assert (outcome.kind, outcome.reason) == ("published", "")
+
+
+# -- two pack workers and one name ---------------------------------------------------------------
+
+
+def test_two_workers_never_publish_one_name_at_once(tmp_path: Path) -> None:
+    """`--pack-workers 2`: a TIFF still being packed by one worker, a new version renamed over
+    it (rsync), which settled and went to the other worker. Seen through a real mount (25
+    large TIFFs overwritten as they were packed): the first placed its archive, the second
+    found it holding the spooled bytes ("already") and deleted the spooled copy, and the
+    first, its item replaced, withdrew the archive as a file removed while publishing. Both
+    versions were gone. An item whose name a worker holds now waits for it."""
+    from vfs.ingest.queue import GATHER, PackQueue
+    from vfs.ingest.spool import Spool
+
+    src = tmp_path / "src"
+    src.mkdir()
+    spool = Spool(src, src / ".decant-spool" / "files")
+    queue = PackQueue([spool], settle=0.0, options=None, workers=2)
+    started: list[list[Any]] = []
+
+    class Nursery:  # records what would run, runs nothing
+        def start_soon(self, _fn: Any, batch: list[Any]) -> None:
+            started.append(batch)
+
+    queue.touch("scan.tif")
+    time.sleep(GATHER + 0.05)
+    queue._dispatch(Nursery())  # type: ignore[arg-type]
+    assert [[i.relpath for i in b] for b in started] == [["scan.tif"]]
+    queue.renamed(".scan.tif.Ab12Cd", "scan.tif")  # rsync's rename of the new version
+    time.sleep(GATHER + 0.05)
+    queue._dispatch(Nursery())  # type: ignore[arg-type]
+    assert len(started) == 1  # the new version waits for the worker holding the name

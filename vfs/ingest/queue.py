@@ -141,6 +141,7 @@ class PackQueue:
         self._seq = itertools.count()
         self._wake: trio.Event | None = None
         self._active = 0
+        self._inflight: Counter[Key] = Counter()  # keys of the items workers hold now
         self._gone: dict[Key, float] = {}  # keys removed, and when: a walk begun before is stale
         self._space_at = 0.0
         self._space_backoff = 0.0
@@ -243,6 +244,13 @@ class PackQueue:
             item.scheduled = False
             if key[0] == 0 and self.open_counts.get(key[1]):
                 continue  # `closed` puts it back
+            if key in self._inflight:
+                # An older item of this name (one renamed over, say) is still with a worker:
+                # published side by side, the later found the other's archive, took it for
+                # its own ("already") and dropped the spooled copy, then the other, finding
+                # its item gone, withdrew that archive: the file was lost.
+                self._schedule(item, now + TICK)
+                continue
             later = max(item.changed_at + self.settle, item.retry_at)
             if item.state == "space":
                 later = max(later, self._space_at)
@@ -314,6 +322,7 @@ class PackQueue:
                 return
             for item in batch:
                 item.state, item.started = "packing", False
+            self._inflight.update(self._key(item) for item in batch)
             self.changes += 1
             self._active += 1
             nursery.start_soon(self._run_batch, batch)
@@ -330,6 +339,8 @@ class PackQueue:
                 if item.state == "packing":
                     self._fail(item, describe_error(exc))
         finally:
+            self._inflight.subtract(self._key(item) for item in batch)
+            self._inflight = +self._inflight  # drop the zeros
             self.changes += 1
             self._active -= 1
             self._kick()
