@@ -1232,6 +1232,8 @@ class DecantOperations(pyfuse3.Operations):
                 shown = dst_folder.children.get(new)
                 over = () if shown is None else (shown, await self._behind(dst_parent, new, shown))
                 heavy = _heavy(behind) or node.backend is not None  # a bucket's: copy, delete
+                if not node.spooled and not node.is_dir:  # an archive it replaces is deleted
+                    heavy = heavy or any(n is not None and n.backend is not None for n in over)
                 moved = await self._io(
                     heavy, writer.rename, src_parent, old, node, dst_parent, new, behind, over
                 )
