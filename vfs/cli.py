@@ -19,7 +19,7 @@ from vfs.errors import DecantError
 from vfs.logsafe import SafeFormatter, escape_controls
 from vfs.mount.config import STATUS_NAME, BucketConfig, MountConfig, parse_fuse_options
 from vfs.mount.described import DESCRIBED_ENTRIES
-from vfs.owned import why_not_own
+from vfs.owned import resolve_trusting_no_one, why_not_own
 from vfs.version import VersionAction
 
 log = logging.getLogger("decant-mount")
@@ -341,11 +341,11 @@ def config_from_args(
         described_entries=max(1, args.described_entries),
         watch=not args.no_watch,
         read_only=args.read_only,
-        spool=args.spool.resolve() if args.spool else None,  # opened exactly: see open_exact
+        spool=args.spool,  # resolved by real_paths: opened exactly, see open_exact
         settle=args.settle,
         pack_all=args.pack_all,
         pack_workers=args.pack_workers,
-        inbox=[p.resolve() for p in args.inbox],
+        inbox=args.inbox,
         allow_delete=args.allow_delete,
         metrics_file=args.metrics_file,
         scrub_interval=args.scrub_interval,
@@ -354,6 +354,30 @@ def config_from_args(
         retry_after=args.retry_after,
         backend_args=args,
     )
+
+
+def real_paths(args: argparse.Namespace) -> str | None:
+    """Resolve the folders the daemon works in (SRC unless a bucket's, --spool, each --inbox)
+    through no link another user could make or re-point (see `resolve_trusting_no_one`), in
+    place, and check the mountpoint's way likewise: a reason to refuse the start, or None.
+    As root, `Path.resolve` followed a user's link put at `--spool /var/tmp/decant-spool`
+    before the first start: the folder it named (/etc) was made 0700 and what its `files/`
+    held was published into SRC. A mountpoint reached through such a link puts the mount
+    over the folder of the user's choice."""
+    option = "MNT"
+    try:
+        resolve_trusting_no_one(args.mountpoint)  # mounted as given: only the way is checked
+        if not args.source.startswith("s3://"):
+            option = "SRC"
+            args.source = str(resolve_trusting_no_one(Path(args.source)))
+        if args.spool is not None:
+            option = "--spool"
+            args.spool = resolve_trusting_no_one(args.spool)
+        option = "--inbox"
+        args.inbox = [resolve_trusting_no_one(p) for p in args.inbox]
+    except (OSError, ValueError) as exc:
+        return f"{option}: {exc}"
+    return None
 
 
 def _open_log(path: str) -> TextIO:
@@ -409,9 +433,13 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error("SRC and MNT are required")
     if args.retry_after < 1:  # 0 would retry a failing publish in a tight loop
         build_parser().error("--retry-after: at least 1s")
+    problem = real_paths(args)
+    if problem:
+        print(f"decant-mount: {problem}", file=sys.stderr)
+        return 1
     if args.source.startswith("s3://"):
         return _main_bucket(args)
-    src, mnt = Path(args.source).resolve(), args.mountpoint.absolute()
+    src, mnt = Path(args.source), args.mountpoint.absolute()
     if not src.is_dir():
         print(f"decant-mount: {src}: not a folder", file=sys.stderr)
         return 1

@@ -139,3 +139,62 @@ def _size(n: int) -> str:
         if n >= 1 << shift and n % (1 << shift) == 0:
             return f"{n >> shift} {unit}"
     return f"{n} bytes"
+
+
+MAX_LINKS = 40  # as the kernel's ELOOP bound
+
+
+def resolve_trusting_no_one(path: Path) -> Path:
+    """`path`'s real path, as `Path.resolve` gives it, but through no link another user could
+    have made or re-pointed: ValueError, saying which and why, otherwise. A path the operator
+    names in a shared place (`--spool /var/tmp/decant-spool`) may not exist yet; a user who
+    put a link there first had `resolve` carry the daemon, as root, to the folder of their
+    choice, where the checks that refuse a link then saw only a real folder of root's (a spool
+    linked to /etc was made 0700 and its `files/` published into SRC). A link is followed
+    only if it is this user's or root's and sits in a folder no one else may swap (see
+    `_swappable_at`); what is missing is taken as written (a link put there later is refused
+    where the path is used, by lstat)."""
+    todo = list(reversed(path.absolute().parts[1:]))
+    real = Path("/")
+    links = 0
+    while todo:
+        name = todo.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            real = real.parent
+            continue
+        here = real / name
+        try:
+            st = os.lstat(here)
+        except (FileNotFoundError, NotADirectoryError):
+            return Path(real, name, *reversed(todo))
+        if not stat.S_ISLNK(st.st_mode):
+            real = here
+            continue
+        links += 1
+        if links > MAX_LINKS:
+            raise ValueError(f"{path}: too many levels of symbolic links")
+        if st.st_uid not in (0, os.geteuid()):
+            raise ValueError(f"{here} is a symlink of uid {st.st_uid}: its owner may point it "
+                             "anywhere")  # fmt: skip
+        why = _swappable_at(real)
+        if why is not None:
+            raise ValueError(f"{here} is a symlink in a folder another user could swap: {why}")
+        target = Path(os.readlink(here))
+        todo.extend(reversed(target.parts[1:] if target.is_absolute() else target.parts))
+        if target.is_absolute():
+            real = Path("/")
+    return real
+
+
+def _swappable_at(folder: Path) -> str | None:
+    """Why another user could replace an entry of `folder` (a real path), or None: it or a
+    folder above it is another user's, or writable by others without the sticky bit."""
+    for each in (folder, *folder.parents):
+        st = os.stat(each)
+        if st.st_uid not in (0, os.geteuid()):
+            return f"{each} is owned by uid {st.st_uid}"
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            return f"{each} is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None

@@ -1,0 +1,112 @@
+"""Red team, round 36b: the daemon's lifecycle and control surface, as a hostile local user
+and as an operator's mistake (paths named in shared places, the persistent index).
+
+Each test failed before the fix its docstring names.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.mount.conftest import (
+    HAVE_FUSE,
+    SYSTEM_PYTHON,
+    Mount,
+    User,
+    is_mounted,
+    open_tmp,
+)
+
+pytestmark = pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3")
+
+PLANT = "import os, sys; os.symlink(sys.argv[1], sys.argv[2])"
+
+
+def _shared_with_a_link(base: Path, user: User, target: Path, name: str) -> Path:
+    """A folder everyone may write, sticky as /tmp is, where `user` put a link `name` to
+    `target` before the daemon's first start."""
+    shared = base / "shared"
+    shared.mkdir(exist_ok=True)
+    shared.chmod(0o1777)
+    link = shared / name
+    done = user.run(str(SYSTEM_PYTHON), "-I", "-c", PLANT, str(target), str(link))
+    assert done.returncode == 0, done.stderr
+    return link
+
+
+def _refused(m: Mount, *extra: str, at: Path | None = None) -> str:
+    """Start `m`; it must exit non-zero before mounting (on its mountpoint, or `at`): its
+    stderr."""
+    m.start(*extra, wait=False)
+    assert m.proc is not None
+    deadline = time.monotonic() + 20
+    while m.proc.poll() is None and time.monotonic() < deadline:
+        if is_mounted(m.mnt) or (at is not None and is_mounted(at)):
+            m.stop()
+            pytest.fail("the daemon started through the user's link")
+        time.sleep(0.05)
+    if m.proc.poll() is None:
+        m.stop()
+        pytest.fail("the daemon neither started nor exited")
+    _out, err = m.proc.communicate()
+    assert m.proc.returncode != 0, err.decode()
+    return err.decode()
+
+
+@pytest.mark.parametrize("option", ["--spool", "--inbox"])
+def test_a_link_planted_at_a_spool_or_inbox_path_in_a_shared_folder_is_refused(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User, option: str
+) -> None:
+    """The operator names `--spool /var/tmp/decant-spool` (or an `--inbox` there), which does
+    not exist before the first start; a user puts a link at that name to a folder of root's.
+    The CLI resolved the path (`Path.resolve`), so the daemon's checks, which refuse a link,
+    saw root's real folder: it was made 0700 (for /etc: no user could log in) and what its
+    `files/` (an inbox: all of it) held was published into SRC, gone from where it was. Fixed
+    by resolving through no link another user could make (vfs.owned.resolve_trusting_no_one)."""
+    base = open_tmp(tmp_path_factory, "link-" + option.strip("-"))
+    src = base / "src"
+    src.mkdir()
+    victim = base / "victim"
+    kept = victim / "files" / "keep.txt" if option == "--spool" else victim / "keep.txt"
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(b"root's own\n")
+    victim.chmod(0o755)
+    link = _shared_with_a_link(base, unprivileged, victim, "decant")
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    err = _refused(m, option, str(link), "--settle", "0.1")
+    assert f"{link} is a symlink of uid {unprivileged.uid}" in err, err
+    assert (victim.stat().st_mode & 0o7777) == 0o755
+    assert kept.read_bytes() == b"root's own\n"
+    assert not (src / "keep.txt").exists()
+
+
+def test_a_mountpoint_reached_through_a_user_s_link_is_refused(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """An operator's `decant-mount SRC /tmp/data` where a user made /tmp/data a link to a
+    folder of root's (or any folder others use): mount(2) follows the link, so root's mount
+    covered the folder of the user's choice, hiding it from everyone (a link to /etc or /usr:
+    the machine down). Fixed with the --spool case: the mountpoint's way is checked too."""
+    base = open_tmp(tmp_path_factory, "link-mnt")
+    src = base / "src"
+    src.mkdir()
+    (src / "shown.txt").write_bytes(b"x")
+    victim = base / "victim"
+    victim.mkdir(mode=0o755)
+    (victim / "used.txt").write_bytes(b"in use\n")
+    link = _shared_with_a_link(base, unprivileged, victim, "data")
+    m = Mount(src, link, base / "mnt.log", base / "mnt-index")
+    try:
+        err = _refused(m, "--read-only", at=victim)
+    finally:
+        if is_mounted(victim):
+            subprocess.run(["fusermount3", "-uz", str(victim)], check=False)
+            assert m.proc is not None
+            m.proc.wait(timeout=15)
+    assert f"{link} is a symlink of uid {unprivileged.uid}" in err, err
+    assert os.listdir(victim) == ["used.txt"]
