@@ -152,8 +152,8 @@ def resolve_trusting_no_one(path: Path) -> Path:
     choice, where the checks that refuse a link then saw only a real folder of root's (a spool
     linked to /etc was made 0700 and its `files/` published into SRC). A link is followed
     only if it is this user's or root's and sits in a folder no one else may swap (see
-    `_swappable_at`); what is missing is taken as written (a link put there later is refused
-    where the path is used, by lstat)."""
+    `_swappable_at`); from what is missing or cannot be looked at on, the path is taken as
+    written (a link put there later is refused where the path is used, by lstat)."""
     todo = list(reversed(path.absolute().parts[1:]))
     real = Path("/")
     links = 0
@@ -167,7 +167,7 @@ def resolve_trusting_no_one(path: Path) -> Path:
         here = real / name
         try:
             st = os.lstat(here)
-        except (FileNotFoundError, NotADirectoryError):
+        except OSError:  # missing, or a stale mount (ENOTCONN): where it is used says what
             return Path(real, name, *reversed(todo))
         if not stat.S_ISLNK(st.st_mode):
             real = here
