@@ -96,7 +96,15 @@ class Integrity:
         self.good.add(node.key)
         self.pending.discard(node.key)
         log.info("%s%s: verified sha256", node.real, _member(node))
-        await trio.to_thread.run_sync(self._mark_verified, node, seen)
+        try:
+            await trio.to_thread.run_sync(self._mark_verified, node, seen)
+        except Exception as exc:
+            # The bytes hashed right; only their record failed: the archive renamed or deleted
+            # while it hashed (stat of its path: ENOENT), the index's disk full or damaged. A
+            # scrub's verification awaits this on the daemon's own nursery, where the ENOENT of
+            # a user renaming their own archive mid-scrub took the whole mount down.
+            log.warning("%s%s: verified, but not recorded in the index: %s", node.real,
+                        _member(node), exc)  # fmt: skip
 
     def failed(self, node: Node, digest: str) -> None:
         self.bad.add(node.key)
