@@ -36,6 +36,18 @@ def parse_size(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512M or 2G)") from None
 
 
+def positive_int(text: str) -> int:
+    """A count of at least 1 (`--decode-threads 0` started a mount whose every read of an
+    archive waited forever for a decode thread, without a word)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a count of at least 1: {text!r}")
+    return value
+
+
 def parse_duration(text: str) -> float:
     """Seconds from `90`, `90s`, `30m`, `24h`, `2d`; `never` is forever."""
     t = text.strip().lower()
@@ -98,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--decode-threads",
-        type=int,
+        type=positive_int,
         default=4,
         metavar="N",
         help="worker threads decoding reads at once (default 4)",
