@@ -7,6 +7,7 @@ Each test failed before the fix its docstring names.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -154,3 +155,35 @@ def test_an_archive_renamed_away_while_a_scrub_hashes_it_does_not_stop_the_daemo
         time.sleep(0.05)
     assert m.proc.poll() is None, m.log_text()
     os.listdir(m.mnt)  # still serving
+
+
+def test_a_file_whose_writer_a_daemon_stop_cut_off_is_not_published_as_complete(
+    tmp_path: Path, make_mount
+) -> None:  # type: ignore[no-untyped-def]
+    """A user's `cp` into the mount is half done when the daemon stops (SIGTERM, a restart
+    for an upgrade, a crash the unit restarts from): the half file stayed spooled under its
+    final name, and the next start published it as any settled file, complete to every
+    reader. Fixed: a spooled file carries a mark while open for writing (vfs.ingest.writing);
+    one still marked at the next start stays spooled and is reported, until written again."""
+    src = tmp_path / "src"
+    src.mkdir()
+    m = make_mount(src, "--settle", "0.1")
+    fd = os.open(m.mnt / "data.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"first half\n")
+    m.proc.send_signal(signal.SIGTERM)
+    assert m.proc.wait(timeout=15) == 0
+    with pytest.raises(OSError):
+        os.close(fd)
+    m.stop()
+    again = make_mount(src, "--settle", "0.1", name="mnt2")
+    deadline = time.monotonic() + 4
+    while "cut off" not in again.log_text() and not (src / "data.bin").exists():
+        assert time.monotonic() < deadline, again.log_text()
+        time.sleep(0.05)
+    assert not (src / "data.bin").exists(), "the half file was published as complete"
+    assert (again.mnt / "data.bin").read_bytes() == b"first half\n"  # still there, readable
+    os.close(os.open(again.mnt / "data.bin", os.O_WRONLY | os.O_CREAT))  # touch(1): it is whole
+    while not (src / "data.bin").exists():
+        assert time.monotonic() < deadline + 4, again.log_text()
+        time.sleep(0.05)
+    assert (src / "data.bin").read_bytes() == b"first half\n"

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 from vfs.beneath import fsync_beneath, makedirs_beneath, open_beneath, parent_fd, stat_beneath
 from vfs.decant import TEMP_PREFIX, temp_name
 from vfs.ingest.space import free_bytes
+from vfs.ingest.writing import CUT_OFF, cut_off
 from vfs.names import NAME_MAX, is_utf8
 
 if TYPE_CHECKING:
@@ -174,6 +175,8 @@ def attempt(
     left = settle - (time.time_ns() - st.st_ctime_ns) / 1e9  # ctime: rsync sets mtime back
     if 0 < left <= settle + 1:  # far in the future: the clock was set back; do not wait for it
         return Outcome(relpath, "unsettled", wait=left)
+    if cut_off(spool.path(relpath)):  # a write handle was open when the daemon last stopped
+        return Outcome(relpath, "failed", reason=CUT_OFF)
     try:
         published = spool.publish(relpath, pack_all, options, cancel, durable=False)
         return Outcome(relpath, "published", published)

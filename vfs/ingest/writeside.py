@@ -28,6 +28,7 @@ from vfs.ingest.publish import (
 )
 from vfs.ingest.space import SpaceGuard
 from vfs.ingest.spool import Spool
+from vfs.ingest.writing import Writers
 from vfs.nodes import Node, archive_version, mirror_node, spooled_node
 
 
@@ -69,6 +70,7 @@ class WriteSide:
         # (a published or replaced one no longer matches) and pruned as it grows.
         self._adopted: dict[str, tuple[int, int]] = {}
         self._adopted_prune_at = ADOPTED_PRUNE
+        self.writers = Writers()  # marks spooled files while open for writing: see writing.py
 
     def _need_room(self, nbytes: int, what: str) -> None:
         if self.guard is not None and not self.guard.admit(nbytes):
@@ -98,6 +100,7 @@ class WriteSide:
         if parent.mode & stat.S_ISGID:  # a setgid folder: its group, as any local filesystem
             gid = parent.gid
         fd, st = self.spool.create_stat(rel, mode, uid, gid)
+        self.writers.opened(fd)
         self.spool.allow_replacing(rel, frozenset())  # nothing was there: nothing to replace
         return spooled_node(self.spool.path(rel), rel, st), fd
 
@@ -133,6 +136,7 @@ class WriteSide:
             os.close(fd)
             raise not_shown(node.real, st)
         os.set_blocking(fd, True)
+        self.writers.opened(fd)
         return spooled_node(node.real, node.spooled, st), fd
 
     def setattr(self, node: Node, attrs: Attrs) -> Node:

@@ -810,6 +810,8 @@ class DecantOperations(pyfuse3.Operations):
             return
         with errno_boundary(f"release {handle.node.real_text}"):
             try:
+                if handle.fd >= 0 and self.writer is not None:  # its write mark goes first
+                    await self._quick(self.writer.writers.closed, handle.fd)
                 if handle.node.spooled and self.queue is not None:
                     self.queue.closed(handle.node.spooled)
                 spooled = handle.node.spooled and handle.hasher is None
