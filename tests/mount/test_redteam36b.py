@@ -187,3 +187,38 @@ def test_a_file_whose_writer_a_daemon_stop_cut_off_is_not_published_as_complete(
         assert time.monotonic() < deadline + 4, again.log_text()
         time.sleep(0.05)
     assert (src / "data.bin").read_bytes() == b"first half\n"
+
+
+def test_an_index_damaged_past_its_first_page_does_not_fail_every_read(
+    tmp_path: Path, make_mount
+) -> None:  # type: ignore[no-untyped-def]
+    """The persistent index's pages past the first are damaged (a disk error, a bad copy of
+    ~/.cache, a restore): the start opens only the first page, so it passed; then the chunk
+    digest lookup of each open raised "database disk image is malformed": every archive gave
+    EIO, for every user, at every start, until someone removed the file. Fixed: a lookup the
+    index cannot answer is a miss (logged once); the archive is verified again as read."""
+    import numpy as np
+    import tifffile
+
+    from vfs.decant.packer import pack_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    tif = tmp_path / "a.tif"
+    tifffile.imwrite(tif, np.arange(4 * 128 * 128, dtype=np.uint16).reshape(4, 128, 128))
+    pack_file(tif, src / "a.zarr.zip")
+    want = tif.read_bytes()
+    m = make_mount(src, "--read-only")
+    assert (m.mnt / "a.tif").read_bytes() == want
+    deadline = time.monotonic() + 4
+    while "verified sha256" not in m.log_text():  # its digests are in the index now
+        assert time.monotonic() < deadline, m.log_text()
+        time.sleep(0.05)
+    assert m.stop() == 0
+    db = m.index / "index.sqlite"
+    with open(db, "r+b") as f:  # every page but the first (the schema) overwritten
+        page = 4096
+        f.seek(page)
+        f.write(b"\xa5" * (db.stat().st_size - page))
+    again = make_mount(src, "--read-only")  # the same index
+    assert (again.mnt / "a.tif").read_bytes() == want

@@ -76,6 +76,7 @@ class DescriptionIndex:
         db_path.parent.mkdir(parents=True, exist_ok=True)
         self.path = db_path
         self._lock = threading.Lock()
+        self._told = False  # `_unreadable` logged
         try:
             self._db = self._connect(db_path)
         except sqlite3.DatabaseError as exc:
@@ -224,12 +225,17 @@ class DescriptionIndex:
             )
 
     def is_verified(self, path: Path, member: str, stamp: Stamp, sha256: str) -> bool:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT 1 FROM verified WHERE path=? AND member=? AND size=? AND mtime_ns=? "
-                "AND ino=? AND ctime_ns=? AND sha256=?",
-                (_text(path), _text(member), *stamp, sha256),
-            ).fetchone()
+        """False also when the index cannot answer (see `_unreadable`): verified again."""
+        try:
+            with self._lock:
+                row = self._db.execute(
+                    "SELECT 1 FROM verified WHERE path=? AND member=? AND size=? AND mtime_ns=? "
+                    "AND ino=? AND ctime_ns=? AND sha256=?",
+                    (_text(path), _text(member), *stamp, sha256),
+                ).fetchone()
+        except sqlite3.Error as exc:
+            self._unreadable(exc)
+            return False
         return row is not None
 
     def mark_verified(self, path: Path, member: str, stamp: Stamp, sha256: str) -> None:
@@ -254,12 +260,18 @@ class DescriptionIndex:
                              (_text(path), *stamp, doc))  # fmt: skip
 
     def digests(self, path: Path, stamp: Stamp) -> dict[str, int] | None:
-        with self._lock:
-            row = self._db.execute(
-                "SELECT doc FROM chunk_digests WHERE path=? AND size=? AND mtime_ns=? AND ino=? "
-                "AND ctime_ns=?",
-                (_text(path), *stamp),
-            ).fetchone()
+        """None also when the index cannot answer (see `_unreadable`): reads are then checked
+        as an unverified archive's are, by hashing what they serve."""
+        try:
+            with self._lock:
+                row = self._db.execute(
+                    "SELECT doc FROM chunk_digests WHERE path=? AND size=? AND mtime_ns=? "
+                    "AND ino=? AND ctime_ns=?",
+                    (_text(path), *stamp),
+                ).fetchone()
+        except sqlite3.Error as exc:
+            self._unreadable(exc)
+            return None
         if row is None:
             return None
         try:
@@ -267,6 +279,18 @@ class DescriptionIndex:
         except ValueError:
             return None
         return found if isinstance(found, dict) else None
+
+    def _unreadable(self, exc: sqlite3.Error) -> None:
+        """A lookup the index could not answer: a page of the file damaged (the start opens
+        only its first, so such damage passes it), the disk failing, the database locked too
+        long. Raised, it failed the open of every verified archive with EIO, for every user,
+        at every start until the file was removed; so the archive is treated as one the index
+        knows nothing of (verified again by hashing), and the operator told once."""
+        if not self._told:
+            self._told = True
+            log.error("index %s cannot be read (%s): archives are verified again as read; "
+                      "if it stays so, stop the mount and remove it (it is rebuilt)",
+                      self.path, exc)  # fmt: skip
 
     def close(self) -> None:
         with self._lock:
