@@ -23,3 +23,29 @@ def test_decode_threads_below_one_are_refused(
         cli.build_parser().parse_args([str(tmp_path), str(tmp_path / "m"), "--decode-threads",
                                        value])  # fmt: skip
     assert done.value.code == 2 and "--decode-threads" in capsys.readouterr().err
+
+
+def test_the_index_is_readable_by_its_owner_alone_in_a_folder_others_may_enter(
+    tmp_path: Path,
+) -> None:
+    """`--index-dir` an existing 0755 folder (`mkdir -p /var/cache/decant-mount/x`, an fstab
+    mount's umask 022): SQLite made index.sqlite, -wal and -shm 0644, so any local user could
+    read every archive's path and its members' names, sizes and sha256, from folders they may
+    not list. Fixed: the database and its files are made (and set) 0600 (index._private)."""
+    import os
+
+    from vfs.backends.base import Description, Entry
+    from vfs.mount.index import DescriptionIndex
+
+    folder = tmp_path / "ix"
+    folder.mkdir(mode=0o755)
+    old = os.umask(0o022)
+    try:
+        index = DescriptionIndex(folder / "index.sqlite")
+        index.put(Path("/src/private/secret.zarr.zip"), "decant", 1, 2,
+                  Description("secret.tif", Entry(is_dir=False, size=1)), 3, 4)  # fmt: skip
+        made = {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()}
+        index.close()
+    finally:
+        os.umask(old)
+    assert made == {n: 0o600 for n in ("index.sqlite", "index.sqlite-wal", "index.sqlite-shm")}

@@ -12,6 +12,7 @@ index file is set aside the same way.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -90,6 +91,7 @@ class DescriptionIndex:
 
     @staticmethod
     def _connect(db_path: Path) -> sqlite3.Connection:
+        _private(db_path)
         db = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
         try:
             version = db.execute("PRAGMA user_version").fetchone()[0]
@@ -295,6 +297,19 @@ class DescriptionIndex:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _private(db_path: Path) -> None:
+    """The database (and its -wal and -shm, which SQLite makes with the database's mode) made
+    or set 0600 before SQLite opens it. SQLite made it 0644 less the umask: in an --index-dir
+    that already existed 0755 (`mkdir -p /var/cache/decant-mount/x`, as README's example; an
+    fstab mount's umask is 022), every local user could read every archive's path, its members'
+    names, sizes and digests, from folders they may not list. The folder was checked to be this
+    user's own, no one else's to write (see open_index_at): nothing here follows their link."""
+    os.close(os.open(db_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
+    for name in (db_path.name, db_path.name + "-wal", db_path.name + "-shm"):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(db_path.with_name(name), 0o600)
 
 
 def object_description(
