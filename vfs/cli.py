@@ -445,6 +445,10 @@ def main(argv: list[str] | None = None) -> int:
         build_parser().error("SRC and MNT are required")
     if args.retry_after < 1:  # 0 would retry a failing publish in a tight loop
         build_parser().error("--retry-after: at least 1s")
+    if args.scrub_interval is not None and args.scrub_interval < 1:
+        # 0 (meant as "off") re-read every archive of SRC without a pause, logging a line a
+        # pass: ~500 lines a second with one archive, and SRC's disks never idle.
+        build_parser().error("--scrub-interval: at least 1s (leave it out for no scrubbing)")
     problem = real_paths(args)
     if problem:
         print(f"decant-mount: {problem}", file=sys.stderr)

@@ -49,3 +49,15 @@ def test_the_index_is_readable_by_its_owner_alone_in_a_folder_others_may_enter(
     finally:
         os.umask(old)
     assert made == {n: 0o600 for n in ("index.sqlite", "index.sqlite-wal", "index.sqlite-shm")}
+
+
+@pytest.mark.parametrize("value", ["0", "0.5s"])
+def test_a_scrub_interval_below_a_second_is_refused(
+    value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--scrub-interval 0`, meant as "off", started a scrub that never paused: every archive
+    of SRC read again and again, and a log line a pass (~500 a second with one archive).
+    Fixed: refused as a usage error, as --retry-after below a second is."""
+    with pytest.raises(SystemExit) as done:
+        cli.main([str(tmp_path), str(tmp_path / "mnt"), "--scrub-interval", value])
+    assert done.value.code == 2 and "--scrub-interval: at least 1s" in capsys.readouterr().err
