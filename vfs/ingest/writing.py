@@ -46,7 +46,11 @@ class Writers:
                 self._set(fd)
 
     def closed(self, fd: int) -> None:
-        st = os.fstat(fd)
+        """Never raises: the release calling it closes the descriptor next, whatever this does."""
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return
         key = (st.st_dev, st.st_ino)
         with self._lock:
             held = self._open.pop(key, 1) - 1
