@@ -18,6 +18,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 4
 _ROWS_A_QUERY = 500  # names in one `IN (...)`: SQLite took at most 999 variables before 3.32
+LOCK_WAIT = 30.0  # seconds a connection waits for another's write (SQLite's busy timeout)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS descriptions (
     path TEXT NOT NULL, backend TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
@@ -80,6 +82,11 @@ class DescriptionIndex:
         self._told = False  # `_unreadable` logged
         try:
             self._db = self._connect(db_path)
+        except sqlite3.OperationalError:
+            # Locked past the timeout, the disk full or failing: nothing says the file is
+            # bad, so it is not set aside (that renamed a live index of another mount away
+            # and deleted its -wal); the start fails, saying why, and is tried again.
+            raise
         except sqlite3.DatabaseError as exc:
             kind = ".old" if isinstance(exc, _OtherVersionError) else ".corrupt"
             aside = db_path.with_suffix(kind)
@@ -92,16 +99,29 @@ class DescriptionIndex:
     @staticmethod
     def _connect(db_path: Path) -> sqlite3.Connection:
         _private(db_path)
-        db = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None)
+        db = sqlite3.connect(db_path, check_same_thread=False, isolation_level=None,
+                             timeout=LOCK_WAIT)  # fmt: skip
         try:
-            version = db.execute("PRAGMA user_version").fetchone()[0]
-            tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
-            if tables and version != SCHEMA_VERSION:
-                raise _OtherVersionError(f"schema version {version}, not {SCHEMA_VERSION}")
-            db.execute("PRAGMA journal_mode=WAL")
+            _wal(db)
             db.execute("PRAGMA synchronous=NORMAL")
-            db.executescript(_SCHEMA)
-            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            # The version checked, the tables made and the version set in one transaction:
+            # two mounts starting at once on one index (the default folder is the same for
+            # every mount of a user) saw each other's tables before their version was set,
+            # took the index for another version's, and set the other's live index aside.
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                version = db.execute("PRAGMA user_version").fetchone()[0]
+                tables = db.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
+                if tables and version != SCHEMA_VERSION:
+                    raise _OtherVersionError(f"schema version {version}, not {SCHEMA_VERSION}")
+                for statement in _SCHEMA.split(";"):  # executescript would commit first
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
         except sqlite3.Error:
             db.close()
             raise
@@ -297,6 +317,23 @@ class DescriptionIndex:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _wal(db: sqlite3.Connection) -> None:
+    """WAL mode (kept in the file). Switching a new file to it while another connection has it
+    open is refused at once ("database is locked": SQLite's busy timeout does not apply), so
+    two mounts creating one index together try again for a while."""
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            if db.execute("PRAGMA journal_mode=WAL").fetchone()[0].lower() == "wal":
+                return
+        except sqlite3.OperationalError:
+            pass
+        if time.monotonic() > deadline:  # the rollback journal still works: slower, not wrong
+            log.warning("index: could not switch to WAL mode; using SQLite's rollback journal")
+            return
+        time.sleep(0.02)
 
 
 def _private(db_path: Path) -> None:
