@@ -253,7 +253,34 @@ def check_mountpoint(mnt: Path) -> str | None:
     return None
 
 
+FSTYPE = "fuse.decant-mount"  # what the kernel calls a mount of ours (subtype=decant-mount)
+
+
+def mount_type(mnt: Path) -> str | None:
+    """The type of the topmost filesystem mounted at `mnt` (from /proc/self/mountinfo; a
+    stale mount, its daemon gone, is still listed), or None when nothing is mounted there."""
+    target = os.path.realpath(mnt)
+    target = target.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011")
+    target = target.replace("\n", "\\012")
+    found = None
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
+        for line in fh:
+            fields = line.split()
+            if len(fields) > 4 and fields[4] == target and " - " in line:
+                found = line.split(" - ", 1)[1].split()[0]  # the last match is the topmost
+    return found
+
+
 def unmount(mnt: Path) -> int:
+    """Unmount MNT if a decant-mount is mounted there. fusermount3 (as root) and umount
+    unmount any filesystem: `decant-mount -u /data` (a typo of /data/orig) unmounted the
+    data disk under everyone's feet."""
+    kind = mount_type(mnt)
+    if kind != FSTYPE:
+        what = f"a {kind} mount, not decant-mount's" if kind else "nothing is mounted there"
+        print(f"decant-mount: {mnt}: {what}; not unmounted (umount unmounts others)",
+              file=sys.stderr)  # fmt: skip
+        return 1
     for cmd in (["fusermount3", "-u", str(mnt)], ["umount", str(mnt)]):
         try:
             result = subprocess.run(cmd, capture_output=True, text=True, check=False)

@@ -96,3 +96,24 @@ def test_mounts_starting_together_on_one_new_index_keep_it(tmp_path: Path) -> No
         assert (
             sorted(p.name for p in folder.iterdir() if not p.name.startswith("index.sqlite")) == []
         )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs")
+def test_unmount_leaves_a_filesystem_that_is_not_a_decant_mount_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`decant-mount -u /data` (a typo of /data/orig) as root: fusermount3 -u, and umount
+    after it, unmount any filesystem, so the data disk went from under everyone. Fixed: only
+    a mount of type fuse.decant-mount (stale ones included) is unmounted (cli.unmount)."""
+    import subprocess
+
+    disk = tmp_path / "data"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], check=True)
+    try:
+        (disk / "in-use.txt").write_bytes(b"x")
+        assert cli.main(["-u", str(disk)]) == 1
+        assert "a tmpfs mount, not decant-mount's" in capsys.readouterr().err
+        assert os.path.ismount(disk) and (disk / "in-use.txt").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
