@@ -49,7 +49,7 @@ def _refused(m: Mount, *extra: str, at: Path | None = None) -> str:
     while m.proc.poll() is None and time.monotonic() < deadline:
         if is_mounted(m.mnt) or (at is not None and is_mounted(at)):
             m.stop()
-            pytest.fail("the daemon started through the user's link")
+            pytest.fail("the daemon started")
         time.sleep(0.05)
     if m.proc.poll() is None:
         m.stop()
@@ -222,3 +222,21 @@ def test_an_index_damaged_past_its_first_page_does_not_fail_every_read(
         f.write(b"\xa5" * (db.stat().st_size - page))
     again = make_mount(src, "--read-only")  # the same index
     assert (again.mnt / "a.tif").read_bytes() == want
+
+
+@pytest.mark.parametrize("option", ["--inbox", "--spool"])
+def test_an_inbox_or_spool_given_as_src_itself_is_refused(tmp_path: Path, option: str) -> None:
+    """An operator's `--inbox /archive` (or `--spool /archive`) for SRC /archive: as an
+    inbox, each file of SRC was "published" onto itself (already in place) and then removed
+    from the inbox, which was SRC: every plain file and archive of SRC deleted at the first
+    start. As the spool, SRC was made 0700: no other user could read anything. Fixed: the
+    spool and inboxes must lie apart from SRC and the mountpoint (daemon._check_apart)."""
+    src = tmp_path / "src"
+    src.mkdir(mode=0o755)
+    src.chmod(0o755)
+    (src / "note.txt").write_bytes(b"kept\n")
+    m = Mount(src, tmp_path / "mnt", tmp_path / "mnt.log", tmp_path / "mnt-index")
+    err = _refused(m, option, str(src), "--settle", "0.1")
+    assert f"{option} {src}: overlaps SRC" in err, err
+    assert (src / "note.txt").read_bytes() == b"kept\n"
+    assert src.stat().st_mode & 0o777 == 0o755

@@ -177,6 +177,33 @@ def _check_unswappable(spool: Path) -> None:
         )
 
 
+def _overlap(a: Path, b: Path) -> bool:
+    return a == b or a.is_relative_to(b) or b.is_relative_to(a)
+
+
+def _check_apart(config: MountConfig) -> None:
+    """The spool and each inbox apart from SRC, the mountpoint and one another. Whatever sits
+    in a spool or inbox is published into SRC and then removed from there: `--inbox SRC`
+    "published" each file of SRC onto itself and then deleted it (every archive and plain file
+    of SRC gone at the first start); `--spool SRC` made SRC 0700 for every other user. One
+    below the mountpoint is reached through the mount itself. (An inbox inside SRC is fine:
+    its files move up to their place.)"""
+    src, mnt = config.src, config.mnt.resolve()
+    places = [("--spool", config.spool_root)] + [("--inbox", p) for p in config.inbox]
+    for option, place in places:
+        if _overlap(place, mnt):
+            raise DecantError(f"{option} {place}: overlaps the mountpoint {mnt}")
+        inside_ok = option == "--inbox" or place == src / SPOOL_NAME
+        if place == src or src.is_relative_to(place) or (place.is_relative_to(src) and
+                                                         not inside_ok):  # fmt: skip
+            raise DecantError(f"{option} {place}: overlaps SRC {src}: what is there would be "
+                              "published onto itself and removed")  # fmt: skip
+    for i, (option, place) in enumerate(places):
+        for other, there in places[i + 1 :]:
+            if _overlap(place, there):
+                raise DecantError(f"{option} {place} and {other} {there} overlap")
+
+
 def _check_inbox(inbox: Path) -> None:
     """Whatever is in an inbox is published into SRC as this daemon's user, at its path below
     the inbox: a user who may write the inbox could replace files and fill folders of SRC they
@@ -206,6 +233,7 @@ def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:
     if config.bucket is not None:
         return build_bucket_write_side(config, tree)
     src = config.src
+    _check_apart(config)
     # Spooled files are the writers' bytes on SRC's disk: no other local user may reach (or
     # execute) them there, whatever their modes say.
     # Archives are staged in SRC/.decant-spool whichever --spool is given.
