@@ -144,6 +144,7 @@ class WriteSide:
             raise refuse(errno.EPERM, f"{node.real}: archived originals are read-only")
         if attrs.size is not None and not node.spooled and not node.is_dir:
             node, fd = self.open_for_write(node, 0)
+            self.writers.closed(fd)  # no handle: its write mark goes with it
             os.close(fd)
         path = node.real
         if attrs.size is not None:
