@@ -441,13 +441,36 @@ def _open_log(path: str) -> TextIO:
     return os.fdopen(fd, "a", buffering=1, encoding="utf-8", errors="backslashreplace")
 
 
+class ReopenableLog(logging.StreamHandler):  # type: ignore[type-arg]
+    """The --log-file, opened again on SIGHUP (see vfs.mount.daemon._signals): logrotate's
+    usual `postrotate kill -HUP` otherwise unmounted the mount for everyone at every rotation
+    (SIGHUP meant "unmount"), and without it the daemon logged on into the rotated file."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(_open_log(path))
+        self.path = path
+
+    def reopen(self) -> None:
+        """Blocking (an open): a worker thread's. The same checks as at start; a refused
+        file keeps the log where it was, saying why."""
+        try:
+            stream = _open_log(self.path)
+        except SystemExit as exc:
+            log.error("log not reopened: %s", str(exc).removeprefix("decant-mount: "))
+            return
+        old = self.setStream(stream)
+        if old is not None:
+            old.close()
+        log.info("log reopened (SIGHUP)")
+
+
 def setup_logging(args: argparse.Namespace, detached: bool) -> None:
     level = getattr(logging, str(args.log_level).upper(), None)
     if not isinstance(level, int):
         raise SystemExit(f"decant-mount: unknown --log-level {args.log_level!r}")
     handler: logging.Handler
     if args.log_file:
-        handler = logging.StreamHandler(_open_log(args.log_file))
+        handler = ReopenableLog(args.log_file)
         handler.setFormatter(SafeFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     elif detached and os.path.exists("/dev/log"):
         handler = logging.handlers.SysLogHandler("/dev/log")

@@ -240,3 +240,26 @@ def test_an_inbox_or_spool_given_as_src_itself_is_refused(tmp_path: Path, option
     assert f"{option} {src}: overlaps SRC" in err, err
     assert (src / "note.txt").read_bytes() == b"kept\n"
     assert src.stat().st_mode & 0o777 == 0o755
+
+
+def test_logrotate_s_sighup_reopens_the_log_file_and_keeps_the_mount(
+    tmp_path: Path, make_mount
+) -> None:  # type: ignore[no-untyped-def]
+    """An operator rotates --log-file with logrotate's usual `postrotate kill -HUP`: SIGHUP
+    meant "unmount", so the mount went down for everyone at every rotation (and without the
+    HUP the daemon logged on into the rotated file). Fixed: with a --log-file, SIGHUP opens
+    it again (cli.ReopenableLog) and the mount stays."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.txt").write_bytes(b"a")
+    m = make_mount(src, "--read-only")
+    m.log.rename(tmp_path / "mnt.log.1")  # logrotate's rename
+    m.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 4
+    while not m.log.exists() and m.proc.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert m.proc.poll() is None, (tmp_path / "mnt.log.1").read_text()
+    assert os.listdir(m.mnt) == ["a.txt"]
+    assert "log reopened" in m.log_text()
+    assert m.log.stat().st_mode & 0o777 == 0o600

@@ -485,8 +485,16 @@ async def _run(
 
 
 async def _signals(scope: trio.CancelScope) -> None:
+    """SIGTERM and SIGINT unmount; so does SIGHUP, unless the log is a file: then it is
+    opened again (logrotate's `postrotate kill -HUP` unmounted the mount at each rotation)."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
+            handlers = logging.getLogger().handlers
+            reopen = [fn for h in handlers if (fn := getattr(h, "reopen", None)) is not None]
+            if signum == signal.SIGHUP and reopen:
+                for fn in reopen:
+                    await trio.to_thread.run_sync(fn)
+                continue
             log.info("%s: unmounting", signal.Signals(signum).name)
             pyfuse3.terminate()
             return
