@@ -263,3 +263,24 @@ def test_logrotate_s_sighup_reopens_the_log_file_and_keeps_the_mount(
     assert os.listdir(m.mnt) == ["a.txt"]
     assert "log reopened" in m.log_text()
     assert m.log.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_filesystem_mounted_over_src_stops_the_daemon_saying_so(
+    tmp_path: Path, make_mount
+) -> None:  # type: ignore[no-untyped-def]
+    """fstab mounts SRC (NFS) after the daemon started on the empty folder below it: files
+    copied in until then vanished from the mount without a word (stranded in the spool of the
+    folder below), later writes gave ENOENT, and the daemon served on. Fixed: it stops once
+    SRC's path names another folder (daemon._keep_src), exit 1 so systemd starts it again."""
+    src = tmp_path / "src"
+    src.mkdir()
+    m = make_mount(src, "--settle", "30")
+    (m.mnt / "copied.txt").write_bytes(b"data\n")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(src)], check=True)
+    try:
+        code = m.proc.wait(timeout=4)
+        assert code == 1, m.log_text()
+        assert "another filesystem is mounted over it" in m.log_text()
+    finally:
+        subprocess.run(["umount", "-l", str(src)], check=False)
+    assert (src / ".decant-spool" / "files" / "copied.txt").read_bytes() == b"data\n"

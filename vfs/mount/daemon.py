@@ -447,7 +447,7 @@ def serve(config: MountConfig, ready: Callable[[], None]) -> int:
         if tree.index is not None:
             tree.index.close()
     log.info("unmounted %s", mnt)
-    return 0
+    return 1 if _MOVED else 0  # a service manager restarts it on the SRC now there
 
 
 async def _run(
@@ -470,6 +470,8 @@ async def _run(
             nursery.start_soon(_relist_forever, ops, config.bucket.relist)
         else:
             nursery.start_soon(_census, ops, src)
+            if queue is not None:  # reads go by path: a read-only mount serves what is there
+                nursery.start_soon(_keep_src, src, config.spool_root)
         if diagnose is not None:
             nursery.start_soon(_diagnose, diagnose)
         if config.scrub_interval is not None and config.bucket is not None:
@@ -482,6 +484,36 @@ async def _run(
         if queue is not None:
             queue.stop()  # a publish in a worker thread gives up at its next block
         nursery.cancel_scope.cancel()  # unmounted from outside (fusermount3 -u), or a signal
+
+
+SRC_CHECK = 1.0  # seconds between checks that SRC is still the folder mounted
+_MOVED: list[str] = []  # why the daemon stopped on its own, if it did
+
+
+async def _keep_src(src: Path, spool_root: Path) -> None:
+    """Stop (exit 1) once SRC's path names another folder than the one mounted: a filesystem
+    mounted over it (fstab's NFS SRC mounted after the daemon started on the empty folder
+    below), or SRC moved away and made anew. The daemon reaches SRC and the spool by path, so
+    files spooled until then vanished from the mount without a word, every later write gave
+    ENOENT, and nothing was published from that folder again; stopping says so and lets the
+    service manager start it on what SRC now is."""
+    first = await trio.to_thread.run_sync(os.stat, src)
+    while True:
+        await trio.sleep(SRC_CHECK)
+        try:
+            now = await trio.to_thread.run_sync(os.stat, src)
+        except OSError as exc:
+            now, why = None, exc.strerror
+        else:
+            why = "another filesystem is mounted over it, or it was replaced"
+        if now is not None and (now.st_dev, now.st_ino) == (first.st_dev, first.st_ino):
+            continue
+        _MOVED.append(why)
+        log.error("%s: %s while mounted: stopping; files spooled until now stay in %s of the "
+                  "folder that was there (publish them by moving them into the mount)", src,
+                  why, spool_root)  # fmt: skip
+        pyfuse3.terminate()
+        return
 
 
 async def _signals(scope: trio.CancelScope) -> None:
