@@ -316,6 +316,9 @@ def print_status(mnt: Path) -> int:
     try:
         _print_status(doc)
         sys.stdout.flush()
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:  # not the daemon's file
+        print(f"decant-mount: {mnt}: not a decant-mount status ({exc!r})", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `--status MNT | head -1`: the reader has all it wants
         # Python flushes stdout again at exit and would complain of the closed pipe.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -324,37 +327,43 @@ def print_status(mnt: Path) -> int:
 
 
 def _print_status(doc: dict[str, Any]) -> None:
+    """Every line escaped whole, values and names alike: `--status` of a folder a user may
+    write reads the file they put there, whose numbers may be strings of terminal escapes
+    (an error counter's name, `bytes_served`) written raw to the admin's terminal."""
+
+    def out(line: str) -> None:
+        print(escape_controls(line))
+
     if "queued" in doc:
         failed = doc.get("failed_total", len(doc["failed"]))
-        print(f"queued {doc['queued']}, packing {doc['packing']}, failed {failed}, "
-              f"done {doc['done']}")  # fmt: skip
+        out(f"queued {doc['queued']}, packing {doc['packing']}, failed {failed}, "
+            f"done {doc['done']}")  # fmt: skip
         for key, what in (("failed", "failed"), ("waiting_for_space", "waiting for space")):
             listed = doc.get(key, [])
             for entry in listed:  # names are a user's: one line each, printable
-                print(f"{what}: {escape_controls(entry['path'])}: "
-                      f"{escape_controls(entry['reason'])}")  # fmt: skip
+                out(f"{what}: {entry['path']}: {entry['reason']}")
             unlisted = doc.get(f"{key}_total", len(listed)) - len(listed)
             if unlisted > 0:
-                print(f"{what}: {unlisted} more not listed")
+                out(f"{what}: {unlisted} more not listed")
         if doc.get("temp"):
-            print(f"rsync temp files waiting for their rename: {doc['temp']}")
+            out(f"rsync temp files waiting for their rename: {doc['temp']}")
         space = doc.get("space")
         if space and space.get("refusing_writes"):
-            print(f"refusing new data: {space['free'] >> 20} MiB free, below --min-free "
-                  f"{space['min_free'] >> 20} MiB")  # fmt: skip
+            out(f"refusing new data: {space['free'] >> 20} MiB free, below --min-free "
+                f"{space['min_free'] >> 20} MiB")  # fmt: skip
     d = doc.get("daemon", {})
     if d:
         cache = d.get("cache", {})
         errors = ", ".join(f"{k} {v}" for k, v in sorted(d.get("errors", {}).items())) or "none"
-        print(
+        out(
             f"served {d['bytes_served']} bytes in {d['reads']} reads "
             f"({d['read_seconds']} s in backends); cache {cache.get('bytes', 0)} of "
             f"{cache.get('limit_bytes', 0)} bytes, {cache.get('hits', 0)} hits, "
             f"{cache.get('misses', 0)} misses, {cache.get('evictions', 0)} evictions"
         )
-        print(f"files verified {d['verified']}, failed verification "
-              f"{d['failed_verification']}, pending {d['pending_verification']}; "
-              f"errors: {errors}")  # fmt: skip
+        out(f"files verified {d['verified']}, failed verification "
+            f"{d['failed_verification']}, pending {d['pending_verification']}; "
+            f"errors: {errors}")  # fmt: skip
 
 
 def bucket_config(args: argparse.Namespace, url: str) -> BucketConfig:

@@ -117,3 +117,22 @@ def test_unmount_leaves_a_filesystem_that_is_not_a_decant_mount_alone(
         assert os.path.ismount(disk) and (disk / "in-use.txt").exists()
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_status_of_a_user_s_folder_writes_no_terminal_escape_of_theirs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An admin runs `decant-mount --status /home/alice/mnt`, where alice put a
+    `.decant-status` of her own: names were escaped, but the numbers were printed as they
+    were, and a string in their place (an error counter's name, bytes_served) reached the
+    admin's terminal with its escape sequences (here: set the window title, then clear the
+    screen). Fixed: every line printed is escaped whole (cli._print_status)."""
+    import json
+
+    esc = "\x1b]0;owned\x07\x1b[2J"
+    daemon = {"bytes_served": esc, "reads": 1, "read_seconds": 0, "verified": 0,
+              "failed_verification": 0, "pending_verification": 0, "errors": {esc: 1}}  # fmt: skip
+    (tmp_path / ".decant-status").write_text(json.dumps({"daemon": daemon}))
+    assert cli.main(["--status", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    assert "\x1b" not in shown and "\x07" not in shown and "\\x1b]0;owned" in shown
