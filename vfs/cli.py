@@ -19,7 +19,7 @@ from vfs.errors import DecantError
 from vfs.logsafe import SafeFormatter, escape_controls
 from vfs.mount.config import STATUS_NAME, BucketConfig, MountConfig, parse_fuse_options
 from vfs.mount.described import DESCRIBED_ENTRIES
-from vfs.owned import resolve_trusting_no_one, why_not_own
+from vfs.owned import resolve_trusting_no_one, swappable_by_others, why_not_own
 from vfs.version import VersionAction
 
 log = logging.getLogger("decant-mount")
@@ -414,7 +414,12 @@ def real_paths(args: argparse.Namespace) -> str | None:
     over the folder of the user's choice."""
     option = "MNT"
     try:
-        resolve_trusting_no_one(args.mountpoint)  # mounted as given: only the way is checked
+        mnt = resolve_trusting_no_one(args.mountpoint)  # mounted as given: the way is checked
+        why = swappable_by_others(mnt)
+        if why is not None:  # the folder could be a link by the time it is mounted on
+            return (f"MNT {args.mountpoint}: {why}, so it could be swapped for a link before the "
+                    "mount is made, and the mount would cover the folder the link names; mount "
+                    "in a folder of root's or this user's")  # fmt: skip
         if not args.source.startswith("s3://"):
             option = "SRC"
             args.source = str(resolve_trusting_no_one(Path(args.source)))

@@ -284,3 +284,22 @@ def test_a_filesystem_mounted_over_src_stops_the_daemon_saying_so(
     finally:
         subprocess.run(["umount", "-l", str(src)], check=False)
     assert (src / ".decant-spool" / "files" / "copied.txt").read_bytes() == b"data\n"
+
+
+def test_a_mountpoint_in_another_user_s_folder_is_refused(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """Root mounts onto a folder in a user's own folder (`/home/alice/view`): the mountpoint
+    is checked at start, and mounted on by path a second or so later (imports, index, spool),
+    so its owner could rename it away meanwhile and put a link to /etc in its place: mount(2)
+    follows it, and root's mount covers /etc for everyone. Fixed: a mountpoint another user
+    could swap is refused (cli.real_paths), as the spool and index folders are."""
+    base = open_tmp(tmp_path_factory, "user-mnt")
+    src = base / "src"
+    src.mkdir()
+    home = base / "home"
+    home.mkdir(mode=0o755)
+    os.chown(home, unprivileged.uid, unprivileged.gid)
+    m = Mount(src, home / "view", base / "mnt.log", base / "mnt-index")
+    err = _refused(m, "--read-only")
+    assert f"{home} is owned by uid {unprivileged.uid}" in err, err
