@@ -579,9 +579,16 @@ def _main_bucket(args: argparse.Namespace) -> int:
     from vfs.stores.s3 import split_url
 
     try:
-        split_url(args.source)
+        bucket_name, _prefix = split_url(args.source)
     except ValueError as exc:
         print(f"decant-mount: {exc}", file=sys.stderr)
+        return 2
+    if "@" in bucket_name:  # no bucket name holds one: s3://KEY:SECRET@BUCKET/...
+        # Never echoed: the error naming the URL went to stderr, which under systemd is the
+        # journal, kept and readable by the adm group.
+        print("decant-mount: the s3:// URL holds credentials (…@BUCKET): they are never "
+              "taken from the command line; use AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a "
+              "profile (--s3-profile)", file=sys.stderr)  # fmt: skip
         return 2
     if args.relist <= 0 or args.s3_timeout <= 0 or args.s3_retries < 0:
         print("decant-mount: --relist and --s3-timeout must be > 0, --s3-retries >= 0",

@@ -136,3 +136,22 @@ def test_status_of_a_user_s_folder_writes_no_terminal_escape_of_theirs(
     assert cli.main(["--status", str(tmp_path)]) == 0
     shown = capsys.readouterr().out
     assert "\x1b" not in shown and "\x07" not in shown and "\\x1b]0;owned" in shown
+
+
+def test_credentials_in_an_s3_url_are_refused_without_being_echoed(tmp_path: Path) -> None:
+    """An operator writes `decant-mount s3://KEY:SECRET@bucket/p MNT` (the form other tools
+    take): the start failed with a message naming the whole URL, secret included, on stderr,
+    which under systemd is the journal (kept, readable by the adm group). Fixed: such a URL is
+    refused as a usage error that does not repeat it (cli._main_bucket)."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    cmd = [sys.executable, "-m", "vfs.cli", "s3://AKIAEXAMPLE:s3cr3tKEY@bucket/p",
+           str(tmp_path), "-f", "--s3-endpoint", "http://127.0.0.1:9", "--s3-timeout", "1",
+           "--s3-retries", "0", "--log-file", str(tmp_path / "log")]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert done.returncode != 0
+    log = tmp_path / "log"
+    shown = done.stdout + done.stderr + (log.read_text(errors="replace") if log.exists() else "")
+    assert "s3cr3tKEY" not in shown and "credentials" in shown, shown
