@@ -303,3 +303,40 @@ def test_a_mountpoint_in_another_user_s_folder_is_refused(
     m = Mount(src, home / "view", base / "mnt.log", base / "mnt-index")
     err = _refused(m, "--read-only")
     assert f"{home} is owned by uid {unprivileged.uid}" in err, err
+
+
+def test_index_rows_of_archives_gone_are_forgotten_at_the_next_start(
+    tmp_path: Path, make_mount
+) -> None:  # type: ignore[no-untyped-def]
+    """A user who may write in SRC makes links to an archive under new names, lists them
+    (each is described and kept in the index, on root's disk), deletes them and starts over:
+    rows were never deleted, so the index grew for as long as they liked. Fixed: each start
+    forgets the rows of archives of its SRC that are gone (DescriptionIndex.prune)."""
+    import sqlite3
+
+    import numpy as np
+    import tifffile
+
+    from vfs.decant.packer import pack_file
+
+    src = tmp_path / "src"
+    src.mkdir()
+    tif = tmp_path / "a.tif"
+    tifffile.imwrite(tif, np.zeros((2, 64, 64), dtype=np.uint16))
+    pack_file(tif, src / "kept.zarr.zip")
+    links = [src / f"copy{i}.zarr.zip" for i in range(20)]
+    for link in links:
+        os.link(src / "kept.zarr.zip", link)
+    m = make_mount(src, "--read-only")
+    assert len(os.listdir(m.mnt)) == 21  # each described, and kept in the index
+    assert m.stop() == 0
+    for link in links:
+        link.unlink()
+    again = make_mount(src, "--read-only")  # the same index
+    deadline = time.monotonic() + 4
+    while "index: forgot" not in again.log_text():
+        assert time.monotonic() < deadline, again.log_text()
+        time.sleep(0.05)
+    with sqlite3.connect(m.index / "index.sqlite") as db:
+        kept = {row[0] for row in db.execute("SELECT path FROM descriptions")}
+    assert kept == {str(src / "kept.zarr.zip")}

@@ -8,6 +8,7 @@ import logging
 import os
 import resource
 import signal
+import sqlite3
 import stat
 import sys
 import threading
@@ -592,7 +593,21 @@ async def _relist_forever(ops: DecantOperations, interval: float) -> None:
 
 
 async def _census(ops: DecantOperations, src: Path) -> None:
-    """Log how many archives SRC holds (names only: nothing is opened)."""
+    """Log how many archives SRC holds (names only: nothing is opened); then forget the index
+    rows of archives of SRC that are gone (DescriptionIndex.prune)."""
+    await _count(ops, src)
+    index = ops.tree.index
+    if index is not None:
+        try:
+            gone = await trio.to_thread.run_sync(index.prune, src)
+        except sqlite3.Error as exc:
+            log.warning("index: rows of archives gone not pruned (%s)", exc)
+        else:
+            if gone:
+                log.info("index: forgot %d archives no longer in %s", gone, src)
+
+
+async def _count(ops: DecantOperations, src: Path) -> None:
 
     def deep(folder: Path) -> None:
         log.info("%s: folders below it are more than %d levels deep; not counted",

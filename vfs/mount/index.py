@@ -302,6 +302,29 @@ class DescriptionIndex:
             return None
         return found if isinstance(found, dict) else None
 
+    def prune(self, src: Path) -> int:
+        """Forget the rows of archives below `src` that are gone (blocking: a worker thread's).
+        Rows were never deleted: a user who may write in SRC made, listed and deleted archives
+        under ever new names (hard links cost them nothing) and the index, on root's disk,
+        grew for as long as they liked. Only rows below this mount's SRC, which is there:
+        another mount's (the default folder is shared) may be of a disk not plugged in now.
+        Names that are not UTF-8 (kept as NUL and hex) are left as they are."""
+        lo = str(src).rstrip("/") + "/"
+        hi = lo[:-1] + chr(ord("/") + 1)
+        gone = 0
+        for table in ("descriptions", "verified", "chunk_digests"):
+            with self._lock:
+                rows = self._db.execute(
+                    f"SELECT DISTINCT path FROM {table} WHERE path >= ? AND path < ?", (lo, hi)
+                ).fetchall()
+            for (path,) in rows:
+                if os.path.lexists(path):
+                    continue
+                with self._lock:  # a statement at a time: lookups go on meanwhile
+                    self._db.execute(f"DELETE FROM {table} WHERE path=?", (path,))
+                gone += 1
+        return gone
+
     def _unreadable(self, exc: sqlite3.Error) -> None:
         """A lookup the index could not answer: a page of the file damaged (the start opens
         only its first, so such damage passes it), the disk failing, the database locked too
