@@ -12,6 +12,7 @@ import errno
 import os
 import stat
 import tempfile
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack, suppress
 from pathlib import Path
@@ -1080,3 +1081,29 @@ def test_marks_of_rewritten_published_files_do_not_pile_up(
 
         m.run(go)
     assert max(sizes) <= 10, sizes  # a round's five, and at most the five before them
+
+
+def test_a_release_that_waits_on_a_thread_while_its_file_is_renamed_closes_the_new_name(
+    mount: InProcessMount,
+) -> None:
+    """rsync closes its temp file and renames it at once; FUSE's release comes whenever it
+    comes. A release that handed a call to a worker thread (QuickCalls in its cooldown, as on
+    a loaded disk) before telling the queue let the rename run meanwhile: the open count
+    moved to the new name while the release closed the old one, and the file was never
+    published (found in CI: one of `test_rsync_of_3000_small_files` stayed spooled)."""
+
+    async def go() -> None:
+        fh, _ino = await mount.create(ROOT_INODE, ".a.txt.Xy12Ab")
+        assert await mount.ops.write(fh, 0, b"data") == 4
+        mount.ops._quick.until = time.monotonic() + 3600  # every quick call to a thread
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(mount.ops.release, fh)
+            await trio.sleep(0)  # the release is waiting on its thread now
+            await mount.rename(".a.txt.Xy12Ab", "a.txt")
+        queue = mount.queue
+        assert queue is not None
+        assert queue.open_counts == {}, queue.open_counts
+        assert await mount.publish_all() == 1
+        assert (mount.tree.root / "a.txt").read_bytes() == b"data"
+
+    mount.run(go)

@@ -810,10 +810,14 @@ class DecantOperations(pyfuse3.Operations):
             return
         with errno_boundary(f"release {handle.node.real_text}"):
             try:
-                if handle.fd >= 0 and self.writer is not None:  # its write mark goes first
-                    await self._quick(self.writer.writers.closed, handle.fd)
+                # The queue first, before any await: the handle is out of `_handles`, so a
+                # rename run meanwhile (rsync renames as it closes) would move the file's open
+                # count to the new name while this closed the old one: never published. The
+                # write mark goes next; a publish waits for the settle time after this.
                 if handle.node.spooled and self.queue is not None:
                     self.queue.closed(handle.node.spooled)
+                if handle.fd >= 0 and self.writer is not None:
+                    await self._quick(self.writer.writers.closed, handle.fd)
                 spooled = handle.node.spooled and handle.hasher is None
                 if spooled and handle.readahead_done is None:
                     await self._quick(handle.reader.close)  # a plain file of the spool
