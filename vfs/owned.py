@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from vfs.errors import DecantError
@@ -75,18 +75,24 @@ def own_folder(
 def swappable_by_others(folder: Path) -> str | None:
     """Why another user could rename `folder` (a real path, no link on the way) away and put
     their own, or a link, in its place after it was checked (the daemon opens what it holds by
-    path later), or None: a folder above it that someone else owns, or that group or others
-    may write without the sticky bit (/tmp has it)."""
-    for parent in folder.resolve().parents:
+    path later), or None (see `open_to_others`: a folder above it is theirs, or writable)."""
+    why = open_to_others(folder.resolve().parents)
+    return None if why is None else f"{why}: the folder could be swapped"
+
+
+def open_to_others(folders: Iterable[Path]) -> str | None:
+    """Why another user could replace an entry of one of `folders` (real paths): it is
+    theirs, or group or others may write it without the sticky bit (/tmp has it); None if no
+    such folder (one that cannot be looked at is passed over)."""
+    for folder in folders:
         try:
-            st = os.stat(parent)
+            st = os.stat(folder)
         except OSError:
             continue
         if st.st_uid not in (0, os.geteuid()):
-            return f"{parent} is owned by uid {st.st_uid}: its owner could swap the folder"
+            return f"{folder} is owned by uid {st.st_uid}"
         if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-            mode = stat.S_IMODE(st.st_mode)
-            return f"{parent} is writable by others (mode {mode:04o}): the folder could be swapped"
+            return f"{folder} is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
 
 
@@ -152,7 +158,7 @@ def resolve_trusting_no_one(path: Path) -> Path:
     choice, where the checks that refuse a link then saw only a real folder of root's (a spool
     linked to /etc was made 0700 and its `files/` published into SRC). A link is followed
     only if it is this user's or root's and sits in a folder no one else may swap (see
-    `_swappable_at`); from what is missing or cannot be looked at on, the path is taken as
+    `open_to_others`); from what is missing or cannot be looked at on, the path is taken as
     written (a link put there later is refused where the path is used, by lstat)."""
     todo = list(reversed(path.absolute().parts[1:]))
     real = Path("/")
@@ -178,7 +184,7 @@ def resolve_trusting_no_one(path: Path) -> Path:
         if st.st_uid not in (0, os.geteuid()):
             raise ValueError(f"{here} is a symlink of uid {st.st_uid}: its owner may point it "
                              "anywhere")  # fmt: skip
-        why = _swappable_at(real)
+        why = open_to_others((real, *real.parents))
         if why is not None:
             raise ValueError(f"{here} is a symlink in a folder another user could swap: {why}")
         target = Path(os.readlink(here))
@@ -186,15 +192,3 @@ def resolve_trusting_no_one(path: Path) -> Path:
         if target.is_absolute():
             real = Path("/")
     return real
-
-
-def _swappable_at(folder: Path) -> str | None:
-    """Why another user could replace an entry of `folder` (a real path), or None: it or a
-    folder above it is another user's, or writable by others without the sticky bit."""
-    for each in (folder, *folder.parents):
-        st = os.stat(each)
-        if st.st_uid not in (0, os.geteuid()):
-            return f"{each} is owned by uid {st.st_uid}"
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
-            return f"{each} is writable by others (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
