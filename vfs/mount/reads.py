@@ -24,7 +24,7 @@ import trio
 
 from vfs.backends.base import RandomAccess
 from vfs.errors import ArchiveGoneError, CorruptArchiveError, StoreError
-from vfs.integrity import Coverage, ParkBudget, SequentialHasher
+from vfs.integrity import Coverage, ParkBudget, SequentialHasher, held_bytes
 from vfs.mount.fair import FairSlots
 from vfs.mount.metrics import COUNTERS
 from vfs.nodes import Node, NodeKey
@@ -457,7 +457,7 @@ def _unpinned(data: Any) -> Any:
     view of an 8 MiB plane is not: copying every request cost a memcpy and fresh pages per MiB
     served (about a tenth of the daemon's CPU on a first read), and the HASH_BACKLOG queued
     views pin at most PIN_RATIO times what they hold."""
-    if isinstance(data, memoryview) and data.nbytes * PIN_RATIO < memoryview(data.obj).nbytes:
+    if isinstance(data, memoryview) and data.nbytes * PIN_RATIO < held_bytes(data):
         return bytes(data)
     return data
 
