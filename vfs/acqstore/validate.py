@@ -14,6 +14,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+import jsonschema_rs
 from jsonschema import Draft202012Validator, FormatChecker
 
 from vfs.acqstore import paths
@@ -134,6 +135,26 @@ def validator(kind: str) -> Draft202012Validator:
     checker = FormatChecker(formats=())
     checker.checks("date-time")(_is_datetime)
     return Draft202012Validator(sub, format_checker=checker)
+
+
+@cache
+def _quick(kind: str) -> jsonschema_rs.Draft202012Validator:
+    """The same schema compiled by jsonschema-rs, which only says whether a document conforms.
+    Measured on the 1,000-member corpus: 0.004 s for its 2,000 member documents against 0.5 s
+    for `jsonschema` (a quarter of a cold validation). A document it refuses is checked again
+    by `validator`, which words every error, so reports read as before."""
+    checker = validator(kind)
+    return jsonschema_rs.Draft202012Validator(
+        checker.schema, formats={"date-time": _is_datetime}, validate_formats=True
+    )
+
+
+def conforms(kind: str, doc: Any) -> bool:
+    """True when `doc` certainly passes `validator(kind)`; False means "ask it"."""
+    try:
+        return bool(_quick(kind).is_valid(doc))
+    except Exception:  # any doubt is settled by the full validator
+        return False
 
 
 def _inline(node: Any, defs: dict[str, Any]) -> Any:
@@ -464,10 +485,11 @@ class _Run:
             self.result.documents[rel] = doc
         if (rel, kind) not in self._schema_checked:
             self._schema_checked.add((rel, kind))
-            # No more errors built than can be kept: each is a few KiB until it is a message.
-            errors = itertools.islice(validator(kind).iter_errors(doc), MAX_ISSUES + 1)
-            for err in sorted(errors, key=lambda e: list(map(str, e.absolute_path))):
-                self.error(rel, pointer(*err.absolute_path), _schema_message(err))
+            if not conforms(kind, doc):
+                # No more errors built than can be kept: each is a few KiB until it is a message.
+                errors = itertools.islice(validator(kind).iter_errors(doc), MAX_ISSUES + 1)
+                for err in sorted(errors, key=lambda e: list(map(str, e.absolute_path))):
+                    self.error(rel, pointer(*err.absolute_path), _schema_message(err))
         return doc
 
 
