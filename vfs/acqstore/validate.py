@@ -12,10 +12,9 @@ from datetime import datetime
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import jsonschema_rs
-from jsonschema import Draft202012Validator, FormatChecker
 
 from vfs.acqstore import paths
 from vfs.acqstore.ngff import NgffImage, inspect_image
@@ -23,6 +22,9 @@ from vfs.acqstore.paths import ENTRY_POINT
 from vfs.beneath import read_beneath, stat_beneath
 from vfs.decant.limits import MAX_JSON_COST, MiB, json_cost, json_kept, parse_json
 from vfs.errors import ManifestError
+
+if TYPE_CHECKING:
+    from jsonschema import Draft202012Validator
 
 # A collection's JSON documents: bytes, what parsing each may cost in memory (json_cost,
 # MAX_JSON_COST), and what all of them keep parsed together (json_kept): they are kept until
@@ -128,13 +130,22 @@ def _is_datetime(value: object) -> bool:
 
 
 @cache
-def validator(kind: str) -> Draft202012Validator:
-    """The compiled schema for one document kind (a $defs entry of schema.json)."""
+def _schema(kind: str) -> dict[str, Any]:
+    """One document kind's schema: its $defs entry of schema.json, references inlined."""
     schema = json.loads(resources.files("vfs.acqstore").joinpath("schema.json").read_text("utf-8"))
-    sub = _inline(schema["$defs"][_SCHEMA_DEFS[kind]], schema["$defs"])
+    sub: dict[str, Any] = _inline(schema["$defs"][_SCHEMA_DEFS[kind]], schema["$defs"])
+    return sub
+
+
+@cache
+def validator(kind: str) -> Draft202012Validator:
+    """The compiled schema for one document kind, which words every error. Imported when first
+    needed: a collection whose documents all conform never loads jsonschema (~60 ms)."""
+    from jsonschema import Draft202012Validator, FormatChecker
+
     checker = FormatChecker(formats=())
     checker.checks("date-time")(_is_datetime)
-    return Draft202012Validator(sub, format_checker=checker)
+    return Draft202012Validator(_schema(kind), format_checker=checker)
 
 
 @cache
@@ -143,9 +154,8 @@ def _quick(kind: str) -> jsonschema_rs.Draft202012Validator:
     Measured on the 1,000-member corpus: 0.004 s for its 2,000 member documents against 0.5 s
     for `jsonschema` (a quarter of a cold validation). A document it refuses is checked again
     by `validator`, which words every error, so reports read as before."""
-    checker = validator(kind)
     return jsonschema_rs.Draft202012Validator(
-        checker.schema, formats={"date-time": _is_datetime}, validate_formats=True
+        _schema(kind), formats={"date-time": _is_datetime}, validate_formats=True
     )
 
 
