@@ -7,6 +7,7 @@ import contextlib
 import errno
 import io
 import os
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -558,3 +559,25 @@ def tampered_big(big, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("tampered") / "tampered.tar.c4gh"
     path.write_bytes(corpus.tamper(big.data, PAGE_SEGMENTS + 3))
     return path
+
+
+def test_a_read_on_disk_is_asked_for_and_then_served_without_a_thread(big, tmp_path: Path) -> None:
+    """`disk_asked` starts the disk read of a small span `read_cached` declined: polling
+    `read_cached` then serves exactly its bytes. A span of more segments than are decrypted
+    inline is never asked for (polling could not serve it)."""
+    copy = tmp_path / "copy.tar.c4gh"
+    copy.write_bytes(big.data)
+    if not evicted(copy):
+        pytest.skip("the kernel kept the file's pages; the disk case cannot be set up here")
+    with big_reader(big, copy) as rd:
+        offset = 7 * SEG + 100
+        assert rd.read_cached(offset, 4096) is None
+        assert not rd.disk_asked(PAGE_SIZE - 10, 2 * SEG)  # three segments: a thread's job
+        assert not rd.disk_asked(len(BIG), 10)
+        assert rd.disk_asked(offset, 4096)
+        deadline = time.monotonic() + 10
+        got = None
+        while got is None and time.monotonic() < deadline:
+            got = rd.read_cached(offset, 4096)
+        assert got == BIG[offset : offset + 4096]
+        assert rd.stats.decrypted == 1

@@ -112,6 +112,12 @@ class MemberReader:
         data = self._reader.read_cached(self._offset + offset, want, self._pool)
         return data if data is not None and len(data) == want else None
 
+    def disk_asked(self, offset: int, size: int) -> bool:
+        """See SegmentReader.disk_asked: whether polling `read_cached` may serve this read soon."""
+        if offset < 0 or size <= 0 or offset >= self.size:
+            return False
+        return self._reader.disk_asked(self._offset + offset, min(size, self.size - offset))
+
     def loading(self, offset: int, size: int) -> Future[None] | None:
         """A read-ahead load of a page that [offset, offset + size) needs, not finished yet, or
         None (see vfs.mount.reads: the event loop awaits it rather than a thread)."""

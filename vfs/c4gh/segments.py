@@ -478,6 +478,25 @@ class SegmentReader:
             return None
         return plains, first, offset, end
 
+    def disk_asked(self, offset: int, size: int) -> bool:
+        """Whether a small read `read_cached` just declined is now on its way from the disk to
+        the kernel's page cache (WILLNEED on its cipher text), so that polling `read_cached` a
+        little while may serve it without a thread: the thread hop there and back costs 0.3 ms
+        on this VM, three times the disk's own 64 KiB read. False where `read_cached` could not
+        serve it however long one polled (too many segments, no RWF_NOWAIT)."""
+        end = min(offset + size, self.size)
+        if not self._nowait or offset < 0 or offset >= end:
+            return False
+        first, stop = offset // SEGMENT_SIZE, (end - 1) // SEGMENT_SIZE + 1
+        if stop - first > INLINE_SEGMENTS:
+            return False
+        start = cipher_offset(self.header_len, first)
+        with contextlib.suppress(OSError, ValueError):
+            length = self._cipher_end(stop) - start
+            os.posix_fadvise(self._descriptor(), start, length, os.POSIX_FADV_WILLNEED)
+            return True
+        return False
+
     def _page(self, page_no: int) -> _Page:
         page: _Page = self._cache.get_or_load(self.cache_key(page_no), _Page)
         return page
