@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--log-file", type=Path, metavar="F", help="log here (default: stderr/syslog)")
     p.add_argument("--log-level", default="INFO", metavar="L", help="DEBUG, INFO, WARNING, ERROR")
     p.add_argument("-u", "--unmount", type=Path, metavar="MNT", help="unmount MNT and exit")
+    p.add_argument("-z", "--lazy", action="store_true",
+                   help="with -u: detach MNT even when busy or stale (fusermount3 -z)")  # fmt: skip
     p.add_argument("--status", type=Path, metavar="MNT",
                    help="print MNT's pack queue and counters and exit")  # fmt: skip
     p.add_argument(
@@ -271,17 +273,19 @@ def mount_type(mnt: Path) -> str | None:
     return found
 
 
-def unmount(mnt: Path) -> int:
+def unmount(mnt: Path, lazy: bool = False) -> int:
     """Unmount MNT if a decant-mount is mounted there. fusermount3 (as root) and umount
     unmount any filesystem: `decant-mount -u /data` (a typo of /data/orig) unmounted the
-    data disk under everyone's feet."""
+    data disk under everyone's feet. `lazy` detaches a busy or stale mount (the systemd unit
+    clears a stale one before it mounts, and must not clear whatever else is mounted there)."""
     kind = mount_type(mnt)
     if kind != FSTYPE:
         what = f"a {kind} mount, not decant-mount's" if kind else "nothing is mounted there"
         print(f"decant-mount: {mnt}: {what}; not unmounted (umount unmounts others)",
               file=sys.stderr)  # fmt: skip
         return 1
-    for cmd in (["fusermount3", "-u", str(mnt)], ["umount", str(mnt)]):
+    flags = (["-z"], ["-l"]) if lazy else ([], [])
+    for cmd in (["fusermount3", "-u", *flags[0], str(mnt)], ["umount", *flags[1], str(mnt)]):
         try:
             result = subprocess.run(cmd, capture_output=True, text=True, check=False)
         except FileNotFoundError:
@@ -502,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     args = build_parser().parse_args(argv)
     if args.unmount:
-        return unmount(args.unmount)
+        return unmount(args.unmount, args.lazy)
     if args.status:
         return print_status(args.status)
     if args.source is None or args.mountpoint is None:

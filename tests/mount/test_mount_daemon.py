@@ -55,6 +55,19 @@ def test_fusermount_unmount_ends_daemon(src: Path, make_mount) -> None:  # type:
     assert "unmounted" in m.log_text()
 
 
+def test_lazy_unmount_detaches_a_busy_mount(src: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
+    """`decant-mount -u MNT --lazy` (the systemd unit's ExecStartPre) detaches a mount a
+    reader still holds open: the reader keeps its file, the mountpoint is free at once."""
+    m = make_mount(src)
+    with open(m.mnt / "stack.tif", "rb") as held:
+        assert subprocess.run([*DAEMON, "-u", str(m.mnt)], capture_output=True).returncode == 1
+        done = subprocess.run([*DAEMON, "-u", str(m.mnt), "-z"], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        assert not is_mounted(m.mnt)
+        assert held.read(2) in (b"II", b"MM")
+    assert _exit_code(m.proc) == 0
+
+
 def test_busy_mountpoint_is_refused(src: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
     m = make_mount(src)
     second = subprocess.run([*DAEMON, str(src), str(m.mnt), "-f"], capture_output=True,

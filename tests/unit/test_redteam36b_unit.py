@@ -114,6 +114,9 @@ def test_unmount_leaves_a_filesystem_that_is_not_a_decant_mount_alone(
         (disk / "in-use.txt").write_bytes(b"x")
         assert cli.main(["-u", str(disk)]) == 1
         assert "a tmpfs mount, not decant-mount's" in capsys.readouterr().err
+        # Nor lazily, as the systemd unit clears a stale mount before it mounts.
+        assert cli.main(["-u", str(disk), "--lazy"]) == 1
+        assert "a tmpfs mount, not decant-mount's" in capsys.readouterr().err
         assert os.path.ismount(disk) and (disk / "in-use.txt").exists()
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
