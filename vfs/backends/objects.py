@@ -116,8 +116,10 @@ class _Listed:
 
     def still(self) -> None:
         """ESTALE unless the object at the key is still the version listed (one HEAD): what an
-        open checks, for a handle that joins an archive opened already (vfs.backends.decant)."""
-        now = self._folder.stat(self._key)
+        open checks, for a handle that joins an archive opened already (vfs.backends.decant).
+        The object the listing's identity is of: a `NAME.zarr/` prefix's is its manifest's (no
+        object has the prefix's own key: a HEAD of it made every second open ESTALE)."""
+        now = self._folder.stat(self._info.key)
         if now is None or replaced(self._info, now):
             raise self._stale()
 

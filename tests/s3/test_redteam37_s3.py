@@ -1,0 +1,98 @@
+"""Red team, round 37 (b): bucket mounts attacked through real mounts and real clients."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import obstore
+import pytest
+import tifffile
+from obstore.store import S3Store
+
+from tests.mount.conftest import HAVE_FUSE, Mount, open_tmp
+from tests.s3.conftest import S3Bucket
+
+pytestmark = [
+    pytest.mark.mount,
+    pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3"),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+MountFactory = Callable[..., Mount]
+
+
+def client(bucket: S3Bucket) -> S3Store:
+    return S3Store(bucket.name, client_options={"allow_http": True})
+
+
+@pytest.fixture
+def bucket_mount(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MountFactory]:
+    """Mounts of a bucket URL by this checkout's daemon (cwd: the checkout); a mount started
+    again under the same name keeps its index."""
+    mounts: list[Mount] = []
+    where = open_tmp(tmp_path_factory, "rt37b")
+
+    def factory(url: str, *extra: str, name: str = "mnt") -> Mount:
+        m = Mount(url, where / name, tmp_path / f"{name}-{len(mounts)}.log",  # type: ignore[arg-type]
+                  tmp_path / f"{name}-index")  # fmt: skip
+        mounts.append(m)
+        return m.start(*extra)
+
+    yield factory
+    for m in mounts:
+        m.stop()
+
+
+def tiff(seed: int) -> bytes:
+    buf = io.BytesIO()
+    data = np.random.default_rng(seed).integers(0, 60000, (4, 64, 64), dtype=np.uint16)
+    tifffile.imwrite(buf, data, photometric="minisblack")
+    return buf.getvalue()
+
+
+def pack(tmp_path: Path, name: str, data: bytes, archive: str) -> Path:
+    """`decant pack` of `data` (as NAME) to `archive` (a .zarr.zip, or a .zarr folder)."""
+    src = tmp_path / "in" / name
+    src.parent.mkdir(exist_ok=True)
+    src.write_bytes(data)
+    out = tmp_path / archive
+    done = subprocess.run([sys.executable, "-m", "vfs.commands", "pack", "-q", str(src),
+                           "-o", str(out)], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def upload(bucket: S3Bucket, local: Path, key: str) -> None:
+    """A file as one object, a folder as one object per file under `key/`."""
+    store = client(bucket)
+    if local.is_file():
+        obstore.put(store, bucket.key(key), local.read_bytes())
+        return
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        obstore.put(store, bucket.key(f"{key}/{path.relative_to(local).as_posix()}"),
+                    path.read_bytes())  # fmt: skip
+
+
+def test_two_handles_of_a_folder_archive_in_a_bucket_both_read(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    """A `NAME.zarr/` prefix read by two programs at once (a viewer holding the file open, then
+    `cp` or a second user): the second open joins the first's opened archive, whose check that
+    the object is still the version listed HEADed the prefix itself, a key no object has: every
+    open while another was held gave ESTALE."""
+    data = tiff(1)
+    upload(s3_bucket, pack(tmp_path, "scan.tif", data, "scan.tif.zarr"), "scan.tif.zarr")
+    m = bucket_mount(s3_bucket.url())
+    path = m.mnt / "scan.tif"
+    with open(path, "rb") as first:
+        assert first.read(4096) == data[:4096]
+        with open(path, "rb") as second:  # ESTALE before
+            assert second.read() == data
+        assert first.read() == data[4096:]
