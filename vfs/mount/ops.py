@@ -736,7 +736,13 @@ class DecantOperations(pyfuse3.Operations):
             found = verifies_as(node.real, node.entry)
             if found is not None:
                 return found[0], "", found[1]
-        return node.real, node.member, node.version if len(node.version) == 4 else None
+        # An object's stamp is the identity its listing gave, carried by its path (stamp_of):
+        # the node's own version by construction (a replaced object is listed as a new node),
+        # and what its handles' GETs were pinned to. Its node's version is a stat made up from
+        # it (an inode of key and ETag, no ctime) that no stamp equals: compared, every verdict
+        # on a bucket archive was dropped as "replaced while it verified".
+        local = len(node.version) == 4 and not isinstance(node.real, ObjectPath)
+        return node.real, node.member, node.version if local else None
 
     def _is_verified(self, node: Node) -> bool:
         index = self.tree.index
