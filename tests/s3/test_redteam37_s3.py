@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -122,3 +123,30 @@ def test_a_bucket_archive_that_verified_is_known_verified_after_a_restart(
     again = bucket_mount(s3_bucket.url())
     assert os.getxattr(again.mnt / "scan.tif", "user.decant.verified") == b"yes"  # unknown before
     assert "replaced while it verified" not in m.log_text()
+
+
+def test_chunks_replaced_under_a_verified_folder_archive_are_not_served(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    """A `NAME.zarr/` prefix keeps each chunk as an object of its own, and its identity is its
+    manifest's: a chunk replaced in the bucket (another scan's, same shape) changes no
+    identity. Once the original verified, its chunk digests catch it (EIO); while no verdict
+    was ever recorded for a bucket archive, a restarted daemon served the other scan's plane."""
+    data, other = tiff(3), tiff(4)
+    upload(s3_bucket, pack(tmp_path, "scan.tif", data, "scan.tif.zarr"), "scan.tif.zarr")
+    theirs = pack(tmp_path, "scan.tif", other, "other.tif.zarr")
+    m = bucket_mount(s3_bucket.url())
+    assert (m.mnt / "scan.tif").read_bytes() == data
+    wait_for(lambda: os.getxattr(m.mnt / "scan.tif", "user.decant.verified") == b"yes", 30, "ok")
+    m.stop()
+    for chunk in sorted((theirs / "0").glob("[0-9]*")):
+        upload(s3_bucket, chunk, f"scan.tif.zarr/0/{chunk.name}")
+    again = bucket_mount(s3_bucket.url())
+    with open(again.mnt / "scan.tif", "rb") as f:
+        f.seek(len(data) - 8192)
+        try:
+            got = f.read(4096)
+        except OSError as exc:
+            assert exc.errno == errno.EIO
+        else:
+            assert got == data[len(data) - 8192 : len(data) - 4096], "another scan's bytes"
