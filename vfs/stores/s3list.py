@@ -24,6 +24,18 @@ MAX_PAGES = 100_000  # 100 M keys: a store that never ends its listing is cut of
 _EMPTY_SHA = hashlib.sha256(b"").hexdigest()
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """An S3 LIST is never redirected to be answered: a 3xx is an error (HTTPError). urllib
+    follows one with every header added, the signed `Authorization` and the session token
+    included, to whichever host the reply names."""
+
+    def redirect_request(self, *_args: object, **_kwargs: object) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 @dataclass(frozen=True)
 class Plain:
     """Where and as whom to list."""
@@ -126,7 +138,7 @@ def list_pages(p: Plain, prefix: str, delimiter: str | None) -> Iterator[Page]:
         for name, value in _sign(p, path, query, url.netloc).items():
             if name != "host":
                 req.add_header(name, value)
-        with urllib.request.urlopen(req, timeout=p.timeout) as reply:
+        with _OPENER.open(req, timeout=p.timeout) as reply:
             body = reply.read(MAX_PAGE_BYTES + 1)
         if len(body) > MAX_PAGE_BYTES:
             raise ValueError(f"a listing page of more than {MAX_PAGE_BYTES} bytes")
