@@ -11,6 +11,7 @@ call site to escape its names.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 # C0 controls, DEL, C1 controls, the Unicode line/paragraph separators, and the lone
 # surrogates of undecodable bytes (U+DC80..U+DCFF, shown as the byte they stand for).
@@ -26,9 +27,15 @@ def escape_controls(text: str) -> str:
 
 
 class SafeFormatter(logging.Formatter):
-    """Escapes the rendered message; a traceback (exc_info) keeps its own line breaks (its
-    exception text shows file names by repr already)."""
+    """Escapes the rendered message. A traceback (exc_info) keeps its line breaks, but each of
+    its lines is escaped and starts with "| ": an exception's text may hold a name as it came
+    (`ValueError(f"... {name}")`), and a line break in it could not be told from the
+    traceback's own, so no line of a traceback can pass for a record of its own."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         record.message = escape_controls(record.message)
         return super().formatMessage(record)
+
+    def formatException(self, ei: Any) -> str:
+        text = super().formatException(ei)
+        return "\n".join("| " + escape_controls(line) for line in text.split("\n"))

@@ -35,4 +35,25 @@ def test_a_traceback_keeps_its_lines() -> None:
         record = logging.LogRecord("d", logging.ERROR, __file__, 1, "bad\nname", (), None)
         record.exc_info = sys.exc_info()
     text = SafeFormatter("%(message)s").format(record)
-    assert text.startswith("bad\\x0aname\nTraceback")
+    assert text.startswith("bad\\x0aname\n| Traceback")
+    assert text.endswith("\n| ValueError: boom")
+
+
+def test_an_exception_s_text_cannot_forge_a_record_or_hide_one() -> None:
+    """The message was escaped but the traceback was not: a name in an exception's text
+    (`ValueError(f"... {name}")`) started a line of its own, or rewrote one on a terminal."""
+    forged = "x\n2026-01-01 00:00:00,000 ERROR decant-mount: FORGED\r\x1b[2K"
+    try:
+        try:
+            raise OSError(f"cannot read {forged}")
+        except OSError as exc:
+            raise ValueError(f"bad name {forged}") from exc
+    except ValueError:
+        record = logging.LogRecord("d", logging.ERROR, __file__, 1, "failed", (), None)
+        record.exc_info = sys.exc_info()
+    text = SafeFormatter("%(asctime)s %(levelname)s %(message)s").format(record)
+    first, *rest = text.split("\n")
+    assert first.endswith("ERROR failed")
+    assert rest and all(line.startswith("| ") for line in rest)
+    assert "\r" not in text and "\x1b" not in text
+    assert sum("FORGED" in line for line in rest) == 2  # both exceptions, cause included
