@@ -165,6 +165,10 @@ def conforms(kind: str, doc: Any) -> bool:
         return bool(_quick(kind).is_valid(doc))
     except Exception:  # any doubt is settled by the full validator
         return False
+    except BaseException as exc:  # a panic in the Rust code arrives as pyo3's PanicException
+        if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+            raise
+        return False
 
 
 def _inline(node: Any, defs: dict[str, Any]) -> Any:
