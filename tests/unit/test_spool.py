@@ -650,3 +650,29 @@ def test_a_small_tiff_is_packed_directly_and_made_durable_with_its_batch(
         assert info.size == len(original)
         assert info.sha256 == hashlib.sha256(original).hexdigest()
     assert leftovers(src) == []
+
+
+def test_a_file_whose_writer_is_closing_is_tried_again_and_one_cut_off_fails(
+    spool: Spool, src: Path
+) -> None:
+    """A release tells the queue the file closed, then clears its write mark, which may wait
+    on a worker thread: a publish in between found the mark, reported the file failed ("its
+    writer was cut off") and retried it 30 s later. This run's mark is a close under way; an
+    earlier run's is a cut-off writer."""
+    from vfs.ingest.writing import WRITING, Writers
+
+    path = put(spool, "x.csv", b"whole")
+    writers = Writers()
+    fd = os.open(path, os.O_RDWR)
+    try:
+        writers.opened(fd)  # marked by this run
+        outcome = spool.attempt("x.csv", False, OPTIONS, 0.0)
+        assert (outcome.kind, outcome.reason) == ("unsettled", "") and outcome.wait < 1
+        os.setxattr(fd, WRITING, b"1")  # as an earlier run (or version) left it
+        outcome = spool.attempt("x.csv", False, OPTIONS, 0.0)
+        assert outcome.kind == "failed" and "cut off" in outcome.reason
+        writers.closed(fd)
+    finally:
+        os.close(fd)
+    assert spool.attempt("x.csv", False, OPTIONS, 0.0).kind == "published"
+    assert (src / "x.csv").read_bytes() == b"whole"

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 from vfs.beneath import fsync_beneath, makedirs_beneath, open_beneath, parent_fd, stat_beneath
 from vfs.decant import TEMP_PREFIX, temp_name
 from vfs.ingest.space import free_bytes
-from vfs.ingest.writing import CUT_OFF, cut_off
+from vfs.ingest.writing import CUT_OFF, write_mark
 from vfs.names import NAME_MAX, is_utf8
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CHANGED_WAIT = 1.0  # a file that changed while being published is tried again this much later
+CLOSING_WAIT = 0.2  # a file whose last write handle is closing is tried again this much later
 BLOCK = 8 << 20  # copy and compare in blocks this big; cancellation is checked between them
 SPACE_MARGIN = 1 << 20  # packing needs the archive's size plus this much free
 _PLACING = threading.Lock()  # a folder's mtime is read, changed and put back under this lock
@@ -175,7 +176,10 @@ def attempt(
     left = settle - (time.time_ns() - st.st_ctime_ns) / 1e9  # ctime: rsync sets mtime back
     if 0 < left <= settle + 1:  # far in the future: the clock was set back; do not wait for it
         return Outcome(relpath, "unsettled", wait=left)
-    if cut_off(spool.path(relpath)):  # a write handle was open when the daemon last stopped
+    mark = write_mark(spool.path(relpath))
+    if mark == "closing":  # its last write handle's release clears the mark next
+        return Outcome(relpath, "unsettled", wait=CLOSING_WAIT)
+    if mark == "cut off":  # a write handle was open when the daemon last stopped
         return Outcome(relpath, "failed", reason=CUT_OFF)
     try:
         published = spool.publish(relpath, pack_all, options, cancel, durable=False)

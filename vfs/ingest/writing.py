@@ -17,11 +17,17 @@ import errno
 import logging
 import os
 import threading
+import time
 from pathlib import Path
+from typing import Literal
 
 log = logging.getLogger(__name__)
 
 WRITING = "user.decant.writing"
+# The mark's value says which run of the daemon set it. A mark of this run on a file the queue
+# is publishing is a close under way (a release tells the queue before it clears the mark, and
+# that may wait on a worker thread), not a cut-off: such a file is tried again shortly.
+THIS_RUN = f"{os.getpid()}-{time.time_ns()}".encode()
 CUT_OFF = ("its writer was cut off (the daemon stopped while it was open for writing), so it "
            "may be incomplete: write it again, or `touch` it through the mount to publish it "
            "as it is")  # fmt: skip
@@ -65,7 +71,7 @@ class Writers:
 
     def _set(self, fd: int) -> None:
         try:
-            os.setxattr(fd, WRITING, b"1")
+            os.setxattr(fd, WRITING, THIS_RUN)
         except OSError as exc:
             if not self._told:
                 self._told = True
@@ -73,10 +79,11 @@ class Writers:
                             "by a daemon stop is published as it was left", exc)  # fmt: skip
 
 
-def cut_off(path: Path) -> bool:
-    """Does the spooled file at `path` (no link followed) still carry the write mark?"""
+def write_mark(path: Path) -> Literal["none", "closing", "cut off"]:
+    """The write mark of the spooled file at `path` (no link followed): none; this run's (its
+    last write handle is closing); or an earlier run's (its writer was cut off)."""
     try:
-        os.getxattr(path, WRITING, follow_symlinks=False)
+        value = os.getxattr(path, WRITING, follow_symlinks=False)
     except OSError:
-        return False
-    return True
+        return "none"
+    return "closing" if value == THIS_RUN else "cut off"
