@@ -18,7 +18,7 @@ import stat
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Protocol
 
 from vfs.beneath import fsync_beneath, makedirs_beneath, open_beneath, parent_fd, stat_beneath
@@ -89,6 +89,10 @@ class Outcome:
 
 def archive_name(name: str) -> str:
     return f"{name}.zarr.zip"
+
+
+def folder_archive_name(name: str) -> str:
+    return f"{name}.zarr"
 
 
 # What an lstat of a name that holds nothing fails with: a name of 247 to 255 bytes, as rsync's
@@ -313,6 +317,7 @@ def _link_into_place(
                             staged.unlink(missing_ok=True)
                 if mode == "plain":
                     doomed.append(set_aside(spool, shadowed, dfd))  # an archive of the name
+                    doomed.append(_set_aside_shown_folder(spool, relpath, final, dfd))
                 placed = os.stat(final.name, dir_fd=dfd, follow_symlinks=False)
                 spool.mark_placed(relpath, placed)
             finally:
@@ -687,6 +692,26 @@ def set_aside(spool: Spool, path: Path, dfd: int | None = None) -> Path | None:
             os.close(fd)
 
 
+def _set_aside_shown_folder(spool: Spool, relpath: str, final: Path, dfd: int) -> Path | None:
+    """A folder archive (`NAME.zarr/`) the mount showed as `NAME` when the file took that name
+    (a file renamed over `y.tif` of `y.tif.zarr/`) is replaced by it, as `NAME.zarr.zip` is:
+    set aside (the caller holds the placing lock) for `remove_tree`. Left in SRC it showed as a
+    `y.tif.zarr` folder nobody made, and a deleted `y.tif` came back with its older bytes. Only
+    the entry the mount showed (`Spool.may_replace`), never one put there since, nor for a
+    file of no record (an inbox's: of two archives of one name, the mount shows one)."""
+    allowed = spool.may_replace(relpath)
+    if not allowed:
+        return None
+    archive = final.with_name(folder_archive_name(final.name))
+    try:
+        st = os.lstat(archive.name, dir_fd=dfd)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or _ident(st) not in allowed:
+        return None
+    return set_aside(spool, archive, dfd)
+
+
 def _refuse_hidden(final: Path, dfd: int) -> None:
     """A name in SRC that holds what the mount does not show (a symlink, FIFO, socket,
     device) is not published over: the kernel checked the writer's rights (a sticky folder)
@@ -799,6 +824,8 @@ def place(
                 doomed.append(set_aside(spool, shadowed, dfd))
                 placed = os.stat(final.name, dir_fd=dfd, follow_symlinks=False)
                 if source is not None:
+                    original = final.with_name(PurePosixPath(source[0]).name)
+                    doomed.append(_set_aside_shown_folder(spool, source[0], original, dfd))
                     spool.mark_placed(source[0], placed)
             finally:
                 os.utime(_fd_path(dfd), ns=(before.st_atime_ns, before.st_mtime_ns))

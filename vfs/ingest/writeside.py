@@ -22,6 +22,7 @@ from vfs.beneath import entry_path, not_shown, parent_fd
 from vfs.ingest.publish import (
     NOTHING_THERE,
     archive_name,
+    folder_archive_name,
     placing_lock,
     remove_tree,
     set_aside,
@@ -240,7 +241,7 @@ class WriteSide:
         if node.backend is not None:
             raise refuse(errno.EPERM, f"{node.real}: archived originals cannot be renamed")
         target = self.root / new_rel
-        doomed: Path | None = None
+        doomed: list[Path | None] = []
         # Both folders reached without links: vfs/beneath.py.
         with (
             _folder_of(self.root, node.real) as sfd,
@@ -261,8 +262,9 @@ class WriteSide:
             else:
                 self.spool.discard(new_rel)
                 self._discard_link(old_rel, target)
-                doomed = _replaced_archive(self.spool, target, dfd, shown)
-        remove_tree(doomed)
+                doomed = _replaced_archives(self.spool, target, dfd, shown)
+        for path in doomed:
+            remove_tree(path)
         return self.refresh(_moved(node, target))
 
     def _holds_spooled(self, rel: str) -> bool:
@@ -310,10 +312,12 @@ class WriteSide:
         `scan.tif`) would be replaced or deleted with the daemon's rights, in a sticky
         folder another user's, and without --allow-delete. Returns (st_dev, st_ino) of the
         entries found (those shown): publishing may replace these and nothing else, however
-        long the file stays spooled (publish._refuse_unchecked)."""
+        long the file stays spooled (publish._refuse_unchecked). A folder archive
+        (`NAME.zarr/`) is among them only if shown under the name: no publish touches another."""
         folder = self.root / self._folder(parent)
         found: set[tuple[int, int]] = set()
-        for candidate in (name,) if is_dir else (name, archive_name(name)):
+        candidates = (name,) if is_dir else (name, archive_name(name), folder_archive_name(name))
+        for candidate in candidates:
             path = folder / candidate
             try:
                 os.lstat(path)  # most names are new: one lstat, no walk from SRC
@@ -331,6 +335,8 @@ class WriteSide:
                     raise
                 continue
             if not any(_is_entry(shown, path, st) for shown in over if shown is not None):
+                if candidate == folder_archive_name(name):
+                    continue  # a folder archive goes only if shown under the name
                 why = f"holds an entry the mount does not show as {name!r}; not replaced"
                 raise refuse(errno.EEXIST, f"{path}: {why}")
             found.add((st.st_dev, st.st_ino))
@@ -479,23 +485,25 @@ def _is_entry(shown: Node, path: Path, st: os.stat_result) -> bool:
         return False
 
 
-def _replaced_archive(
+def _replaced_archives(
     spool: Spool, target: Path, dfd: int, shown: frozenset[tuple[int, int]]
-) -> Path | None:
+) -> list[Path | None]:
     """A real file renamed over a name the mount showed from an archive (`y.tif` of
-    `y.tif.zarr.zip`): the rename replaced what was shown, so the archive goes too (set aside
-    for `remove_tree`; the caller holds the placing lock). Left in SRC it showed as
-    `y.tif.zarr.zip`, a deleted `y.tif` came back with the archive's older bytes, and the file,
-    once written again, was never published (the archive was no entry it may replace). Only
-    the entry the mount showed (`shown`, from `_check_free`), never one put there since."""
-    archive = target.with_name(archive_name(target.name))
-    try:
-        st = os.stat(archive.name, dir_fd=dfd, follow_symlinks=False)
-    except OSError:
-        return None
-    if (st.st_dev, st.st_ino) not in shown:
-        return None
-    return set_aside(spool, archive, dfd)
+    `y.tif.zarr.zip` or of the folder `y.tif.zarr/`): the rename replaced what was shown, so
+    the archive goes too (set aside for `remove_tree`; the caller holds the placing lock).
+    Left in SRC it showed under its own name, a deleted `y.tif` came back with the archive's
+    older bytes, and the file, once written again, was never published (the archive was no
+    entry it may replace). Only the entry the mount showed (`shown`, from `_check_free`),
+    never one put there since."""
+    doomed: list[Path | None] = []
+    for archive in (archive_name(target.name), folder_archive_name(target.name)):
+        try:
+            st = os.stat(archive, dir_fd=dfd, follow_symlinks=False)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in shown:
+            doomed.append(set_aside(spool, target.with_name(archive), dfd))
+    return doomed
 
 
 def _moved(node: Node, target: Path) -> Node:

@@ -1,0 +1,117 @@
+"""Red team, round 37a: a hardening backlog (folder archives on the write side, the scrub, the
+daemon's own files and working folder).
+
+Each test fails on the daemon before its fix; see the commit that added it.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tifffile
+
+from tests.mount.conftest import Mount, open_tmp
+
+FAST = ("-o", "allow_other", "--settle", "0.3", "--allow-delete")
+
+
+def status(mnt: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((mnt / ".decant-status").read_text())
+    return doc
+
+
+def wait_for(what: str, cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still not {what} after {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def settled(m: Mount) -> bool:
+    """Nothing spooled (published or gone) and nothing queued."""
+    doc = status(m.mnt)
+    spool = m.src / ".decant-spool" / "files"
+    left = [p for p in spool.rglob("*") if p.is_file()] if spool.exists() else []
+    return not left and doc["queued"] == 0 and doc["packing"] == 0
+
+
+def tiff(seed: int) -> bytes:
+    buf = io.BytesIO()
+    data = np.random.default_rng(seed).integers(0, 60000, (2, 24, 16), dtype=np.uint16)
+    tifffile.imwrite(buf, data, photometric="minisblack")
+    return buf.getvalue()
+
+
+@pytest.fixture
+def mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mount]:
+    """A writable root mount (`allow_other`, short settle, `--allow-delete`) of a SRC whose
+    folder `drop` holds `y.tif.zarr/`, a folder archive shown as `y.tif`, and `both` holds
+    `z.tif.zarr.zip` (shown as `z.tif`) and `z.tif.zarr/` (shown under its own name)."""
+    from vfs.decant.packer import PackOptions, pack_file
+
+    base = open_tmp(tmp_path_factory, "rt37a")
+    src = base / "src"
+    (src / "drop").mkdir(parents=True)
+    (base / "y.tif").write_bytes(tiff(7))
+    pack_file(base / "y.tif", src / "drop" / "y.tif.zarr", PackOptions())
+    (src / "both").mkdir()  # `z.tif` from the zip; the folder shown under its own name
+    (base / "z.tif").write_bytes(tiff(8))
+    pack_file(base / "z.tif", src / "both" / "z.tif.zarr", PackOptions())
+    pack_file(base / "z.tif", src / "both" / "z.tif.zarr.zip", PackOptions())
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    m.start(*FAST)
+    try:
+        yield m
+    finally:
+        m.stop()
+
+
+# -- a file renamed over an original shown from a folder archive ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("published", "data"),
+    [(True, b"notes\n"), (False, b"notes\n"), (False, tiff(9))],
+    ids=["published", "spooled", "spooled-tiff"],
+)
+def test_a_file_renamed_over_a_folder_archive_s_original_replaces_the_folder(
+    mount: Mount, published: bool, data: bytes
+) -> None:
+    """`mv notes.txt y.tif` where `y.tif` is shown from `y.tif.zarr/`: the `.zarr.zip` case
+    (704011b) set the archive aside, a folder archive stayed in SRC beside the new file (or
+    its archive `y.tif.zarr.zip`). The mount then listed a `y.tif.zarr` nobody made and a
+    later `rm y.tif` brought the old TIFF back under the name."""
+    drop, src = mount.mnt / "drop", mount.src / "drop"
+    assert (drop / "y.tif").read_bytes() == tiff(7)
+    (drop / "notes.txt").write_bytes(data)
+    if published:
+        wait_for("published", lambda: (src / "notes.txt").exists() and settled(mount))
+    os.rename(drop / "notes.txt", drop / "y.tif")
+    assert (drop / "y.tif").read_bytes() == data
+    wait_for("published", lambda: settled(mount))
+    assert sorted(os.listdir(drop)) == ["y.tif"]
+    assert (drop / "y.tif").read_bytes() == data
+    assert sorted(os.listdir(src)) == ["y.tif" if data.startswith(b"notes") else "y.tif.zarr.zip"]
+    os.unlink(drop / "y.tif")
+    assert os.listdir(drop) == []
+
+
+def test_a_folder_archive_shown_under_its_own_name_stays(mount: Mount) -> None:
+    """Only the archive the mount showed under the name goes with the rename: `z.tif.zarr/`,
+    which lost `z.tif` to `z.tif.zarr.zip`, is a folder of its own name and stays."""
+    both, src = mount.mnt / "both", mount.src / "both"
+    assert sorted(os.listdir(both)) == ["z.tif", "z.tif.zarr"]
+    (both / "notes.txt").write_bytes(b"notes\n")
+    os.rename(both / "notes.txt", both / "z.tif")
+    wait_for("published", lambda: settled(mount))
+    assert sorted(os.listdir(src)) == ["z.tif", "z.tif.zarr"]
+    assert (both / "z.tif").read_bytes() == b"notes\n"
