@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -115,3 +116,44 @@ def test_a_folder_archive_shown_under_its_own_name_stays(mount: Mount) -> None:
     wait_for("published", lambda: settled(mount))
     assert sorted(os.listdir(src)) == ["z.tif", "z.tif.zarr"]
     assert (both / "z.tif").read_bytes() == b"notes\n"
+
+
+# -- the scrub, over whatever SRC holds -------------------------------------------------------
+
+
+def test_a_scrub_over_a_deep_folder_does_not_stop_the_daemon(
+    tmp_path: Path,
+    make_mount,  # type: ignore[no-untyped-def]
+) -> None:
+    """With --scrub-interval, any user who may write a folder of SRC makes a folder 1,200
+    levels deep: the scrub's os.walk recursed once per level (Python 3.11) and its
+    RecursionError left the scrub's task on the daemon's own nursery: the daemon exited, the
+    mount gone for everyone. The scrub now walks as every other walk of SRC does (vfs/walk.py),
+    and a pass that fails anyway is logged in one line and the next one runs."""
+    from vfs.decant.packer import PackOptions, pack_file
+
+    src = tmp_path / "src"
+    deep = src / "deep"
+    deep.mkdir(parents=True)
+    fd = os.open(deep, os.O_RDONLY)
+    for _ in range(1200):
+        os.mkdir("d", dir_fd=fd)
+        nfd = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    os.close(fd)
+    (tmp_path / "y.tif").write_bytes(tiff(7))
+    pack_file(tmp_path / "y.tif", src / "y.tif.zarr.zip", PackOptions())
+    try:
+        m = make_mount(src, "--read-only", "--scrub-interval", "1s")
+        deadline = time.monotonic() + 20
+        while m.log_text().count("scrub of") < 2 and m.proc.poll() is None:
+            assert time.monotonic() < deadline, m.log_text()[-2000:]
+            time.sleep(0.05)
+        assert m.proc.poll() is None, m.log_text()[-2000:]
+        assert "1 files verified, 0 failed" in m.log_text()
+        assert "Traceback" not in m.log_text()
+        assert (m.mnt / "y.tif").read_bytes() == tiff(7)
+    finally:
+        # pytest's clean-up of old temp folders (shutil.rmtree) recurses per level too
+        subprocess.run(["rm", "-rf", "--one-file-system", str(deep)], check=True)

@@ -18,6 +18,7 @@ import trio
 
 from vfs.backends.base import Entry
 from vfs.nodes import Node, archive_node
+from vfs.walk import MAX_WALK_DEPTH, walk
 
 if TYPE_CHECKING:
     from vfs.mount.ops import DecantOperations
@@ -27,37 +28,58 @@ log = logging.getLogger(__name__)
 
 
 def verifiable(tree: SourceTree, skip: set[Path]) -> list[Node]:
-    """Every presented file of SRC that records a sha256 (decant originals, package members)."""
+    """Every presented file of SRC that records a sha256 (decant originals, package members).
+    An archive that cannot be looked at now (gone, unreadable, a name too long to reach) is
+    logged and left out of this pass, not the end of it."""
     found: list[Node] = []
     for path, st, backend in _archives(tree, skip):
-        desc = tree.describe(backend, path, st)
-        if desc is None:
-            continue
-        rel = path.relative_to(tree.root).as_posix()
-        for member, entry in _files(desc.root):
-            if entry.sha256 and not getattr(backend, "authenticated", False):
-                found.append(archive_node(backend, path, st, member, entry, rel))
+        try:
+            desc = tree.describe(backend, path, st)
+            if desc is None:
+                continue
+            rel = path.relative_to(tree.root).as_posix()
+            for member, entry in _files(desc.root):
+                if entry.sha256 and not getattr(backend, "authenticated", False):
+                    found.append(archive_node(backend, path, st, member, entry, rel))
+        except Exception as exc:
+            log.warning("%s: not scrubbed in this pass: %s", path, _reason(exc))
     return found
 
 
 def _archives(tree: SourceTree, skip: set[Path]) -> Iterator[tuple[Path, os.stat_result, object]]:
-    for folder, dirs, files in os.walk(tree.root):
-        base = Path(folder)
+    # vfs/walk.py, not os.walk: that recursed once per level, and a folder a user made 1,200
+    # levels deep ended the scrub's task with RecursionError, and with it the daemon.
+    for base, dirs, names in walk(tree.root, too_deep=_too_deep):
         dirs[:] = [d for d in dirs if base / d not in skip and not d.startswith(".decant-")]
-        for name in [*files, *dirs]:
+        for name in [*names, *dirs]:
             path = base / name
             try:
                 st = path.lstat()
             except OSError:
-                continue
+                continue  # gone since the folder was listed
             if stat.S_ISLNK(st.st_mode):
                 continue
             is_dir = stat.S_ISDIR(st.st_mode)
-            backend = next((b for b in tree.backends if b.claims(path, is_dir)), None)
+            try:
+                backend = next((b for b in tree.backends if b.claims(path, is_dir)), None)
+            except OSError as exc:  # a folder's manifest path past PATH_MAX, say
+                log.warning("%s: not scrubbed in this pass: %s", path, _reason(exc))
+                continue
             if backend is not None:
                 if is_dir:
                     dirs.remove(name)  # a folder archive is verified whole, not walked into
                 yield path, st, backend
+
+
+def _too_deep(folder: Path) -> None:
+    log.warning("%s: folders below it are more than %d levels deep; not scrubbed",
+                folder, MAX_WALK_DEPTH)  # fmt: skip
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{exc.strerror} (errno {exc.errno})"
+    return str(exc) or exc.__class__.__name__
 
 
 def _files(root: Entry) -> Iterator[tuple[str, Entry]]:
@@ -72,9 +94,15 @@ def _files(root: Entry) -> Iterator[tuple[str, Entry]]:
 
 
 async def scrub_forever(ops: DecantOperations, interval: float) -> None:
+    """A pass that fails (SRC unreadable, an error no archive's check expected) is logged in
+    one line and the next runs: this task is on the daemon's own nursery, so an exception
+    leaving it unmounted SRC for every user."""
     while True:
         await trio.sleep(interval)
-        await scrub_once(ops)
+        try:
+            await scrub_once(ops)
+        except Exception as exc:
+            log.error("scrub of %s: pass stopped: %s", ops.tree.root, _reason(exc))
 
 
 async def scrub_once(ops: DecantOperations) -> tuple[int, int]:
@@ -84,7 +112,12 @@ async def scrub_once(ops: DecantOperations) -> tuple[int, int]:
     ok = failed = 0
     for node in nodes:
         ops.integrity.good.discard(node.key)  # verified before or not: read it all again
-        if await ops.integrity.verify_now(node):
+        try:
+            passed = await ops.integrity.verify_now(node)
+        except Exception as exc:
+            log.error("%s: not scrubbed: %s", node.real, _reason(exc))
+            passed = False
+        if passed:
             ok += 1
         else:
             failed += 1

@@ -1,0 +1,69 @@
+"""Red team, round 37a, without a mount: the scrub's task and the daemon's own files.
+
+Each test failed before the fix its docstring names.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import trio
+
+from vfs.mount import scrub
+
+
+def test_a_scrub_pass_that_fails_is_logged_and_the_next_one_runs(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """scrub_forever runs on the daemon's own nursery: an exception out of one pass (SRC
+    unreadable, an archive's check failing in a way verify_now did not expect) ended the
+    daemon. Fixed: a failed pass is one log line, no traceback, and the next pass runs; a
+    node whose check raises is counted failed, named in one line."""
+    passes: list[int] = []
+    scope = trio.CancelScope()
+
+    async def flaky(ops: Any) -> tuple[int, int]:
+        passes.append(1)
+        if len(passes) == 1:
+            raise PermissionError(errno.EACCES, "Permission denied", "/src")
+        if len(passes) == 2:
+            return await real_once(ops)
+        scope.cancel()  # the third pass: stop the test here
+        await trio.sleep(0)
+        return 0, 0
+
+    class Integrity:
+        def __init__(self) -> None:
+            self.good: set[object] = set()
+
+        async def verify_now(self, node: Any) -> bool:
+            raise RuntimeError("an archive turned unreadable")
+
+    real_once = scrub.scrub_once
+    node = SimpleNamespace(key=1, real=Path("/src/a.tif.zarr.zip"))
+    monkeypatch.setattr(scrub, "scrub_once", flaky)
+    monkeypatch.setattr(scrub, "verifiable", lambda tree, skip: [node])
+    ops = SimpleNamespace(
+        tree=SimpleNamespace(root=Path("/src")),
+        config=SimpleNamespace(mnt=Path("/mnt"), spool_root=Path("/src/.decant-spool")),
+        integrity=Integrity(),
+    )
+
+    async def main() -> None:
+        with scope, trio.fail_after(5):
+            await scrub.scrub_forever(ops, 0.001)  # type: ignore[arg-type]
+
+    with caplog.at_level(logging.INFO, logger=scrub.log.name):
+        trio.run(main)
+    assert len(passes) == 3
+    lines = [(r.levelno, r.getMessage(), r.exc_info) for r in caplog.records]
+    assert (logging.ERROR, "scrub of /src: pass stopped: Permission denied (errno 13)",
+            None) in lines  # fmt: skip
+    assert (logging.ERROR, "/src/a.tif.zarr.zip: not scrubbed: an archive turned unreadable",
+            None) in lines  # fmt: skip
+    assert any(m.startswith("scrub of /src: 0 files verified, 1 failed") for _, m, _ in lines)
