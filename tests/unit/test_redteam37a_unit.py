@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -67,3 +68,43 @@ def test_a_scrub_pass_that_fails_is_logged_and_the_next_one_runs(
     assert (logging.ERROR, "/src/a.tif.zarr.zip: not scrubbed: an archive turned unreadable",
             None) in lines  # fmt: skip
     assert any(m.startswith("scrub of /src: 0 files verified, 1 failed") for _, m, _ in lines)
+
+
+@pytest.mark.parametrize("there", ["link", "file", "folder link"])
+def test_a_spooled_create_never_opens_what_is_already_at_its_path(
+    tmp_path: Path, there: str
+) -> None:
+    """Spool.create_stat opened its path with O_CREAT | O_TRUNC, following links, then
+    chmod-ed and (as root) chown-ed what it opened to the creator: a link found at that spool
+    path (a folder of links a user got into the spool) was followed, its target truncated and
+    given to the user, and a link on the way made the file wherever it led; another name of a
+    file (a hard link) truncated that file. Now only the daemon's own spooled file there (a
+    regular file of one name) is truncated; the rest fail (EEXIST, ELOOP), no link followed."""
+    from vfs.ingest.spool import Spool
+
+    src = tmp_path / "src"
+    spool = Spool(src, src / ".decant-spool" / "files")
+    (spool.files / "drop").mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = elsewhere / "new.txt"
+    victim.write_bytes(b"root's own\n")
+    victim.chmod(0o600)
+    at = spool.path("drop/new.txt")
+    if there == "link":
+        at.symlink_to(victim)
+    elif there == "file":
+        os.link(victim, at)  # another name of a file, there before the create
+    else:
+        at.parent.rmdir()
+        at.parent.symlink_to(elsewhere)
+        victim.unlink()
+    with pytest.raises(OSError) as refused:
+        spool.create_stat("drop/new.txt", 0o666, 12345, 12345)
+    assert refused.value.errno in (errno.EEXIST, errno.ELOOP, errno.ENOTDIR)
+    if there == "folder link":
+        assert os.listdir(elsewhere) == []
+    else:
+        assert victim.read_bytes() == b"root's own\n"
+        st = victim.stat()
+        assert (st.st_mode & 0o777, st.st_uid) == (0o600, os.getuid())

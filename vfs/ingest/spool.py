@@ -9,6 +9,7 @@ worker threads.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from vfs.beneath import not_shown, parent_fd
+from vfs.beneath import not_shown, open_beneath, parent_fd
 from vfs.decant import TEMP_PREFIX
 from vfs.ingest.publish import Outcome, Published, archive_name, attempt, placing_lock, publish
 from vfs.ingest.publish import signature as file_signature
@@ -101,8 +102,8 @@ class Spool:
         the open did not give them already (rsync creates every file 0600 as the caller: two
         syscalls fewer per file)."""
         path = self.path(relpath)
-        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
-        fd: int = _into_folder(path, lambda: os.open(path, flags, stat.S_IMODE(mode) | 0o600))
+        perm = stat.S_IMODE(mode) | 0o600
+        fd: int = _into_folder(path, lambda: self._create_or_truncate(path, perm))
         try:
             st = os.fstat(fd)
             changed = False
@@ -116,6 +117,27 @@ class Spool:
         except BaseException:
             os.close(fd)
             raise
+
+    def _create_or_truncate(self, path: Path, perm: int) -> int:
+        """A new file, or the daemon's own spooled file there truncated, reached with no link
+        followed (vfs/beneath.py). With a plain O_TRUNC, a link there (a user's folder of links
+        in the spool) was followed, its target truncated, then chmod-ed and chown-ed to the
+        caller; another name of a file truncated that file too: EEXIST for those."""
+        try:
+            return open_beneath(self.files, path, os.O_RDWR | os.O_CREAT | os.O_EXCL, perm)
+        except FileExistsError:
+            pass
+        fd = open_beneath(self.files, path, os.O_RDWR | os.O_NONBLOCK)  # a link: ELOOP
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                why = f"holds another entry ({stat.filemode(st.st_mode)}, {st.st_nlink} names)"
+                raise FileExistsError(errno.EEXIST, why, str(path))
+            os.ftruncate(fd, 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def rename(
         self, old: str, new: str, may_replace: frozenset[tuple[int, int]] | None = None
