@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
+from vfs.beneath import open_beneath
 from vfs.errors import DecantError
 from vfs.logsafe import SafeFormatter, escape_controls
 from vfs.mount.config import STATUS_NAME, BucketConfig, MountConfig, parse_fuse_options
@@ -432,6 +433,16 @@ def real_paths(args: argparse.Namespace) -> str | None:
             args.spool = resolve_trusting_no_one(args.spool)
         option = "--inbox"
         args.inbox = [resolve_trusting_no_one(p) for p in args.inbox]
+        # Files root writes: a user's link at --log-file /var/tmp/decant/mnt.log's folder had
+        # root create, append to or replace that name in the folder of their choice. Their
+        # folders only: a link at the name itself is never followed (_open_log, metrics).
+        option = "--log-file"
+        if args.log_file is not None:
+            args.log_file = resolve_trusting_no_one(args.log_file.parent) / args.log_file.name
+        option = "--metrics-file"
+        if args.metrics_file is not None:
+            folder = resolve_trusting_no_one(args.metrics_file.parent)
+            args.metrics_file = folder / args.metrics_file.name
     except (OSError, ValueError) as exc:
         return f"{option}: {exc}"
     return None
@@ -444,9 +455,11 @@ def _open_log(path: str) -> TextIO:
     write it: as root, a link or a file another user put at that name (in a folder they may
     write) would have had the daemon append to whatever it names, or keep its log in their
     file."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
     try:
-        fd = os.open(path, flags, 0o600)
+        # No link followed on the way either (resolved by real_paths): one swapped in for a
+        # folder since, by SIGHUP's reopen, is refused too (ELOOP).
+        fd = open_beneath(Path("/"), Path(path).absolute(), flags, 0o600)
     except OSError as exc:
         why = "a symlink" if exc.errno == errno.ELOOP else exc.strerror
         raise SystemExit(f"decant-mount: --log-file {path}: {why}") from None

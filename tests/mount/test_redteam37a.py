@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tifffile
 
-from tests.mount.conftest import Mount, open_tmp
+from tests.mount.conftest import Mount, User, open_tmp
 
 FAST = ("-o", "allow_other", "--settle", "0.3", "--allow-delete")
 
@@ -157,3 +157,31 @@ def test_a_scrub_over_a_deep_folder_does_not_stop_the_daemon(
     finally:
         # pytest's clean-up of old temp folders (shutil.rmtree) recurses per level too
         subprocess.run(["rm", "-rf", "--one-file-system", str(deep)], check=True)
+
+
+# -- the daemon's own files, named in shared places -------------------------------------------
+
+
+@pytest.mark.parametrize("option", ["--log-file", "--metrics-file"])
+def test_a_log_or_metrics_file_reached_through_a_user_s_link_is_refused(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User, option: str
+) -> None:
+    """The operator names `--log-file /var/tmp/decant/mnt.log` (or a --metrics-file there);
+    a user put a link at /var/tmp/decant to a folder of root's before the start. The log was
+    opened with O_NOFOLLOW on its last part only, and the metrics' temp file and rename went
+    by path: root created (and appended to, or replaced every few seconds) a file of that name
+    in the folder of the user's choice. Fixed as for --spool (36b): resolved through no link
+    another user could make (resolve_trusting_no_one), then opened from / with no link
+    followed, so a folder swapped for a link later is not followed either."""
+    from tests.mount.test_redteam36b import _refused, _shared_with_a_link
+
+    base = open_tmp(tmp_path_factory, "link-" + option.strip("-"))
+    src = base / "src"
+    src.mkdir()
+    victim = base / "victim"
+    victim.mkdir(mode=0o755)
+    link = _shared_with_a_link(base, unprivileged, victim, "decant")
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    err = _refused(m, "--read-only", option, str(link / "decant.out"))
+    assert f"{link} is a symlink of uid {unprivileged.uid}" in err, err
+    assert os.listdir(victim) == []

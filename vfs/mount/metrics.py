@@ -9,13 +9,15 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import secrets
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from vfs.beneath import parent_fd
 
 METRICS_INTERVAL = 5.0
 
@@ -104,14 +106,31 @@ def write_atomically(path: Path, text: str) -> None:
     """`path` replaced whole by `text` (0644: node_exporter reads it). The temp file is made
     with a name of its own (O_EXCL): a fixed `.NAME.tmp` was opened by path, so a link put at
     that name in a folder others may write had the daemon (root) truncate and write whatever
-    it named."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    it named. Its folder is reached from / with no link followed (resolved at start by
+    cli.real_paths): a folder on the way swapped for a user's link since is ELOOP, not the
+    folder of their choice."""
+    dfd = parent_fd(Path("/"), path.absolute())
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            out.write(text)
-            os.fchmod(out.fileno(), 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        fd, tmp = _temp_beside(dfd, path.name)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(text)
+                os.fchmod(out.fileno(), 0o644)
+            os.replace(tmp, path.name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=dfd)
+            raise
+    finally:
+        os.close(dfd)
+
+
+def _temp_beside(dfd: int, name: str) -> tuple[int, str]:
+    """A new file `.NAME.XXXXXXXX.tmp` in the folder `dfd` holds (O_EXCL), as mkstemp makes."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    while True:
+        tmp = f".{name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, flags, 0o600, dir_fd=dfd), tmp
+        except FileExistsError:
+            continue
