@@ -530,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         # 0 (meant as "off") re-read every archive of SRC without a pause, logging a line a
         # pass: ~500 lines a second with one archive, and SRC's disks never idle.
         build_parser().error("--scrub-interval: at least 1s (leave it out for no scrubbing)")
+    _absolute_paths(args)
     problem = real_paths(args)
     if problem:
         print(f"decant-mount: {problem}", file=sys.stderr)
@@ -651,7 +652,21 @@ def _daemonize() -> int:
         os._exit(0 if status == b"1" else 1)
     os.close(read_end)
     os.setsid()
+    # Not the folder it was started in: that kept its filesystem busy (`umount /media/usb`:
+    # target is busy) as long as the daemon ran. Relative paths were made absolute before.
+    os.chdir("/")
     return write_end
+
+
+def _absolute_paths(args: argparse.Namespace) -> None:
+    """Every path argument made absolute against the folder the command was started in, in
+    place: a detached daemon works from / (`_daemonize`), and opens some (keys, the index, the
+    log at SIGHUP) later."""
+    for key, value in vars(args).items():
+        if isinstance(value, Path):
+            setattr(args, key, value.absolute())
+        elif isinstance(value, list) and any(isinstance(v, Path) for v in value):
+            setattr(args, key, [v.absolute() if isinstance(v, Path) else v for v in value])
 
 
 def _ready(fd: int | None) -> None:

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -185,3 +186,45 @@ def test_a_log_or_metrics_file_reached_through_a_user_s_link_is_refused(
     err = _refused(m, "--read-only", option, str(link / "decant.out"))
     assert f"{link} is a symlink of uid {unprivileged.uid}" in err, err
     assert os.listdir(victim) == []
+
+
+# -- a detached daemon's working folder -------------------------------------------------------
+
+
+def _daemon_of(mnt: Path) -> int:
+    """The pid of the decant-mount process serving `mnt` (its command line names it)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"vfs.cli" in argv and os.fsencode(mnt.name) in argv and b"-f" not in argv:
+            return int(pid)
+    raise AssertionError(f"no daemon serving {mnt}")
+
+
+def test_a_detached_daemon_works_from_the_root_folder(tmp_path: Path) -> None:
+    """`cd /media/usb && decant-mount src mnt` (no -f): the daemon kept the folder it was
+    started in as its working folder for as long as it ran, so that filesystem stayed busy
+    (`umount /media/usb`: "target is busy") though nothing of it was in use. It now works
+    from /, as daemons do, with the relative paths it was given made absolute first."""
+    from tests.mount.conftest import ROOT, is_mounted
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.txt").write_bytes(b"a\n")
+    (tmp_path / "mnt").mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "vfs.cli", "src", "mnt", "--read-only", "--log-file", "mnt.log",
+           "--index-dir", "index", "--metrics-file", "mnt.prom"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, timeout=30)
+    assert done.returncode == 0, done.stderr.decode()
+    pid = _daemon_of(tmp_path / "mnt")
+    try:
+        assert os.readlink(f"/proc/{pid}/cwd") == "/"
+        assert (tmp_path / "mnt" / "a.txt").read_bytes() == b"a\n"
+        wait_for("metrics written", (tmp_path / "mnt.prom").exists)
+        assert (tmp_path / "index").is_dir() and "mounted" in (tmp_path / "mnt.log").read_text()
+    finally:
+        if is_mounted(tmp_path / "mnt"):
+            subprocess.run(["fusermount3", "-u", "-z", str(tmp_path / "mnt")], check=False)
+        wait_for("the daemon gone", lambda: not Path(f"/proc/{pid}").exists(), timeout=15)
