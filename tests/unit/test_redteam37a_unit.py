@@ -108,3 +108,35 @@ def test_a_spooled_create_never_opens_what_is_already_at_its_path(
         assert victim.read_bytes() == b"root's own\n"
         st = victim.stat()
         assert (st.st_mode & 0o777, st.st_uid) == (0o600, os.getuid())
+
+
+def test_index_rows_of_archives_gone_are_forgotten_during_a_run_too(tmp_path: Path) -> None:
+    """Each start pruned the index of archives gone from SRC, but within one run (weeks, as a
+    service) a user cycling archive names grew it without bound. The prune now runs again
+    every PRUNE_INTERVAL (an hour); here on a trio clock that runs 2 hours a second."""
+    import itertools
+    from types import SimpleNamespace
+
+    import trio
+    import trio.testing
+
+    from vfs.mount import daemon
+
+    pruned: list[float] = []
+
+    class Index:
+        def prune(self, src: Path) -> int:
+            pruned.append(trio.from_thread.run_sync(trio.current_time))
+            return 0
+
+    ops = SimpleNamespace(tree=SimpleNamespace(index=Index(), backends=[]),
+                          config=SimpleNamespace(mnt=tmp_path / "mnt"))  # fmt: skip
+
+    async def main() -> None:
+        with trio.move_on_after(3.5 * daemon.PRUNE_INTERVAL):
+            await daemon._census(ops, tmp_path)  # type: ignore[arg-type]
+
+    trio.run(main, clock=trio.testing.MockClock(rate=2 * daemon.PRUNE_INTERVAL))
+    assert len(pruned) == 4  # at the start, then after 1, 2 and 3 intervals
+    gaps = [b - a for a, b in itertools.pairwise(pruned)]
+    assert all(daemon.PRUNE_INTERVAL <= gap < 1.4 * daemon.PRUNE_INTERVAL for gap in gaps), gaps

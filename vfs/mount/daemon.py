@@ -488,6 +488,7 @@ async def _run(
 
 
 SRC_CHECK = 1.0  # seconds between checks that SRC is still the folder mounted
+PRUNE_INTERVAL = 3600.0  # index rows of archives gone from SRC are forgotten this often
 _MOVED: list[str] = []  # why the daemon stopped on its own, if it did
 
 
@@ -592,12 +593,13 @@ async def _relist_forever(ops: DecantOperations, interval: float) -> None:
                 log.debug("relist of %s failed: %s", node.real, exc)
 
 
-async def _census(ops: DecantOperations, src: Path) -> None:
+async def _census(ops: DecantOperations, src: Path, every: float = PRUNE_INTERVAL) -> None:
     """Log how many archives SRC holds (names only: nothing is opened); then forget the index
-    rows of archives of SRC that are gone (DescriptionIndex.prune)."""
+    rows of archives of SRC that are gone (DescriptionIndex.prune), and again every `every`
+    seconds: a user cycling archive names in SRC grew the index for as long as a run lasted."""
     await _count(ops, src)
     index = ops.tree.index
-    if index is not None:
+    while index is not None:
         try:
             gone = await trio.to_thread.run_sync(index.prune, src)
         except sqlite3.Error as exc:
@@ -605,6 +607,7 @@ async def _census(ops: DecantOperations, src: Path) -> None:
         else:
             if gone:
                 log.info("index: forgot %d archives no longer in %s", gone, src)
+        await trio.sleep(every)
 
 
 async def _count(ops: DecantOperations, src: Path) -> None:
