@@ -115,7 +115,7 @@ def test_pages_are_bounded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
             return body
 
     monkeypatch.setattr(s3list, "MAX_PAGES", 5)
-    monkeypatch.setattr(s3list.urllib.request, "urlopen", lambda *a, **k: Reply())
+    monkeypatch.setattr(s3list._OPENER, "open", lambda *a, **k: Reply())
     plain = s3list.Plain("http://127.0.0.1:1", "b", "r", None, None, None, 1.0)
     with pytest.raises(ValueError, match="more than 5 pages"):
         list(s3list.list_pages(plain, "", None))
