@@ -442,19 +442,21 @@ def serve(config: MountConfig, ready: Callable[[], None]) -> int:
     try:
         log.info("mounted %s on %s (cache %d MiB)", src, mnt, config.cache_size >> 20)
         ready()
-        trio.run(_run, ops, config, queue, diagnose)
+        moved = trio.run(_run, ops, config, queue, diagnose)
     finally:
         pyfuse3.close(unmount=True)
         if tree.index is not None:
             tree.index.close()
     log.info("unmounted %s", mnt)
-    return 1 if _MOVED else 0  # a service manager restarts it on the SRC now there
+    return 1 if moved else 0  # a service manager restarts it on the SRC now there
 
 
 async def _run(
     ops: DecantOperations, config: MountConfig, queue: PackQueue | None, diagnose: Path | None
-) -> None:
+) -> bool:
+    """Serve until unmounted; True if the daemon stopped because SRC moved (`_keep_src`)."""
     src = config.src
+    moved: list[str] = []
     async with trio.open_nursery() as nursery:
         ops.nursery = nursery
         if queue is not None and config.bucket is not None:  # no temp archives in a bucket
@@ -472,7 +474,7 @@ async def _run(
         else:
             nursery.start_soon(_census, ops, src)
             if queue is not None:  # reads go by path: a read-only mount serves what is there
-                nursery.start_soon(_keep_src, src, config.spool_root)
+                nursery.start_soon(_keep_src, src, config.spool_root, moved)
         if diagnose is not None:
             nursery.start_soon(_diagnose, diagnose)
         if config.scrub_interval is not None and config.bucket is not None:
@@ -485,20 +487,20 @@ async def _run(
         if queue is not None:
             queue.stop()  # a publish in a worker thread gives up at its next block
         nursery.cancel_scope.cancel()  # unmounted from outside (fusermount3 -u), or a signal
+    return bool(moved)
 
 
 SRC_CHECK = 1.0  # seconds between checks that SRC is still the folder mounted
 PRUNE_INTERVAL = 3600.0  # index rows of archives gone from SRC are forgotten this often
-_MOVED: list[str] = []  # why the daemon stopped on its own, if it did
 
 
-async def _keep_src(src: Path, spool_root: Path) -> None:
+async def _keep_src(src: Path, spool_root: Path, moved: list[str]) -> None:
     """Stop (exit 1) once SRC's path names another folder than the one mounted: a filesystem
     mounted over it (fstab's NFS SRC mounted after the daemon started on the empty folder
     below), or SRC moved away and made anew. The daemon reaches SRC and the spool by path, so
     files spooled until then vanished from the mount without a word, every later write gave
     ENOENT, and nothing was published from that folder again; stopping says so and lets the
-    service manager start it on what SRC now is."""
+    service manager start it on what SRC now is. Why it stopped goes into `moved`."""
     first = await trio.to_thread.run_sync(os.stat, src)
     while True:
         await trio.sleep(SRC_CHECK)
@@ -510,7 +512,7 @@ async def _keep_src(src: Path, spool_root: Path) -> None:
             why = "another filesystem is mounted over it, or it was replaced"
         if now is not None and (now.st_dev, now.st_ino) == (first.st_dev, first.st_ino):
             continue
-        _MOVED.append(why)
+        moved.append(why)
         log.error("%s: %s while mounted: stopping; files spooled until now stay in %s of the "
                   "folder that was there (publish them by moving them into the mount)", src,
                   why, spool_root)  # fmt: skip
