@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from vfs.beneath import not_shown, open_beneath, parent_fd
-from vfs.decant import TEMP_PREFIX
+from vfs.decant import TEMP_PREFIX, temp_name
 from vfs.ingest.publish import Outcome, Published, archive_name, attempt, placing_lock, publish
 from vfs.ingest.publish import signature as file_signature
 from vfs.walk import MAX_WALK_DEPTH, walk
@@ -184,13 +184,28 @@ class Spool:
             _into_folder(target, lambda: os.replace(real.name, target, src_dir_fd=dfd), real)
             st = target.lstat()
             if not stat.S_ISREG(st.st_mode):
-                try:
-                    os.replace(target, real.name, dst_dir_fd=dfd)
-                except OSError:
-                    target.unlink(missing_ok=True)
+                self._put_back(target, real.name, dfd)
                 raise not_shown(real, st)
         finally:
             os.close(dfd)
+
+    def _put_back(self, taken: Path, name: str, dfd: int) -> None:
+        """Return what `adopt` took that is not a regular file (a link, FIFO or folder its
+        folder's owner swapped in) to that folder: under its name, or, taken since, under a
+        fresh temp name beside it. Never left among spooled files: a folder of theirs there was
+        walked as spooled files (and published), and a descriptor they kept of it let them put
+        links (to /etc) in root's spool, where the daemon works by path (the unlink meant to
+        drop it failed: EISDIR). Failing both (their folder removed meanwhile), it is kept
+        in the spool's own folder, which nothing walks, and logged; never deleted as root."""
+        for dest in (name, temp_name(name)):
+            try:
+                os.rename(taken, dest, dst_dir_fd=dfd)
+                return
+            except OSError:
+                continue
+        kept = self.files.parent / temp_name("taken")
+        os.rename(taken, kept)
+        log.warning("%s: swapped in by its folder's owner, could not be put back; kept", kept)
 
     def walk(self) -> dict[str, os.stat_result]:
         """Every spooled file, by relpath."""
