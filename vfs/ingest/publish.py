@@ -607,6 +607,13 @@ def _staged(spool: Spool, folder: Path, name: str) -> Path:
     return where / temp_name(name)
 
 
+def _beside(spool: Spool, staged: Path, dfd: int) -> tuple[str | Path, int | None]:
+    """(name, dst_dir_fd) for a rename or link of an entry of the folder `dfd` to `staged`: a
+    temp name beside it is given in that very folder. By path, a folder on the way swapped for
+    a link by its owner took the entry into the link's target, another user's folder."""
+    return (staged, None) if staged.parent == spool.staging else (staged.name, dfd)
+
+
 def _private(spool: Spool, name: str) -> Path:
     """A temp name in the staging folder (the daemon's own), whatever the target's filesystem."""
     spool.staging.mkdir(parents=True, exist_ok=True)
@@ -685,7 +692,8 @@ def set_aside(spool: Spool, path: Path, dfd: int | None = None) -> Path | None:
                 return None
             raise
         doomed = _staged(spool, path.parent, "gone")
-        os.rename(path.name, doomed, src_dir_fd=fd)
+        name, there = _beside(spool, doomed, fd)
+        os.rename(path.name, name, src_dir_fd=fd, dst_dir_fd=there)
         return doomed
     finally:
         if own:
@@ -762,7 +770,8 @@ def _keep_older(spool: Spool, final: Path, dfd: int) -> Path | None:
         if stat.S_ISDIR(os.lstat(final.name, dir_fd=dfd).st_mode):
             return None
         older = _staged(spool, final.parent, "gone")
-        os.link(final.name, older, src_dir_fd=dfd, follow_symlinks=False)
+        name, there = _beside(spool, older, dfd)
+        os.link(final.name, name, src_dir_fd=dfd, dst_dir_fd=there, follow_symlinks=False)
     except OSError:
         return None
     return older
