@@ -1,13 +1,22 @@
-"""Damaged and altered archives for mount tests (zip entries are STORED: rewrite freely)."""
+"""Damaged and altered archives for mount tests (zip entries are STORED: rewrite freely), and
+waiting on a writable mount's pack queue."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import tifffile
+
+if TYPE_CHECKING:
+    from tests.mount.conftest import Mount
 
 
 def rewrite_zip(src: Path, dst: Path, edits: dict[str, Callable[[bytes], bytes]]) -> None:
@@ -65,3 +74,31 @@ def small_reads_fail_within(
             f"asked {offset})"
         )
         time.sleep(0.5)
+
+
+def status(mnt: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((mnt / ".decant-status").read_text())
+    return doc
+
+
+def wait_for(what: str, cond: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"still not {what} after {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+def settled(m: Mount) -> bool:
+    """Nothing spooled (published or gone) and nothing queued."""
+    doc = status(m.mnt)
+    spool = m.src / ".decant-spool" / "files"
+    left = [p for p in spool.rglob("*") if p.is_file()] if spool.exists() else []
+    return not left and doc["queued"] == 0 and doc["packing"] == 0
+
+
+def tiff(seed: int) -> bytes:
+    buf = io.BytesIO()
+    data = np.random.default_rng(seed).integers(0, 60000, (2, 24, 16), dtype=np.uint16)
+    tifffile.imwrite(buf, data, photometric="minisblack")
+    return buf.getvalue()

@@ -6,51 +6,19 @@ Each test fails on the daemon before its fix; see the commit that added it.
 
 from __future__ import annotations
 
-import io
-import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pytest
-import tifffile
 
 from tests.mount.conftest import Mount, User, open_tmp
+from tests.mount.helpers import settled, tiff, wait_for
 
 FAST = ("-o", "allow_other", "--settle", "0.3", "--allow-delete")
-
-
-def status(mnt: Path) -> dict[str, Any]:
-    doc: dict[str, Any] = json.loads((mnt / ".decant-status").read_text())
-    return doc
-
-
-def wait_for(what: str, cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still not {what} after {timeout:.0f} s")
-        time.sleep(0.05)
-
-
-def settled(m: Mount) -> bool:
-    """Nothing spooled (published or gone) and nothing queued."""
-    doc = status(m.mnt)
-    spool = m.src / ".decant-spool" / "files"
-    left = [p for p in spool.rglob("*") if p.is_file()] if spool.exists() else []
-    return not left and doc["queued"] == 0 and doc["packing"] == 0
-
-
-def tiff(seed: int) -> bytes:
-    buf = io.BytesIO()
-    data = np.random.default_rng(seed).integers(0, 60000, (2, 24, 16), dtype=np.uint16)
-    tifffile.imwrite(buf, data, photometric="minisblack")
-    return buf.getvalue()
 
 
 @pytest.fixture
