@@ -166,3 +166,104 @@ def test_a_folder_swapped_for_a_link_while_setting_aside_moves_nothing_there(
     assert [p.name for p in (src / "alice" / "d.real").iterdir() if p.name != "old.txt"] == [
         doomed.name
     ]
+
+
+# -- a copy staged beside its target, when the spool is on another filesystem than SRC -------
+
+ALICE, BOB = 1234, 4321
+
+
+def small_tiff() -> bytes:
+    import io
+
+    import numpy as np
+    import tifffile
+
+    buf = io.BytesIO()
+    data = np.arange(2 * 24 * 16, dtype=np.uint16).reshape(2, 24, 16)
+    tifffile.imwrite(buf, data, photometric="minisblack")
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("name", ["x.conf", "z.tif"])
+@pytest.mark.parametrize("moment", ["named", "copied"])
+def test_a_folder_swapped_for_a_link_while_staging_a_copy_creates_nothing_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, moment: str
+) -> None:
+    """With the spool on another filesystem, a file (or its archive) is copied to a temp name
+    beside its target, in alice's folder, and that copy was then created, chmod/chown-ed,
+    compared, renamed and removed by path. Alice swaps her folder for a link to bob's just
+    after the name is chosen ("named") or just after the copy is made, with a file of bob's at
+    that name ("copied"), and swaps it back before it is placed: root created her bytes in
+    bob's folder, hers and 0644, and left them there (the rename then found nothing), or
+    chmod/chown-ed bob's file to her and then deleted it (an archive's: deleted it). Now
+    every step goes through one descriptor of her folder, reached without links: bob's folder
+    is left as it was, and her file is published (or stays spooled and published next try)."""
+    src, spool, mine, theirs = two_users(tmp_path, monkeypatch)
+    rel = f"alice/d/{name}"
+    data = small_tiff() if name.endswith(".tif") else b"alice's\n"
+    fd = spool.create(rel, 0o644, ALICE, ALICE)
+    os.write(fd, data)
+    os.close(fd)
+    bobs = b"bob's own\n"
+    before = listing(theirs)
+    staged, copy_sparse, place = publish_mod._staged, publish_mod.copy_sparse, publish_mod.place
+
+    swapped: list[str] = []
+
+    def swap(at: str) -> None:
+        if not swapped:  # once
+            swapped.append(at)
+            swap_for_link(mine, theirs)
+            if moment == "copied":  # bob's file at the name alice saw in her folder
+                (theirs / at).write_bytes(bobs)
+                os.chown(theirs / at, BOB, BOB)
+                os.chmod(theirs / at, 0o600)
+                before.append(at)
+                before.sort()
+
+    def then_swap(*args: Any) -> Path:
+        out = staged(*args)
+        if moment == "named" and out.parent == mine:
+            swap(out.name)
+        return out
+
+    def copied_then_swap(source: Path, dest: Path, *args: Any) -> None:
+        copy_sparse(source, dest, *args)
+        if moment == "copied" and dest.parent == mine:
+            swap(dest.name)
+
+    def swap_back() -> None:
+        if mine.is_symlink():
+            mine.unlink()
+            (src / "alice" / "d.real").rename(mine)
+
+    def swapped_back_then_place(*args: Any, **kw: Any) -> tuple[int, int]:
+        swap_back()
+        return place(*args, **kw)
+
+    monkeypatch.setattr(publish_mod, "_staged", then_swap)
+    monkeypatch.setattr(publish_mod, "copy_sparse", copied_then_swap)
+    monkeypatch.setattr(publish_mod, "place", swapped_back_then_place)
+    try:
+        spool.publish(rel, False, None)
+    except OSError:  # the folder was a link when reached: tried again later, unhindered
+        swap_back()
+        assert spool.path(rel).read_bytes() == data
+        for hooked, was in (("_staged", staged), ("copy_sparse", copy_sparse), ("place", place)):
+            monkeypatch.setattr(publish_mod, hooked, was)
+        spool.publish(rel, False, None)
+    assert swapped
+    assert listing(theirs) == before, "created or left in bob's folder"
+    for entry in theirs.rglob("*"):
+        held = entry.lstat()
+        assert held.st_uid != ALICE, f"{entry} given to alice"
+    if moment == "copied":
+        (planted,) = [p for p in theirs.iterdir() if p.name.startswith(TEMP_PREFIX)]
+        held = planted.stat()
+        assert (held.st_uid, held.st_mode & 0o777, planted.read_bytes()) == (BOB, 0o600, bobs)
+    target = mine / (f"{name}.zarr.zip" if name.endswith(".tif") else name)
+    assert target.is_file() and target.stat().st_uid == ALICE
+    if not name.endswith(".tif"):
+        assert target.read_bytes() == data
+    assert not [p for p in mine.iterdir() if p.name.startswith(TEMP_PREFIX)]

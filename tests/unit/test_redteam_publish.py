@@ -34,6 +34,22 @@ def test_apply_metadata_never_follows_a_link(tmp_path: Path) -> None:
     assert after.st_mtime_ns == before.st_mtime_ns
 
 
+def test_apply_metadata_never_changes_a_hard_link_of_another_file(tmp_path: Path) -> None:
+    """The writer, owning the folder, swaps the copy for a hard link of another file (where
+    fs.protected_hardlinks allows it): the file made there is the daemon's, of one name."""
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"root's\n")
+    victim.chmod(0o600)
+    spooled = tmp_path / "spooled"
+    spooled.write_bytes(b"the writer's\n")
+    spooled.chmod(0o666)
+    staged = tmp_path / ".decant-tmp-staged"
+    os.link(victim, staged)
+    with pytest.raises(OSError, match="not the file made here"):
+        apply_metadata(staged, spooled.stat())
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600
+
+
 def test_apply_metadata_sets_a_regular_file(tmp_path: Path) -> None:
     spooled = tmp_path / "spooled"
     spooled.write_bytes(b"x")

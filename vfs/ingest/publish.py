@@ -17,6 +17,8 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Protocol
@@ -259,16 +261,13 @@ def _publish_plain(
             return Published(relpath, final, mode, signature=sig, placed=ident)
     need = st.st_blocks * 512 + SPACE_MARGIN
     require_space(folder, need, f"needs {size_text(need)} free to copy it into SRC")
-    staged = _staged(spool, folder, name)
-    try:
-        copy_sparse(via, staged, cancel)
-        apply_metadata(staged, st)
-        if not same_bytes(via, staged, cancel):
+    with _staged_copy(spool, folder, name) as (staged, sdir):
+        copy_sparse(via, staged, cancel, sdir)
+        apply_metadata(staged, st, sdir)
+        if not same_bytes(via, staged, cancel, sdir):
             raise OSError(errno.EIO, "the copy differs from the spooled file", str(final))
         check(cancel)
-        placed = place(spool, staged, final, shadowed, source=(relpath, st))
-    finally:
-        staged.unlink(missing_ok=True)
+        placed = place(spool, staged, final, shadowed, source=(relpath, st), staged_dir=sdir)
     return Published(relpath, final, "plain", signature=signature(st), placed=placed)
 
 
@@ -308,13 +307,15 @@ def _link_into_place(
                     else:
                         _refuse_hidden(final, dfd)
                         staged = _staged(spool, folder, final.name)
+                        name, there = _beside(spool, staged, dfd)
                         try:
-                            # dst_dir_fd (ignored: staged is absolute) makes it a linkat
-                            os.link(via, str(staged), dst_dir_fd=dfd, follow_symlinks=True)
+                            # dst_dir_fd (ignored if staged is absolute) makes it a linkat
+                            os.link(via, name, dst_dir_fd=dfd, follow_symlinks=True)
                             doomed.append(_keep_older(spool, final, dfd))
-                            os.replace(staged, final.name, dst_dir_fd=dfd)  # over an older one
+                            # over an older one
+                            os.replace(name, final.name, src_dir_fd=there, dst_dir_fd=dfd)
                         finally:
-                            staged.unlink(missing_ok=True)
+                            _unlink(staged, there)
                 if mode == "plain":
                     doomed.append(set_aside(spool, shadowed, dfd))  # an archive of the name
                     doomed.append(_set_aside_shown_folder(spool, relpath, final, dfd))
@@ -336,11 +337,15 @@ def _fd_path(fd: int) -> str:
     return f"/proc/self/fd/{fd}"
 
 
-def copy_sparse(source: Path, dest: Path, cancel: threading.Event | None) -> None:
-    """Copy data extents only (SEEK_DATA/SEEK_HOLE): a 1 TiB sparse file costs its data."""
+def copy_sparse(
+    source: Path, dest: Path, cancel: threading.Event | None, dest_dir: int | None = None
+) -> None:
+    """Copy data extents only (SEEK_DATA/SEEK_HOLE): a 1 TiB sparse file costs its data.
+    `dest_dir`: the descriptor of `dest`'s folder, which it is made in (see `_staged_copy`)."""
     fd_in = os.open(source, os.O_RDONLY)
     try:
-        fd_out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd_out = os.open(_at(dest, dest_dir), flags, 0o600, dir_fd=dest_dir)
         try:
             size = os.fstat(fd_in).st_size
             os.ftruncate(fd_out, size)
@@ -388,10 +393,10 @@ def _copy_range(
         pos += done
 
 
-def same_bytes(a: Path, b: Path, cancel: threading.Event | None) -> bool:
+def same_bytes(a: Path, b: Path, cancel: threading.Event | None, b_dir: int | None = None) -> bool:
     """Equal sizes and equal bytes over `a`'s data extents (its holes read as zeros in both:
-    `b` was written at those extents only)."""
-    with open(a, "rb") as fa, os.fdopen(open_copy(b), "rb") as fb:
+    `b` was written at those extents only). `b_dir`: the descriptor of `b`'s folder."""
+    with open(a, "rb") as fa, os.fdopen(open_copy(b, b_dir), "rb") as fb:
         size = os.fstat(fa.fileno()).st_size
         if os.fstat(fb.fileno()).st_size != size:
             return False
@@ -404,11 +409,13 @@ def same_bytes(a: Path, b: Path, cancel: threading.Event | None) -> bool:
     return True
 
 
-def open_copy(path: Path) -> int:
-    """A descriptor of the copy at `path`, read-only, refusing anything but a regular file: a
-    copy beside its target sits in the writer's folder, whose owner may swap it for a link or
-    a FIFO (opening one would wait for a writer for ever, holding up every publish)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+def open_copy(path: Path, dir_fd: int | None = None) -> int:
+    """A descriptor of the copy at `path` (in the folder `dir_fd` holds, if given), read-only,
+    refusing anything but a regular file: a copy beside its target sits in the writer's folder,
+    whose owner may swap it for a link or a FIFO (opening one would wait for a writer for ever,
+    holding up every publish)."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(_at(path, dir_fd), flags, dir_fd=dir_fd)
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise OSError(errno.EPERM, "not a regular file (swapped?)", str(path))
@@ -461,35 +468,38 @@ def _publish_archive(
         return Published(relpath, target, "already", signature=signature(st), synced=durable)
     need = st.st_blocks * 512 + SPACE_MARGIN
     require_space(folder, need, f"needs about {size_text(need)} free to pack")
-    staged = _staged(spool, folder, archive_name(name))
-    # Built where no other user reaches: the packer writes, verifies and chmods its files by
-    # path. Beside the target (a folder on another filesystem than the staging folder) the
-    # folder's owner could swap them for a link to any file, which root then overwrote.
-    built = staged if staged.parent == spool.staging else _private(spool, archive_name(name))
-    if built is not staged:
-        require_space(spool.staging, need, f"needs about {size_text(need)} free to pack")
-    try:
-        if small and layout is not None:
-            from vfs.decant.smallpack import pack_small
+    with _staged_copy(spool, folder, archive_name(name)) as (staged, sdir):
+        # Built where no other user reaches: the packer writes, verifies and chmods its files
+        # by path. Beside the target (a folder on another filesystem than the staging folder)
+        # the folder's owner could swap them for a link to any file, which root then overwrote.
+        built = staged if sdir is None else _private(spool, archive_name(name))
+        if built is not staged:
+            require_space(spool.staging, need, f"needs about {size_text(need)} free to pack")
+        try:
+            if small and layout is not None:
+                from vfs.decant.smallpack import pack_small
 
-            # ~2 ms instead of ~20 (zarr-python's fixed cost per archive), and no fsync: the
-            # queue makes a batch durable at once (`sync_placed`) before spooled files go.
-            pack_small(name, data, layout, built, options.codec, sha)
-            mode, reason = "byte-exact", ""
-        else:
-            result = pack_file(source, built, options, progress)
-            mode, reason = result.mode, result.reason
-        if built is not staged:  # copied into a new file (O_EXCL: no link followed), compared
-            copy_sparse(built, staged, cancel)
-            if not same_bytes(built, staged, cancel):
-                raise OSError(errno.EIO, "the copy of the archive differs from it", str(target))
-        check(cancel)  # stopping: do not publish what was finished meanwhile
-        apply_metadata(staged, st)
-        # A real file of that name would shadow it: it goes.
-        placed = place(spool, staged, target, folder / name, durable, source=(relpath, st))
-    finally:
-        staged.unlink(missing_ok=True)
-        built.unlink(missing_ok=True)
+                # ~2 ms instead of ~20 (zarr-python's fixed cost per archive), and no fsync:
+                # the queue makes a batch durable at once (`sync_placed`) before spooled files go.
+                pack_small(name, data, layout, built, options.codec, sha)
+                mode, reason = "byte-exact", ""
+            else:
+                result = pack_file(source, built, options, progress)
+                mode, reason = result.mode, result.reason
+            if built is not staged:  # copied into a new file (O_EXCL, in sdir), compared
+                copy_sparse(built, staged, cancel, sdir)
+                if not same_bytes(built, staged, cancel, sdir):
+                    why = "the copy of the archive differs from it"
+                    raise OSError(errno.EIO, why, str(target))
+            check(cancel)  # stopping: do not publish what was finished meanwhile
+            apply_metadata(staged, st, sdir)
+            # A real file of that name would shadow it: it goes.
+            shadowed = folder / name
+            placed = place(
+                spool, staged, target, shadowed, durable, source=(relpath, st), staged_dir=sdir
+            )
+        finally:
+            built.unlink(missing_ok=True)
     return Published(relpath, target, mode, reason, signature(st), durable, placed)
 
 
@@ -607,6 +617,36 @@ def _staged(spool: Spool, folder: Path, name: str) -> Path:
     return where / temp_name(name)
 
 
+@contextmanager
+def _staged_copy(spool: Spool, folder: Path, name: str) -> Iterator[tuple[Path, int | None]]:
+    """A temp name to build `name` under (`_staged`) and, beside the target, a descriptor of
+    its folder reached from SRC without links (else None), which every step on the copy goes
+    through (`_at`): made, given its metadata, compared, placed and removed there. By path, the
+    folder's owner swapping it for a link to another folder (and back before the placing) made
+    root create their bytes there, theirs and 0644, and leave them, or chown and delete what
+    they had put at that name. The copy, if still there, is removed on the way out."""
+    staged = _staged(spool, folder, name)
+    sdir = None if staged.parent == spool.staging else parent_fd(spool.src, staged)
+    try:
+        yield staged, sdir
+    finally:
+        try:
+            _unlink(staged, sdir)
+        finally:
+            if sdir is not None:
+                os.close(sdir)
+
+
+def _at(path: Path, dir_fd: int | None) -> str | Path:
+    """`path` as named in the folder `dir_fd` holds, or the whole path without one."""
+    return path if dir_fd is None else path.name
+
+
+def _unlink(path: Path, dir_fd: int | None) -> None:
+    with suppress(FileNotFoundError):
+        os.unlink(_at(path, dir_fd), dir_fd=dir_fd)
+
+
 def _beside(spool: Spool, staged: Path, dfd: int) -> tuple[str | Path, int | None]:
     """(name, dst_dir_fd) for a rename or link of an entry of the folder `dfd` to `staged`: a
     temp name beside it is given in that very folder. By path, a folder on the way swapped for
@@ -620,14 +660,20 @@ def _private(spool: Spool, name: str) -> Path:
     return spool.staging / temp_name(name)
 
 
-def apply_metadata(path: Path, st: os.stat_result) -> None:
+def apply_metadata(path: Path, st: os.stat_result, dir_fd: int | None = None) -> None:
     """What `rsync -a` gave the file: mode bits, owner, group and (last) mtime. Set through a
-    descriptor of the file itself: a temp name beside the target sits in the writer's folder,
-    where it could be swapped for a link (the daemon must not chmod/chown its target)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    descriptor of the file itself (in the folder `dir_fd` holds, if given): a temp name beside
+    the target sits in the writer's folder, where it could be swapped for a link, or for a hard
+    link of another file (the daemon must not chmod/chown either's target): the file made here
+    is the daemon's own and has one name."""
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    fd = os.open(_at(path, dir_fd), flags, dir_fd=dir_fd)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        held = os.fstat(fd)
+        if not stat.S_ISREG(held.st_mode):
             raise OSError(errno.EPERM, "not a regular file (swapped?)", str(path))
+        if held.st_nlink != 1 or held.st_uid != os.geteuid():
+            raise OSError(errno.EPERM, "not the file made here (swapped?)", str(path))
         _set_metadata(fd, st)
     finally:
         os.close(fd)
@@ -799,6 +845,7 @@ def place(
     shadowed: Path,
     durable: bool = True,
     source: tuple[str, os.stat_result] | None = None,
+    staged_dir: int | None = None,
 ) -> tuple[int, int]:
     """Rename a verified file to its final name and drop the entry it replaces in the mount
     (a plain file shadowing a new archive, or the archive a plain file replaces). The folder
@@ -806,12 +853,13 @@ def place(
     must find the folder as it left it. With `source` (the relpath and stat of the spooled
     file it was built from), nothing is placed unless that spooled file is still there unchanged,
     checked under the placing lock: one renamed away or deleted through the mount meanwhile
-    is never published over a name that holds something else now. Returns (st_dev, st_ino)
+    is never published over a name that holds something else now. `staged_dir`: the folder
+    `staged` is in, a copy beside its target (see `_staged_copy`). Returns (st_dev, st_ino)
     of what was placed."""
     from vfs.decant.writer import fsync_dir
 
     if durable:
-        fd = open_copy(staged)
+        fd = open_copy(staged, staged_dir)
         try:
             os.fsync(fd)  # its bytes and the metadata just given, before the name points at it
         finally:
@@ -829,7 +877,8 @@ def place(
             before = os.stat(dfd)
             try:
                 doomed.append(_keep_older(spool, final, dfd))
-                os.replace(staged, final.name, dst_dir_fd=dfd)
+                name = _at(staged, staged_dir)
+                os.replace(name, final.name, src_dir_fd=staged_dir, dst_dir_fd=dfd)
                 doomed.append(set_aside(spool, shadowed, dfd))
                 placed = os.stat(final.name, dir_fd=dfd, follow_symlinks=False)
                 if source is not None:
