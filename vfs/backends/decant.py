@@ -40,12 +40,13 @@ class DecantBackend:
         self.digests = digests
         self.shared = _SharedArchives(cache)
 
-    def chunk_digests(self, path: Path) -> dict[str, int] | None:
+    def chunk_digests(self, path: Path, expect: str | None = None) -> dict[str, int] | None:
         """xxh3 of every stored chunk, for the adapter to record (reads the whole archive);
-        None for an archive of more chunks than a map holds (vfs.decant.digestmap)."""
+        None for an archive of more chunks than a map holds (vfs.decant.digestmap). A folder
+        archive's is made only of files that reconstruct to `expect` (IntegrityError)."""
         from vfs.decant.digests import archive_digests
 
-        return archive_digests(path)
+        return archive_digests(path, expect)
 
     def claims(self, path: Path, is_dir: bool) -> bool:
         if is_dir:

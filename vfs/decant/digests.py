@@ -16,15 +16,39 @@ from pathlib import Path
 from vfs.decant.digestmap import MAX_MAP_CHUNKS, DigestRecorder, metadata_digests
 from vfs.decant.limits import MAX_CHUNK_BYTES, compressed_bound
 from vfs.decant.reader import DecantArchive
-from vfs.decant.store import Store, is_chunk_key
+from vfs.decant.store import DirectoryStore, Store, is_chunk_key
+from vfs.errors import IntegrityError
 
 
-def archive_digests(path: Path) -> dict[str, int] | None:
+def archive_digests(path: Path, expect: str | None = None) -> dict[str, int] | None:
     """Store key → xxh3-64 of the chunk's stored (compressed) bytes, for every chunk of the
     archive (None: more than MAX_MAP_CHUNKS). A nested series' bundles contribute their chunks
-    as "<bundle>/<key>"."""
+    as "<bundle>/<key>".
+
+    A folder archive's files change with no change to the folder's stat, which keys the map: a
+    map read from it after a verification may describe files swapped since. Its map is made
+    only from files that reconstruct every original to the manifest's sha256 (and one of them
+    to `expect`, the sha256 the caller verified), each held to the version that did
+    (DirectoryStore.pinned); IntegrityError otherwise."""
     with DecantArchive.open(path) as archive:
+        if isinstance(archive.store, DirectoryStore):
+            archive.store.pinned = {}
+            _require_reconstructs(archive, expect)
         return opened_digests(archive)
+
+
+def _require_reconstructs(archive: DecantArchive, expect: str | None) -> None:
+    from vfs.decant.verify import verify_opened  # its decoders: only for folder archives
+
+    verdicts = verify_opened(archive)
+    for v in verdicts:
+        if not v.ok:
+            raise IntegrityError(
+                f"{archive.path}: {v.relpath} reconstructs to sha256 {v.actual}, not the "
+                f"manifest's {v.expected} (changed since it verified?)"
+            )
+    if expect is not None and expect not in {v.expected for v in verdicts}:
+        raise IntegrityError(f"{archive.path}: its manifest no longer holds sha256 {expect}")
 
 
 def opened_digests(archive: DecantArchive) -> dict[str, int] | None:

@@ -97,6 +97,11 @@ def is_chunk_key(key: str) -> bool:
 class Store:
     """Read-only key/value view of one archive. Thread-safe: reads are positional."""
 
+    # Whether a key's bytes stay those of the store's identity for as long as it is open (a
+    # zip's entries: one file, one descriptor). A folder archive's files change alone, with no
+    # change to the folder's own stat: a key read twice may give two versions.
+    stable = True
+
     def __init__(self, path: Path | str) -> None:
         self.path = path  # a local path, or the URL of an archive in a bucket
         self.name = str(path)
@@ -637,10 +642,15 @@ class DirectoryStore(Store):
     """A `.zarr/` folder. Keys are opened component by component without following symlinks:
     an archive's owner must not make the daemon (often root) serve a file outside the archive.
     The folder itself is opened once: every key is read below that very folder (its `stat`
-    is the one checked by the mount), never below whatever its path names later."""
+    is the one checked by the mount), never below whatever its path names later. Its files may
+    change with no change to the folder's stat (`stable` is False); with `pinned` set (a dict),
+    each key is held to the file version (inode, size, mtime, ctime) its first read found."""
+
+    stable = False
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
+        self.pinned: dict[str, tuple[int, int, int, int]] | None = None
         self._dir = -1
         try:
             self._dir = open_exact(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -731,6 +741,10 @@ class DirectoryStore(Store):
             raise CorruptArchiveError(f"{self.path}: {key!r} is not a regular file")
         if st.st_size > limit:
             raise self._too_large(key, st.st_size, limit)
+        if self.pinned is not None:
+            version = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            if self.pinned.setdefault(key, version) != version:
+                raise CorruptArchiveError(f"{self.path}: {key!r} changed while it was read")
         data = os.pread(fd, st.st_size + 1, 0)
         if len(data) != st.st_size:
             raise CorruptArchiveError(f"{self.path}: {key!r} changed while it was read")

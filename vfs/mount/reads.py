@@ -23,7 +23,7 @@ from typing import Any
 import trio
 
 from vfs.backends.base import RandomAccess
-from vfs.errors import ArchiveGoneError, CorruptArchiveError, StoreError
+from vfs.errors import ArchiveGoneError, CorruptArchiveError, IntegrityError, StoreError
 from vfs.integrity import Coverage, ParkBudget, SequentialHasher, held_bytes
 from vfs.mount.fair import FairSlots
 from vfs.mount.metrics import COUNTERS
@@ -103,6 +103,9 @@ class Integrity:
         log.info("%s%s: verified sha256", node.real, _member(node))
         try:
             await trio.to_thread.run_sync(self._mark_verified, node, seen)
+        except IntegrityError as exc:
+            self.good.discard(node.key)
+            log.error("%s%s: not recorded as verified: %s", node.real, _member(node), exc)
         except Exception as exc:
             # The bytes hashed right; only their record failed: the archive renamed or deleted
             # while it hashed (stat of its path: ENOENT), the index's disk full or damaged. A

@@ -1,0 +1,104 @@
+"""Red team, round 37c: folder archives (`NAME.zarr/`) in a local SRC, through a real
+`allow_other` mount, as another local user.
+
+Expected bytes come from the arrays handed to tifffile, never from vfs. Each test failed before
+the fix its docstring names.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+from tests.mount.conftest import HAVE_FUSE, Mount, User, open_tmp
+
+pytestmark = pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3")
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _folder_archive(base: Path, name: str, seed: int, dest: Path) -> bytes:
+    """`dest` (a `NAME.zarr/`): the archive of a random 4×256×256 uint16 stack, packed and
+    unzipped, every entry readable by all; returns the TIFF's bytes as written."""
+    from vfs.decant.packer import pack_file
+
+    pixels = np.random.default_rng(seed).integers(0, 4000, (4, 256, 256)).astype(np.uint16)
+    tif = base / name
+    tifffile.imwrite(tif, pixels)
+    packed = base / f"{name}.zarr.zip"
+    pack_file(tif, packed)
+    with zipfile.ZipFile(packed) as zf:
+        zf.extractall(dest)
+    for dirpath, _dirs, files in os.walk(dest):
+        os.chmod(dirpath, 0o755)
+        for f in files:
+            os.chmod(os.path.join(dirpath, f), 0o644)
+    return tif.read_bytes()
+
+
+def _verdict(path: Path) -> str:
+    return os.getxattr(path, "user.decant.verified").decode()
+
+
+def _wait_log(m: Mount, text: str, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while text not in m.log_text():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_chunk_swapped_after_a_partial_read_is_not_recorded_as_verified(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """A user reads 4 KiB of a folder archive's original (its plane is decoded into the
+    daemon's cache) and closes it; the archive's owner then swaps the chunk file in `0/` for
+    another archive's. The background verification hashed the cached plane (right), then
+    recorded the chunk digests from what was on disk now (the other chunk): the folder's own
+    stat, which keys the index, does not change when a file in a subfolder does. After a
+    remount `sha256sum` printed the other TIFF's hash, exit 0, with `user.decant.verified`
+    "yes". Fixed: a folder archive's digest map is recorded only from chunks whose
+    reconstruction hashes right (the same files, pinned by inode and ctime), never filled in
+    from a later read of the folder."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt37c-swap")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    src.chmod(0o755)
+    good = _folder_archive(base, "a.tif", 1, src / "a.tif.zarr")
+    other = _folder_archive(base, "b.tif", 2, base / "b.tif.zarr")
+    chunk = next(p for p in (src / "a.tif.zarr" / "0").iterdir() if not p.name.startswith("."))
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only")
+        shown = m.mnt / "a.tif"
+        fd = os.open(shown, os.O_RDONLY)
+        try:
+            assert os.pread(fd, 4096, 65536) == good[65536 : 65536 + 4096]
+            swap = chunk.with_name(".swap")
+            shutil.copyfile(base / "b.tif.zarr" / "0" / chunk.name, swap)
+            os.rename(swap, chunk)
+        finally:
+            os.close(fd)  # closed early: a background verification is queued
+        assert _wait_log(m, "a.tif.zarr: verified sha256")
+        _wait_log(m, "not recorded as verified", timeout=1.0)  # its digests recorded, or not
+        m.stop()
+        m.start("-o", "allow_other", "--read-only")
+        got = u._probe("read(p)", {"p": str(m.mnt / "a.tif")})
+        assert got.get("ok") != _sha(other), "the other archive's bytes served as verified"
+        assert got == {"errno": errno.EIO}
+        assert _verdict(m.mnt / "a.tif") != "yes"
+    finally:
+        m.stop()
