@@ -11,6 +11,7 @@ import errno
 import hashlib
 import os
 import shutil
+import stat
 import time
 import zipfile
 from pathlib import Path
@@ -100,5 +101,36 @@ def test_a_chunk_swapped_after_a_partial_read_is_not_recorded_as_verified(
         assert got.get("ok") != _sha(other), "the other archive's bytes served as verified"
         assert got == {"errno": errno.EIO}
         assert _verdict(m.mnt / "a.tif") != "yes"
+    finally:
+        m.stop()
+
+
+@pytest.mark.parametrize("private", [".decant/manifest.json", ".decant"])
+def test_a_folder_archive_s_private_manifest_is_not_told_to_others(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User, private: str
+) -> None:
+    """A folder archive (0755) whose owner keeps `.decant/manifest.json` 0600 (or `.decant/`
+    0700): another user cannot read the manifest in SRC, but the root daemon read it and showed
+    its original 0444, so that user read the original's sha256, mode and archive path with
+    `getfattr -d` (and `access(R_OK)` said yes; only the open was refused). Fixed: a folder
+    archive's original is shown with the read (and search) bits of each class only where that
+    class may read its manifest, as a nested series member takes its bundle's."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt37c-manifest")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    src.chmod(0o755)
+    written = _folder_archive(base, "a.tif", 3, src / "a.tif.zarr")
+    (src / "a.tif.zarr" / private).chmod(0o700 if private == ".decant" else 0o600)
+    assert u.errno_of("read(p)", p=src / "a.tif.zarr" / ".decant/manifest.json") == errno.EACCES
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only")
+        shown = m.mnt / "a.tif"
+        assert shown.read_bytes() == written  # its owner (root) reads it
+        got = u.errno_of("os.getxattr(p, 'user.decant.sha256')", p=shown)
+        assert got == errno.EACCES, "another user read the sha256 of a manifest kept private"
+        assert not u.value_of("os.access(p, os.R_OK)", p=shown)
+        assert stat.S_IMODE(shown.stat().st_mode) == 0o400
     finally:
         m.stop()

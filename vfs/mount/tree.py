@@ -28,7 +28,7 @@ from vfs.backends.base import (
     serves_owner,
 )
 from vfs.beneath import open_beneath
-from vfs.decant import TEMP_PREFIX
+from vfs.decant import MANIFEST_KEY, TEMP_PREFIX
 from vfs.errors import DecantError
 from vfs.mount.described import DESCRIBED_ENTRIES, DescribedTrees
 from vfs.mount.index import DescriptionIndex
@@ -302,6 +302,8 @@ class SourceTree:
             node = archive_node(backend, path, st, "", desc.root, self._relative(path))
             if self.writable and not node.is_dir:
                 node.mode = stat.S_IMODE(st.st_mode)  # what rsync -a / cp -a gave the original
+            if stat.S_ISDIR(st.st_mode) and backend.name == "decant":
+                node.mode &= _manifest_mask(path)
             out[shown] = node
         return out, regular
 
@@ -590,6 +592,24 @@ def _tree_key(node: Node) -> TreeKey:
     """Where `trees` keeps the tree of `node`'s archive, as that version of it."""
     assert node.backend is not None
     return node.real_text, node.backend.name, node.version
+
+
+def _manifest_mask(path: Path) -> int:
+    """The mode bits a folder archive's presented entry may keep: its name, size and sha256
+    (xattrs) come from `.decant/manifest.json`, which keeps a mode of its own, so a class of
+    users that may not read it there (or search `.decant/`) is shown no read or search bit.
+    The kernel then refuses them `getxattr`, `access` and the open, as SRC would (an open
+    checks every file of the folder again: ops._may_read_through). Two lstats a listing."""
+    try:
+        folder = os.lstat(path / MANIFEST_KEY.rpartition("/")[0]).st_mode
+        manifest = os.lstat(path / MANIFEST_KEY).st_mode
+    except OSError:
+        return 0o7777  # describing it read the manifest: gone since, an open says why
+    mask = 0o7777
+    for shift in (6, 3, 0):
+        if not ((manifest >> shift) & 4 and (folder >> shift) & 1):
+            mask &= ~(0o5 << shift)
+    return mask
 
 
 def _view_version(st: os.stat_result, desc: Description) -> tuple[int, int]:
