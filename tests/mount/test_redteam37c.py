@@ -11,7 +11,9 @@ import errno
 import hashlib
 import os
 import shutil
+import signal
 import stat
+import subprocess
 import time
 import zipfile
 from pathlib import Path
@@ -132,5 +134,71 @@ def test_a_folder_archive_s_private_manifest_is_not_told_to_others(
         assert got == errno.EACCES, "another user read the sha256 of a manifest kept private"
         assert not u.value_of("os.access(p, os.R_OK)", p=shown)
         assert stat.S_IMODE(shown.stat().st_mode) == 0o400
+    finally:
+        m.stop()
+
+
+HAMMER = """
+import os, sys, threading, time
+end = time.monotonic() + float(sys.argv[2])
+def loop():
+    while time.monotonic() < end:
+        try:
+            os.close(os.open(sys.argv[1], os.O_RDONLY))
+        except OSError:
+            pass
+threads = [threading.Thread(target=loop) for _ in range(44)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+"""
+
+
+def test_opens_of_a_folder_archive_of_many_files_do_not_stall_other_users(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """Each open by a user other than root walks the whole folder archive (may the caller read
+    every file?): ~3 ms per 1,000 files, on the daemon's shared worker threads. One user
+    opening a folder archive of 100,000 files from 64 threads (its own, or any they may read)
+    held every thread: another user's `cat` of a plain file elsewhere in the mount took 23 s.
+    Fixed: these walks take at most 4 threads per calling user, as listings do per owner."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt37c-walks")
+    src = base / "src"
+    (src / "big").mkdir(parents=True)
+    (src / "other").mkdir()
+    for d in (src, src / "big", src / "other"):
+        d.chmod(0o755)
+    folder = src / "big" / "a.tif.zarr"
+    _folder_archive(base, "a.tif", 4, folder)
+    junk = folder / "0" / "junk"
+    junk.mkdir(mode=0o755)
+    for i in range(12_000):
+        (junk / str(i)).touch(mode=0o644)
+    plain = src / "other" / "plain.txt"
+    plain.write_bytes(b"hello\n")
+    plain.chmod(0o644)
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only")
+        shown = m.mnt / "big" / "a.tif"
+        assert u.value_of("os.path.getsize(p)", p=shown) > 0
+        from tests.mount.conftest import RUNUSER, SYSTEM_PYTHON
+
+        env = {"PATH": "/usr/bin:/bin", "LC_ALL": "C"}
+        hammer = subprocess.Popen([RUNUSER, "-u", u.name, "--", str(SYSTEM_PYTHON), "-I", "-c",
+                                   HAMMER, str(shown), "30"], env=env, cwd="/",
+                                  start_new_session=True)  # fmt: skip
+        try:
+            time.sleep(1.0)
+            t0 = time.monotonic()
+            assert (m.mnt / "other" / "plain.txt").read_bytes() == b"hello\n"
+            waited = time.monotonic() - t0
+        finally:
+            os.killpg(hammer.pid, signal.SIGKILL)
+            shutil.rmtree(junk)  # the walks the daemon still has queued end fast
+            hammer.wait(timeout=60)
+        assert waited < 0.5, f"a plain file took {waited:.1f} s to open and read"
     finally:
         m.stop()
