@@ -92,30 +92,54 @@ def _tree_readable(parent: int, name: str, uid: int, groups: set[int]) -> bool:
     """Whether the caller may read every file and list every folder below the folder `name`
     of `parent` (a folder read whole on the caller's behalf: an image's chunk files, which a
     synthesized TIFF serves as pixels). Links are not followed (the daemon never reads through
-    one); a FIFO or device is not read either. Costs a stat per entry."""
-    stack = [(_open_dir(name, parent), 0)]
+    one); a FIFO or device is not read either. Costs a stat per entry.
+
+    A subfolder is opened when its turn comes (and its own mode checked on that descriptor),
+    so the walk holds one descriptor per level: opening each as it was found held them all,
+    and a folder of 25,000 empty subfolders took the daemon past its descriptor limit on every
+    open, failing other users' opens of anything with EMFILE."""
+    stack: list[tuple[int, list[str]]] = [(_open_dir(name, parent), [])]
     try:
+        stack[0] = (stack[0][0], _checked_entries(stack[0][0], uid, groups))
         while stack:
-            fd, depth = stack.pop()
-            try:
-                with os.scandir(fd) as entries:
-                    for entry in entries:
-                        st = entry.stat(follow_symlinks=False)
-                        folder = stat.S_ISDIR(st.st_mode)
-                        if not (folder or stat.S_ISREG(st.st_mode)):
-                            continue
-                        if not _granted(st, uid, groups, read=True, search=folder):
-                            return False
-                        if folder:
-                            if depth >= MAX_TREE_DEPTH:
-                                return False
-                            stack.append((_open_dir(entry.name, fd), depth + 1))
-            finally:
+            fd, folders = stack[-1]
+            if not folders:
                 os.close(fd)
+                stack.pop()
+                continue
+            if len(stack) > MAX_TREE_DEPTH:
+                return False
+            child = _open_dir(folders.pop(), fd)
+            stack.append((child, []))
+            if not _granted(os.fstat(child), uid, groups, read=True, search=True):
+                return False
+            stack[-1] = (child, _checked_entries(child, uid, groups))
+    except _Refused:
+        return False
     finally:
-        for fd, _depth in stack:
+        for fd, _folders in stack:
             os.close(fd)
     return True
+
+
+class _Refused(Exception):
+    """An entry the caller may not read (or list)."""
+
+
+def _checked_entries(fd: int, uid: int, groups: set[int]) -> list[str]:
+    """The subfolders of the folder open at `fd`, every entry in it checked first (_Refused)."""
+    folders = []
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            st = entry.stat(follow_symlinks=False)
+            folder = stat.S_ISDIR(st.st_mode)
+            if not (folder or stat.S_ISREG(st.st_mode)):
+                continue
+            if not _granted(st, uid, groups, read=True, search=folder):
+                raise _Refused
+            if folder:
+                folders.append(entry.name)
+    return folders
 
 
 def _open_dir(name: str, parent: int) -> int:
