@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -200,5 +201,78 @@ def test_opens_of_a_folder_archive_of_many_files_do_not_stall_other_users(
             shutil.rmtree(junk)  # the walks the daemon still has queued end fast
             hammer.wait(timeout=60)
         assert waited < 0.5, f"a plain file took {waited:.1f} s to open and read"
+    finally:
+        m.stop()
+
+
+STEAL = """
+import os, sys
+shown, chunk, secret = sys.argv[1:4]
+fd = os.open(shown, os.O_RDONLY)  # every file of the archive is the caller's: the check passes
+os.rename(secret, chunk)  # the other user's private file, renamed into the archive
+try:
+    data = os.pread(fd, os.fstat(fd).st_size - 1, 0)  # all but the last byte: no verdict yet
+    print(data.hex())
+except OSError as exc:
+    print("errno", exc.errno)
+"""
+
+
+def test_another_user_s_private_file_renamed_into_a_folder_archive_is_not_served(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """A user may write a shared folder without the sticky bit (a 0777 or 2775 lab share)
+    where another user keeps a private (0600) file. The user makes a folder archive there of a
+    verbatim file of the same size whose one chunk is stored raw (`"compressor": null`), opens
+    its original through the mount (every file in it is theirs: the access walk passes), then
+    renames the other user's file over the chunk. The root daemon read it as the chunk and
+    served all but the last byte of the private file (the last read alone fails the sha256).
+    Fixed: in the daemon, a folder archive's file is read only if it is the folder owner's
+    or readable by all."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt37c-steal")
+    src = base / "src"
+    shared = src / "shared"
+    shared.mkdir(parents=True)
+    src.chmod(0o755)
+    shared.chmod(0o777)
+    from vfs.decant.packer import pack_file
+
+    size = 20_000
+    mine = base / "mine.bin"
+    mine.write_bytes(b"B" * size)
+    pack_file(mine, base / "mine.bin.zarr.zip")
+    folder = shared / "mine.bin.zarr"
+    with zipfile.ZipFile(base / "mine.bin.zarr.zip") as zf:
+        zf.extractall(folder)
+    zarray = folder / "original" / ".zarray"
+    doc = json.loads(zarray.read_text())
+    doc.update(compressor=None, chunks=[size])
+    zarray.write_text(json.dumps(doc))
+    (folder / "original" / "0").write_bytes(b"B" * size)
+    for dirpath, _dirs, files in os.walk(folder):
+        os.chown(dirpath, u.uid, u.gid)
+        os.chmod(dirpath, 0o755)
+        for f in files:
+            os.chown(os.path.join(dirpath, f), u.uid, u.gid)
+            os.chmod(os.path.join(dirpath, f), 0o644)
+    secret = shared / "secret"
+    private = os.urandom(size)
+    secret.write_bytes(private)
+    secret.chmod(0o600)  # root's: the user may not read it, but may rename it (0777 folder)
+    assert u.errno_of("read(p)", p=secret) == errno.EACCES
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only")
+        shown = m.mnt / "shared" / "mine.bin"
+        from tests.mount.conftest import SYSTEM_PYTHON
+
+        done = u.run(str(SYSTEM_PYTHON), "-I", "-c", STEAL, str(shown),
+                     str(folder / "original" / "0"), str(secret))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        out = done.stdout.strip()
+        assert out != private[:-1].hex(), "another user's 0600 file served through the mount"
+        assert out == f"errno {errno.EIO}"
+        assert "original/0" in m.log_text()
     finally:
         m.stop()

@@ -44,6 +44,7 @@ from vfs.errors import (
     ObjectChangedError,
     ObjectMissingError,
 )
+from vfs.stores import local as _local
 from vfs.stores.base import ByteSource, Folder
 from vfs.stores.local import LocalFile, LocalFolder, open_exact
 
@@ -706,6 +707,12 @@ class DirectoryStore(Store):
             for fd in fds:
                 os.close(fd)
 
+    def _ours(self, st: os.stat_result) -> bool:
+        """Whether a file of the folder may be read on anyone's behalf: its owner's, or one
+        anybody may read (see vfs.stores.local.OWNER_FILES_ONLY)."""
+        assert self.stat is not None
+        return st.st_uid == self.stat.st_uid or bool(st.st_mode & stat.S_IROTH)
+
     def _parent(self, parts: list[str], fds: list[int]) -> int:
         """The folder holding key `parts`' last one, reached with no link followed; each
         descriptor it opens is appended to `fds`, for the caller to close."""
@@ -739,6 +746,11 @@ class DirectoryStore(Store):
             return None
         if not stat.S_ISREG(st.st_mode):
             raise CorruptArchiveError(f"{self.path}: {key!r} is not a regular file")
+        if _local.OWNER_FILES_ONLY and not self._ours(st):
+            raise CorruptArchiveError(
+                f"{self.path}: {key!r} is uid {st.st_uid}'s, not the archive's owner's, and not "
+                "readable by all (refused)"
+            )
         if st.st_size > limit:
             raise self._too_large(key, st.st_size, limit)
         if self.pinned is not None:

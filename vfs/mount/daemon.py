@@ -416,6 +416,7 @@ def _rss() -> int:
 
 def serve(config: MountConfig, ready: Callable[[], None]) -> int:
     local.EXACT_OPENS = True  # SRC (resolved) is opened through no link: see open_exact
+    local.OWNER_FILES_ONLY = True  # see vfs.stores.local
     # tifffile logs each flaw of a malformed TIFF at ERROR (6 lines for one 216-byte file, at
     # each of its scans), past the log's bound on failure lines: files written in by any user
     # flooded the log. Why a TIFF is archived verbatim (or not served) is logged by the caller.

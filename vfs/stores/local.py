@@ -50,6 +50,14 @@ def open_exact(path: Path, flags: int) -> int:
 
 _OWN_FDS = "/proc/self/fd/"
 
+# Set by the daemon: a folder archive's file is read only if it is the folder owner's or readable
+# by all (vfs.decant.store.DirectoryStore). The daemon, often root, reads the files of a folder
+# archive lazily, after the check that the caller may read each (vfs.mount.access): a user who
+# may rename in a folder without the sticky bit could rename another user's private file over
+# one of their own archive's chunks in between. Off for the command line, which reads as its
+# user.
+OWNER_FILES_ONLY = False
+
 
 class LocalFile:
     """One file on one descriptor: its size and identity are those of the very file read, so a
