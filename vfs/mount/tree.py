@@ -302,8 +302,8 @@ class SourceTree:
             node = archive_node(backend, path, st, "", desc.root, self._relative(path))
             if self.writable and not node.is_dir:
                 node.mode = stat.S_IMODE(st.st_mode)  # what rsync -a / cp -a gave the original
-            if stat.S_ISDIR(st.st_mode) and backend.name == "decant":
-                node.mode &= _manifest_mask(path)
+            if stat.S_ISDIR(st.st_mode) and backend.name == "decant" and isinstance(path, Path):
+                node.mode &= _manifest_mask(path)  # a bucket's objects have no modes of their own
             out[shown] = node
         return out, regular
 
