@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import logging
 import os
@@ -581,8 +580,7 @@ async def _relist_forever(ops: DecantOperations, interval: float) -> None:
     The top level is presented at once (the start-up check's LIST, index rows): the first `ls`
     of the mount then finds it ready (a listing of 1,000 archives: ~25 ms of CPU)."""
     tree: Any = ops.tree
-    with contextlib.suppress(OSError, pyfuse3.FUSEError, DecantError):
-        await ops.rescan(ROOT_INODE)
+    await _relist(ops, ROOT_INODE, tree.root)
     while True:
         await trio.sleep(interval)
         tree.expire()
@@ -590,10 +588,18 @@ async def _relist_forever(ops: DecantOperations, interval: float) -> None:
             node = ops.inodes.get(ino)
             if node is None or node.backend is not None:
                 continue  # archive contents never change in place
-            try:
-                await ops.rescan(ino)
-            except (OSError, pyfuse3.FUSEError, DecantError) as exc:
-                log.debug("relist of %s failed: %s", node.real, exc)
+            await _relist(ops, ino, node.real)
+
+
+async def _relist(ops: DecantOperations, ino: int, real: object) -> None:
+    """One folder re-listed. Any failure stays this folder's: a bug in a listing (a TypeError
+    from one odd entry) escaped this task and stopped the daemon for every user."""
+    try:
+        await ops.rescan(ino)
+    except (OSError, pyfuse3.FUSEError, DecantError) as exc:
+        log.debug("relist of %s failed: %s", real, exc)
+    except Exception:
+        log.exception("relist of %s failed unexpectedly", real)
 
 
 async def _census(ops: DecantOperations, src: Path, every: float = PRUNE_INTERVAL) -> None:
