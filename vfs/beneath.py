@@ -161,3 +161,24 @@ __all__ = [
     "read_beneath",
     "stat_beneath",
 ]
+
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+_libc = None
+
+
+def rename_noreplace(src: str | Path, dst: str, dst_dir_fd: int) -> None:
+    """`os.rename(src, dst, dst_dir_fd=...)` that never replaces what is at `dst` (FileExistsError
+    then): renameat2(RENAME_NOREPLACE), which Python does not wrap. Where the filesystem or the
+    kernel lacks it, OSError (EINVAL or ENOSYS): the caller picks a fresh name instead."""
+    global _libc
+    import ctypes
+
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    done = _libc.renameat2(_AT_FDCWD, os.fsencode(src), dst_dir_fd, os.fsencode(dst),
+                           _RENAME_NOREPLACE)  # fmt: skip
+    if done != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(src), None, dst)

@@ -40,7 +40,7 @@ def published(tmp_path: Path, rel: str) -> tuple[Path, Spool]:
     return src, spool
 
 
-@pytest.mark.parametrize("taken_by", ["file", "folder", "gone"])
+@pytest.mark.parametrize("taken_by", ["file", "folder", "empty folder", "gone"])
 def test_a_folder_swapped_in_while_adopting_goes_back_to_its_owner(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, taken_by: str
 ) -> None:
@@ -70,6 +70,8 @@ def test_a_folder_swapped_in_while_adopting_goes_back_to_its_owner(
             real.write_bytes(b"new\n")
         elif taken_by == "gone":  # their folder, emptied by the move, removed
             real.parent.rmdir()
+        elif taken_by == "empty folder":  # another user's, in a sticky folder: rename replaced it
+            real.mkdir()
         else:
             real.mkdir()
             (real / "y").write_bytes(b"theirs too\n")
@@ -84,6 +86,8 @@ def test_a_folder_swapped_in_while_adopting_goes_back_to_its_owner(
     beside = src / ".decant-spool" if taken_by == "gone" else src / "alice"
     (back,) = [p for p in beside.iterdir() if p.name.startswith(TEMP_PREFIX)]
     assert (back / "x").read_bytes() == b"theirs\n"
+    if taken_by == "empty folder":  # what holds the name now is never replaced (NOREPLACE)
+        assert real.is_dir() and list(real.iterdir()) == []
 
 
 # -- set aside beside its target, when the spool is on another filesystem than SRC ------------

@@ -17,10 +17,11 @@ import shutil
 import stat
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from vfs.beneath import not_shown, open_beneath, parent_fd
+from vfs.beneath import not_shown, open_beneath, parent_fd, rename_noreplace
 from vfs.decant import TEMP_PREFIX, temp_name
 from vfs.ingest.publish import Outcome, Published, archive_name, attempt, placing_lock, publish
 from vfs.ingest.publish import signature as file_signature
@@ -195,14 +196,18 @@ class Spool:
         fresh temp name beside it. Never left among spooled files: a folder of theirs there was
         walked as spooled files (and published), and a descriptor they kept of it let them put
         links (to /etc) in root's spool, where the daemon works by path (the unlink meant to
-        drop it failed: EISDIR). Failing both (their folder removed meanwhile), it is kept
+        drop it failed: EISDIR). Never over an entry made at that name since (another user's,
+        in a sticky folder): renameat2(RENAME_NOREPLACE); a fresh temp name where the
+        filesystem lacks it. Failing both (their folder removed meanwhile), it is kept
         in the spool's own folder, which nothing walks, and logged; never deleted as root."""
-        for dest in (name, temp_name(name)):
-            try:
-                os.rename(taken, dest, dst_dir_fd=dfd)
-                return
-            except OSError:
-                continue
+        try:
+            rename_noreplace(taken, name, dfd)
+            return
+        except OSError:
+            pass
+        with suppress(OSError):
+            os.rename(taken, temp_name(name), dst_dir_fd=dfd)  # a name nobody could have made
+            return
         kept = self.files.parent / temp_name("taken")
         os.rename(taken, kept)
         log.warning("%s: swapped in by its folder's owner, could not be put back; kept", kept)
