@@ -111,6 +111,15 @@ def _log_limited(level: int, what: str, message: str, exc_info: bool = False) ->
     log.log(level, "%s: %s", what, message, exc_info=exc_info)
 
 
+def _per_user(limiters: dict[int, trio.CapacityLimiter], uid: int) -> trio.CapacityLimiter:
+    """`uid`'s own few worker threads in `limiters` (made on first use): a user fills only
+    theirs, never the daemon's whole thread pool."""
+    limiter = limiters.get(uid)
+    if limiter is None:
+        limiter = limiters[uid] = trio.CapacityLimiter(LISTING_THREADS)
+    return limiter
+
+
 @contextmanager
 def errno_boundary(what: str) -> Iterator[None]:
     """Every handler runs inside this: pyfuse3 stops the daemon on any non-FUSEError exception."""
@@ -284,17 +293,11 @@ class DecantOperations(pyfuse3.Operations):
     def _lister(self, folder: Node) -> trio.CapacityLimiter:
         """The worker threads listings of `folder` share: those of its owner's folders (an
         archive shown as a folder: its file's owner). A user fills only their own."""
-        limiter = self._listing_by_owner.get(folder.uid)
-        if limiter is None:
-            limiter = self._listing_by_owner[folder.uid] = trio.CapacityLimiter(LISTING_THREADS)
-        return limiter
+        return _per_user(self._listing_by_owner, folder.uid)
 
     def _checker(self, uid: int) -> trio.CapacityLimiter:
         """The worker threads that `uid`'s access walks (`_may_read_through`) share."""
-        limiter = self._checks_by_uid.get(uid)
-        if limiter is None:
-            limiter = self._checks_by_uid[uid] = trio.CapacityLimiter(LISTING_THREADS)
-        return limiter
+        return _per_user(self._checks_by_uid, uid)
 
     async def _listing(self, inode: int) -> Folder:
         """The folder's listing, re-read first if it may be stale (takes the folder's lock)."""
