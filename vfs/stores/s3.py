@@ -781,9 +781,10 @@ class S3Folder:
         """A fallback page as (sub-prefix names, objects), without the keys obstore refuses."""
         dirs = []
         for full in page.prefixes:
-            problem = key_problem(full.rstrip("/"))
+            level = full.removesuffix("/")  # only the delimiter: "P//" is the level "P/" + ""
+            problem = key_problem(level)
             if problem is None:
-                dirs.append(full.rstrip("/").rsplit("/", 1)[-1])
+                dirs.append(level.rsplit("/", 1)[-1])
             else:
                 _skip(f"{SCHEME}{self.bucket}/{full}", problem)
         files = []
