@@ -3,6 +3,7 @@ is asked of `os.access` too, as a real unprivileged process (a child with its ui
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import stat
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from vfs.mount.access import may_change_entries, readable_beneath
+from vfs.mount.access import MAX_TREE_DEPTH, may_change_entries, readable_beneath
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="owners and uids are changed as root")
 
@@ -97,3 +98,31 @@ def test_read_beneath_refuses_links_and_paths_outside(tmp_path: Path) -> None:
     (root / "sub").rename(root / "real")
     (root / "sub").symlink_to(root / "real")  # a folder on the way swapped for a link
     assert readable_beneath(root, root / "sub" / "t.csv", UID, GID, 0) is None
+
+
+def test_a_folder_nested_past_the_walks_depth_bound_is_refused_with_a_log_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The access walk of a folder read whole stops at MAX_TREE_DEPTH levels and refuses the
+    read; the refusal was silent (a debug line at most), so the archive's own readers got
+    EACCES with nothing in the log to say why."""
+
+    def nest(top: Path, levels: int) -> None:
+        deep = top.joinpath(*["d"] * levels)
+        deep.mkdir(parents=True)
+        (deep / "f").write_bytes(b"x")
+        for dirpath, _dirs, files in os.walk(top):
+            os.chmod(dirpath, 0o755)
+            for f in files:
+                os.chmod(os.path.join(dirpath, f), 0o644)
+
+    nest(tmp_path / "shallow.zarr", MAX_TREE_DEPTH)
+    nest(tmp_path / "deep.zarr", MAX_TREE_DEPTH + 2)
+    with caplog.at_level(logging.WARNING, logger="vfs.mount.access"):
+        shallow = readable_beneath(tmp_path, tmp_path / "shallow.zarr", 54321, 54321, os.getpid())
+        deep = readable_beneath(tmp_path, tmp_path / "deep.zarr", 54321, 54321, os.getpid())
+    st = (tmp_path / "shallow.zarr").stat()
+    assert shallow == (st.st_dev, st.st_ino)
+    assert deep is None
+    assert f"deep.zarr: nested more than {MAX_TREE_DEPTH} folders deep" in caplog.text
+    assert "shallow.zarr" not in caplog.text

@@ -11,6 +11,7 @@ the caller could do.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import pwd
 import stat
@@ -78,6 +79,10 @@ def readable_beneath(
                 return None
             if is_dir and uid != 0 and not _tree_readable(dfd, target.name, uid, groups):
                 return None
+        except _TooDeep:
+            _warn_once(target, f"{target}: nested more than {MAX_TREE_DEPTH} folders deep; "
+                       "not read for users other than root (EACCES)")  # fmt: skip
+            return None
         finally:
             os.close(dfd)
     except OSError:
@@ -108,7 +113,7 @@ def _tree_readable(parent: int, name: str, uid: int, groups: set[int]) -> bool:
                 stack.pop()
                 continue
             if len(stack) > MAX_TREE_DEPTH:
-                return False
+                raise _TooDeep
             child = _open_dir(folders.pop(), fd)
             stack.append((child, []))
             if not _granted(os.fstat(child), uid, groups, read=True, search=True):
@@ -124,6 +129,21 @@ def _tree_readable(parent: int, name: str, uid: int, groups: set[int]) -> bool:
 
 class _Refused(Exception):
     """An entry the caller may not read (or list)."""
+
+
+class _TooDeep(Exception):
+    """A folder nested deeper than MAX_TREE_DEPTH below the folder checked."""
+
+
+log = logging.getLogger(__name__)
+_warned: set[Path] = set()
+
+
+def _warn_once(path: Path, message: str) -> None:
+    """One log line per path (bounded): every open by every user meets the same refusal."""
+    if path not in _warned and len(_warned) < 10_000:
+        _warned.add(path)
+        log.warning("%s", message)
 
 
 def _checked_entries(fd: int, uid: int, groups: set[int]) -> list[str]:
