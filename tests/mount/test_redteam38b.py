@@ -25,8 +25,8 @@ pytestmark = pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fuser
 
 
 def _folder_archive(base: Path, name: str, seed: int, shape: tuple[int, ...], dest: Path) -> bytes:
-    """`dest` (a `NAME.zarr/`, presented as `name`): the archive of a random uint16 stack, packed and unzipped;
-    every entry readable by all; returns the TIFF's bytes as written."""
+    """`dest` (a `NAME.zarr/`, presented as `name`): the archive of a random uint16 stack,
+    packed and unzipped, every entry readable by all; returns the TIFF's bytes as written."""
     from vfs.decant.packer import pack_file
 
     pixels = np.random.default_rng(seed).integers(0, 4000, shape).astype(np.uint16)
@@ -59,6 +59,15 @@ def _read_through(path: Path, timeout: float) -> bytes | int:
             if time.monotonic() > deadline:
                 return exc.errno or -1
             time.sleep(0.1)
+
+
+def _size_becomes(path: Path, size: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while os.stat(path).st_size != size:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
 
 
 def _read_old(fd: int, size: int) -> bytes | int:
@@ -108,6 +117,8 @@ def test_a_folder_archive_overwritten_in_place_is_described_anew(
             subprocess.run(["cp", "-r", f"{base / 'b.tif.zarr'}/.", f"{archive}/"], check=True)
             after = os.stat(archive)
             assert (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns)
+            if watch and len(new) != len(old):  # the watcher relists it: no open needed
+                assert _size_becomes(shown, len(new), timeout=3.0), "x.tif keeps its old size"
             got = _read_through(shown, timeout=4.0)
             assert got != old, "the old archive's bytes served for the rewritten one"
             assert isinstance(got, bytes), f"errno {got} reading the rewritten archive"

@@ -15,6 +15,7 @@ from vfs.acqstore.synth_tiff import layout_for_image
 from vfs.acqstore.validate import ENTRY_POINT, Validation
 from vfs.backends.base import Entry
 from vfs.beneath import stat_beneath
+from vfs.decant import archive_stat
 from vfs.errors import DecantError, ManifestError
 
 log = logging.getLogger(__name__)
@@ -149,7 +150,7 @@ def _image(
         try:
             # The archive's version before it is read: the member is keyed by it (a new version
             # is a new view), and an open or a verdict of another file than this is refused.
-            st = os.lstat(image.path)
+            st = archive_stat(image.path, os.lstat(image.path))  # as the mount keys it
             stamp = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
             original = describe_decant(image.path)
         except (DecantError, OSError) as exc:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from vfs.backends.base import Description, Entry
 from vfs.cache import PageCache
-from vfs.decant import MANIFEST_KEY, archive_stem
+from vfs.decant import MANIFEST_KEY, archive_stat, archive_stem
 from vfs.decant.limits import human
 from vfs.errors import DecantError, OpenArchivesFullError
 from vfs.stores.base import Folder
@@ -186,9 +186,10 @@ class _SharedArchives:
     entry, 175 MiB for an archive of 200 000 chunks. Each handle used to open its own, so one
     user holding 8 handles of such an archive drove the daemon to 1.6 GiB, whatever the cache
     size. A handle now joins the archive another handle of the same version opened; the last
-    to close closes it. The version is the path's lstat (device, inode, size, mtime, ctime):
-    a file rewritten or replaced, or a link put in its place, is a new version, opened anew
-    under the store's own rules.
+    to close closes it. The version is the path's lstat (device, inode, size, mtime, ctime),
+    a folder archive's with its manifest's folded in (vfs.decant.archive_stat: its files are
+    rewritten with no change to its own): a file rewritten or replaced, or a link put in its
+    place, is a new version, opened anew under the store's own rules.
 
     What open archives hold is budgeted: a user could otherwise keep handles open on K copies
     of an archive with a million entries (~75 MiB of tables each) and grow the daemon by K
@@ -430,7 +431,7 @@ class _SharedArchives:
 
 def _version(path: Path, digests: bool) -> _Key | None:
     try:
-        st = os.lstat(path)
+        st = archive_stat(path, os.lstat(path))  # a folder archive's: as its store's `stat`
     except OSError:
         return None
     return (str(path), *_identity(st), digests)
@@ -496,7 +497,7 @@ class DecantFile:
             return tap.complete() if self._listed_object() else None
         assert isinstance(self.archive.path, Path)
         try:
-            now = os.stat(self.archive.path, follow_symlinks=False)
+            now = archive_stat(self.archive.path, os.lstat(self.archive.path))
         except OSError:
             return None
         if _identity(now) != _identity(st):

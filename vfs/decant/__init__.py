@@ -1,7 +1,10 @@
 """Decant archives (spec v1): pure, synchronous format logic — no FUSE, no trio."""
 
+import hashlib
 import os
 import secrets
+import stat
+import struct
 
 SUPPORTED_FORMATS = frozenset({1})
 TEMP_PREFIX = ".decant-tmp-"  # archives being written carry it until renamed into place
@@ -25,3 +28,47 @@ def archive_stem(name: str) -> str:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
+
+
+def folded_stat(folder: os.stat_result, manifest: os.stat_result) -> os.stat_result:
+    """A folder archive's stat as its version is taken from: the folder's own, its ctime
+    standing for the folder's and its manifest's (inode, size, mtime, ctime) together. Its
+    files are rewritten in place (`cp -r B.zarr/. x.zarr/`) with no change to the folder's own
+    stat, and the manifest is what it is described from: a new manifest is a new version of
+    the archive (its nodes, index rows, open archives and cached pages are keyed by it)."""
+    packed = struct.pack("<qQqqq", folder.st_ctime_ns, manifest.st_ino, manifest.st_size,
+                         manifest.st_mtime_ns, manifest.st_ctime_ns)  # fmt: skip
+    # 63 bits: the index keeps it in a signed 64-bit column, as a real ctime.
+    ctime_ns = int.from_bytes(hashlib.blake2b(packed, digest_size=8).digest(), "big") >> 1
+    fields = {name: getattr(folder, name) for name in dir(folder) if name.startswith("st_")}
+    fields.update(st_ctime_ns=ctime_ns, st_ctime=ctime_ns / 1e9)
+    seq = list(folder)[: os.stat_result.n_sequence_fields]
+    seq[stat.ST_CTIME] = ctime_ns // 1_000_000_000
+    return os.stat_result(seq, fields)
+
+
+def archive_stat(path: os.PathLike[str] | str, st: os.stat_result) -> os.stat_result:
+    """The stat a local archive's version is taken from, given its own (`st`): a zip's is
+    itself; a folder archive's has its manifest's folded in (`folded_stat`). The manifest is
+    reached without following links (its folder's owner may point `.decant` anywhere, into
+    the mountpoint even); one that is not a regular file now leaves `st` as it is, a version
+    no listing of the archive had."""
+    if not stat.S_ISDIR(st.st_mode):
+        return st
+    folder, _sep, name = MANIFEST_KEY.partition("/")
+    flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC  # search, not read
+    try:
+        top = os.open(path, flags)
+    except OSError:
+        return st
+    try:
+        sub = os.open(folder, flags, dir_fd=top)
+        try:
+            manifest = os.stat(name, dir_fd=sub, follow_symlinks=False)
+        finally:
+            os.close(sub)
+    except OSError:
+        return st
+    finally:
+        os.close(top)
+    return folded_stat(st, manifest) if stat.S_ISREG(manifest.st_mode) else st

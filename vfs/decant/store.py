@@ -34,6 +34,7 @@ from isal.isal_zlib import crc32
 
 from vfs.decant import MANIFEST_KEY as MANIFEST_KEY  # re-exported: its home is vfs.decant
 from vfs.decant import archive_stem as archive_stem
+from vfs.decant import folded_stat
 from vfs.decant.limits import MAX_METADATA_KEYS, MAX_NDIM, MAX_ZIP_ENTRIES, human
 from vfs.decant.zipdir import ZipDirectory, ZipEntry
 from vfs.errors import (
@@ -645,13 +646,16 @@ class DirectoryStore(Store):
     The folder itself is opened once: every key is read below that very folder (its `stat`
     is the one checked by the mount), never below whatever its path names later. Its files may
     change with no change to the folder's stat (`stable` is False); with `pinned` set (a dict),
-    each key is held to the file version (inode, size, mtime, ctime) its first read found."""
+    each key is held to the file version (inode, size, mtime, ctime) its first read found.
+    Once the manifest is read, `stat` has that very manifest's stat folded in (`folded_stat`):
+    the archive's version as a listing takes it (`archive_stat`), for what it was read as."""
 
     stable = False
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self.pinned: dict[str, tuple[int, int, int, int]] | None = None
+        self._folded = False  # the manifest's stat is in `stat`
         self._dir = -1
         try:
             self._dir = open_exact(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -754,13 +758,23 @@ class DirectoryStore(Store):
         if st.st_size > limit:
             raise self._too_large(key, st.st_size, limit)
         if self.pinned is not None:
-            version = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+            version = _file_version(st)
             if self.pinned.setdefault(key, version) != version:
                 raise CorruptArchiveError(f"{self.path}: {key!r} changed while it was read")
         data = os.pread(fd, st.st_size + 1, 0)
         if len(data) != st.st_size:
             raise CorruptArchiveError(f"{self.path}: {key!r} changed while it was read")
+        if key == MANIFEST_KEY and not self._folded and self.stat is not None:
+            # Its stat after the read too: one taken before a rewrite of it, with the new text
+            # read, would key the new manifest's archive as the old one's version.
+            if _file_version(os.fstat(fd)) != _file_version(st):
+                raise CorruptArchiveError(f"{self.path}: {key!r} changed while it was read")
+            self.stat, self._folded = folded_stat(self.stat, st), True  # the first read's
         return data
+
+
+def _file_version(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 class FolderStore(Store):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vfs.beneath import entry_path, not_shown, parent_fd
+from vfs.decant import archive_stat
 from vfs.ingest.publish import (
     NOTHING_THERE,
     archive_name,
@@ -180,7 +181,8 @@ class WriteSide:
 
     def _set(self, node: Node, path: Path, attrs: Attrs) -> Node:
         with entry_path(self.root, path) as target:  # never a link's target: vfs/beneath.py
-            before = os.stat(target) if node.version else None
+            # A folder archive's version has its manifest's stat folded in (archive_stat).
+            before = archive_stat(target, os.stat(target)) if node.version else None
             if attrs.mode is not None:
                 os.chmod(target, stat.S_IMODE(attrs.mode))
             if attrs.uid is not None or attrs.gid is not None:
@@ -192,7 +194,7 @@ class WriteSide:
                 mtime = st.st_mtime_ns if attrs.mtime_ns is None else attrs.mtime_ns
                 os.utime(target, ns=(atime, mtime))
             if before is not None and archive_version(before) == node.version:
-                _same_version(node, before, os.stat(target))
+                _same_version(node, before, archive_stat(target, os.stat(target)))
         return self.refresh(node)
 
     def refresh(self, node: Node) -> Node:

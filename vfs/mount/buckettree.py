@@ -325,6 +325,10 @@ class BucketTree(SourceTree):
             node.mode = stat.S_IMODE(st.st_mode)  # what `rsync -a` gave what this mount published
         return node
 
+    def _version_stat(self, path: Path, st: os.stat_result) -> os.stat_result:
+        """As listed: a NAME.zarr/ prefix's identity is its manifest object's already."""
+        return st
+
     def _stat(self, path: Path) -> os.stat_result:
         info = getattr(path, "info", None)
         if info is None or isinstance(info, _DirInfo):

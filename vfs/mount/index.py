@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from vfs.backends.base import Description
+from vfs.decant import archive_stat
 from vfs.names import is_utf8
 from vfs.stores.base import ObjectInfo, ObjectPath, etag_number
 
@@ -66,7 +67,7 @@ def stamp_of(path: Path) -> Stamp:
         if info is None:
             raise OSError(f"{path}: no listing identity")
         return info.size, int(info.mtime * 1e9), etag_number(info.etag), 0
-    st = os.stat(path)
+    st = archive_stat(path, os.stat(path))  # a folder archive's: its manifest's folded in
     return st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns
 
 

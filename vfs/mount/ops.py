@@ -27,7 +27,7 @@ from vfs.backends.decant import charged_to
 from vfs.backends.plain import PlainFile, SpoolFile
 from vfs.beneath import stat_beneath
 from vfs.cache import PageCache
-from vfs.decant import TEMP_PREFIX
+from vfs.decant import TEMP_PREFIX, archive_stat
 from vfs.errors import DecantError, IntegrityError
 from vfs.ingest.queue import PackQueue
 from vfs.ingest.spool import is_temp_name
@@ -202,14 +202,15 @@ def _fail(code: int) -> pyfuse3.FUSEError:
 
 def _rewritten(folder: Folder, names: set[str]) -> set[str]:
     """Those of `names` whose listed archive file is no longer the version listed (written in
-    place: same name, same folder mtime)."""
+    place: same name, same folder mtime; a folder archive whose manifest was rewritten, which
+    the watcher reports in `NAME.zarr/.decant`, not in the folder listed)."""
     out = set()
     for name in names:
         node = folder.children.get(name)
         if node is None or not node.version or node.member or node.spooled:
             continue
         try:
-            st = os.lstat(node.real)
+            st = archive_stat(node.real, os.lstat(node.real))  # a folder archive: its manifest
         except OSError:
             continue
         if len(node.version) == 4 and archive_version(st) != node.version:

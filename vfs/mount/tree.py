@@ -28,7 +28,7 @@ from vfs.backends.base import (
     serves_owner,
 )
 from vfs.beneath import open_beneath
-from vfs.decant import MANIFEST_KEY, TEMP_PREFIX
+from vfs.decant import MANIFEST_KEY, TEMP_PREFIX, archive_stat
 from vfs.errors import DecantError
 from vfs.mount.described import DESCRIBED_ENTRIES, DescribedTrees
 from vfs.mount.index import DescriptionIndex
@@ -245,7 +245,7 @@ class SourceTree:
                                logging.INFO)  # fmt: skip
                 backend = None
             if backend is not None:
-                archives.append((name, st, backend, path))
+                archives.append((name, self._version_stat(path, st), backend, path))
             else:
                 plain[name] = self._raw_node(path, st).named(name)
         return plain, archives
@@ -351,6 +351,16 @@ class SourceTree:
 
     def _stat(self, path: Path) -> os.stat_result:
         return os.stat(path)
+
+    def _version_stat(self, path: Path, st: os.stat_result) -> os.stat_result:
+        """An archive's lstat as its version is taken (nodes, index rows, trees): a folder
+        archive's with its manifest's folded in, as the store it is opened with reports it
+        (vfs.decant.archive_stat): rewritten in place, its own stat may not change."""
+        return archive_stat(path, st)
+
+    def _archive_stat(self, path: Path) -> os.stat_result:
+        """`_stat` of an archive, as `_version_stat` takes it."""
+        return self._version_stat(path, self._stat(path))
 
     @property
     def writable(self) -> bool:
@@ -571,13 +581,13 @@ class SourceTree:
             if _view_version(st, desc) != node.version:
                 raise _stale(path, "its view changed")
             return desc.root
-        st = self._stat(path)
+        st = self._archive_stat(path)
         if archive_version(st) != node.version:
             raise _stale(path, "changed since it was listed")
         found = self.describe(backend, path, st)
         if found is None:
             raise _stale(path, "cannot be described now")
-        if archive_version(self._stat(path)) != node.version:
+        if archive_version(self._archive_stat(path)) != node.version:
             raise _stale(path, "changed while it was read")
         return found.root
 

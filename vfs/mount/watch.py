@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from vfs.decant import MANIFEST_KEY
+
 if TYPE_CHECKING:
     from vfs.mount.ops import DecantOperations
 
@@ -48,6 +50,17 @@ def real_folders(src: Path, skip: set[Path]) -> list[Path]:
         if len(found) > MAX_FOLDERS:
             raise OSError(f"more than {MAX_FOLDERS} folders")
     return found
+
+
+def manifest_of(path: Path) -> Path | None:
+    """The folder archive (`NAME.zarr/`) whose manifest `path` is, else None. Its manifest
+    changing is a new version of it (vfs.decant.archive_stat), which its own folder's listing
+    does not tell: the name is looked at again in the folder that lists the archive."""
+    folder = path.parent
+    archive = folder.parent
+    if (path.name, folder.name) != tuple(reversed(MANIFEST_KEY.split("/"))):
+        return None
+    return archive if archive.name.endswith(".zarr") else None
 
 
 def _folders_changed(paths: set[Path], watched: set[Path], skip: set[Path]) -> bool:
@@ -96,6 +109,9 @@ async def watch_source(ops: DecantOperations, src: Path, spool_root: Path) -> No
                         for path in paths:
                             if path.parent not in skip:
                                 names.setdefault(path.parent, set()).add(path.name)
+                            archive = manifest_of(path)
+                            if archive is not None and archive.parent not in skip:
+                                names.setdefault(archive.parent, set()).add(archive.name)
                         await ops.on_names_changed(names)
                         if await trio.to_thread.run_sync(_folders_changed, paths, watched, skip):
                             break  # watch the new set of folders
