@@ -267,3 +267,30 @@ def test_a_tree_let_go_without_an_index_comes_back_whatever_the_heads_precision(
     with pytest.raises(OSError) as raised:
         tree.children_of_archive_node(kids["a.tar"])
     assert raised.value.errno == errno.ESTALE
+
+
+def test_a_fresh_listing_forgets_the_index_rows_of_objects_gone(
+    archive: tuple[str, bytes], tmp_path: Path
+) -> None:
+    """The index's object rows were never pruned: a bucket's index grew with every archive name
+    ever listed. A fresh listing now drops the rows of its folder's objects it no longer holds
+    (once per listing), and keeps every other folder's."""
+    name, data = archive
+    bucket = FakeBucket({f"{name}.zarr.zip": data, f"b{name}.zarr.zip": data,
+                         f"sub/{name}.zarr.zip": data})  # fmt: skip
+    index = DescriptionIndex(tmp_path / "index.sqlite")
+    top, sub = ObjectPath.of_url(bucket.name), ObjectPath.of_url(f"{bucket.name}/sub")
+    tree = make_tree(bucket, index)
+    tree.scan(top)
+    tree.scan(sub)
+    key = "decant@3"
+    assert sorted(index.objects_in(bucket.name, key)) == [
+        f"{bucket.name}/b{name}.zarr.zip", f"{bucket.name}/{name}.zarr.zip"]  # fmt: skip
+    del bucket.files[f"b{name}.zarr.zip"]
+    tree.scan(top)  # the listing it keeps (relist: an hour) still holds it
+    assert len(index.objects_in(bucket.name, key)) == 2
+    make_tree(bucket, index).scan(top)  # a fresh listing: gone
+    assert list(index.objects_in(bucket.name, key)) == [f"{bucket.name}/{name}.zarr.zip"]
+    deeper = f"{bucket.name}/sub"
+    assert list(index.objects_in(deeper, key)) == [f"{deeper}/{name}.zarr.zip"]
+    index.close()

@@ -14,6 +14,7 @@ import errno
 import json
 import logging
 import os
+import sqlite3
 import stat
 import threading
 import time
@@ -48,6 +49,7 @@ class _Listing:
     files: list[ObjectInfo] = field(default_factory=list)
     generation: int = 1
     failed: bool = False
+    pruned: bool = False  # the index's rows of objects it does not hold forgotten (scan)
 
 
 class BucketTree(SourceTree):
@@ -253,7 +255,24 @@ class BucketTree(SourceTree):
             self._scanning.batch = None
         if self.spool is not None:
             out.update(self._spooled(folder))
+        self._prune(folder, listing)
         return out
+
+    def _prune(self, folder: Path, listing: _Listing) -> None:
+        """Once per fresh listing, the index forgets the descriptions of objects of `folder`
+        that it no longer holds (DescriptionIndex.prune_objects); failing costs only rows."""
+        if self.index is None or listing.failed or listing.pruned:
+            return
+        listing.pruned = True
+        at = ObjectPath(folder)  # URLs as `describe` keeps them: str() of each child's path
+        names = [*listing.dirs, *(info.key.rpartition("/")[2] for info in listing.files)]
+        try:
+            gone = self.index.prune_objects(str(at), {str(at / name) for name in names})
+        except sqlite3.Error as exc:
+            self._log_once(folder, f"{folder}: index rows of objects gone not pruned ({exc})")
+            return
+        if gone:
+            log.info("index: forgot %d archives no longer listed in %s", gone, folder)
 
     def _spool_dirs(self, prefix: str) -> list[str]:
         assert self.spool is not None

@@ -19,7 +19,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 from vfs.backends.base import Description
@@ -325,6 +325,33 @@ class DescriptionIndex:
                     self._db.execute(f"DELETE FROM {table} WHERE path=?", (path,))
                 gone += 1
         return gone
+
+    def prune_objects(self, folder_url: str, listed: Collection[str]) -> int:
+        """Forget the object rows directly in `folder_url` (of any backend) whose URL is not in
+        `listed`, the URLs a fresh listing of it gave (blocking: a worker thread's). As
+        `prune` for a local SRC: rows of a bucket's objects were never deleted, so the index
+        grew with every archive name ever listed there (a writer cycling names, a bucket's
+        objects expiring). Only what a listing says is gone: a folder not listed again keeps
+        its rows, and asking the bucket about each row would cost a request apiece."""
+        lo = folder_url.rstrip("/") + "/"
+        hi = lo[:-1] + chr(ord("/") + 1)
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT DISTINCT url FROM object_descriptions WHERE url >= ? AND url < ?",
+                (lo, hi),
+            ).fetchall()
+        gone = [(url,) for (url,) in rows if "/" not in url[len(lo) :] and url not in listed]
+        if not gone:
+            return 0
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany("DELETE FROM object_descriptions WHERE url=?", gone)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        return len(gone)
 
     def _unreadable(self, exc: sqlite3.Error) -> None:
         """A lookup the index could not answer: a page of the file damaged (the start opens
