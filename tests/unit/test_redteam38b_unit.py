@@ -18,6 +18,7 @@ from vfs.cache import PageCache
 from vfs.decant import MANIFEST_KEY, archive_stat
 from vfs.decant.reader import DecantArchive
 from vfs.mount.index import DescriptionIndex, stamp_of
+from vfs.mount.scrub import verifiable
 from vfs.mount.tree import SourceTree
 from vfs.mount.watch import manifest_of
 
@@ -162,5 +163,29 @@ def test_a_rewritten_folder_archive_is_described_anew_and_the_index_does_not_mis
         assert after.sha256 != before.sha256
         again = SourceTree(src, [DecantBackend(PageCache(8 << 20))], index=index)
         assert again.scan(src)["x.tif"].sha256 == after.sha256
+    finally:
+        index.close()
+
+
+def test_the_scrub_takes_a_folder_archive_s_version_as_listings_do(
+    pair: tuple[Path, Path, bytes, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scrub made its nodes from the folder's own lstat: with the manifest folded into
+    listings' versions, its opens would be refused as of another version (ESTALE) and its
+    index rows would replace the listings' (each then described again)."""
+    path, _other, _a, _b = pair
+    src = path.parent
+    index = DescriptionIndex(tmp_path / "idx" / "index.db")
+    try:
+        tree = SourceTree(src, [DecantBackend(PageCache(8 << 20))], index=index)
+        listed = tree.scan(src)["x.tif"]
+        (scrubbed,) = verifiable(tree, set())
+        assert scrubbed.version == listed.version
+        described: list[Path] = []
+        real = DecantBackend.describe
+        monkeypatch.setattr(DecantBackend, "describe",
+                            lambda self, p: described.append(p) or real(self, p))  # fmt: skip
+        SourceTree(src, [DecantBackend(PageCache(8 << 20))], index=index).scan(src)
+        assert described == []
     finally:
         index.close()

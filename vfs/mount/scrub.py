@@ -68,7 +68,10 @@ def _archives(tree: SourceTree, skip: set[Path]) -> Iterator[tuple[Path, os.stat
             if backend is not None:
                 if is_dir:
                     dirs.remove(name)  # a folder archive is verified whole, not walked into
-                yield path, st, backend
+                # Its version as a listing takes it (a folder archive's: its manifest's stat
+                # folded in): else its nodes' opens are refused as of another version, and the
+                # index rows it keeps replace the listing's.
+                yield path, tree.version_stat(path, st), backend
 
 
 def _too_deep(folder: Path) -> None:

@@ -245,7 +245,7 @@ class SourceTree:
                                logging.INFO)  # fmt: skip
                 backend = None
             if backend is not None:
-                archives.append((name, self._version_stat(path, st), backend, path))
+                archives.append((name, self.version_stat(path, st), backend, path))
             else:
                 plain[name] = self._raw_node(path, st).named(name)
         return plain, archives
@@ -352,15 +352,15 @@ class SourceTree:
     def _stat(self, path: Path) -> os.stat_result:
         return os.stat(path)
 
-    def _version_stat(self, path: Path, st: os.stat_result) -> os.stat_result:
+    def version_stat(self, path: Path, st: os.stat_result) -> os.stat_result:
         """An archive's lstat as its version is taken (nodes, index rows, trees): a folder
         archive's with its manifest's folded in, as the store it is opened with reports it
         (vfs.decant.archive_stat): rewritten in place, its own stat may not change."""
         return archive_stat(path, st)
 
     def _archive_stat(self, path: Path) -> os.stat_result:
-        """`_stat` of an archive, as `_version_stat` takes it."""
-        return self._version_stat(path, self._stat(path))
+        """`_stat` of an archive, as `version_stat` takes it."""
+        return self.version_stat(path, self._stat(path))
 
     @property
     def writable(self) -> bool:
