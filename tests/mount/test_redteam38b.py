@@ -132,3 +132,38 @@ def test_a_folder_archive_overwritten_in_place_is_described_anew(
                 os.close(fd)
     finally:
         m.stop()
+
+
+def test_a_handle_opened_before_the_rewrite_serves_no_mix_before_it_verified(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A handle opened (4 KiB read, not verified yet) before `x.tif.zarr/` was overwritten in
+    place went on decoding the new chunk files by the old manifest: 8 reads of 64 KiB served
+    bytes of neither TIFF before the read completing it got EIO from its hash. Fixed: a folder
+    store refuses reads once its manifest is not the one it read (EIO at once)."""
+    base = open_tmp(tmp_path_factory, "rt38b-unverified")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    old = _folder_archive(base, "x.tif", 1, (8, 256, 256), src / "x.tif.zarr")
+    _folder_archive(base, "x.tif", 2, (8, 256, 256), base / "b.tif.zarr")
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("--read-only", "--cache-size", "1M", "--no-watch")
+        fd = os.open(m.mnt / "x.tif", os.O_RDONLY)
+        try:
+            assert os.pread(fd, 4096, 0) == old[:4096]
+            subprocess.run(["cp", "-r", f"{base / 'b.tif.zarr'}/.", f"{src / 'x.tif.zarr'}/"],
+                           check=True)  # fmt: skip
+            off = 4096
+            while off < len(old):
+                try:
+                    data = os.pread(fd, 65536, off)
+                except OSError as exc:
+                    assert exc.errno == errno.EIO
+                    break
+                assert data == old[off : off + len(data)], f"mixed bytes served at {off}"
+                off += len(data)
+        finally:
+            os.close(fd)
+    finally:
+        m.stop()

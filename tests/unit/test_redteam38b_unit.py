@@ -189,3 +189,27 @@ def test_the_scrub_takes_a_folder_archive_s_version_as_listings_do(
         assert described == []
     finally:
         index.close()
+
+
+def test_a_folder_store_refuses_reads_once_its_manifest_changed(
+    pair: tuple[Path, Path, bytes, bytes],
+) -> None:
+    """An archive opened before its folder was overwritten in place read B's chunks and decoded
+    them by its own (old) manifest: an unverified handle served the mix until its hash's
+    verdict. Fixed: each file read after the manifest checks the manifest is still the one
+    read (CorruptArchiveError: EIO)."""
+    from vfs.decant.store import DirectoryStore
+    from vfs.errors import CorruptArchiveError
+
+    path, other, _a, _b = pair
+    chunk = next(f"0/{p.name}" for p in (path / "0").iterdir() if not p.name.startswith("."))
+    store = DirectoryStore(path)
+    try:
+        assert store.get_metadata(MANIFEST_KEY, 1 << 20) is not None
+        assert store.get(chunk, 1 << 24) is not None
+        assert store.get("0/.zarray", 1 << 20) is not None
+        _overwrite(other, path)
+        with pytest.raises(CorruptArchiveError, match="rewritten since it was opened"):
+            store.get(chunk, 1 << 24)
+    finally:
+        store.close()

@@ -656,6 +656,7 @@ class DirectoryStore(Store):
         super().__init__(path)
         self.pinned: dict[str, tuple[int, int, int, int]] | None = None
         self._folded = False  # the manifest's stat is in `stat`
+        self._manifest: tuple[int, int, int, int] | None = None  # its version as first read
         self._dir = -1
         try:
             self._dir = open_exact(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -770,7 +771,32 @@ class DirectoryStore(Store):
             if _file_version(os.fstat(fd)) != _file_version(st):
                 raise CorruptArchiveError(f"{self.path}: {key!r} changed while it was read")
             self.stat, self._folded = folded_stat(self.stat, st), True  # the first read's
+            self._manifest = _file_version(st)
+        elif self._manifest is not None and key != MANIFEST_KEY:
+            self._still_as_opened(key)
         return data
+
+    def _still_as_opened(self, key: str) -> None:
+        """CorruptArchiveError unless the manifest is still the one this store read, after a
+        read of `key`: an archive overwritten in place (`cp -r B.zarr/. x.zarr/`) kept its
+        folder, and a handle opened before served B's chunks decoded by the old manifest, a
+        mix, until its hash's verdict. (A chunk rewritten before the manifest is, while the
+        copy runs, is caught by the recorded digests or that verdict only.)"""
+        folder, _sep, name = MANIFEST_KEY.partition("/")
+        try:
+            sub = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                          dir_fd=self._dir)  # fmt: skip
+            try:
+                now = _file_version(os.stat(name, dir_fd=sub, follow_symlinks=False))
+            finally:
+                os.close(sub)
+        except OSError:
+            now = None
+        if now != self._manifest:
+            raise CorruptArchiveError(
+                f"{self.path}: rewritten since it was opened (its manifest changed); "
+                f"{key!r} not served"
+            )
 
 
 def _file_version(st: os.stat_result) -> tuple[int, int, int, int]:
