@@ -16,6 +16,7 @@ from vfs.commands.status import (
     add_command,
     quiet,
     require_readable,
+    say,
 )
 
 
@@ -60,12 +61,12 @@ def run_validate(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         for issue in result.issues:
-            print(issue.line())
+            say(issue.line())
         if not quiet(args):
             verdict = "valid" if result.ok else "INVALID"
-            print(
+            say(
                 f"{root / ENTRY_POINT}: {verdict} ({len(result.errors)} errors, "
                 f"{len(result.warnings)} warnings)",
-                file=sys.stderr,
+                sys.stderr,
             )
     return OK if result.ok else FAILED

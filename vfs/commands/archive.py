@@ -26,6 +26,7 @@ from vfs.commands.status import (
     quiet,
     report,
     require_readable,
+    say,
 )
 from vfs.errors import DecantError, NotAnArchiveError
 
@@ -189,7 +190,7 @@ def _print_result(result: PackResult, silent: bool) -> None:
         return
     ratio = result.archive_size / result.original_size if result.original_size else 0.0
     why = f" ({result.reason})" if result.reason else ""
-    print(f"{result.source} -> {result.archive}: {result.mode}, ratio {ratio:.3f}{why}")
+    say(f"{result.source} -> {result.archive}: {result.mode}, ratio {ratio:.3f}{why}")
 
 
 def cmd_restore(args: argparse.Namespace) -> int:
@@ -203,7 +204,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
         written = _restore(archive, args)
     if not quiet(args):
         for path in written:
-            print(path)
+            say(str(path))
     return OK
 
 
@@ -244,10 +245,11 @@ def _verify_one(archive: Path | str, args: argparse.Namespace) -> int:
     for v in verdicts:
         if not v.ok:
             bad += 1
-            print(f"FAIL {archive}: {v.relpath}")
-            print(f"     expected {v.expected}\n     got      {v.actual}")
+            say(f"FAIL {archive}: {v.relpath}")
+            say(f"     expected {v.expected}")
+            say(f"     got      {v.actual}")
         elif not silent:
-            print(f"OK   {archive}: {v.relpath}")
+            say(f"OK   {archive}: {v.relpath}")
     return FAILED if bad else OK
 
 
@@ -255,7 +257,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     with open_archive(args.archive, args) as archive:
         m = archive.manifest
         if args.json:
-            print(json.dumps(m.to_json(), indent=1))
+            print(json.dumps(m.to_json(), indent=1))  # json.dumps escapes controls
             return OK
         if isinstance(args.archive, str):
             disk = stored_bytes(args.archive, args)
@@ -264,14 +266,14 @@ def cmd_info(args: argparse.Namespace) -> int:
         else:
             disk = sum(p.stat().st_size for p in args.archive.rglob("*") if p.is_file())
         total = sum(o.size for o in archive.originals())
-        print(f"archive:     {args.archive}")
-        print(f"mode:        {m.mode}{' (consolidated)' if m.series_consolidated else ''}")
-        print(f"name:        {m.original_name}")
-        print(f"size:        {total}")
-        print(f"pages:       {len(m.pages) or sum(len(x.pages) for x in m.members)}")
-        print(f"plane_order: {list(m.plane_order)}")
-        print(f"codec:       {m.pixel_codec}")
-        print(f"ratio:       {disk / total:.3f}" if total else "ratio:       -")
+        say(f"archive:     {args.archive}")
+        say(f"mode:        {m.mode}{' (consolidated)' if m.series_consolidated else ''}")
+        say(f"name:        {m.original_name}")
+        say(f"size:        {total}")
+        say(f"pages:       {len(m.pages) or sum(len(x.pages) for x in m.members)}")
+        say(f"plane_order: {list(m.plane_order)}")
+        say(f"codec:       {m.pixel_codec}")
+        say(f"ratio:       {disk / total:.3f}" if total else "ratio:       -")
         for info in archive.originals() if m.mode == "series" else []:
-            print(f"member:      {info.relpath} ({info.size} bytes)")
+            say(f"member:      {info.relpath} ({info.size} bytes)")
     return OK

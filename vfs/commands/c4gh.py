@@ -18,6 +18,7 @@ from vfs.commands.status import (
     add_command,
     quiet,
     require_readable,
+    say,
 )
 from vfs.errors import DecryptError, NotAnArchiveError, StoreError
 
@@ -114,14 +115,14 @@ def run_ls(args: argparse.Namespace) -> int:
         index = build_index(rd, _name(package))
         declared = check_manifest(read_manifest(rd, index)[0])[0] if args.long else {}
     if args.long:
-        print(f"# writer {header.writer_fingerprint}, {header.packet_count} header packet(s)")
+        say(f"# writer {header.writer_fingerprint}, {header.packet_count} header packet(s)")
     for m in index.members:
         digest = declared.get(m.name, ("-",))[0] if args.long else None
-        print(f"{m.size:>14}  {digest + '  ' if digest else ''}{m.name}")
+        say(f"{m.size:>14}  {digest + '  ' if digest else ''}{m.name}")
     for problem in index.problems:
-        print(f"decant: {problem}", file=sys.stderr)
+        say(f"decant: {problem}", sys.stderr)
     for name, reason in index.dropped:
-        print(f"decant: {_name(package)}: not listed {name!r}: {reason}", file=sys.stderr)
+        say(f"decant: {_name(package)}: not listed {name!r}: {reason}", sys.stderr)
     return OK
 
 
@@ -136,17 +137,17 @@ def run_verify(args: argparse.Namespace) -> int:
     report = verify_package(_package(args.package, args), keys)
     silent = quiet(args)
     if not silent:
-        print(f"package: {report.package}")
-        print(f"writer: {report.writer_fingerprint or 'unknown'}")
+        say(f"package: {report.package}")
+        say(f"writer: {report.writer_fingerprint or 'unknown'}")
         for other in report.writers[1:]:
-            print(f"also wrapped by: {other}")
+            say(f"also wrapped by: {other}")
         if report.packets is not None:
-            print(f"header packets: {report.packets}")
-        print(f"members: {len(report.members)}")
+            say(f"header packets: {report.packets}")
+        say(f"members: {len(report.members)}")
     for problem in report.problems:
-        print(f"problem: {problem}")
+        say(f"problem: {problem}")
     if not silent or not report.ok:
-        print("ok" if report.ok else f"FAILED: {len(report.problems)} problem(s)")
+        say("ok" if report.ok else f"FAILED: {len(report.problems)} problem(s)")
     return OK if report.ok else FAILED
 
 

@@ -11,6 +11,8 @@ import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from vfs.logsafe import escape_controls
+
 Progress = Callable[[int], None]
 
 
@@ -32,7 +34,7 @@ def byte_progress(label: str, total: int | None, quiet: bool = False) -> Iterato
     with tqdm(
         **_width(),
         total=total or None,  # unknown: count and rate, no time left
-        desc=label,
+        desc=escape_controls(label),  # an input's name: its escapes must not reach the tty
         unit="B",
         unit_scale=True,  # SI prefixes, so "MB/s" means 10**6 bytes a second
         leave=False,  # the result line replaces the bar

@@ -6,9 +6,10 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from vfs.errors import DecantError, PackError, StoreError, UnsupportedFormatError
+from vfs.logsafe import escape_controls
 
 OK = 0
 FAILED = 1  # the data failed its check: digest mismatch, damaged archive, invalid collection
@@ -57,8 +58,16 @@ def status_of(exc: DecantError | OSError) -> int:
 
 def report(exc: DecantError | OSError) -> int:
     """Print the one stderr line, `decant: FILE: reason`, and return the status it means."""
-    print(f"decant: {message(exc)}", file=sys.stderr)
+    say(f"decant: {message(exc)}", sys.stderr)
     return status_of(exc)
+
+
+def say(line: str, file: TextIO | None = None) -> None:
+    """Print `line` with its control characters escaped. Names in it come from inputs (a file
+    in a shared folder, an original's or a member's name in an archive): one holding terminal
+    escapes would drive the terminal of whoever runs `decant`, and a line break would forge a
+    line of ours."""
+    print(escape_controls(line), file=file)
 
 
 def message(exc: BaseException) -> str:

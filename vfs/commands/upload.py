@@ -23,6 +23,7 @@ from vfs.commands.status import (
     quiet,
     report,
     require_readable,
+    say,
 )
 from vfs.errors import DecantError, StoreError
 
@@ -134,7 +135,7 @@ def _print(result: PackResult, uploaded: Uploaded, silent: bool) -> None:
     ratio = result.archive_size / result.original_size if result.original_size else 0.0
     why = f" ({result.reason})" if result.reason else ""
     guard = "" if uploaded.conditional else ", not a conditional PUT"
-    print(
+    say(
         f"{result.source} -> {uploaded.url}: {result.mode}, ratio {ratio:.3f}{why} "
         f"(uploaded and checked{guard})"
     )

@@ -1,0 +1,83 @@
+"""Red team 38c: the `decant` command with hostile names and archive names.
+
+Each test names the attack and what went wrong before the fix."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+from tests.toolbox import load_tool
+from vfs.commands.status import BAD_INPUT, OK
+
+Cli = Callable[..., tuple[int, str, str]]
+
+# Sets the terminal's window title, then clears the screen: what a name must not do to the
+# terminal of whoever lists it.
+ESC = "\x1b]0;owned\x07\x1b[2J"
+
+
+@pytest.fixture(scope="module")
+def tiff(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("tiff") / "scan.tif"
+    tifffile.imwrite(path, np.arange(2 * 32 * 48, dtype=np.uint16).reshape(2, 32, 48))
+    return path
+
+
+def no_controls(text: str) -> None:
+    assert "\x1b" not in text and "\x07" not in text, repr(text)
+
+
+def test_names_from_an_archive_are_printed_escaped(
+    tiff: Path, tmp_path: Path, decant_cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A TIFF named with terminal escapes (a user's file in a shared folder) keeps its name as
+    the archive's original_name. `decant pack`, `info`, `verify` and `restore` printed it as
+    it is: listing the archive set the admin's window title and cleared the screen."""
+    src = tmp_path / f"a{ESC}.tif"
+    shutil.copy(tiff, src)
+    archive = tmp_path / "a.tif.zarr.zip"
+    runs = [("pack", src, "-o", archive), ("info", archive), ("verify", archive)]
+    for args in runs:
+        status, out, err = decant_cli(*args)
+        assert status == OK, (args, err)
+        no_controls(out + err)
+    monkeypatch.chdir(tmp_path)
+    src.unlink()
+    status, out, err = decant_cli("restore", archive)
+    assert status == OK and src.read_bytes() == tiff.read_bytes(), err
+    no_controls(out + err)
+    assert "\\x1b]0;owned\\x07" in out
+
+
+def test_an_error_line_names_a_hostile_file_escaped(tmp_path: Path, decant_cli: Cli) -> None:
+    """`decant verify shared/*.zarr.zip`: a file another user named with escapes and made
+    not a zip. Its error line carried the name as it is."""
+    bad = tmp_path / f"x{ESC}.zarr.zip"
+    bad.write_bytes(b"not a zip at all")
+    status, out, err = decant_cli("verify", bad)
+    assert status == BAD_INPUT and out == ""
+    no_controls(err)
+    assert err.startswith("decant: ") and len(err.splitlines()) == 1
+
+
+def test_c4gh_member_names_are_printed_escaped(tmp_path: Path, decant_cli: Cli) -> None:
+    """A package member named with terminal escapes: `decant c4gh ls` printed the name as
+    it is (the mount presents it, so it is listed; it must not drive the terminal)."""
+    corpus = load_tool("make_c4gh_corpus")
+    node, writer = (corpus.make_keypair(tmp_path, n) for n in ("node", "writer"))
+    name = f"a{ESC}.vcf"
+    package = tmp_path / "p.tar.c4gh"
+    members = [("manifest.json", corpus.manifest([(name, b"x")])), (name, b"x")]
+    corpus.write_package(package, members, writer, [node])
+    for args in (("ls", "-l"), ("verify",)):
+        _, out, err = decant_cli("c4gh", *args, package, "--key", node.secret_path)
+        no_controls(out + err)
+        assert "]0;owned" in out, (args, out, err)
+        if args[0] == "ls":
+            assert out.endswith("  a\\x1b]0;owned\\x07\\x1b[2J.vcf\n"), out
