@@ -14,6 +14,8 @@ import tifffile
 
 from tests.toolbox import load_tool
 from vfs.commands.status import BAD_INPUT, OK
+from vfs.decant.verify import restore_archive
+from vfs.errors import UnsafeMemberError
 
 Cli = Callable[..., tuple[int, str, str]]
 
@@ -81,3 +83,30 @@ def test_c4gh_member_names_are_printed_escaped(tmp_path: Path, decant_cli: Cli) 
         assert "]0;owned" in out, (args, out, err)
         if args[0] == "ls":
             assert out.endswith("  a\\x1b]0;owned\\x07\\x1b[2J.vcf\n"), out
+
+
+def test_a_series_archive_named_dot_dot_restores_nowhere_outside(
+    tiff: Path, tmp_path: Path, decant_cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`decant restore ...zarr.zip` (a name anyone can give a file in a shared folder) of a
+    series: without -o the members go to a folder named after the archive, here `..`. They
+    were written into the parent of the working folder, replacing what was there."""
+    run = tmp_path / "run1"
+    run.mkdir()
+    shutil.copy(tiff, run / "a.tif")
+    assert decant_cli("pack", run, "--series", "-q")[0] == OK
+    hostile = tmp_path / "...zarr.zip"
+    (tmp_path / "run1.zarr.zip").rename(hostile)
+    (tmp_path / "a.tif").write_bytes(b"mine")
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    status, out, err = decant_cli("restore", hostile)
+    assert (tmp_path / "a.tif").read_bytes() == b"mine"
+    assert status == BAD_INPUT and out == "" and "-o" in err, (status, out, err)
+    assert list(work.iterdir()) == []
+    with pytest.raises(UnsafeMemberError, match="no folder"):  # the core refuses it too
+        restore_archive(hostile, None, work)
+    assert (tmp_path / "a.tif").read_bytes() == b"mine"
+    assert decant_cli("restore", hostile, "-o", work / "r", "-q")[0] == OK  # -o still works
+    assert (work / "r" / "a.tif").read_bytes() == tiff.read_bytes()

@@ -201,11 +201,25 @@ def cmd_restore(args: argparse.Namespace) -> int:
             raise UsageError(
                 f"{args.archive}: cannot restore to {args.output}: a folder (-o names the file)"
             )
+        if series and not args.output and default_folder(_name(args.archive)) is None:
+            raise UsageError(
+                f"{args.archive}: its name gives no folder to restore the series into (use -o)"
+            )
         written = _restore(archive, args)
     if not quiet(args):
         for path in written:
             say(str(path))
     return OK
+
+
+def default_folder(name: str) -> str | None:
+    """The folder a series restores into without -o: the archive's name less its suffix, or
+    None when that is no folder name of its own (`...zarr.zip` would give `..`, the parent)."""
+    from vfs.decant.store import archive_stem
+    from vfs.names import name_problem
+
+    stem = archive_stem(name)
+    return None if name_problem(stem) else stem
 
 
 def _restore(archive: DecantArchive, args: argparse.Namespace) -> list[Path]:

@@ -16,7 +16,8 @@ from vfs.cache import PageCache
 from vfs.decant.reader import DecantArchive, OriginalInfo, OriginalReader
 from vfs.decant.restore import DECODERS, damaged_chunks, decoded, write_original
 from vfs.decant.store import archive_stem
-from vfs.errors import IntegrityError
+from vfs.errors import IntegrityError, UnsafeMemberError
+from vfs.names import name_problem
 
 AHEAD = 2  # planes in flight beyond the one being consumed, for the private cache's size
 
@@ -106,6 +107,8 @@ def restore_opened(
     written: list[Path] = []
     cache = private_cache(archive)
     series = archive.manifest.mode == "series"
+    if series and out is None and name_problem(archive_stem(name)):
+        raise UnsafeMemberError(f"{name}: its name gives no folder to restore the series into")
     for info in archive.originals():
         if series:
             target = (out or workdir / archive_stem(name)) / info.relpath
