@@ -110,3 +110,23 @@ def test_a_series_archive_named_dot_dot_restores_nowhere_outside(
     assert (tmp_path / "a.tif").read_bytes() == b"mine"
     assert decant_cli("restore", hostile, "-o", work / "r", "-q")[0] == OK  # -o still works
     assert (work / "r" / "a.tif").read_bytes() == tiff.read_bytes()
+
+
+def test_an_original_with_a_255_byte_name_restores(
+    tiff: Path, tmp_path: Path, decant_cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file whose name is as long as Linux allows packs (exit 0), but its restore made the
+    temp file `.NAME.decant-restore-PID` beside it, longer than NAME_MAX: exit 3, "File name
+    too long", naming the temp file; the original could not be had back under its name."""
+    name = "x" + "é" * 125 + ".tif"  # 255 bytes; a cut at 128 bytes falls inside an é
+    assert len(name.encode()) == 255
+    src = tmp_path / name
+    shutil.copy(tiff, src)
+    archive = tmp_path / "long.zarr.zip"
+    assert decant_cli("pack", src, "-o", archive, "-q")[0] == OK
+    src.unlink()
+    monkeypatch.chdir(tmp_path)
+    status, _, err = decant_cli("restore", archive, "-q")
+    assert (status, err) == (OK, ""), err
+    assert src.read_bytes() == tiff.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, "long.zarr.zip"])

@@ -116,7 +116,7 @@ def restore_opened(
             target = out or workdir / info.relpath
         dfd = output_folder(target.parent)
         try:
-            tmp = f".{target.name}.decant-restore-{os.getpid()}"
+            tmp = temp_name(target.name)
             try:
                 reader = archive.open_original(info.relpath, cache)
                 _restore_one(reader, dfd, tmp, target, info, progress)
@@ -131,6 +131,17 @@ def restore_opened(
         finally:
             os.close(dfd)
     return written
+
+
+# Bytes of the original's name its temp file keeps: with the dot and the suffix, well under
+# NAME_MAX even for a name of 255 bytes, which the whole name would push past it.
+TEMP_KEEP = 128
+
+
+def temp_name(name: str) -> str:
+    """`.NAME.decant-restore-PID`, NAME cut to TEMP_KEEP bytes (mid-character is fine: the
+    cut bytes go back to the kernel as they were)."""
+    return f".{os.fsdecode(os.fsencode(name)[:TEMP_KEEP])}.decant-restore-{os.getpid()}"
 
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
