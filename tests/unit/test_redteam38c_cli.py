@@ -5,6 +5,8 @@ Each test names the attack and what went wrong before the fix."""
 from __future__ import annotations
 
 import shutil
+import subprocess
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -130,3 +132,23 @@ def test_an_original_with_a_255_byte_name_restores(
     assert (status, err) == (OK, ""), err
     assert src.read_bytes() == tiff.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([name, "long.zarr.zip"])
+
+
+def test_info_of_a_folder_archive_nested_1500_deep_is_no_traceback(
+    tiff: Path, tmp_path: Path, decant_cli: Cli
+) -> None:
+    """`decant info run.zarr` of a folder archive holding a chain of 1,500 folders beside
+    its keys (its owner's to make): the on-disk size for the ratio was summed with
+    Path.rglob, which recursed once a level: RecursionError, a traceback and exit 1."""
+    packed = tmp_path / "x.zarr.zip"
+    assert decant_cli("pack", tiff, "-o", packed, "-q")[0] == OK
+    folder = tmp_path / "x.zarr"
+    with zipfile.ZipFile(packed) as zf:
+        zf.extractall(folder)
+    try:
+        subprocess.run(["mkdir", "-p", folder / ("d/" * 1500)], check=True)  # os.makedirs recurses
+        status, out, err = decant_cli("info", folder)
+    finally:  # shutil.rmtree (tmp_path's cleanup) recurses a level at a time as well
+        subprocess.run(["rm", "-rf", folder / "d"], check=True)
+    assert (status, err) == (OK, ""), err[-2000:]
+    assert "name:        scan.tif" in out
