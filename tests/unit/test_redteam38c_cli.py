@@ -152,3 +152,25 @@ def test_info_of_a_folder_archive_nested_1500_deep_is_no_traceback(
         subprocess.run(["rm", "-rf", folder / "d"], check=True)
     assert (status, err) == (OK, ""), err[-2000:]
     assert "name:        scan.tif" in out
+
+
+def test_pack_series_of_a_folder_nested_1500_deep_is_refused_cleanly(
+    tiff: Path, tmp_path: Path, decant_cli: Cli
+) -> None:
+    """`decant pack USERS_FOLDER --series` (root packing a user's folder) where the user made
+    a chain of 1,500 folders: the members were listed with Path.rglob, which recursed once a
+    level: RecursionError, a traceback and exit 1. No member can lie deeper than a manifest
+    allows (64 names), so the folder is refused, saying why."""
+    run = tmp_path / "run1"
+    run.mkdir()
+    shutil.copy(tiff, run / "a.tif")
+    try:
+        subprocess.run(["mkdir", "-p", run / ("d/" * 1500)], check=True)  # os.makedirs recurses
+        status, out, err = decant_cli("pack", run, "--series", "-q")
+    finally:  # shutil.rmtree (tmp_path's cleanup) recurses a level at a time as well
+        subprocess.run(["rm", "-rf", run / "d"], check=True)
+    assert (status, out) == (BAD_INPUT, ""), err[-2000:]
+    assert err.startswith(f"decant: {run}/d/") and "deep" in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run1"]
+    run.joinpath(*["d"] * 63).mkdir(parents=True)  # as deep as a member's folder may be
+    assert decant_cli("pack", run, "--series", "-q")[0] == OK

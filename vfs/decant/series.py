@@ -11,7 +11,7 @@ from pathlib import Path
 import vfs
 from vfs.beneath import open_beneath
 from vfs.decant.limits import MAX_PAGES, MAX_SEGMENTS
-from vfs.decant.manifest import Manifest, MemberRecord
+from vfs.decant.manifest import MAX_DEPTH, Manifest, MemberRecord
 from vfs.decant.packer import (
     PackOptions,
     PackResult,
@@ -32,19 +32,42 @@ from vfs.errors import PackError
 def series_members(folder: Path) -> list[Path]:
     """Every regular file below `folder`, hidden ones excepted, in a stable order. A symlink
     among them is refused, not followed: packing a user's folder (root, say) must not pack a
-    file outside it that a link of theirs names, into an archive with the folder's mode."""
+    file outside it that a link of theirs names, into an archive with the folder's mode.
+
+    Walked with a stack (Path.rglob recursed once a level: a user's chain of 1,500 folders
+    was a RecursionError), and a folder deeper than a member's path may be is refused."""
     files = []
-    for p in folder.rglob("*"):
-        if any(part.startswith(".") for part in p.relative_to(folder).parts):
-            continue
+    stack = [(folder, 1)]  # a folder and the names a member's path inside it would have
+    while stack:
+        at, names = stack.pop()
         try:
-            st = p.lstat()
+            with os.scandir(at) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
         except FileNotFoundError:
             continue  # gone since listed
-        if stat.S_ISLNK(st.st_mode):
-            raise PackError(f"{p}: a symlink; a series packs the folder's own files (not packed)")
-        if stat.S_ISREG(st.st_mode):
-            files.append(p)
+        except OSError as exc:  # rglob skipped it: a series missing members, silently
+            raise PackError(f"{at}: cannot list it ({exc.strerror}) (not packed)") from None
+        for entry in entries:
+            p = Path(entry.path)
+            if entry.name.startswith("."):
+                continue
+            try:
+                st = p.lstat()
+            except FileNotFoundError:
+                continue  # gone since listed
+            if stat.S_ISLNK(st.st_mode):
+                raise PackError(
+                    f"{p}: a symlink; a series packs the folder's own files (not packed)"
+                )
+            if stat.S_ISDIR(st.st_mode):
+                if names >= MAX_DEPTH:
+                    raise PackError(
+                        f"{p}: a folder {names} deep; a series member's path holds at most "
+                        f"{MAX_DEPTH} names (not packed)"
+                    )
+                stack.append((p, names + 1))
+            elif stat.S_ISREG(st.st_mode):
+                files.append(p)
     if not files:
         raise PackError(f"{folder}: no files to pack as a series")
     return sorted(files, key=lambda p: p.relative_to(folder).as_posix())
