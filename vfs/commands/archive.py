@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import stat
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -274,23 +275,18 @@ COUNTED_DEPTH = 80
 
 
 def folder_bytes(folder: Path) -> int:
-    """Bytes of the regular files below `folder`, walked with a stack and no symlink followed,
-    COUNTED_DEPTH deep at most: a hostile archive may nest folders thousands deep, which
-    Path.rglob walked by recursion until RecursionError. A folder that cannot be listed (gone,
-    its path too long) is not counted: the figure only feeds the ratio."""
-    total, stack = 0, [(folder, 0)]
-    while stack:
-        path, depth = stack.pop()
-        try:
-            with os.scandir(path) as entries:
-                for entry in entries:
-                    if entry.is_dir(follow_symlinks=False):
-                        if depth < COUNTED_DEPTH:
-                            stack.append((Path(entry.path), depth + 1))
-                    elif entry.is_file(follow_symlinks=False):
-                        total += entry.stat(follow_symlinks=False).st_size
-        except OSError:
-            continue
+    """Bytes of the regular files below `folder`, walked by vfs.walk (no recursion, no link
+    followed, COUNTED_DEPTH deep at most): a hostile archive may nest folders thousands deep,
+    which Path.rglob walked by recursion until RecursionError. The figure only feeds the
+    ratio: what cannot be listed or stat'ed is not counted."""
+    from vfs.walk import walk
+
+    total = 0
+    for at, _dirs, names in walk(folder, COUNTED_DEPTH):
+        for name in names:
+            with suppress(OSError):
+                st = os.lstat(at / name)
+                total += st.st_size if stat.S_ISREG(st.st_mode) else 0
     return total
 
 
