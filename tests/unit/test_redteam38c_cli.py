@@ -174,3 +174,25 @@ def test_pack_series_of_a_folder_nested_1500_deep_is_refused_cleanly(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run1"]
     run.joinpath(*["d"] * 63).mkdir(parents=True)  # as deep as a member's folder may be
     assert decant_cli("pack", run, "--series", "-q")[0] == OK
+
+
+def test_pack_force_of_two_inputs_of_one_name_keeps_both_or_says_so(
+    tiff: Path, tmp_path: Path, decant_cli: Cli
+) -> None:
+    """`decant pack --force a/scan.tif b/scan.tif -o out/`: both inputs get the archive name
+    out/scan.tif.zarr.zip. The second replaced the first one this very run had written, and
+    the run exited 0 with a line for each: one original had no archive left."""
+    a, b = tmp_path / "a" / "scan.tif", tmp_path / "b" / "scan.tif"
+    for src, factor in ((a, 1), (b, 3)):
+        src.parent.mkdir()
+        data = tifffile.imread(tiff) * factor
+        tifffile.imwrite(src, data)
+    out = tmp_path / "out"
+    status, stdout, err = decant_cli("pack", "--force", a, b, "-o", out)
+    assert status == BAD_INPUT, (stdout, err)
+    assert stdout.startswith(f"{a} -> ") and str(b) not in stdout
+    line = err.strip()
+    assert line.startswith(f"decant: {b}: ") and str(a) in line and len(err.splitlines()) == 1
+    archive = out / "scan.tif.zarr.zip"
+    assert decant_cli("restore", archive, "-o", tmp_path / "back.tif", "-q")[0] == OK
+    assert (tmp_path / "back.tif").read_bytes() == a.read_bytes()

@@ -139,9 +139,16 @@ def cmd_pack(args: argparse.Namespace) -> int:
             raise UsageError("--series takes exactly one folder")
         return _pack_series(args.inputs[0], args.output, options, quiet(args))
     status = OK
+    packed: dict[Path, Path] = {}  # archive → the input this run packed into it
     for src in args.inputs:
         try:
-            _pack_one(src, _pack_target(src, args), options, quiet(args))
+            out = _pack_target(src, args)
+            if out in packed:  # two inputs of one name: --force would replace the first's
+                raise UsageError(
+                    f"{src}: its archive {out} is {packed[out]}'s, packed by this run (not packed)"
+                )
+            _pack_one(src, out, options, quiet(args))
+            packed[out] = src
         except (DecantError, OSError) as exc:
             status = max(status, report(exc))
     return status
