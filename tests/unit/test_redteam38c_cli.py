@@ -4,8 +4,10 @@ Each test names the attack and what went wrong before the fix."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+import sys
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -14,12 +16,14 @@ import numpy as np
 import pytest
 import tifffile
 
+import vfs
 from tests.toolbox import load_tool
 from vfs.commands.status import BAD_INPUT, OK
 from vfs.decant.verify import restore_archive
 from vfs.errors import UnsafeMemberError
 
 Cli = Callable[..., tuple[int, str, str]]
+CHECKOUT = Path(vfs.__file__).resolve().parents[1]
 
 # Sets the terminal's window title, then clears the screen: what a name must not do to the
 # terminal of whoever lists it.
@@ -196,3 +200,21 @@ def test_pack_force_of_two_inputs_of_one_name_keeps_both_or_says_so(
     archive = out / "scan.tif.zarr.zip"
     assert decant_cli("restore", archive, "-o", tmp_path / "back.tif", "-q")[0] == OK
     assert (tmp_path / "back.tif").read_bytes() == a.read_bytes()
+
+
+def test_c4gh_of_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """`decant c4gh verify inbox/*.tar.c4gh` where a user put a FIFO of that name in the
+    inbox: the header was read with a blocking open(), which waits for a writer that never
+    comes. `ls` and `verify` hung for good; now they refuse it (exit 2) at once."""
+    corpus = load_tool("make_c4gh_corpus")
+    node = corpus.make_keypair(tmp_path, "node")
+    fifo = tmp_path / "x.tar.c4gh"
+    os.mkfifo(fifo)
+    for action in ("ls", "verify"):
+        cmd = ["-m", "vfs.commands", "c4gh", action, str(fifo), "--key", str(node.secret_path)]
+        done = subprocess.run(
+            [sys.executable, *cmd], capture_output=True, text=True, timeout=10, cwd=CHECKOUT
+        )
+        assert (done.returncode, done.stdout) == (BAD_INPUT, ""), (action, done.stderr)
+        assert done.stderr.startswith("decant: ") and "x.tar.c4gh" in done.stderr, done.stderr
+        assert "regular file" in done.stderr and len(done.stderr.splitlines()) == 1

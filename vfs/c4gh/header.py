@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import stat
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,8 +288,13 @@ def open_package(
     if not isinstance(path, (str, Path)):
         return open_source(path, secret_keys, cache, stats)
     path = Path(path)
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+    # Non-blocking: a FIFO named like a package (`decant c4gh verify inbox/*`) would hold a
+    # blocking open until a writer came, for good if none does.
+    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise NotAnArchiveError(f"{path.name}: not a regular file")
+        size = st.st_size
         header, first = open_header(
             lambda off, n: os.pread(f.fileno(), n, off), size, secret_keys, path.name
         )
