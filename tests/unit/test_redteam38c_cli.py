@@ -18,7 +18,7 @@ import tifffile
 
 import vfs
 from tests.toolbox import load_tool
-from vfs.commands.status import BAD_INPUT, OK
+from vfs.commands.status import BAD_INPUT, IO_ERROR, OK
 from vfs.decant.verify import restore_archive
 from vfs.errors import UnsafeMemberError
 
@@ -218,3 +218,31 @@ def test_c4gh_of_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
         assert (done.returncode, done.stdout) == (BAD_INPUT, ""), (action, done.stderr)
         assert done.stderr.startswith("decant: ") and "x.tar.c4gh" in done.stderr, done.stderr
         assert "regular file" in done.stderr and len(done.stderr.splitlines()) == 1
+
+
+def test_verify_into_a_closed_pipe_stops_once_and_quietly(
+    tiff: Path, tmp_path: Path, decant_cli: Cli
+) -> None:
+    """`decant verify archive/*.zarr.zip | head -1`: each line written after the reader left
+    raised BrokenPipeError, which the per-archive loop took for that archive's error: it
+    printed `decant: Broken pipe` once per remaining archive (hundreds) and went on verifying
+    every one of them for nobody."""
+    archive = tmp_path / "a.zarr.zip"
+    assert decant_cli("pack", tiff, "-o", archive, "-q")[0] == OK
+    many = []
+    for i in range(300):
+        many.append(tmp_path / f"l{i:03d}.zarr.zip")
+        many[-1].symlink_to(archive)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vfs.commands", "verify", *map(str, many)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=CHECKOUT,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"OK   ")
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=60) == IO_ERROR
+    assert err == "", err[:500]

@@ -13,8 +13,17 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 import argparse
 import importlib
 import logging
+import sys
 
-from vfs.commands.status import EXIT_STATUS, INTERRUPTED, add_output_options, report
+from vfs.commands.status import (
+    EXIT_STATUS,
+    INTERRUPTED,
+    IO_ERROR,
+    ReaderGone,
+    add_output_options,
+    mute,
+    report,
+)
 from vfs.errors import DecantError
 from vfs.version import VersionAction, installed_version
 
@@ -54,7 +63,14 @@ def main(argv: list[str] | None = None) -> int:
         format="decant: %(message)s",
     )
     try:
-        return int(args.func(args))
+        status = int(args.func(args))
+        sys.stdout.flush()  # here, where a reader gone is caught, not at exit
+        return status
+    except BrokenPipeError:  # a print of JSON, or the flush above: nobody to tell
+        mute(sys.stdout)
+        return IO_ERROR
+    except ReaderGone:
+        return IO_ERROR
     except (DecantError, OSError) as exc:
         return report(exc)
     except KeyboardInterrupt:

@@ -67,7 +67,22 @@ def say(line: str, file: TextIO | None = None) -> None:
     in a shared folder, an original's or a member's name in an archive): one holding terminal
     escapes would drive the terminal of whoever runs `decant`, and a line break would forge a
     line of ours."""
-    print(escape_controls(line), file=file)
+    try:
+        print(escape_controls(line), file=file)
+    except BrokenPipeError:
+        mute(file or sys.stdout)
+        raise ReaderGone from None
+
+
+class ReaderGone(Exception):
+    """Our output's reader went away (`decant verify * | head -1`). Not an OSError: a loop over
+    inputs must stop here, not report it as the next input's error and go on for nobody."""
+
+
+def mute(stream: TextIO) -> None:
+    """Point `stream`, whose reader went away, at /dev/null: Python flushes it again at exit
+    and would complain of the closed pipe."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
 
 
 def message(exc: BaseException) -> str:
