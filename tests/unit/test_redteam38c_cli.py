@@ -19,8 +19,9 @@ import tifffile
 import vfs
 from tests.toolbox import load_tool
 from vfs.commands.status import BAD_INPUT, IO_ERROR, OK
+from vfs.decant.packer import PackOptions, pack_file
 from vfs.decant.verify import restore_archive
-from vfs.errors import UnsafeMemberError
+from vfs.errors import PackError, UnsafeMemberError
 
 Cli = Callable[..., tuple[int, str, str]]
 CHECKOUT = Path(vfs.__file__).resolve().parents[1]
@@ -246,3 +247,26 @@ def test_verify_into_a_closed_pipe_stops_once_and_quietly(
     proc.stderr.close()
     assert proc.wait(timeout=60) == IO_ERROR
     assert err == "", err[:500]
+
+
+def test_pack_force_onto_a_folder_of_archives_deletes_nothing(
+    tiff: Path, tmp_path: Path, decant_cli: Cli
+) -> None:
+    """`decant pack --force scan.tif -o archive/` (as one writes it for several inputs):
+    -o names the archive for one input, so the packer took the existing folder `archive`
+    for a folder archive to replace, removed it with everything in it (the other archives
+    there) and put scan.tif's folder archive in its place: exit 0."""
+    folder = tmp_path / "archive"
+    folder.mkdir()
+    (folder / "other.tif.zarr.zip").write_bytes(b"precious")
+    status, out, err = decant_cli("pack", "--force", tiff, "-o", folder)
+    assert (folder / "other.tif.zarr.zip").read_bytes() == b"precious"
+    assert sorted(p.name for p in folder.iterdir()) == ["other.tif.zarr.zip"]
+    assert (status, out) == (BAD_INPUT, ""), err
+    assert err.startswith(f"decant: {folder}: ") and "not a decant archive" in err
+    with pytest.raises(PackError, match="not a decant archive"):  # the core refuses it too
+        pack_file(tiff, folder, PackOptions(overwrite=True))
+    assert sorted(p.name for p in folder.iterdir()) == ["other.tif.zarr.zip"]
+    again = tmp_path / "x.zarr"  # a folder archive itself is still replaced
+    for _ in range(2):
+        assert decant_cli("pack", "--force", tiff, "-o", again, "-q")[0] == OK

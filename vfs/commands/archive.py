@@ -30,7 +30,7 @@ from vfs.commands.status import (
     require_readable,
     say,
 )
-from vfs.errors import DecantError, NotAnArchiveError
+from vfs.errors import DecantError, NotAnArchiveError, PackError
 
 if TYPE_CHECKING:  # the cores load zarr: imported when a command runs, not to build the parser
     from vfs.decant.packer import PackOptions, PackResult
@@ -166,13 +166,18 @@ def _pack_target(src: Path, args: argparse.Namespace) -> Path:
 
 
 def _pack_one(src: Path, out: Path, options: PackOptions, silent: bool) -> None:
-    from vfs.decant.packer import pack_file
+    from vfs.decant.packer import pack_file, refuse_unless_archive
 
     require_readable(src)
     if not src.is_file():
         raise UsageError(f"{src}: not a regular file (a folder packs with --series)")
     if out.exists() and not options.overwrite:
         raise UsageError(f"{out}: already exists (--force replaces it)")
+    if out.is_dir() and not out.is_symlink():  # checked before packing; the core checks too
+        try:
+            refuse_unless_archive(out)
+        except PackError as exc:
+            raise UsageError(f"{exc}; -o names the archive of one input") from None
     # The core reports the bytes it packs; hashing and the verify gate run unreported.
     with byte_progress(f"packing {src.name}", src.stat().st_size, silent) as bar, writing(src, out):
         result = pack_file(src, out, options, bar)

@@ -145,11 +145,19 @@ def _publish(
             os.chmod(tmp, stat.S_IMODE(st.st_mode) if mode is None else mode)
         os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
         if out.is_dir() and not out.is_symlink():
+            refuse_unless_archive(out)
             shutil.rmtree(out)
         os.replace(tmp, out)
         fsync_dir(out.parent)
     finally:
         remove_tree(tmp)
+
+
+def refuse_unless_archive(folder: Path) -> None:
+    """PackError unless `folder` is a decant folder archive: replacing one removes it whole,
+    and `-o archive/` of one input (as for several) named a folder of other archives."""
+    if not (folder / MANIFEST_KEY).is_file():
+        raise PackError(f"{folder}: a folder that is not a decant archive (not replaced)")
 
 
 def remove_tree(path: Path) -> None:
