@@ -270,3 +270,27 @@ def test_pack_force_onto_a_folder_of_archives_deletes_nothing(
     again = tmp_path / "x.zarr"  # a folder archive itself is still replaced
     for _ in range(2):
         assert decant_cli("pack", "--force", tiff, "-o", again, "-q")[0] == OK
+
+
+def test_log_lines_of_a_decant_run_are_escaped(tmp_path: Path) -> None:
+    """Hardening, not an observed leak: the cores log names (packer: "SOURCE: REASON; packing
+    verbatim", at WARNING, so without -v) and `decant` logged through a plain formatter. A
+    record naming a file with terminal escapes must reach stderr escaped, as the daemon's do
+    (vfs.logsafe.SafeFormatter)."""
+    code = (
+        "import logging, sys\n"
+        "import vfs.commands.archive as archive\n"
+        "from vfs.commands import main\n"
+        "def info(args):\n"
+        "    logging.getLogger('vfs.decant.packer').warning('%s: packing verbatim', args.archive)\n"
+        "    return 0\n"
+        "archive.cmd_info = info\n"
+        "sys.exit(main(['info', sys.argv[1]]))\n"
+    )
+    name = f"x{ESC}.tif"
+    done = subprocess.run(
+        [sys.executable, "-c", code, name], capture_output=True, text=True, cwd=CHECKOUT
+    )
+    assert done.returncode == OK, done.stderr
+    no_controls(done.stderr)
+    assert done.stderr == "decant: x\\x1b]0;owned\\x07\\x1b[2J.tif: packing verbatim\n"

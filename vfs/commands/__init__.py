@@ -25,6 +25,7 @@ from vfs.commands.status import (
     report,
 )
 from vfs.errors import DecantError
+from vfs.logsafe import SafeFormatter
 from vfs.version import VersionAction, installed_version
 
 # Each module adds its own subcommands; a subcommand sets `func(args) -> int` as its default.
@@ -58,10 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quiet and args.verbose:  # one given before the subcommand, one after it
         parser.error("--quiet and --verbose exclude each other")
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="decant: %(message)s",
-    )
+    handler = logging.StreamHandler()
+    handler.setFormatter(SafeFormatter("decant: %(message)s"))  # records name input files
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
     try:
         status = int(args.func(args))
         sys.stdout.flush()  # here, where a reader gone is caught, not at exit
