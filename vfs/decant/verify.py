@@ -116,7 +116,7 @@ def restore_opened(
             target = out or workdir / info.relpath
         dfd = output_folder(target.parent)
         try:
-            tmp = temp_name(target.name)
+            tmp = restore_temp_name(target.name)
             try:
                 reader = archive.open_original(info.relpath, cache)
                 _restore_one(reader, dfd, tmp, target, info, progress)
@@ -138,9 +138,10 @@ def restore_opened(
 TEMP_KEEP = 128
 
 
-def temp_name(name: str) -> str:
+def restore_temp_name(name: str) -> str:
     """`.NAME.decant-restore-PID`, NAME cut to TEMP_KEEP bytes (mid-character is fine: the
-    cut bytes go back to the kernel as they were)."""
+    cut bytes go back to the kernel as they were). Not vfs.decant.temp_name: what the mount
+    and the spool take for their own temp files is not a restore's."""
     return f".{os.fsdecode(os.fsencode(name)[:TEMP_KEEP])}.decant-restore-{os.getpid()}"
 
 
