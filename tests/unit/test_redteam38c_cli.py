@@ -294,3 +294,27 @@ def test_log_lines_of_a_decant_run_are_escaped(tmp_path: Path) -> None:
     assert done.returncode == OK, done.stderr
     no_controls(done.stderr)
     assert done.stderr == "decant: x\\x1b]0;owned\\x07\\x1b[2J.tif: packing verbatim\n"
+
+
+def test_restore_without_o_replaces_no_existing_file(
+    tmp_path: Path, decant_cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`cd ~ && decant restore /shared/scan.tif.zarr.zip` (no -o): the archive's manifest names
+    the output, here `.bashrc`. The restore replaced the user's ~/.bashrc with the archive's
+    bytes (exit 0); the name was only shown once it was done. Without -o an existing file is
+    now refused; -o still names (and replaces) one."""
+    evil, home = tmp_path / "evil", tmp_path / "home"
+    evil.mkdir()
+    home.mkdir()
+    (evil / ".bashrc").write_bytes(b"echo owned\n")
+    archive = evil / "scan.tif.zarr.zip"
+    assert decant_cli("pack", evil / ".bashrc", "-o", archive, "-q")[0] == OK
+    (home / ".bashrc").write_bytes(b"mine\n")
+    monkeypatch.chdir(home)
+    status, out, err = decant_cli("restore", archive)
+    assert (home / ".bashrc").read_bytes() == b"mine\n"
+    assert (status, out) == (IO_ERROR, ""), err
+    assert err.startswith("decant: ") and ".bashrc" in err and "-o" in err
+    assert sorted(p.name for p in home.iterdir()) == [".bashrc"]
+    assert decant_cli("restore", archive, "-o", home / ".bashrc", "-q")[0] == OK
+    assert (home / ".bashrc").read_bytes() == b"echo owned\n"

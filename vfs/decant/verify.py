@@ -116,6 +116,8 @@ def restore_opened(
             target = out or workdir / info.relpath
         dfd = output_folder(target.parent)
         try:
+            if out is None and not series:
+                _refuse_existing(dfd, target)
             tmp = restore_temp_name(target.name)
             try:
                 reader = archive.open_original(info.relpath, cache)
@@ -131,6 +133,19 @@ def restore_opened(
         finally:
             os.close(dfd)
     return written
+
+
+def _refuse_existing(dfd: int, target: Path) -> None:
+    """Without -o the manifest names the output, a name the command line does not show
+    (`cd ~ && decant restore scan.tif.zarr.zip`, whose original_name is `.bashrc`): what is
+    there already is not replaced. (A series goes into the folder the archive's own name
+    gives, which the command shows.) Checked before writing; one that appears meanwhile is
+    replaced, as with -o."""
+    try:
+        os.stat(target.name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    raise OSError(errno.EEXIST, "already exists (not replaced: -o names the output)", str(target))
 
 
 # Bytes of the original's name its temp file keeps: with the dot and the suffix, well under
