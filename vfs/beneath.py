@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from vfs.acl import acl_stat
+
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
 _ROOT = os.O_PATH | os.O_DIRECTORY | _CLOEXEC  # SRC itself is the operator's: it may be a link
@@ -104,10 +106,11 @@ def not_shown(path: Path, st: os.stat_result) -> OSError:
 
 
 def stat_beneath(root: Path, path: Path) -> os.stat_result:
-    """lstat of `path` reached from `root` without following a link on the way."""
+    """lstat of `path` reached from `root` without following a link on the way, its mode
+    narrowed by its ACL (vfs.acl: the mount shows no more than SRC grants)."""
     fd = open_beneath(root, path, os.O_PATH)
     try:
-        return os.fstat(fd)
+        return acl_stat(fd, os.fstat(fd))
     finally:
         os.close(fd)
 

@@ -17,6 +17,7 @@ import pwd
 import stat
 from pathlib import Path
 
+from vfs.acl import acl_stat, at
 from vfs.beneath import parent_fd, parts_below
 
 
@@ -39,7 +40,7 @@ def may_change_entries(folder: Path, uid: int, gid: int, pid: int) -> bool:
     as the kernel would judge them). Blocking (a stat, a /proc read): not on the event loop."""
     if uid == 0:
         return True
-    st = os.stat(folder, follow_symlinks=False)
+    st = acl_stat(folder, os.stat(folder, follow_symlinks=False))
     if not stat.S_ISDIR(st.st_mode):
         return False
     return _granted(st, uid, caller_groups(pid, gid), write=True, search=True)
@@ -65,13 +66,14 @@ def readable_beneath(
     groups = caller_groups(pid, gid) if uid != 0 else set()
 
     def searchable(fd: int) -> None:
-        if not _granted(os.fstat(fd), uid, groups, search=True):
+        if not _granted(acl_stat(fd, os.fstat(fd)), uid, groups, search=True):
             raise PermissionError(errno.EACCES, "no search permission on the way", str(target))
 
     try:
         dfd = parent_fd(root, target, searchable)
         try:
             st = os.stat(target.name, dir_fd=dfd, follow_symlinks=False)
+            st = acl_stat(at(dfd, target.name), st)
             is_dir = stat.S_ISDIR(st.st_mode)
             if not (is_dir or stat.S_ISREG(st.st_mode)):
                 return None  # a link (never followed), a FIFO, a device
@@ -116,7 +118,7 @@ def _tree_readable(parent: int, name: str, uid: int, groups: set[int]) -> bool:
                 raise _TooDeep
             child = _open_dir(folders.pop(), fd)
             stack.append((child, []))
-            if not _granted(os.fstat(child), uid, groups, read=True, search=True):
+            if not _granted(acl_stat(child, os.fstat(child)), uid, groups, read=True, search=True):
                 return False
             stack[-1] = (child, _checked_entries(child, uid, groups))
     except _Refused:
@@ -151,7 +153,7 @@ def _checked_entries(fd: int, uid: int, groups: set[int]) -> list[str]:
     folders = []
     with os.scandir(fd) as entries:
         for entry in entries:
-            st = entry.stat(follow_symlinks=False)
+            st = acl_stat(at(fd, entry.name), entry.stat(follow_symlinks=False))
             folder = stat.S_ISDIR(st.st_mode)
             if not (folder or stat.S_ISREG(st.st_mode)):
                 continue
@@ -193,13 +195,13 @@ def may_list_folder_of(root: Path, target: Path, uid: int) -> bool:
         return _granted(st, uid, groups or set(), read=read, search=True)
 
     def searchable(fd: int) -> None:
-        if not check(os.fstat(fd), read=False):
+        if not check(acl_stat(fd, os.fstat(fd)), read=False):
             raise PermissionError(errno.EACCES, "no search permission on the way", str(target))
 
     try:
         dfd = parent_fd(root, target, searchable)
         try:
-            return check(os.fstat(dfd), read=True)
+            return check(acl_stat(dfd, os.fstat(dfd)), read=True)
         finally:
             os.close(dfd)
     except OSError:
@@ -216,7 +218,8 @@ def _granted(
     search: bool = False,
 ) -> bool:
     """Whether the owner, group or other bits that apply to the caller (the first class it is
-    in, as the kernel picks it) hold every permission asked."""
+    in, as the kernel picks it) hold every permission asked. Callers pass `st` narrowed by its
+    ACL (vfs.acl): an ACL entry may deny what the bits seem to grant."""
     if uid == 0:
         return True
     shift = 6 if st.st_uid == uid else 3 if st.st_gid in groups else 0

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from vfs.acl import acl_mode, acl_stat, at
 from vfs.backends.base import (
     Backend,
     Description,
@@ -104,7 +105,7 @@ class SourceTree:
             log.log(level, "%s", message)
 
     def root_node(self) -> Node:
-        return mirror_node(self.root, os.stat(self.root), self.writable)
+        return mirror_node(self.root, acl_stat(self.root, os.stat(self.root)), self.writable)
 
     def scan(self, folder: Path) -> dict[str, Node]:
         """The presented children of a real folder of SRC."""
@@ -117,7 +118,7 @@ class SourceTree:
         fd = open_beneath(self.root, folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
             with os.scandir(fd) as it:
-                plain, archives = self._sorted(folder, self._stats(folder, it))
+                plain, archives = self._sorted(folder, self._stats(folder, it, fd))
             listing = Listing(self._recall(fd, archives))
         finally:
             os.close(fd)
@@ -173,7 +174,7 @@ class SourceTree:
             if name in skip or name.startswith(TEMP_PREFIX):
                 continue
             try:
-                st = os.lstat(f"{base}/{name}")
+                st = acl_stat(f"{base}/{name}", os.lstat(f"{base}/{name}"))
             except OSError:
                 continue  # not there (or not reachable): nothing to present
             if name_problem(name) is None:
@@ -207,14 +208,15 @@ class SourceTree:
         # The mountpoint itself: statting it would call into this daemon.
         return folder / unshared(name) in self.excluded
 
-    def _stats(self, folder: Path, it: Iterator[os.DirEntry[str]]) -> Iterator[_Found]:
-        """The entries of a folder being read, each with its lstat, one at a time: a folder of
-        a million names never holds a stat result for each at once (~640 B a name)."""
+    def _stats(self, folder: Path, it: Iterator[os.DirEntry[str]], fd: int) -> Iterator[_Found]:
+        """The entries of a folder being read (open at `fd`), each with its lstat, its mode
+        narrowed by its ACL (vfs.acl), one at a time: a folder of a million names never holds
+        a stat result for each at once (~640 B a name)."""
         for de in it:
             if self._skipped(folder, de.name):
                 continue
             try:
-                yield de.name, de.stat(follow_symlinks=False)
+                yield de.name, acl_stat(at(fd, de.name), de.stat(follow_symlinks=False))
             except OSError:
                 continue  # vanished
 
@@ -350,7 +352,7 @@ class SourceTree:
         return os.statvfs(self.root)
 
     def _stat(self, path: Path) -> os.stat_result:
-        return os.stat(path)
+        return acl_stat(path, os.stat(path))
 
     def version_stat(self, path: Path, st: os.stat_result) -> os.stat_result:
         """An archive's lstat as its version is taken (nodes, index rows, trees): a folder
@@ -393,7 +395,7 @@ class SourceTree:
         if desc.name in out:
             self._log_once(folder, f"{folder}: {desc.name!r} exists; no {overlay.name} view")
             return
-        st = os.stat(folder)
+        st = acl_stat(folder, os.stat(folder))
         node = archive_node(overlay, folder, st, "", desc.root, "")
         node.version = _view_version(st, desc)
         if desc.root.is_dir:
@@ -551,7 +553,7 @@ class SourceTree:
         if not isinstance(folder, Path) or not isinstance(bundle, str) or "/" in bundle:
             return
         try:
-            bst = os.lstat(folder / bundle)
+            bst = acl_stat(folder / bundle, os.lstat(folder / bundle))
         except OSError:
             return  # opening it says what is wrong
         if stat.S_ISREG(bst.st_mode):
@@ -611,8 +613,9 @@ def _manifest_mask(path: Path) -> int:
     The kernel then refuses them `getxattr`, `access` and the open, as SRC would (an open
     checks every file of the folder again: ops._may_read_through). Two lstats a listing."""
     try:
-        folder = os.lstat(path / MANIFEST_KEY.rpartition("/")[0]).st_mode
-        manifest = os.lstat(path / MANIFEST_KEY).st_mode
+        inner = path / MANIFEST_KEY.rpartition("/")[0]
+        folder = acl_mode(inner, os.lstat(inner).st_mode)
+        manifest = acl_mode(path / MANIFEST_KEY, os.lstat(path / MANIFEST_KEY).st_mode)
     except OSError:
         return 0o7777  # describing it read the manifest: gone since, an open says why
     mask = 0o7777

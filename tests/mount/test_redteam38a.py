@@ -1,0 +1,131 @@
+"""Red team, round 38a: GDI packages and AcqStore collections in a local SRC, mounted with
+`allow_other` and read by an unprivileged user.
+
+Each test fails on the daemon before its fix; see the commit that added it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tests.conftest import load_tool
+from tests.mount.conftest import Mount, User, open_tmp
+
+corpus: ModuleType = load_tool("make_c4gh_corpus")
+
+
+@dataclass
+class Gdi:
+    m: Mount
+    src: Path
+    keys: dict[str, Any]
+    members: list[tuple[str, bytes]]
+
+
+@pytest.fixture
+def gdi(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gdi]:
+    """Root's package `pkg.tar.c4gh` (0644) in SRC, members shown 0444 to everyone."""
+    base = open_tmp(tmp_path_factory, "rt38a")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    src.chmod(0o755)
+    keys = {n: corpus.make_keypair(base / "keys", n) for n in ("node", "writer")}
+    members = corpus.gdi_members(parquet_rows=(300, 40))
+    corpus.write_package(src / "pkg.tar.c4gh", members, keys["writer"], [keys["node"]])
+    (src / "pkg.tar.c4gh").chmod(0o644)
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only", "--c4gh-key", str(keys["node"].secret_path),
+                "--c4gh-mode", "0555")  # fmt: skip
+        yield Gdi(m, src, keys, members)
+    finally:
+        m.stop()
+
+
+def acl(*entries: tuple[int, int, int]) -> bytes:
+    """A system.posix_acl_access value: version 2, then (tag, perm, id) entries."""
+    out = (2).to_bytes(4, "little")
+    for tag, perm, ident in sorted(entries):
+        out += tag.to_bytes(2, "little") + perm.to_bytes(2, "little") + ident.to_bytes(4, "little")
+    return out
+
+
+def deny_user(path: Path, uid: int) -> None:
+    """Mode 0644 as `ls` shows it, but an ACL entry giving `uid` no access at all."""
+    any_id = 0xFFFFFFFF
+    os.setxattr(path, "system.posix_acl_access",
+                acl((0x01, 6, any_id), (0x02, 0, uid), (0x04, 4, any_id), (0x10, 4, any_id),
+                    (0x20, 4, any_id)))  # fmt: skip
+
+
+def test_a_package_whose_acl_denies_a_user_is_not_read_by_that_user(
+    gdi: Gdi, unprivileged: User
+) -> None:
+    """`setfacl -m u:USER:- pkg.tar.c4gh` (mode bits still 0644): USER cannot read the package
+    in SRC, but the mount showed its members 0444 from the mode bits alone and the kernel let
+    USER read them decrypted (exit 0, the manifest's bytes); a plain file and a folder with
+    such an ACL were shown to USER the same way. The ACL now narrows the bits shown."""
+    u = unprivileged
+    pkg, plain, folder = gdi.src / "pkg.tar.c4gh", gdi.src / "plain.txt", gdi.src / "private"
+    plain.write_bytes(b"secret\n")
+    plain.chmod(0o644)
+    folder.mkdir(mode=0o755)
+    (folder / "inner.txt").write_bytes(b"inner\n")
+    (folder / "inner.txt").chmod(0o644)
+    for path in (pkg, plain, folder):
+        deny_user(path, u.uid)
+    assert stat.S_IMODE(pkg.stat().st_mode) == 0o644  # what `ls -l` shows
+    assert u.errno_of("read(p)", p=pkg) == errno.EACCES
+    assert u.errno_of("read(p)", p=plain) == errno.EACCES
+    assert u.errno_of("read(p)", p=folder / "inner.txt") == errno.EACCES
+    mnt = gdi.m.mnt
+    assert (mnt / "pkg.tar.c4gh" / "manifest.json").read_bytes() == gdi.members[0][1]  # root
+    for name, _data in gdi.members:
+        assert u.errno_of("read(p)", p=mnt / "pkg.tar.c4gh" / name) == errno.EACCES, name
+    assert u.errno_of("read(p)", p=mnt / "plain.txt") == errno.EACCES
+    assert u.errno_of("read(p)", p=mnt / "private" / "inner.txt") == errno.EACCES
+    assert u.errno_of("os.getxattr(p, 'user.c4gh.writer_fingerprint')",
+                      p=mnt / "pkg.tar.c4gh") == errno.EACCES  # fmt: skip
+
+
+def test_an_acqstore_table_whose_acl_denies_a_user_is_not_read_through_the_view(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """A collection's table CSV (0644) with an ACL entry denying USER: the members view's
+    check of what an open reads on the caller's behalf looked at the mode bits only, so the
+    root daemon read the table for USER through `members/tables/`."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt38a-acq")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    src.chmod(0o755)
+    load_tool("make_acqstore_corpus").make_collection(src / "coll")
+    for path in [src / "coll", *(src / "coll").rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    doc = json.loads((src / "coll/acqstore/collection.json").read_text())
+    (denied_id, denied), (other_id, _other) = (
+        (t["id"], src / "coll" / t["path"]) for t in doc["resources"]["tables"][:2]
+    )
+    denied.write_bytes(b"patient,diagnosis\np1,TOP SECRET\n")
+    deny_user(denied, u.uid)
+    assert u.errno_of("read(p)", p=denied) == errno.EACCES
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only")
+        view = m.mnt / "coll" / "members" / "tables"
+        shown, kept = view / f"{denied_id}.csv", view / f"{other_id}.csv"
+        assert shown.read_bytes() == denied.read_bytes()  # root reads it
+        assert u.errno_of("read(p)", p=shown) == errno.EACCES
+        assert u.errno_of("read(p)", p=kept) == 0  # positive control
+    finally:
+        m.stop()

@@ -1,0 +1,81 @@
+"""POSIX access ACLs in SRC, as mode bits the mount may show.
+
+The mount shows each entry with its mode bits, and the kernel checks every caller against them
+(default_permissions); it never sees an entry's ACL. An ACL can deny a user or a group what the
+mode bits seem to grant (`setfacl -m u:bob:- pkg.tar.c4gh` leaves `ls -l` showing 0644): shown
+with those bits, bob read through the mount what he could not read in SRC (a package's
+decrypted members, a plain file). So an entry carrying an extended ACL is shown with group and
+other bits no wider than the narrowest entry that could apply to a user outside the owner:
+stricter than the ACL for some users (a named user granted more than "other" reads nothing
+more through the mount), never looser for any.
+"""
+
+from __future__ import annotations
+
+import os
+
+ACCESS_XATTR = "system.posix_acl_access"
+VERSION = 2
+USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
+ENTRY = 8  # tag u16, perm u16, id u32, little-endian
+NOT_OWNER = 0o077  # what a malformed ACL leaves: the owner's bits only
+
+
+def narrowed_mode(mode: int, raw: bytes) -> int:
+    """`mode` (a whole st_mode) with its group and other bits cut to what the access ACL `raw`
+    (the xattr's value) grants every non-owner entry at least. A minimal ACL (owner, group,
+    other only: the mode bits themselves) changes nothing; one that cannot be parsed leaves
+    the owner's bits alone."""
+    if len(raw) < 4 or (len(raw) - 4) % ENTRY or int.from_bytes(raw[:4], "little") != VERSION:
+        return mode & ~NOT_OWNER
+    perms: dict[int, list[int]] = {}
+    for at in range(4, len(raw), ENTRY):
+        tag = int.from_bytes(raw[at : at + 2], "little")
+        perms.setdefault(tag, []).append(int.from_bytes(raw[at + 2 : at + 4], "little") & 7)
+    if set(perms) - {USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER}:
+        return mode & ~NOT_OWNER
+    named = perms.get(USER, []) + perms.get(GROUP, [])
+    if not named:
+        return mode
+    mask = perms.get(MASK, [7])[0]
+    least = 7
+    for perm in named:
+        least &= perm & mask
+    group = (mode >> 3) & 7 & least
+    other = mode & 7 & least
+    return (mode & ~NOT_OWNER) | group << 3 | other
+
+
+def acl_mode(path: str | os.PathLike[str] | int, mode: int) -> int:
+    """`mode` narrowed by the access ACL of `path` (never followed if a link; an int is an open
+    descriptor), if it has one."""
+    try:
+        if isinstance(path, int):  # by /proc: fgetxattr refuses an O_PATH descriptor
+            raw = os.getxattr(f"/proc/self/fd/{path}", ACCESS_XATTR)
+        else:
+            raw = os.getxattr(path, ACCESS_XATTR, follow_symlinks=False)
+    except OSError:
+        return mode  # ENODATA (no ACL), ENOTSUP (a file system without ACLs), gone
+    return narrowed_mode(mode, raw)
+
+
+def at(dir_fd: int, name: str) -> str:
+    """A path naming `name` in the folder open at `dir_fd` (for xattr calls, which take no
+    dir_fd): the folder walked to stays the one checked, whatever is renamed meanwhile."""
+    return f"/proc/self/fd/{dir_fd}/{name}"
+
+
+def acl_stat(path: str | os.PathLike[str] | int, st: os.stat_result) -> os.stat_result:
+    """`st` (an lstat of `path`, or an fstat of descriptor `path`) with its mode narrowed by
+    its access ACL."""
+    mode = acl_mode(path, st.st_mode)
+    if mode == st.st_mode:
+        return st
+    fields = list(st)
+    fields[0] = mode
+    extra = {
+        name: getattr(st, name)
+        for name in dir(st)
+        if name.startswith("st_") and name not in os.stat_result.__match_args__
+    }
+    return os.stat_result(fields, extra)
