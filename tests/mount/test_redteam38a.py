@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import stat
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -127,5 +128,50 @@ def test_an_acqstore_table_whose_acl_denies_a_user_is_not_read_through_the_view(
         assert shown.read_bytes() == denied.read_bytes()  # root reads it
         assert u.errno_of("read(p)", p=shown) == errno.EACCES
         assert u.errno_of("read(p)", p=kept) == 0  # positive control
+    finally:
+        m.stop()
+
+
+def test_a_pax_header_of_digits_does_not_stop_the_daemon_for_everyone(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A package whose TAR holds a 48 KiB PAX header of digits: tarfile's regular expressions
+    (CVE-2024-6232, Python 3.11.7 here) took ~6 s over it holding the GIL, and every other
+    request of the mount waited (a `cat` of a plain file: as long). The walk now stops at such
+    a header: the members before it are served, the log names the package and the reason."""
+    import tarfile
+    import threading
+
+    base = open_tmp(tmp_path_factory, "rt38a-pax")
+    src = base / "src"
+    (src / "hostile").mkdir(parents=True)
+    (src / "readme.txt").write_bytes(b"readme\n")
+    keys = {n: corpus.make_keypair(base / "keys", n) for n in ("node", "writer")}
+    record = b"1" * (48 << 10)
+    pax = corpus.raw_header(b"././@PaxHeader", len(record), tarfile.XHDTYPE)
+    items = [("before.txt", b"before\n"), pax + corpus._padded(record), ("after.txt", b"a\n")]
+    plain = corpus.raw_tar(items)
+    (src / "hostile" / "pax.tar.c4gh").write_bytes(
+        corpus.encrypt(plain, keys["writer"].secret, [keys["node"].public])
+    )
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("--c4gh-key", str(keys["node"].secret_path))
+        listed: list[object] = []
+        walker = threading.Thread(
+            target=lambda: listed.append(sorted(os.listdir(m.mnt / "hostile" / "pax.tar.c4gh")))
+        )
+        walker.start()
+        time.sleep(0.3)  # the walk is under way
+        start = time.monotonic()
+        assert (m.mnt / "readme.txt").read_bytes() == b"readme\n"
+        took = time.monotonic() - start
+        walker.join(30)
+        assert took < 1.0, f"a read of a plain file waited {took:.1f} s for the walk"
+        assert listed == [["before.txt"]]
+        assert (m.mnt / "hostile" / "pax.tar.c4gh" / "before.txt").read_bytes() == b"before\n"
+        text = m.log_text()
+        assert "pax.tar.c4gh: PAX header at 1024 holds a run of more than 64 digits" in text
+        assert "Traceback" not in text
     finally:
         m.stop()

@@ -63,3 +63,43 @@ def test_acl_stat_of_a_file_with_a_denying_acl(tmp_path: Path) -> None:
     assert got.st_mode == 0o100600
     assert (got.st_ino, got.st_size, got.st_mtime_ns, got.st_ctime_ns, got.st_uid) == (
         st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_uid)  # fmt: skip
+
+
+# -- PAX headers that tarfile's regular expressions take quadratic time over ------------------
+
+PAX_CHILD = """
+import sys, tarfile, time
+sys.path.insert(0, sys.argv[1])
+from tests.conftest import load_tool
+from vfs.c4gh.tarindex import BytesSource, build_index
+corpus = load_tool("make_c4gh_corpus")
+record = sys.argv[2].encode() * int(sys.argv[3])
+pax = corpus.raw_header(b"././@PaxHeader", len(record), tarfile.XHDTYPE)
+tar = corpus.raw_tar([pax + corpus._padded(record), ("a.txt", b"a\\n"), ("b.txt", b"b\\n")])
+start = time.monotonic()
+index = build_index(BytesSource(tar), "hostile.tar.c4gh")
+print(round(time.monotonic() - start, 3), [m.name for m in index.members], index.problems)
+"""
+
+
+@pytest.mark.parametrize("record", ["1", "9 hdrcharset=x"], ids=["digits", "no-newline"])
+def test_a_pax_header_of_digits_is_walked_in_linear_time(record: str) -> None:
+    """A PAX header of 1 MiB of digits (or of `9 hdrcharset=x` repeated, with no newline):
+    Python 3.11.7's tarfile searches it for `\\d+ hdrcharset=…\\n` by a regular expression that
+    backtracks over every run (CVE-2024-6232), ~3 s for 32 KiB and, holding the GIL all along,
+    about an hour for the 1 MiB a walk accepts: the daemon's event loop stood still for every
+    user. Now such a header stops the walk at once (the members before it are kept)."""
+    import subprocess
+    import sys
+
+    root = str(Path(__file__).resolve().parents[2])
+    count = (1 << 20) // len(record)
+    try:
+        done = subprocess.run([sys.executable, "-c", PAX_CHILD, root, record, str(count)],
+                              capture_output=True, text=True, timeout=10)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pytest.fail("indexing a TAR with a 1 MiB PAX header of digits took over 10 s")
+    assert done.returncode == 0, done.stderr
+    took, rest = done.stdout.split(" ", 1)
+    assert float(took) < 1.0
+    assert "PAX" in rest, rest

@@ -11,6 +11,7 @@ hostile one costs bounded memory and time before anything is allocated for it.
 
 from __future__ import annotations
 
+import re
 import tarfile
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -23,6 +24,9 @@ MAX_META_READ = 1 << 20  # longest GNU long name / PAX record accepted, so a wal
 MAX_MEMBERS = 100_000  # TAR headers in one package (a GDI package holds a few hundred)
 MAX_NAME_CHARS = 32 << 20  # summed length of the served member names
 MAX_EXTENSIONS = 8  # GNU long-name / PAX headers before one member (tarfile recurses per one)
+MAX_PAX = 64 << 10  # a PAX header's records (a member path is at most 64 x 255 bytes)
+MAX_PAX_DIGITS = 64  # the longest run of digits a PAX header may hold (see _pax_problem)
+PAX = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
 EXTENSIONS = (
     tarfile.GNUTYPE_LONGNAME,
     tarfile.GNUTYPE_LONGLINK,
@@ -185,8 +189,39 @@ def _raw_chain(cursor: _Cursor, offset: int, name: str) -> _Raw | str | None:
         padded = -(-size // BLOCK) * BLOCK
         if block[156:157] == tarfile.GNUTYPE_LONGNAME:
             long_names.append(cursor.read(padded))  # refuses more than MAX_META_READ
+        elif block[156:157] in PAX:
+            problem = _pax_problem(cursor.read(padded)[:size] if size <= MAX_PAX else None)
+            if problem is not None:
+                return f"{name}: PAX header at {offset} {problem}; members after it not listed"
         offset += BLOCK + padded
     return f"{name}: more than {MAX_EXTENSIONS} extension headers before one member at {offset}"
+
+
+_DIGIT_RUN = re.compile(rb"[0-9]{%d}" % (MAX_PAX_DIGITS + 1))
+
+
+def _pax_problem(records: bytes | None) -> str | None:
+    """Why tarfile must not be given a PAX header (`records`: its data, None when larger than
+    MAX_PAX), or None. tarfile (3.11 before 3.11.10: CVE-2024-6232) searches the whole header
+    with regular expressions that backtrack over every run of digits and every record with no
+    newline after it: quadratic, and holding the GIL, so a 1 MiB header of digits stopped the
+    daemon's event loop for about an hour. Records well formed ("LEN KEY=VALUE\n", end to
+    end) and digit runs short, each search is linear."""
+    if records is None:
+        return f"is larger than {MAX_PAX} bytes"
+    if _DIGIT_RUN.search(records):
+        return f"holds a run of more than {MAX_PAX_DIGITS} digits"
+    pos = 0
+    while pos < len(records):
+        space = records.find(b" ", pos, pos + MAX_PAX_DIGITS + 1)
+        digits = records[pos:space]
+        if space < 0 or not digits.isdigit() or int(digits) <= space - pos + 1:
+            return f"has a malformed record at {pos}"
+        end = pos + int(digits)
+        if end > len(records) or records[end - 1] != 0x0A or records.find(b"=", space + 2, end) < 0:
+            return f"has a malformed record at {pos}"
+        pos = end
+    return None
 
 
 def _cut_at_nul(field: bytes) -> bool:
