@@ -175,3 +175,40 @@ def test_a_pax_header_of_digits_does_not_stop_the_daemon_for_everyone(
         assert "Traceback" not in text
     finally:
         m.stop()
+
+
+def test_a_package_with_a_malformed_sparse_map_logs_a_reason_not_a_traceback(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A member marked GNU sparse (PAX 1.0) whose map is not a number: tarfile's ValueError went
+    past the TAR walk, the daemon logged "unexpected error describing the archive" with a
+    traceback and showed the package as its raw file. Now the walk stops there with a reason
+    naming the package, and the member before it is served."""
+    import tarfile
+
+    base = open_tmp(tmp_path_factory, "rt38a-sparse")
+    src = base / "src"
+    src.mkdir()
+    keys = {n: corpus.make_keypair(base / "keys", n) for n in ("node", "writer")}
+    body = b" GNU.sparse.major=1\n"
+    major = str(len(body) + 2).encode() + body
+    body = b" GNU.sparse.minor=0\n"
+    pax_body = major + str(len(body) + 2).encode() + body
+    pax = corpus.raw_header(b"././@PaxHeader", len(pax_body), tarfile.XHDTYPE)
+    sparse = pax + corpus._padded(pax_body) + corpus.raw_member(b"s.bin", b"garbage\n")
+    plain = corpus.raw_tar([("before.txt", b"before\n"), sparse, ("after.txt", b"a\n")])
+    (src / "sparse.tar.c4gh").write_bytes(
+        corpus.encrypt(plain, keys["writer"].secret, [keys["node"].public])
+    )
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("--c4gh-key", str(keys["node"].secret_path))
+        folder = m.mnt / "sparse.tar.c4gh"
+        assert folder.is_dir(), m.log_text()[-2000:]
+        assert sorted(os.listdir(folder)) == ["before.txt"]
+        assert (folder / "before.txt").read_bytes() == b"before\n"
+        text = m.log_text()
+        assert "Traceback" not in text, text[-3000:]
+        assert "sparse.tar.c4gh: invalid TAR header at 1024 (ValueError: " in text
+    finally:
+        m.stop()

@@ -103,3 +103,104 @@ def test_a_pax_header_of_digits_is_walked_in_linear_time(record: str) -> None:
     took, rest = done.stdout.split(" ", 1)
     assert float(took) < 1.0
     assert "PAX" in rest, rest
+
+
+# -- GNU sparse maps, which tarfile reads and parses past the walk's bounds -------------------
+
+
+def _pax(records: dict[str, object]) -> bytes:
+    import tarfile
+
+    from tests.conftest import load_tool
+
+    corpus = load_tool("make_c4gh_corpus")
+    body = b""
+    for key, value in records.items():
+        rec = f" {key}={value}\n".encode()
+        length = len(rec) + len(str(len(rec) + 2))
+        body += str(length).encode() + rec
+    head = corpus.raw_header(b"././@PaxHeader", len(body), tarfile.XHDTYPE)
+    return bytes(head + corpus._padded(body))
+
+
+def _old_sparse(extension_blocks: int) -> bytes:
+    """A GNU sparse ('S') header saying an extension block follows, then that many of them,
+    each saying another follows (the last one too: the chain runs into the end marker)."""
+    import tarfile
+
+    from tests.conftest import load_tool
+
+    head = bytearray(load_tool("make_c4gh_corpus").raw_header(b"s", 0, tarfile.GNUTYPE_SPARSE))
+    head[482] = 1  # isextended
+    head[148:156] = b" " * 8
+    head[148:156] = b"%06o\0 " % sum(head)
+    ext = bytearray(512)
+    for i in range(21):
+        ext[i * 24 : i * 24 + 24] = b"%011o\0" % 1 + b"%011o\0" % 1
+    ext[504] = 1
+    return bytes(head) + bytes(ext) * extension_blocks
+
+
+SPARSE_CASES = {  # the TAR, given the corpus tool
+    "pax-1.0-map-not-a-number": lambda c: c.raw_tar([
+        ("a.txt", b"a"),
+        _pax({"GNU.sparse.major": 1, "GNU.sparse.minor": 0}) + c.raw_member(b"s", b"garbage\n"),
+    ]),
+    "pax-1.0-map-cut-short": lambda c: c.raw_tar([
+        ("a.txt", b"a"),
+        _pax({"GNU.sparse.major": 1, "GNU.sparse.minor": 0}) + c.raw_member(b"s", b"5\n1\n"),
+    ]),
+    "pax-0.1-map-of-words": lambda c: c.raw_tar([
+        ("a.txt", b"a"),
+        _pax({"GNU.sparse.map": "1,x"}) + c.raw_member(b"s", b"d"),
+    ]),
+    # the package ends where the extension block should be
+    "old-sparse-extension-missing": lambda c: c.raw_tar([("a.txt", b"a")])[:1024] + _old_sparse(0),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", SPARSE_CASES)
+def test_a_malformed_sparse_map_stops_the_walk_with_a_reason(case: str) -> None:
+    """tarfile raised ValueError or IndexError out of these (not a HeaderError): past
+    build_index and the backend, and the daemon logged a traceback for the package."""
+    from tests.conftest import load_tool
+    from vfs.c4gh.tarindex import BytesSource, build_index
+
+    corpus = load_tool("make_c4gh_corpus")
+    index = build_index(BytesSource(SPARSE_CASES[case](corpus)), "x.tar.c4gh")
+    assert [m.name for m in index.members] == ["a.txt"]
+    problem = index.problems[0]
+    assert problem.startswith("x.tar.c4gh: invalid TAR header at 1024 (")
+    assert problem.endswith("members after it not listed")
+
+
+@pytest.mark.parametrize("style", ["pax-1.0", "old"])
+def test_a_huge_sparse_map_costs_the_walk_a_bounded_read(style: str) -> None:
+    """A sparse map of 8 MiB (a number a line, or 16,000 extension blocks): tarfile read it all,
+    a Python int (or tuple) kept per number, ~6 bytes of memory per byte of the package, until
+    the package ended. Now it reads at most MAX_SPARSE_READ past the header."""
+    import tracemalloc
+
+    from tests.conftest import load_tool
+    from vfs.c4gh.tarindex import BytesSource, build_index
+
+    bound = 64 << 10  # MAX_SPARSE_READ
+
+    corpus = load_tool("make_c4gh_corpus")
+    if style == "old":
+        hostile = _old_sparse(8 << 11)
+    else:
+        data = b"99999999\n" + b"1\n" * (4 << 20)
+        hostile = _pax({"GNU.sparse.major": 1, "GNU.sparse.minor": 0}) + corpus.raw_member(
+            b"s", data
+        )
+    tar = corpus.raw_tar([("a.txt", b"a"), hostile])
+    tracemalloc.start()
+    try:
+        index = build_index(BytesSource(tar), "x.tar.c4gh")
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * bound + (1 << 20), f"the walk peaked at {peak >> 20} MiB"
+    assert [m.name for m in index.members] == ["a.txt"]
+    assert "reads more than 65536 bytes past its block" in index.problems[0]
