@@ -204,3 +204,18 @@ def test_a_huge_sparse_map_costs_the_walk_a_bounded_read(style: str) -> None:
     assert peak < 4 * bound + (1 << 20), f"the walk peaked at {peak >> 20} MiB"
     assert [m.name for m in index.members] == ["a.txt"]
     assert "reads more than 65536 bytes past its block" in index.problems[0]
+
+
+@pytest.mark.parametrize("mtime", ["1e400", "-1e400", "nan"])
+def test_a_member_whose_pax_mtime_is_no_finite_number_is_dropped_with_a_reason(mtime: str) -> None:
+    """tarfile keeps a PAX mtime as a float: int() of it raised OverflowError (ValueError for
+    nan) out of build_index, a traceback in the daemon's log and the package shown raw."""
+    from tests.conftest import load_tool
+    from vfs.c4gh.tarindex import BytesSource, build_index
+
+    corpus = load_tool("make_c4gh_corpus")
+    hostile = _pax({"mtime": mtime}) + corpus.raw_member(b"b.txt", b"b")
+    tar = corpus.raw_tar([("a.txt", b"a"), hostile, ("c.txt", b"c")])
+    index = build_index(BytesSource(tar), "x.tar.c4gh")
+    assert [m.name for m in index.members] == ["a.txt", "c.txt"]
+    assert index.dropped == [("b.txt", f"mtime {float(mtime)} is not a finite number")]

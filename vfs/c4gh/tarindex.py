@@ -11,6 +11,7 @@ hostile one costs bounded memory and time before anything is allocated for it.
 
 from __future__ import annotations
 
+import math
 import re
 import tarfile
 from dataclasses import dataclass, field
@@ -300,6 +301,12 @@ def _next_header(walker: _Walker, offset: int, name: str) -> _Header | str | Non
         walker.fileobj.allowance = None
 
 
+def _mtime_reason(info: tarfile.TarInfo) -> str | None:
+    """A PAX mtime of "1e400" or "nan" is a float tarfile keeps, which no int holds: its
+    OverflowError went past the walk (a traceback in the daemon's log, the package raw)."""
+    return None if math.isfinite(info.mtime) else f"mtime {info.mtime} is not a finite number"
+
+
 def _kind_reason(info: tarfile.TarInfo) -> str | None:
     if info.type in REGULAR and info.sparse is None:
         return None
@@ -371,6 +378,7 @@ def build_index(
             continue
         reason = (
             _kind_reason(info)
+            or _mtime_reason(info)
             or unsafe_reason(info.name, max_depth)
             or tree.conflict(info.name.split("/"))
         )
