@@ -212,3 +212,52 @@ def test_a_package_with_a_malformed_sparse_map_logs_a_reason_not_a_traceback(
         assert "sparse.tar.c4gh: invalid TAR header at 1024 (ValueError: " in text
     finally:
         m.stop()
+
+
+def test_a_private_archive_s_digest_is_not_told_through_a_collection_view(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """A collection whose decant archive `images/scan.tif.zarr.zip` its owner keeps 0600: its
+    members view showed the archive's original (`Kymograph 1.tif`) 0444, with the collection
+    folder's modes, so another user read its sha256 (`getfattr -d`) and `access(R_OK)` said
+    yes; only the open was refused. A view's file now takes the owner, group and read bits of
+    what it is read from, as a nested series member takes its bundle's."""
+    import numpy as np
+    import tifffile
+
+    from vfs.decant.packer import pack_file
+
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt38a-view")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    src.chmod(0o755)
+    original = base / "scan.tif"
+    scan = np.random.default_rng(11).integers(0, 60000, (4, 96, 72), dtype=np.uint16)
+    tifffile.imwrite(original, scan, photometric="minisblack")
+    packed = pack_file(original, base / "scan.tif.zarr.zip")
+    load_tool("make_acqstore_corpus").make_collection(src / "coll", decant_archive=packed.archive)
+    for path in [src / "coll", *(src / "coll").rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    archive = src / "coll" / "images" / "scan.tif.zarr.zip"
+    archive.chmod(0o600)
+    assert u.errno_of("read(p)", p=archive) == errno.EACCES
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only")
+        member = m.mnt / "coll" / "members"
+        tifs = [p for p in member.rglob("*.tif") if "user.decant.sha256" in os.listxattr(p)]
+        assert tifs, m.log_text()[-2000:]
+        for tif in tifs:
+            assert tif.read_bytes() == original.read_bytes()  # its owner (root) reads it
+            assert u.errno_of("read(p)", p=tif) == errno.EACCES
+            got = u.errno_of("os.getxattr(p, 'user.decant.sha256')", p=tif)
+            assert got == errno.EACCES, "another user read the sha256 of a private archive"
+            assert not u.value_of("os.access(p, os.R_OK)", p=tif)
+        stack = member / "Stack 2" / "Stack 2.tif"  # a synthesized TIFF of a readable image
+        assert stat.S_IMODE(stack.stat().st_mode) == 0o444
+        assert u.errno_of("read(p)", p=stack) == 0
+        (table,) = (member / "tables").glob("velocity*.csv")
+        assert u.errno_of("read(p)", p=table) == 0
+    finally:
+        m.stop()

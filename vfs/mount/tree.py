@@ -28,7 +28,7 @@ from vfs.backends.base import (
     presented_mode,
     serves_owner,
 )
-from vfs.beneath import open_beneath
+from vfs.beneath import open_beneath, stat_beneath
 from vfs.decant import MANIFEST_KEY, TEMP_PREFIX, archive_stat
 from vfs.errors import DecantError
 from vfs.mount.described import DESCRIBED_ENTRIES, DescribedTrees
@@ -542,7 +542,32 @@ class SourceTree:
             kid.version = node.version  # members share their archive's (or view's) identity
             if not child.is_dir and child.locator.get("bundle"):
                 self._as_its_bundle(kid, node.real, child.locator["bundle"])
+            elif not child.is_dir and node.backend in self.overlays:
+                self._as_its_source(kid, node.real, member, child)
         return kids
+
+    @staticmethod
+    def _as_its_source(kid: Node, root: Path, member: str, entry: Entry) -> None:
+        """A view's file shown with the owner, group and read bits of the file (or image
+        folder) in the collection it is read from, as a nested series member takes its
+        bundle's: shown with the collection folder's, a decant archive kept 0600 there had its
+        original's sha256 and name read with `getfattr` by anyone who may enter the collection
+        (the open itself was refused: ops._may_read_through). One stat a file, as its folder is
+        listed; one that cannot be reached from the collection is shown to its owner only."""
+        reads_for = getattr(kid.backend, "reads_for", None)
+        targets = reads_for(root, member, entry) if reads_for is not None else []
+        try:
+            if len(targets) != 1:
+                raise FileNotFoundError(member)
+            sst = stat_beneath(root, targets[0])  # no link followed on the way; ACL-narrowed
+        except OSError:
+            kid.mode &= 0o500
+            return
+        if not (stat.S_ISREG(sst.st_mode) or stat.S_ISDIR(sst.st_mode)):
+            kid.mode &= 0o500
+            return
+        kid.mode = presented_mode(sst.st_mode, mode_mask_of(kid.backend), False) & 0o444
+        kid.uid, kid.gid = sst.st_uid, sst.st_gid
 
     @staticmethod
     def _as_its_bundle(kid: Node, folder: Path, bundle: object) -> None:
