@@ -261,3 +261,42 @@ def test_a_private_archive_s_digest_is_not_told_through_a_collection_view(
         assert u.errno_of("read(p)", p=table) == 0
     finally:
         m.stop()
+
+
+def test_a_private_collection_document_s_names_are_not_listed_to_others(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """A collection whose owner keeps `acqstore/collection.json` 0600: another user cannot read
+    it in SRC, but the members view, shown with the collection folder's modes (0555), listed
+    its member names and table ids (`ls members/`), read from that document by the root
+    daemon. The view is now shown without the read and search bits of a class that may not
+    read the document, as a folder archive is for its manifest."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt38a-names")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    src.chmod(0o755)
+    load_tool("make_acqstore_corpus").make_collection(src / "coll")
+    for path in [src / "coll", *(src / "coll").rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    doc = src / "coll" / "acqstore" / "collection.json"
+    doc.chmod(0o600)
+    assert u.errno_of("read(p)", p=doc) == errno.EACCES
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only")
+        view = m.mnt / "coll" / "members"
+        names = sorted(os.listdir(view))
+        assert "Stack 2" in names, m.log_text()[-2000:]
+        got = u.errno_of("os.listdir(p)", p=view)
+        assert got == errno.EACCES, "member names of a private collection.json listed"
+        assert u.errno_of("os.stat(p)", p=view / "Stack 2") == errno.EACCES
+        doc.chmod(0o644)  # positive control: readable again, listed again
+        time.sleep(0.5)
+        deadline = time.monotonic() + 5
+        while u.errno_of("os.listdir(p)", p=view) != 0:
+            assert time.monotonic() < deadline, "the view stayed closed"
+            time.sleep(0.2)
+        assert sorted(u.value_of("os.listdir(p)", p=view)) == names
+    finally:
+        m.stop()

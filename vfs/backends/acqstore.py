@@ -69,6 +69,9 @@ class AcqStoreBackend:
 
     name = "acqstore"
     overlay = True
+    # The view's names (members, tables) are read from this document: the view is shown with
+    # the read and search bits of each class that may read it (vfs.mount.tree._manifest_mask).
+    document = ENTRY_POINT
     # The view's nodes are keyed by its description (paths, sizes), not by its files' bytes: a
     # chunk file or CSV written anew keeps the node, so the kernel keeps no page of it across
     # opens, and `forget` drops the collection's decoded planes when anything in it changes.

@@ -398,6 +398,9 @@ class SourceTree:
         st = acl_stat(folder, os.stat(folder))
         node = archive_node(overlay, folder, st, "", desc.root, "")
         node.version = _view_version(st, desc)
+        document = getattr(overlay, "document", None)
+        if document is not None:  # the view lists names read from it (member names, ids)
+            node.mode &= _manifest_mask(folder, document)
         if desc.root.is_dir:
             self.trees.put(_tree_key(node), desc.root)
         out[desc.name] = node
@@ -631,16 +634,17 @@ def _tree_key(node: Node) -> TreeKey:
     return node.real_text, node.backend.name, node.version
 
 
-def _manifest_mask(path: Path) -> int:
+def _manifest_mask(path: Path, key: str = MANIFEST_KEY) -> int:
     """The mode bits a folder archive's presented entry may keep: its name, size and sha256
-    (xattrs) come from `.decant/manifest.json`, which keeps a mode of its own, so a class of
-    users that may not read it there (or search `.decant/`) is shown no read or search bit.
+    (xattrs) come from `.decant/manifest.json` (`key`; an AcqStore view's names from its
+    `acqstore/collection.json`), which keeps a mode of its own, so a class of users that may
+    not read it there (or search the folder holding it) is shown no read or search bit.
     The kernel then refuses them `getxattr`, `access` and the open, as SRC would (an open
     checks every file of the folder again: ops._may_read_through). Two lstats a listing."""
     try:
-        inner = path / MANIFEST_KEY.rpartition("/")[0]
+        inner = path / key.rpartition("/")[0]
         folder = acl_mode(inner, os.lstat(inner).st_mode)
-        manifest = acl_mode(path / MANIFEST_KEY, os.lstat(path / MANIFEST_KEY).st_mode)
+        manifest = acl_mode(path / key, os.lstat(path / key).st_mode)
     except OSError:
         return 0o7777  # describing it read the manifest: gone since, an open says why
     mask = 0o7777
