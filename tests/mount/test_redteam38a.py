@@ -300,3 +300,39 @@ def test_a_private_collection_document_s_names_are_not_listed_to_others(
         assert sorted(u.value_of("os.listdir(p)", p=view)) == names
     finally:
         m.stop()
+
+
+def test_a_private_analyses_document_s_ids_are_not_listed_to_others(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """A member's `analyses.json` kept 0600 by its owner: the view showed its analysis ids as
+    folders of the member's folder (and their resource ids as CSV names) with the collection
+    folder's modes, to anyone who may enter the collection. The member's folder and those
+    folders now lose the bits of a class that may not read the document."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt38a-analyses")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    src.chmod(0o755)
+    load_tool("make_acqstore_corpus").make_collection(src / "coll")
+    for path in [src / "coll", *(src / "coll").rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    doc = json.loads((src / "coll/acqstore/collection.json").read_text())
+    member = next(m for m in doc["members"] if m["resources"].get("analyses"))
+    analyses = src / "coll" / member["resources"]["analyses"]
+    ids = [a["id"] for a in json.loads(analyses.read_text())["analyses"]]
+    analyses.chmod(0o600)
+    assert u.errno_of("read(p)", p=analyses) == errno.EACCES
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only")
+        folder = m.mnt / "coll" / "members" / member["name"]
+        assert set(ids) <= set(os.listdir(folder)), m.log_text()[-2000:]  # root sees them
+        assert u.errno_of("os.listdir(p)", p=folder) == errno.EACCES
+        for aid in ids:
+            assert u.errno_of("os.listdir(p)", p=folder / aid) == errno.EACCES, aid
+        others = [x for x in doc["members"] if x is not member]
+        assert others  # positive control: a member whose documents are readable
+        assert u.errno_of("os.listdir(p)", p=m.mnt / "coll" / "members" / others[0]["name"]) == 0
+    finally:
+        m.stop()

@@ -118,9 +118,17 @@ def _member_entry(
     add("acqimage.json", _file(root, member["resources"]["acqimage"]))
     analyses_path = member["resources"].get("analyses")
     if analyses_path:
+        # The folder lists analysis ids read from this document (vfs.mount.tree): shown only
+        # to a class that may read it, as `members/` is for collection.json.
+        entry.locator = {"kind": "folder", "path": paths.normalize(analyses_path)}
         add("analyses.json", _file(root, analyses_path))
         for analysis in docs[paths.normalize(analyses_path)]["analyses"]:
-            sub = Entry(is_dir=True, xattrs={"user.acqstore.analysis_id": analysis["id"]})
+            sub = Entry(
+                is_dir=True,
+                xattrs={"user.acqstore.analysis_id": analysis["id"]},
+                # its name and its files' names come from this document (vfs.mount.tree)
+                locator={"kind": "folder", "path": paths.normalize(analyses_path)},
+            )
             names: set[str] = set()
             for res in analysis["resources"]:
                 sub.children[unique_name(safe_name(res["id"]) + ".csv", names)] = _file(

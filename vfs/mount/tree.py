@@ -547,6 +547,8 @@ class SourceTree:
                 self._as_its_bundle(kid, node.real, child.locator["bundle"])
             elif not child.is_dir and node.backend in self.overlays:
                 self._as_its_source(kid, node.real, member, child)
+            elif child.locator.get("kind") == "folder" and node.backend in self.overlays:
+                kid.mode &= _document_mask(node.real, str(child.locator.get("path", "")))
         return kids
 
     @staticmethod
@@ -650,6 +652,25 @@ def _manifest_mask(path: Path, key: str = MANIFEST_KEY) -> int:
     mask = 0o7777
     for shift in (6, 3, 0):
         if not ((manifest >> shift) & 4 and (folder >> shift) & 1):
+            mask &= ~(0o5 << shift)
+    return mask
+
+
+def _document_mask(root: Path, rel: str) -> int:
+    """`_manifest_mask` for a document at any depth below `root` (an AcqStore member's
+    analyses.json, whose analysis ids a view shows as folder names): no read or search bit
+    for a class that may not read it there, or search a folder on the way. A stat a folder."""
+    parts = rel.split("/")
+    if not rel or any(p in ("", ".", "..") for p in parts):
+        return 0o7700
+    try:
+        held = [root.joinpath(*parts[: n + 1]) for n in range(len(parts))]
+        modes = [acl_mode(p, os.lstat(p).st_mode) for p in held]
+    except OSError:
+        return 0o7700  # gone since the view was built: its owner's only until it is built anew
+    mask = 0o7777
+    for shift in (6, 3, 0):
+        if not ((modes[-1] >> shift) & 4 and all((m >> shift) & 1 for m in modes[:-1])):
             mask &= ~(0o5 << shift)
     return mask
 
