@@ -41,7 +41,10 @@ def narrowed_mode(mode: int, raw: bytes) -> int:
     least = 7
     for perm in named:
         least &= perm & mask
-    group = (mode >> 3) & 7 & least
+    # With named entries the group bits are the mask; the owning group gets its own entry
+    # under it (group::--- with mask rwx denies the group, though `ls -l` shows rwx).
+    owning = perms.get(GROUP_OBJ, [0])[0] & mask
+    group = (mode >> 3) & 7 & least & owning
     other = mode & 7 & least
     return (mode & ~NOT_OWNER) | group << 3 | other
 

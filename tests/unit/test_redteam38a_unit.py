@@ -219,3 +219,12 @@ def test_a_member_whose_pax_mtime_is_no_finite_number_is_dropped_with_a_reason(m
     index = build_index(BytesSource(tar), "x.tar.c4gh")
     assert [m.name for m in index.members] == ["a.txt", "c.txt"]
     assert index.dropped == [("b.txt", f"mtime {float(mtime)} is not a finite number")]
+
+
+def test_the_owning_group_s_own_entry_under_the_mask_is_honoured() -> None:
+    """group::--- with a named user's rwx (mask rwx): `ls -l` shows the group bits as the mask
+    (rwx), yet the kernel denies the owning group; the first version of narrowed_mode kept the
+    mask's bits for the group class (looser than SRC)."""
+    raw = acl((USER_OBJ, 6, ANY), (USER, 6, 999), (GROUP_OBJ, 0, ANY), (MASK, 6, ANY),
+              (OTHER, 4, ANY))  # fmt: skip
+    assert narrowed_mode(0o100664, raw) == 0o100604
