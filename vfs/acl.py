@@ -35,7 +35,7 @@ def narrowed_mode(mode: int, raw: bytes) -> int:
     if set(perms) - {USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER}:
         return mode & ~NOT_OWNER
     named = perms.get(USER, []) + perms.get(GROUP, [])
-    if not named:
+    if not named and MASK not in perms:
         return mode
     mask = perms.get(MASK, [7])[0]
     least = 7

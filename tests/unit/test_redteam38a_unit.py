@@ -228,3 +228,9 @@ def test_the_owning_group_s_own_entry_under_the_mask_is_honoured() -> None:
     raw = acl((USER_OBJ, 6, ANY), (USER, 6, 999), (GROUP_OBJ, 0, ANY), (MASK, 6, ANY),
               (OTHER, 4, ANY))  # fmt: skip
     assert narrowed_mode(0o100664, raw) == 0o100604
+
+
+def test_a_mask_without_named_entries_still_leaves_the_group_its_own_entry() -> None:
+    """`setfacl -m m::rwx,g::---`: no named entry, but the group bits shown are the mask's."""
+    raw = acl((USER_OBJ, 6, ANY), (GROUP_OBJ, 0, ANY), (MASK, 6, ANY), (OTHER, 4, ANY))
+    assert narrowed_mode(0o100664, raw) == 0o100604
