@@ -573,6 +573,9 @@ class SourceTree:
             return
         kid.mode = presented_mode(sst.st_mode, mode_mask_of(kid.backend), False) & 0o444
         kid.uid, kid.gid = sst.st_uid, sst.st_gid
+        rel = entry.locator.get("path")
+        if isinstance(rel, str):  # and no class that may not search a folder on the way
+            kid.mode &= _document_mask(root, rel)
 
     @staticmethod
     def _as_its_bundle(kid: Node, folder: Path, bundle: object) -> None:
