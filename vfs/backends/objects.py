@@ -38,10 +38,10 @@ class BoundBackend:
             record = getattr(self.inner, "chunk_digests_at", None)
             if record is None:
                 raise AttributeError(name)
-            # `expect` (the sha256 that verified) is for local folder archives, whose files
-            # can change under an unchanged folder stat; an object's GETs are pinned to the
-            # version listed (`_listed`).
-            return lambda path, expect=None: record(self._listed(path), self.key_of(path))
+            # `expect`: the sha256 that verified. A zip object's GETs are pinned to the version
+            # listed (`_listed`); a `NAME.zarr/` prefix's objects change under an unchanged
+            # manifest, so its map is only made of objects that reconstruct to it.
+            return lambda path, expect=None: record(self._listed(path), self.key_of(path), expect)
         return getattr(self.inner, name)
 
     def _listed(self, path: PurePosixPath) -> Any:

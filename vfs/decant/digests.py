@@ -16,8 +16,9 @@ from pathlib import Path
 from vfs.decant.digestmap import MAX_MAP_CHUNKS, DigestRecorder, metadata_digests
 from vfs.decant.limits import MAX_CHUNK_BYTES, compressed_bound
 from vfs.decant.reader import DecantArchive
-from vfs.decant.store import DirectoryStore, Store, is_chunk_key
-from vfs.errors import IntegrityError
+from vfs.decant.store import DirectoryStore, FolderStore, Store, is_chunk_key
+from vfs.errors import CorruptArchiveError, IntegrityError
+from vfs.stores.base import Folder
 
 
 def archive_digests(path: Path, expect: str | None = None) -> dict[str, int] | None:
@@ -35,6 +36,24 @@ def archive_digests(path: Path, expect: str | None = None) -> dict[str, int] | N
             archive.store.pinned = {}
             _require_reconstructs(archive, expect)
         return opened_digests(archive)
+
+
+def folder_digests(folder: Folder, key: str, expect: str | None = None) -> dict[str, int] | None:
+    """`archive_digests` of the archive at `key` of any folder (a bucket prefix). A `NAME.zarr/`
+    prefix's objects are replaced one by one with no change to its identity (its manifest's),
+    which keys the map: as a local folder archive's, its map is made only from objects that
+    reconstruct to `expect`, each held to the version that did (FolderStore.pinned). Read
+    again without, a chunk replaced after its plane was served (from the cache) to the hash
+    that verified was recorded as the archive's, and served as verified after a restart."""
+    with DecantArchive.open_at(folder, key) as archive:
+        if not isinstance(archive.store, FolderStore):
+            return opened_digests(archive)
+        archive.store.pinned = {}
+        try:
+            _require_reconstructs(archive, expect)
+            return opened_digests(archive)
+        except CorruptArchiveError as exc:  # an object replaced between its two reads
+            raise IntegrityError(f"{archive.path}: changed since it verified ({exc})") from None
 
 
 def _require_reconstructs(archive: DecantArchive, expect: str | None) -> None:

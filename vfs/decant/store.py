@@ -805,11 +805,17 @@ def _file_version(st: os.stat_result) -> tuple[int, int, int, int]:
 
 class FolderStore(Store):
     """A `.zarr/` archive in a folder that need not be local (a bucket prefix): keys are the
-    folder's keys. Sizes are checked against the limit (one HEAD) before a value is fetched."""
+    folder's keys. Sizes are checked against the limit (one HEAD) before a value is fetched.
+    Its objects are replaced one by one, with no change to the archive's identity (its
+    manifest's): `stable` is False, and with `pinned` set (a dict), each key is held to the
+    object version (size, ETag, Last-Modified) its first read found."""
+
+    stable = False
 
     def __init__(self, folder: Folder) -> None:
         super().__init__(folder.name)
         self.folder = folder
+        self.pinned: dict[str, tuple[object, ...]] | None = None
 
     def get(self, key: str, limit: int) -> bytes | None:
         if any(p in ("", ".", "..") for p in key.split("/")):
@@ -824,6 +830,11 @@ class FolderStore(Store):
         try:
             if source.size > limit:
                 raise self._too_large(key, source.size, limit)
+            if self.pinned is not None:
+                info = getattr(source, "info", None)
+                version = (source.size,) if info is None else info.identity
+                if self.pinned.setdefault(key, version) != version:
+                    raise ObjectChangedError(key)
             read = getattr(source, "read_apart", None) or source.read
             data = read(0, source.size)
         except ObjectChangedError:

@@ -1,0 +1,147 @@
+"""Red team, round 38d: folder archives (`NAME.zarr/` prefixes) in a bucket, rewritten in place
+or with a chunk swapped, through real mounts and real clients.
+
+Expected bytes come from the arrays handed to tifffile, never from vfs. Each test failed before
+the fix its docstring names.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import obstore
+import pytest
+import tifffile
+from obstore.store import S3Store
+
+from tests.mount.conftest import HAVE_FUSE, Mount, open_tmp
+from tests.s3.conftest import S3Bucket
+from tests.s3.test_mount_bucket_write import wait_for
+
+pytestmark = [
+    pytest.mark.mount,
+    pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3"),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+MountFactory = Callable[..., Mount]
+
+
+def client(bucket: S3Bucket) -> S3Store:
+    return S3Store(bucket.name, client_options={"allow_http": True})
+
+
+@pytest.fixture
+def bucket_mount(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MountFactory]:
+    """Mounts of a bucket URL by this checkout's daemon; one started again under the same name
+    keeps its index."""
+    mounts: list[Mount] = []
+    where = open_tmp(tmp_path_factory, "rt38d")
+
+    def factory(url: str, *extra: str, name: str = "mnt") -> Mount:
+        m = Mount(url, where / name, tmp_path / f"{name}-{len(mounts)}.log",  # type: ignore[arg-type]
+                  tmp_path / f"{name}-index")  # fmt: skip
+        mounts.append(m)
+        return m.start(*extra)
+
+    yield factory
+    for m in mounts:
+        m.stop()
+
+
+def tiff(seed: int, planes: int = 8, side: int = 128) -> bytes:
+    buf = io.BytesIO()
+    data = np.random.default_rng(seed).integers(0, 60000, (planes, side, side), dtype=np.uint16)
+    tifffile.imwrite(buf, data, photometric="minisblack")
+    return buf.getvalue()
+
+
+def pack(tmp_path: Path, data: bytes, archive: str) -> Path:
+    """`decant pack` of `data` (as x.tif) to the folder archive `archive` under `tmp_path`."""
+    src = tmp_path / archive / "in" / "x.tif"
+    src.parent.mkdir(parents=True)
+    src.write_bytes(data)
+    out = tmp_path / archive / "x.tif.zarr"
+    done = subprocess.run([sys.executable, "-m", "vfs.commands", "pack", "-q", str(src),
+                           "-o", str(out)], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def upload(bucket: S3Bucket, local: Path, key: str) -> None:
+    """A folder as one object per file under `key/`, in key order (as `aws s3 sync` puts them:
+    `.decant/manifest.json` sorts first), or a file as the one object `key`."""
+    store = client(bucket)
+    if local.is_file():
+        obstore.put(store, bucket.key(key), local.read_bytes())
+        return
+    for path in sorted(p for p in local.rglob("*") if p.is_file()):
+        obstore.put(store, bucket.key(f"{key}/{path.relative_to(local).as_posix()}"),
+                    path.read_bytes())  # fmt: skip
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _verdict(path: Path) -> str:
+    return os.getxattr(path, "user.decant.verified").decode()
+
+
+def _read_through(path: Path, timeout: float) -> bytes | int:
+    """The whole file read through a new handle, once it reads without error within `timeout`
+    seconds; else the last errno."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                return exc.errno or -1
+            time.sleep(0.2)
+
+
+def test_a_chunk_swapped_after_a_partial_read_is_not_recorded_as_verified(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    """A user reads 4 KiB of `x.tif` (its first plane is decoded into the daemon's cache) and
+    closes it; the chunk object of that plane is then overwritten with another archive's (same
+    shape). The background verification hashes the cached plane (right), then records the
+    chunk digests by GETting every chunk object again, as it is now: the other archive's
+    chunk. After a restart with the same index the other scan's plane is served, checked
+    against its own digest, as verified (`sha256sum` printed the other TIFF's hash). Fixed: a
+    `NAME.zarr/` prefix's digest map is made only from objects that reconstruct to the sha256
+    that verified, each held to the version that did (FolderStore.pinned)."""
+    data, other = tiff(5), tiff(6)
+    upload(s3_bucket, pack(tmp_path, data, "mine"), "x.tif.zarr")
+    theirs = pack(tmp_path, other, "theirs")
+    m = bucket_mount(s3_bucket.url())
+    shown = m.mnt / "x.tif"
+    fd = os.open(shown, os.O_RDONLY)
+    try:
+        assert os.pread(fd, 4096, 256) == data[256 : 256 + 4096]  # plane 0: chunk 0/0.0.0
+        upload(s3_bucket, theirs / "0" / "0.0.0", "x.tif.zarr/0/0.0.0")
+    finally:
+        os.close(fd)  # closed early: a background verification is queued
+    wait_for(lambda: "x.tif.zarr: verified sha256" in m.log_text(), 20, "verified")
+    time.sleep(1.0)  # its digests recorded, or not
+    m.stop()
+    again = bucket_mount(s3_bucket.url())
+    got = _read_through(again.mnt / "x.tif", timeout=0)
+    assert got != data  # the chunk object is another scan's now
+    assert not (isinstance(got, bytes) and got[256:33024] == other[256:33024]), (
+        "the other archive's plane served as verified"
+    )
+    assert got == errno.EIO
+    assert _verdict(again.mnt / "x.tif") != "yes"
