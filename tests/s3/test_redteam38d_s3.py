@@ -145,3 +145,39 @@ def test_a_chunk_swapped_after_a_partial_read_is_not_recorded_as_verified(
     )
     assert got == errno.EIO
     assert _verdict(again.mnt / "x.tif") != "yes"
+
+
+@pytest.mark.parametrize("variant", ["same-layout", "fewer-planes", "damaged"])
+def test_a_folder_archive_rewritten_in_place_is_described_anew(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path, variant: str
+) -> None:
+    """`x.tif.zarr/` in the bucket, read and verified, is overwritten in place with another
+    archive's objects (every key of B put over x's: manifest, metadata, chunks). Its prefix
+    lists as a name, with no identity, so no relisting saw a change: the node kept the old
+    manifest's identity, description and digests, and every open of `x.tif` failed with EIO
+    (B's chunks against x's digests) until a restart. Fixed: an open whose manifest is not the
+    one listed gives ESTALE (its folder is listed again), and a prefix's version folds in its
+    manifest's identity: the rewrite is a new node, with a new inode (the kernel's cached
+    pages of the old one are not served for it) and no verdict (`damaged`: B with one chunk
+    of a third archive, which a verdict kept by the old node's key served unhashed)."""
+    old, new = tiff(7), tiff(8, 3 if variant == "fewer-planes" else 8)
+    upload(s3_bucket, pack(tmp_path, old, "mine"), "x.tif.zarr")
+    theirs = pack(tmp_path, new, "theirs")
+    if variant == "damaged":
+        third = pack(tmp_path, tiff(11), "third")
+        (theirs / "0" / "3.0.0").write_bytes((third / "0" / "3.0.0").read_bytes())
+    m = bucket_mount(s3_bucket.url(), "--relist", "1")
+    shown = m.mnt / "x.tif"
+    assert _sha(shown.read_bytes()) == _sha(old)
+    wait_for(lambda: _verdict(shown) == "yes", 20, "verified")
+    assert shown.read_bytes() == old  # verified: now in the kernel's page cache
+    upload(s3_bucket, theirs, "x.tif.zarr")
+    time.sleep(2.5)  # relisted, and the kernel's attributes expired
+    got = _read_through(shown, timeout=5.0)
+    assert got != old, "the old archive's bytes served for the rewritten one"
+    if variant == "damaged":
+        assert got == errno.EIO, "a damaged rewrite served as verified"
+        return
+    assert isinstance(got, bytes), f"errno {got} reading the rewritten archive"
+    assert _sha(got) == _sha(new)
+    assert os.stat(shown).st_size == len(new)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import errno
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import Any
 
 from vfs.backends.base import Description, Entry
-from vfs.stores.base import ByteSource, Folder, ObjectInfo, ObjectPath, replaced
+from vfs.decant import MANIFEST_KEY
+from vfs.stores.base import ByteSource, Folder, ObjectInfo, ObjectPath, join_key, replaced
 
 KeyOf = Callable[[PurePosixPath], str]
 
@@ -125,6 +127,16 @@ class _Listed:
         now = self._folder.stat(self._info.key)
         if now is None or replaced(self._info, now):
             raise self._stale()
+
+    def sub(self, prefix: str) -> Any:
+        """The folder `prefix` names; the archive's own (a `NAME.zarr/`, whose identity is its
+        manifest's) held to the version listed: a manifest read there that is not it gives
+        ESTALE. Overwritten in place by another archive's objects, the prefix was opened as
+        the new archive under the old one's description and digests: EIO at every open."""
+        sub = self._folder.sub(prefix)
+        if prefix != self._key or self._info.key != join_key(prefix, MANIFEST_KEY):
+            return sub
+        return _Listed(sub, MANIFEST_KEY, replace(self._info, key=MANIFEST_KEY))
 
     def _stale(self) -> OSError:
         url = getattr(self._folder, "url_of", str)(self._key)

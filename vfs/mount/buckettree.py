@@ -26,7 +26,7 @@ from typing import Any
 
 from vfs.backends.base import Backend, Description, Entry
 from vfs.backends.objects import ObjectBackend
-from vfs.decant import MANIFEST_KEY, TEMP_PREFIX
+from vfs.decant import MANIFEST_KEY, TEMP_PREFIX, folded_stat
 from vfs.errors import DecantError, ObjectChangedError, ObjectMissingError, StoreError
 from vfs.mount.index import DescriptionIndex, object_description
 from vfs.mount.tree import SourceTree, index_key
@@ -345,8 +345,19 @@ class BucketTree(SourceTree):
         return node
 
     def version_stat(self, path: Path, st: os.stat_result) -> os.stat_result:
-        """As listed: a NAME.zarr/ prefix's identity is its manifest object's already."""
-        return st
+        """An object's as listed; a `NAME.zarr/` prefix's with its manifest object's identity
+        (one HEAD, which `describe` then takes) folded in (vfs.decant.folded_stat). A prefix
+        lists as a name only, so its objects overwritten in place by another archive's kept
+        its node, inode and verdict: once relisted (an open finds the manifest is not the one
+        listed: ESTALE), the new manifest is a new version, described anew."""
+        if not stat.S_ISDIR(st.st_mode) or not isinstance(path, ObjectPath):
+            return st
+        manifest = self.folder.stat(join_key(self.key_of(path), MANIFEST_KEY))
+        if manifest is None:
+            return st
+        if path.info is None:
+            path.info = _DirInfo(manifest.key, manifest.size, manifest.mtime, manifest.etag)
+        return folded_stat(st, _file_stat(manifest, self._uid, self._gid))
 
     def _stat(self, path: Path) -> os.stat_result:
         info = getattr(path, "info", None)
