@@ -181,3 +181,34 @@ def test_a_folder_archive_rewritten_in_place_is_described_anew(
     assert isinstance(got, bytes), f"errno {got} reading the rewritten archive"
     assert _sha(got) == _sha(new)
     assert os.stat(shown).st_size == len(new)
+
+
+def test_a_handle_opened_before_an_in_place_rewrite_serves_no_mix(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    """A handle opened (4 KiB read, not verified yet) before `x.tif.zarr/` was overwritten in
+    place with another archive of the same layout goes on reading chunk objects by their
+    keys: B's chunks decoded by x's manifest, bytes of neither TIFF, until its hash's verdict.
+    Fixed: a prefix's store serves a value no recorded digest checks only while its manifest
+    is still the version it read (EIO at once). Not covered: a chunk read while the upload
+    runs, replaced before the manifest is (the hash's verdict still refuses it)."""
+    old = tiff(9, 8, 256)
+    upload(s3_bucket, pack(tmp_path, old, "mine"), "x.tif.zarr")
+    theirs = pack(tmp_path, tiff(10, 8, 256), "theirs")
+    m = bucket_mount(s3_bucket.url(), "--cache-size", "1M")
+    fd = os.open(m.mnt / "x.tif", os.O_RDONLY)
+    try:
+        assert os.pread(fd, 4096, 0) == old[:4096]
+        time.sleep(1.0)  # the read-ahead that read started is let finish first
+        upload(s3_bucket, theirs, "x.tif.zarr")
+        off = 4096
+        while off < len(old):
+            try:
+                data = os.pread(fd, 65536, off)
+            except OSError as exc:
+                assert exc.errno in (errno.EIO, errno.ESTALE)
+                break
+            assert data == old[off : off + len(data)], f"mixed bytes served at {off}"
+            off += len(data)
+    finally:
+        os.close(fd)

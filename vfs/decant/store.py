@@ -46,7 +46,7 @@ from vfs.errors import (
     ObjectMissingError,
 )
 from vfs.stores import local as _local
-from vfs.stores.base import ByteSource, Folder
+from vfs.stores.base import ByteSource, Folder, ObjectInfo, replaced
 from vfs.stores.local import LocalFile, LocalFolder, open_exact
 
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
@@ -808,7 +808,9 @@ class FolderStore(Store):
     folder's keys. Sizes are checked against the limit (one HEAD) before a value is fetched.
     Its objects are replaced one by one, with no change to the archive's identity (its
     manifest's): `stable` is False, and with `pinned` set (a dict), each key is held to the
-    object version (size, ETag, Last-Modified) its first read found."""
+    object version (size, ETag, Last-Modified) its first read found. Once the manifest is
+    read, a value no recorded digest checks is served only while the manifest is still that
+    version (`_still_as_opened`)."""
 
     stable = False
 
@@ -816,6 +818,7 @@ class FolderStore(Store):
         super().__init__(folder.name)
         self.folder = folder
         self.pinned: dict[str, tuple[object, ...]] | None = None
+        self._manifest: ObjectInfo | None = None  # the manifest's version as read
 
     def get(self, key: str, limit: int) -> bytes | None:
         if any(p in ("", ".", "..") for p in key.split("/")):
@@ -845,7 +848,28 @@ class FolderStore(Store):
             raise CorruptArchiveError(f"{self.path}: {key!r} changed while it was read")
         if self.digests is not None:
             self._check_digest(key, data)
+        if key == MANIFEST_KEY:
+            if self._manifest is None:
+                self._manifest = getattr(source, "info", None)
+        elif self.pinned is None and (self.digests is None or key not in self.digests):
+            self._still_as_opened(key)
         return data
+
+    def _still_as_opened(self, key: str) -> None:
+        """CorruptArchiveError unless the manifest is still the version this store read (one
+        HEAD), after a read of `key` that no recorded digest checked: a prefix overwritten in
+        place with another archive's objects kept its keys, and a handle opened before served
+        the new chunks decoded by the old manifest, bytes of neither original, until its
+        hash's verdict. A pinned store's values are held to their versions instead. (A chunk
+        replaced before the manifest is, while the upload runs, is caught by that verdict.)"""
+        if self._manifest is None:
+            return
+        now = self.folder.stat(MANIFEST_KEY)
+        if now is None or replaced(self._manifest, now):
+            raise CorruptArchiveError(
+                f"{self.path}: rewritten since it was opened (its manifest changed); "
+                f"{key!r} not served"
+            )
 
     def all_keys(self) -> list[str]:
         out: list[str] = []
