@@ -212,3 +212,37 @@ def test_a_handle_opened_before_an_in_place_rewrite_serves_no_mix(
             off += len(data)
     finally:
         os.close(fd)
+
+
+def test_a_rewrite_while_a_verified_handle_is_held_is_read_anew(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    """As above, with a handle of the verified old version held open across the rewrite: a new
+    open must not join the old open archive (it HEADs the manifest: ESTALE, relisted) and
+    reads B's TIFF whole; the held handle reads the old bytes whole, or is refused. Before
+    the fix of the test above, a new `cat` read bytes of neither TIFF, exit 0: the old
+    node's verdict and inode kept (its key unchanged), the kernel's cached page of the held
+    handle's read served with B's bytes after it, unhashed."""
+    old, new = tiff(12), tiff(13)
+    upload(s3_bucket, pack(tmp_path, old, "mine"), "x.tif.zarr")
+    theirs = pack(tmp_path, new, "theirs")
+    m = bucket_mount(s3_bucket.url(), "--relist", "1", "--cache-size", "1M")
+    shown = m.mnt / "x.tif"
+    assert shown.read_bytes() == old
+    wait_for(lambda: _verdict(shown) == "yes", 20, "verified")
+    fd = os.open(shown, os.O_RDONLY)
+    try:
+        assert os.pread(fd, 4096, 0) == old[:4096]
+        upload(s3_bucket, theirs, "x.tif.zarr")
+        time.sleep(2.5)
+        got = _read_through(shown, timeout=5.0)
+        assert isinstance(got, bytes), f"errno {got} reading the rewritten archive"
+        assert _sha(got) == _sha(new)
+        try:
+            stale = b"".join(os.pread(fd, 65536, off) for off in range(0, len(old), 65536))
+        except OSError as exc:
+            assert exc.errno in (errno.EIO, errno.ESTALE)
+        else:
+            assert stale == old, "mixed bytes served to the handle held"
+    finally:
+        os.close(fd)
