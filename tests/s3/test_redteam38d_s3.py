@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -246,3 +247,87 @@ def test_a_rewrite_while_a_verified_handle_is_held_is_read_anew(
             assert stale == old, "mixed bytes served to the handle held"
     finally:
         os.close(fd)
+
+
+def _series(base: Path, seed: int) -> Path:
+    """A nested series (`plates.zarr/`: a bundle per member, the two of other page shapes)."""
+    from vfs.decant.packer import PackOptions
+    from vfs.decant.series import pack_series
+
+    folder = base / f"plates-{seed}"
+    folder.mkdir()
+    (folder / "a.tif").write_bytes(tiff(seed, 2, 64))
+    (folder / "b.tif").write_bytes(tiff(seed + 1, 2, 96))
+    (base / f"{seed}").mkdir()
+    return pack_series(folder, base / f"{seed}" / "plates.zarr", PackOptions()).archive
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+@pytest.mark.parametrize("where", ["local", "bucket"])
+def test_a_bundle_rewritten_while_the_digest_map_is_made_is_not_left_verified(
+    s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, when: str
+) -> None:
+    """A nested series' digest map is made in two passes over a folder archive: one checks
+    every original reconstructs to its sha256, the other reads the digests, each opening a
+    member's bundle anew. A bundle replaced between them (`after` the reconstructing pass) by
+    a forged one (the bundle's own manifest, which the series checks, over another series'
+    chunks of that shape) while the first pass held it open failed the second with the
+    bundle's CRC-32 (a local bundle rewritten in place) or ObjectChangedError (its ETag),
+    which the mount (ops._mark_verified) takes as "chunk digests not recorded" and keeps the
+    verdict, with no map; the folder archive's identity (its manifest's) is unchanged, so the
+    forged bundle is then read as verified, with only its own CRC-32s to check it (read from
+    the code, not run through a mount here). Fixed: such a change is an IntegrityError (the
+    verdict forgotten); a swap `before` the reconstructing pass fails it likewise."""
+    from vfs.backends.decant import DecantBackend
+    from vfs.cache import PageCache
+    from vfs.decant import verify
+    from vfs.decant.digests import archive_digests
+    from vfs.decant.reader import DecantArchive
+    from vfs.decant.store import is_chunk_key
+    from vfs.errors import IntegrityError
+    from vfs.stores.s3 import S3Folder
+
+    mine, theirs = _series(tmp_path, 20), _series(tmp_path, 30)
+    name = "m0.zarr.zip"  # a.tif's bundle
+    forged = tmp_path / name
+    with zipfile.ZipFile(mine / name) as ours, zipfile.ZipFile(theirs / name) as other:
+        chunks = {i.filename: other.read(i.filename) for i in other.infolist()}
+        with zipfile.ZipFile(forged, "w") as out:
+            for info in ours.infolist():
+                take = is_chunk_key(info.filename) and info.filename in chunks
+                out.writestr(info, chunks[info.filename] if take else ours.read(info.filename))
+    if where == "bucket":
+        upload(s3_bucket, mine, "plates.zarr")
+
+    def swap() -> None:
+        if where == "bucket":
+            upload(s3_bucket, forged, f"plates.zarr/{name}")
+        else:
+            (mine / name).write_bytes(forged.read_bytes())
+
+    real = verify.verify_opened
+
+    def reconstructing(*args: object, **kw: object) -> object:
+        if when == "before":
+            swap()
+        found = real(*args, **kw)  # type: ignore[arg-type]
+        if when == "after":
+            swap()
+        return found
+
+    with DecantArchive.open(mine) as opened:
+        expect = opened.originals()[0].sha256
+    wrong = archive_digests(theirs)
+    assert wrong is not None
+    monkeypatch.setattr(verify, "verify_opened", reconstructing)
+    try:
+        if where == "bucket":
+            folder = S3Folder(s3_bucket.url())
+            got = DecantBackend(PageCache(8 << 20)).chunk_digests_at(folder, "plates.zarr", expect)
+        else:
+            got = archive_digests(mine, expect)
+    except IntegrityError:
+        return
+    assert got is not None
+    forged_keys = {f"{name}/{k}" for k in chunks if is_chunk_key(k)}
+    assert all(got.get(k) != wrong.get(k) for k in forged_keys), "the forged chunks recorded"

@@ -17,7 +17,7 @@ from vfs.decant.digestmap import MAX_MAP_CHUNKS, DigestRecorder, metadata_digest
 from vfs.decant.limits import MAX_CHUNK_BYTES, compressed_bound
 from vfs.decant.reader import DecantArchive
 from vfs.decant.store import DirectoryStore, FolderStore, Store, is_chunk_key
-from vfs.errors import CorruptArchiveError, IntegrityError
+from vfs.errors import DecantError, IntegrityError, ObjectChangedError, StoreError
 from vfs.stores.base import Folder
 
 
@@ -32,10 +32,10 @@ def archive_digests(path: Path, expect: str | None = None) -> dict[str, int] | N
     to `expect`, the sha256 the caller verified), each held to the version that did
     (DirectoryStore.pinned); IntegrityError otherwise."""
     with DecantArchive.open(path) as archive:
-        if isinstance(archive.store, DirectoryStore):
-            archive.store.pinned = {}
-            _require_reconstructs(archive, expect)
-        return opened_digests(archive)
+        if not isinstance(archive.store, DirectoryStore):
+            return opened_digests(archive)
+        archive.store.pinned = {}
+        return _held_digests(archive, expect)
 
 
 def folder_digests(folder: Folder, key: str, expect: str | None = None) -> dict[str, int] | None:
@@ -49,11 +49,25 @@ def folder_digests(folder: Folder, key: str, expect: str | None = None) -> dict[
         if not isinstance(archive.store, FolderStore):
             return opened_digests(archive)
         archive.store.pinned = {}
-        try:
-            _require_reconstructs(archive, expect)
-            return opened_digests(archive)
-        except CorruptArchiveError as exc:  # an object replaced between its two reads
-            raise IntegrityError(f"{archive.path}: changed since it verified ({exc})") from None
+        return _held_digests(archive, expect)
+
+
+def _held_digests(archive: DecantArchive, expect: str | None) -> dict[str, int] | None:
+    """The map of a folder archive whose values are pinned, once every original reconstructs.
+    A change seen while it is read (a value not its pinned version, a bundle rewritten under
+    its descriptor or ETag, one reopened as another) is an IntegrityError too: the caller
+    keeps a verdict whose map was not recorded, and a folder archive's identity (its
+    manifest's) does not change with its other files, so every later swap was served as
+    verified, unchecked. The store unreachable is not: no map now, as for a zip."""
+    try:
+        _require_reconstructs(archive, expect)
+        return opened_digests(archive)
+    except IntegrityError:
+        raise
+    except DecantError as exc:
+        if isinstance(exc, StoreError) and not isinstance(exc, ObjectChangedError):
+            raise
+        raise IntegrityError(f"{archive.path}: changed since it verified ({exc})") from None
 
 
 def _require_reconstructs(archive: DecantArchive, expect: str | None) -> None:
