@@ -2,7 +2,9 @@
 or with a chunk swapped, through real mounts and real clients.
 
 Expected bytes come from the arrays handed to tifffile, never from vfs. Each test failed before
-the fix its docstring names.
+the fix its docstring names, but for cases kept as checks that held: `damaged` (EIO before, for
+the wrong reason; it fails with the open's ESTALE alone, without the version fold) and the
+bundle swapped `before` the reconstructing pass.
 """
 
 from __future__ import annotations
