@@ -22,6 +22,7 @@ from typing import Any
 import pyfuse3
 import trio
 
+from vfs.acl import acl_stat
 from vfs.backends.base import RandomAccess
 from vfs.backends.decant import charged_to
 from vfs.backends.plain import PlainFile, SpoolFile
@@ -203,10 +204,17 @@ def _fail(code: int) -> pyfuse3.FUSEError:
 def _rewritten(folder: Folder, names: set[str]) -> set[str]:
     """Those of `names` whose listed archive file is no longer the version listed (written in
     place: same name, same folder mtime; a folder archive whose manifest was rewritten, which
-    the watcher reports in `NAME.zarr/.decant`, not in the folder listed)."""
+    the watcher reports in `NAME.zarr/.decant`, not in the folder listed), or whose plain
+    folder's owner, group or mode bits changed (chmod, chown, setfacl: no folder mtime tells,
+    and a folder's getattr is answered from its listing, so `chmod 700 private` left it open
+    to every user through the mount until its parent changed)."""
     out = set()
     for name in names:
         node = folder.children.get(name)
+        if node is not None and node.is_dir and node.backend is None and not node.spooled:
+            if _attrs_changed(node):
+                out.add(name)
+            continue
         if node is None or not node.version or node.member or node.spooled:
             continue
         try:
@@ -216,6 +224,17 @@ def _rewritten(folder: Folder, names: set[str]) -> set[str]:
         if len(node.version) == 4 and archive_version(st) != node.version:
             out.add(name)
     return out
+
+
+def _attrs_changed(node: Node) -> bool:
+    """Whether the plain folder behind `node` shows other owner, group or bits now (its ACL
+    narrowing them: vfs.acl), write bits aside (a read-only mount clears them)."""
+    try:
+        st = acl_stat(node.real, os.lstat(node.real))
+    except OSError:
+        return True  # gone or replaced: its listing says what is there
+    now = (stat.S_IMODE(st.st_mode) & ~0o222, st.st_uid, st.st_gid)
+    return now != (node.mode & ~0o222, node.uid, node.gid) or not stat.S_ISDIR(st.st_mode)
 
 
 def _heavy(node: Node | None) -> bool:

@@ -1,0 +1,82 @@
+"""Red team, round 38e: what landed with ACL narrowing and folder archive versions, mounted
+with `allow_other` and read by an unprivileged user.
+
+Each test fails on the daemon before its fix; see the commit that added it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.mount.conftest import HAVE_FUSE, Mount, User, open_tmp
+
+pytestmark = pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3")
+
+ANY = 0xFFFFFFFF
+
+
+def acl(*entries: tuple[int, int, int]) -> bytes:
+    """A system.posix_acl_access value: version 2, then (tag, perm, id) entries."""
+    out = (2).to_bytes(4, "little")
+    for tag, perm, ident in sorted(entries):
+        out += tag.to_bytes(2, "little") + perm.to_bytes(2, "little") + ident.to_bytes(4, "little")
+    return out
+
+
+@pytest.fixture
+def plain_src(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Mount]]:
+    """Root's SRC with `private/secret.txt` (0755 / 0644), mounted read-only, watched."""
+    base = open_tmp(tmp_path_factory, "rt38e")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    src.chmod(0o755)
+    folder = src / "private"
+    folder.mkdir(mode=0o755)
+    folder.chmod(0o755)
+    (folder / "secret.txt").write_bytes(b"secret\n")
+    (folder / "secret.txt").chmod(0o644)
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only")
+        yield src, m
+    finally:
+        m.stop()
+
+
+def _denied_within(u: User, path: Path, seconds: float) -> int:
+    """The errno USER's read of `path` gets, once it fails or `seconds` have passed."""
+    deadline = time.monotonic() + seconds
+    while True:
+        got = u.errno_of("read(p)", p=path)
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.3)
+
+
+@pytest.mark.parametrize("how", ["chmod", "acl"])
+def test_a_folder_closed_after_listing_is_closed_through_the_mount(
+    plain_src: tuple[Path, Mount], unprivileged: User, how: str
+) -> None:
+    """`chmod 700 private` (or an ACL entry denying USER) after the mount listed it: USER
+    still read `private/secret.txt` through the mount (exit 0, for as long as SRC's folder
+    kept its mtime), though SRC refuses USER the folder. A folder's attributes came from its
+    parent's listing, which the watcher's IN_ATTRIB on the folder never updated."""
+    src, m = plain_src
+    u = unprivileged
+    shown = m.mnt / "private" / "secret.txt"
+    assert u.errno_of("read(p)", p=shown) == 0  # listed, read: the kernel holds the folder
+    folder = src / "private"
+    if how == "chmod":
+        folder.chmod(0o700)
+    else:
+        os.setxattr(folder, "system.posix_acl_access",
+                    acl((0x01, 7, ANY), (0x02, 0, u.uid), (0x04, 5, ANY), (0x10, 5, ANY),
+                        (0x20, 5, ANY)))  # fmt: skip
+    assert u.errno_of("read(p)", p=folder / "secret.txt") == errno.EACCES
+    assert _denied_within(u, shown, 5.0) == errno.EACCES
