@@ -80,3 +80,72 @@ def test_a_folder_closed_after_listing_is_closed_through_the_mount(
                         (0x20, 5, ANY)))  # fmt: skip
     assert u.errno_of("read(p)", p=folder / "secret.txt") == errno.EACCES
     assert _denied_within(u, shown, 5.0) == errno.EACCES
+
+
+DEFAULT_XATTR = "system.posix_acl_default"
+
+
+@pytest.fixture
+def writable_src(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Mount]]:
+    """Root's SRC with `private/` (0755), mounted writable, watched."""
+    base = open_tmp(tmp_path_factory, "rt38e-w")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    src.chmod(0o755)
+    (src / "private").mkdir(mode=0o755)
+    (src / "private").chmod(0o755)
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other")
+        yield src, m
+    finally:
+        m.stop()
+
+
+def _deny(uid: int) -> bytes:
+    return acl((0x01, 7, ANY), (0x02, 0, uid), (0x04, 5, ANY), (0x10, 5, ANY), (0x20, 5, ANY))
+
+
+def test_a_folder_made_through_the_mount_under_a_default_acl_is_shown_narrowed(
+    writable_src: tuple[Path, Mount], unprivileged: User
+) -> None:
+    """`private/` carries a default ACL denying USER; root makes `private/new` through the
+    mount, which the kernel gives an access ACL denying USER (SRC refuses USER the folder).
+    The mount's mkdir reply showed it 0755 from the bits alone: USER listed it through the
+    mount (exit 0) and read a 0644 file in it, as long as the kernel kept that reply."""
+    src, m = writable_src
+    u = unprivileged
+    os.setxattr(src / "private", DEFAULT_XATTR, _deny(u.uid))
+    os.mkdir(m.mnt / "private" / "new", 0o755)
+    (src / "private" / "new" / "s.txt").write_bytes(b"secret\n")
+    (src / "private" / "new" / "s.txt").chmod(0o644)
+    os.removexattr(src / "private" / "new" / "s.txt", "system.posix_acl_access")
+    assert u.errno_of("read(p)", p=src / "private" / "new" / "s.txt") == errno.EACCES
+    assert u.errno_of("os.listdir(p)", p=m.mnt / "private" / "new") == errno.EACCES
+    assert u.errno_of("read(p)", p=m.mnt / "private" / "new" / "s.txt") == errno.EACCES
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_a_chmod_through_the_mount_keeps_the_acl_narrowing(
+    writable_src: tuple[Path, Mount], unprivileged: User, kind: str
+) -> None:
+    """A file whose ACL denies USER, chmod 644 by root through the mount (the ACL still denies
+    USER in SRC): the setattr reply showed 0644 from the bits alone, and USER read the file
+    through the mount (exit 0) until the kernel's attributes expired (2 s). (The folder
+    case held before the fix too: a positive control.)"""
+    src, m = writable_src
+    u = unprivileged
+    target = src / "private" / ("s.txt" if kind == "file" else "sub")
+    if kind == "file":
+        target.write_bytes(b"secret\n")
+    else:
+        target.mkdir()
+        (target / "s.txt").write_bytes(b"secret\n")
+        (target / "s.txt").chmod(0o644)
+    target.chmod(0o600 if kind == "file" else 0o700)
+    os.setxattr(target, "system.posix_acl_access", _deny(u.uid))
+    shown = m.mnt / "private" / target.name
+    os.chmod(shown, 0o644 if kind == "file" else 0o755)
+    readable = shown if kind == "file" else shown / "s.txt"
+    assert u.errno_of("read(p)", p=target if kind == "file" else target / "s.txt") == errno.EACCES
+    assert u.errno_of("read(p)", p=readable) == errno.EACCES

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from vfs.acl import acl_stat, at
 from vfs.beneath import entry_path, not_shown, parent_fd
 from vfs.decant import archive_stat
 from vfs.ingest.publish import (
@@ -198,7 +199,9 @@ class WriteSide:
         return self.refresh(node)
 
     def refresh(self, node: Node) -> Node:
-        st = os.stat(node.real)
+        # Narrowed by its ACL (vfs.acl), as listings show it: a chmod through the mount of a
+        # file whose ACL denies a user showed that user the bits alone until the next getattr.
+        st = acl_stat(node.real, os.stat(node.real))
         if node.spooled:
             return spooled_node(node.real, node.spooled, st)
         if node.backend is not None:
@@ -440,6 +443,9 @@ class WriteSide:
             if os.geteuid() == 0:
                 os.chown(name, uid, gid, dir_fd=dfd, follow_symlinks=False)
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+            # Under a default ACL the new folder has an access ACL: shown narrowed by it, as
+            # a listing would, or a user it denies lists the folder through the mount.
+            st = acl_stat(at(dfd, name), st)
         return mirror_node(path, st, writable=True)
 
     def rmdir(self, parent: Node, name: str, node: Node) -> None:
