@@ -85,3 +85,43 @@ def acl_stat(path: str | os.PathLike[str] | int, st: os.stat_result) -> os.stat_
         if name.startswith("st_") and name not in os.stat_result.__match_args__
     }
     return os.stat_result(fields, extra)
+
+
+DEFAULT_XATTR = "system.posix_acl_default"
+
+
+def inherited_access(default: bytes, mode: int) -> bytes | None:
+    """The access ACL a file made with `mode` in a folder whose default ACL is `default` gets
+    from the kernel (acl(5), "Object creation and default ACLs"): the default's entries, its
+    owner, group class (the mask, else the owning group) and other entries cut to `mode`'s
+    bits. None for a value that cannot be parsed (the kernel would not have stored it)."""
+    if len(default) < 4 or (len(default) - 4) % ENTRY:
+        return None
+    if int.from_bytes(default[:4], "little") != VERSION:
+        return None
+    tags = {int.from_bytes(default[at : at + 2], "little") for at in range(4, len(default), ENTRY)}
+    group_class = MASK if MASK in tags else GROUP_OBJ
+    shifts = {USER_OBJ: 6, group_class: 3, OTHER: 0}
+    out = bytearray(default)
+    for at in range(4, len(default), ENTRY):
+        tag = int.from_bytes(default[at : at + 2], "little")
+        if tag in shifts:
+            perm = int.from_bytes(default[at + 2 : at + 4], "little") & (mode >> shifts[tag]) & 7
+            out[at + 2 : at + 4] = perm.to_bytes(2, "little")
+    return bytes(out)
+
+
+def inherit_default(folder: str, fd: int, mode: int) -> bool:
+    """Give the file open at `fd` (made with `mode` elsewhere, to be linked into `folder`: a
+    path with no link on the way, e.g. /proc/self/fd/N) the access ACL the folder's default
+    ACL gives a file made in it, as one made there directly gets: a default ACL denying a
+    user covered what was made in SRC, not what was written through the mount. Whether the
+    folder has one."""
+    try:
+        default = os.getxattr(folder, DEFAULT_XATTR)
+    except OSError:
+        return False  # ENODATA (none), ENOTSUP (a file system without ACLs), gone
+    value = inherited_access(default, mode)
+    if value is not None:
+        os.setxattr(fd, ACCESS_XATTR, value)
+    return True

@@ -149,3 +149,29 @@ def test_a_chmod_through_the_mount_keeps_the_acl_narrowing(
     readable = shown if kind == "file" else shown / "s.txt"
     assert u.errno_of("read(p)", p=target if kind == "file" else target / "s.txt") == errno.EACCES
     assert u.errno_of("read(p)", p=readable) == errno.EACCES
+
+
+def test_a_file_written_through_the_mount_under_a_default_acl_takes_its_acl(
+    writable_src: tuple[Path, Mount], unprivileged: User
+) -> None:
+    """`private/` carries a default ACL denying USER (a file made in it directly gets an
+    access ACL denying USER). A file root wrote through the mount was spooled with none and
+    linked into SRC as it was: published 0644 with no ACL, USER read it in SRC and through
+    the mount (exit 0, both)."""
+    from tests.mount.helpers import settled, wait_for
+
+    src, m = writable_src
+    u = unprivileged
+    os.setxattr(src / "private", DEFAULT_XATTR, _deny(u.uid))
+    shown = m.mnt / "private" / "f.txt"
+    fd = os.open(shown, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, b"secret\n")
+        assert u.errno_of("read(p)", p=shown) == errno.EACCES  # still spooled
+    finally:
+        os.close(fd)
+    wait_for("published", lambda: settled(m), 15)
+    assert (src / "private" / "f.txt").read_bytes() == b"secret\n"
+    assert u.errno_of("read(p)", p=src / "private" / "f.txt") == errno.EACCES
+    assert u.errno_of("read(p)", p=shown) == errno.EACCES
+    assert shown.read_bytes() == b"secret\n"  # root's

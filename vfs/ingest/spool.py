@@ -21,6 +21,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from vfs.acl import acl_stat, inherit_default
 from vfs.beneath import not_shown, open_beneath, parent_fd, rename_noreplace
 from vfs.decant import TEMP_PREFIX, temp_name
 from vfs.ingest.publish import Outcome, Published, archive_name, attempt, placing_lock, publish
@@ -104,7 +105,8 @@ class Spool:
         syscalls fewer per file)."""
         path = self.path(relpath)
         perm = stat.S_IMODE(mode) | 0o600
-        fd: int = _into_folder(path, lambda: self._create_or_truncate(path, perm))
+        made: list[bool] = []
+        fd: int = _into_folder(path, lambda: self._create_or_truncate(path, perm, made))
         try:
             st = os.fstat(fd)
             changed = False
@@ -114,20 +116,42 @@ class Spool:
             if os.geteuid() == 0 and (st.st_uid, st.st_gid) != (uid, gid):
                 os.fchown(fd, uid, gid)
                 changed = True
-            return fd, os.fstat(fd) if changed else st
+            if made and self._inherit(relpath, fd, stat.S_IMODE(mode)):
+                changed = True
+            st = os.fstat(fd) if changed else st
+            return fd, acl_stat(fd, st)
         except BaseException:
             os.close(fd)
             raise
 
-    def _create_or_truncate(self, path: Path, perm: int) -> int:
-        """A new file, or the daemon's own spooled file there truncated, reached with no link
-        followed (vfs/beneath.py). With a plain O_TRUNC, a link there (a user's folder of links
-        in the spool) was followed, its target truncated, then chmod-ed and chown-ed to the
-        caller; another name of a file truncated that file too: EEXIST for those."""
+    def _inherit(self, relpath: str, fd: int, mode: int) -> bool:
+        """The new spooled file takes the access ACL that the default ACL of its SRC folder
+        gives a file made there (vfs.acl.inherit_default): it is published by linking this
+        very inode, and went into SRC with no ACL, readable by a user the folder's default
+        ACL denies. Whether the folder has one."""
         try:
-            return open_beneath(self.files, path, os.O_RDWR | os.O_CREAT | os.O_EXCL, perm)
+            dfd = parent_fd(self.src, self.src / relpath)  # no link followed on the way
+        except OSError:
+            return False
+        try:
+            return inherit_default(f"/proc/self/fd/{dfd}", fd, mode)
+        finally:
+            os.close(dfd)
+
+    def _create_or_truncate(self, path: Path, perm: int, made: list[bool] | None = None) -> int:
+        """A new file (noted in `made`), or the daemon's own spooled file there truncated,
+        reached with no link followed (vfs/beneath.py). With a plain O_TRUNC, a link there (a
+        user's folder of links in the spool) was followed, its target truncated, then chmod-ed
+        and chown-ed to the caller; another name of a file truncated that file too: EEXIST for
+        those."""
+        try:
+            fd = open_beneath(self.files, path, os.O_RDWR | os.O_CREAT | os.O_EXCL, perm)
         except FileExistsError:
             pass
+        else:
+            if made is not None:
+                made.append(True)
+            return fd
         fd = open_beneath(self.files, path, os.O_RDWR | os.O_NONBLOCK)  # a link: ELOOP
         try:
             st = os.fstat(fd)

@@ -178,7 +178,9 @@ class WriteSide:
                 atime = st.st_atime_ns if atime is None else atime
                 mtime = st.st_mtime_ns if mtime is None else mtime
             os.utime(path, ns=(atime, mtime), follow_symlinks=False)
-        return spooled_node(path, node.spooled, os.stat(path, follow_symlinks=False))
+        return spooled_node(
+            path, node.spooled, acl_stat(path, os.stat(path, follow_symlinks=False))
+        )
 
     def _set(self, node: Node, path: Path, attrs: Attrs) -> Node:
         with entry_path(self.root, path) as target:  # never a link's target: vfs/beneath.py
