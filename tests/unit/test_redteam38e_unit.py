@@ -45,3 +45,31 @@ def test_the_kernel_takes_the_inherited_value(tmp_path: Path) -> None:
     fd = os.open(folder / "made", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
     os.close(fd)
     assert os.getxattr(folder / "made", ACCESS_XATTR) == inherited_access(default, 0o640)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants a file as another user")
+def test_restore_removes_no_temp_name_planted_in_a_shared_folder(tmp_path: Path) -> None:
+    """`decant restore x.zarr.zip -o /tmp/scan.tif` run by root: another user had made
+    `/tmp/.scan.tif.decant-restore-PID` first (its PID is easy to guess). The O_EXCL open
+    refused it, rightly, but the clean-up then unlinked that user's file (root may, in a
+    sticky folder): what the restore did not make is not its to remove."""
+    import tifffile
+    from numpy import arange
+
+    from vfs.decant.packer import pack_file
+    from vfs.decant.verify import restore_archive, restore_temp_name
+
+    tif = tmp_path / "scan.tif"
+    tifffile.imwrite(tif, arange(2 * 16 * 16, dtype="uint16").reshape(2, 16, 16))
+    archive = tmp_path / "scan.tif.zarr.zip"
+    pack_file(tif, archive)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    planted = shared / restore_temp_name("scan.tif")
+    planted.write_bytes(b"theirs\n")
+    os.chown(planted, 65534, 65534)
+    with pytest.raises(FileExistsError):
+        restore_archive(archive, shared / "scan.tif", tmp_path)
+    assert planted.read_bytes() == b"theirs\n"
+    assert not (shared / "scan.tif").exists()

@@ -119,17 +119,19 @@ def restore_opened(
             if out is None and not series:
                 _refuse_existing(dfd, target)
             tmp = restore_temp_name(target.name)
+            made: list[str] = []  # the temp file, once this restore made it
             try:
                 reader = archive.open_original(info.relpath, cache)
-                _restore_one(reader, dfd, tmp, target, info, progress)
+                _restore_one(reader, dfd, tmp, target, info, progress, made)
                 try:
                     os.replace(tmp, target.name, src_dir_fd=dfd, dst_dir_fd=dfd)
                 except OSError as exc:
                     raise OSError(exc.errno, exc.strerror, str(target)) from None
                 written.append(target)
             finally:
-                with suppress(FileNotFoundError):
-                    os.unlink(tmp, dir_fd=dfd)
+                if made:  # one of that name we did not make (planted in /tmp) is not ours
+                    with suppress(FileNotFoundError):
+                        os.unlink(tmp, dir_fd=dfd)
         finally:
             os.close(dfd)
     return written
@@ -215,11 +217,12 @@ def _restore_one(
     target: Path,
     info: OriginalInfo,
     progress: Callable[[int], None] | None,
+    made: list[str] | None = None,
 ) -> None:
-    """Write one original to `tmp` (a new file of the folder `dfd`) and fsync it; raise
-    IntegrityError unless its sha256 is the manifest's. The store's per-chunk CRC check is off
-    meanwhile (the sha256 covers every byte); on a mismatch the chunks are checked again to
-    name the damaged ones."""
+    """Write one original to `tmp` (a new file of the folder `dfd`, noted in `made` once
+    made) and fsync it; raise IntegrityError unless its sha256 is the manifest's. The store's
+    per-chunk CRC check is off meanwhile (the sha256 covers every byte); on a mismatch the
+    chunks are checked again to name the damaged ones."""
     store = reader.archive.store
     crc = getattr(store, "verify_crc", None)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -227,6 +230,8 @@ def _restore_one(
         fd = os.open(tmp, flags, 0o666, dir_fd=dfd)
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, str(target.parent / tmp)) from None
+    if made is not None:
+        made.append(tmp)
     try:
         if crc is not None:
             store.verify_crc = False  # type: ignore[attr-defined]
