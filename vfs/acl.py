@@ -74,7 +74,30 @@ def at(dir_fd: int, name: str) -> str:
 def acl_stat(path: str | os.PathLike[str] | int, st: os.stat_result) -> os.stat_result:
     """`st` (an lstat of `path`, or an fstat of descriptor `path`) with its mode narrowed by
     its access ACL."""
-    mode = acl_mode(path, st.st_mode)
+    return _with_mode(st, acl_mode(path, st.st_mode))
+
+
+def acl_stat_at(dir_fd: int, name: str, st: os.stat_result) -> os.stat_result:
+    """`acl_stat` of `name` in the folder open at `dir_fd`, `st` its lstat there (a scandir's).
+    The ACL is read by the name again: one the folder's owner swapped meanwhile (another
+    user's file, its ACL denying someone, out; one with no ACL in; and back) lent it the
+    other file's ACL, and it was shown with its bits alone. Unless the name holds the same
+    inode, unchanged (a rename or a setfacl moves its ctime), after the read: the owner's
+    bits only, until the next listing."""
+    if not st.st_mode & NOT_OWNER:
+        return st  # nothing to narrow, nothing read
+    narrowed = acl_stat(at(dir_fd, name), st)
+    try:
+        again = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        again = None
+    if again is None or (again.st_ino, again.st_ctime_ns) != (st.st_ino, st.st_ctime_ns):
+        return _with_mode(st, st.st_mode & ~NOT_OWNER)
+    return narrowed
+
+
+def _with_mode(st: os.stat_result, mode: int) -> os.stat_result:
+    """`st` with `mode` for its st_mode."""
     if mode == st.st_mode:
         return st
     fields = list(st)

@@ -73,3 +73,45 @@ def test_restore_removes_no_temp_name_planted_in_a_shared_folder(tmp_path: Path)
         restore_archive(archive, shared / "scan.tif", tmp_path)
     assert planted.read_bytes() == b"theirs\n"
     assert not (shared / "scan.tif").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sets a system.posix_acl_access xattr")
+def test_a_name_swapped_between_its_lstat_and_its_getxattr_is_not_shown_wider(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing lstats a name (scandir), then reads its ACL by the name again. The owner of
+    the folder swaps the name meanwhile: `secret` (0644, another user's, its ACL denying uid
+    4242) out, a file with no ACL in, and back. The listing showed `secret` 0644 with the bits
+    alone, and uid 4242 opened it through the mount (plain files are checked by the kernel
+    against the bits shown). Swapped under the getxattr here, deterministically."""
+    import vfs.acl
+    from vfs.mount.tree import SourceTree
+
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"secret\n")
+    secret.chmod(0o644)
+    try:
+        os.setxattr(secret, ACCESS_XATTR,
+                    acl((0x01, 6, ANY), (0x02, 0, 4242), (0x04, 4, ANY), (0x10, 4, ANY),
+                        (0x20, 4, ANY)))  # fmt: skip
+    except OSError:
+        pytest.skip("no POSIX ACLs here")
+    decoy = tmp_path / "decoy"
+    decoy.mkdir()
+    (decoy / "secret").write_bytes(b"plain\n")
+    real_getxattr = os.getxattr
+
+    def swapped(path: str, *args: object, **kwargs: object) -> bytes:
+        if not str(path).endswith("/secret"):
+            return real_getxattr(path, *args, **kwargs)  # type: ignore[arg-type]
+        os.rename(secret, tmp_path / ".away")
+        os.rename(decoy / "secret", secret)
+        try:
+            return real_getxattr(path, *args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            os.rename(secret, decoy / "secret")
+            os.rename(tmp_path / ".away", secret)
+
+    monkeypatch.setattr(vfs.acl.os, "getxattr", swapped)
+    shown = SourceTree(tmp_path, []).scan(tmp_path)["secret"]
+    assert shown.mode == 0o400, oct(shown.mode)  # the owner's bits only (read-only mount)

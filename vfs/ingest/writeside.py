@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from vfs.acl import acl_stat, at
+from vfs.acl import acl_stat, acl_stat_at
 from vfs.beneath import entry_path, not_shown, parent_fd
 from vfs.decant import archive_stat
 from vfs.ingest.publish import (
@@ -447,7 +447,7 @@ class WriteSide:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
             # Under a default ACL the new folder has an access ACL: shown narrowed by it, as
             # a listing would, or a user it denies lists the folder through the mount.
-            st = acl_stat(at(dfd, name), st)
+            st = acl_stat_at(dfd, name, st)
         return mirror_node(path, st, writable=True)
 
     def rmdir(self, parent: Node, name: str, node: Node) -> None:

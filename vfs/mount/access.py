@@ -17,7 +17,7 @@ import pwd
 import stat
 from pathlib import Path
 
-from vfs.acl import acl_stat, at
+from vfs.acl import acl_stat, acl_stat_at
 from vfs.beneath import parent_fd, parts_below
 
 
@@ -73,7 +73,7 @@ def readable_beneath(
         dfd = parent_fd(root, target, searchable)
         try:
             st = os.stat(target.name, dir_fd=dfd, follow_symlinks=False)
-            st = acl_stat(at(dfd, target.name), st)
+            st = acl_stat_at(dfd, target.name, st)
             is_dir = stat.S_ISDIR(st.st_mode)
             if not (is_dir or stat.S_ISREG(st.st_mode)):
                 return None  # a link (never followed), a FIFO, a device
@@ -153,7 +153,7 @@ def _checked_entries(fd: int, uid: int, groups: set[int]) -> list[str]:
     folders = []
     with os.scandir(fd) as entries:
         for entry in entries:
-            st = acl_stat(at(fd, entry.name), entry.stat(follow_symlinks=False))
+            st = acl_stat_at(fd, entry.name, entry.stat(follow_symlinks=False))
             folder = stat.S_ISDIR(st.st_mode)
             if not (folder or stat.S_ISREG(st.st_mode)):
                 continue

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vfs.acl import acl_mode, acl_stat, at
+from vfs.acl import acl_mode, acl_stat, acl_stat_at
 from vfs.backends.base import (
     Backend,
     Description,
@@ -216,7 +216,7 @@ class SourceTree:
             if self._skipped(folder, de.name):
                 continue
             try:
-                yield de.name, acl_stat(at(fd, de.name), de.stat(follow_symlinks=False))
+                yield de.name, acl_stat_at(fd, de.name, de.stat(follow_symlinks=False))
             except OSError:
                 continue  # vanished
 
