@@ -96,6 +96,23 @@ def acl_stat_at(dir_fd: int, name: str, st: os.stat_result) -> os.stat_result:
     return narrowed
 
 
+def acl_lstat(path: str) -> os.stat_result:
+    """lstat of `path` narrowed by its ACL, as `acl_stat_at` takes it by a folder's
+    descriptor: the owner's bits only unless the name still holds that inode, unchanged,
+    after its ACL is read."""
+    st = os.lstat(path)
+    if not st.st_mode & NOT_OWNER:
+        return st
+    narrowed = acl_stat(path, st)
+    try:
+        again = os.lstat(path)
+    except OSError:
+        again = None
+    if again is None or (again.st_ino, again.st_ctime_ns) != (st.st_ino, st.st_ctime_ns):
+        return _with_mode(st, st.st_mode & ~NOT_OWNER)
+    return narrowed
+
+
 def _with_mode(st: os.stat_result, mode: int) -> os.stat_result:
     """`st` with `mode` for its st_mode."""
     if mode == st.st_mode:

@@ -76,14 +76,16 @@ def test_restore_removes_no_temp_name_planted_in_a_shared_folder(tmp_path: Path)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="sets a system.posix_acl_access xattr")
+@pytest.mark.parametrize("how", ["scan", "entries"])
 def test_a_name_swapped_between_its_lstat_and_its_getxattr_is_not_shown_wider(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
     """A listing lstats a name (scandir), then reads its ACL by the name again. The owner of
     the folder swaps the name meanwhile: `secret` (0644, another user's, its ACL denying uid
     4242) out, a file with no ACL in, and back. The listing showed `secret` 0644 with the bits
     alone, and uid 4242 opened it through the mount (plain files are checked by the kernel
-    against the bits shown). Swapped under the getxattr here, deterministically."""
+    against the bits shown). Swapped under the getxattr here, deterministically; `entries`
+    (the watcher's few names) read it by path, the same way."""
     import vfs.acl
     from vfs.mount.tree import SourceTree
 
@@ -113,5 +115,9 @@ def test_a_name_swapped_between_its_lstat_and_its_getxattr_is_not_shown_wider(
             os.rename(tmp_path / ".away", secret)
 
     monkeypatch.setattr(vfs.acl.os, "getxattr", swapped)
-    shown = SourceTree(tmp_path, []).scan(tmp_path)["secret"]
+    tree = SourceTree(tmp_path, [])
+    found = tree.scan(tmp_path) if how == "scan" else tree.entries(tmp_path, ["secret"])
+    assert found is not None
+    shown = found["secret"]
+    assert shown is not None
     assert shown.mode == 0o400, oct(shown.mode)  # the owner's bits only (read-only mount)

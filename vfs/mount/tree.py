@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vfs.acl import acl_mode, acl_stat, acl_stat_at
+from vfs.acl import acl_lstat, acl_mode, acl_stat, acl_stat_at
 from vfs.backends.base import (
     Backend,
     Description,
@@ -174,7 +174,7 @@ class SourceTree:
             if name in skip or name.startswith(TEMP_PREFIX):
                 continue
             try:
-                st = acl_stat(f"{base}/{name}", os.lstat(f"{base}/{name}"))
+                st = acl_lstat(f"{base}/{name}")  # as `_stats` takes it: vfs.acl
             except OSError:
                 continue  # not there (or not reachable): nothing to present
             if name_problem(name) is None:
