@@ -477,6 +477,8 @@ class DecantOperations(pyfuse3.Operations):
                 node = await self._current(folder, text, node)
             if node is None:
                 return self._negative(parent_inode)
+            if not self.watched and node.backend is None and node.is_dir:
+                await self._restat_folder(node)  # no watcher tells a chmod of it: see there
             return self._attrs(self.inodes.hand_out(node), node)
 
     def _negative(self, parent_inode: int) -> pyfuse3.EntryAttributes:
@@ -533,7 +535,24 @@ class DecantOperations(pyfuse3.Operations):
                     raise _fail(errno.ENOENT)
                 node = mirror_node(node.real, st, self.tree.writable)
                 self.inodes.replace(inode, node)
+            elif node.backend is None and node.is_dir and node.real != self.tree.root:
+                await self._restat_folder(node)
             return self._attrs(inode, node)
+
+    async def _restat_folder(self, node: Node) -> None:
+        """A plain folder's owner, group and bits as SRC has them now (ACL-narrowed): a chmod
+        or setfacl of it changes no listing, and with no watcher to say so (`--no-watch`)
+        `chmod 700 private` left it open through the mount for good. The kernel asks again
+        when its attributes expire, and before it lets a caller in once they have."""
+        if not isinstance(node.real, Path) or node.spooled:
+            return
+        try:
+            st = await trio.to_thread.run_sync(stat_beneath, self.tree.root, node.real)
+        except OSError:
+            return  # gone or swapped: its parent's listing says what is there
+        if stat.S_ISDIR(st.st_mode):
+            fresh = mirror_node(node.real, st, self.tree.writable)
+            node.mode, node.uid, node.gid = fresh.mode, fresh.uid, fresh.gid
 
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         with errno_boundary(f"opendir {inode}"):
