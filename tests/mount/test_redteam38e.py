@@ -180,3 +180,27 @@ def test_a_file_written_through_the_mount_under_a_default_acl_takes_its_acl(
     assert u.errno_of("read(p)", p=src / "private" / "f.txt") == errno.EACCES
     assert u.errno_of("read(p)", p=shown) == errno.EACCES
     assert shown.read_bytes() == b"secret\n"  # root's
+
+
+def test_a_file_opened_for_writing_keeps_its_acl_narrowing_while_spooled(
+    writable_src: tuple[Path, Mount], unprivileged: User
+) -> None:
+    """`private/f.txt` (0644, its ACL denying USER), opened for writing through the mount by
+    root: the file moves into the spool while written, and the spooled node showed 0644 from
+    the bits alone; USER read it through the mount meanwhile (exit 0). Fixed with the
+    setattr reply (413cf82): a spooled file's getattr goes through the same refresh."""
+    src, m = writable_src
+    u = unprivileged
+    real = src / "private" / "f.txt"
+    real.write_bytes(b"secret\n")
+    real.chmod(0o644)
+    os.setxattr(real, "system.posix_acl_access", _deny(u.uid))
+    shown = m.mnt / "private" / "f.txt"
+    assert u.errno_of("read(p)", p=shown) == errno.EACCES
+    fd = os.open(shown, os.O_WRONLY | os.O_APPEND)
+    try:
+        os.write(fd, b"more\n")
+        assert u.errno_of("read(p)", p=shown) == errno.EACCES
+        assert u.errno_of("os.listdir(p)", p=m.mnt / "private") == 0  # positive control
+    finally:
+        os.close(fd)
