@@ -65,6 +65,16 @@ def acl_mode(path: str | os.PathLike[str] | int, mode: int) -> int:
     return narrowed_mode(mode, raw)
 
 
+def access_acl(fd_path: str | os.PathLike[str]) -> bytes | None:
+    """The access ACL of the file open at `fd_path` (its /proc/self/fd link, followed), None
+    if it has none (or its file system keeps none): what a copy of the file takes to be read
+    by whom the file is."""
+    try:
+        return os.getxattr(fd_path, ACCESS_XATTR)
+    except OSError:
+        return None
+
+
 def at(dir_fd: int, name: str) -> str:
     """A path naming `name` in the folder open at `dir_fd` (for xattr calls, which take no
     dir_fd): the folder walked to stays the one checked, whatever is renamed meanwhile."""

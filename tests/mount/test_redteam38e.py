@@ -204,3 +204,30 @@ def test_a_file_opened_for_writing_keeps_its_acl_narrowing_while_spooled(
         assert u.errno_of("os.listdir(p)", p=m.mnt / "private") == 0  # positive control
     finally:
         os.close(fd)
+
+
+def test_a_tiff_rewritten_through_the_mount_keeps_its_acl_in_its_archive(
+    writable_src: tuple[Path, Mount], unprivileged: User
+) -> None:
+    """`private/r.tif` (0644, its ACL denying USER; everyone else reads it), rewritten by root
+    through the mount: packed from the spooled file, whose stat the publish took ACL-narrowed
+    (0600) for the archive's mode, with no ACL. `r.tif.zarr.zip` came out 0600: every other
+    user lost the read the ACL had left them. The archive now takes the file's ACL and bits."""
+    from tests.mount.helpers import settled, tiff, wait_for
+
+    src, m = writable_src
+    u, other = unprivileged, User("nobody", 65534, 65534)
+    real = src / "private" / "r.tif"
+    real.write_bytes(tiff(1))
+    real.chmod(0o644)
+    os.setxattr(real, "system.posix_acl_access", _deny(u.uid))
+    assert other.errno_of("read(p)", p=real) == 0
+    data = tiff(2)
+    (m.mnt / "private" / "r.tif").write_bytes(data)
+    wait_for("published", lambda: settled(m), 20)
+    archive = src / "private" / "r.tif.zarr.zip"
+    assert archive.exists(), sorted(p.name for p in archive.parent.iterdir())
+    assert u.errno_of("read(p)", p=archive) == errno.EACCES
+    assert other.errno_of("read(p)", p=archive) == 0, oct(archive.stat().st_mode)
+    assert u.errno_of("read(p)", p=m.mnt / "private" / "r.tif") == errno.EACCES
+    assert (m.mnt / "private" / "r.tif").read_bytes() == data

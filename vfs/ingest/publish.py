@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Protocol
 
+from vfs.acl import ACCESS_XATTR, access_acl
 from vfs.beneath import fsync_beneath, makedirs_beneath, open_beneath, parent_fd, stat_beneath
 from vfs.decant import TEMP_PREFIX, temp_name
 from vfs.ingest.space import free_bytes
@@ -263,7 +264,7 @@ def _publish_plain(
     require_space(folder, need, f"needs {size_text(need)} free to copy it into SRC")
     with _staged_copy(spool, folder, name) as (staged, sdir):
         copy_sparse(via, staged, cancel, sdir)
-        apply_metadata(staged, st, sdir)
+        apply_metadata(staged, st, sdir, access_acl(via))
         if not same_bytes(via, staged, cancel, sdir):
             raise OSError(errno.EIO, "the copy differs from the spooled file", str(final))
         check(cancel)
@@ -464,7 +465,7 @@ def _publish_archive(
         os.close(dfd)
     # Hashing first only pays when an archive is there: a restart after publish, pre-cleanup.
     if target.is_file() and _archive_holds(target, st, sha or file_sha256(via, progress)):
-        _take_metadata(spool, relpath, target, st, durable)
+        _take_metadata(spool, relpath, target, st, durable, access_acl(via))
         return Published(relpath, target, "already", signature=signature(st), synced=durable)
     need = st.st_blocks * 512 + SPACE_MARGIN
     require_space(folder, need, f"needs about {size_text(need)} free to pack")
@@ -492,7 +493,7 @@ def _publish_archive(
                     why = "the copy of the archive differs from it"
                     raise OSError(errno.EIO, why, str(target))
             check(cancel)  # stopping: do not publish what was finished meanwhile
-            apply_metadata(staged, st, sdir)
+            apply_metadata(staged, st, sdir, access_acl(via))
             # A real file of that name would shadow it: it goes.
             shadowed = folder / name
             placed = place(
@@ -504,7 +505,12 @@ def _publish_archive(
 
 
 def _take_metadata(
-    spool: Spool, relpath: str, target: Path, st: os.stat_result, durable: bool
+    spool: Spool,
+    relpath: str,
+    target: Path,
+    st: os.stat_result,
+    durable: bool,
+    acl: bytes | None = None,
 ) -> None:
     """The archive found holding the file's bytes takes the file's mode, owner and mtime, as a
     newly packed one would (`apply_metadata`). The same bytes copied again (`rsync -a` of a
@@ -526,8 +532,8 @@ def _take_metadata(
                     os.geteuid() == 0 and held.st_uid != st.st_uid
                 ):
                     raise SourceChangedError(target)  # swapped since it was checked
-                if _metadata(held) != _metadata(st):  # else its ctime (the mount's version)
-                    _set_metadata(fd, st)  # stays as it is
+                if _metadata(held) != _metadata(st) or acl != access_acl(_fd_path(fd)):
+                    _set_metadata(fd, st, acl)  # else it stays as it is (its ctime too)
                     if durable:
                         os.fsync(fd)
                 spool.mark_placed(relpath, os.fstat(fd))
@@ -660,8 +666,11 @@ def _private(spool: Spool, name: str) -> Path:
     return spool.staging / temp_name(name)
 
 
-def apply_metadata(path: Path, st: os.stat_result, dir_fd: int | None = None) -> None:
-    """What `rsync -a` gave the file: mode bits, owner, group and (last) mtime. Set through a
+def apply_metadata(
+    path: Path, st: os.stat_result, dir_fd: int | None = None, acl: bytes | None = None
+) -> None:
+    """What `rsync -a` gave the file: mode bits, owner, group, its access ACL (`acl`, the
+    spooled file's: vfs.acl.access_acl) and (last) mtime. Set through a
     descriptor of the file itself (in the folder `dir_fd` holds, if given): a temp name beside
     the target sits in the writer's folder, where it could be swapped for a link, or for a hard
     link of another file (the daemon must not chmod/chown either's target): the file made here
@@ -674,7 +683,7 @@ def apply_metadata(path: Path, st: os.stat_result, dir_fd: int | None = None) ->
             raise OSError(errno.EPERM, "not a regular file (swapped?)", str(path))
         if held.st_nlink != 1 or held.st_uid != os.geteuid():
             raise OSError(errno.EPERM, "not the file made here (swapped?)", str(path))
-        _set_metadata(fd, st)
+        _set_metadata(fd, st, acl)
     finally:
         os.close(fd)
 
@@ -683,10 +692,15 @@ def _metadata(st: os.stat_result) -> tuple[int, int, int, int]:
     return stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns
 
 
-def _set_metadata(fd: int, st: os.stat_result) -> None:
+def _set_metadata(fd: int, st: os.stat_result, acl: bytes | None = None) -> None:
+    """`st` is taken below the spool as listings take it, ACL-narrowed (vfs.beneath): its
+    mode alone gave a file whose ACL denies one user group and other bits of none, every
+    other user shut out of its archive. With the file's ACL set last, the bits are its own."""
     os.fchmod(fd, stat.S_IMODE(st.st_mode))
     if os.geteuid() == 0:
         os.fchown(fd, st.st_uid, st.st_gid)
+    if acl is not None:
+        os.setxattr(fd, ACCESS_XATTR, acl)
     os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
