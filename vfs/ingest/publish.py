@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Protocol
 
-from vfs.acl import ACCESS_XATTR, access_acl
+from vfs.acl import ACCESS_XATTR, access_acl, acl_stat
 from vfs.beneath import fsync_beneath, makedirs_beneath, open_beneath, parent_fd, stat_beneath
 from vfs.decant import TEMP_PREFIX, temp_name
 from vfs.ingest.space import free_bytes
@@ -532,7 +532,10 @@ def _take_metadata(
                     os.geteuid() == 0 and held.st_uid != st.st_uid
                 ):
                     raise SourceChangedError(target)  # swapped since it was checked
-                if _metadata(held) != _metadata(st) or acl != access_acl(_fd_path(fd)):
+                # Both as narrowed by their ACLs (`st` is: see _set_metadata).
+                if _metadata(acl_stat(fd, held)) != _metadata(st) or acl != access_acl(
+                    _fd_path(fd)
+                ):
                     _set_metadata(fd, st, acl)  # else it stays as it is (its ctime too)
                     if durable:
                         os.fsync(fd)
@@ -701,6 +704,9 @@ def _set_metadata(fd: int, st: os.stat_result, acl: bytes | None = None) -> None
         os.fchown(fd, st.st_uid, st.st_gid)
     if acl is not None:
         os.setxattr(fd, ACCESS_XATTR, acl)
+    else:  # an archive found holding the bytes keeps no ACL the file no longer has
+        with suppress(OSError):
+            os.removexattr(fd, ACCESS_XATTR)
     os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
