@@ -136,8 +136,9 @@ def test_a_chmod_through_the_mount_keeps_the_acl_narrowing(
 ) -> None:
     """A file whose ACL denies USER, chmod 644 by root through the mount (the ACL still denies
     USER in SRC): the setattr reply showed 0644 from the bits alone, and USER read the file
-    through the mount (exit 0) until the kernel's attributes expired (2 s). (The folder
-    case held before the fix too: a positive control.)"""
+    through the mount (exit 0) until the kernel's attributes expired (2 s). A folder's, the
+    same, and for good: on the code before round 38e USER read `sub/s.txt` (exit 0); the
+    watcher's re-show of a folder whose bits changed (6e7561f) already closed that one."""
     src, m = writable_src
     u = unprivileged
     target = src / "private" / ("s.txt" if kind == "file" else "sub")
