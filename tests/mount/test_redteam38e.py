@@ -232,3 +232,29 @@ def test_a_tiff_rewritten_through_the_mount_keeps_its_acl_in_its_archive(
     assert other.errno_of("read(p)", p=archive) == 0, oct(archive.stat().st_mode)
     assert u.errno_of("read(p)", p=m.mnt / "private" / "r.tif") == errno.EACCES
     assert (m.mnt / "private" / "r.tif").read_bytes() == data
+
+
+def test_a_tiff_written_through_the_mount_under_a_default_acl_is_archived_with_it(
+    writable_src: tuple[Path, Mount], unprivileged: User
+) -> None:
+    """As for a plain file, a TIFF: its archive `a.tif.zarr.zip` came out 0644 with no ACL
+    under a default ACL denying USER, and USER read it in SRC and through the mount. Now
+    the archive takes the spooled file's ACL: USER is refused, another user is not."""
+    from tests.mount.helpers import settled, tiff, wait_for
+
+    src, m = writable_src
+    u, other = unprivileged, User("nobody", 65534, 65534)
+    os.setxattr(src / "private", DEFAULT_XATTR, _deny(u.uid))
+    data = tiff(3)
+    fd = os.open(m.mnt / "private" / "a.tif", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    wait_for("published", lambda: settled(m), 20)
+    archive = src / "private" / "a.tif.zarr.zip"
+    assert archive.exists(), sorted(p.name for p in archive.parent.iterdir())
+    assert u.errno_of("read(p)", p=archive) == errno.EACCES
+    assert other.errno_of("read(p)", p=archive) == 0, oct(archive.stat().st_mode)
+    assert u.errno_of("read(p)", p=m.mnt / "private" / "a.tif") == errno.EACCES
+    assert (m.mnt / "private" / "a.tif").read_bytes() == data
