@@ -48,7 +48,9 @@ def test_the_kernel_takes_the_inherited_value(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="plants a file as another user")
-def test_restore_removes_no_temp_name_planted_in_a_shared_folder(tmp_path: Path) -> None:
+def test_restore_removes_no_temp_name_planted_in_a_shared_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`decant restore x.zarr.zip -o /tmp/scan.tif` run by root: another user had made
     `/tmp/.scan.tif.decant-restore-PID` first (its PID is easy to guess). The O_EXCL open
     refused it, rightly, but the clean-up then unlinked that user's file (root may, in a
@@ -66,6 +68,7 @@ def test_restore_removes_no_temp_name_planted_in_a_shared_folder(tmp_path: Path)
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o1777)
+    monkeypatch.setattr("vfs.decant.verify._token", lambda: "guessed")  # as if it were guessed
     planted = shared / restore_temp_name("scan.tif")
     planted.write_bytes(b"theirs\n")
     os.chown(planted, 65534, 65534)
@@ -121,3 +124,13 @@ def test_a_name_swapped_between_its_lstat_and_its_getxattr_is_not_shown_wider(
     shown = found["secret"]
     assert shown is not None
     assert shown.mode == 0o400, oct(shown.mode)  # the owner's bits only (read-only mount)
+
+
+def test_restore_temp_names_are_not_predictable() -> None:
+    """With the PID alone anyone could plant the temp name in a shared folder first and fail a
+    restore there with EEXIST whenever they liked."""
+    from vfs.decant.verify import restore_temp_name
+
+    names = {restore_temp_name("scan.tif") for _ in range(8)}
+    assert len(names) == 8
+    assert all(n.startswith(f".scan.tif.decant-restore-{os.getpid()}-") for n in names)

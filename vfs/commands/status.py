@@ -82,7 +82,9 @@ class ReaderGone(Exception):
 def mute(stream: TextIO) -> None:
     """Point `stream`, whose reader went away, at /dev/null: Python flushes it again at exit
     and would complain of the closed pipe."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, stream.fileno())
+    os.close(null)
 
 
 def message(exc: BaseException) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import secrets
 import stat
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -156,10 +157,17 @@ TEMP_KEEP = 128
 
 
 def restore_temp_name(name: str) -> str:
-    """`.NAME.decant-restore-PID`, NAME cut to TEMP_KEEP bytes (mid-character is fine: the
-    cut bytes go back to the kernel as they were). Not vfs.decant.temp_name: what the mount
-    and the spool take for their own temp files is not a restore's."""
-    return f".{os.fsdecode(os.fsencode(name)[:TEMP_KEEP])}.decant-restore-{os.getpid()}"
+    """`.NAME.decant-restore-PID-RANDOM`, NAME cut to TEMP_KEEP bytes (mid-character is fine:
+    the cut bytes go back to the kernel as they were). Random too: with the PID alone, anyone
+    could plant the name in a shared folder (`-o /tmp/scan.tif`) and fail root's restore with
+    EEXIST at will. Not vfs.decant.temp_name: what the mount and the spool take for their own
+    temp files is not a restore's."""
+    stem = os.fsdecode(os.fsencode(name)[:TEMP_KEEP])
+    return f".{stem}.decant-restore-{os.getpid()}-{_token()}"
+
+
+def _token() -> str:
+    return secrets.token_hex(4)
 
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
