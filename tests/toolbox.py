@@ -160,3 +160,15 @@ def zip_of_many(
             struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, small, small, len(directory), pos, 0)
         )
     return path
+
+
+ACL_ANY = 0xFFFFFFFF  # the id field of an ACL entry that names nobody (owner, group, mask, other)
+
+
+def acl(*entries: tuple[int, int, int]) -> bytes:
+    """A system.posix_acl_access (or _default) value: version 2, then (tag, perm, id) entries
+    in the order the kernel keeps them. Written by hand: `setfacl` need not be installed."""
+    out = (2).to_bytes(4, "little")
+    for tag, perm, ident in sorted(entries):
+        out += tag.to_bytes(2, "little") + perm.to_bytes(2, "little") + ident.to_bytes(4, "little")
+    return out

@@ -21,6 +21,7 @@ import pytest
 
 from tests.conftest import load_tool
 from tests.mount.conftest import Mount, User, open_tmp
+from tests.toolbox import acl
 
 corpus: ModuleType = load_tool("make_c4gh_corpus")
 
@@ -51,14 +52,6 @@ def gdi(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gdi]:
         yield Gdi(m, src, keys, members)
     finally:
         m.stop()
-
-
-def acl(*entries: tuple[int, int, int]) -> bytes:
-    """A system.posix_acl_access value: version 2, then (tag, perm, id) entries."""
-    out = (2).to_bytes(4, "little")
-    for tag, perm, ident in sorted(entries):
-        out += tag.to_bytes(2, "little") + perm.to_bytes(2, "little") + ident.to_bytes(4, "little")
-    return out
 
 
 def deny_user(path: Path, uid: int) -> None:

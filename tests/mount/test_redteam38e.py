@@ -15,18 +15,10 @@ from pathlib import Path
 import pytest
 
 from tests.mount.conftest import HAVE_FUSE, Mount, User, open_tmp
+from tests.toolbox import ACL_ANY as ANY
+from tests.toolbox import acl
 
 pytestmark = pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3")
-
-ANY = 0xFFFFFFFF
-
-
-def acl(*entries: tuple[int, int, int]) -> bytes:
-    """A system.posix_acl_access value: version 2, then (tag, perm, id) entries."""
-    out = (2).to_bytes(4, "little")
-    for tag, perm, ident in sorted(entries):
-        out += tag.to_bytes(2, "little") + perm.to_bytes(2, "little") + ident.to_bytes(4, "little")
-    return out
 
 
 @pytest.fixture(params=["watched", "unwatched"])

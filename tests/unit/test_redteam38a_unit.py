@@ -7,16 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.toolbox import ACL_ANY as ANY
+from tests.toolbox import acl
 from vfs.acl import GROUP, GROUP_OBJ, MASK, OTHER, USER, USER_OBJ, acl_stat, narrowed_mode
-
-ANY = 0xFFFFFFFF
-
-
-def acl(*entries: tuple[int, int, int]) -> bytes:
-    out = (2).to_bytes(4, "little")
-    for tag, perm, ident in sorted(entries):
-        out += tag.to_bytes(2, "little") + perm.to_bytes(2, "little") + ident.to_bytes(4, "little")
-    return out
 
 
 def test_a_minimal_acl_changes_nothing() -> None:
