@@ -128,7 +128,10 @@ class Spool:
         """The new spooled file takes the access ACL that the default ACL of its SRC folder
         gives a file made there (vfs.acl.inherit_default): it is published by linking this
         very inode, and went into SRC with no ACL, readable by a user the folder's default
-        ACL denies. Whether the folder has one."""
+        ACL denies. Whether the folder has one. A bucket's folders have none (an ObjectPath
+        SRC: no local folder to look at)."""
+        if not isinstance(self.src, Path):
+            return False
         try:
             dfd = parent_fd(self.src, self.src / relpath)  # no link followed on the way
         except OSError:
