@@ -11,13 +11,15 @@ from __future__ import annotations
 import os
 import signal
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from obstore.store import S3Store
 
+from tests.mount.conftest import Mount, open_tmp
 from tests.toolbox import load_tool
 
 seaweed: ModuleType = load_tool("seaweed")
@@ -95,3 +97,32 @@ def revived(server: object, monkeypatch: pytest.MonkeyPatch) -> object:
     for key, value in server.env().items():  # type: ignore[attr-defined]
         monkeypatch.setenv(key, value)
     return server
+
+
+def client(bucket: S3Bucket) -> S3Store:
+    """An obstore client of the session's bucket (keys: `bucket.key(...)`)."""
+    return S3Store(bucket.name, client_options={"allow_http": True})
+
+
+MountFactory = Callable[..., Mount]
+
+
+@pytest.fixture
+def bucket_mount(
+    request: pytest.FixtureRequest, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[MountFactory]:
+    """Mounts of a bucket URL by this checkout's daemon (cwd: the checkout), the mountpoint in
+    a folder other users may traverse; a mount started again under the same name keeps its
+    index (a restart of one host), each start its own log."""
+    mounts: list[Mount] = []
+    where = open_tmp(tmp_path_factory, request.module.__name__.rpartition(".")[2])
+
+    def factory(url: str, *extra: str, name: str = "mnt", wait: bool = True) -> Mount:
+        m = Mount(url, where / name, tmp_path / f"{name}-{len(mounts)}.log",  # type: ignore[arg-type]
+                  tmp_path / f"{name}-index")  # fmt: skip
+        mounts.append(m)
+        return m.start(*extra, wait=wait)
+
+    yield factory
+    for m in mounts:
+        m.stop()

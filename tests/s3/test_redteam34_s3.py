@@ -10,15 +10,13 @@ import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import obstore
 import pytest
-from obstore.store import S3Store
 
-from tests.mount.conftest import HAVE_FUSE, Mount, User, open_tmp, unprivileged
-from tests.s3.conftest import S3Bucket
+from tests.mount.conftest import HAVE_FUSE, User, unprivileged
+from tests.s3.conftest import MountFactory, S3Bucket, client
 from tests.s3.stall import StallingProxy, _shut
 from tests.s3.test_mount_bucket_write import digest, spooled, status, wait_for
 
@@ -29,29 +27,6 @@ pytestmark = [
 
 __all__ = ["unprivileged"]  # the fixture, imported for the tests below
 ROOT = Path(__file__).resolve().parents[2]
-MountFactory = Callable[..., Mount]
-
-
-def client(bucket: S3Bucket) -> S3Store:
-    return S3Store(bucket.name, client_options={"allow_http": True})
-
-
-@pytest.fixture
-def bucket_mount(
-    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[MountFactory]:
-    """Mounts of a bucket URL; the mountpoint lies in a folder other users may traverse."""
-    mounts: list[Mount] = []
-    where = open_tmp(tmp_path_factory, "rt34")
-
-    def factory(url: str, *extra: str, name: str = "mnt", wait: bool = True) -> Mount:
-        m = Mount(url, where / name, tmp_path / f"{name}.log", tmp_path / f"{name}-index")  # type: ignore[arg-type]
-        mounts.append(m)
-        return m.start(*extra, wait=wait)
-
-    yield factory
-    for m in mounts:
-        m.stop()
 
 
 def test_the_daemon_runs_this_checkout(s3_bucket: S3Bucket, bucket_mount: MountFactory) -> None:

@@ -8,17 +8,15 @@ import io
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 import obstore
 import pytest
 import tifffile
-from obstore.store import S3Store
 
-from tests.mount.conftest import HAVE_FUSE, Mount, open_tmp
-from tests.s3.conftest import S3Bucket
+from tests.mount.conftest import HAVE_FUSE
+from tests.s3.conftest import MountFactory, S3Bucket, client
 from tests.s3.test_mount_bucket_write import wait_for
 
 pytestmark = [
@@ -27,31 +25,6 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
-MountFactory = Callable[..., Mount]
-
-
-def client(bucket: S3Bucket) -> S3Store:
-    return S3Store(bucket.name, client_options={"allow_http": True})
-
-
-@pytest.fixture
-def bucket_mount(
-    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[MountFactory]:
-    """Mounts of a bucket URL by this checkout's daemon (cwd: the checkout); a mount started
-    again under the same name keeps its index."""
-    mounts: list[Mount] = []
-    where = open_tmp(tmp_path_factory, "rt37b")
-
-    def factory(url: str, *extra: str, name: str = "mnt") -> Mount:
-        m = Mount(url, where / name, tmp_path / f"{name}-{len(mounts)}.log",  # type: ignore[arg-type]
-                  tmp_path / f"{name}-index")  # fmt: skip
-        mounts.append(m)
-        return m.start(*extra)
-
-    yield factory
-    for m in mounts:
-        m.stop()
 
 
 def tiff(seed: int) -> bytes:
