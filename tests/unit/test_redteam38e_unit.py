@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -127,3 +128,29 @@ def test_restore_temp_names_are_not_predictable() -> None:
     names = {restore_temp_name("scan.tif") for _ in range(8)}
     assert len(names) == 8
     assert all(n.startswith(f".scan.tif.decant-restore-{os.getpid()}-") for n in names)
+
+
+def test_an_acl_src_cannot_keep_leaves_the_narrowed_bits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A spooled file with an ACL published into a SRC whose file system keeps none (ENOTSUP):
+    the archive keeps the ACL-narrowed bits (no wider than the ACL granted) and is published,
+    not failed for good."""
+    from vfs.ingest import publish
+
+    target = tmp_path / "a.tif.zarr.zip"
+    target.write_bytes(b"x")
+    st = os.stat(target)
+    extra = {n: getattr(st, n) for n in ("st_atime_ns", "st_mtime_ns", "st_ctime_ns")}
+    narrowed = os.stat_result((0o100600, *list(st)[1:]), extra)
+
+    def no_acls(*_args: object, **_kwargs: object) -> None:
+        raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+
+    monkeypatch.setattr(publish.os, "setxattr", no_acls)
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        publish._set_metadata(fd, narrowed, acl((0x01, 6, ANY), (0x04, 4, ANY), (0x20, 4, ANY)))
+    finally:
+        os.close(fd)
+    assert os.stat(target).st_mode == 0o100600

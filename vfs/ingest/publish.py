@@ -703,7 +703,11 @@ def _set_metadata(fd: int, st: os.stat_result, acl: bytes | None = None) -> None
     if os.geteuid() == 0:
         os.fchown(fd, st.st_uid, st.st_gid)
     if acl is not None:
-        os.setxattr(fd, ACCESS_XATTR, acl)
+        try:
+            os.setxattr(fd, ACCESS_XATTR, acl)
+        except OSError as exc:  # SRC keeps no ACLs (the spool's file system does): the
+            if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP):  # narrowed bits stand,
+                raise  # no wider than the ACL granted
     else:  # an archive found holding the bytes keeps no ACL the file no longer has
         with suppress(OSError):
             os.removexattr(fd, ACCESS_XATTR)
