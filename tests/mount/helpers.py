@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import time
 import zipfile
@@ -102,3 +103,37 @@ def tiff(seed: int) -> bytes:
     data = np.random.default_rng(seed).integers(0, 60000, (2, 24, 16), dtype=np.uint16)
     tifffile.imwrite(buf, data, photometric="minisblack")
     return buf.getvalue()
+
+
+def folder_archive(tif: Path, dest: Path) -> bytes:
+    """`dest` (a `NAME.zarr/`): the archive of the TIFF `tif`, packed beside it and unzipped,
+    every entry readable by all; returns the TIFF's bytes."""
+    from vfs.decant.packer import pack_file
+
+    packed = tif.with_name(f"{tif.name}.zarr.zip")
+    pack_file(tif, packed)
+    with zipfile.ZipFile(packed) as zf:
+        zf.extractall(dest)
+    for dirpath, _dirs, files in os.walk(dest):
+        os.chmod(dirpath, 0o755)
+        for f in files:
+            os.chmod(os.path.join(dirpath, f), 0o644)
+    return tif.read_bytes()
+
+
+def verdict(path: Path) -> str:
+    """The shown file's `user.decant.verified`."""
+    return os.getxattr(path, "user.decant.verified").decode()
+
+
+def read_through(path: Path, timeout: float, poll: float = 0.1) -> bytes | int:
+    """The whole file read through a new handle, once it reads without error within `timeout`
+    seconds; else the last errno."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return path.read_bytes()
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                return exc.errno or -1
+            time.sleep(poll)

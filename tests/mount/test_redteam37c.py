@@ -24,6 +24,7 @@ import pytest
 import tifffile
 
 from tests.mount.conftest import HAVE_FUSE, Mount, User, open_tmp
+from tests.mount.helpers import folder_archive, verdict
 
 pytestmark = pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3")
 
@@ -35,24 +36,10 @@ def _sha(data: bytes) -> str:
 def _folder_archive(base: Path, name: str, seed: int, dest: Path) -> bytes:
     """`dest` (a `NAME.zarr/`): the archive of a random 4×256×256 uint16 stack, packed and
     unzipped, every entry readable by all; returns the TIFF's bytes as written."""
-    from vfs.decant.packer import pack_file
-
     pixels = np.random.default_rng(seed).integers(0, 4000, (4, 256, 256)).astype(np.uint16)
     tif = base / name
     tifffile.imwrite(tif, pixels)
-    packed = base / f"{name}.zarr.zip"
-    pack_file(tif, packed)
-    with zipfile.ZipFile(packed) as zf:
-        zf.extractall(dest)
-    for dirpath, _dirs, files in os.walk(dest):
-        os.chmod(dirpath, 0o755)
-        for f in files:
-            os.chmod(os.path.join(dirpath, f), 0o644)
-    return tif.read_bytes()
-
-
-def _verdict(path: Path) -> str:
-    return os.getxattr(path, "user.decant.verified").decode()
+    return folder_archive(tif, dest)
 
 
 def _wait_log(m: Mount, text: str, timeout: float = 10.0) -> bool:
@@ -103,7 +90,7 @@ def test_a_chunk_swapped_after_a_partial_read_is_not_recorded_as_verified(
         got = u._probe("read(p)", {"p": str(m.mnt / "a.tif")})
         assert got.get("ok") != _sha(other), "the other archive's bytes served as verified"
         assert got == {"errno": errno.EIO}
-        assert _verdict(m.mnt / "a.tif") != "yes"
+        assert verdict(m.mnt / "a.tif") != "yes"
     finally:
         m.stop()
 

@@ -92,6 +92,19 @@ def test_a_package_whose_acl_denies_a_user_is_not_read_by_that_user(
                       p=mnt / "pkg.tar.c4gh") == errno.EACCES  # fmt: skip
 
 
+def _collection(factory: pytest.TempPathFactory, tag: str, **options: object) -> tuple[Path, Path]:
+    """(base, src): `src/coll`, a corpus AcqStore collection every user may read, in a folder
+    other users may traverse."""
+    base = open_tmp(factory, tag)
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    src.chmod(0o755)
+    load_tool("make_acqstore_corpus").make_collection(src / "coll", **options)
+    for path in [src / "coll", *(src / "coll").rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return base, src
+
+
 def test_an_acqstore_table_whose_acl_denies_a_user_is_not_read_through_the_view(
     tmp_path_factory: pytest.TempPathFactory, unprivileged: User
 ) -> None:
@@ -99,13 +112,7 @@ def test_an_acqstore_table_whose_acl_denies_a_user_is_not_read_through_the_view(
     check of what an open reads on the caller's behalf looked at the mode bits only, so the
     root daemon read the table for USER through `members/tables/`."""
     u = unprivileged
-    base = open_tmp(tmp_path_factory, "rt38a-acq")
-    src = base / "src"
-    src.mkdir(mode=0o755)
-    src.chmod(0o755)
-    load_tool("make_acqstore_corpus").make_collection(src / "coll")
-    for path in [src / "coll", *(src / "coll").rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    base, src = _collection(tmp_path_factory, "rt38a-acq")
     doc = json.loads((src / "coll/acqstore/collection.json").read_text())
     (denied_id, denied), (other_id, _other) = (
         (t["id"], src / "coll" / t["path"]) for t in doc["resources"]["tables"][:2]
@@ -265,13 +272,7 @@ def test_a_private_collection_document_s_names_are_not_listed_to_others(
     daemon. The view is now shown without the read and search bits of a class that may not
     read the document, as a folder archive is for its manifest."""
     u = unprivileged
-    base = open_tmp(tmp_path_factory, "rt38a-names")
-    src = base / "src"
-    src.mkdir(mode=0o755)
-    src.chmod(0o755)
-    load_tool("make_acqstore_corpus").make_collection(src / "coll")
-    for path in [src / "coll", *(src / "coll").rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    base, src = _collection(tmp_path_factory, "rt38a-names")
     doc = src / "coll" / "acqstore" / "collection.json"
     doc.chmod(0o600)
     assert u.errno_of("read(p)", p=doc) == errno.EACCES
@@ -303,13 +304,7 @@ def test_a_private_analyses_document_s_ids_are_not_listed_to_others(
     folder's modes, to anyone who may enter the collection. The member's folder and those
     folders now lose the bits of a class that may not read the document."""
     u = unprivileged
-    base = open_tmp(tmp_path_factory, "rt38a-analyses")
-    src = base / "src"
-    src.mkdir(mode=0o755)
-    src.chmod(0o755)
-    load_tool("make_acqstore_corpus").make_collection(src / "coll")
-    for path in [src / "coll", *(src / "coll").rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    base, src = _collection(tmp_path_factory, "rt38a-analyses")
     doc = json.loads((src / "coll/acqstore/collection.json").read_text())
     member = next(m for m in doc["members"] if m["resources"].get("analyses"))
     analyses = src / "coll" / member["resources"]["analyses"]

@@ -12,7 +12,6 @@ import hashlib
 import os
 import subprocess
 import time
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ import pytest
 import tifffile
 
 from tests.mount.conftest import HAVE_FUSE, Mount, open_tmp
+from tests.mount.helpers import folder_archive, read_through
 
 pytestmark = pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3")
 
@@ -27,38 +27,15 @@ pytestmark = pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fuser
 def _folder_archive(base: Path, name: str, seed: int, shape: tuple[int, ...], dest: Path) -> bytes:
     """`dest` (a `NAME.zarr/`, presented as `name`): the archive of a random uint16 stack,
     packed and unzipped, every entry readable by all; returns the TIFF's bytes as written."""
-    from vfs.decant.packer import pack_file
-
     pixels = np.random.default_rng(seed).integers(0, 4000, shape).astype(np.uint16)
     (base / str(seed)).mkdir()
     tif = base / str(seed) / name
     tifffile.imwrite(tif, pixels)
-    packed = base / str(seed) / f"{name}.zarr.zip"
-    pack_file(tif, packed)
-    with zipfile.ZipFile(packed) as zf:
-        zf.extractall(dest)
-    for dirpath, _dirs, files in os.walk(dest):
-        os.chmod(dirpath, 0o755)
-        for f in files:
-            os.chmod(os.path.join(dirpath, f), 0o644)
-    return tif.read_bytes()
+    return folder_archive(tif, dest)
 
 
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _read_through(path: Path, timeout: float) -> bytes | int:
-    """The whole file read through a new handle, once it reads without error within `timeout`
-    seconds; else the last errno."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return path.read_bytes()
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                return exc.errno or -1
-            time.sleep(0.1)
 
 
 def _size_becomes(path: Path, size: int, timeout: float) -> bool:
@@ -119,7 +96,7 @@ def test_a_folder_archive_overwritten_in_place_is_described_anew(
             assert (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns)
             if watch and len(new) != len(old):  # the watcher relists it: no open needed
                 assert _size_becomes(shown, len(new), timeout=3.0), "x.tif keeps its old size"
-            got = _read_through(shown, timeout=4.0)
+            got = read_through(shown, timeout=4.0)
             assert got != old, "the old archive's bytes served for the rewritten one"
             assert isinstance(got, bytes), f"errno {got} reading the rewritten archive"
             assert _sha(got) == _sha(new)

@@ -25,6 +25,7 @@ import pytest
 import tifffile
 
 from tests.mount.conftest import HAVE_FUSE
+from tests.mount.helpers import read_through, verdict
 from tests.s3.conftest import MountFactory, S3Bucket, client
 from tests.s3.test_mount_bucket_write import wait_for
 
@@ -71,23 +72,6 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _verdict(path: Path) -> str:
-    return os.getxattr(path, "user.decant.verified").decode()
-
-
-def _read_through(path: Path, timeout: float) -> bytes | int:
-    """The whole file read through a new handle, once it reads without error within `timeout`
-    seconds; else the last errno."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return path.read_bytes()
-        except OSError as exc:
-            if time.monotonic() > deadline:
-                return exc.errno or -1
-            time.sleep(0.2)
-
-
 def test_a_chunk_swapped_after_a_partial_read_is_not_recorded_as_verified(
     s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path
 ) -> None:
@@ -114,13 +98,13 @@ def test_a_chunk_swapped_after_a_partial_read_is_not_recorded_as_verified(
     time.sleep(1.0)  # its digests recorded, or not
     m.stop()
     again = bucket_mount(s3_bucket.url())
-    got = _read_through(again.mnt / "x.tif", timeout=0)
+    got = read_through(again.mnt / "x.tif", timeout=0, poll=0.2)
     assert got != data  # the chunk object is another scan's now
     assert not (isinstance(got, bytes) and got[256:33024] == other[256:33024]), (
         "the other archive's plane served as verified"
     )
     assert got == errno.EIO
-    assert _verdict(again.mnt / "x.tif") != "yes"
+    assert verdict(again.mnt / "x.tif") != "yes"
 
 
 @pytest.mark.parametrize("variant", ["same-layout", "fewer-planes", "damaged"])
@@ -145,11 +129,11 @@ def test_a_folder_archive_rewritten_in_place_is_described_anew(
     m = bucket_mount(s3_bucket.url(), "--relist", "1")
     shown = m.mnt / "x.tif"
     assert _sha(shown.read_bytes()) == _sha(old)
-    wait_for(lambda: _verdict(shown) == "yes", 20, "verified")
+    wait_for(lambda: verdict(shown) == "yes", 20, "verified")
     assert shown.read_bytes() == old  # verified: now in the kernel's page cache
     upload(s3_bucket, theirs, "x.tif.zarr")
     time.sleep(2.5)  # relisted, and the kernel's attributes expired
-    got = _read_through(shown, timeout=5.0)
+    got = read_through(shown, timeout=5.0, poll=0.2)
     assert got != old, "the old archive's bytes served for the rewritten one"
     if variant == "damaged":
         assert got == errno.EIO, "a damaged rewrite served as verified"
@@ -205,13 +189,13 @@ def test_a_rewrite_while_a_verified_handle_is_held_is_read_anew(
     m = bucket_mount(s3_bucket.url(), "--relist", "1", "--cache-size", "1M")
     shown = m.mnt / "x.tif"
     assert shown.read_bytes() == old
-    wait_for(lambda: _verdict(shown) == "yes", 20, "verified")
+    wait_for(lambda: verdict(shown) == "yes", 20, "verified")
     fd = os.open(shown, os.O_RDONLY)
     try:
         assert os.pread(fd, 4096, 0) == old[:4096]
         upload(s3_bucket, theirs, "x.tif.zarr")
         time.sleep(2.5)
-        got = _read_through(shown, timeout=5.0)
+        got = read_through(shown, timeout=5.0, poll=0.2)
         assert isinstance(got, bytes), f"errno {got} reading the rewritten archive"
         assert _sha(got) == _sha(new)
         try:
