@@ -205,13 +205,14 @@ def _rewritten(folder: Folder, names: set[str]) -> set[str]:
     """Those of `names` whose listed archive file is no longer the version listed (written in
     place: same name, same folder mtime; a folder archive whose manifest was rewritten, which
     the watcher reports in `NAME.zarr/.decant`, not in the folder listed), or whose plain
-    folder's owner, group or mode bits changed (chmod, chown, setfacl: no folder mtime tells,
-    and a folder's getattr is answered from its listing, so `chmod 700 private` left it open
-    to every user through the mount until its parent changed)."""
+    folder's or file's owner, group or mode bits changed (chmod, chown, setfacl: no folder
+    mtime tells, and a folder's getattr is answered from its listing, so `chmod 700 private`
+    left it open to every user through the mount until its parent changed; a file's lookup
+    is, so `chmod 600 notes.txt` left it open once the kernel's entry expired)."""
     out = set()
     for name in names:
         node = folder.children.get(name)
-        if node is not None and node.is_dir and node.backend is None and not node.spooled:
+        if node is not None and node.backend is None and not node.spooled:
             if _attrs_changed(node):
                 out.add(name)
             continue
@@ -227,14 +228,15 @@ def _rewritten(folder: Folder, names: set[str]) -> set[str]:
 
 
 def _attrs_changed(node: Node) -> bool:
-    """Whether the plain folder behind `node` shows other owner, group or bits now (its ACL
-    narrowing them: vfs.acl), write bits aside (a read-only mount clears them)."""
+    """Whether the plain folder or file behind `node` shows other owner, group or bits now
+    (its ACL narrowing them: vfs.acl), write bits aside (a read-only mount clears them)."""
     try:
         st = acl_stat(node.real, os.lstat(node.real))
     except OSError:
         return True  # gone or replaced: its listing says what is there
     now = (stat.S_IMODE(st.st_mode) & ~0o222, st.st_uid, st.st_gid)
-    return now != (node.mode & ~0o222, node.uid, node.gid) or not stat.S_ISDIR(st.st_mode)
+    kind = stat.S_ISDIR if node.is_dir else stat.S_ISREG
+    return now != (node.mode & ~0o222, node.uid, node.gid) or not kind(st.st_mode)
 
 
 def _heavy(node: Node | None) -> bool:
@@ -477,8 +479,11 @@ class DecantOperations(pyfuse3.Operations):
                 node = await self._current(folder, text, node)
             if node is None:
                 return self._negative(parent_inode)
-            if not self.watched and node.backend is None and node.is_dir:
-                await self._restat_folder(node)  # no watcher tells a chmod of it: see there
+            if not self.watched and node.backend is None and not node.spooled:
+                if node.is_dir:
+                    await self._restat_folder(node)  # no watcher tells a chmod of it: see there
+                elif isinstance(node.real, Path):
+                    node = await self._restat_file(node)  # nor of a file: as getattr takes it
             return self._attrs(self.inodes.hand_out(node), node)
 
     def _negative(self, parent_inode: int) -> pyfuse3.EntryAttributes:
@@ -528,16 +533,20 @@ class DecantOperations(pyfuse3.Operations):
             elif self._is_status(node):
                 return self._status_attrs(inode, await self.status_file.read(ctx.uid))
             elif node.backend is None and not node.is_dir:
-                # A mirrored file may be rewritten in SRC without its folder changing. Reached
-                # without links: one swapped in must not lend the mount its target's attributes.
-                st = await trio.to_thread.run_sync(stat_beneath, self.tree.root, node.real)
-                if not stat.S_ISREG(st.st_mode):
-                    raise _fail(errno.ENOENT)
-                node = mirror_node(node.real, st, self.tree.writable)
+                node = await self._restat_file(node)
                 self.inodes.replace(inode, node)
             elif node.backend is None and node.is_dir and node.real != self.tree.root:
                 await self._restat_folder(node)
             return self._attrs(inode, node)
+
+    async def _restat_file(self, node: Node) -> Node:
+        """A mirrored file as SRC has it now (ACL-narrowed): it may be rewritten, chmod'ed or
+        setfacl'ed in SRC without its folder changing. Reached without links: one swapped in
+        must not lend the mount its target's attributes."""
+        st = await trio.to_thread.run_sync(stat_beneath, self.tree.root, node.real)
+        if not stat.S_ISREG(st.st_mode):
+            raise _fail(errno.ENOENT)
+        return mirror_node(node.real, st, self.tree.writable)
 
     async def _restat_folder(self, node: Node) -> None:
         """A plain folder's owner, group and bits as SRC has them now (ACL-narrowed): a chmod
