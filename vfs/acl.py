@@ -4,10 +4,12 @@ The mount shows each entry with its mode bits, and the kernel checks every calle
 (default_permissions); it never sees an entry's ACL. An ACL can deny a user or a group what the
 mode bits seem to grant (`setfacl -m u:bob:- pkg.tar.c4gh` leaves `ls -l` showing 0644): shown
 with those bits, bob read through the mount what he could not read in SRC (a package's
-decrypted members, a plain file). So an entry carrying an extended ACL is shown with group and
-other bits no wider than the narrowest entry that could apply to a user outside the owner:
-stricter than the ACL for some users (a named user granted more than "other" reads nothing
-more through the mount), never looser for any.
+decrypted members, a plain file). So an entry carrying an extended ACL is shown with other
+bits no wider than the narrowest entry that could apply to a user outside the owner, and group
+bits no wider than the owning group's entry and any named user's (a named group's never
+narrows what the owning group's members get: `setfacl -m g:readers:rX` on a 0775 project
+folder leaves it 0775): stricter than the ACL for some users (a named user granted more than
+"other" reads nothing more through the mount), never looser for any.
 """
 
 from __future__ import annotations
@@ -34,18 +36,22 @@ def narrowed_mode(mode: int, raw: bytes) -> int:
         perms.setdefault(tag, []).append(int.from_bytes(raw[at + 2 : at + 4], "little") & 7)
     if set(perms) - {USER_OBJ, USER, GROUP_OBJ, GROUP, MASK, OTHER}:
         return mode & ~NOT_OWNER
-    named = perms.get(USER, []) + perms.get(GROUP, [])
-    if not named and MASK not in perms:
+    users, groups = perms.get(USER, []), perms.get(GROUP, [])
+    if not users and not groups and MASK not in perms:
         return mode
     mask = perms.get(MASK, [7])[0]
-    least = 7
-    for perm in named:
+    least_user = least = 7
+    for perm in users:
+        least_user &= perm & mask
+    for perm in groups:
         least &= perm & mask
     # With named entries the group bits are the mask; the owning group gets its own entry
-    # under it (group::--- with mask rwx denies the group, though `ls -l` shows rwx).
+    # under it (group::--- with mask rwx denies the group, though `ls -l` shows rwx). A
+    # member of it may be a named user (that entry alone applies), never held to a named
+    # group's: the kernel grants what any of a user's matching group entries grants.
     owning = perms.get(GROUP_OBJ, [0])[0] & mask
-    group = (mode >> 3) & 7 & least & owning
-    other = mode & 7 & least
+    group = (mode >> 3) & 7 & least_user & owning
+    other = mode & 7 & least_user & least
     return (mode & ~NOT_OWNER) | group << 3 | other
 
 

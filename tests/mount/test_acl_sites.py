@@ -74,3 +74,37 @@ def test_a_file_closed_in_src_after_listing_is_closed_through_the_mount(
         assert u.run("ls", "-l", str(shown.parent)).returncode == 0  # its attributes again
         assert u.errno_of("read(p)", p=shown) == errno.EACCES
     assert shown.read_bytes() == b"notes\n"  # root's
+
+
+def test_a_named_group_entry_takes_no_write_from_the_owning_group(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """A project folder (0775, its group USER's) that another group may read and search
+    (`setfacl -m g:nogroup:rX`): USER, in the owning group, makes files there in SRC (the
+    owning group's entry grants rwx, whatever a named group's does), but through a writable
+    mount the folder was shown 0755 (group bits cut to the named group's r-x) and USER's
+    create failed with EACCES. A named group never narrows what the owning group's members
+    get (the kernel grants what any of a user's matching group entries grants); a named user
+    still does (one may be in the owning group)."""
+    u, outsider = unprivileged, User("nobody", 65534, 65534)
+    base = open_tmp(tmp_path_factory, "aclsite-w")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    src.chmod(0o755)
+    proj = src / "proj"
+    proj.mkdir()
+    os.chown(proj, 0, u.gid)
+    proj.chmod(0o775)
+    os.setxattr(proj, "system.posix_acl_access",
+                acl((0x01, 7, ANY), (0x04, 7, ANY), (0x08, 5, 65534), (0x10, 7, ANY),
+                    (0x20, 5, ANY)))  # fmt: skip
+    assert u.errno_of("write(p)", p=proj / "direct.txt") == 0  # SRC lets USER in
+    assert outsider.errno_of("write(p)", p=proj / "other.txt") == errno.EACCES
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other")
+        assert u.errno_of("write(p)", p=m.mnt / "proj" / "through.txt") == 0
+        assert outsider.errno_of("write(p)", p=m.mnt / "proj" / "other.txt") == errno.EACCES
+        assert outsider.errno_of("os.listdir(p)", p=m.mnt / "proj") == 0
+    finally:
+        m.stop()
