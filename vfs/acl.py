@@ -15,6 +15,7 @@ folder leaves it 0775): stricter than the ACL for some users (a named user grant
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 ACCESS_XATTR = "system.posix_acl_access"
 VERSION = 2
@@ -103,13 +104,9 @@ def acl_stat_at(dir_fd: int, name: str, st: os.stat_result) -> os.stat_result:
     if not st.st_mode & NOT_OWNER:
         return st  # nothing to narrow, nothing read
     narrowed = acl_stat(at(dir_fd, name), st)
-    try:
-        again = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except OSError:
-        again = None
-    if again is None or (again.st_ino, again.st_ctime_ns) != (st.st_ino, st.st_ctime_ns):
-        return _with_mode(st, st.st_mode & ~NOT_OWNER)
-    return narrowed
+    return _unless_swapped(
+        st, narrowed, lambda: os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    )
 
 
 def acl_lstat(path: str) -> os.stat_result:
@@ -119,12 +116,19 @@ def acl_lstat(path: str) -> os.stat_result:
     st = os.lstat(path)
     if not st.st_mode & NOT_OWNER:
         return st
-    narrowed = acl_stat(path, st)
+    return _unless_swapped(st, acl_stat(path, st), lambda: os.lstat(path))
+
+
+def _unless_swapped(
+    st: os.stat_result, narrowed: os.stat_result, again: Callable[[], os.stat_result]
+) -> os.stat_result:
+    """`narrowed` (`st` narrowed by an ACL read by name) if the name, stat'ed `again` after
+    that read, still holds the same inode unchanged; else `st` with the owner's bits only."""
     try:
-        again = os.lstat(path)
+        now = again()
     except OSError:
-        again = None
-    if again is None or (again.st_ino, again.st_ctime_ns) != (st.st_ino, st.st_ctime_ns):
+        return _with_mode(st, st.st_mode & ~NOT_OWNER)
+    if (now.st_ino, now.st_ctime_ns) != (st.st_ino, st.st_ctime_ns):
         return _with_mode(st, st.st_mode & ~NOT_OWNER)
     return narrowed
 
