@@ -219,7 +219,7 @@ def test_the_store_down_during_ingest_keeps_files_spooled_until_it_returns(
     store = S3Store(bucket, config={"endpoint": endpoint}, client_options={"allow_http": True})
     spool = tmp_path / "spool"
     m = bucket_mount(f"s3://{bucket}/p", "--spool", str(spool), "--s3-endpoint", endpoint,
-                     "--s3-timeout", "2", "--s3-retries", "0")  # fmt: skip
+                     "--s3-timeout", "2", "--s3-retries", "0", "--retry-after", "4")  # fmt: skip
     os.listdir(m.mnt)
     own_server.stop()
     src = tmp_path / "src"
@@ -234,7 +234,7 @@ def test_the_store_down_during_ingest_keeps_files_spooled_until_it_returns(
         assert (m.mnt / rel).read_bytes() == data, rel
     assert m.proc is not None and m.proc.poll() is None
     own_server.start()
-    # Retried with back-off (the first retry 30 s after the failure).
+    # Retried unattended with back-off (4 s after the failure here, doubling; 30 s by default).
     wait_for(lambda: not spooled(spool), 150, "published once the store returned")
     assert status(m.mnt)["failed"] == []
     assert keys_of(store, "p") == expected_keys(want)
