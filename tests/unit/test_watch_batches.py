@@ -5,7 +5,10 @@ new mount's first requests. Run in a fresh interpreter, so no other test's impor
 from __future__ import annotations
 
 import textwrap
+import threading
 from pathlib import Path
+
+import trio
 
 from tests.toolbox import json_in_child
 
@@ -57,3 +60,37 @@ def test_changes_reach_the_mount_without_anyio(tmp_path: Path) -> None:
     assert out["seen"][0] == ["caught up", sorted([str(tmp_path), str(tmp_path / "sub")])]
     assert ["names", {str(tmp_path / "sub"): ["new.txt"]}] in out["seen"]
     assert out["anyio"] == ["anyio._lazyimport"], out["anyio"]  # what `import watchfiles` loads
+
+
+class FakeNotify:
+    """RustNotify's `watch` contract: block until a change, the timeout, or `stop` is set
+    (seen within one step); say which."""
+
+    def __init__(self, changes: list[set[tuple[int, str]]]) -> None:
+        self.changes = changes
+        self.stopped = 0
+
+    def watch(self, _debounce: int, step: int, _timeout: int, stop: threading.Event) -> object:
+        if self.changes:
+            return self.changes.pop(0)
+        if stop.wait(60):  # a real test of "the cancel reached the thread": never times out
+            self.stopped += 1
+            return "stop"
+        return "timeout"
+
+
+def test_a_watch_that_returns_leaves_stop_unset_and_a_cancel_sets_it() -> None:
+    from vfs.mount.watch import _watch_once
+
+    notify, stop = FakeNotify([{(1, "/a")}, {(2, "/b")}]), threading.Event()
+
+    async def main() -> list[object]:
+        got = [await _watch_once(notify, stop), await _watch_once(notify, stop)]
+        assert not stop.is_set()  # two batches: the watch goes on
+        with trio.move_on_after(0.05) as scope:
+            got.append(await _watch_once(notify, stop))  # blocks: no change comes
+        assert scope.cancelled_caught
+        return got
+
+    assert trio.run(main) == [{(1, "/a")}, {(2, "/b")}]
+    assert stop.is_set() and notify.stopped == 1  # the thread returned because of the cancel
