@@ -13,10 +13,15 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-# C0 controls, DEL, C1 controls, the Unicode line/paragraph separators, and the lone
+# C0 controls, DEL, C1 controls, the Unicode line/paragraph separators, bidi controls, the lone
 # surrogates of undecodable bytes (U+DC80..U+DCFF, shown as the byte they stand for).
 _ESCAPES: dict[int, str] = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)]}
 _ESCAPES.update({0x2028: "\\u2028", 0x2029: "\\u2029"})
+# The bidirectional formatting characters: a U+202E in a name shows the rest of the line
+# reversed on a terminal ("report\u202efit.exe" reads "reportexe.tif"), so a line can say
+# another name than the one it holds.
+_ESCAPES.update({c: f"\\u{c:04x}" for c in [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F),
+                                            *range(0x2066, 0x206A)]})  # fmt: skip
 _ESCAPES.update({c: f"\\x{c - 0xDC00:02x}" for c in range(0xDC80, 0xDD00)})
 _ESCAPES[ord("\\")] = "\\\\"  # so an escape seen in the log is never a name's own text
 

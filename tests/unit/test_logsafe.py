@@ -57,3 +57,12 @@ def test_an_exception_s_text_cannot_forge_a_record_or_hide_one() -> None:
     assert rest and all(line.startswith("| ") for line in rest)
     assert "\r" not in text and "\x1b" not in text
     assert sum("FORGED" in line for line in rest) == 2  # both exceptions, cause included
+
+
+def test_bidi_controls_cannot_reverse_a_name_on_the_terminal() -> None:
+    """ "report\u202efit.exe" shows as "reportexe.tif": each bidi control shows as its escape,
+    and an ordinary right-to-left name keeps its letters."""
+    assert escape_controls("report\u202efit.exe") == "report\\u202efit.exe"
+    marks = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u2066\u2067\u2068\u2069"
+    assert escape_controls(marks) == "".join(f"\\u{ord(c):04x}" for c in marks)
+    assert escape_controls("שלום.tif") == "שלום.tif"
