@@ -272,6 +272,25 @@ def test_pack_force_onto_a_folder_of_archives_deletes_nothing(
         assert decant_cli("pack", "--force", tiff, "-o", again, "-q")[0] == OK
 
 
+def test_pack_force_onto_a_folder_with_a_linked_manifest_deletes_nothing(
+    tiff: Path, tmp_path: Path, decant_cli: Cli
+) -> None:
+    """A folder of archives given a `.decant` (or a `.decant/manifest.json`) that is a link
+    to a real archive's passed for a folder archive: `pack --force -o` removed it whole."""
+    real = tmp_path / "real.zarr"
+    assert decant_cli("pack", tiff, "-o", real, "-q")[0] == OK
+    for i, link in enumerate([".decant", ".decant/manifest.json"]):
+        folder = tmp_path / f"archive{i}"
+        (folder / ".decant").mkdir(parents=True)
+        (folder / "other.tif.zarr.zip").write_bytes(b"precious")
+        if link == ".decant":
+            (folder / ".decant").rmdir()
+        (folder / link).symlink_to(real / link)
+        status, _out, err = decant_cli("pack", "--force", tiff, "-o", folder)
+        assert (status, (folder / "other.tif.zarr.zip").read_bytes()) == (BAD_INPUT, b"precious")
+        assert "not a decant archive" in err
+
+
 def test_log_lines_of_a_decant_run_are_escaped(tmp_path: Path) -> None:
     """Hardening, not an observed leak: the cores log names (packer: "SOURCE: REASON; packing
     verbatim", at WARNING, so without -v) and `decant` logged through a plain formatter. A

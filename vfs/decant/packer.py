@@ -155,9 +155,19 @@ def _publish(
 
 def refuse_unless_archive(folder: Path) -> None:
     """PackError unless `folder` is a decant folder archive: replacing one removes it whole,
-    and `-o archive/` of one input (as for several) named a folder of other archives."""
-    if not (folder / MANIFEST_KEY).is_file():
-        raise PackError(f"{folder}: a folder that is not a decant archive (not replaced)")
+    and `-o archive/` of one input (as for several) named a folder of other archives. Its
+    manifest and the folder holding it must be its own, not links: a link to another archive's
+    `.decant` made any folder pass."""
+    marker = folder
+    for part in Path(MANIFEST_KEY).parts:
+        marker = marker / part
+        try:
+            st = os.lstat(marker)
+        except OSError:
+            st = None
+        want = stat.S_ISREG if marker.name == Path(MANIFEST_KEY).name else stat.S_ISDIR
+        if st is None or not want(st.st_mode):
+            raise PackError(f"{folder}: a folder that is not a decant archive (not replaced)")
 
 
 def remove_tree(path: Path) -> None:
