@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import resource
@@ -50,6 +51,7 @@ log = logging.getLogger(__name__)
 ARCHIVE_TIMEOUT = 300.0  # archive contents never change in place: let the kernel keep them
 MIRROR_TIMEOUT = 2.0  # SRC itself can change; the watcher invalidates sooner when it can
 UNWATCHED_TIMEOUT = 1.0  # no inotify: entries that can change expire this soon
+READDIR_BATCH = 64  # entries restated in one worker-thread call, unwatched
 # A missing name, watched: new names are invalidated when the watcher's rescan finds them.
 # rsync's generator looks names up seconds before its receiver does, on a busy machine.
 NEGATIVE_TIMEOUT = 10.0
@@ -225,6 +227,11 @@ def _rewritten(folder: Folder, names: set[str]) -> set[str]:
         if len(node.version) == 4 and archive_version(st) != node.version:
             out.add(name)
     return out
+
+
+def _plain(node: Node) -> bool:
+    """A file or folder of a local SRC shown as it is there (not an archive, not spooled)."""
+    return node.backend is None and not node.spooled and isinstance(node.real, Path)
 
 
 def _attrs_changed(node: Node) -> bool:
@@ -479,10 +486,10 @@ class DecantOperations(pyfuse3.Operations):
                 node = await self._current(folder, text, node)
             if node is None:
                 return self._negative(parent_inode)
-            if not self.watched and node.backend is None and not node.spooled:
+            if not self.watched and _plain(node):
                 if node.is_dir:
                     await self._restat_folder(node)  # no watcher tells a chmod of it: see there
-                elif isinstance(node.real, Path):
+                else:
                     node = await self._restat_file(node)  # nor of a file: as getattr takes it
             return self._attrs(self.inodes.hand_out(node), node)
 
@@ -541,27 +548,37 @@ class DecantOperations(pyfuse3.Operations):
 
     async def _restat_file(self, node: Node) -> Node:
         """A mirrored file as SRC has it now (ACL-narrowed): it may be rewritten, chmod'ed or
-        setfacl'ed in SRC without its folder changing. Reached without links: one swapped in
-        must not lend the mount its target's attributes."""
-        st = await trio.to_thread.run_sync(stat_beneath, self.tree.root, node.real)
-        if not stat.S_ISREG(st.st_mode):
+        setfacl'ed in SRC without its folder changing."""
+        fresh = await trio.to_thread.run_sync(self._restated, node)
+        if fresh is None:
             raise _fail(errno.ENOENT)
-        return mirror_node(node.real, st, self.tree.writable)
+        return fresh
 
     async def _restat_folder(self, node: Node) -> None:
         """A plain folder's owner, group and bits as SRC has them now (ACL-narrowed): a chmod
         or setfacl of it changes no listing, and with no watcher to say so (`--no-watch`)
         `chmod 700 private` left it open through the mount for good. The kernel asks again
         when its attributes expire, and before it lets a caller in once they have."""
-        if not isinstance(node.real, Path) or node.spooled:
-            return
+        await trio.to_thread.run_sync(self._restated, node)
+
+    def _restated(self, node: Node) -> Node | None:
+        """(worker thread) A plain entry of SRC as SRC has it now: a file as a fresh node, a
+        folder as its own node with owner, group and bits taken anew; None if the file is gone
+        or no longer a file (a folder that is stays as listed: its parent's listing says what
+        is there). Reached without links: one swapped in must not lend the mount its target's
+        attributes."""
+        if not _plain(node):
+            return node
         try:
-            st = await trio.to_thread.run_sync(stat_beneath, self.tree.root, node.real)
+            st = stat_beneath(self.tree.root, node.real)
         except OSError:
-            return  # gone or swapped: its parent's listing says what is there
-        if stat.S_ISDIR(st.st_mode):
-            fresh = mirror_node(node.real, st, self.tree.writable)
-            node.mode, node.uid, node.gid = fresh.mode, fresh.uid, fresh.gid
+            return node if node.is_dir else None
+        if node.is_dir:
+            if stat.S_ISDIR(st.st_mode):
+                fresh = mirror_node(node.real, st, self.tree.writable)
+                node.mode, node.uid, node.gid = fresh.mode, fresh.uid, fresh.gid
+            return node
+        return mirror_node(node.real, st, self.tree.writable) if stat.S_ISREG(st.st_mode) else None
 
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         with errno_boundary(f"opendir {inode}"):
@@ -571,19 +588,35 @@ class DecantOperations(pyfuse3.Operations):
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         with errno_boundary(f"readdir {fh}"):
             folder = await self._listing(fh)
-            for cookie, name, listed in folder.after(start_id):
-                if fh == ROOT_INODE and name == STATUS_NAME:
-                    continue  # SRC's own entry of that name is never shown (see lookup)
-                node = await self._current(folder, name, listed)
-                if node is None:
-                    continue
-                ino = self.inodes.assign(node)
-                if not pyfuse3.readdir_reply(
-                    token, os.fsencode(name), self._attrs(ino, node), cookie
-                ):
-                    self.inodes.release_unused(ino)
-                    break
-                self.inodes.count(ino)  # readdirplus: the kernel holds one more reference
+            entries = folder.after(start_id)
+            while batch := list(itertools.islice(entries, READDIR_BATCH)):
+                if not self.watched and any(_plain(node) for _c, _n, node in batch):
+                    # What lookup and getattr give, not the listed bits.
+                    batch = await trio.to_thread.run_sync(self._restated_batch, batch)
+                for cookie, name, listed in batch:
+                    if fh == ROOT_INODE and name == STATUS_NAME:
+                        continue  # SRC's own entry of that name is never shown (see lookup)
+                    node = await self._current(folder, name, listed)
+                    if node is None:
+                        continue
+                    ino = self.inodes.assign(node)
+                    if not pyfuse3.readdir_reply(
+                        token, os.fsencode(name), self._attrs(ino, node), cookie
+                    ):
+                        self.inodes.release_unused(ino)
+                        return
+                    self.inodes.count(ino)  # readdirplus: the kernel holds one more reference
+
+    def _restated_batch(self, batch: list[tuple[int, str, Node]]) -> list[tuple[int, str, Node]]:
+        """(worker thread) Listed entries as SRC has them now, unwatched: a chmod or setfacl of
+        a file changes no folder, and `ls -l` (readdirplus) handed the kernel the listed, wider
+        bits again after lookup and getattr had narrowed them. Entries gone are left out."""
+        out = []
+        for cookie, name, node in batch:
+            fresh = self._restated(node)
+            if fresh is not None:
+                out.append((cookie, name, fresh))
+        return out
 
     async def forget(self, inode_list: Any) -> None:
         for inode, count in inode_list:
