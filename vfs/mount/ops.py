@@ -234,6 +234,16 @@ def _plain(node: Node) -> bool:
     return node.backend is None and not node.spooled and isinstance(node.real, Path)
 
 
+def _taken(node: Node, fresh: Node | None) -> Node | None:
+    """(trio thread) What `_restated` found, taken: a folder's node keeps its identity (its
+    listing and inode hang on it) and takes the fresh owner, group and bits; a file's is the
+    fresh node, or None if it is gone."""
+    if fresh is None or not node.is_dir:
+        return fresh
+    node.mode, node.uid, node.gid = fresh.mode, fresh.uid, fresh.gid
+    return node
+
+
 def _attrs_changed(node: Node) -> bool:
     """Whether the plain folder or file behind `node` shows other owner, group or bits now
     (its ACL narrowing them: vfs.acl), write bits aside (a read-only mount clears them)."""
@@ -549,7 +559,7 @@ class DecantOperations(pyfuse3.Operations):
     async def _restat_file(self, node: Node) -> Node:
         """A mirrored file as SRC has it now (ACL-narrowed): it may be rewritten, chmod'ed or
         setfacl'ed in SRC without its folder changing."""
-        fresh = await trio.to_thread.run_sync(self._restated, node)
+        fresh = _taken(node, await trio.to_thread.run_sync(self._restated, node))
         if fresh is None:
             raise _fail(errno.ENOENT)
         return fresh
@@ -559,26 +569,23 @@ class DecantOperations(pyfuse3.Operations):
         or setfacl of it changes no listing, and with no watcher to say so (`--no-watch`)
         `chmod 700 private` left it open through the mount for good. The kernel asks again
         when its attributes expire, and before it lets a caller in once they have."""
-        await trio.to_thread.run_sync(self._restated, node)
+        _taken(node, await trio.to_thread.run_sync(self._restated, node))
 
     def _restated(self, node: Node) -> Node | None:
-        """(worker thread) A plain entry of SRC as SRC has it now: a file as a fresh node, a
-        folder as its own node with owner, group and bits taken anew; None if the file is gone
-        or no longer a file (a folder that is stays as listed: its parent's listing says what
-        is there). Reached without links: one swapped in must not lend the mount its target's
-        attributes."""
+        """(worker thread; reads `node`, changes nothing) A plain entry of SRC as SRC has it
+        now: a fresh node; `node` itself if a folder could not be stat'ed (its parent's listing
+        says what is there); None if a file is gone or no longer a file. Reached without
+        links: one swapped in must not lend the mount its target's attributes."""
         if not _plain(node):
             return node
         try:
             st = stat_beneath(self.tree.root, node.real)
         except OSError:
             return node if node.is_dir else None
-        if node.is_dir:
-            if stat.S_ISDIR(st.st_mode):
-                fresh = mirror_node(node.real, st, self.tree.writable)
-                node.mode, node.uid, node.gid = fresh.mode, fresh.uid, fresh.gid
-            return node
-        return mirror_node(node.real, st, self.tree.writable) if stat.S_ISREG(st.st_mode) else None
+        want = stat.S_ISDIR if node.is_dir else stat.S_ISREG
+        if not want(st.st_mode):
+            return node if node.is_dir else None
+        return mirror_node(node.real, st, self.tree.writable)
 
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         with errno_boundary(f"opendir {inode}"):
@@ -592,7 +599,9 @@ class DecantOperations(pyfuse3.Operations):
             while batch := list(itertools.islice(entries, READDIR_BATCH)):
                 if not self.watched and any(_plain(node) for _c, _n, node in batch):
                     # What lookup and getattr give, not the listed bits.
-                    batch = await trio.to_thread.run_sync(self._restated_batch, batch)
+                    fresh = await trio.to_thread.run_sync(self._restated_batch, batch)
+                    batch = [(c, n, node) for (c, n, old), new in zip(batch, fresh, strict=True)
+                             if (node := _taken(old, new)) is not None]  # fmt: skip
                 for cookie, name, listed in batch:
                     if fh == ROOT_INODE and name == STATUS_NAME:
                         continue  # SRC's own entry of that name is never shown (see lookup)
@@ -607,16 +616,11 @@ class DecantOperations(pyfuse3.Operations):
                         return
                     self.inodes.count(ino)  # readdirplus: the kernel holds one more reference
 
-    def _restated_batch(self, batch: list[tuple[int, str, Node]]) -> list[tuple[int, str, Node]]:
-        """(worker thread) Listed entries as SRC has them now, unwatched: a chmod or setfacl of
+    def _restated_batch(self, batch: list[tuple[int, str, Node]]) -> list[Node | None]:
+        """(worker thread) `_restated` of each listed entry, unwatched: a chmod or setfacl of
         a file changes no folder, and `ls -l` (readdirplus) handed the kernel the listed, wider
-        bits again after lookup and getattr had narrowed them. Entries gone are left out."""
-        out = []
-        for cookie, name, node in batch:
-            fresh = self._restated(node)
-            if fresh is not None:
-                out.append((cookie, name, fresh))
-        return out
+        bits again after lookup and getattr had narrowed them."""
+        return [self._restated(node) for _cookie, _name, node in batch]
 
     async def forget(self, inode_list: Any) -> None:
         for inode, count in inode_list:
