@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vfs.acl import acl_lstat, acl_mode, acl_stat, acl_stat_at
+from vfs.acl import acl_lstat, acl_stat, acl_stat_at
 from vfs.backends.base import (
     Backend,
     Description,
@@ -31,6 +31,7 @@ from vfs.backends.base import (
 from vfs.beneath import open_beneath, stat_beneath
 from vfs.decant import MANIFEST_KEY, TEMP_PREFIX, archive_stat
 from vfs.errors import DecantError
+from vfs.mount.access import user_groups
 from vfs.mount.described import DESCRIBED_ENTRIES, DescribedTrees
 from vfs.mount.index import DescriptionIndex
 from vfs.names import name_problem
@@ -305,7 +306,8 @@ class SourceTree:
             if self.writable and not node.is_dir:
                 node.mode = stat.S_IMODE(st.st_mode)  # what rsync -a / cp -a gave the original
             if stat.S_ISDIR(st.st_mode) and backend.name == "decant" and isinstance(path, Path):
-                node.mode &= _manifest_mask(path)  # a bucket's objects have no modes of their own
+                # a bucket's objects have no modes of their own
+                node.mode &= _manifest_mask(path, node.uid, node.gid)
             out[shown] = node
         return out, regular
 
@@ -400,7 +402,7 @@ class SourceTree:
         node.version = _view_version(st, desc)
         document = getattr(overlay, "document", None)
         if document is not None:  # the view lists names read from it (member names, ids)
-            node.mode &= _manifest_mask(folder, document)
+            node.mode &= _manifest_mask(folder, node.uid, node.gid, document)
         if desc.root.is_dir:
             self.trees.put(_tree_key(node), desc.root)
         out[desc.name] = node
@@ -548,7 +550,9 @@ class SourceTree:
             elif not child.is_dir and node.backend in self.overlays:
                 self._as_its_source(kid, node.real, member, child)
             elif child.locator.get("kind") == "folder" and node.backend in self.overlays:
-                kid.mode &= _document_mask(node.real, str(child.locator.get("path", "")))
+                kid.mode &= _document_mask(
+                    node.real, str(child.locator.get("path", "")), kid.uid, kid.gid
+                )
         return kids
 
     @staticmethod
@@ -575,7 +579,7 @@ class SourceTree:
         kid.uid, kid.gid = sst.st_uid, sst.st_gid
         rel = entry.locator.get("path")
         if isinstance(rel, str):  # and no class that may not search a folder on the way
-            kid.mode &= _document_mask(root, rel)
+            kid.mode &= _document_mask(root, rel, kid.uid, kid.gid)
 
     @staticmethod
     def _as_its_bundle(kid: Node, folder: Path, bundle: object) -> None:
@@ -639,27 +643,23 @@ def _tree_key(node: Node) -> TreeKey:
     return node.real_text, node.backend.name, node.version
 
 
-def _manifest_mask(path: Path, key: str = MANIFEST_KEY) -> int:
-    """The mode bits a folder archive's presented entry may keep: its name, size and sha256
-    (xattrs) come from `.decant/manifest.json` (`key`; an AcqStore view's names from its
-    `acqstore/collection.json`), which keeps a mode of its own, so a class of users that may
-    not read it there (or search the folder holding it) is shown no read or search bit.
-    The kernel then refuses them `getxattr`, `access` and the open, as SRC would (an open
-    checks every file of the folder again: ops._may_read_through). Two lstats a listing."""
+def _manifest_mask(path: Path, uid: int, gid: int, key: str = MANIFEST_KEY) -> int:
+    """The mode bits a folder archive's presented entry (shown as `uid`:`gid`) may keep: its
+    name, size and sha256 (xattrs) come from `.decant/manifest.json` (`key`; an AcqStore
+    view's names from its `acqstore/collection.json`), which keeps a mode of its own, so a
+    class of users that may not read it there (or search the folder holding it) is shown no
+    read or search bit. The kernel then refuses them `getxattr`, `access` and the open, as SRC
+    would (an open checks every file of the folder again: ops._may_read_through). Two lstats
+    a listing."""
     try:
         inner = path / key.rpartition("/")[0]
-        folder = acl_mode(inner, os.lstat(inner).st_mode)
-        manifest = acl_mode(path / key, os.lstat(path / key).st_mode)
+        held = [acl_stat(p, os.lstat(p)) for p in (inner, path / key)]
     except OSError:
         return 0o7777  # describing it read the manifest: gone since, an open says why
-    mask = 0o7777
-    for shift in (6, 3, 0):
-        if not ((manifest >> shift) & 4 and (folder >> shift) & 1):
-            mask &= ~(0o5 << shift)
-    return mask
+    return _readers_mask(held, uid, gid)
 
 
-def _document_mask(root: Path, rel: str) -> int:
+def _document_mask(root: Path, rel: str, uid: int, gid: int) -> int:
     """`_manifest_mask` for a document at any depth below `root` (an AcqStore member's
     analyses.json, whose analysis ids a view shows as folder names): no read or search bit
     for a class that may not read it there, or search a folder on the way. A stat a folder."""
@@ -668,13 +668,38 @@ def _document_mask(root: Path, rel: str) -> int:
         return 0o7700
     try:
         held = [root.joinpath(*parts[: n + 1]) for n in range(len(parts))]
-        modes = [acl_mode(p, os.lstat(p).st_mode) for p in held]
+        sts = [acl_stat(p, os.lstat(p)) for p in held]
     except OSError:
         return 0o7700  # gone since the view was built: its owner's only until it is built anew
+    return _readers_mask(sts, uid, gid)
+
+
+def _readers_mask(held: list[os.stat_result], uid: int, gid: int) -> int:
+    """The mask of a node shown as `uid`:`gid` whose content was read from the file `held[-1]`
+    (ACL-narrowed stats, the folders on its way before it): each class of the node keeps its
+    read and search bits only if every user in it may search those folders and read the file
+    in SRC. Their owners and groups need not be the node's (a collection's owner lists another
+    user's private `analyses.json` in it; judged by the same class of bits, that owner was
+    shown its ids): the node's owner is judged as that user, its group and others by every
+    class of the file that may hold one of them."""
+    owner_groups: set[int] | None = None
     mask = 0o7777
-    for shift in (6, 3, 0):
-        if not ((modes[-1] >> shift) & 4 and all((m >> shift) & 1 for m in modes[:-1])):
-            mask &= ~(0o5 << shift)
+    for n, st in enumerate(held):
+        need = 4 if n == len(held) - 1 else 1
+        if st.st_uid == uid:
+            mine = 6
+        else:
+            if owner_groups is None:
+                owner_groups = user_groups(uid)
+            mine = 3 if st.st_gid in owner_groups else 0
+        theirs = {6} if st.st_uid != uid else set()
+        classes = {6: {mine}, 3: {3} | theirs, 0: {0} | theirs}
+        if st.st_gid != gid:  # the node's group and others may be in the file's group or not
+            classes[3] |= {0}
+            classes[0] |= {3}
+        for shift, of_file in classes.items():
+            if not all((st.st_mode >> c) & need for c in of_file):
+                mask &= ~(0o5 << shift)
     return mask
 
 
