@@ -119,6 +119,12 @@ def read_beneath(root: Path, path: Path, limit: int) -> bytes:
     """The whole regular file at `path`, opened from `root` without following a link and
     without waiting (a FIFO or device is refused, not read). A file over `limit` bytes is
     EFBIG, not read: its size is attacker input (a sparse file costs its maker nothing)."""
+    return read_beneath_stat(root, path, limit)[0]
+
+
+def read_beneath_stat(root: Path, path: Path, limit: int) -> tuple[bytes, os.stat_result]:
+    """`read_beneath`, and the fstat of the very file read: what is shown from its bytes is
+    judged later by that file's modes, not those of whatever its path names by then."""
     fd = open_beneath(root, path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
@@ -133,7 +139,7 @@ def read_beneath(root: Path, path: Path, limit: int) -> bytes:
                 if len(raw) > st.st_size:
                     raw += fh.read(limit + 1 - len(raw))
             if len(raw) <= limit:
-                return raw
+                return raw, st
         why = f"larger than the {limit} bytes this file may have"
         raise OSError(errno.EFBIG, why, str(path))
     finally:
@@ -162,6 +168,7 @@ __all__ = [
     "open_beneath",
     "parent_fd",
     "read_beneath",
+    "read_beneath_stat",
     "stat_beneath",
 ]
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
+import time
 
 import pytest
 
@@ -52,5 +54,78 @@ def test_another_user_s_private_analyses_in_my_collection_are_not_listed_to_me(
         others = [x for x in doc["members"] if x is not member]
         assert others  # positive control: USER's own member is listed to USER
         assert u.errno_of("os.listdir(p)", p=m.mnt / "coll" / "members" / others[0]["name"]) == 0
+    finally:
+        m.stop()
+
+
+SWAP_AND_LIST = """
+import ctypes, json, os, sys
+real, decoy, folder = (os.fsencode(a) for a in sys.argv[1:4])
+libc = ctypes.CDLL(None, use_errno=True)
+def exchange():  # renameat2(RENAME_EXCHANGE): the name is never missing meanwhile
+    if libc.renameat2(-100, real, -100, decoy, 2) != 0:
+        raise OSError(ctypes.get_errno(), "renameat2")
+exchange()
+try:
+    try:
+        got = sorted(os.fsdecode(n) for n in os.listdir(folder))
+    except OSError as exc:
+        got = exc.errno
+finally:
+    exchange()
+print(json.dumps(got))
+"""
+
+
+def test_a_private_analyses_document_swapped_away_does_not_lend_its_ids(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """USER owns the collection's `acqstore/members/` folder; another user's member folder in
+    it keeps `analyses.json` 0600. The view read the ids from that document, then took the
+    bits its folder is shown with from the document's path again: USER swapped in a folder of
+    their own (a readable `analyses.json`) between the two and listed the other user's
+    analysis ids."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt40a-swap")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    src.chmod(0o755)
+    coll = src / "coll"
+    load_tool("make_acqstore_corpus").make_collection(coll)
+    for path in [coll, *coll.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    doc = json.loads((coll / "acqstore/collection.json").read_text())
+    member = next(m for m in doc["members"] if m["resources"].get("analyses"))
+    analyses = coll / member["resources"]["analyses"]
+    ids = [a["id"] for a in json.loads(analyses.read_text())["analyses"]]
+    real = analyses.parent
+    decoy = real.parent / "decoy"
+    shutil.copytree(real, decoy)
+    mine = json.loads((decoy / analyses.name).read_text())
+    for analysis in mine["analyses"]:
+        analysis["id"] = f"mine-{analysis['id']}"  # what USER's own document lists
+    (decoy / analyses.name).write_text(json.dumps(mine))
+    for path in [decoy, *decoy.rglob("*")]:
+        os.chown(path, u.uid, u.gid)
+    os.chown(real.parent, u.uid, u.gid)  # USER's folder; the member folder in it is root's
+    analyses.chmod(0o600)
+    assert u.errno_of("read(p)", p=analyses) == errno.EACCES  # SRC denies USER the ids
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only")
+        folder = m.mnt / "coll" / "members" / member["name"]
+        for _try in range(20):
+            deadline = time.monotonic() + 10  # the view built again after the last swap
+            while "members" not in os.listdir(m.mnt / "coll"):
+                assert time.monotonic() < deadline, m.log_text()[-2000:]
+                time.sleep(0.1)
+            done = u.run("/usr/bin/python3", "-I", "-c", SWAP_AND_LIST, str(real), str(decoy),
+                         str(folder))  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            got = json.loads(done.stdout)
+            assert not (isinstance(got, list) and set(ids) & set(got)), (
+                f"try {_try}: another user's private analysis ids listed: {got}"
+            )
+        assert set(ids) <= set(os.listdir(folder))  # root sees them
     finally:
         m.stop()

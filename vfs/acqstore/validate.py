@@ -19,7 +19,7 @@ import jsonschema_rs
 from vfs.acqstore import paths
 from vfs.acqstore.ngff import NgffImage, inspect_image
 from vfs.acqstore.paths import ENTRY_POINT
-from vfs.beneath import read_beneath, stat_beneath
+from vfs.beneath import read_beneath_stat, stat_beneath
 from vfs.decant.limits import MAX_JSON_COST, MiB, json_cost, json_kept, parse_json
 from vfs.errors import ManifestError
 
@@ -74,6 +74,9 @@ class Validation:
     root: Path
     issues: list[Issue] = field(default_factory=list)
     documents: dict[str, Any] = field(default_factory=dict)  # relpath -> parsed JSON
+    # relpath -> (st_dev, st_ino) of the file each was read from: the view shows its names
+    # only to who may read that file (vfs.mount.tree), not one swapped in at its path since
+    read_from: dict[str, tuple[int, int]] = field(default_factory=dict)
     images: dict[str, NgffImage] = field(default_factory=dict)  # relpath -> inspected image
 
     @property
@@ -481,7 +484,10 @@ class _Run:
             try:
                 # From the collection without following a link (nor waiting on a FIFO): a
                 # document swapped for one is not read as root (vfs/beneath.py).
-                raw = read_beneath(self.root, paths.resolve(self.root, rel), MAX_DOCUMENT_BYTES)
+                raw, st = read_beneath_stat(
+                    self.root, paths.resolve(self.root, rel), MAX_DOCUMENT_BYTES
+                )
+                self.result.read_from[rel] = (st.st_dev, st.st_ino)
                 if json_cost(raw) <= MAX_JSON_COST:  # else parse_json says so
                     self._kept += json_kept(raw)
                 if self._kept > MAX_COLLECTION_COST:

@@ -67,7 +67,8 @@ def build_view(result: Validation, describe_decant: DecantDescriber | None = Non
         raise ManifestError(f"{result.root}: cannot build a view of an invalid collection")
     root = result.root
     collection = result.documents[ENTRY_POINT]
-    view = Entry(is_dir=True)
+    # Its names are read from this document (vfs.mount.tree): judged by that very file's modes
+    view = Entry(is_dir=True, locator={"read_from": list(result.read_from[ENTRY_POINT])})
     tables = collection.get("resources", {}).get("tables", [])
     used: set[str] = {TABLES} if tables else set()
     for member, folder in zip(
@@ -120,14 +121,16 @@ def _member_entry(
     if analyses_path:
         # The folder lists analysis ids read from this document (vfs.mount.tree): shown only
         # to a class that may read it, as `members/` is for collection.json.
-        entry.locator = {"kind": "folder", "path": paths.normalize(analyses_path)}
+        doc = paths.normalize(analyses_path)
+        where = {"kind": "folder", "path": doc, "read_from": list(result.read_from[doc])}
+        entry.locator = dict(where)
         add("analyses.json", _file(root, analyses_path))
-        for analysis in docs[paths.normalize(analyses_path)]["analyses"]:
+        for analysis in docs[doc]["analyses"]:
             sub = Entry(
                 is_dir=True,
                 xattrs={"user.acqstore.analysis_id": analysis["id"]},
                 # its name and its files' names come from this document (vfs.mount.tree)
-                locator={"kind": "folder", "path": paths.normalize(analyses_path)},
+                locator=dict(where),
             )
             names: set[str] = set()
             for res in analysis["resources"]:

@@ -28,7 +28,7 @@ from vfs.backends.base import (
     presented_mode,
     serves_owner,
 )
-from vfs.beneath import open_beneath, stat_beneath
+from vfs.beneath import open_beneath, parent_fd, stat_beneath
 from vfs.decant import MANIFEST_KEY, TEMP_PREFIX, archive_stat
 from vfs.errors import DecantError
 from vfs.mount.access import user_groups
@@ -402,7 +402,8 @@ class SourceTree:
         node.version = _view_version(st, desc)
         document = getattr(overlay, "document", None)
         if document is not None:  # the view lists names read from it (member names, ids)
-            node.mode &= _manifest_mask(folder, node.uid, node.gid, document)
+            read_from = desc.root.locator.get("read_from")
+            node.mode &= _document_mask(folder, document, node.uid, node.gid, read_from)
         if desc.root.is_dir:
             self.trees.put(_tree_key(node), desc.root)
         out[desc.name] = node
@@ -550,9 +551,8 @@ class SourceTree:
             elif not child.is_dir and node.backend in self.overlays:
                 self._as_its_source(kid, node.real, member, child)
             elif child.locator.get("kind") == "folder" and node.backend in self.overlays:
-                kid.mode &= _document_mask(
-                    node.real, str(child.locator.get("path", "")), kid.uid, kid.gid
-                )
+                doc, read_from = str(child.locator.get("path", "")), child.locator.get("read_from")
+                kid.mode &= _document_mask(node.real, doc, kid.uid, kid.gid, read_from)
         return kids
 
     @staticmethod
@@ -659,19 +659,38 @@ def _manifest_mask(path: Path, uid: int, gid: int, key: str = MANIFEST_KEY) -> i
     return _readers_mask(held, uid, gid)
 
 
-def _document_mask(root: Path, rel: str, uid: int, gid: int) -> int:
+def _document_mask(root: Path, rel: str, uid: int, gid: int, read_from: object = None) -> int:
     """`_manifest_mask` for a document at any depth below `root` (an AcqStore member's
     analyses.json, whose analysis ids a view shows as folder names): no read or search bit
-    for a class that may not read it there, or search a folder on the way. A stat a folder."""
+    for a class that may not read it there, or search a folder on the way. Walked from `root`
+    by descriptors, no link followed, and judged only if it is the file the view read
+    (`read_from`, its [st_dev, st_ino], where known): the owner of a folder on the way swapped
+    in a folder of theirs, a readable document in it, between the view's read and this walk,
+    and the view's names were shown by its modes. Else nobody's bits (root's aside) until the
+    view is built anew. A stat a folder."""
     parts = rel.split("/")
     if not rel or any(p in ("", ".", "..") for p in parts):
-        return 0o7700
+        return 0o7000
+    held: list[os.stat_result] = []
     try:
-        held = [root.joinpath(*parts[: n + 1]) for n in range(len(parts))]
-        sts = [acl_stat(p, os.lstat(p)) for p in held]
+        path = root.joinpath(*parts)
+        dfd = parent_fd(root, path, lambda fd: held.append(acl_stat(fd, os.fstat(fd))))
+        try:
+            fd = os.open(path.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+        try:
+            held.append(acl_stat(fd, os.fstat(fd)))
+        finally:
+            os.close(fd)
     except OSError:
-        return 0o7700  # gone since the view was built: its owner's only until it is built anew
-    return _readers_mask(sts, uid, gid)
+        return 0o7000  # gone since the view was built
+    doc = held[-1]
+    if not (stat.S_ISREG(doc.st_mode) or stat.S_ISDIR(doc.st_mode)):  # a TIFF's image folder
+        return 0o7000
+    if isinstance(read_from, list) and read_from != [doc.st_dev, doc.st_ino]:
+        return 0o7000
+    return _readers_mask(held[1:], uid, gid)  # `root` itself: the kernel checks its own node
 
 
 def _readers_mask(held: list[os.stat_result], uid: int, gid: int) -> int:
