@@ -129,3 +129,65 @@ def test_a_private_analyses_document_swapped_away_does_not_lend_its_ids(
         assert set(ids) <= set(os.listdir(folder))  # root sees them
     finally:
         m.stop()
+
+
+SWAP_FOLDER = """
+import ctypes, json, os, sys, time
+private, mine, shown = sys.argv[1:4]
+libc = ctypes.CDLL(None, use_errno=True)
+st = os.stat(private)  # search permission on the folder holding it is enough
+up = os.stat(os.path.dirname(private))
+if libc.renameat2(-100, private.encode(), -100, mine.encode(), 2) != 0:  # RENAME_EXCHANGE
+    raise OSError(ctypes.get_errno(), "renameat2")
+os.utime(private, ns=(st.st_atime_ns, st.st_mtime_ns))  # mine, now at its name: its mtime
+os.utime(os.path.dirname(private), ns=(up.st_atime_ns, up.st_mtime_ns))  # USER's folder's too
+got = errno = None
+for _try in range(40):  # until the kernel asks for the attributes again
+    try:
+        got = sorted(os.listdir(shown))
+        break
+    except OSError as exc:
+        errno = exc.errno
+        time.sleep(0.1)
+print(json.dumps(got if got is not None else errno))
+"""
+
+
+def test_a_private_folder_swapped_for_mine_does_not_lend_me_its_listing(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """--no-watch: USER owns `shared/`, in which another user keeps `private/` 0700. Once its
+    listing was read through the mount, USER swapped in a folder of their own at its name,
+    with its mtime (and their folder's put back): the restat gave the listed folder's node the
+    new folder's owner and bits, and the mtime check kept the listing, so USER listed the
+    private folder's subfolders (its files are restated by name, and were left out)."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt40a-folder")
+    src = base / "src"
+    shared = src / "shared"
+    private, mine = shared / "private", shared / "mine"
+    for folder in (src, shared, private, mine):
+        folder.mkdir(mode=0o755)
+        folder.chmod(0o755)
+    os.chown(shared, u.uid, u.gid)
+    os.chown(mine, u.uid, u.gid)
+    secrets = sorted(f"secret-{n}" for n in range(3))
+    for name in secrets:
+        (private / name).mkdir()
+    private.chmod(0o700)
+    assert u.errno_of("os.listdir(p)", p=private) == errno.EACCES  # SRC denies USER its names
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only", "--no-watch")
+        shown = m.mnt / "shared" / "private"
+        assert sorted(os.listdir(shown)) == secrets  # root lists it: its listing is kept
+        done = u.run("/usr/bin/python3", "-I", "-c", SWAP_FOLDER, str(private), str(mine),
+                     str(shown))  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        got = json.loads(done.stdout)
+        assert not (isinstance(got, list) and set(got) & set(secrets)), (
+            f"another user's private folder listed to USER: {got}"
+        )
+        assert got == [], got  # what SRC gives USER at that name now: their own empty folder
+    finally:
+        m.stop()

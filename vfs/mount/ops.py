@@ -234,16 +234,6 @@ def _plain(node: Node) -> bool:
     return node.backend is None and not node.spooled and isinstance(node.real, Path)
 
 
-def _taken(node: Node, fresh: Node | None) -> Node | None:
-    """(trio thread) What `_restated` found, taken: a folder's node keeps its identity (its
-    listing and inode hang on it) and takes the fresh owner, group and bits; a file's is the
-    fresh node, or None if it is gone."""
-    if fresh is None or not node.is_dir:
-        return fresh
-    node.mode, node.uid, node.gid = fresh.mode, fresh.uid, fresh.gid
-    return node
-
-
 def _attrs_changed(node: Node) -> bool:
     """Whether the plain folder or file behind `node` shows other owner, group or bits now
     (its ACL narrowing them: vfs.acl), write bits aside (a read-only mount clears them)."""
@@ -559,7 +549,7 @@ class DecantOperations(pyfuse3.Operations):
     async def _restat_file(self, node: Node) -> Node:
         """A mirrored file as SRC has it now (ACL-narrowed): it may be rewritten, chmod'ed or
         setfacl'ed in SRC without its folder changing."""
-        fresh = _taken(node, await trio.to_thread.run_sync(self._restated, node))
+        fresh = self._taken(node, await trio.to_thread.run_sync(self._restated, node))
         if fresh is None:
             raise _fail(errno.ENOENT)
         return fresh
@@ -569,7 +559,23 @@ class DecantOperations(pyfuse3.Operations):
         or setfacl of it changes no listing, and with no watcher to say so (`--no-watch`)
         `chmod 700 private` left it open through the mount for good. The kernel asks again
         when its attributes expire, and before it lets a caller in once they have."""
-        _taken(node, await trio.to_thread.run_sync(self._restated, node))
+        self._taken(node, await trio.to_thread.run_sync(self._restated, node))
+
+    def _taken(self, node: Node, fresh: Node | None) -> Node | None:
+        """(trio thread) What `_restated` found, taken: a folder's node keeps its identity (its
+        inode hangs on it) and takes the fresh owner, group and bits; a file's is the fresh
+        node, or None if it is gone. A folder whose owner, group or bits changed is listed
+        afresh: the name may hold another folder now (its owner swapped one of theirs in,
+        with the same mtime), and the listing kept was read from the one before, so its names
+        were shown to whoever the new folder's bits let in."""
+        if fresh is None or not node.is_dir:
+            return fresh
+        if (fresh.mode, fresh.uid, fresh.gid) != (node.mode, node.uid, node.gid):
+            node.mode, node.uid, node.gid = fresh.mode, fresh.uid, fresh.gid
+            ino = self.inodes.known(node)
+            if ino is not None:
+                self.inodes.folders.pop(ino, None)
+        return node
 
     def _restated(self, node: Node) -> Node | None:
         """(worker thread; reads `node`, changes nothing) A plain entry of SRC as SRC has it
@@ -601,7 +607,7 @@ class DecantOperations(pyfuse3.Operations):
                     # What lookup and getattr give, not the listed bits.
                     fresh = await trio.to_thread.run_sync(self._restated_batch, batch)
                     batch = [(c, n, node) for (c, n, old), new in zip(batch, fresh, strict=True)
-                             if (node := _taken(old, new)) is not None]  # fmt: skip
+                             if (node := self._taken(old, new)) is not None]  # fmt: skip
                 for cookie, name, listed in batch:
                     if fh == ROOT_INODE and name == STATUS_NAME:
                         continue  # SRC's own entry of that name is never shown (see lookup)
