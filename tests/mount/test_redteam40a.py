@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import load_tool
 from tests.mount.conftest import Mount, User, open_tmp
+from tests.mount.test_redteam37c import _folder_archive
 
 
 def test_another_user_s_private_analyses_in_my_collection_are_not_listed_to_me(
@@ -189,5 +190,76 @@ def test_a_private_folder_swapped_for_mine_does_not_lend_me_its_listing(
             f"another user's private folder listed to USER: {got}"
         )
         assert got == [], got  # what SRC gives USER at that name now: their own empty folder
+    finally:
+        m.stop()
+
+
+RACE_ARCHIVE = """
+import ctypes, os, sys, threading
+real, decoy, shown, tries = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+libc = ctypes.CDLL(None, use_errno=True)
+done, got = threading.Event(), []
+def swap():  # renameat2(RENAME_EXCHANGE), an even number of times: left as it was
+    while not done.is_set():
+        for _ in range(2):
+            libc.renameat2(-100, real.encode(), -100, decoy.encode(), 2)
+t = threading.Thread(target=swap)
+t.start()
+try:
+    for _ in range(tries):
+        try:
+            os.listdir(os.path.dirname(shown))  # its folder read again, as it is now
+            got.append(os.getxattr(shown, "user.decant.sha256").decode())
+            break
+        except OSError:
+            pass
+finally:
+    done.set()
+    t.join()
+print(repr(got))
+"""
+
+
+def test_another_user_s_archive_swapped_in_does_not_lend_its_digest(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """USER owns `shared/`, in which another user keeps a folder archive whose manifest is
+    0600. USER swapped it (renameat2 RENAME_EXCHANGE, over and over) with a folder of their
+    own holding a readable `.decant/manifest.json`: the archive described was the other
+    user's, the manifest its mask was taken from by path USER's, and USER read the private
+    manifest's sha256 through the mount."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt40a-archive")
+    src = base / "src"
+    shared = src / "shared"
+    for folder in (src, shared):
+        folder.mkdir(mode=0o755)
+        folder.chmod(0o755)
+    os.chown(shared, u.uid, u.gid)
+    archive = shared / "a.tif.zarr"
+    _folder_archive(base, "a.tif", 3, archive)
+    decoy = shared / "decoy.zarr"
+    (decoy / ".decant").mkdir(parents=True)
+    (decoy / ".decant/manifest.json").write_text("{}")  # no archive: nothing of it is shown
+    for path in [decoy, *decoy.rglob("*")]:
+        os.chown(path, u.uid, u.gid)
+    (archive / ".decant/manifest.json").chmod(0o600)
+    assert u.errno_of("read(p)", p=archive / ".decant/manifest.json") == errno.EACCES
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only")
+        shown = m.mnt / "shared" / "a.tif"
+        digest = os.getxattr(shown, "user.decant.sha256").decode()  # root reads it
+        assert u.errno_of("os.getxattr(p, 'user.decant.sha256')", p=shown) == errno.EACCES
+        done = u.run("/usr/bin/python3", "-I", "-c", RACE_ARCHIVE, str(archive), str(decoy),
+                     str(shown), "3000", timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert digest not in done.stdout, "another user's private manifest's sha256 read"
+        deadline = time.monotonic() + 10  # shown again once the last swap is rescanned
+        while not shown.exists():
+            assert time.monotonic() < deadline, m.log_text()[-2000:]
+            time.sleep(0.1)
+        assert os.getxattr(shown, "user.decant.sha256").decode() == digest  # as it was
+        assert u.errno_of("os.getxattr(p, 'user.decant.sha256')", p=shown) == errno.EACCES
     finally:
         m.stop()

@@ -15,7 +15,7 @@ from vfs.backends.base import Description, Entry
 from vfs.cache import PageCache
 from vfs.decant import MANIFEST_KEY, archive_stat, archive_stem
 from vfs.decant.limits import human
-from vfs.errors import DecantError, OpenArchivesFullError
+from vfs.errors import ArchiveGoneError, DecantError, OpenArchivesFullError
 from vfs.stores.base import Folder
 from vfs.stores.local import open_exact
 
@@ -57,6 +57,22 @@ class DecantBackend:
         from vfs.decant.reader import DecantArchive
 
         with DecantArchive.open(path) as archive:
+            return _describe(archive, path.name)
+
+    def describe_listed(self, path: Path, listed: os.stat_result) -> Description:
+        """`describe`, only of the archive a listing found (`listed`: its version, as
+        vfs.decant.archive_stat takes it): the owner of the folder holding it swapped another
+        user's archive in at its name between the listing's lstat and this read, and its names
+        and sha256 were shown with the owner and bits of the one listed. ArchiveGoneError if
+        what was read is not that one."""
+        from vfs.decant.reader import DecantArchive
+
+        with DecantArchive.open(path) as archive:
+            read = archive.store.stat
+            if read is None or (read.st_dev, read.st_ino, read.st_ctime_ns) != (
+                listed.st_dev, listed.st_ino, listed.st_ctime_ns
+            ):  # fmt: skip
+                raise ArchiveGoneError(f"{path}: replaced since it was listed")
             return _describe(archive, path.name)
 
     def describe_at(self, folder: Folder, key: str) -> Description:

@@ -370,7 +370,9 @@ class BucketTree(SourceTree):
             exc, (ObjectMissingError, ObjectChangedError)
         )
 
-    def _describe_fresh(self, backend: Backend, path: Path) -> Description | None:
+    def _describe_fresh(
+        self, backend: Backend, path: Path, listed: os.stat_result | None = None
+    ) -> Description | None:
         log.debug("%s: describing (not in the index)", path)
         return super()._describe_fresh(backend, path)
 

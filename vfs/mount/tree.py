@@ -29,7 +29,7 @@ from vfs.backends.base import (
     serves_owner,
 )
 from vfs.beneath import open_beneath, parent_fd, stat_beneath
-from vfs.decant import MANIFEST_KEY, TEMP_PREFIX, archive_stat
+from vfs.decant import MANIFEST_KEY, TEMP_PREFIX, archive_stat, folded_stat
 from vfs.errors import DecantError
 from vfs.mount.access import user_groups
 from vfs.mount.described import DESCRIBED_ENTRIES, DescribedTrees
@@ -307,7 +307,7 @@ class SourceTree:
                 node.mode = stat.S_IMODE(st.st_mode)  # what rsync -a / cp -a gave the original
             if stat.S_ISDIR(st.st_mode) and backend.name == "decant" and isinstance(path, Path):
                 # a bucket's objects have no modes of their own
-                node.mode &= _manifest_mask(path, node.uid, node.gid)
+                node.mode &= _manifest_mask(path, st, node.uid, node.gid)
             out[shown] = node
         return out, regular
 
@@ -435,7 +435,7 @@ class SourceTree:
         stamp = self._stamp(backend, st)
         if self._failed.get(path) == stamp:
             return None
-        desc = self._describe_fresh(backend, path)
+        desc = self._describe_fresh(backend, path, st)
         if desc is None:
             if len(self._failed) >= MAX_FAILED:
                 self._failed.clear()
@@ -510,10 +510,17 @@ class SourceTree:
         for path, exc in refused:
             self._log_once(path, f"{path}: not kept in the index ({exc})")
 
-    def _describe_fresh(self, backend: Backend, path: Path) -> Description | None:
-        """The backend's description, or None (logged once) when it cannot be served."""
+    def _describe_fresh(
+        self, backend: Backend, path: Path, listed: os.stat_result | None = None
+    ) -> Description | None:
+        """The backend's description, or None (logged once) when it cannot be served; of the
+        archive `listed` (its version stat) where the backend can tell (`describe_listed`)."""
+        describe_listed = getattr(backend, "describe_listed", None)
         try:
-            desc = backend.describe(path)
+            if listed is not None and describe_listed is not None:
+                desc = describe_listed(path, listed)
+            else:
+                desc = backend.describe(path)
         except DecantError as exc:
             if self._transient(exc):
                 raise
@@ -643,20 +650,36 @@ def _tree_key(node: Node) -> TreeKey:
     return node.real_text, node.backend.name, node.version
 
 
-def _manifest_mask(path: Path, uid: int, gid: int, key: str = MANIFEST_KEY) -> int:
+def _manifest_mask(path: Path, listed: os.stat_result, uid: int, gid: int) -> int:
     """The mode bits a folder archive's presented entry (shown as `uid`:`gid`) may keep: its
-    name, size and sha256 (xattrs) come from `.decant/manifest.json` (`key`; an AcqStore
-    view's names from its `acqstore/collection.json`), which keeps a mode of its own, so a
-    class of users that may not read it there (or search the folder holding it) is shown no
-    read or search bit. The kernel then refuses them `getxattr`, `access` and the open, as SRC
-    would (an open checks every file of the folder again: ops._may_read_through). Two lstats
-    a listing."""
+    name, size and sha256 (xattrs) come from `.decant/manifest.json`, which keeps a mode of
+    its own, so a class of users that may not read it there (or search the folder holding it)
+    is shown no read or search bit. The kernel then refuses them `getxattr`, `access` and the
+    open, as SRC would (an open checks every file of the folder again: ops._may_read_through).
+    Walked by descriptors, no link followed, and judged only if the folder and manifest are
+    the ones listed (`listed`, its version: vfs.decant.archive_stat): the owner of the folder
+    holding it swapped in an archive of theirs, a readable manifest in it, between the
+    description and this walk, and another user's manifest's sha256 was shown by its modes.
+    Else nobody's bits (root's aside) until it is listed again. Two stats a listing."""
+    folder_name, _sep, name = MANIFEST_KEY.partition("/")
+    flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+    fds: list[int] = []
     try:
-        inner = path / key.rpartition("/")[0]
-        held = [acl_stat(p, os.lstat(p)) for p in (inner, path / key)]
+        fds.append(os.open(path, flags | os.O_DIRECTORY))
+        fds.append(os.open(folder_name, flags | os.O_DIRECTORY, dir_fd=fds[-1]))
+        fds.append(os.open(name, flags, dir_fd=fds[-1]))
+        top, inner, manifest = (acl_stat(fd, os.fstat(fd)) for fd in fds)
     except OSError:
-        return 0o7777  # describing it read the manifest: gone since, an open says why
-    return _readers_mask(held, uid, gid)
+        return 0o7000  # gone since it was described
+    finally:
+        for fd in fds:
+            os.close(fd)
+    now = folded_stat(top, manifest)
+    if (now.st_dev, now.st_ino, now.st_ctime_ns) != (
+        listed.st_dev, listed.st_ino, listed.st_ctime_ns
+    ):  # fmt: skip
+        return 0o7000
+    return _readers_mask([inner, manifest], uid, gid)
 
 
 def _document_mask(root: Path, rel: str, uid: int, gid: int, read_from: object = None) -> int:
