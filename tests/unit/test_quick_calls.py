@@ -86,13 +86,16 @@ def threads_describing(m: InProcessMount) -> list[str]:
     """The names of the threads that describe an archive from now on, in call order."""
     names: list[str] = []
     for backend in m.tree.backends:
-        original = backend.describe
+        for method in ("describe", "describe_listed"):  # the latter: a listed version's
+            original = getattr(backend, method, None)
+            if original is None:
+                continue
 
-        def spy(path: Path, original=original) -> object:  # type: ignore[no-untyped-def]
-            names.append(threading.current_thread().name)
-            return original(path)
+            def spy(*args: object, original=original) -> object:  # type: ignore[no-untyped-def]
+                names.append(threading.current_thread().name)
+                return original(*args)
 
-        backend.describe = spy  # type: ignore[method-assign]
+            setattr(backend, method, spy)
     return names
 
 

@@ -182,9 +182,11 @@ def test_the_scrub_takes_a_folder_archive_s_version_as_listings_do(
         (scrubbed,) = verifiable(tree, set())
         assert scrubbed.version == listed.version
         described: list[Path] = []
-        real = DecantBackend.describe
-        monkeypatch.setattr(DecantBackend, "describe",
-                            lambda self, p: described.append(p) or real(self, p))  # fmt: skip
+        for name in ("describe", "describe_listed"):  # the latter: of the version listed
+            real = getattr(DecantBackend, name)
+            monkeypatch.setattr(DecantBackend, name,
+                                lambda self, p, *more, real=real: described.append(p)
+                                or real(self, p, *more))  # fmt: skip
         SourceTree(src, [DecantBackend(PageCache(8 << 20))], index=index).scan(src)
         assert described == []
     finally:
