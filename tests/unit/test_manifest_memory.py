@@ -169,7 +169,7 @@ def outcome(parse: Any, raw: bytes) -> Any:
         return type(exc)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(raw=manifest_texts(), window=st.sampled_from([1, 7, 64, 1024]), walk=st.booleans())
 def test_the_bounded_reading_parses_what_json_loads_did(
     raw: bytes, window: int, walk: bool
@@ -186,7 +186,7 @@ def test_the_bounded_reading_parses_what_json_loads_did(
     assert new == outcome(old_parse, raw)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(raw=manifest_texts())
 def test_a_small_manifest_read_by_json_loads_is_the_walker_s_manifest(raw: bytes) -> None:
     """parse_manifest hands a text whose cost bound is small to json.loads (40 times faster on
