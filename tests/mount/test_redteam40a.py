@@ -11,12 +11,22 @@ import json
 import os
 import shutil
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.conftest import load_tool
 from tests.mount.conftest import Mount, User, open_tmp
 from tests.mount.test_redteam37c import _folder_archive
+from tests.mount.test_redteam38a import _collection
+
+
+def _analysed_member(coll: Path) -> tuple[dict[str, Any], dict[str, Any], Path, list[str]]:
+    """(collection.json, its first member with analyses, that `analyses.json`, its ids)."""
+    doc = json.loads((coll / "acqstore/collection.json").read_text())
+    member = next(m for m in doc["members"] if m["resources"].get("analyses"))
+    analyses = coll / member["resources"]["analyses"]
+    return doc, member, analyses, [a["id"] for a in json.loads(analyses.read_text())["analyses"]]
 
 
 def test_another_user_s_private_analyses_in_my_collection_are_not_listed_to_me(
@@ -27,19 +37,11 @@ def test_another_user_s_private_analyses_in_my_collection_are_not_listed_to_me(
     collection's owner, kept the owner bits because the document's owner may read it, so
     USER, their owner, listed the other user's analysis ids."""
     u = unprivileged
-    base = open_tmp(tmp_path_factory, "rt40a-owner")
-    src = base / "src"
-    src.mkdir(mode=0o755)
-    src.chmod(0o755)
+    base, src = _collection(tmp_path_factory, "rt40a-owner")
     coll = src / "coll"
-    load_tool("make_acqstore_corpus").make_collection(coll)
     for path in [coll, *coll.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
         os.chown(path, u.uid, u.gid)
-    doc = json.loads((coll / "acqstore/collection.json").read_text())
-    member = next(m for m in doc["members"] if m["resources"].get("analyses"))
-    analyses = coll / member["resources"]["analyses"]
-    ids = [a["id"] for a in json.loads(analyses.read_text())["analyses"]]
+    doc, member, analyses, ids = _analysed_member(coll)
     for path in (analyses.parent, analyses):
         os.chown(path, 0, 0)
     analyses.chmod(0o600)
@@ -87,18 +89,8 @@ def test_a_private_analyses_document_swapped_away_does_not_lend_its_ids(
     their own (a readable `analyses.json`) between the two and listed the other user's
     analysis ids."""
     u = unprivileged
-    base = open_tmp(tmp_path_factory, "rt40a-swap")
-    src = base / "src"
-    src.mkdir(mode=0o755)
-    src.chmod(0o755)
-    coll = src / "coll"
-    load_tool("make_acqstore_corpus").make_collection(coll)
-    for path in [coll, *coll.rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
-    doc = json.loads((coll / "acqstore/collection.json").read_text())
-    member = next(m for m in doc["members"] if m["resources"].get("analyses"))
-    analyses = coll / member["resources"]["analyses"]
-    ids = [a["id"] for a in json.loads(analyses.read_text())["analyses"]]
+    base, src = _collection(tmp_path_factory, "rt40a-swap")
+    _doc, member, analyses, ids = _analysed_member(src / "coll")
     real = analyses.parent
     decoy = real.parent / "decoy"
     shutil.copytree(real, decoy)
