@@ -730,8 +730,10 @@ def _readers_mask(held: list[os.stat_result], uid: int, gid: int) -> int:
         need = 4 if n == len(held) - 1 else 1
         if st.st_uid == uid:
             mine = 6
+        elif (st.st_mode >> 3) & need == st.st_mode & need:
+            mine = 0  # group and other grant alike: the user's groups need no lookup
         else:
-            if owner_groups is None:
+            if owner_groups is None:  # a user-database lookup: only where the answer differs
                 owner_groups = user_groups(uid)
             mine = 3 if st.st_gid in owner_groups else 0
         theirs = {6} if st.st_uid != uid else set()
