@@ -105,6 +105,26 @@ def _collection(factory: pytest.TempPathFactory, tag: str, **options: object) ->
     return base, src
 
 
+def _ids_hidden(
+    base: Path, src: Path, u: User, doc: dict[str, Any], member: dict[str, Any], ids: list[str]
+) -> None:
+    """Mounted with allow_other: root lists `member`'s analysis ids, USER lists neither its
+    folder nor an id's, and another member (its documents readable) is listed to USER."""
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only")
+        folder = m.mnt / "coll" / "members" / member["name"]
+        assert set(ids) <= set(os.listdir(folder)), m.log_text()[-2000:]  # root sees them
+        assert u.errno_of("os.listdir(p)", p=folder) == errno.EACCES
+        for aid in ids:
+            assert u.errno_of("os.listdir(p)", p=folder / aid) == errno.EACCES, aid
+        others = [x for x in doc["members"] if x is not member]
+        assert others  # positive control
+        assert u.errno_of("os.listdir(p)", p=m.mnt / "coll" / "members" / others[0]["name"]) == 0
+    finally:
+        m.stop()
+
+
 def test_an_acqstore_table_whose_acl_denies_a_user_is_not_read_through_the_view(
     tmp_path_factory: pytest.TempPathFactory, unprivileged: User
 ) -> None:
@@ -311,16 +331,4 @@ def test_a_private_analyses_document_s_ids_are_not_listed_to_others(
     ids = [a["id"] for a in json.loads(analyses.read_text())["analyses"]]
     analyses.chmod(0o600)
     assert u.errno_of("read(p)", p=analyses) == errno.EACCES
-    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
-    try:
-        m.start("-o", "allow_other", "--read-only")
-        folder = m.mnt / "coll" / "members" / member["name"]
-        assert set(ids) <= set(os.listdir(folder)), m.log_text()[-2000:]  # root sees them
-        assert u.errno_of("os.listdir(p)", p=folder) == errno.EACCES
-        for aid in ids:
-            assert u.errno_of("os.listdir(p)", p=folder / aid) == errno.EACCES, aid
-        others = [x for x in doc["members"] if x is not member]
-        assert others  # positive control: a member whose documents are readable
-        assert u.errno_of("os.listdir(p)", p=m.mnt / "coll" / "members" / others[0]["name"]) == 0
-    finally:
-        m.stop()
+    _ids_hidden(base, src, u, doc, member, ids)
