@@ -94,7 +94,10 @@ def settled(m: Mount) -> bool:
     """Nothing spooled (published or gone) and nothing queued."""
     doc = status(m.mnt)
     spool = m.src / ".decant-spool" / "files"
-    left = [p for p in spool.rglob("*") if p.is_file()] if spool.exists() else []
+    try:
+        left = [p for p in spool.rglob("*") if p.is_file()] if spool.exists() else []
+    except FileNotFoundError:  # the daemon removed a spool folder while it was walked
+        return False  # not settled yet: asked again
     return not left and doc["queued"] == 0 and doc["packing"] == 0
 
 

@@ -80,7 +80,12 @@ def wait_drained(mnt: Path, src: Path, timeout: float = 60.0) -> dict[str, Any]:
 
 def spooled(src: Path) -> list[str]:
     files = src / SPOOL
-    return sorted(p.relative_to(files).as_posix() for p in files.rglob("*") if p.is_file())
+    for _try in range(100):
+        try:
+            return sorted(p.relative_to(files).as_posix() for p in files.rglob("*") if p.is_file())
+        except FileNotFoundError:  # the daemon removed a spool folder while it was walked
+            time.sleep(0.01)
+    raise AssertionError(f"{files}: its folders kept vanishing while walked")
 
 
 def temps(src: Path) -> list[Path]:
