@@ -252,3 +252,32 @@ def test_any_damage_to_the_directory_is_refused_or_read_as_zipfile_reads_it(
     except Exception:
         return  # zipfile refuses what this reads (e.g. a bad extra field it parses and we skip)
     assert ours == theirs
+
+
+def test_large_directories_are_parsed_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory past LARGE_DIRECTORY waits for the one-at-a-time lock before it is parsed
+    (a user's many links to one huge zip, listed at once, parsed together cost their sum); a
+    smaller one does not. The lock is held here, as another parse would hold it: the large
+    parse must not finish until it is let go. Through a mount: test_redteam30 (slow tests)."""
+    import threading
+
+    big = zip_of_many(tmp_path / "big.zip", 2000)  # a ~90 KB directory
+    small = zip_of_many(tmp_path / "small.zip", 10)
+    monkeypatch.setattr(zipdir, "LARGE_DIRECTORY", 4096)
+    parsed: list[ZipDirectory] = []
+
+    def parse(path: Path) -> None:
+        with open(path, "rb") as fh:
+            parsed.append(ZipDirectory(path, fh))
+
+    with zipdir._LARGE:
+        parse(small)  # not held up
+        waiting = threading.Thread(target=parse, args=(big,))
+        waiting.start()
+        waiting.join(0.3)
+        assert waiting.is_alive() and len(parsed) == 1  # waits its turn
+    waiting.join(10)
+    assert not waiting.is_alive() and len(parsed) == 2
+    assert len(parsed[1]) == 2000
