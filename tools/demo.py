@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The job decant-mount does, shown on microscopy-sized data and checked byte for byte.
 
-    .venv/bin/python tools/demo.py [WORKDIR] [--keep]
+    .venv/bin/python tools/demo.py [WORKDIR] [--keep] [--planes N]
 
 1. Generates four uint16 z-stacks of 32 planes of 1024 x 1024 (64 MiB each, 256 MiB in all):
    blurred blobs (sums of separable Gaussians, one matrix product a stack) over a camera offset,
@@ -141,7 +141,7 @@ def write_ome(path: Path, data: np.ndarray) -> tuple[int, ...]:
 
 
 def write_imagej(path: Path, data: np.ndarray) -> tuple[int, ...]:
-    zcyx = data.reshape(PLANES // 2, 2, SIDE, SIDE)  # planes alternate between two channels
+    zcyx = data.reshape(data.shape[0] // 2, 2, SIDE, SIDE)  # planes alternate: two channels
     meta = {"axes": "ZCYX", "spacing": 0.5, "unit": "um"}
     tifffile.imwrite(path, zcyx, imagej=True, metadata=meta, resolution=(1 / 0.1625, 1 / 0.1625))
     return zcyx.shape
@@ -165,14 +165,14 @@ class Stack:
     value: int  # the generated pixel there
 
 
-def generate_stacks(folder: Path) -> list[Stack]:
+def generate_stacks(folder: Path, planes: int = PLANES) -> list[Stack]:
     folder.mkdir(parents=True, exist_ok=True)
     stacks = []
     for seed, (name, layout, peak, write) in enumerate(STACKS):
         rng = np.random.default_rng(seed)
-        data = microscopy_stack(rng, peak)
+        data = microscopy_stack(rng, peak, planes)
         shape = write(folder / name, data)
-        page, y, x = (int(v) for v in rng.integers(0, (PLANES, SIDE, SIDE)))
+        page, y, x = (int(v) for v in rng.integers(0, (planes, SIDE, SIDE)))
         stacks.append(Stack(folder / name, layout, shape, (page, y, x), int(data[page, y, x])))
     return stacks
 
@@ -410,12 +410,12 @@ def prepare(work: Path) -> None:
     (work / "decant-mount.log").unlink(missing_ok=True)
 
 
-def demo(work: Path, report: Report) -> None:
+def demo(work: Path, report: Report, planes: int = PLANES) -> None:
     prepare(work)
     src, mnt = work / "src", work / "mnt"
     start = time.perf_counter()
-    stacks = generate_stacks(work / "originals")
-    print(f"1. Generated {len(stacks)} microscopy-like uint16 z-stacks ({PLANES} planes of "
+    stacks = generate_stacks(work / "originals", planes)
+    print(f"1. Generated {len(stacks)} microscopy-like uint16 z-stacks ({planes} planes of "
           f"{SIDE}x{SIDE}) in {time.perf_counter() - start:.1f} s\n")  # fmt: skip
     pack(stacks, src)
     key, members = make_package(src, work / "keys")
@@ -430,6 +430,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("workdir", nargs="?", type=Path, help="kept (default: a temp folder)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument("--planes", type=int, default=PLANES, choices=range(2, 257, 2),
+                        metavar="N", help=f"planes per stack, even, 2-256 (default {PLANES}); "
+                        "the tests run fewer: the same job on less data")  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -439,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"decant-mount demo in {work}\n")
     start, report = time.perf_counter(), Report([])
     try:
-        demo(work.resolve(), report)
+        demo(work.resolve(), report, args.planes)
     except (DemoError, OSError) as exc:
         report.problems.append(str(exc))
     finally:
