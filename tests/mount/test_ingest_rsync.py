@@ -12,6 +12,7 @@ import contextlib
 import os
 import subprocess
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -90,11 +91,19 @@ def test_rsync_of_3000_small_files_keeps_every_file(
 
     names = files_of(small_tree)
     assert files_of(m.mnt) == names  # every file, under its own name, nothing else
-    for rel in names:
-        assert (m.mnt / rel).read_bytes() == (small_tree / rel).read_bytes(), rel
-        real = src / (f"{rel}.zarr.zip" if rel.endswith(".tif") else rel)
-        assert real.is_file(), rel
-        assert os.stat(m.mnt / rel).st_mtime_ns == os.stat(small_tree / rel).st_mtime_ns, rel
+
+    def differs(rel: str) -> str | None:
+        """What is wrong with `rel` through the mount and in SRC (None: nothing)."""
+        if (m.mnt / rel).read_bytes() != (small_tree / rel).read_bytes():
+            return f"{rel}: other bytes"
+        if not (src / (f"{rel}.zarr.zip" if rel.endswith(".tif") else rel)).is_file():
+            return f"{rel}: not in SRC as itself or its archive"
+        if os.stat(m.mnt / rel).st_mtime_ns != os.stat(small_tree / rel).st_mtime_ns:
+            return f"{rel}: another mtime"
+        return None
+
+    with ThreadPoolExecutor(4) as pool:  # four readers at once, as a copy tool with threads
+        assert [d for d in pool.map(differs, names) if d] == []
     hidden = [p for p in src.rglob(".*") if ".decant-spool" not in p.parts]
     assert hidden == [] and temps(src) == [] and spooled(src) == []
     assert not any((src / ".decant-spool" / "staging").glob("*"))
