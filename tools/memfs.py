@@ -40,9 +40,10 @@ class MemoryOperations(pyfuse3.Operations):
     enable_writeback_cache = False
     enable_acl = False
 
-    def __init__(self, files: dict[str, bytes], copy: bool = False) -> None:
+    def __init__(self, files: dict[str, bytes], copy: bool = False, xattrs: bool = False) -> None:
         super().__init__()
         self._copy = copy
+        self._xattrs = xattrs
         self._names = sorted(files)
         self._inode_of = {os.fsencode(n): i for i, n in enumerate(self._names, start=2)}
         self._data: dict[int, memoryview] = {
@@ -99,6 +100,11 @@ class MemoryOperations(pyfuse3.Operations):
     async def read(self, fh: int, off: int, size: int) -> bytes | memoryview:  # type: ignore[override]
         view = self._data[fh][off : off + size]
         return view.tobytes() if self._copy else view
+
+    async def getxattr(self, inode: int, name: bytes, ctx: pyfuse3.RequestContext) -> bytes:
+        # ENOSYS (pyfuse3's default) makes the kernel stop asking for good; a filesystem that has
+        # xattrs (decant-mount shows user.decant.*) answers each `ls -l` asks for, two an entry.
+        raise pyfuse3.FUSEError(pyfuse3.ENOATTR if self._xattrs else errno.ENOSYS)
 
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
         out = pyfuse3.StatvfsData()
@@ -161,11 +167,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--copy", action="store_true", help="serve a bytes copy per read, as decant-mount does"
     )
+    ap.add_argument(
+        "--xattrs",
+        action="store_true",
+        help="answer getxattr (no such attribute), as decant-mount must: `ls -l` then asks the "
+        "daemon twice per entry, as it does decant-mount",
+    )
     args = ap.parse_args(argv)
     files = load(args.files)  # before mounting: once MNT is mounted, every byte is there
     ready_fd = None if args.foreground else _detach()
     mnt = args.mountpoint.absolute()
-    pyfuse3.init(MemoryOperations(files, args.copy), str(mnt), {"fsname=memfs", "subtype=memfs"})
+    ops = MemoryOperations(files, args.copy, args.xattrs)
+    pyfuse3.init(ops, str(mnt), {"fsname=memfs", "subtype=memfs"})
     try:
         if ready_fd is not None:
             os.write(ready_fd, b"1")
