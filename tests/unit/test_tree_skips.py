@@ -1,0 +1,23 @@
+"""Names a scan of SRC never shows: the daemon's own at SRC's top only, archives being written
+(temp names) anywhere, and the mountpoint in the one folder that holds it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vfs.decant import TEMP_PREFIX
+from vfs.mount.tree import SourceTree
+
+
+def test_each_folder_skips_only_its_own_names(tmp_path: Path) -> None:
+    deep = tmp_path / "lab" / "deep"
+    deep.mkdir(parents=True)
+    for folder in (tmp_path, tmp_path / "lab", deep):
+        for name in ("kept.dat", ".spool", "mnt", f"{TEMP_PREFIX}x.zarr.zip"):
+            (folder / name).mkdir() if name == "mnt" else (folder / name).touch()
+    tree = SourceTree(tmp_path, [], hidden=[".spool"])
+    tree.excluded.add(tmp_path / "lab" / "mnt")  # a mountpoint inside SRC
+
+    assert sorted(tree.scan(tmp_path)) == ["kept.dat", "lab", "mnt"]
+    assert sorted(tree.scan(tmp_path / "lab")) == [".spool", "deep", "kept.dat"]
+    assert sorted(tree.scan(deep)) == [".spool", "kept.dat", "mnt"]
