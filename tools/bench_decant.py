@@ -487,8 +487,8 @@ def _sequential(
     its 1 GiB (as any process holding 2 GiB here) cut decant's verified read from 691-787 to
     187-290 MB/s, with 4.9 s of the daemon's system time instead of 0.55 s. The same 2 GiB
     held made memfs itself faster (859-987 -> 2202-2227 MB/s). Reads that fill the page cache
-    (not opened direct_io) move with the state of this VM's memory, whichever way; a run
-    keeps it alike for every daemon. Measured with these helpers, 2026-12-04."""
+    (not opened direct_io) move with the state of this VM's memory, whichever way; no daemon
+    is measured now beside another's gigabyte. Measured with these helpers, 2026-12-04."""
     size = stack.stat().st_size
     keys = ("plain", "memfs", "hashing", "verified")
     out: dict[str, Any] = {k: [] for k in (*keys, "hwm", "hwm_v", "verified_logged")}
