@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The benchmark ceiling: a read-only pyfuse3 filesystem serving files' bytes from memory.
 
-    python tools/memfs.py MNT FILE… [-f]
+    python tools/memfs.py MNT FILE… [-f] [--xattrs]
 
 One flat folder holding the given files under their own names. A read is a memoryview slice of
 bytes loaded at start, so whatever a read through this mount costs is pyfuse3's and the kernel's
@@ -170,8 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--xattrs",
         action="store_true",
-        help="answer getxattr (no such attribute), as decant-mount must: `ls -l` then asks the "
-        "daemon twice per entry, as it does decant-mount",
+        help="answer getxattr (no such attribute), as decant-mount must: `ls -l` then asks "
+        "this daemon twice an entry, as it asks decant-mount",
     )
     args = ap.parse_args(argv)
     files = load(args.files)  # before mounting: once MNT is mounted, every byte is there
