@@ -37,7 +37,13 @@ from vfs.c4gh.segments import (
 from vfs.c4gh.tarindex import Member, TarIndex, build_index
 from vfs.cache import PageCache
 from vfs.decant.limits import parse_json
-from vfs.errors import CorruptArchiveError, DecantError, DecryptError, NotAnArchiveError
+from vfs.errors import (
+    ArchiveGoneError,
+    CorruptArchiveError,
+    DecantError,
+    DecryptError,
+    NotAnArchiveError,
+)
 from vfs.owned import TooLarge, Untrusted, read_trusted
 from vfs.stores.base import ByteSource, Folder
 from vfs.stores.local import LocalFile, LocalFolder
@@ -259,6 +265,28 @@ class C4ghBackend:
     def describe(self, path: Path) -> Description:
         session = self._session(path)
         with self._reader(path, session) as reader:
+            return self._describe(reader, session)
+
+    def describe_listed(self, path: Path, listed: os.stat_result) -> Description:
+        """`describe`, only of the package a listing found (`listed`: its lstat). The owner
+        of a folder holding a readable and a private package of a served owner exchanged
+        their names between the listing's lstat and this read: the private one's member
+        names, sizes and digests were shown with the readable one's owner and bits.
+        ArchiveGoneError if the file read is not the one listed (the next listing describes
+        what is there then). One descriptor for the check, the header and the TAR walk."""
+        source = LocalFile(path)
+        try:
+            st = source.stat
+            if (st.st_dev, st.st_ino, st.st_ctime_ns) != (
+                listed.st_dev, listed.st_ino, listed.st_ctime_ns
+            ):  # fmt: skip
+                raise ArchiveGoneError(f"{path}: replaced since it was listed")
+            session = self._session(path, source)
+            reader = self._reader(source, session)
+        except BaseException:
+            source.close()
+            raise
+        with reader:  # closes `source`
             return self._describe(reader, session)
 
     def describe_at(self, folder: Folder, key: str) -> Description:

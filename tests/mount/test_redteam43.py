@@ -1,0 +1,110 @@
+"""Red team, round 43: a package described at a name after its folder's owner swapped another
+one in (the decant archive case of round 40a, for `.tar.c4gh` packages).
+
+The test fails on the daemon before its fix; see the commit that added it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import time
+from types import ModuleType
+
+import pytest
+
+from tests.mount.conftest import Mount, User, open_tmp
+from tests.toolbox import load_tool
+
+c4gh_corpus: ModuleType = load_tool("make_c4gh_corpus")
+
+SECRET = "patient-0042.vcf"
+RACE_PACKAGE = """
+import ctypes, os, random, sys, threading, time
+real, decoy, shown, secret = sys.argv[1:5]
+tries = int(sys.argv[5])
+libc = ctypes.CDLL(None, use_errno=True)
+done, got, seen = threading.Event(), [], {}
+def swap():  # renameat2(RENAME_EXCHANGE), an even number of times: left as it was
+    # Paced: a swap while the package is read fails its description (each read checks the
+    # file's version), so the window is one swap between the listing's lstat and the open.
+    n = 0
+    while not done.is_set() or n % 2:
+        libc.renameat2(-100, real.encode(), -100, decoy.encode(), 2)
+        n += 1
+        time.sleep(random.random() * 0.01)
+t = threading.Thread(target=swap)
+t.start()
+try:
+    for _ in range(tries):
+        try:
+            os.listdir(os.path.dirname(shown))  # its folder read again, as it is now
+            names = os.listdir(shown)
+        except OSError as exc:
+            seen[exc.errno] = seen.get(exc.errno, 0) + 1
+            continue
+        seen[tuple(names)] = seen.get(tuple(names), 0) + 1
+        if secret in names:
+            got.append(secret)
+            break
+finally:
+    done.set()
+    t.join()
+print(repr(got), seen, file=sys.stderr)\nprint(repr(got))
+"""
+
+
+def test_a_private_package_swapped_in_lends_no_member_names(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """USER owns `shared/`, in which root (the owner whose packages the mount decrypts) keeps
+    a readable package and a private one (0600). USER exchanged their names over and over
+    while listing: the private package was described at the readable one's name, as listed
+    (root's, 0644), and USER read the private package's member names through the mount."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt43-package")
+    src = base / "src"
+    shared = src / "shared"
+    for folder in (src, shared):
+        folder.mkdir(mode=0o755)
+        folder.chmod(0o755)
+    os.chown(shared, u.uid, u.gid)
+    node, writer = (c4gh_corpus.make_keypair(base / "keys", n) for n in ("node", "writer"))
+    public, private = shared / "data.tar.c4gh", shared / "private.tar.c4gh"
+    c4gh_corpus.write_package(public, [("readme.txt", b"shared\n")], writer, [node])
+    c4gh_corpus.write_package(private, [(SECRET, b"##fileformat=VCFv4.2\n")], writer, [node])
+    public.chmod(0o644)
+    private.chmod(0o600)
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start(
+            "-o",
+            "allow_other",
+            "--read-only",
+            "--c4gh-key",
+            str(node.secret_path),
+            "--c4gh-mode",
+            "0444",
+        )  # decrypted data readable by all: as its file allows
+        hidden = m.mnt / "shared" / "private.tar.c4gh"
+        assert SECRET in os.listdir(hidden)  # root lists it
+        assert u.errno_of("os.listdir(p)", p=hidden) == errno.EACCES  # USER may not
+        shown = m.mnt / "shared" / "data.tar.c4gh"
+        done = u.run("/usr/bin/python3", "-I", "-c", RACE_PACKAGE, str(public), str(private),
+                     str(shown), SECRET, "3000", timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        # stderr: what the listings gave (member names, or errno), to tell a race that never
+        # ran from one that found nothing.
+        assert SECRET not in done.stdout, f"private member names listed to USER: {done.stderr}"
+        deadline = time.monotonic() + 10  # each shown as it is once the last swap is rescanned
+        while True:
+            try:
+                if os.listdir(shown) == ["readme.txt"] and SECRET in os.listdir(hidden):
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, m.log_text()[-2000:]
+            time.sleep(0.1)
+        assert u.errno_of("os.listdir(p)", p=hidden) == errno.EACCES
+    finally:
+        m.stop()
