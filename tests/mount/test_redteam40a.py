@@ -174,6 +174,20 @@ def test_a_private_folder_swapped_for_mine_does_not_lend_me_its_listing(
         m.stop()
 
 
+def users_shared_folder(
+    factory: pytest.TempPathFactory, name: str, u: User
+) -> tuple[Path, Path, Path]:
+    """(base, SRC, SRC/shared): `shared/` is USER's, where others may keep their files."""
+    base = open_tmp(factory, name)
+    src = base / "src"
+    shared = src / "shared"
+    for folder in (src, shared):
+        folder.mkdir(mode=0o755)
+        folder.chmod(0o755)
+    os.chown(shared, u.uid, u.gid)
+    return base, src, shared
+
+
 RACE_ARCHIVE = """
 import ctypes, os, sys, threading
 real, decoy, shown, tries = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
@@ -209,13 +223,7 @@ def test_another_user_s_archive_swapped_in_does_not_lend_its_digest(
     user's, the manifest its mask was taken from by path USER's, and USER read the private
     manifest's sha256 through the mount."""
     u = unprivileged
-    base = open_tmp(tmp_path_factory, "rt40a-archive")
-    src = base / "src"
-    shared = src / "shared"
-    for folder in (src, shared):
-        folder.mkdir(mode=0o755)
-        folder.chmod(0o755)
-    os.chown(shared, u.uid, u.gid)
+    base, src, shared = users_shared_folder(tmp_path_factory, "rt40a-archive", u)
     archive = shared / "a.tif.zarr"
     _folder_archive(base, "a.tif", 3, archive)
     decoy = shared / "decoy.zarr"

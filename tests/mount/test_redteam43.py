@@ -13,7 +13,8 @@ from types import ModuleType
 
 import pytest
 
-from tests.mount.conftest import Mount, User, open_tmp
+from tests.mount.conftest import Mount, User
+from tests.mount.test_redteam40a import users_shared_folder
 from tests.toolbox import load_tool
 
 c4gh_corpus: ModuleType = load_tool("make_c4gh_corpus")
@@ -62,13 +63,7 @@ def test_a_private_package_swapped_in_lends_no_member_names(
     while listing: the private package was described at the readable one's name, as listed
     (root's, 0644), and USER read the private package's member names through the mount."""
     u = unprivileged
-    base = open_tmp(tmp_path_factory, "rt43-package")
-    src = base / "src"
-    shared = src / "shared"
-    for folder in (src, shared):
-        folder.mkdir(mode=0o755)
-        folder.chmod(0o755)
-    os.chown(shared, u.uid, u.gid)
+    base, src, shared = users_shared_folder(tmp_path_factory, "rt43-package", u)
     node, writer = (c4gh_corpus.make_keypair(base / "keys", n) for n in ("node", "writer"))
     public, private = shared / "data.tar.c4gh", shared / "private.tar.c4gh"
     c4gh_corpus.write_package(public, [("readme.txt", b"shared\n")], writer, [node])
