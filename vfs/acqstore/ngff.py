@@ -33,6 +33,13 @@ MAX_KEY_BYTES = compressed_bound(MAX_CHUNK_BYTES)
 # NGFF orders axes by type: time, then channel or custom, then space.
 _TYPE_RANK = {"time": 0, "space": 2}
 _UNVERSIONED_TRANSFORMS = {"0.1", "0.2", "0.3"}
+# Bytes of a zipped image's central directory zipfile may read. zipfile reads the whole
+# directory its end record claims at once and makes a ZipInfo (~600 B) per entry: a 95 MB .ozx
+# of 1,000,000 one-byte entries took the daemon to 637 MB when its collection was listed (2.3 GB
+# linked into four collections listed at once, 4.3 GB held by eight opens of its TIFF), and a
+# 4 KiB sparse one whose end record claims 4 GiB of directory to 4.25 GB. 1 MiB is ~20,000
+# entries (~12 MB parsed); a larger image is kept as a folder.
+MAX_ZIP_DIRECTORY = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,7 @@ class _Keys:
         try:
             if not self.anchor.is_dir:
                 self._file = self.anchor.file()
-                self.zip = zipfile.ZipFile(self._file)
+                self.zip = open_zip(self._file)
                 self.names = set(self.zip.namelist())
         except BaseException:
             self.close()
@@ -120,6 +127,47 @@ class _Keys:
         if self._file is not None:
             self._file.close()  # ZipFile leaves a file object it was given open
         self.anchor.close()
+
+
+class _Capped:
+    """A zip container, read by zipfile, whose reads are bounded while its central directory
+    is parsed (`limit`; None once parsed: a member is read in one read of its size). Not a
+    check of the end record made beforehand: the file's owner may rewrite it in between, and
+    zipfile reads the end record again itself."""
+
+    def __init__(self, raw: BinaryIO, limit: int | None) -> None:
+        self._raw = raw
+        self.limit = limit
+
+    def read(self, size: int | None = -1) -> bytes:
+        if self.limit is not None and size is not None and size > self.limit:
+            raise zipfile.BadZipFile(
+                f"its central directory is {size} bytes, more than the {self.limit} a zipped "
+                "image may have (about 20,000 entries: keep a larger image as a folder)"
+            )
+        return self._raw.read(-1 if size is None else size)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def seekable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        self._raw.close()
+
+
+def open_zip(file: BinaryIO, limit: int = MAX_ZIP_DIRECTORY) -> zipfile.ZipFile:
+    """zipfile's reader of `file`, its central directory parsed from at most `limit` bytes
+    (zipfile.BadZipFile beyond: what it raises for any zip it cannot read). The caller
+    closes `file` (zipfile leaves a file object it was given open)."""
+    capped = _Capped(file, limit)
+    zf = zipfile.ZipFile(capped)  # type: ignore[arg-type]
+    capped.limit = None
+    return zf
 
 
 class Anchor:
@@ -178,8 +226,8 @@ def inspect_image(path: Path, within: Path | None = None) -> NgffImage:
         keys = _Keys(path, within)
     except FileNotFoundError:
         raise ManifestError("does not exist") from None
-    except zipfile.BadZipFile:
-        raise ManifestError("not a readable zip file") from None
+    except zipfile.BadZipFile as exc:
+        raise ManifestError(f"not a readable zip file ({exc})") from None
     except OSError as exc:
         raise ManifestError(f"cannot be opened: {exc}") from exc
     zipped = keys.zip is not None
@@ -345,7 +393,6 @@ def open_full_resolution(
     zarr is imported here, not at module level: validation never reads pixels and stays quick.
     """
     import zarr
-    from zarr.storage import ZipStore
 
     from vfs.acqstore.chunks import PlaneReader, bounded, store_folder
 
@@ -356,7 +403,7 @@ def open_full_resolution(
         if image.zipped:
             if anchor.is_dir:
                 raise ManifestError("changed from a zip to a folder since it was inspected")
-            store: Any = ZipStore(anchor.root, mode="r", read_only=True)
+            store: Any = _capped_zip_store()(anchor.root, mode="r", read_only=True)
         else:
             if not anchor.is_dir:
                 raise ManifestError("changed from a folder to a file since it was inspected")
@@ -366,6 +413,9 @@ def open_full_resolution(
                 store=store, path=image.dataset, mode="r", zarr_format=image.zarr_format
             )
         )
+    except zipfile.BadZipFile as exc:
+        anchor.close()
+        raise ManifestError(f"{image.path}: not a readable zip file ({exc})") from None
     except BaseException:
         anchor.close()
         raise
@@ -375,6 +425,47 @@ def open_full_resolution(
         anchor.close()
 
     return PlaneReader(array, store_folder(array)), release
+
+
+_CAPPED_ZIP_STORE: type | None = None
+
+
+def _capped_zip_store() -> type:
+    """zarr-python's ZipStore, its zip opened by `open_zip` (its central directory bounded: an
+    open parses it again, and the file may have changed since it was inspected). Made on first
+    use: zarr is imported lazily."""
+    global _CAPPED_ZIP_STORE
+    if _CAPPED_ZIP_STORE is not None:
+        return _CAPPED_ZIP_STORE
+    import threading
+
+    from zarr.storage import ZipStore
+
+    class CappedZipStore(ZipStore):  # type: ignore[misc]
+        _file: BinaryIO | None = None
+
+        def _sync_open(self) -> None:
+            if self._is_open:
+                raise ValueError("store is already open")
+            self._lock = threading.RLock()
+            self._file = open(self.path, "rb")  # noqa: SIM115  # closed by close()
+            try:
+                self._zf = open_zip(self._file)
+            except BaseException:
+                self._file.close()
+                raise
+            self._is_open = True
+
+        def close(self) -> None:
+            try:
+                super().close()
+            finally:
+                if self._file is not None:
+                    self._file.close()
+                    self._file = None
+
+    _CAPPED_ZIP_STORE = CappedZipStore
+    return CappedZipStore
 
 
 def _no_link_store() -> type:
