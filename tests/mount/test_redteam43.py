@@ -11,11 +11,14 @@ import os
 import time
 from types import ModuleType
 
+import numpy as np
 import pytest
+import tifffile
 
-from tests.mount.conftest import Mount, User
+from tests.mount.conftest import Mount, User, open_tmp
 from tests.mount.test_redteam40a import users_shared_folder
 from tests.toolbox import load_tool
+from vfs.decant.packer import pack_file
 
 c4gh_corpus: ModuleType = load_tool("make_c4gh_corpus")
 
@@ -101,5 +104,35 @@ def test_a_private_package_swapped_in_lends_no_member_names(
             assert time.monotonic() < deadline, m.log_text()[-2000:]
             time.sleep(0.1)
         assert u.errno_of("os.listdir(p)", p=hidden) == errno.EACCES
+    finally:
+        m.stop()
+
+
+def test_a_private_archive_s_original_name_is_not_listed_to_others(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """Root keeps `pub/a1.zarr.zip` (0600), renamed from the archive of a TIFF whose name says
+    whose scan it is, in a folder anyone may list: SRC shows USER `a1.zarr.zip` and refuses
+    its bytes, and the mount listed it to USER as `patient_jane_doe.tif`."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt43-name")
+    pub = base / "src" / "pub"
+    pub.mkdir(parents=True)
+    for folder in (base / "src", pub):
+        folder.chmod(0o755)
+    tif = base / "patient_jane_doe.tif"
+    tifffile.imwrite(tif, np.arange(64, dtype=np.uint16).reshape(8, 8))
+    pack_file(tif, pub / "a1.zarr.zip")
+    (pub / "a1.zarr.zip").chmod(0o600)
+    m = Mount(base / "src", base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only")
+        listing = "import os, sys; print(os.listdir(sys.argv[1]))"
+        listed = u.run("/usr/bin/python3", "-I", "-c", listing, str(m.mnt / "pub"))
+        assert listed.returncode == 0, listed.stderr
+        assert "patient" not in listed.stdout and "a1.zarr.zip" in listed.stdout, listed.stdout
+        shown = m.mnt / "pub" / "a1.zarr.zip"  # root reads the original under that name
+        assert shown.read_bytes() == tif.read_bytes()
+        assert u.errno_of("read(p)", p=shown) == errno.EACCES
     finally:
         m.stop()

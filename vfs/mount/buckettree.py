@@ -291,6 +291,11 @@ class BucketTree(SourceTree):
 
     _intruder = "a newer object"
 
+    def _name_public(self, folder: Path, path: Path, st: os.stat_result) -> bool:
+        """An object keeps no mode of its own to read it by: a name read from one is shown to
+        all who may list its folder, as its key is."""
+        return True
+
     def _may_stand_in(self, real: Node, archive: os.stat_result, path: Path) -> bool:
         """In a bucket every object has one owner, the mount's: of a plain object and an
         archive presenting its name, the one uploaded first keeps the name. A writer who may

@@ -296,6 +296,11 @@ class SourceTree:
                 self._log_once(path, f"{path}: presents a name that cannot be shown ({problem}); "
                                      "shown under its archive name")  # fmt: skip
                 shown = name
+            elif shown not in _related(name) and not self._name_public(folder, path, st):
+                self._log_once(path, f"{path}: presents a name read from inside it, which not "
+                                     f"everyone who may list {folder} may read; shown under "
+                                     "its archive name", logging.INFO)  # fmt: skip
+                shown = name
             if (shown, st.st_uid) in contested:
                 self._log_once(path, f"{path}: presents {shown!r}, as another user's archive "
                                      f"in {folder} does; shown under its archive name")  # fmt: skip
@@ -326,6 +331,26 @@ class SourceTree:
         return out, regular
 
     _intruder = "another user's entry"
+
+    def _name_public(self, folder: Path, path: Path, st: os.stat_result) -> bool:
+        """Whether every user who may list `folder` may read what the archive at `path`
+        (listed as `st`) presents its name from: the zip, or a folder archive's manifest. A
+        name is the folder's to show, to all who list it: a 0600 `a1.zarr.zip` of another
+        user's listed as `patient_jane_doe_hiv_positive.tif` to anyone who could list its
+        folder. Judged by the same rules as a node's modes (`_readers_mask`), the folder's
+        owner, group and others as its listers."""
+        try:
+            listed = self._stat(folder)
+        except OSError:
+            return False
+        if stat.S_ISDIR(st.st_mode):
+            held = _manifest_held(path, st)
+            if held is None:
+                return False
+        else:
+            held = [st]
+        mask = _readers_mask(held, listed.st_uid, listed.st_gid)
+        return listed.st_mode & 0o444 & ~mask == 0
 
     def _may_stand_in(self, real: Node, archive: os.stat_result, path: Path) -> bool:
         """Whether a real entry wins a name the archive at `path` presents over the archive:
@@ -679,6 +704,13 @@ def _manifest_mask(path: Path, listed: os.stat_result, uid: int, gid: int) -> in
     holding it swapped in an archive of theirs, a readable manifest in it, between the
     description and this walk, and another user's manifest's sha256 was shown by its modes.
     Else nobody's bits (root's aside) until it is listed again. Two stats a listing."""
+    held = _manifest_held(path, listed)
+    return 0o7000 if held is None else _readers_mask(held[1:], uid, gid)
+
+
+def _manifest_held(path: Path, listed: os.stat_result) -> list[os.stat_result] | None:
+    """ACL-narrowed stats of a folder archive, its `.decant` folder and its manifest, walked
+    by descriptors with no link followed; None if gone, or not the version listed."""
     folder_name, _sep, name = MANIFEST_KEY.partition("/")
     flags = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
     fds: list[int] = []
@@ -688,7 +720,7 @@ def _manifest_mask(path: Path, listed: os.stat_result, uid: int, gid: int) -> in
         fds.append(os.open(name, flags, dir_fd=fds[-1]))
         top, inner, manifest = (acl_stat(fd, os.fstat(fd)) for fd in fds)
     except OSError:
-        return 0o7000  # gone since it was described
+        return None  # gone since it was described
     finally:
         for fd in fds:
             os.close(fd)
@@ -696,8 +728,8 @@ def _manifest_mask(path: Path, listed: os.stat_result, uid: int, gid: int) -> in
     if (now.st_dev, now.st_ino, now.st_ctime_ns) != (
         listed.st_dev, listed.st_ino, listed.st_ctime_ns
     ):  # fmt: skip
-        return 0o7000
-    return _readers_mask([inner, manifest], uid, gid)
+        return None
+    return [top, inner, manifest]
 
 
 def _document_mask(root: Path, rel: str, uid: int, gid: int, read_from: object = None) -> int:
