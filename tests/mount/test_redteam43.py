@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 import time
+import zipfile
 from types import ModuleType
 
 import numpy as np
@@ -134,5 +135,45 @@ def test_a_private_archive_s_original_name_is_not_listed_to_others(
         shown = m.mnt / "pub" / "a1.zarr.zip"  # root reads the original under that name
         assert shown.read_bytes() == tif.read_bytes()
         assert u.errno_of("read(p)", p=shown) == errno.EACCES
+    finally:
+        m.stop()
+
+
+def test_a_view_of_a_folder_archive_with_a_private_manifest_lends_no_digest(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """A collection's image is a decant folder archive (`images/scan.tif.zarr/`, 0755) whose
+    `.decant/manifest.json` its owner keeps 0600. In SRC itself the archive is shown without
+    read bits for others (round 37c), but the members view took the image folder's bits and
+    showed its original 0444: another user read its sha256 with `getfattr`."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt43-view")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    src.chmod(0o755)
+    original = base / "scan.tif"
+    scan = np.random.default_rng(11).integers(0, 60000, (4, 96, 72), dtype=np.uint16)
+    tifffile.imwrite(original, scan, photometric="minisblack")
+    packed = pack_file(original, base / "scan.tif.zarr.zip")
+    folder_archive = base / "scan.tif.zarr"
+    with zipfile.ZipFile(packed.archive) as zf:
+        zf.extractall(folder_archive)
+    load_tool("make_acqstore_corpus").make_collection(src / "coll", decant_archive=folder_archive)
+    for path in [src / "coll", *(src / "coll").rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    manifest = src / "coll" / "images" / "scan.tif.zarr" / ".decant" / "manifest.json"
+    manifest.chmod(0o600)
+    assert u.errno_of("read(p)", p=manifest) == errno.EACCES
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only")
+        members = m.mnt / "coll" / "members"
+        tifs = [p for p in members.rglob("*.tif") if "user.decant.sha256" in os.listxattr(p)]
+        assert tifs, m.log_text()[-2000:]
+        for tif in tifs:
+            assert tif.read_bytes() == original.read_bytes()  # its owner (root) reads it
+            got = u.errno_of("os.getxattr(p, 'user.decant.sha256')", p=tif)
+            assert got == errno.EACCES, "another user read the sha256 of a private manifest"
+            assert not u.value_of("os.access(p, os.R_OK)", p=tif)
     finally:
         m.stop()
