@@ -18,7 +18,7 @@ import pytest
 
 from tests.mount.conftest import Mount, User, open_tmp
 from tests.mount.test_redteam37c import _folder_archive
-from tests.mount.test_redteam38a import _collection, _ids_hidden
+from tests.mount.test_redteam38a import _collection
 
 
 def _analysed_member(coll: Path) -> tuple[dict[str, Any], dict[str, Any], Path, list[str]]:
@@ -35,18 +35,30 @@ def test_another_user_s_private_analyses_in_my_collection_are_not_listed_to_me(
     """USER's collection holds a member folder of another user's (root here), its
     `analyses.json` 0600: SRC denies USER the document. The view's folders, owned by the
     collection's owner, kept the owner bits because the document's owner may read it, so
-    USER, their owner, listed the other user's analysis ids."""
+    USER, their owner, listed the other user's analysis ids. Since round 43 a collection's
+    references count only where its author (USER) may read them: this one is as if missing,
+    and the collection gets no view (the log says why); USER lists no id either way."""
     u = unprivileged
     base, src = _collection(tmp_path_factory, "rt40a-owner")
     coll = src / "coll"
     for path in [coll, *coll.rglob("*")]:
         os.chown(path, u.uid, u.gid)
-    doc, member, analyses, ids = _analysed_member(coll)
+    _doc, member, analyses, ids = _analysed_member(coll)
     for path in (analyses.parent, analyses):
         os.chown(path, 0, 0)
     analyses.chmod(0o600)
     assert u.errno_of("read(p)", p=analyses) == errno.EACCES  # SRC denies USER the ids
-    _ids_hidden(base, src, u, doc, member, ids)
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only")
+        assert "members" not in os.listdir(m.mnt / "coll")
+        assert "its collection's owner may not read it there" in m.log_text()
+        listing = "import os, sys; print(sorted(os.listdir(sys.argv[1])))"
+        for folder in (m.mnt / "coll", m.mnt / "coll" / member["name"]):
+            shown = u.run("/usr/bin/python3", "-I", "-c", listing, str(folder)).stdout
+            assert not any(aid in shown for aid in ids), shown
+    finally:
+        m.stop()
 
 
 SWAP_AND_LIST = """

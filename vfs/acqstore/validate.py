@@ -22,6 +22,7 @@ from vfs.acqstore.paths import ENTRY_POINT
 from vfs.beneath import read_beneath_stat, stat_beneath
 from vfs.decant.limits import MAX_JSON_COST, MiB, json_cost, json_kept, parse_json
 from vfs.errors import ManifestError
+from vfs.perms import may_read_below
 
 if TYPE_CHECKING:
     from jsonschema import Draft202012Validator
@@ -212,6 +213,9 @@ class _Run:
         self.result = Validation(root)
         self._schema_checked: set[tuple[str, str]] = set()
         self._kept = 0  # json_kept of every document read so far
+        # Whose references the collection's are: its collection.json's owner, as read. What it
+        # points at is looked at only where that user may read it in SRC (`target`).
+        self.author: int | None = None
         self.dropped: set[Severity] = set()  # severities of issues past MAX_ISSUES
 
     def error(self, document: str, ptr: str, message: str) -> None:
@@ -406,7 +410,15 @@ class _Run:
             self.error(rel, pointer(*where), problem)
         if problems:
             return None
-        return paths.normalize(value), paths.resolve(self.root, value)
+        key, path = paths.normalize(value), paths.resolve(self.root, value)
+        if self.author and not may_read_below(self.root, path, self.author):
+            # Missing and refused read alike: the daemon (root) looked at what the author may
+            # not, and a collection of theirs pointing into another user's 0700 folder showed
+            # its files' sizes in the view, and whether a name exists there (view or none).
+            self.error(rel, pointer(*where), f"{key!r} does not exist, or its collection's "
+                                             "owner may not read it there")  # fmt: skip
+            return None
+        return key, path
 
     def image(self, rel: str, where: tuple[Any, ...], value: Any) -> NgffImage | None:
         found = self.target(rel, where, value)
@@ -488,6 +500,8 @@ class _Run:
                     self.root, paths.resolve(self.root, rel), MAX_DOCUMENT_BYTES
                 )
                 self.result.read_from[rel] = (st.st_dev, st.st_ino)
+                if rel == ENTRY_POINT:
+                    self.author = st.st_uid
                 if json_cost(raw) <= MAX_JSON_COST:  # else parse_json says so
                     self._kept += json_kept(raw)
                 if self._kept > MAX_COLLECTION_COST:

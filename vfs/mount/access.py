@@ -13,12 +13,13 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import pwd
 import stat
 from pathlib import Path
 
 from vfs.acl import acl_stat, acl_stat_at
 from vfs.beneath import parent_fd, parts_below
+from vfs.perms import granted as _granted
+from vfs.perms import user_groups
 
 
 def caller_groups(pid: int, gid: int) -> set[int]:
@@ -168,16 +169,6 @@ def _open_dir(name: str, parent: int) -> int:
     return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
 
 
-def user_groups(uid: int) -> set[int]:
-    """The groups of the user `uid` as the user database lists them (primary and
-    supplementary), or none for a uid without an entry (the check is then stricter)."""
-    try:
-        entry = pwd.getpwuid(uid)
-        return set(os.getgrouplist(entry.pw_name, entry.pw_gid))
-    except (KeyError, OSError):
-        return set()
-
-
 def may_list_folder_of(root: Path, target: Path, uid: int) -> bool:
     """Whether the user `uid` may list the folder holding `target` by its real path from
     `root`: search permission on `root` and every folder on the way, read and search on the
@@ -206,22 +197,3 @@ def may_list_folder_of(root: Path, target: Path, uid: int) -> bool:
             os.close(dfd)
     except OSError:
         return False
-
-
-def _granted(
-    st: os.stat_result,
-    uid: int,
-    groups: set[int],
-    *,
-    read: bool = False,
-    write: bool = False,
-    search: bool = False,
-) -> bool:
-    """Whether the owner, group or other bits that apply to the caller (the first class it is
-    in, as the kernel picks it) hold every permission asked. Callers pass `st` narrowed by its
-    ACL (vfs.acl): an ACL entry may deny what the bits seem to grant."""
-    if uid == 0:
-        return True
-    shift = 6 if st.st_uid == uid else 3 if st.st_gid in groups else 0
-    need = (read and 4) | (write and 2) | (search and 1)
-    return (st.st_mode >> shift) & need == need

@@ -31,11 +31,11 @@ from vfs.backends.base import (
 from vfs.beneath import open_beneath, parent_fd, stat_beneath
 from vfs.decant import MANIFEST_KEY, TEMP_PREFIX, archive_stat, folded_stat
 from vfs.errors import DecantError
-from vfs.mount.access import user_groups
 from vfs.mount.described import DESCRIBED_ENTRIES, DescribedTrees
 from vfs.mount.index import DescriptionIndex
 from vfs.names import name_problem
 from vfs.nodes import Node, archive_node, archive_version, mirror_node, spooled_node, unshared
+from vfs.perms import user_groups
 
 if TYPE_CHECKING:
     from vfs.ingest.spool import Spool

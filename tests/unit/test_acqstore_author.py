@@ -1,0 +1,68 @@
+"""A collection's references are looked at only where its author (collection.json's owner) may
+read them in SRC (red team, round 43): a user's collection pointing into root's 0700 folder
+showed its files' sizes in the view, and whether a name exists there."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.unit.acqstore_fixtures import edit_json
+from vfs.acqstore.validate import validate_collection
+
+COLLECTION = "acqstore/collection.json"
+NOBODY = 65534
+
+
+def _point_table_at(root: Path, rel: str) -> None:
+    edit_json(root, COLLECTION, lambda d: d["resources"]["tables"][0].update(path=rel))
+
+
+@pytest.fixture()
+def authored(root: Path) -> Path:
+    """The corpus collection, its folders and files the user NOBODY's (readable by all), with
+    root's `private/` (0700) holding a copy of its first table."""
+    for path in [root, *root.rglob("*")]:
+        os.chown(path, NOBODY, NOBODY)
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    private = root / "private"
+    private.mkdir(mode=0o700)
+    private.chmod(0o700)
+    return root
+
+
+def _table(root: Path) -> Path:
+    doc = json.loads((root / COLLECTION).read_text())
+    return root / doc["resources"]["tables"][0]["path"]
+
+
+def test_a_reference_into_a_folder_the_author_may_not_search_is_missing(authored: Path) -> None:
+    shutil.copy(_table(authored), authored / "private" / "secret.csv")
+    _point_table_at(authored, "private/secret.csv")
+    present = [i.message for i in validate_collection(authored).errors]
+    _point_table_at(authored, "private/no_such_file.csv")
+    absent = [i.message for i in validate_collection(authored).errors]
+    assert len(present) == len(absent) == 1
+    # One message either way: what the view shows (none) tells nothing of which it was.
+    assert present[0].replace("secret", "X") == absent[0].replace("no_such_file", "X")
+    assert "may not read it there" in present[0]
+
+
+def test_the_same_reference_the_author_may_read_is_kept(authored: Path) -> None:
+    shutil.copy(_table(authored), authored / "private" / "secret.csv")
+    (authored / "private").chmod(0o755)
+    _point_table_at(authored, "private/secret.csv")
+    assert validate_collection(authored).ok
+    (authored / "private" / "secret.csv").chmod(0o600)  # root's, and only root's to read
+    assert not validate_collection(authored).ok
+
+
+def test_root_s_collection_may_point_anywhere_below_it(authored: Path) -> None:
+    shutil.copy(_table(authored), authored / "private" / "secret.csv")
+    _point_table_at(authored, "private/secret.csv")
+    os.chown(authored / COLLECTION, 0, 0)  # root wrote it: root may read what it points at
+    assert validate_collection(authored).ok
