@@ -41,14 +41,16 @@ def granted(
     return (st.st_mode >> shift) & need == need
 
 
-def may_read_below(root: Path, target: Path, uid: int) -> bool:
+def may_read_below(root: Path, target: Path, uid: int, groups: set[int] | None = None) -> bool:
     """Whether the user `uid` may search every folder from `root` (itself included) down to
     `target` and read it (a folder: read and search it), walked by descriptors with no link
     followed; False when it cannot be reached at all, so a caller that tells "missing" from
-    "refused" by this tells nothing. Blocking."""
+    "refused" by this tells nothing. `groups`: the user's (`user_groups`), where the caller
+    keeps them for many checks. Blocking."""
     if uid == 0:
         return True
-    groups = user_groups(uid)
+    if groups is None:
+        groups = user_groups(uid)
 
     def searchable(fd: int) -> None:
         if not granted(acl_stat(fd, os.fstat(fd)), uid, groups, search=True):

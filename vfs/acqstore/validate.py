@@ -22,7 +22,7 @@ from vfs.acqstore.paths import ENTRY_POINT
 from vfs.beneath import read_beneath_stat, stat_beneath
 from vfs.decant.limits import MAX_JSON_COST, MiB, json_cost, json_kept, parse_json
 from vfs.errors import ManifestError
-from vfs.perms import may_read_below
+from vfs.perms import may_read_below, user_groups
 
 if TYPE_CHECKING:
     from jsonschema import Draft202012Validator
@@ -216,6 +216,7 @@ class _Run:
         # Whose references the collection's are: its collection.json's owner, as read. What it
         # points at is looked at only where that user may read it in SRC (`target`).
         self.author: int | None = None
+        self.groups: set[int] = set()
         self.dropped: set[Severity] = set()  # severities of issues past MAX_ISSUES
 
     def error(self, document: str, ptr: str, message: str) -> None:
@@ -411,7 +412,7 @@ class _Run:
         if problems:
             return None
         key, path = paths.normalize(value), paths.resolve(self.root, value)
-        if self.author and not may_read_below(self.root, path, self.author):
+        if self.author and not may_read_below(self.root, path, self.author, self.groups):
             # Missing and refused read alike: the daemon (root) looked at what the author may
             # not, and a collection of theirs pointing into another user's 0700 folder showed
             # its files' sizes in the view, and whether a name exists there (view or none).
@@ -501,7 +502,7 @@ class _Run:
                 )
                 self.result.read_from[rel] = (st.st_dev, st.st_ino)
                 if rel == ENTRY_POINT:
-                    self.author = st.st_uid
+                    self.author, self.groups = st.st_uid, user_groups(st.st_uid)
                 if json_cost(raw) <= MAX_JSON_COST:  # else parse_json says so
                     self._kept += json_kept(raw)
                 if self._kept > MAX_COLLECTION_COST:
