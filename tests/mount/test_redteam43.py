@@ -177,3 +177,40 @@ def test_a_view_of_a_folder_archive_with_a_private_manifest_lends_no_digest(
             assert not u.value_of("os.access(p, os.R_OK)", p=tif)
     finally:
         m.stop()
+
+
+def test_a_synthesized_tiff_of_a_private_image_is_not_shown_readable(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """Every file of a collection's image folder `images/stack.zarr/` is 0600 (its folders
+    0755): another user may not read its `.zarray` in SRC. The members view showed its TIFF
+    0444, so `access()` said yes (the open was refused) to a user SRC denies the image."""
+    u = unprivileged
+    base = open_tmp(tmp_path_factory, "rt43-tiff")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    src.chmod(0o755)
+    load_tool("make_acqstore_corpus").make_collection(src / "coll")
+    for path in [src / "coll", *(src / "coll").rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    image = src / "coll" / "images" / "stack.zarr"
+    for path in image.rglob("*"):
+        if path.is_file():
+            path.chmod(0o600)
+    assert u.errno_of("read(p)", p=image / "0" / ".zarray") == errno.EACCES
+    m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
+    try:
+        m.start("-o", "allow_other", "--read-only")
+        members = m.mnt / "coll" / "members"
+        (tif,) = [p for p in members.rglob("*.tif") if "stack.zarr" in _source(p)]
+        assert tif.read_bytes()[:2] == b"II"  # root reads it
+        assert not u.value_of("os.access(p, os.R_OK)", p=tif)
+        assert u.errno_of("read(p)", p=tif) == errno.EACCES
+        readable = [p for p in members.rglob("*.tif") if "stack.zarr" not in _source(p)]
+        assert readable and all(u.value_of("os.access(p, os.R_OK)", p=p) for p in readable)
+    finally:
+        m.stop()
+
+
+def _source(path: os.PathLike[str]) -> str:
+    return os.getxattr(path, "user.acqstore.source").decode()

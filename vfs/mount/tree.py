@@ -626,11 +626,15 @@ class SourceTree:
         rel = entry.locator.get("path")
         if isinstance(rel, str):  # and no class that may not search a folder on the way
             kid.mode &= _document_mask(root, rel, kid.uid, kid.gid)
+            documents = entry.locator.get("documents")
             if stat.S_ISDIR(sst.st_mode) and entry.locator.get("kind") == "decant":
                 # A folder archive's original: its size and sha256 come from its manifest,
                 # which keeps a mode of its own (as `_manifest_mask` for one listed in SRC).
-                manifest = f"{rel.rstrip('/')}/{MANIFEST_KEY}"
-                kid.mode &= _document_mask(root, manifest, kid.uid, kid.gid)
+                documents = [MANIFEST_KEY]
+            for doc in documents if isinstance(documents, list) else []:
+                # A synthesized TIFF's size is its image's shape and dtype, from these.
+                if isinstance(doc, str):
+                    kid.mode &= _document_mask(root, f"{rel.rstrip('/')}/{doc}", kid.uid, kid.gid)
 
     @staticmethod
     def _as_its_bundle(kid: Node, folder: Path, bundle: object) -> None:
