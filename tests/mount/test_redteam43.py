@@ -10,6 +10,7 @@ import errno
 import os
 import time
 import zipfile
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
@@ -214,3 +215,25 @@ def test_a_synthesized_tiff_of_a_private_image_is_not_shown_readable(
 
 def _source(path: os.PathLike[str]) -> str:
     return os.getxattr(path, "user.acqstore.source").decode()
+
+
+def test_a_table_written_anew_is_served_anew_without_the_watcher(tmp_path: Path) -> None:
+    """--no-watch: a collection's table grown in place (no folder mtime tells it) was served
+    at the size its view was built with, cut short with no error. An open now finds it
+    changed (ESTALE), the collection's view is built again, and the kernel's retry reads the
+    table whole. Shrunk and rewritten at the same size, likewise."""
+    src = tmp_path / "src"
+    src.mkdir()
+    load_tool("make_acqstore_corpus").make_collection(src / "coll")
+    m = Mount(src, tmp_path / "mnt", tmp_path / "mnt.log", tmp_path / "mnt-index")
+    try:
+        m.start("--read-only", "--no-watch")
+        shown = sorted((m.mnt / "coll" / "members" / "tables").glob("*.csv"))[0]
+        real = src / "coll" / _source(shown)
+        assert shown.read_bytes() == real.read_bytes()
+        grown = real.read_bytes() + b"9,9,9\n" * 20
+        for body in (grown, grown[: len(grown) // 3], grown[: len(grown) // 3].replace(b"1", b"7")):
+            real.write_bytes(body)
+            assert shown.read_bytes() == body, m.log_text()[-2000:]
+    finally:
+        m.stop()

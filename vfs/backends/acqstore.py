@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import stat
@@ -45,6 +46,12 @@ class FileAccess:
         if not stat.S_ISREG(st.st_mode):
             os.close(self._fd)
             raise not_shown(path, st)
+        if st.st_size != size:
+            # Written anew since the view was built (seen at once with the watcher, which
+            # rebuilds it; with --no-watch only here): served at the view's size, a grown table
+            # was cut short with no error. ESTALE: the kernel looks the name up again.
+            os.close(self._fd)
+            raise OSError(errno.ESTALE, "changed since the collection's view was built", str(path))
         self.source_ident = (st.st_dev, st.st_ino)  # what was opened: see ops._same_sources
 
     def read(self, offset: int, size: int) -> bytes:

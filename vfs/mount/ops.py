@@ -749,16 +749,25 @@ class DecantOperations(pyfuse3.Operations):
     async def _relist(self, node: Node) -> None:
         """The archive behind `node` is not the version listed (written in place, which no
         folder mtime tells; or swapped): its names are listed again, so the kernel's retry of
-        an open that got ESTALE (a lookup with revalidation) finds what is there now."""
-        found = self.inodes.folder_of(node.real.parent)
+        an open that got ESTALE (a lookup with revalidation) finds what is there now. A view's
+        file (an overlay's: a collection's table written anew since its view was built, which
+        no folder mtime tells either) has its collection folder scanned again, which builds
+        the view anew."""
+        overlay = bool(getattr(node.backend, "overlay", False))
+        folder = node.real if overlay else node.real.parent
+        found = self.inodes.folder_of(folder)
         if found is None:
             return
         forget = getattr(self.tree, "forget_listing", None)  # a bucket's listings are kept
         if forget is not None:
-            forget(node.real.parent)
+            forget(folder)
+        names = [] if overlay else sorted(self.tree.presented_names({node.real.name}))
         with contextlib.suppress(OSError, pyfuse3.FUSEError):
             async with self.inodes.locked(found[0]):
-                await self._show(found[0], sorted(self.tree.presented_names({node.real.name})))
+                if overlay:
+                    await self._fresh(found[0], force=True)
+                else:
+                    await self._show(found[0], names)
 
     def _new_handle(self, handle: OpenFile, **info: bool) -> pyfuse3.FileInfo:
         fh = self._next_fh
