@@ -237,3 +237,26 @@ def test_a_table_written_anew_is_served_anew_without_the_watcher(tmp_path: Path)
             assert shown.read_bytes() == body, m.log_text()[-2000:]
     finally:
         m.stop()
+
+
+def test_an_image_written_anew_is_served_anew_without_the_watcher(tmp_path: Path) -> None:
+    """--no-watch: a collection image's chunk files written anew in place (its shape kept, so
+    its TIFF's size) kept serving the planes decoded before, until the daemon restarted."""
+    import zarr
+
+    src = tmp_path / "src"
+    src.mkdir()
+    load_tool("make_acqstore_corpus").make_collection(src / "coll")
+    m = Mount(src, tmp_path / "mnt", tmp_path / "mnt.log", tmp_path / "mnt-index")
+    try:
+        m.start("--read-only", "--no-watch")
+        members = m.mnt / "coll" / "members"
+        (tif,) = [p for p in members.rglob("*.tif") if "stack.zarr" in _source(p)]
+        array = zarr.open_array(str(src / "coll" / _source(tif) / "0"), mode="r+")
+        czyx = array[...]  # the TIFF's pages run channel fastest: (z, c, y, x)
+        assert np.array_equal(tifffile.imread(tif), czyx.transpose(1, 0, 2, 3))
+        array[...] = czyx + 1
+        after = tifffile.imread(tif)
+        assert np.array_equal(after, (czyx + 1).transpose(1, 0, 2, 3)), "old planes served"
+    finally:
+        m.stop()

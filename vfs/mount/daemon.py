@@ -86,7 +86,9 @@ def _local_tree(config: MountConfig, cache: PageCache) -> SourceTree:
     except ImportError:
         pass
     else:
-        overlays.append(AcqStoreBackend(cache, decant))
+        acqstore = AcqStoreBackend(cache, decant)
+        acqstore.watched = config.watch
+        overlays.append(acqstore)
     index = open_index(config)
     if index is not None:
         known = index
