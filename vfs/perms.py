@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 
 from vfs.acl import acl_stat
-from vfs.beneath import parent_fd
+from vfs.beneath import parent_fd, parts_below
 
 
 def user_groups(uid: int) -> set[int]:
@@ -56,10 +56,11 @@ def may_read_below(root: Path, target: Path, uid: int, groups: set[int] | None =
         if not granted(acl_stat(fd, os.fstat(fd)), uid, groups, search=True):
             raise PermissionError("no search permission on the way")
 
+    if not parts_below(root, target):
+        return False  # `root` itself, or not below it
     try:
-        dfd = parent_fd(root, target, searchable)
+        dfd = parent_fd(root, target, searchable)  # `searchable` of each folder, its own too
         try:
-            searchable(dfd)
             fd = os.open(target.name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
         finally:
             os.close(dfd)
