@@ -94,3 +94,30 @@ def test_ome_xml_of_very_many_channels_lists_none() -> None:
     assert f'SizeC="{MAX_OME_CHANNELS + 1}"' in text and "<Channel " not in text
     few = TiffLayout(CYX, [MAX_OME_CHANNELS, 1, 1], "<i4", [1.0, 1.0, 1.0]).description
     assert few.decode().count("<Channel ") == MAX_OME_CHANNELS  # up to the bound, each listed
+
+
+def test_a_deflated_entry_is_not_inflated_past_its_bound(tmp_path: Path) -> None:
+    """A 312 KB .ozx whose one chunk (15 KB of pixels) was a deflated run of 300 MB of zeros
+    took the daemon to 1.3 GB for one read of its TIFF: zarr reads an entry whole."""
+    data = np.arange(1, 65, dtype=np.uint16).reshape(1, 8, 8)  # not the fill value: written
+    plain = corpus.write_ome_zarr_zip(tmp_path / "plain.ozx", data, "cyx", [1, 1, 1])
+    bomb = tmp_path / "bomb.ozx"
+    with zipfile.ZipFile(plain) as src, zipfile.ZipFile(bomb, "w") as out:
+        chunks = [n for n in src.namelist() if n.startswith("0/") and "/." not in f"/{n}"]
+        assert chunks
+        for name in src.namelist():
+            if name in chunks:
+                out.writestr(name, bytes(32 << 20), zipfile.ZIP_DEFLATED)
+            else:
+                out.writestr(name, src.read(name))
+    image = inspect_image(bomb)
+    array, release = open_full_resolution(image)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ManifestError, match="inflated, more than the 16777216"):
+            array[0]
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+        release()
+    assert peak < 8 << 20, f"{peak} bytes allocated to refuse it"

@@ -40,6 +40,12 @@ _UNVERSIONED_TRANSFORMS = {"0.1", "0.2", "0.3"}
 # 4 KiB sparse one whose end record claims 4 GiB of directory to 4.25 GB. 1 MiB is ~20,000
 # entries (~12 MB parsed); a larger image is kept as a folder.
 MAX_ZIP_DIRECTORY = 1 << 20
+# Bytes a compressed (deflated) entry of a zipped image may inflate to. zarr reads an entry
+# whole, as long as the directory says it is: a 312 KB .ozx whose one chunk of 15 KB was a
+# deflated run of 300 MB of zeros took the daemon to 1.3 GB for one read of its TIFF. Chunks
+# are compressed by their codec already, and stored so by every writer we know of; a stored
+# entry is as large on disk as in memory, bounded as a chunk file of a folder image is.
+MAX_INFLATED_ENTRY = 16 << 20
 
 
 @dataclass(frozen=True)
@@ -404,6 +410,7 @@ def open_full_resolution(
             if anchor.is_dir:
                 raise ManifestError("changed from a zip to a folder since it was inspected")
             store: Any = _capped_zip_store()(anchor.root, mode="r", read_only=True)
+            store.label = str(image.path)
         else:
             if not anchor.is_dir:
                 raise ManifestError("changed from a folder to a file since it was inspected")
@@ -443,6 +450,7 @@ def _capped_zip_store() -> type:
 
     class CappedZipStore(ZipStore):  # type: ignore[misc]
         _file: BinaryIO | None = None
+        label = ""  # the image's path, for errors (`path` is the descriptor's magic link)
 
         def _sync_open(self) -> None:
             if self._is_open:
@@ -455,6 +463,22 @@ def _capped_zip_store() -> type:
                 self._file.close()
                 raise
             self._is_open = True
+
+        def _get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+            if not self._is_open:
+                self._sync_open()
+            try:
+                info = self._zf.getinfo(key)
+            except KeyError:
+                return None
+            stored = info.compress_type == zipfile.ZIP_STORED
+            limit = MAX_KEY_BYTES if stored else MAX_INFLATED_ENTRY
+            if info.file_size > limit:
+                raise ManifestError(
+                    f"{self.label}: zip entry {key!r} is {info.file_size} bytes"
+                    f"{'' if stored else ' inflated'}, more than the {limit} it may be"
+                )
+            return super()._get(key, prototype, byte_range)
 
         def close(self) -> None:
             try:

@@ -69,10 +69,11 @@ class FileAccess:
 
 def image_version(root: Path, path: Path) -> tuple[int, ...]:
     """What changes when any file of an image does: a zip's own (inode, size, mtime, ctime);
-    a folder's, the count of its files and the largest mtime and ctime among them (a stat a
-    file, as a caller's open checks them: ~3 ms per 1,000 files). Reached from the collection
-    folder `root` with no link followed, and walked below that descriptor entering no link
-    (os.walk): a folder swapped for a link to `/` since the open's checks is not walked.
+    a folder's, the count of its files and folders and the largest mtime and ctime among
+    them (a stat each, as a caller's open checks them: ~3 ms per 1,000 files). Reached from
+    the collection folder `root` with no link followed, and walked below that descriptor
+    entering no link (os.walk): a folder swapped for a link to `/` since the open's checks is
+    not walked.
     Blocking."""
     fd = open_beneath(root, path, os.O_PATH)
     try:
@@ -80,8 +81,8 @@ def image_version(root: Path, path: Path) -> tuple[int, ...]:
         if not stat.S_ISDIR(st.st_mode):
             return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         count, mtime, ctime = 0, st.st_mtime_ns, st.st_ctime_ns
-        for folder, _dirs, files in os.walk(f"/proc/self/fd/{fd}"):
-            for name in files:
+        for folder, dirs, files in os.walk(f"/proc/self/fd/{fd}"):
+            for name in (*dirs, *files):  # a chunk folder renamed below changes only its own
                 try:
                     fst = os.lstat(os.path.join(folder, name))
                 except OSError:
