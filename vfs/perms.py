@@ -41,14 +41,16 @@ def granted(
     return (st.st_mode >> shift) & need == need
 
 
-def may_read_below(root: Path, target: Path, uid: int, groups: set[int] | None = None) -> bool:
-    """Whether the user `uid` may search every folder from `root` (itself included) down to
-    `target` and read it (a folder: read and search it), walked by descriptors with no link
-    followed; False when it cannot be reached at all, so a caller that tells "missing" from
-    "refused" by this tells nothing. `groups`: the user's (`user_groups`), where the caller
-    keeps them for many checks. Blocking."""
-    if uid == 0:
-        return True
+def readable_below(
+    root: Path, target: Path, uid: int, groups: set[int] | None = None
+) -> os.stat_result | None:
+    """The ACL-narrowed stat of `target` if the user `uid` may search every folder from `root`
+    (itself included) down to it and read it (a folder: read and search it), walked by
+    descriptors with no link followed; None otherwise, or when it cannot be reached at all,
+    so a caller that tells "missing" from "refused" by this tells nothing. The stat is of the
+    very file checked: a caller that looks at the path again compares its (st_dev, st_ino).
+    `groups`: the user's (`user_groups`), where the caller keeps them for many checks.
+    Blocking."""
     if groups is None:
         groups = user_groups(uid)
 
@@ -57,7 +59,7 @@ def may_read_below(root: Path, target: Path, uid: int, groups: set[int] | None =
             raise PermissionError("no search permission on the way")
 
     if not parts_below(root, target):
-        return False  # `root` itself, or not below it
+        return None  # `root` itself, or not below it
     try:
         dfd = parent_fd(root, target, searchable)  # `searchable` of each folder, its own too
         try:
@@ -69,5 +71,5 @@ def may_read_below(root: Path, target: Path, uid: int, groups: set[int] | None =
         finally:
             os.close(fd)
     except OSError:
-        return False
-    return granted(st, uid, groups, read=True, search=stat.S_ISDIR(st.st_mode))
+        return None
+    return st if granted(st, uid, groups, read=True, search=stat.S_ISDIR(st.st_mode)) else None

@@ -66,3 +66,37 @@ def test_root_s_collection_may_point_anywhere_below_it(authored: Path) -> None:
     _point_table_at(authored, "private/secret.csv")
     os.chown(authored / COLLECTION, 0, 0)  # root wrote it: root may read what it points at
     assert validate_collection(authored).ok
+
+
+def test_a_folder_swapped_after_the_check_is_not_looked_at(
+    authored: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The author swaps a folder of theirs (`mine/`, holding the table the collection names)
+    with root's private one by rename, over and over, while listing: a swap landing between
+    the check and the look showed root's file's size in the view (red team, round 43). What
+    is looked at must be the file checked: here the swap is put into that window."""
+    from vfs.acqstore import validate
+
+    mine = authored / "mine"
+    mine.mkdir()
+    shutil.copy(_table(authored), mine / "secret.csv")
+    for path in (mine, mine / "secret.csv"):
+        os.chown(path, NOBODY, NOBODY)
+    (authored / "private" / "secret.csv").write_bytes(b"patient,diagnosis\n" * 500)  # root's
+    _point_table_at(authored, "mine/secret.csv")
+    assert validate_collection(authored).ok  # the author's own file: counted
+
+    name = "readable_below" if hasattr(validate, "readable_below") else "may_read_below"
+    check = getattr(validate, name)
+
+    def check_then_swap(root: Path, target: Path, *args: object) -> object:
+        found = check(root, target, *args)
+        if target.parent.name == "mine":
+            os.rename(authored / "mine", authored / "swap")
+            os.rename(authored / "private", authored / "mine")
+            os.rename(authored / "swap", authored / "private")
+        return found
+
+    monkeypatch.setattr(validate, name, check_then_swap)
+    result = validate_collection(authored)
+    assert not result.ok and "may not read it there" in result.errors[0].message

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import zipfile
@@ -88,12 +89,14 @@ class _Keys:
     directory's keys are read below that descriptor with no link followed (vfs/beneath.py):
     a key swapped for a link to /etc/shadow is refused, not parsed as metadata."""
 
-    def __init__(self, path: Path, within: Path | None = None) -> None:
+    def __init__(
+        self, path: Path, within: Path | None = None, expect: tuple[int, int] | None = None
+    ) -> None:
         self.path = path
         self.zip: zipfile.ZipFile | None = None
         self._file: BinaryIO | None = None
         self.names: set[str] = set()
-        self.anchor = Anchor(path, within)
+        self.anchor = Anchor(path, within, expect)
         try:
             if not self.anchor.is_dir:
                 self._file = self.anchor.file()
@@ -181,11 +184,16 @@ class Anchor:
     else its own parent) without following a link: what is read from it afterwards cannot be
     redirected by swapping the container, or a folder between it and `within`, for a link."""
 
-    def __init__(self, path: Path, within: Path | None = None) -> None:
+    def __init__(
+        self, path: Path, within: Path | None = None, expect: tuple[int, int] | None = None
+    ) -> None:
         base = within if within is not None and path != within else path.parent
         self.fd = open_beneath(base, path, os.O_PATH)
         try:
             st = os.fstat(self.fd)
+            if expect is not None and (st.st_dev, st.st_ino) != expect:
+                # Not the container a check found there (vfs.acqstore.validate): as if gone.
+                raise FileNotFoundError(errno.ENOENT, "not the image checked", str(path))
             if stat.S_ISLNK(st.st_mode):
                 raise CorruptArchiveError(f"{path}: a symlink (refused: the mount never follows "
                                           "links)")  # fmt: skip
@@ -222,14 +230,17 @@ def is_zip_image_name(path: Path) -> bool:
     return path.name.lower().endswith(ZIP_SUFFIXES)
 
 
-def inspect_image(path: Path, within: Path | None = None) -> NgffImage:
+def inspect_image(
+    path: Path, within: Path | None = None, expect: tuple[int, int] | None = None
+) -> NgffImage:
     """Check `path` is an OME-NGFF image (directory group, `.zarr.zip` or `.ozx`) and describe it.
     Nothing is read through a link below `within` (default: the image's own folder).
 
     Raises ManifestError whose message is the reason, without the path (callers name the path).
+    `expect`: the (st_dev, st_ino) the container must have (else "does not exist").
     """
     try:
-        keys = _Keys(path, within)
+        keys = _Keys(path, within, expect)
     except FileNotFoundError:
         raise ManifestError("does not exist") from None
     except zipfile.BadZipFile as exc:

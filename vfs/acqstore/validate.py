@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import itertools
 import json
+import os
 import re
 import stat
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from vfs.acqstore.paths import ENTRY_POINT
 from vfs.beneath import read_beneath_stat, stat_beneath
 from vfs.decant.limits import MAX_JSON_COST, MiB, json_cost, json_kept, parse_json
 from vfs.errors import ManifestError
-from vfs.perms import may_read_below, user_groups
+from vfs.perms import readable_below, user_groups
 
 if TYPE_CHECKING:
     from jsonschema import Draft202012Validator
@@ -68,6 +69,9 @@ class Issue:
         }
 
 
+NOT_THE_AUTHORS = "does not exist, or its collection's owner may not read it there"
+
+
 @dataclass
 class Validation:
     """The outcome, plus what was loaded on the way so the view is built without reading twice."""
@@ -78,7 +82,17 @@ class Validation:
     # relpath -> (st_dev, st_ino) of the file each was read from: the view shows its names
     # only to who may read that file (vfs.mount.tree), not one swapped in at its path since
     read_from: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # relpath -> (st_dev, st_ino) of each reference as its author's check found it (a user's
+    # collection): what is looked at again by path must be that file (`same_as_checked`)
+    checked: dict[str, tuple[int, int]] = field(default_factory=dict)
     images: dict[str, NgffImage] = field(default_factory=dict)  # relpath -> inspected image
+
+    def same_as_checked(self, key: str, st: os.stat_result) -> bool:
+        """Whether `st` is of the file the author's check found at `key` (no check: yes). The
+        owner of a folder on the way swapped a folder of theirs for another user's private
+        one between the check and the look, and the view showed that user's file's size."""
+        want = self.checked.get(key)
+        return want is None or want == (st.st_dev, st.st_ino)
 
     @property
     def errors(self) -> list[Issue]:
@@ -412,13 +426,15 @@ class _Run:
         if problems:
             return None
         key, path = paths.normalize(value), paths.resolve(self.root, value)
-        if self.author and not may_read_below(self.root, path, self.author, self.groups):
-            # Missing and refused read alike: the daemon (root) looked at what the author may
-            # not, and a collection of theirs pointing into another user's 0700 folder showed
-            # its files' sizes in the view, and whether a name exists there (view or none).
-            self.error(rel, pointer(*where), f"{key!r} does not exist, or its collection's "
-                                             "owner may not read it there")  # fmt: skip
-            return None
+        if self.author:
+            st = readable_below(self.root, path, self.author, self.groups)
+            if st is None:
+                # Missing and refused read alike: the daemon (root) looked at what the author
+                # may not, and a collection of theirs pointing into another user's 0700
+                # folder showed its files' sizes, and whether a name exists there.
+                self.error(rel, pointer(*where), f"{key!r} {NOT_THE_AUTHORS}")
+                return None
+            self.result.checked.setdefault(key, (st.st_dev, st.st_ino))
         return key, path
 
     def image(self, rel: str, where: tuple[Any, ...], value: Any) -> NgffImage | None:
@@ -429,7 +445,7 @@ class _Run:
         if key in self.result.images:
             return self.result.images[key]
         try:
-            image = inspect_image(path, self.root)
+            image = inspect_image(path, self.root, self.result.checked.get(key))
         except ManifestError as exc:
             reason = str(exc)
             if reason == "does not exist":
@@ -447,13 +463,13 @@ class _Run:
         if found is None:
             return
         key, path = found
-        kind = self.kind(path)
+        kind = self.kind(path, key)
         if kind == "folder":
             self.error(rel, pointer(*where), f"CSV path {key!r} is a folder, not a text/csv file")
         elif kind != "file":
             self.error(rel, pointer(*where), f"CSV file {key!r} {kind}")
 
-    def kind(self, path: Path) -> str:
+    def kind(self, path: Path, key: str = "") -> str:
         """ "file", "folder", or why `path` is neither, looked at from the collection with no
         link followed: a link is never a resource (its target's size would show in the view,
         whoever's file it is)."""
@@ -465,6 +481,8 @@ class _Run:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 return "is a symlink, or lies below one (links are not followed)"
             return f"cannot be looked at ({exc.strerror})"
+        if not self.result.same_as_checked(key, st):
+            return NOT_THE_AUTHORS
         if stat.S_ISDIR(st.st_mode):
             return "folder"
         if stat.S_ISLNK(st.st_mode):
@@ -500,6 +518,9 @@ class _Run:
                 raw, st = read_beneath_stat(
                     self.root, paths.resolve(self.root, rel), MAX_DOCUMENT_BYTES
                 )
+                if not self.result.same_as_checked(rel, st):
+                    self.error(rel, "", f"document {NOT_THE_AUTHORS}")
+                    return None
                 self.result.read_from[rel] = (st.st_dev, st.st_ino)
                 if rel == ENTRY_POINT:
                     self.author, self.groups = st.st_uid, user_groups(st.st_uid)

@@ -65,7 +65,6 @@ def build_view(result: Validation, describe_decant: DecantDescriber | None = Non
     """The folder Entry to show as `members/`; `result` must be free of errors."""
     if not result.ok:
         raise ManifestError(f"{result.root}: cannot build a view of an invalid collection")
-    root = result.root
     collection = result.documents[ENTRY_POINT]
     # Its names are read from this document (vfs.mount.tree): judged by that very file's modes
     view = Entry(is_dir=True, locator={"read_from": list(result.read_from[ENTRY_POINT])})
@@ -80,7 +79,7 @@ def build_view(result: Validation, describe_decant: DecantDescriber | None = Non
         names: set[str] = set()
         for table in tables:
             name = unique_name(safe_name(table["id"]) + ".csv", names)
-            shelf.children[name] = _file(root, table["path"])
+            shelf.children[name] = _file(result, table["path"])
     return view
 
 
@@ -101,7 +100,7 @@ def _member_folders(members: list[dict[str, Any]], used: set[str]) -> list[str]:
 def _member_entry(
     result: Validation, member: dict[str, Any], folder: str, describe_decant: DecantDescriber | None
 ) -> Entry:
-    root, docs = result.root, result.documents
+    docs = result.documents
     entry = Entry(is_dir=True, xattrs={"user.acqstore.member_id": member["id"]})
     used: set[str] = set()
 
@@ -115,8 +114,8 @@ def _member_entry(
             "reference.tif",
             _image(result, ref["ome_zarr"], f"{member['name']} reference", describe_decant),
         )
-        add("reference-image.json", _file(root, ref["metadata"]))
-    add("acqimage.json", _file(root, member["resources"]["acqimage"]))
+        add("reference-image.json", _file(result, ref["metadata"]))
+    add("acqimage.json", _file(result, member["resources"]["acqimage"]))
     analyses_path = member["resources"].get("analyses")
     if analyses_path:
         # The folder lists analysis ids read from this document (vfs.mount.tree): shown only
@@ -124,7 +123,7 @@ def _member_entry(
         doc = paths.normalize(analyses_path)
         where = {"kind": "folder", "path": doc, "read_from": list(result.read_from[doc])}
         entry.locator = dict(where)
-        add("analyses.json", _file(root, analyses_path))
+        add("analyses.json", _file(result, analyses_path))
         for analysis in docs[doc]["analyses"]:
             sub = Entry(
                 is_dir=True,
@@ -135,15 +134,18 @@ def _member_entry(
             names: set[str] = set()
             for res in analysis["resources"]:
                 sub.children[unique_name(safe_name(res["id"]) + ".csv", names)] = _file(
-                    root, res["path"]
+                    result, res["path"]
                 )
             add(safe_name(analysis["id"]), sub)
     return entry
 
 
-def _file(root: Path, rel: str) -> Entry:
+def _file(result: Validation, rel: str) -> Entry:
     key = paths.normalize(rel)
-    size = stat_beneath(root, paths.resolve(root, key)).st_size  # never a link's target's
+    st = stat_beneath(result.root, paths.resolve(result.root, key))  # never a link's target's
+    if not result.same_as_checked(key, st):
+        raise ManifestError(f"{key}: not the file checked for the collection's owner")
+    size = st.st_size
     return Entry(
         size=size, xattrs={"user.acqstore.source": key}, locator={"kind": "file", "path": key}
     )
@@ -162,6 +164,8 @@ def _image(
             # The archive's version before it is read: the member is keyed by it (a new version
             # is a new view), and an open or a verdict of another file than this is refused.
             st = archive_stat(image.path, os.lstat(image.path))  # as the mount keys it
+            if not result.same_as_checked(key, st):
+                raise ManifestError(f"{key}: not the archive checked for the collection's owner")
             stamp = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
             original = describe_decant(image.path)
         except (DecantError, OSError) as exc:
