@@ -100,3 +100,17 @@ def test_a_folder_swapped_after_the_check_is_not_looked_at(
     monkeypatch.setattr(validate, name, check_then_swap)
     result = validate_collection(authored)
     assert not result.ok and "may not read it there" in result.errors[0].message
+
+
+@pytest.mark.parametrize("doc", [".zattrs", "0/.zarray"])
+def test_an_image_whose_metadata_the_author_may_not_read_is_missing(
+    authored: Path, doc: str
+) -> None:
+    """Root's image folder (0755) with a 0600 `.zarray` named by a user's collection: its
+    TIFF's size (the image's shape and dtype) showed in the view."""
+    assert validate_collection(authored).ok
+    private = authored / "images" / "stack.zarr" / doc
+    os.chown(private, 0, 0)
+    private.chmod(0o600)
+    result = validate_collection(authored)
+    assert not result.ok and "the metadata of image" in result.errors[0].message

@@ -455,8 +455,19 @@ class _Run:
                     rel, pointer(*where), f"{key!r} is not a conforming OME-NGFF image: {reason}"
                 )
             return None
+        if self.author and not image.zipped and not self._author_reads_metadata(path, image):
+            # The TIFF's size is the image's shape and dtype, read from these: the author of a
+            # collection naming root's image folder (0755) with a 0600 `.zarray` saw its size.
+            self.error(rel, pointer(*where), f"the metadata of image {key!r} {NOT_THE_AUTHORS}")
+            return None
         self.result.images[key] = image
         return image
+
+    def _author_reads_metadata(self, path: Path, image: NgffImage) -> bool:
+        assert self.author is not None
+        names = ("zarr.json", "zarr.json") if image.zarr_format == 3 else (".zattrs", ".zarray")
+        docs = (path / names[0], path / image.dataset / names[1])
+        return all(readable_below(self.root, d, self.author, self.groups) for d in docs)
 
     def csv(self, rel: str, where: tuple[Any, ...], value: Any) -> None:
         found = self.target(rel, where, value)
