@@ -105,6 +105,36 @@ def _collection(factory: pytest.TempPathFactory, tag: str, **options: object) ->
     return base, src
 
 
+def scanned_archive(factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the original TIFF, its decant archive `scan.tif.zarr.zip`): what a collection's view
+    presents as a byte-exact original."""
+    import numpy as np
+    import tifffile
+
+    from vfs.decant.packer import pack_file
+
+    folder = factory.mktemp("scan")
+    original = folder / "scan.tif"
+    scan = np.random.default_rng(11).integers(0, 60000, (4, 96, 72), dtype=np.uint16)
+    tifffile.imwrite(original, scan, photometric="minisblack")
+    return original, pack_file(original, folder / "scan.tif.zarr.zip").archive
+
+
+def digests_hidden(m: Mount, u: User, original: Path, what: str) -> Path:
+    """Every view file that is `original` (it has a sha256 xattr) reads as it for root, and
+    USER is told neither its sha256 nor that it may read it; the members folder."""
+    member = m.mnt / "coll" / "members"
+    tifs = [p for p in member.rglob("*.tif") if "user.decant.sha256" in os.listxattr(p)]
+    assert tifs, m.log_text()[-2000:]
+    for tif in tifs:
+        assert tif.read_bytes() == original.read_bytes()  # its owner (root) reads it
+        assert u.errno_of("read(p)", p=tif) == errno.EACCES
+        got = u.errno_of("os.getxattr(p, 'user.decant.sha256')", p=tif)
+        assert got == errno.EACCES, f"another user read the sha256 of a private {what}"
+        assert not u.value_of("os.access(p, os.R_OK)", p=tif)
+    return member
+
+
 def _ids_hidden(
     base: Path, src: Path, u: User, doc: dict[str, Any], member: dict[str, Any], ids: list[str]
 ) -> None:
@@ -242,38 +272,16 @@ def test_a_private_archive_s_digest_is_not_told_through_a_collection_view(
     folder's modes, so another user read its sha256 (`getfattr -d`) and `access(R_OK)` said
     yes; only the open was refused. A view's file now takes the owner, group and read bits of
     what it is read from, as a nested series member takes its bundle's."""
-    import numpy as np
-    import tifffile
-
-    from vfs.decant.packer import pack_file
-
     u = unprivileged
-    base = open_tmp(tmp_path_factory, "rt38a-view")
-    src = base / "src"
-    src.mkdir(mode=0o755)
-    src.chmod(0o755)
-    original = base / "scan.tif"
-    scan = np.random.default_rng(11).integers(0, 60000, (4, 96, 72), dtype=np.uint16)
-    tifffile.imwrite(original, scan, photometric="minisblack")
-    packed = pack_file(original, base / "scan.tif.zarr.zip")
-    load_tool("make_acqstore_corpus").make_collection(src / "coll", decant_archive=packed.archive)
-    for path in [src / "coll", *(src / "coll").rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    original, packed = scanned_archive(tmp_path_factory)
+    base, src = _collection(tmp_path_factory, "rt38a-view", decant_archive=packed)
     archive = src / "coll" / "images" / "scan.tif.zarr.zip"
     archive.chmod(0o600)
     assert u.errno_of("read(p)", p=archive) == errno.EACCES
     m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
     try:
         m.start("-o", "allow_other", "--read-only")
-        member = m.mnt / "coll" / "members"
-        tifs = [p for p in member.rglob("*.tif") if "user.decant.sha256" in os.listxattr(p)]
-        assert tifs, m.log_text()[-2000:]
-        for tif in tifs:
-            assert tif.read_bytes() == original.read_bytes()  # its owner (root) reads it
-            assert u.errno_of("read(p)", p=tif) == errno.EACCES
-            got = u.errno_of("os.getxattr(p, 'user.decant.sha256')", p=tif)
-            assert got == errno.EACCES, "another user read the sha256 of a private archive"
-            assert not u.value_of("os.access(p, os.R_OK)", p=tif)
+        member = digests_hidden(m, u, original, "archive")
         stack = member / "Stack 2" / "Stack 2.tif"  # a synthesized TIFF of a readable image
         assert stat.S_IMODE(stack.stat().st_mode) == 0o444
         assert u.errno_of("read(p)", p=stack) == 0

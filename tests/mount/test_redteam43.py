@@ -18,6 +18,7 @@ import pytest
 import tifffile
 
 from tests.mount.conftest import Mount, User, open_tmp
+from tests.mount.test_redteam38a import _collection, digests_hidden, scanned_archive
 from tests.mount.test_redteam40a import users_shared_folder
 from tests.toolbox import load_tool
 from vfs.decant.packer import pack_file
@@ -148,34 +149,18 @@ def test_a_view_of_a_folder_archive_with_a_private_manifest_lends_no_digest(
     read bits for others (round 37c), but the members view took the image folder's bits and
     showed its original 0444: another user read its sha256 with `getfattr`."""
     u = unprivileged
-    base = open_tmp(tmp_path_factory, "rt43-view")
-    src = base / "src"
-    src.mkdir(mode=0o755)
-    src.chmod(0o755)
-    original = base / "scan.tif"
-    scan = np.random.default_rng(11).integers(0, 60000, (4, 96, 72), dtype=np.uint16)
-    tifffile.imwrite(original, scan, photometric="minisblack")
-    packed = pack_file(original, base / "scan.tif.zarr.zip")
-    folder_archive = base / "scan.tif.zarr"
-    with zipfile.ZipFile(packed.archive) as zf:
+    original, packed = scanned_archive(tmp_path_factory)
+    folder_archive = packed.with_suffix("")  # scan.tif.zarr
+    with zipfile.ZipFile(packed) as zf:
         zf.extractall(folder_archive)
-    load_tool("make_acqstore_corpus").make_collection(src / "coll", decant_archive=folder_archive)
-    for path in [src / "coll", *(src / "coll").rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    base, src = _collection(tmp_path_factory, "rt43-view", decant_archive=folder_archive)
     manifest = src / "coll" / "images" / "scan.tif.zarr" / ".decant" / "manifest.json"
     manifest.chmod(0o600)
     assert u.errno_of("read(p)", p=manifest) == errno.EACCES
     m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
     try:
         m.start("-o", "allow_other", "--read-only")
-        members = m.mnt / "coll" / "members"
-        tifs = [p for p in members.rglob("*.tif") if "user.decant.sha256" in os.listxattr(p)]
-        assert tifs, m.log_text()[-2000:]
-        for tif in tifs:
-            assert tif.read_bytes() == original.read_bytes()  # its owner (root) reads it
-            got = u.errno_of("os.getxattr(p, 'user.decant.sha256')", p=tif)
-            assert got == errno.EACCES, "another user read the sha256 of a private manifest"
-            assert not u.value_of("os.access(p, os.R_OK)", p=tif)
+        digests_hidden(m, u, original, "manifest")
     finally:
         m.stop()
 
@@ -187,13 +172,7 @@ def test_a_synthesized_tiff_of_a_private_image_is_not_shown_readable(
     0755): another user may not read its `.zarray` in SRC. The members view showed its TIFF
     0444, so `access()` said yes (the open was refused) to a user SRC denies the image."""
     u = unprivileged
-    base = open_tmp(tmp_path_factory, "rt43-tiff")
-    src = base / "src"
-    src.mkdir(mode=0o755)
-    src.chmod(0o755)
-    load_tool("make_acqstore_corpus").make_collection(src / "coll")
-    for path in [src / "coll", *(src / "coll").rglob("*")]:
-        path.chmod(0o755 if path.is_dir() else 0o644)
+    base, src = _collection(tmp_path_factory, "rt43-tiff")
     image = src / "coll" / "images" / "stack.zarr"
     for path in image.rglob("*"):
         if path.is_file():
