@@ -71,6 +71,14 @@ class NgffImage:
     decant: bool
 
     @property
+    def metadata_keys(self) -> tuple[str, str]:
+        """Where a folder image's shape and dtype are read from (a synthesized TIFF's size):
+        the group's and its full-resolution array's metadata documents."""
+        if self.zarr_format == 3:
+            return "zarr.json", f"{self.dataset}/zarr.json"
+        return ".zattrs", f"{self.dataset}/.zarray"
+
+    @property
     def axis_names(self) -> tuple[str, ...]:
         return tuple(axis.name for axis in self.axes)
 

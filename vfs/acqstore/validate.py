@@ -465,9 +465,10 @@ class _Run:
 
     def _author_reads_metadata(self, path: Path, image: NgffImage) -> bool:
         assert self.author is not None
-        names = ("zarr.json", "zarr.json") if image.zarr_format == 3 else (".zattrs", ".zarray")
-        docs = (path / names[0], path / image.dataset / names[1])
-        return all(readable_below(self.root, d, self.author, self.groups) for d in docs)
+        return all(
+            readable_below(self.root, path / key, self.author, self.groups)
+            for key in image.metadata_keys
+        )
 
     def csv(self, rel: str, where: tuple[Any, ...], value: Any) -> None:
         found = self.target(rel, where, value)

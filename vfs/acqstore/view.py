@@ -185,6 +185,5 @@ def _image(
     if not image.zipped:  # a zip is one file: its own modes cover what is read from inside
         # Where the TIFF's size (the image's shape and dtype) is read from: the mount shows it
         # only to those who may read these there (tree._as_its_source).
-        meta = ("zarr.json", "zarr.json") if image.zarr_format == 3 else (".zattrs", ".zarray")
-        locator["documents"] = [meta[0], f"{image.dataset}/{meta[1]}"]
+        locator["documents"] = list(image.metadata_keys)
     return Entry(size=layout.size, xattrs=xattrs, locator=locator)

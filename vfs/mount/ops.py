@@ -761,13 +761,13 @@ class DecantOperations(pyfuse3.Operations):
         forget = getattr(self.tree, "forget_listing", None)  # a bucket's listings are kept
         if forget is not None:
             forget(folder)
-        names = [] if overlay else sorted(self.tree.presented_names({node.real.name}))
         with contextlib.suppress(OSError, pyfuse3.FUSEError):
             async with self.inodes.locked(found[0]):
                 if overlay:
                     await self._fresh(found[0], force=True)
                 else:
-                    await self._show(found[0], names)
+                    names = self.tree.presented_names({node.real.name})
+                    await self._show(found[0], sorted(names))
 
     def _new_handle(self, handle: OpenFile, **info: bool) -> pyfuse3.FileInfo:
         fh = self._next_fh
