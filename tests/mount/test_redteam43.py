@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
+import struct
 import time
 import zipfile
 from pathlib import Path
@@ -237,5 +238,43 @@ def test_an_image_written_anew_is_served_anew_without_the_watcher(tmp_path: Path
         array[...] = czyx + 1
         after = tifffile.imread(tif)
         assert np.array_equal(after, (czyx + 1).transpose(1, 0, 2, 3)), "old planes served"
+    finally:
+        m.stop()
+
+
+def test_a_sparse_zipped_image_claiming_a_huge_directory_is_refused_alone(
+    tmp_path: Path,
+) -> None:
+    """A collection image `images/kymo.ozx`: 1 GiB apparent, a few KiB on disk, its zip64
+    end record claiming nearly all of it as central directory. zipfile read the whole claim
+    when the collection was listed (4 GiB claimed: the daemon at 4.25 GB). Now the collection
+    gets no view, the log names the image and why, and the daemon stays small and serving."""
+    src = tmp_path / "src"
+    src.mkdir()
+    load_tool("make_acqstore_corpus").make_collection(src / "coll")
+    doc = src / "coll" / "acqstore" / "collection.json"
+    doc.write_text(doc.read_text().replace("images/kymograph.zarr", "images/kymo.ozx"))
+    size, tail = 1 << 30, 56 + 20 + 22
+    with open(src / "coll" / "images" / "kymo.ozx", "wb") as f:
+        f.truncate(size - tail)
+        f.seek(size - tail)
+        f.write(struct.pack("<IQHHIIQQQQ", 0x06064B50, 44, 45, 45, 0, 0, 1, 1, size - tail, 0))
+        f.write(struct.pack("<IIQI", 0x07064B50, 0, size - tail, 1))
+        f.write(
+            struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 0xFFFF, 0xFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 0)
+        )
+    (src / "plain.txt").write_bytes(b"still served\n")
+    m = Mount(src, tmp_path / "mnt", tmp_path / "mnt.log", tmp_path / "mnt-index")
+    try:
+        m.start("--read-only")
+        assert "members" not in os.listdir(m.mnt / "coll")
+        assert "images/kymo.ozx" in m.log_text() and "more than the 1048576" in m.log_text()
+        assert (m.mnt / "plain.txt").read_bytes() == b"still served\n"
+        assert m.proc is not None
+        status = Path(f"/proc/{m.proc.pid}/status").read_text()
+        peak = int(
+            next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]
+        )
+        assert peak < 300 << 10, f"daemon peak RSS {peak} KiB"
     finally:
         m.stop()
