@@ -43,8 +43,7 @@ from vfs.mount.reads import Integrity, OpenFile, Reads
 from vfs.mount.status import Joined, StatusFile
 from vfs.mount.tree import NotQuick, SourceTree
 from vfs.nodes import Node, archive_version, mirror_node
-from vfs.stores.base import ObjectPath
-from vfs.stores.s3list import key_problem
+from vfs.stores.base import ObjectPath, key_problem
 
 log = logging.getLogger(__name__)
 

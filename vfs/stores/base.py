@@ -124,3 +124,14 @@ class ObjectPath(PurePosixPath):
     def of_url(cls, url: str) -> ObjectPath:
         """s3://BUCKET/PREFIX → its ObjectPath."""
         return cls("/" + url.removeprefix("s3://").strip("/"))
+
+
+def key_problem(key: str) -> str | None:
+    """Why obstore cannot take `key` as a path (so a listing skips it), or None. Here, not in
+    vfs.stores.s3list: a mount of a local folder asks it of names written in, and the plain
+    LIST client's urllib and XML imports cost every start ~10 ms."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+        return "holds a control character"
+    if any(part in ("", ".", "..") for part in key.split("/")):
+        return "has an empty, '.' or '..' segment"
+    return None

@@ -46,10 +46,10 @@ from vfs.errors import (
     StoreError,
 )
 from vfs.owned import Untrusted, read_trusted
-from vfs.stores.base import ObjectInfo, check_range, join_key
+from vfs.stores.base import ObjectInfo, check_range, join_key, key_problem
 from vfs.stores.diskcache import DiskCache
 from vfs.stores.ranges import Ranges
-from vfs.stores.s3list import Page, Plain, key_problem, list_pages
+from vfs.stores.s3list import Page, Plain, list_pages
 from vfs.threads import name_this_thread
 
 log = logging.getLogger(__name__)

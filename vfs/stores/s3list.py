@@ -55,15 +55,6 @@ class Page:
     objects: list[tuple[str, int, float, str]]  # full key, size, mtime, ETag
 
 
-def key_problem(key: str) -> str | None:
-    """Why obstore cannot take `key` as a path (so it is skipped), or None."""
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
-        return "holds a control character"
-    if any(part in ("", ".", "..") for part in key.split("/")):
-        return "has an empty, '.' or '..' segment"
-    return None
-
-
 def _quote(text: str) -> str:
     return urllib.parse.quote(text, safe="-_.~")
 
