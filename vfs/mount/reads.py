@@ -26,6 +26,7 @@ from vfs.backends.base import RandomAccess
 from vfs.errors import ArchiveGoneError, CorruptArchiveError, IntegrityError, StoreError
 from vfs.integrity import Coverage, ParkBudget, SequentialHasher, held_bytes
 from vfs.mount.fair import FairSlots
+from vfs.mount.hashfeed import HashFeed
 from vfs.mount.metrics import COUNTERS
 from vfs.nodes import Node, NodeKey
 
@@ -48,8 +49,7 @@ class OpenFile:
     reader: RandomAccess
     fd: int = -1  # a spooled file's descriptor, for writing
     hasher: SequentialHasher | None = None
-    hash_queue: trio.MemorySendChannel[tuple[int, Any]] | None = None
-    hash_done: trio.Event = field(default_factory=trio.Event)
+    feed: HashFeed | None = None  # served reads on their way into `hasher`
     served: Coverage = field(default_factory=Coverage)
     last_end: int = -1
     readahead_done: trio.Event | None = None
@@ -253,9 +253,7 @@ class Reads:
         if await self.integrity.verified(node):
             return True
         handle.hasher = SequentialHasher(node.size, node.sha256, self.parked)
-        send, receive = trio.open_memory_channel[tuple[int, Any]](HASH_BACKLOG)
-        handle.hash_queue = send
-        self.spawn(self._hash_worker, handle, receive)
+        handle.feed = HashFeed(handle.hasher, HASH_BACKLOG)
         self.spawn(self._verify_if_stalled, handle)
         return False
 
@@ -288,8 +286,8 @@ class Reads:
                 f"{handle.node.real}: read of {size} at {off} gave {len(data)} bytes, "
                 f"expected {expected}"
             )
-        if handle.hasher is not None and data:
-            await self._check(handle, off, data)
+        if handle.feed is not None and data:
+            await self._check(handle, handle.feed, off, data)
         # The kernel keeps two requests in flight: a forward reader's next request may start
         # one request past where the last one served ended.
         sequential = handle.last_end <= off <= handle.last_end + size
@@ -300,41 +298,18 @@ class Reads:
             self.spawn(self._read_ahead, handle)
         return data
 
-    async def _check(self, handle: OpenFile, off: int, data: Any) -> None:
-        if not handle.hash_done.is_set() and handle.hash_queue is not None:
-            data = _unpinned(data)
+    async def _check(self, handle: OpenFile, feed: HashFeed, off: int, data: Any) -> None:
+        if not feed.done.is_set():
             # The hasher may finish or give up meanwhile: the verdict does not need these bytes.
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await handle.hash_queue.send((off, data))
+            await feed.put(off, _unpinned(data))
         if handle.served.add(off, off + len(data)) >= handle.node.size:
-            await self._verdict(handle)  # every byte was served to this handle
+            await self._verdict(handle, feed)  # every byte was served to this handle
 
-    async def _hash_worker(
-        self, handle: OpenFile, receive: trio.MemoryReceiveChannel[tuple[int, Any]]
-    ) -> None:
-        hasher = handle.hasher
-        assert hasher is not None
-        try:
-            async with receive:
-                async for first in receive:
-                    batch = [first]  # whatever else is queued goes in the same thread hop
-                    while len(batch) < HASH_BACKLOG:
-                        try:
-                            batch.append(receive.receive_nowait())
-                        except trio.WouldBlock:
-                            break
-                    completed = await trio.to_thread.run_sync(_feed_all, hasher, batch)
-                    if completed or hasher.abandoned:
-                        break
-        finally:
-            handle.hash_done.set()
-
-    async def _verdict(self, handle: OpenFile) -> None:
+    async def _verdict(self, handle: OpenFile, feed: HashFeed) -> None:
         """Fail the read that completes the handle's coverage when the file hashes wrong."""
-        node, hasher = handle.node, handle.hasher
-        assert hasher is not None
+        node, hasher = handle.node, feed.hasher
         with trio.move_on_after(VERDICT_WAIT):
-            await handle.hash_done.wait()
+            await feed.done.wait()
         if hasher.complete:
             if hasher.ok:
                 if node.key not in self.integrity.good:
@@ -350,13 +325,13 @@ class Reads:
     async def _verify_if_stalled(self, handle: OpenFile) -> None:
         """Random access, or a shared mmap (refused on direct_io files with ENODEV), never lets
         the running hash finish: verify such a file aside, so it soon opens cached."""
-        hasher = handle.hasher
-        assert hasher is not None
-        while not handle.hash_done.is_set():
-            pos = hasher.pos
+        feed = handle.feed
+        assert feed is not None
+        while not feed.done.is_set():
+            pos = feed.hasher.pos
             with trio.move_on_after(IDLE_CHECK):
-                await handle.hash_done.wait()
-            if not handle.hash_done.is_set() and hasher.pos == pos:
+                await feed.done.wait()
+            if not feed.done.is_set() and feed.hasher.pos == pos:
                 self.integrity.queue(handle.node)
                 return
 
@@ -379,14 +354,14 @@ class Reads:
     async def close(self, handle: OpenFile) -> None:
         if handle.readahead_done is not None:
             await handle.readahead_done.wait()  # it still uses the reader's descriptor
-        if handle.hash_queue is not None:
-            await handle.hash_queue.aclose()
-            hasher = handle.hasher
-            if hasher is not None and not hasher.complete:
-                with trio.move_on_after(VERDICT_WAIT):  # its worker's last batch
-                    await handle.hash_done.wait()
-                if handle.hash_done.is_set():  # nothing feeds it now
-                    hasher.abandon()  # what it parked goes back to the budget
+        feed = handle.feed
+        if feed is not None:
+            feed.close()
+            if not feed.hasher.complete:
+                with trio.move_on_after(VERDICT_WAIT):  # its last batch
+                    await feed.done.wait()
+                if feed.done.is_set():  # nothing feeds it now
+                    feed.hasher.abandon()  # what it parked goes back to the budget
                 self.integrity.queue(handle.node)  # read in part: verify it in the background
         await trio.to_thread.run_sync(handle.reader.close)
 
@@ -469,13 +444,6 @@ def seen_digests(reader: RandomAccess) -> Mapping[str, int] | None:
     except Exception as exc:  # optional: a failure here must not fail a file that verified
         log.debug("chunk digests noted by a reader not usable: %s", exc)
         return None
-
-
-def _feed_all(hasher: SequentialHasher, batch: list[tuple[int, Any]]) -> bool:
-    completed = False
-    for off, data in batch:
-        completed = hasher.feed(off, data) or completed
-    return completed
 
 
 PIN_RATIO = 8  # a queued view may keep alive at most this many times its own bytes
