@@ -78,27 +78,34 @@ class _Gated(SequentialHasher):
         return super().feed(offset, data)
 
 
+async def _fill_then_release(feed: HashFeed, hasher: _Gated, size: int, queued: int) -> None:
+    """One read (the drain takes it at once and waits on the gate), `queued` more (the backlog is
+    full then), and one more, which must wait for room until the gate opens; back once it went
+    on."""
+    await feed.put(0, b"a" * size)
+    await trio.sleep(0.05)
+    for k in range(1, queued + 1):
+        await feed.put(k * size, b"a" * size)
+    went_on = trio.Event()
+
+    async def put_next() -> None:
+        await feed.put((queued + 1) * size, b"a" * size)
+        went_on.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(put_next)
+        await trio.sleep(0.1)
+        assert not went_on.is_set()  # it waits for room
+        hasher.gate.set()
+        with trio.fail_after(10):
+            await went_on.wait()
+
+
 def test_a_full_backlog_makes_the_next_read_wait_until_the_drain_takes_it() -> None:
     async def main() -> None:
         hasher = _Gated(10 * 100)
         feed = HashFeed(hasher, 2)
-        await feed.put(0, b"a" * 100)  # taken by the drain at once, which then waits on the gate
-        await trio.sleep(0.05)
-        await feed.put(100, b"a" * 100)
-        await feed.put(200, b"a" * 100)  # the backlog is full now
-        third = trio.Event()
-
-        async def put_third() -> None:
-            await feed.put(300, b"a" * 100)
-            third.set()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(put_third)
-            await trio.sleep(0.1)
-            assert not third.is_set()  # it waits for room
-            hasher.gate.set()  # the drain finishes its batch and takes the queued two
-            with trio.fail_after(10):
-                await third.wait()
+        await _fill_then_release(feed, hasher, 100, 2)  # the drain then takes the queued two
         for k in range(4, 10):
             await feed.put(k * 100, b"a" * 100)
         with trio.fail_after(10):
@@ -190,23 +197,10 @@ def test_a_read_waiting_for_room_goes_on_when_the_hash_gives_up() -> None:
     async def main() -> None:
         hasher = _GivesUp(1000)
         feed = HashFeed(hasher, 1)
-        await feed.put(0, b"z" * 100)  # the drain takes it and waits on the gate
-        await trio.sleep(0.05)
-        await feed.put(100, b"z" * 100)  # queued: the backlog is full
-        waiting = trio.Event()
-
-        async def put_third() -> None:
-            await feed.put(200, b"z" * 100)
-            waiting.set()
-
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(put_third)
-            await trio.sleep(0.05)
-            assert not waiting.is_set()
-            hasher.gate.set()  # the hash gives up: nothing more is hashed, no read waits
-            with trio.fail_after(10):
-                await waiting.wait()
-                await feed.done.wait()
+        # The gate opens: the hash gives up, nothing more is hashed, and no read waits.
+        await _fill_then_release(feed, hasher, 100, 1)
+        with trio.fail_after(10):
+            await feed.done.wait()
         assert hasher.abandoned
 
     trio.run(main)
