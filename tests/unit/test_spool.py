@@ -676,3 +676,33 @@ def test_a_file_whose_writer_is_closing_is_tried_again_and_one_cut_off_fails(
         os.close(fd)
     assert spool.attempt("x.csv", False, OPTIONS, 0.0).kind == "published"
     assert (src / "x.csv").read_bytes() == b"whole"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="files of other users need root")
+@pytest.mark.parametrize("trusted", [False, True])
+def test_a_file_of_no_record_replaces_in_a_sticky_folder_only_what_its_writer_could(
+    src: Path, trusted: bool
+) -> None:
+    """A file spooled before a restart (no record of what the mount showed under its name)
+    replaces, in a sticky folder, its writer's own entry, never another user's; an inbox's
+    file (the operator's) is published over what it finds."""
+    spool = Spool(src, src / ".decant-spool" / "files", trusted=trusted)
+    shared = src / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    (shared / "theirs.txt").write_bytes(b"another user's")
+    os.chown(shared / "theirs.txt", 4321, 4321)
+    (shared / "mine.txt").write_bytes(b"the writer's older copy")
+    os.chown(shared / "mine.txt", 1234, 5678)
+    put(spool, "shared/mine.txt", b"new")  # put(): the writer is uid 1234
+    put(spool, "shared/theirs.txt", b"new")
+    spool.publish("shared/mine.txt", False, OPTIONS)
+    assert (shared / "mine.txt").read_bytes() == b"new"
+    if trusted:
+        spool.publish("shared/theirs.txt", False, OPTIONS)
+        assert (shared / "theirs.txt").read_bytes() == b"new"
+        return
+    with pytest.raises(FileExistsError, match=r"uid 4321.*may not replace"):
+        spool.publish("shared/theirs.txt", False, OPTIONS)
+    assert (shared / "theirs.txt").read_bytes() == b"another user's"
+    assert spool.path("shared/theirs.txt").read_bytes() == b"new"

@@ -296,7 +296,7 @@ def _link_into_place(
             if not stat.S_ISREG(sst.st_mode):
                 raise FileNotFoundError(errno.ENOENT, "not a regular file", str(source))
             via = _fd_path(sfd)
-            _refuse_unchecked(spool, relpath, (final, shadowed), dfd, sst)
+            _refuse_unchecked(spool, relpath, (final, shadowed), dfd, sst, sst.st_uid)
             before = os.stat(dfd)
             try:
                 try:
@@ -460,7 +460,7 @@ def _publish_archive(
     try:  # before packing it (again, at each retry): `place` checks again under the lock
         # and before taking an archive there for this file's own: one put there since by
         # someone else is refused, whatever it holds (the file stays spooled)
-        _refuse_unchecked(spool, relpath, (target, folder / name), dfd, None)
+        _refuse_unchecked(spool, relpath, (target, folder / name), dfd, None, st.st_uid)
     finally:
         os.close(dfd)
     # Hashing first only pays when an archive is there: a restart after publish, pre-cleanup.
@@ -805,17 +805,24 @@ def _refuse_hidden(final: Path, dfd: int) -> None:
 
 
 def _refuse_unchecked(
-    spool: Spool, relpath: str, names: tuple[Path, ...], dfd: int, own: os.stat_result | None
+    spool: Spool,
+    relpath: str,
+    names: tuple[Path, ...],
+    dfd: int,
+    own: os.stat_result | None,
+    writer: int,
 ) -> None:
     """Publishing a file written through the mount replaces (or sets aside) at its name and its
     archive name only what the mount showed under its name when it was created or renamed
     (WriteSide._check_free, which refuses the rest): not an entry put there since, directly
     in SRC, by someone the kernel never checked the writer against (another user's file in a
     sticky folder, an archive presenting another name). `own`: the spooled inode (a hard link
-    of it is its own copy). The file stays spooled; the failure names the entry."""
+    of it is its own copy); `writer`: its owner's uid. The file stays spooled; the failure
+    names the entry."""
     allowed = spool.may_replace(relpath)
-    if allowed is None:  # an inbox's file (the operator's), or spooled before a restart
-        return
+    if allowed is None and spool.trusted:
+        return  # an inbox's file: the operator's, published over what it finds
+    folder: os.stat_result | None = None
     for path in names:
         try:
             st = os.lstat(path.name, dir_fd=dfd)
@@ -823,13 +830,34 @@ def _refuse_unchecked(
             if exc.errno in NOTHING_THERE:
                 continue
             raise
-        if (st.st_dev, st.st_ino) in allowed or (own is not None and os.path.samestat(own, st)):
+        if own is not None and os.path.samestat(own, st):
             continue
+        if allowed is not None:
+            if (st.st_dev, st.st_ino) in allowed:
+                continue
+            why = f"put there after {relpath!r} was written through the mount"
+        else:
+            # Spooled before a restart: what the mount showed under its name was kept in
+            # memory only. It replaces what its owner could replace by a rename of their own,
+            # nothing more: published over whatever it found, another user's file put at its
+            # name in a sticky folder (refused while the daemon ran) was replaced at the next
+            # start, with no copy kept.
+            folder = folder or os.fstat(dfd)
+            if _may_rename_over(folder, st, writer):
+                continue
+            why = f"its writer (uid {writer}) may not replace (spooled before a restart)"
         raise FileExistsError(
             errno.EEXIST,
-            f"holds an entry ({stat.filemode(st.st_mode)}, uid {st.st_uid}) put there after "
-            f"{relpath!r} was written through the mount; not replaced",
+            f"holds an entry ({stat.filemode(st.st_mode)}, uid {st.st_uid}) {why}; not replaced",
             str(path))  # fmt: skip
+
+
+def _may_rename_over(folder: os.stat_result, entry: os.stat_result, uid: int) -> bool:
+    """Whether the user `uid`, who wrote a file into `folder` through the mount (the kernel
+    checked their write permission then), may replace `entry` there by a rename: in a sticky
+    folder only an entry of their own, or any in a folder of theirs (root: any)."""
+    sticky = bool(folder.st_mode & stat.S_ISVTX)
+    return not sticky or uid in (0, entry.st_uid, folder.st_uid)
 
 
 def _keep_older(spool: Spool, final: Path, dfd: int) -> Path | None:
@@ -896,7 +924,7 @@ def place(
                 relpath, st = source
                 if signature(stat_beneath(spool.files, spool.path(relpath))) != signature(st):
                     raise SourceChangedError(spool.path(relpath))
-                _refuse_unchecked(spool, relpath, (final, shadowed), dfd, None)
+                _refuse_unchecked(spool, relpath, (final, shadowed), dfd, None, st.st_uid)
             _refuse_hidden(final, dfd)
             before = os.stat(dfd)
             try:

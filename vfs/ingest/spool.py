@@ -47,11 +47,16 @@ def is_temp_name(name: str) -> bool:
 
 
 class Spool:
-    def __init__(self, src: Path, files: Path, staging: Path | None = None) -> None:
+    def __init__(
+        self, src: Path, files: Path, staging: Path | None = None, *, trusted: bool = False
+    ) -> None:
         """`files` holds spooled files at their presented relpaths (SPOOL/files, or an inbox).
         `staging` (default SRC/.decant-spool/staging, on SRC's filesystem) is where archives
-        and plain copies are built before one rename puts them into their folder."""
+        and plain copies are built before one rename puts them into their folder. `trusted`:
+        an inbox, whose files only the daemon's user can put there (vfs.mount.daemon checks):
+        they are published over what they find."""
         self.src = src
+        self.trusted = trusted
         self.files = files
         self.staging = staging or src / STAGING
         self.files.mkdir(parents=True, exist_ok=True)

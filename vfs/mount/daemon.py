@@ -248,7 +248,7 @@ def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:
     for inbox in config.inbox:
         _check_inbox(inbox)
     spool = Spool(src, config.spool_root / "files")
-    spools = [spool] + [Spool(src, inbox) for inbox in config.inbox]
+    spools = [spool] + [Spool(src, inbox, trusted=True) for inbox in config.inbox]
     queue = PackQueue(spools, config.settle, None, config.pack_all, config.pack_workers,
                       config.stale_temp, config.retry_after)  # fmt: skip
     queue.guard = SpaceGuard(spool.files, config.min_free)
