@@ -61,9 +61,10 @@ class SourceChangedError(OSError):
 class NoSpaceError(OSError):
     """Not enough free space to publish this file now; it waits until there is."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, need: int = 0) -> None:
         super().__init__(errno.ENOSPC, reason)
         self.reason = reason
+        self.need = need  # bytes free it waits for (0: not known)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class Outcome:
     reason: str = ""
     wait: float = 0.0
     error: Exception | None = None
+    need: int = 0  # "space": the bytes free it waits for
 
 
 def archive_name(name: str) -> str:
@@ -194,7 +196,7 @@ def attempt(
     except PublishCancelled:
         return Outcome(relpath, "skipped")
     except NoSpaceError as exc:
-        return Outcome(relpath, "space", reason=exc.reason)
+        return Outcome(relpath, "space", reason=exc.reason, need=exc.need)
     except SourceChangedError:
         return Outcome(relpath, "unsettled", wait=CHANGED_WAIT)
     except OSError as exc:
@@ -608,7 +610,7 @@ def check(cancel: threading.Event | None) -> None:
 def require_space(folder: Path, need: int, what: str) -> None:
     free = free_bytes(folder)
     if free < need:
-        raise NoSpaceError(f"{what}; {size_text(free)} free on the filesystem of {folder}")
+        raise NoSpaceError(f"{what}; {size_text(free)} free on the filesystem of {folder}", need)
 
 
 def size_text(n: int) -> str:

@@ -2,9 +2,10 @@
 
 Writes, creates and truncates that grow a file are refused with ENOSPC while free space is below
 the reserve, so packing (which needs room for an archive) can always finish and the queue never
-stalls on a disk filled by the very files it has to pack. `admit` is called on every write: it
-keeps an estimate (the last statvfs less what it admitted since) and asks the filesystem again
-at most every REFRESH seconds, or at once when the estimate nears the reserve.
+stalls on a disk filled by the very files it has to pack. While spooled files wait for space to
+be packed, what they need (`owed`, kept by the pack queue) is reserved too. `admit` is called on
+every write: it keeps an estimate (the last statvfs less what it admitted since) and asks the
+filesystem again at most every REFRESH seconds, or at once when the estimate nears the reserve.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class SpaceGuard:
         self.refusing = False
         self.refused = 0  # calls refused so far
         self._wanted = 0  # the size last refused
+        self.owed = 0  # what spooled files waiting for space need to be packed (PackQueue)
 
     def free(self) -> int:
         with self._lock:
@@ -57,7 +59,7 @@ class SpaceGuard:
 
     def _refresh(self) -> int:
         self._free, self._at = free_bytes(self.path), time.monotonic()
-        if self.refusing and self._free - max(self._wanted, 1 << 20) >= self.min_free:
+        if self.refusing and self._free - max(self._wanted, 1 << 20) >= self.min_free + self.owed:
             self.refusing = False
             log.info("%s: %d MiB free again: new data is accepted", self.path, self._free >> 20)
         return self._free
@@ -66,9 +68,10 @@ class SpaceGuard:
         """May `nbytes` of new data be written without going below the reserve?"""
         with self._lock:
             stale = time.monotonic() - self._at > REFRESH
-            if stale or self._free - nbytes < self.min_free + NEAR:
+            reserve = self.min_free + self.owed
+            if stale or self._free - nbytes < reserve + NEAR:
                 self._refresh()
-            if self._free - nbytes >= self.min_free:
+            if self._free - nbytes >= reserve:
                 self._free -= nbytes
                 return True
             self.refused += 1
@@ -76,9 +79,11 @@ class SpaceGuard:
             if not self.refusing:
                 self.refusing = True
                 log.warning(
-                    "%s: %d MiB free, --min-free is %d MiB: new data is refused (ENOSPC) until "
-                    "space returns, so what is spooled can still be packed",
+                    "%s: %d MiB free, --min-free is %d MiB%s: new data is refused (ENOSPC) "
+                    "until space returns, so what is spooled can still be packed",
                     self.path, self._free >> 20, self.min_free >> 20,
+                    f" and {self.owed >> 20} MiB is owed to files waiting to be packed"
+                    if self.owed else "",
                 )  # fmt: skip
             return False
 
@@ -88,5 +93,7 @@ class SpaceGuard:
         with self._lock:
             if time.monotonic() - self._at > REFRESH:
                 self._refresh()
-        return {"free": self._free, "min_free": self.min_free, "refusing_writes": self.refusing,
-                "refused": self.refused}  # fmt: skip
+            # Below the reserve, new data is refused whether or not a write has asked yet.
+            refusing = self.refusing or self._free < self.min_free + self.owed
+        return {"free": self._free, "min_free": self.min_free, "owed": self.owed,
+                "refusing_writes": refusing, "refused": self.refused}  # fmt: skip
