@@ -16,6 +16,7 @@ import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -96,17 +97,24 @@ def fill_until_refused(path: Path, chunk: int = 256 * 1024) -> OSError:
     return caught.value
 
 
+def _a_tiff_waiting_for_room(
+    src: Path, tmp_path: Path, make_mount: MakeMount
+) -> tuple[Path, Any, Path, dict[str, Any]]:
+    """A 16 MiB TIFF rsynced in with room left for it and the 4 MiB reserve, not for its
+    archive too: (the TIFF, the mount, the filler taking the rest, the status once it waits)."""
+    stack = noise_tiff(tmp_path / "in" / "stack.tif", 16 * MiB)
+    m = make_mount(src, "--settle", "0.5", "--min-free", "4M")
+    filler = src / "filler.bin"
+    write_file(filler, bytes(free(src) - stack.stat().st_size - 10 * MiB))
+    rsync(stack.parent, m.mnt)
+    return stack, m, filler, wait_status(m.mnt, lambda d: bool(d["waiting_for_space"]))
+
+
 def test_a_full_disk_refuses_writes_at_the_reserve_waits_and_drains_by_itself(
     ext4_src: Path, tmp_path: Path, make_mount: MakeMount
 ) -> None:
     src = ext4_src
-    stack = noise_tiff(tmp_path / "in" / "stack.tif", 16 * MiB)
-    m = make_mount(src, "--settle", "0.5", "--min-free", "4M")
-    # Leave room for the TIFF and the reserve, not for its archive too: packing must wait.
-    filler = src / "filler.bin"
-    write_file(filler, bytes(free(src) - stack.stat().st_size - 10 * MiB))
-    rsync(stack.parent, m.mnt)
-    doc = wait_status(m.mnt, lambda d: bool(d["waiting_for_space"]))
+    stack, m, filler, doc = _a_tiff_waiting_for_room(src, tmp_path, make_mount)
     (waiting,) = doc["waiting_for_space"]
     assert waiting["path"] == "stack.tif" and "needs about 17" in waiting["reason"]
     assert doc["failed"] == [] and doc["queued"] == 1
@@ -143,12 +151,7 @@ def test_new_data_does_not_take_the_room_a_waiting_tiff_needs(
     by hand, again and again (red team 44 F2). Now what a waiting file needs is reserved too:
     the other writer is refused at once, and when space comes back the TIFF is packed."""
     src = ext4_src
-    stack = noise_tiff(tmp_path / "in" / "stack.tif", 16 * MiB)
-    m = make_mount(src, "--settle", "0.5", "--min-free", "4M")
-    filler = src / "filler.bin"
-    write_file(filler, bytes(free(src) - stack.stat().st_size - 10 * MiB))
-    rsync(stack.parent, m.mnt)
-    wait_status(m.mnt, lambda d: bool(d["waiting_for_space"]))
+    stack, m, filler, _doc = _a_tiff_waiting_for_room(src, tmp_path, make_mount)
     room = free(src)  # above the reserve, short of the ~17 MiB the TIFF needs
     assert room > 6 * MiB
     refused = fill_until_refused(m.mnt / "more.bin")
