@@ -353,10 +353,8 @@ def _print_status(doc: dict[str, Any]) -> None:
             out(f"rsync temp files waiting for their rename: {doc['temp']}")
         space = doc.get("space")
         if space and space.get("refusing_writes"):
-            owed = space.get("owed", 0)
-            waiting = f" plus {owed >> 20} MiB for files waiting to be packed" if owed else ""
             out(f"refusing new data: {space['free'] >> 20} MiB free, below --min-free "
-                f"{space['min_free'] >> 20} MiB{waiting}")  # fmt: skip
+                f"{space['min_free'] >> 20} MiB")  # fmt: skip
     d = doc.get("daemon", {})
     if d:
         cache = d.get("cache", {})

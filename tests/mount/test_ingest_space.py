@@ -143,30 +143,6 @@ def test_a_full_disk_refuses_writes_at_the_reserve_waits_and_drains_by_itself(
     assert (src / "after.csv").read_bytes() == b"accepted again"
 
 
-def test_new_data_does_not_take_the_room_a_waiting_tiff_needs(
-    ext4_src: Path, tmp_path: Path, make_mount: MakeMount
-) -> None:
-    """A TIFF waits for room to be packed; another writer went on writing through the mount
-    down to --min-free, taking the room it waited for, so it waited until someone freed space
-    by hand, again and again (red team 44 F2). Now what a waiting file needs is reserved too:
-    the other writer is refused at once, and when space comes back the TIFF is packed."""
-    src = ext4_src
-    stack, m, filler, _doc = _a_tiff_waiting_for_room(src, tmp_path, make_mount)
-    room = free(src)  # above the reserve, short of the ~17 MiB the TIFF needs
-    assert room > 6 * MiB
-    refused = fill_until_refused(m.mnt / "more.bin")
-    assert refused.errno == errno.ENOSPC
-    assert free(src) >= room - MiB  # none of the room was taken
-    space = status(m.mnt)["space"]
-    assert space["refusing_writes"] and space["owed"] > 16 * MiB
-    with open(filler, "r+b") as fh:  # 10 MiB freed by other means: enough for the TIFF now
-        fh.truncate(filler.stat().st_size - 10 * MiB)
-    doc = wait_drained(m.mnt, src, timeout=120)
-    assert doc["failed"] == [] and doc["waiting_for_space"] == []
-    assert archived_sha(src / "stack.tif.zarr.zip") == sha256(stack)
-    assert status(m.mnt)["space"]["owed"] == 0
-
-
 @pytest.mark.parametrize("how", ["unmount", "sigterm"])
 def test_the_daemon_stops_promptly_while_packing(
     how: str, tmp_path: Path, make_mount: MakeMount

@@ -29,8 +29,8 @@ def test_writes_are_admitted_down_to_the_reserve_then_refused_once_logged(
     free["now"] = 3 << 20  # the disk filled up meanwhile (another writer)...
     monkeypatch.setattr(space, "REFRESH", 0.0)  # ... and the estimate is REFRESH s old
     assert not guard.admit(0) and not guard.admit(0) and guard.refusing
-    assert guard.status() == {"free": 3 << 20, "min_free": 4 << 20, "owed": 0,
-                              "refusing_writes": True, "refused": 2}  # fmt: skip
+    assert guard.status() == {"free": 3 << 20, "min_free": 4 << 20, "refusing_writes": True,
+                              "refused": 2}  # fmt: skip
     free["now"] = 8 << 20  # something was deleted
     assert guard.admit(4096) and not guard.refusing
     messages = [r.getMessage() for r in caplog.records]
@@ -46,25 +46,6 @@ def test_a_write_that_would_cross_the_reserve_is_refused_smaller_ones_pass(
     assert not guard.admit(2 << 20) and guard.refusing
     assert guard.admit(4096)  # still above the reserve
     assert guard.refusing  # until there is room for what was refused
-
-
-def test_what_waiting_files_need_to_be_packed_is_reserved_too(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A spooled TIFF waiting for room to be packed: new data went on being admitted down to
-    --min-free, so the room it waited for never came (red team 44 F2)."""
-    free = {"now": 100 << 20}
-    monkeypatch.setattr(space, "free_bytes", lambda path: free["now"])
-    monkeypatch.setattr(space, "REFRESH", 0.0)
-    guard = SpaceGuard(tmp_path, min_free=10 << 20)
-    assert guard.admit(50 << 20)
-    free["now"] = 50 << 20  # written
-    guard.owed = 60 << 20  # the pack queue: a file waits for 60 MiB
-    assert not guard.admit(1 << 20) and guard.refusing
-    assert guard.status()["refusing_writes"] and guard.status()["owed"] == 60 << 20
-    free["now"] = 75 << 20  # packed: its spooled copy went, its archive came
-    guard.owed = 0
-    assert guard.admit(1 << 20) and not guard.refusing
 
 
 def test_the_status_says_writes_are_refused_before_one_was(

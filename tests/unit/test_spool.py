@@ -47,6 +47,10 @@ def leftovers(root: Path) -> list[Path]:
 
 @pytest.fixture
 def spool(src: Path) -> Spool:
+    # The files `put` spools are uid 1234's: written through a mount, the kernel let them into
+    # SRC, so SRC is a folder they may write (what a file of no record may replace depends on
+    # it: vfs.ingest.publish._may_rename_over).
+    src.chmod(0o777)
     return Spool(src, src / ".decant-spool" / "files")
 
 
@@ -706,3 +710,24 @@ def test_a_file_of_no_record_replaces_in_a_sticky_folder_only_what_its_writer_co
         spool.publish("shared/theirs.txt", False, OPTIONS)
     assert (shared / "theirs.txt").read_bytes() == b"another user's"
     assert spool.path("shared/theirs.txt").read_bytes() == b"new"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="files of other users need root")
+def test_a_file_of_no_record_replaces_nothing_in_a_folder_its_writer_may_no_longer_write(
+    spool: Spool, src: Path
+) -> None:
+    """Another user's folder, open to all when the file was written through the mount, made
+    0755 since, with their own file put at its name: a restart published over it (red team 44
+    recheck). Its writer could not rename over it now: it stays spooled."""
+    theirs = src / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, 4321, 4321)
+    (theirs / "x.txt").write_bytes(b"the folder owner's")
+    os.chown(theirs / "x.txt", 4321, 4321)
+    put(spool, "theirs/x.txt", b"new")
+    with pytest.raises(FileExistsError, match=r"uid 4321.*may not replace"):
+        spool.publish("theirs/x.txt", False, OPTIONS)
+    assert (theirs / "x.txt").read_bytes() == b"the folder owner's"
+    theirs.chmod(0o777)  # open again: the writer may replace it by a rename, so may this
+    spool.publish("theirs/x.txt", False, OPTIONS)
+    assert (theirs / "x.txt").read_bytes() == b"new"

@@ -29,6 +29,7 @@ from vfs.decant import TEMP_PREFIX, temp_name
 from vfs.ingest.space import free_bytes
 from vfs.ingest.writing import CUT_OFF, write_mark
 from vfs.names import NAME_MAX, is_utf8
+from vfs.perms import granted, user_groups
 
 if TYPE_CHECKING:
     from vfs.decant.packer import PackOptions
@@ -61,10 +62,9 @@ class SourceChangedError(OSError):
 class NoSpaceError(OSError):
     """Not enough free space to publish this file now; it waits until there is."""
 
-    def __init__(self, reason: str, need: int = 0) -> None:
+    def __init__(self, reason: str) -> None:
         super().__init__(errno.ENOSPC, reason)
         self.reason = reason
-        self.need = need  # bytes free it waits for (0: not known)
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,6 @@ class Outcome:
     reason: str = ""
     wait: float = 0.0
     error: Exception | None = None
-    need: int = 0  # "space": the bytes free it waits for
 
 
 def archive_name(name: str) -> str:
@@ -196,7 +195,7 @@ def attempt(
     except PublishCancelled:
         return Outcome(relpath, "skipped")
     except NoSpaceError as exc:
-        return Outcome(relpath, "space", reason=exc.reason, need=exc.need)
+        return Outcome(relpath, "space", reason=exc.reason)
     except SourceChangedError:
         return Outcome(relpath, "unsettled", wait=CHANGED_WAIT)
     except OSError as exc:
@@ -610,7 +609,7 @@ def check(cancel: threading.Event | None) -> None:
 def require_space(folder: Path, need: int, what: str) -> None:
     free = free_bytes(folder)
     if free < need:
-        raise NoSpaceError(f"{what}; {size_text(free)} free on the filesystem of {folder}", need)
+        raise NoSpaceError(f"{what}; {size_text(free)} free on the filesystem of {folder}")
 
 
 def size_text(n: int) -> str:
@@ -844,7 +843,7 @@ def _refuse_unchecked(
             # nothing more: published over whatever it found, another user's file put at its
             # name in a sticky folder (refused while the daemon ran) was replaced at the next
             # start, with no copy kept.
-            folder = folder or os.fstat(dfd)
+            folder = folder or acl_stat(dfd, os.fstat(dfd))
             if _may_rename_over(folder, st, writer):
                 continue
             why = f"its writer (uid {writer}) may not replace (spooled before a restart)"
@@ -855,11 +854,16 @@ def _refuse_unchecked(
 
 
 def _may_rename_over(folder: os.stat_result, entry: os.stat_result, uid: int) -> bool:
-    """Whether the user `uid`, who wrote a file into `folder` through the mount (the kernel
-    checked their write permission then), may replace `entry` there by a rename: in a sticky
-    folder only an entry of their own, or any in a folder of theirs (root: any)."""
+    """Whether the user `uid` may replace `entry` in `folder` by a rename now: write and search
+    on the folder (its ACL narrows the bits), and in a sticky folder the entry or the folder
+    theirs (root: always). The folder's owner may have taken write away since the file was
+    written: published anyway, it replaced their file in a folder the writer no longer could."""
+    if uid == 0:
+        return True
+    if not granted(folder, uid, user_groups(uid), write=True, search=True):
+        return False
     sticky = bool(folder.st_mode & stat.S_ISVTX)
-    return not sticky or uid in (0, entry.st_uid, folder.st_uid)
+    return not sticky or uid in (entry.st_uid, folder.st_uid)
 
 
 def _keep_older(spool: Spool, final: Path, dfd: int) -> Path | None:

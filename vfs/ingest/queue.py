@@ -145,7 +145,6 @@ class PackQueue:
         self._gone: dict[Key, float] = {}  # keys removed, and when: a walk begun before is stale
         self._space_at = 0.0
         self._space_backoff = 0.0
-        self._needs: dict[Key, int] = {}  # bytes free each file waiting for space needs
         self._walk_every = WALK_EVERY
 
     @property
@@ -197,7 +196,6 @@ class PackQueue:
         self.changes += 1
         if self.items.pop((0, relpath), None) is not None:
             self._gone[(0, relpath)] = time.monotonic()
-        self._owe()
         self.space_freed()
 
     def space_freed(self) -> None:
@@ -404,7 +402,6 @@ class PackQueue:
             elif outcome.kind == "space":
                 short.append(item)
                 self._wait_for_space(item, outcome.reason)
-                self._needs[key] = outcome.need
             elif _written_meanwhile(item):
                 # Written to while it was packed: its check against the spooled bytes may have
                 # failed for that alone ("byte-exact reconstruction failed verification"). Not a
@@ -421,24 +418,11 @@ class PackQueue:
             self._space_backoff = min(SPACE_BACKOFF[1], max(SPACE_BACKOFF[0],
                                                             2 * self._space_backoff))  # fmt: skip
             self._space_at = time.monotonic() + self._space_backoff
-        for item in batch:
-            if item.state != "space":
-                self._needs.pop(self._key(item), None)
-        self._owe()
         changed = await self._withdraw(gone)
         if switch:
             await self._switch(switch, changed)
         elif changed:
             await self._announce(changed)
-
-    def _owe(self) -> None:
-        """Tell the write side's reserve what the files waiting for space need to be packed
-        (the `workers` largest needs: packing one frees its spooled copy for the next), so
-        new data does not take it: a user writing on through the mount kept another's spooled
-        TIFF waiting until someone freed space by hand."""
-        self._needs = {k: n for k, n in self._needs.items() if k in self.items}
-        if self.guard is not None:
-            self.guard.owed = sum(sorted(self._needs.values())[-self.workers :])
 
     def _requeue(self, item: Item, at: float) -> None:
         self.changes += 1

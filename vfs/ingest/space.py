@@ -2,10 +2,9 @@
 
 Writes, creates and truncates that grow a file are refused with ENOSPC while free space is below
 the reserve, so packing (which needs room for an archive) can always finish and the queue never
-stalls on a disk filled by the very files it has to pack. While spooled files wait for space to
-be packed, what they need (`owed`, kept by the pack queue) is reserved too. `admit` is called on
-every write: it keeps an estimate (the last statvfs less what it admitted since) and asks the
-filesystem again at most every REFRESH seconds, or at once when the estimate nears the reserve.
+stalls on a disk filled by the very files it has to pack. `admit` is called on every write: it
+keeps an estimate (the last statvfs less what it admitted since) and asks the filesystem again
+at most every REFRESH seconds, or at once when the estimate nears the reserve.
 """
 
 from __future__ import annotations
@@ -51,7 +50,6 @@ class SpaceGuard:
         self.refusing = False
         self.refused = 0  # calls refused so far
         self._wanted = 0  # the size last refused
-        self.owed = 0  # what spooled files waiting for space need to be packed (PackQueue)
 
     def free(self) -> int:
         with self._lock:
@@ -59,7 +57,7 @@ class SpaceGuard:
 
     def _refresh(self) -> int:
         self._free, self._at = free_bytes(self.path), time.monotonic()
-        if self.refusing and self._free - max(self._wanted, 1 << 20) >= self.min_free + self.owed:
+        if self.refusing and self._free - max(self._wanted, 1 << 20) >= self.min_free:
             self.refusing = False
             log.info("%s: %d MiB free again: new data is accepted", self.path, self._free >> 20)
         return self._free
@@ -68,10 +66,9 @@ class SpaceGuard:
         """May `nbytes` of new data be written without going below the reserve?"""
         with self._lock:
             stale = time.monotonic() - self._at > REFRESH
-            reserve = self.min_free + self.owed
-            if stale or self._free - nbytes < reserve + NEAR:
+            if stale or self._free - nbytes < self.min_free + NEAR:
                 self._refresh()
-            if self._free - nbytes >= reserve:
+            if self._free - nbytes >= self.min_free:
                 self._free -= nbytes
                 return True
             self.refused += 1
@@ -79,11 +76,9 @@ class SpaceGuard:
             if not self.refusing:
                 self.refusing = True
                 log.warning(
-                    "%s: %d MiB free, --min-free is %d MiB%s: new data is refused (ENOSPC) "
-                    "until space returns, so what is spooled can still be packed",
+                    "%s: %d MiB free, --min-free is %d MiB: new data is refused (ENOSPC) until "
+                    "space returns, so what is spooled can still be packed",
                     self.path, self._free >> 20, self.min_free >> 20,
-                    f" and {self.owed >> 20} MiB is owed to files waiting to be packed"
-                    if self.owed else "",
                 )  # fmt: skip
             return False
 
@@ -94,6 +89,6 @@ class SpaceGuard:
             if time.monotonic() - self._at > REFRESH:
                 self._refresh()
             # Below the reserve, new data is refused whether or not a write has asked yet.
-            refusing = self.refusing or self._free < self.min_free + self.owed
-        return {"free": self._free, "min_free": self.min_free, "owed": self.owed,
-                "refusing_writes": refusing, "refused": self.refused}  # fmt: skip
+            refusing = self.refusing or self._free < self.min_free
+        return {"free": self._free, "min_free": self.min_free, "refusing_writes": refusing,
+                "refused": self.refused}  # fmt: skip
