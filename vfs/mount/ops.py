@@ -743,7 +743,7 @@ class DecantOperations(pyfuse3.Operations):
             # Unverified archive content bypasses the page cache (see reads.py); verified archive
             # content is immutable per inode, so the kernel keeps it. Real files may change.
             return self._new_handle(handle, keep_cache=cache,
-                                    direct_io=handle.hasher is not None)  # fmt: skip
+                                    direct_io=handle.feed is not None)  # fmt: skip
 
     async def _relist(self, node: Node) -> None:
         """The archive behind `node` is not the version listed (written in place, which no
@@ -943,7 +943,7 @@ class DecantOperations(pyfuse3.Operations):
                     self.queue.closed(handle.node.spooled)
                 if handle.fd >= 0 and self.writer is not None:
                     await self._quick(self.writer.writers.closed, handle.fd)
-                spooled = handle.node.spooled and handle.hasher is None
+                spooled = handle.node.spooled and handle.feed is None
                 if spooled and handle.readahead_done is None:
                     await self._quick(handle.reader.close)  # a plain file of the spool
                 else:

@@ -48,8 +48,7 @@ class OpenFile:
     inode: int
     reader: RandomAccess
     fd: int = -1  # a spooled file's descriptor, for writing
-    hasher: SequentialHasher | None = None
-    feed: HashFeed | None = None  # served reads on their way into `hasher`
+    feed: HashFeed | None = None  # served reads on their way into the running sha256
     served: Coverage = field(default_factory=Coverage)
     last_end: int = -1
     readahead_done: trio.Event | None = None
@@ -252,8 +251,7 @@ class Reads:
             return node.backend is not None and getattr(node.backend, "kernel_cache", True)
         if await self.integrity.verified(node):
             return True
-        handle.hasher = SequentialHasher(node.size, node.sha256, self.parked)
-        handle.feed = HashFeed(handle.hasher, HASH_BACKLOG)
+        handle.feed = HashFeed(SequentialHasher(node.size, node.sha256, self.parked), HASH_BACKLOG)
         self.spawn(self._verify_if_stalled, handle)
         return False
 
