@@ -80,8 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         from benchlib import throttle_disk_reads
 
         throttle_disk_reads(slow)
+    from benchlib import page_reporting_held
+
     module = importlib.import_module(COMMANDS[command][0])
-    return int(module.main(command, rest))
+    with page_reporting_held():
+        return int(module.main(command, rest))
 
 
 if __name__ == "__main__":
