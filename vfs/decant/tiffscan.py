@@ -182,6 +182,8 @@ def _page_record(index: int, page: tifffile.TiffPage) -> PageRecord:
     if page.bitspersample != page.dtype.itemsize * 8:
         raise NotByteExact(f"page {index} has {page.bitspersample}-bit samples")
     y, x, s = page.imagelength, page.imagewidth, page.samplesperpixel
+    if min(y, x, s) < 1:  # no plane to hold: the manifest's own check refuses an empty axis
+        raise NotByteExact(f"page {index} has an empty axis ({y} x {x} x {s})")
     shape = (y, x) if s == 1 else (y, x, s)
     if y * x * s * page.dtype.itemsize > MAX_CHUNK_BYTES:
         raise NotByteExact(f"page {index} is larger than the {human(MAX_CHUNK_BYTES)} of a chunk")
