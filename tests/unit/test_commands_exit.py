@@ -94,6 +94,27 @@ def test_a_non_archive_is_2(command: str, tiff: Path, tmp_path: Path, decant_cli
     assert not (tmp_path / "x").exists()
 
 
+def test_a_malformed_tiff_packed_verbatim_prints_no_warning_of_tifffile(
+    tmp_path: Path, decant_cli: Cli
+) -> None:
+    """Packed verbatim with status 0, and the output line says why; tifffile's own log line
+    ("decant: <tifffile.TiffPages @16> invalid offset to first page 16") read as an error
+    (red team 45). With --verbose it is still printed."""
+    bad = tmp_path / "bad.tif"
+    bad.write_bytes(b"II*\0" + (16).to_bytes(4, "little") + bytes(8))  # its IFD: at its end
+
+    def decant(*args: str) -> subprocess.CompletedProcess[str]:  # its own logging, not pytest's
+        return subprocess.run([sys.executable, "-m", "vfs.commands", *args, str(bad)],
+                              capture_output=True, text=True, timeout=60, check=False,
+                              env=dict(os.environ, PYTHONPATH=str(CHECKOUT)))  # fmt: skip
+
+    done = decant("pack")
+    assert (done.returncode, done.stderr) == (OK, "")
+    assert "verbatim" in done.stdout and "no pages" in done.stdout
+    done = decant("-v", "pack", "--force")
+    assert done.returncode == OK and "tifffile" in done.stderr
+
+
 def test_a_zip_without_a_manifest_is_2(tmp_path: Path, decant_cli: Cli) -> None:
     other = tmp_path / "other.zip"
     with zipfile.ZipFile(other, "w") as zf:

@@ -62,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     handler = logging.StreamHandler()
     handler.setFormatter(SafeFormatter("decant: %(message)s"))  # records name input files
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, handlers=[handler])
+    if not args.verbose:
+        # tifffile logs each flaw of a malformed TIFF; `pack` says why one went verbatim, and
+        # its line, "decant: <tifffile.TiffPages @16> invalid offset…", read as a failure.
+        logging.getLogger("tifffile").setLevel(logging.CRITICAL)
     try:
         status = int(args.func(args))
         sys.stdout.flush()  # here, where a reader gone is caught, not at exit
