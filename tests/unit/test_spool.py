@@ -684,6 +684,27 @@ def test_a_small_tiff_is_packed_directly_and_made_durable_with_its_batch(
     assert leftovers(src) == []
 
 
+def test_a_small_tiff_whose_direct_archive_fails_its_check_takes_the_packer_s_path(
+    spool: Spool, src: Path, corpus: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The direct writer has no verbatim fallback of its own: a TIFF whose archive failed its
+    check there stayed spooled and failed at every retry (red team 45: an empty axis). Such a
+    file now goes the packer's way, which falls back to verbatim where it must."""
+    from vfs.decant import smallpack
+    from vfs.errors import ManifestError
+
+    def refused(name: str, *args: object) -> None:
+        raise ManifestError(f"{name}: pages[0] shape [10, 0] has an empty axis")
+
+    monkeypatch.setattr(smallpack, "pack_small", refused)
+    put(spool, "z.tif", corpus["zstack_u16.tif"])
+    outcome = spool.attempt("z.tif", False, OPTIONS, 0.0)
+    assert outcome.kind == "published" and outcome.published is not None, outcome.reason
+    assert outcome.published.mode == "byte-exact"  # zarr-python's path wrote it
+    assert archived(outcome.published.target)[0] == sha256(corpus["zstack_u16.tif"])
+    assert leftovers(src) == []
+
+
 def test_a_file_whose_writer_is_closing_is_tried_again_and_one_cut_off_fails(
     spool: Spool, src: Path
 ) -> None:

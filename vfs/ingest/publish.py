@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 from vfs.acl import ACCESS_XATTR, access_acl, acl_stat
 from vfs.beneath import fsync_beneath, makedirs_beneath, open_beneath, parent_fd, stat_beneath
 from vfs.decant import TEMP_PREFIX, temp_name
+from vfs.errors import CorruptArchiveError, ManifestError, UnsupportedFormatError
 from vfs.ingest.space import free_bytes
 from vfs.ingest.writing import CUT_OFF, write_mark
 from vfs.names import NAME_MAX, is_utf8
@@ -478,14 +479,22 @@ def _publish_archive(
         if built is not staged:
             require_space(spool.staging, need, f"needs about {size_text(need)} free to pack")
         try:
+            mode = ""
             if small and layout is not None:
-                from vfs.decant.smallpack import pack_small
+                from vfs.decant import smallpack
 
                 # ~2 ms instead of ~20 (zarr-python's fixed cost per archive), and no fsync:
                 # the queue makes a batch durable at once (`sync_placed`) before spooled files go.
-                pack_small(name, data, layout, built, options.codec, sha)
-                mode, reason = "byte-exact", ""
-            else:
+                try:
+                    smallpack.pack_small(name, data, layout, built, options.codec, sha)
+                    mode, reason = "byte-exact", ""
+                except (ManifestError, UnsupportedFormatError, CorruptArchiveError) as exc:
+                    # Its archive failed its own check: the packer's way falls back to verbatim
+                    # (without it such a file failed at every retry and stayed spooled).
+                    log.warning("%s: the direct archive failed its check (%s); packing it "
+                                "the packer's way", relpath, exc)  # fmt: skip
+                    built.unlink(missing_ok=True)
+            if not mode:
                 result = pack_file(source, built, options, progress)
                 mode, reason = result.mode, result.reason
             if built is not staged:  # copied into a new file (O_EXCL, in sdir), compared
