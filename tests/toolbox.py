@@ -172,3 +172,15 @@ def acl(*entries: tuple[int, int, int]) -> bytes:
     for tag, perm, ident in sorted(entries):
         out += tag.to_bytes(2, "little") + perm.to_bytes(2, "little") + ident.to_bytes(4, "little")
     return out
+
+
+def tiff_of_shape(width: int, height: int, samples: int) -> bytes:
+    """A classic 8-bit TIFF of one strip (100 bytes) whose header says `width` x `height` x
+    `samples`: tifffile writes no empty axis, so the IFD is built by hand."""
+    tags = [(256, 4, width), (257, 4, height), (258, 3, 8), (259, 3, 1), (262, 3, 1)]
+    tags += [(273, 4, 8), (277, 3, samples), (278, 4, height), (279, 4, 100), (284, 3, 1)]
+    out = b"II*\0" + struct.pack("<I", 108) + bytes(range(100)) + struct.pack("<H", len(tags))
+    for tag, kind, value in tags:
+        packed = struct.pack("<HH", value, 0) if kind == 3 else struct.pack("<I", value)
+        out += struct.pack("<HHI", tag, kind, 1) + packed
+    return out + b"\0\0\0\0"

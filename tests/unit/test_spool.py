@@ -10,7 +10,6 @@ import json
 import os
 import shutil
 import stat
-import struct
 import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.toolbox import remove_chain
+from tests.toolbox import remove_chain, tiff_of_shape
 from vfs.decant import MANIFEST_KEY, TEMP_PREFIX
 from vfs.decant.packer import PackOptions, pack_file
 from vfs.decant.reader import DecantArchive
@@ -208,18 +207,6 @@ def test_compressed_tiff_is_archived_verbatim(
     assert archived(published.target)[0] == sha256(corpus["zlib_u16.tif"])
 
 
-def _tiff_of(width: int, height: int, samples: int) -> bytes:
-    """A classic 8-bit TIFF of one strip (100 bytes) whose header says `width` x `height` x
-    `samples`: tifffile writes no empty axis, so the IFD is built by hand."""
-    tags = [(256, 4, width), (257, 4, height), (258, 3, 8), (259, 3, 1), (262, 3, 1)]
-    tags += [(273, 4, 8), (277, 3, samples), (278, 4, height), (279, 4, 100), (284, 3, 1)]
-    out = b"II*\0" + struct.pack("<I", 108) + bytes(range(100)) + struct.pack("<H", len(tags))
-    for tag, kind, value in tags:
-        packed = struct.pack("<HH", value, 0) if kind == 3 else struct.pack("<I", value)
-        out += struct.pack("<HHI", tag, kind, 1) + packed
-    return out + b"\0\0\0\0"
-
-
 @pytest.mark.parametrize("shape", [(0, 10, 1), (10, 10, 0)], ids=["width 0", "0 samples"])
 def test_a_tiff_with_an_empty_axis_is_archived_verbatim(
     spool: Spool, src: Path, shape: tuple[int, int, int]
@@ -227,7 +214,7 @@ def test_a_tiff_with_an_empty_axis_is_archived_verbatim(
     """Its pages were taken as byte-exact, and the archive then failed its own check ("shape
     [10, 0] has an empty axis") at every retry: the small-file path has no fallback, so the
     file stayed spooled for good (red team 45). `decant pack` fell back to verbatim."""
-    data = _tiff_of(*shape)
+    data = tiff_of_shape(*shape)
     put(spool, "w0.tif", data)
     outcome = spool.attempt("w0.tif", False, OPTIONS, 0.0)
     assert outcome.kind == "published" and outcome.published is not None, outcome.reason
