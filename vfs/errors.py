@@ -29,6 +29,12 @@ class IntegrityError(CorruptArchiveError):
     """Reconstructed bytes do not hash to the recorded digest."""
 
 
+class ArchiveChangedError(CorruptArchiveError):
+    """The archive was written in place since this reader opened it (its ctime moved: a `cp -p`
+    over it keeps inode, size and mtime), so what it reads may be another version's bytes.
+    Not damage: no verdict on either version; an open made now reads the current one."""
+
+
 class DecryptError(DecantError):
     """No key opens a crypt4gh header, or a cipher segment fails authentication."""
 

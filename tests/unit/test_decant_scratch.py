@@ -163,7 +163,7 @@ def test_flipped_bit_fails_crc_past_the_page_cache(
 def test_an_archive_cut_short_while_open_is_an_error_naming_the_entry(
     archive: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, direct_min: int
 ) -> None:
-    """Truncated in place after opening (its size was taken at open): a short read, never the
+    """Truncated in place after opening (its size was taken at open): an error, never the
     bytes of a shorter buffer or stale bytes of an earlier read."""
     monkeypatch.setattr(store_module, "DIRECT_MIN", direct_min)
     cut = tmp_path / "cut.zarr.zip"
@@ -172,5 +172,5 @@ def test_an_archive_cut_short_while_open_is_an_error_naming_the_entry(
     with ZipArchiveStore(cut) as store:
         assert store.get_scratch(keys[0], 1 << 30) is not None  # a first read fills the buffer
         os.truncate(cut, 40)
-        with pytest.raises(CorruptArchiveError, match=f"{keys[-1]}.*(truncated|no local header)"):
+        with pytest.raises(CorruptArchiveError, match=f"changed since it was opened.*{keys[-1]}"):
             store.get_scratch(keys[-1], 1 << 30)

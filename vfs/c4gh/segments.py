@@ -29,7 +29,7 @@ from vfs.c4gh.buffers import (
     pread_reused,
 )
 from vfs.cache import PageCache
-from vfs.errors import CorruptArchiveError
+from vfs.errors import ArchiveChangedError, CorruptArchiveError
 from vfs.stores.base import ByteSource
 from vfs.stores.local import LocalFile
 
@@ -748,7 +748,7 @@ class SegmentReader:
         st = os.fstat(self._descriptor())
         now = (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
         if now != self._version:
-            raise CorruptArchiveError(
+            raise ArchiveChangedError(
                 f"{self.name}: changed since it was opened (size, mtime, inode or ctime); "
                 "reopen it to read the new version"
             )

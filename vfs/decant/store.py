@@ -21,9 +21,9 @@ import stat
 import struct
 import threading
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import xxhash
 
@@ -38,6 +38,7 @@ from vfs.decant import folded_stat
 from vfs.decant.limits import MAX_METADATA_KEYS, MAX_NDIM, MAX_ZIP_ENTRIES, human
 from vfs.decant.zipdir import ZipDirectory, ZipEntry
 from vfs.errors import (
+    ArchiveChangedError,
     ArchiveGoneError,
     CorruptArchiveError,
     DecantError,
@@ -51,6 +52,8 @@ from vfs.stores.local import LocalFile, LocalFolder, open_exact
 
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 _STORED, _DEFLATED = 0, 8  # zip methods read: what decant writes, and what `zip` re-zips with
+T = TypeVar("T")
+
 _VIEW_FROM = 64 * 1024  # chunks this large come back as views of the read, not copies
 _HEAD_WITH_HEADER = 64 * 1024  # a ranged read ending before this reads the local header with it
 _FOLLOW_MAX = 64  # entries looked at past a prefetched one (read-ahead from an object store)
@@ -388,6 +391,29 @@ class ZipArchiveStore(Store):
         return int(info.header_offset + _LOCAL_HEADER.size + fields[9] + fields[10])
 
     def get(self, key: str, limit: int) -> bytes | memoryview | None:
+        return self._unchanged_after(key, lambda: self._get(key, limit))
+
+    def _unchanged_after(self, key: str, read: Callable[[], T]) -> T:
+        """`read()`, then whether the archive file is still the one opened (a local file's
+        ctime; an object's ETag is checked by its store). Written in place meanwhile (`cp -p`
+        of another archive over it), a reader opened before mixed the two versions' bytes
+        with no error until the running hash's verdict; a read that failed its CRC on such
+        bytes is ArchiveChangedError too, not damage."""
+        check = getattr(self._source, "check_unchanged", None)
+        try:
+            try:
+                data = read()
+            except CorruptArchiveError:
+                if check is not None:
+                    check()
+                raise
+            if check is not None:
+                check()
+        except ArchiveChangedError as exc:
+            raise ArchiveChangedError(f"{exc} (zip entry {key!r} not served)") from None
+        return data
+
+    def _get(self, key: str, limit: int) -> bytes | memoryview | None:
         info = self._entries.get(key)
         if info is None:
             return None
@@ -410,13 +436,16 @@ class ZipArchiveStore(Store):
             ) from None
 
     def get_scratch(self, key: str, limit: int) -> bytes | memoryview | None:
+        return self._unchanged_after(key, lambda: self._get_scratch(key, limit))
+
+    def _get_scratch(self, key: str, limit: int) -> bytes | memoryview | None:
         info = self._entries.get(key)
         fileno = getattr(self._source, "fileno", None)
         plain = info is not None and info.method == _STORED and not info.flags & 0x1
         if not plain or fileno is None or not 0 < info.file_size <= min(limit, SCRATCH_KEEP):
-            return self.get(key, limit)  # and its errors
+            return self._get(key, limit)  # and its errors
         if info.compress_size != info.file_size:
-            return self.get(key, limit)  # refused there
+            return self._get(key, limit)  # refused there
         try:
             data = self._read_stored_into(key, info, fileno())
         except OSError as exc:
@@ -424,7 +453,7 @@ class ZipArchiveStore(Store):
                 f"{self.path}: cannot read zip entry {key!r} ({exc.strerror})"
             ) from None
         if data is None:  # no local header where the directory says: `get` says why
-            return self.get(key, limit)
+            return self._get(key, limit)
         self._check_stored(key, info, data)
         return data
 
@@ -547,6 +576,9 @@ class ZipArchiveStore(Store):
         return out
 
     def get_range(self, key: str, start: int, size: int) -> bytes:
+        return self._unchanged_after(key, lambda: self._get_range(key, start, size))
+
+    def _get_range(self, key: str, start: int, size: int) -> bytes:
         info = self._entries.get(key)
         if info is None or not 0 <= start <= start + size <= info.file_size:
             raise CorruptArchiveError(

@@ -23,7 +23,13 @@ from typing import Any
 import trio
 
 from vfs.backends.base import RandomAccess
-from vfs.errors import ArchiveGoneError, CorruptArchiveError, IntegrityError, StoreError
+from vfs.errors import (
+    ArchiveChangedError,
+    ArchiveGoneError,
+    CorruptArchiveError,
+    IntegrityError,
+    StoreError,
+)
 from vfs.integrity import Coverage, ParkBudget, SequentialHasher, held_bytes
 from vfs.mount.fair import FairSlots
 from vfs.mount.hashfeed import HashFeed
@@ -165,9 +171,10 @@ class Integrity:
                 return node.key in self.good
             try:
                 digest, seen = await trio.to_thread.run_sync(self._hash_whole, node)
-            except (StoreError, ArchiveGoneError) as exc:
-                # The object store unreachable, or the archive not at its path now (its folder
-                # renamed away and back kept it refused for every user): no verdict, try later.
+            except (StoreError, ArchiveGoneError, ArchiveChangedError) as exc:
+                # The object store unreachable, the archive not at its path now (its folder
+                # renamed away and back kept it refused for every user), or written in place
+                # while it hashed (the new version is another node): no verdict, try later.
                 self.pending.discard(node.key)
                 log.warning("%s%s: not verified now: %s", node.real, _member(node), exc)
                 return False
@@ -273,7 +280,8 @@ class Reads:
                     data = await trio.to_thread.run_sync(handle.reader.read, off, size,
                                                          limiter=self.decode)  # fmt: skip
             except CorruptArchiveError as exc:
-                await self.integrity.lost(handle.node, exc)
+                if not isinstance(exc, ArchiveChangedError):  # a new version, not damage
+                    await self.integrity.lost(handle.node, exc)
                 raise
             COUNTERS.read_seconds += time.perf_counter() - started
         COUNTERS.reads += 1

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from vfs.errors import CorruptArchiveError
+from vfs.errors import ArchiveChangedError, CorruptArchiveError
 from vfs.stores.base import ObjectInfo, check_range, join_key
 from vfs.stores.direct import open_direct, pread_direct
 
@@ -89,6 +89,20 @@ class LocalFile:
         st = self.stat
         # The ctime too: a file rewritten in place with its mtime put back is another file.
         return (self.name, st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns)
+
+    def check_unchanged(self) -> None:
+        """ArchiveChangedError unless the file is still as it was opened. Called after a read:
+        a write to the file moves its ctime before it changes a byte, so bytes read before a
+        check that passes are the opened version's (where ctime moves at every write: Linux's
+        fine-grained timestamps once a stat has seen it, as here at the open)."""
+        st, was = os.fstat(self._fd), self.stat
+        if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != (
+            was.st_size, was.st_mtime_ns, was.st_ctime_ns
+        ):  # fmt: skip
+            raise ArchiveChangedError(
+                f"{self.name}: changed since it was opened (size, mtime or ctime); "
+                "reopen it to read the new version"
+            )
 
     def read(self, offset: int, size: int) -> bytes:
         check_range(self, offset, size)
