@@ -511,7 +511,7 @@ def bench_sequential(args: argparse.Namespace, d: Daemons, stack: Stack | None) 
                 assert cpu.profile is not None
                 out.cpu[key].append(cpu.profile)
                 out.hwm[key].append(vm_hwm(dec.pid))
-    log("sequential: decant-mount with the package in RAM (diagnostic: no disk)")
+    log("sequential: decant-mount, a first read of the package in RAM (diagnostic: no disk)")
     with _in_ram(pkg.path) as src:
         cmd, dmnt, logfile = d.decant(src, index)
         with mounted(cmd, dmnt, logfile) as dec:
@@ -693,7 +693,7 @@ def _report_sequential(report: Report, seq: Sequential, size: int, tar_size: int
             "stack ÷ plain, median of rounds", f"{median(ratios):.2f}", _runs(ratios, "{:.2f}")
         )
     cached = mbps(size, median(t["cached"]))
-    report.add("member: ours, package in RAM (tmpfs)", f"{cached:.0f} MB/s", "(no disk)")
+    report.add("member: ours, first read, package in tmpfs", f"{cached:.0f} MB/s", "(no disk)")
     gib = size / (1 << 30)
     work = [("hashing", [c.process for c in seq.cpu["hashing"]]),
             ("verified", [c.process for c in seq.cpu["verified"]])]  # fmt: skip
@@ -704,7 +704,7 @@ def _report_sequential(report: Report, seq: Sequential, size: int, tar_size: int
         report.add(f"{key}: daemon CPU-seconds per GiB", f"{median(seconds) / gib:.2f} s",
                    _runs([x / gib for x in seconds], "{:.2f}"))  # fmt: skip
     report.section("daemon CPU while dd ran (0.1 s samples of /proc/PID/stat utime+stime)")
-    for key, label in (("hashing", "hashing"), ("verified", "verified"), ("cached", "in RAM")):
+    for key, label in (("hashing", "hashing"), ("verified", "verified"), ("cached", "tmpfs")):
         for i, profile in enumerate(seq.cpu[key]):
             report.add(f"{label} round {i + 1}", f"{profile.busy:.2f}", profile.text())
 
