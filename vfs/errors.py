@@ -30,9 +30,9 @@ class IntegrityError(CorruptArchiveError):
 
 
 class ArchiveChangedError(CorruptArchiveError):
-    """The archive was written in place since this reader opened it (its ctime moved: a `cp -p`
-    over it keeps inode, size and mtime), so what it reads may be another version's bytes.
-    Not damage: no verdict on either version; an open made now reads the current one."""
+    """The archive was written in place since this reader opened it, so what it reads may be
+    another version's bytes. Not damage: no verdict on either version; an open made now reads
+    the current one."""
 
 
 class DecryptError(DecantError):

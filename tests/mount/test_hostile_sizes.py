@@ -200,5 +200,6 @@ def test_an_archive_its_owner_cuts_short_under_an_open_handle_gives_eio(
     finally:
         os.close(fd)
     log = mount.log.read_text()
-    assert f"{archive}: zip entry" in log and "truncated" in log, log[-2000:]
+    assert f"{archive}: zip entry" in log, log[-2000:]
+    assert "written since the archive was opened" in log, log[-2000:]  # cut short: its size
     assert (mount.mnt / "notes.txt").read_bytes() == b"still served\n"

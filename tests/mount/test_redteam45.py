@@ -44,9 +44,9 @@ def test_an_archive_rewritten_in_place_under_an_open_handle_serves_old_bytes_or_
     tmp_path: Path, make_mount: MakeMount
 ) -> None:
     """An original opened through the mount (not verified yet: direct_io), then its archive
-    rewritten in place by `cp -p` of another of the same size: of 200 reads on the handle
-    opened before, 44 returned bytes of neither version with no error. Now each read gives
-    the old version's bytes (what was decoded before) or EIO; a new open reads the new one."""
+    rewritten in place by `cp` of another: of 200 reads on the handle opened before, 44
+    returned bytes of neither version with no error. Now each read gives the old version's
+    bytes (what was decoded before) or EIO; a new open reads the new one."""
     old, old_tiff, new, new_tiff = two_versions(tmp_path)
     src = tmp_path / "src"
     src.mkdir()
@@ -56,7 +56,7 @@ def test_an_archive_rewritten_in_place_under_an_open_handle_serves_old_bytes_or_
     fd = os.open(shown, os.O_RDONLY)
     try:
         assert os.pread(fd, 4096, 600_000) == old_tiff[600_000:604_096]
-        subprocess.run(["cp", "-p", str(new), str(src / old.name)], check=True)
+        subprocess.run(["cp", str(new), str(src / old.name)], check=True)
         rng = random.Random(45)
         errors = 0
         for _ in range(200):

@@ -1,9 +1,9 @@
-"""A zip archive written in place under a reader opened before it: `cp -p` of another archive
-of the same size over it keeps its inode, size and mtime; only its ctime tells. A reader opened
-before served planes it had decoded joined with blocks of the new version (red team 45: 44 of
-200 reads were neither version, with no error). Now a read that reaches the disk after the
-change fails (ArchiveChangedError, EIO through the mount); what was decoded before still
-serves the old version; an open made now reads the new one."""
+"""A zip archive written in place under a reader opened before it (`cp` of another archive
+over it: same inode). A reader opened before served planes it had decoded joined with blocks of
+the new version (red team 45: 44 of 200 reads were neither version, with no error). Now a read
+that reaches the disk after the write fails (ArchiveChangedError, EIO through the mount); what
+was decoded before still serves the old version; an open made now reads the new one. What
+moves only the archive's ctime (a rename over it, `chmod`) leaves its readers reading."""
 
 from __future__ import annotations
 
@@ -38,12 +38,11 @@ def two_versions(folder: Path) -> tuple[Path, bytes, Path, bytes]:
 
 
 def rewrite_in_place(target: Path, source: Path) -> None:
-    """What `cp -p source target` does to an existing target: same inode, its mtime put back."""
+    """What `cp source target` does to an existing target: same inode, a new mtime."""
     st = target.stat()
     with open(target, "r+b") as fh:
         fh.write(source.read_bytes())
-    os.utime(target, ns=(st.st_atime_ns, st.st_mtime_ns))
-    assert target.stat().st_ino == st.st_ino and target.stat().st_mtime_ns == st.st_mtime_ns
+    assert target.stat().st_ino == st.st_ino and target.stat().st_mtime_ns != st.st_mtime_ns
 
 
 def test_a_reader_opened_before_an_in_place_rewrite_serves_the_old_bytes_or_fails(
@@ -63,7 +62,7 @@ def test_a_reader_opened_before_an_in_place_rewrite_serves_the_old_bytes_or_fail
             try:
                 got = reader.read(offset, 4096)
             except ArchiveChangedError as exc:
-                assert "changed since it was opened" in str(exc)
+                assert "written since the archive was opened" in str(exc)
                 refused += 1
                 continue
             assert got == old_tiff[offset : offset + 4096], offset  # what it decoded before
@@ -72,4 +71,25 @@ def test_a_reader_opened_before_an_in_place_rewrite_serves_the_old_bytes_or_fail
     with DecantArchive.open(target) as archive:  # opened now: the new version, whole
         reader = archive.open_original("X.tif", PageCache(64 << 20))
         assert reader.read(0, len(new_tiff)) == new_tiff
+        reader.close()
+
+
+def test_a_rename_over_the_archive_or_a_chmod_of_it_leaves_its_readers_reading(
+    tmp_path: Path,
+) -> None:
+    """Both move the archive's ctime, not its bytes: the write side replaces an archive by a
+    rename over it while readers of the old version read on (a check of the ctime failed
+    them, and a `chmod` by the archive's owner failed everyone reading it)."""
+    old, old_tiff, new, _new_tiff = two_versions(tmp_path)
+    target = tmp_path / "src" / "X.tif.zarr.zip"
+    target.parent.mkdir()
+    shutil.copy2(old, target)
+    with DecantArchive.open(target) as archive:
+        reader = archive.open_original("X.tif", PageCache(64 << 20))
+        assert reader.read(0, 4096) == old_tiff[:4096]
+        target.chmod(0o600)
+        os.link(target, target.with_name("another name"))
+        shutil.copy2(new, target.with_name("incoming"))
+        os.rename(target.with_name("incoming"), target)  # the old file: unlinked, open here
+        assert reader.read(0, len(old_tiff)) == old_tiff
         reader.close()

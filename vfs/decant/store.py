@@ -394,11 +394,11 @@ class ZipArchiveStore(Store):
         return self._unchanged_after(key, lambda: self._get(key, limit))
 
     def _unchanged_after(self, key: str, read: Callable[[], T]) -> T:
-        """`read()`, then whether the archive file is still the one opened (a local file's
-        ctime; an object's ETag is checked by its store). Written in place meanwhile (`cp -p`
-        of another archive over it), a reader opened before mixed the two versions' bytes
-        with no error until the running hash's verdict; a read that failed its CRC on such
-        bytes is ArchiveChangedError too, not damage."""
+        """`read()`, then whether the archive file was written since it was opened (a local
+        file's size and mtime; an object's ETag is checked by its store). Written in place
+        meanwhile (`cp` of another archive over it), a reader opened before mixed the two
+        versions' bytes with no error until the running hash's verdict; a read that failed its
+        CRC on such bytes is ArchiveChangedError too, not damage."""
         check = getattr(self._source, "check_unchanged", None)
         try:
             try:
@@ -409,8 +409,11 @@ class ZipArchiveStore(Store):
                 raise
             if check is not None:
                 check()
-        except ArchiveChangedError as exc:
-            raise ArchiveChangedError(f"{exc} (zip entry {key!r} not served)") from None
+        except ArchiveChangedError:
+            raise ArchiveChangedError(
+                f"{self.path}: zip entry {key!r} not served: written since the archive was "
+                "opened (its size or mtime changed); reopen it to read the new version"
+            ) from None
         return data
 
     def _get(self, key: str, limit: int) -> bytes | memoryview | None:

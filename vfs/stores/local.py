@@ -91,16 +91,16 @@ class LocalFile:
         return (self.name, st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns)
 
     def check_unchanged(self) -> None:
-        """ArchiveChangedError unless the file is still as it was opened. Called after a read:
-        a write to the file moves its ctime before it changes a byte, so bytes read before a
-        check that passes are the opened version's (where ctime moves at every write: Linux's
-        fine-grained timestamps once a stat has seen it, as here at the open)."""
+        """ArchiveChangedError if the file was written since it was opened, as its size and
+        mtime tell (a write moves the mtime before it changes a byte). Not its ctime: a rename
+        over the file, a `chmod` or a new link moves that too, and the bytes stay the opened
+        version's; readers of an archive the write side replaced would fail for nothing. A
+        rewrite that puts size and mtime back (`cp -p` of an archive of the same size) is
+        caught later, as damage is: by a verified archive's digests, else the hash's verdict."""
         st, was = os.fstat(self._fd), self.stat
-        if (st.st_size, st.st_mtime_ns, st.st_ctime_ns) != (
-            was.st_size, was.st_mtime_ns, was.st_ctime_ns
-        ):  # fmt: skip
+        if (st.st_size, st.st_mtime_ns) != (was.st_size, was.st_mtime_ns):
             raise ArchiveChangedError(
-                f"{self.name}: changed since it was opened (size, mtime or ctime); "
+                f"{self.name}: written since it was opened (its size or mtime changed); "
                 "reopen it to read the new version"
             )
 
