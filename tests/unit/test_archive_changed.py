@@ -45,13 +45,20 @@ def rewrite_in_place(target: Path, source: Path) -> None:
     assert target.stat().st_ino == st.st_ino and target.stat().st_mtime_ns != st.st_mtime_ns
 
 
-def test_a_reader_opened_before_an_in_place_rewrite_serves_the_old_bytes_or_fails(
-    tmp_path: Path,
-) -> None:
+def placed(tmp_path: Path) -> tuple[Path, bytes, Path, bytes]:
+    """(SRC's archive, holding the first version, its TIFF's bytes, the second's archive and
+    TIFF's bytes)."""
     old, old_tiff, new, new_tiff = two_versions(tmp_path)
     target = tmp_path / "src" / "X.tif.zarr.zip"
     target.parent.mkdir()
     shutil.copy2(old, target)
+    return target, old_tiff, new, new_tiff
+
+
+def test_a_reader_opened_before_an_in_place_rewrite_serves_the_old_bytes_or_fails(
+    tmp_path: Path,
+) -> None:
+    target, old_tiff, new, new_tiff = placed(tmp_path)
     with DecantArchive.open(target) as archive:
         reader = archive.open_original("X.tif", PageCache(64 << 20))
         for offset in range(200_000, len(old_tiff), 131_072):  # every plane: offsets known
@@ -80,10 +87,7 @@ def test_a_rename_over_the_archive_or_a_chmod_of_it_leaves_its_readers_reading(
     """Both move the archive's ctime, not its bytes: the write side replaces an archive by a
     rename over it while readers of the old version read on (a check of the ctime failed
     them, and a `chmod` by the archive's owner failed everyone reading it)."""
-    old, old_tiff, new, _new_tiff = two_versions(tmp_path)
-    target = tmp_path / "src" / "X.tif.zarr.zip"
-    target.parent.mkdir()
-    shutil.copy2(old, target)
+    target, old_tiff, new, _new_tiff = placed(tmp_path)
     with DecantArchive.open(target) as archive:
         reader = archive.open_original("X.tif", PageCache(64 << 20))
         assert reader.read(0, 4096) == old_tiff[:4096]
