@@ -399,22 +399,25 @@ class ZipArchiveStore(Store):
         meanwhile (`cp` of another archive over it), a reader opened before mixed the two
         versions' bytes with no error until the running hash's verdict; a read that failed its
         CRC on such bytes is ArchiveChangedError too, not damage."""
-        check = getattr(self._source, "check_unchanged", None)
         try:
-            try:
-                data = read()
-            except CorruptArchiveError:
-                if check is not None:
-                    check()
-                raise
-            if check is not None:
-                check()
+            data = read()
+        except CorruptArchiveError:
+            self._check_unchanged(key)
+            raise
+        self._check_unchanged(key)
+        return data
+
+    def _check_unchanged(self, key: str) -> None:
+        check = getattr(self._source, "check_unchanged", None)
+        if check is None:
+            return
+        try:
+            check()
         except ArchiveChangedError:
             raise ArchiveChangedError(
                 f"{self.path}: zip entry {key!r} not served: written since the archive was "
                 "opened (its size or mtime changed); reopen it to read the new version"
             ) from None
-        return data
 
     def _get(self, key: str, limit: int) -> bytes | memoryview | None:
         info = self._entries.get(key)
