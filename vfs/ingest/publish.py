@@ -35,6 +35,7 @@ from vfs.perms import granted, user_groups
 if TYPE_CHECKING:
     from vfs.decant.packer import PackOptions
     from vfs.decant.tiffscan import TiffLayout
+    from vfs.decant.writer import CodecChoice
     from vfs.ingest.spool import Spool
 
 log = logging.getLogger(__name__)
@@ -479,24 +480,13 @@ def _publish_archive(
         if built is not staged:
             require_space(spool.staging, need, f"needs about {size_text(need)} free to pack")
         try:
-            mode = ""
+            packed = None
             if small and layout is not None:
-                from vfs.decant import smallpack
-
-                # ~2 ms instead of ~20 (zarr-python's fixed cost per archive), and no fsync:
-                # the queue makes a batch durable at once (`sync_placed`) before spooled files go.
-                try:
-                    smallpack.pack_small(name, data, layout, built, options.codec, sha)
-                    mode, reason = "byte-exact", ""
-                except (ManifestError, UnsupportedFormatError, CorruptArchiveError) as exc:
-                    # Its archive failed its own check: the packer's way falls back to verbatim
-                    # (without it such a file failed at every retry and stayed spooled).
-                    log.warning("%s: the direct archive failed its check (%s); packing it "
-                                "the packer's way", relpath, exc)  # fmt: skip
-                    built.unlink(missing_ok=True)
-            if not mode:
+                packed = _packed_small(relpath, name, data, layout, built, options.codec, sha)
+            if packed is None:
                 result = pack_file(source, built, options, progress)
-                mode, reason = result.mode, result.reason
+                packed = result.mode, result.reason
+            mode, reason = packed
             if built is not staged:  # copied into a new file (O_EXCL, in sdir), compared
                 copy_sparse(built, staged, cancel, sdir)
                 if not same_bytes(built, staged, cancel, sdir):
@@ -512,6 +502,32 @@ def _publish_archive(
         finally:
             built.unlink(missing_ok=True)
     return Published(relpath, target, mode, reason, signature(st), durable, placed)
+
+
+def _packed_small(
+    relpath: str,
+    name: str,
+    data: bytes,
+    layout: TiffLayout,
+    built: Path,
+    codec: CodecChoice,
+    sha: str,
+) -> tuple[str, str] | None:
+    """A small TIFF's archive written directly (`smallpack`): ~2 ms instead of ~20 (zarr-python's
+    fixed cost per archive), and no fsync (the queue makes a batch durable at once,
+    `sync_placed`, before spooled files go). (mode, reason), or None when that archive failed
+    its own check: the caller then packs the packer's way, which falls back to verbatim (without
+    it such a file failed at every retry and stayed spooled)."""
+    from vfs.decant import smallpack
+
+    try:
+        smallpack.pack_small(name, data, layout, built, codec, sha)
+    except (ManifestError, UnsupportedFormatError, CorruptArchiveError) as exc:
+        log.warning("%s: the direct archive failed its check (%s); packing it the packer's way",
+                    relpath, exc)  # fmt: skip
+        built.unlink(missing_ok=True)
+        return None
+    return "byte-exact", ""
 
 
 def _take_metadata(
