@@ -67,6 +67,9 @@ def _pack_one(src: Path, url: str, options: PackOptions, args: argparse.Namespac
         raise UsageError(f"{src}: not a regular file (a folder packs with --series)")
     if not url.endswith(SUFFIX):
         raise UsageError(f"{url}: an archive in a bucket is named NAME{SUFFIX}")
+    if "\\" in url:  # as a mount refuses such a name (EINVAL)
+        raise UsageError(f"{url}: holds a backslash, which object stores take for '/' (the "
+                         "archive would land in another folder, under another name)")  # fmt: skip
     folder, key = split(url, args)
     silent = quiet(args)
     try:

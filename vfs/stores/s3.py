@@ -683,16 +683,27 @@ class S3Folder:
     ) -> None:
         bucket, self.prefix = split_url(url)
         self.bucket = bucket
+        self.full_key("")  # a prefix no key can have fails here, at start
         self.conn = connection or S3Connection(bucket, options or S3Options(), budget)
         self.client = self.conn.client
         self.name = f"{SCHEME}{bucket}/{self.prefix}" if self.prefix else f"{SCHEME}{bucket}"
         self._first: tuple[float, list[str], list[ObjectInfo]] | None = None
 
     def full_key(self, key: str) -> str:
-        return join_key(self.prefix, key)
+        """PREFIX/key, refused (ObjectMissingError) where obstore would refuse it as a path: a
+        control character, an empty, '.' or '..' segment. Such a key cannot name an object we
+        reach (listings leave them out), and obstore's own ValueError was a traceback in
+        `decant verify s3://…/ctl\x01.zarr.zip` or `decant info s3://B/P/../x.zarr.zip`."""
+        full = join_key(self.prefix, key)
+        problem = key_problem(full) if full else None
+        if problem is not None:
+            raise ObjectMissingError(
+                f"{SCHEME}{self.bucket}/{full}: not a key an object store takes (it {problem})"
+            )
+        return full
 
     def url_of(self, key: str) -> str:
-        return f"{SCHEME}{self.bucket}/{self.full_key(key)}"
+        return f"{SCHEME}{self.bucket}/{join_key(self.prefix, key)}"
 
     def check(self) -> None:
         """One cheap request, so wrong credentials or a dead endpoint fail at start, clearly.
