@@ -40,6 +40,8 @@ DEFAULT_RELIST = 30.0  # seconds; see README "Many hosts, one bucket"
 MAX_LISTED = 1_000_000  # entries of one folder kept; more are left out (and logged)
 MAX_REMEMBERED = 1_000_000  # published objects whose metadata is kept (the latest)
 BATCH_FROM = 32  # a folder listing more objects reads their index rows in one query
+AGE_SCAN_MAX = 100_000  # objects of a folder looked through for one older than an archive
+MAX_AGES = 10_000  # such answers kept (for `relist` seconds)
 
 
 @dataclass
@@ -71,6 +73,8 @@ class BucketTree(SourceTree):
         self._started_ns = time.time_ns()
         self._root_url = str(root)
         self._scanning = threading.local()  # the listing a worker thread's scan presents
+        # (folder key, an archive's upload time) → (when asked, whether the folder is older)
+        self._ages: dict[tuple[str, float], tuple[float, bool]] = {}
         # (key, ETag) → (mode, uid, gid, mtime_ns) of the spooled file this host published
         # there: shown instead of the object's, so a second `rsync -a` finds what it wrote.
         # Kept in `_journal` (the spool's) across restarts; other hosts show the upload time
@@ -297,16 +301,65 @@ class BucketTree(SourceTree):
         return True
 
     def _may_stand_in(self, real: Node, archive: os.stat_result, path: Path) -> bool:
-        """In a bucket every object has one owner, the mount's: of a plain object and an
-        archive presenting its name, the one uploaded first keeps the name. A writer who may
-        only add keys (conditional PUTs: nothing overwritten) then cannot put other bytes
-        under a name every host serves, in either direction; a tie goes to the archive. Upload
-        times, not the times shown (a file published here shows its original's mtime)."""
+        """In a bucket every object has one owner, the mount's: of a plain object or a folder
+        and an archive presenting its name, the one uploaded first keeps the name (a folder's
+        upload time: its oldest object's). A writer who may only add keys (conditional PUTs:
+        nothing overwritten) then cannot put other bytes under a name every host serves, in
+        either direction; a tie goes to the archive. Upload times, not the times shown (a file
+        published here shows its original's mtime; a folder, the daemon's start: which of the
+        two a host showed depended on when it started)."""
         infos: dict[str, ObjectInfo] = getattr(self._scanning, "infos", {})
-        mine, theirs = infos.get(real.real.name), infos.get(path.name)
+        theirs = infos.get(path.name)
+        uploaded = theirs.mtime if theirs is not None else archive.st_mtime_ns / 1e9
+        if real.is_dir:
+            return self._folder_before(real, uploaded)
+        mine = infos.get(real.real.name)
         if mine is None or theirs is None:  # not from this scan's listing: as shown
             return real.mtime_ns < archive.st_mtime_ns
         return mine.mtime < theirs.mtime
+
+    def _folder_before(self, folder: Node, uploaded: float) -> bool:
+        """Whether the folder holds an object uploaded before `uploaded` (POSIX seconds): one
+        LIST page in the usual case (the first object older stops it), kept `relist` seconds.
+        Among AGE_SCAN_MAX objects none older: the folder keeps its name (the archive is shown
+        under its own), as it does when the store cannot say. A folder with no object yet
+        (made through this mount, its files still spooled) has its spool folder's time."""
+        key = self.key_of(folder.real)
+        now = time.monotonic()
+        with self._lock:
+            known = self._ages.get((key, uploaded))
+        if known is not None and now - known[0] < self.relist:
+            return known[1]
+        seen, before = 0, None
+        try:
+            for info in self.folder.list(key):
+                if info.mtime < uploaded:
+                    before = True
+                    break
+                seen += 1
+                if seen >= AGE_SCAN_MAX:
+                    self._log_once(folder.real, f"{self.folder.url_of(key)}: a folder of more "
+                                   f"than {AGE_SCAN_MAX} objects none of which predates an "
+                                   "archive presenting its name; the folder keeps it")  # fmt: skip
+                    before = True
+                    break
+        except StoreError:
+            return True  # not cached: asked again at the next listing
+        if before is None:
+            before = seen == 0 and folder.mtime_ns < uploaded * 1e9
+        with self._lock:
+            if len(self._ages) >= MAX_AGES:
+                self._ages.clear()
+            self._ages[(key, uploaded)] = (now, before)
+        return before
+
+    def _claim_order(self, name: str, st: os.stat_result, desc: Any) -> tuple[Any, ...]:
+        """Of two archives presenting one name, the one uploaded first keeps it, as against a
+        plain object (`_may_stand_in`): being named after it (NAME.zarr.zip) decides only a
+        tie. Before, a later archive named after it took over the name on every host."""
+        info = getattr(self._scanning, "infos", {}).get(name)
+        uploaded = info.mtime if info is not None else st.st_mtime_ns / 1e9
+        return (desc is None, uploaded, *super()._claim_order(name, st, desc))
 
     def _skipped(self, folder: Path, name: str) -> bool:
         return name.startswith(TEMP_PREFIX)  # no mountpoint, spool or hidden names in a bucket

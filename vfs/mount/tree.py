@@ -284,8 +284,7 @@ class SourceTree:
             self._keep(folder, listing.kept)
         contested = self._contested(folder, described)
         regular = all(d is None or d.name in _related(n) for n, _s, _b, d, _p in described)
-        # Of two archives presenting one name, the one named after it (NAME.zarr.zip) wins.
-        described.sort(key=lambda a: (a[3] is None or a[0] != f"{a[3].name}.zarr.zip", a[0]))
+        described.sort(key=lambda a: self._claim_order(a[0], a[1], a[3]))
         for name, st, backend, desc, path in described:
             if desc is None:
                 out[name] = self._raw_node(path, st).named(name)
@@ -331,6 +330,11 @@ class SourceTree:
         return out, regular
 
     _intruder = "another user's entry"
+
+    def _claim_order(self, name: str, st: os.stat_result, desc: Any) -> tuple[Any, ...]:
+        """Of two archives presenting one name, the one sorted first is given it: here the one
+        named after it (NAME.zarr.zip), then by name (owners are `_contested`'s)."""
+        return (desc is None or name != f"{desc.name}.zarr.zip", name)
 
     def _name_public(self, folder: Path, path: Path, st: os.stat_result) -> bool:
         """Whether every user who may list `folder` may read what the archive at `path`
