@@ -211,6 +211,8 @@ class BucketPlacer:
         has no conditional DELETE); whether it is gone."""
         import obstore
 
+        from vfs.stores.s3 import scrubbed
+
         url = self.folder.url_of(key)
         info = self.folder.stat(key)
         if info is None or info.etag != etag:
@@ -218,7 +220,7 @@ class BucketPlacer:
         try:
             obstore.delete(self.folder.client, self.folder.full_key(key))
         except Exception as exc:  # obstore errors: the file stays spooled, failed
-            log.warning("%s: could not delete the earlier upload: %s", url, exc)
+            log.warning("%s: could not delete the earlier upload: %s", url, scrubbed(exc))
             return False
         log.info("%s: the spooled file changed after it was uploaded; its earlier upload is "
                  "deleted and the newer state uploaded", url)  # fmt: skip
@@ -243,6 +245,8 @@ class BucketPlacer:
         through the mount meanwhile), if it is still ours: never another writer's."""
         import obstore
 
+        from vfs.stores.s3 import scrubbed
+
         with self._lock:
             ours = self._ours.get(str(target))
         if ours is None:
@@ -254,7 +258,7 @@ class BucketPlacer:
                 return
             obstore.delete(self.folder.client, self.folder.full_key(key))
         except Exception as exc:  # obstore errors, StoreError: logged, the object stays
-            log.warning("%s: could not withdraw it: %s", self.folder.url_of(key), exc)
+            log.warning("%s: could not withdraw it: %s", self.folder.url_of(key), scrubbed(exc))
             return
         with self._lock:
             self._ours.pop(str(target), None)

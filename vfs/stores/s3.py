@@ -40,6 +40,7 @@ from obstore.exceptions import (
 from obstore.store import S3Store
 
 from vfs.errors import (
+    DecantError,
     ObjectChangedError,
     ObjectMissingError,
     StoreAccessError,
@@ -111,6 +112,12 @@ def _scrub(text: str) -> str:
         if value and len(value) >= 4:
             line = line.replace(value, "***")
     return _SIGNED.sub(r"\1=***", line)[:300]
+
+
+def scrubbed(exc: BaseException) -> str:
+    """An error as a log line may hold it: ours as is, a store's first line with anything
+    credential-like removed (a DELETE refused for a bad signature echoes the access key id)."""
+    return str(exc) if isinstance(exc, DecantError) else _scrub(str(exc))
 
 
 def translate(exc: BaseException, url: str, what: str = "") -> StoreError:

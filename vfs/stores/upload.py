@@ -37,7 +37,7 @@ from obstore.exceptions import AlreadyExistsError, BaseError
 
 from vfs.errors import DecantError, StoreError
 from vfs.stores.base import Folder
-from vfs.stores.s3 import S3Folder, translate
+from vfs.stores.s3 import S3Folder, scrubbed, translate
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ def _delete_if_ours(folder: S3Folder, key: str, etag: str) -> bool:
             return False
         obstore.delete(folder.client, folder.full_key(key))
     except (DecantError, BaseError, OSError) as exc:
-        log.warning("%s: could not delete the bad upload: %s", folder.url_of(key), exc)
+        log.warning("%s: could not delete the bad upload: %s", folder.url_of(key), scrubbed(exc))
         return False
     log.warning("%s: deleted the upload that failed its check", folder.url_of(key))
     return True
