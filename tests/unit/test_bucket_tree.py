@@ -294,3 +294,66 @@ def test_a_fresh_listing_forgets_the_index_rows_of_objects_gone(
     deeper = f"{bucket.name}/sub"
     assert list(index.objects_in(deeper, key)) == [f"{deeper}/{name}.zarr.zip"]
     index.close()
+
+
+class DatedBucket(FakeBucket):
+    """A FakeBucket whose objects have upload times of their own, counting recursive LISTs."""
+
+    def __init__(self, files: dict[str, bytes], times: dict[str, float]) -> None:
+        super().__init__(files)
+        self.times = times
+        self.deep_lists = 0
+
+    def _info(self, key: str) -> ObjectInfo:
+        info = super()._info(key)
+        return ObjectInfo(key, info.size, self.times.get(key, 1_700_000_000.0), info.etag)
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        self.deep_lists += 1
+        return super().list(prefix)
+
+
+@pytest.mark.parametrize("folder_first", [True, False])
+def test_a_folder_and_archives_presenting_its_name_go_by_upload_time_in_few_lists(
+    archive: tuple[str, bytes], folder_first: bool
+) -> None:
+    """Red team 46: a folder's time was the daemon's start, so which of a folder and an archive
+    presenting its name a host showed depended on when it started. The folder's oldest object
+    now decides; twenty clashing archives cost the folder's LIST at most twice."""
+    name, data = archive
+    t0 = 1_700_000_000.0
+    folder_at = t0 if folder_first else t0 + 100
+    files = {f"{name}/x.bin": b"x", f"{name}/y.bin": b"y"}
+    times = {f"{name}/x.bin": folder_at + 5, f"{name}/y.bin": folder_at}
+    for i in range(20):
+        files[f"c{i:02d}.zarr.zip"] = data
+        times[f"c{i:02d}.zarr.zip"] = t0 + 50 + i
+    bucket = DatedBucket(files, times)
+    kids = make_tree(bucket).scan(ObjectPath.of_url(bucket.name))
+    if folder_first:
+        assert kids[name].is_dir  # the folder keeps it; every archive under its own name
+        assert all(kids[f"c{i:02d}.zarr.zip"].backend is not None for i in range(20))
+    else:  # the oldest archive keeps it, the folder is not shown, the others are set aside
+        assert not kids[name].is_dir and str(kids[name].real).endswith("/c00.zarr.zip")
+        assert sorted(k for k in kids if k.startswith("c")) == [f"c{i:02d}.zarr.zip"
+                                                               for i in range(1, 20)]  # fmt: skip
+    assert bucket.deep_lists <= 2
+
+
+def test_archives_presenting_one_name_go_by_upload_time_not_by_their_names(
+    archive: tuple[str, bytes],
+) -> None:
+    """Red team 46: `NAME.zarr.zip` uploaded after `run.zarr.zip` presenting NAME took NAME on
+    every host, being named after it. A tie still goes to the one named after it."""
+    name, data = archive
+    t0 = 1_700_000_000.0
+    later = {"run.zarr.zip": t0, f"{name}.zarr.zip": t0 + 1}
+    kids = make_tree(DatedBucket({k: data for k in later}, later)).scan(
+        ObjectPath.of_url("s3://bkt/pre")
+    )
+    assert str(kids[name].real).endswith("/run.zarr.zip") and f"{name}.zarr.zip" in kids
+    tie = {"run.zarr.zip": t0, f"{name}.zarr.zip": t0}
+    kids = make_tree(DatedBucket({k: data for k in tie}, tie)).scan(
+        ObjectPath.of_url("s3://bkt/pre")
+    )
+    assert str(kids[name].real).endswith(f"/{name}.zarr.zip") and "run.zarr.zip" in kids

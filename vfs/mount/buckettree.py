@@ -41,7 +41,7 @@ MAX_LISTED = 1_000_000  # entries of one folder kept; more are left out (and log
 MAX_REMEMBERED = 1_000_000  # published objects whose metadata is kept (the latest)
 BATCH_FROM = 32  # a folder listing more objects reads their index rows in one query
 AGE_SCAN_MAX = 100_000  # objects of a folder looked through for one older than an archive
-MAX_AGES = 10_000  # such answers kept (for `relist` seconds)
+MAX_AGES = 10_000  # folders whose oldest object is kept (for `relist` seconds)
 
 
 @dataclass
@@ -73,8 +73,8 @@ class BucketTree(SourceTree):
         self._started_ns = time.time_ns()
         self._root_url = str(root)
         self._scanning = threading.local()  # the listing a worker thread's scan presents
-        # (folder key, an archive's upload time) → (when asked, whether the folder is older)
-        self._ages: dict[tuple[str, float], tuple[float, bool]] = {}
+        # folder key → (when listed, oldest upload time seen, how the LIST ended): _oldest
+        self._ages: dict[str, tuple[float, float, str]] = {}
         # (key, ETag) → (mode, uid, gid, mtime_ns) of the spooled file this host published
         # there: shown instead of the object's, so a second `rsync -a` finds what it wrote.
         # Kept in `_journal` (the spool's) across restarts; other hosts show the upload time
@@ -320,38 +320,48 @@ class BucketTree(SourceTree):
 
     def _folder_before(self, folder: Node, uploaded: float) -> bool:
         """Whether the folder holds an object uploaded before `uploaded` (POSIX seconds): one
-        LIST page in the usual case (the first object older stops it), kept `relist` seconds.
-        Among AGE_SCAN_MAX objects none older: the folder keeps its name (the archive is shown
-        under its own), as it does when the store cannot say. A folder with no object yet
-        (made through this mount, its files still spooled) has its spool folder's time."""
+        LIST page in the usual case (the first object older stops it). What a LIST found is
+        kept `relist` seconds, so however many archives clash with one folder, it is listed at
+        most twice a relist (once stopped early, once whole). Among AGE_SCAN_MAX objects none
+        older: the folder keeps its name (the archive is shown under its own), as it does when
+        the store cannot say. A folder with no object yet (made through this mount, its files
+        still spooled) has its spool folder's time."""
         key = self.key_of(folder.real)
         now = time.monotonic()
         with self._lock:
-            known = self._ages.get((key, uploaded))
-        if known is not None and now - known[0] < self.relist:
-            return known[1]
-        seen, before = 0, None
-        try:
-            for info in self.folder.list(key):
-                if info.mtime < uploaded:
-                    before = True
-                    break
-                seen += 1
-                if seen >= AGE_SCAN_MAX:
-                    self._log_once(folder.real, f"{self.folder.url_of(key)}: a folder of more "
-                                   f"than {AGE_SCAN_MAX} objects none of which predates an "
-                                   "archive presenting its name; the folder keeps it")  # fmt: skip
-                    before = True
-                    break
-        except StoreError:
-            return True  # not cached: asked again at the next listing
-        if before is None:
-            before = seen == 0 and folder.mtime_ns < uploaded * 1e9
-        with self._lock:
-            if len(self._ages) >= MAX_AGES:
-                self._ages.clear()
-            self._ages[(key, uploaded)] = (now, before)
-        return before
+            known = self._ages.get(key)
+        if (
+            known is None
+            or now - known[0] >= self.relist
+            or (known[1] >= uploaded and known[2] == "partial")
+        ):
+            try:
+                known = (now, *self._oldest(key, uploaded))
+            except StoreError:
+                return True  # not kept: asked again at the next listing
+            with self._lock:
+                if len(self._ages) >= MAX_AGES:
+                    self._ages.clear()
+                self._ages[key] = known
+        _at, oldest, how = known
+        if oldest < uploaded or how == "bounded":
+            return True
+        return how == "empty" and folder.mtime_ns < uploaded * 1e9
+
+    def _oldest(self, key: str, uploaded: float) -> tuple[float, str]:
+        """(the oldest upload time seen under `key`, how the LIST ended: "partial" at an object
+        older than `uploaded`, "bounded" at AGE_SCAN_MAX objects, "complete", or "empty")."""
+        oldest, seen = float("inf"), 0
+        for info in self.folder.list(key):
+            oldest, seen = min(oldest, info.mtime), seen + 1
+            if oldest < uploaded:
+                return oldest, "partial"
+            if seen >= AGE_SCAN_MAX:
+                self._log_once(Path(key), f"{self.folder.url_of(key)}: a folder of more than "
+                               f"{AGE_SCAN_MAX} objects none of which predates an archive "
+                               "presenting its name; the folder keeps it")  # fmt: skip
+                return oldest, "bounded"
+        return oldest, "complete" if seen else "empty"
 
     def _claim_order(self, name: str, st: os.stat_result, desc: Any) -> tuple[Any, ...]:
         """Of two archives presenting one name, the one uploaded first keeps it, as against a
