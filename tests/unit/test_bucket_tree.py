@@ -357,3 +357,24 @@ def test_archives_presenting_one_name_go_by_upload_time_not_by_their_names(
         ObjectPath.of_url("s3://bkt/pre")
     )
     assert str(kids[name].real).endswith(f"/{name}.zarr.zip") and "run.zarr.zip" in kids
+
+
+def test_a_folder_s_age_the_store_cannot_tell_keeps_its_name_without_asking_again(
+    archive: tuple[str, bytes],
+) -> None:
+    """The store down while a folder clashes with an archive: the folder keeps its name, and
+    the answer is kept, so each later scan does not wait out the store's timeout again."""
+    name, data = archive
+    files = {f"{name}/x.bin": b"x", "c.zarr.zip": data}
+    bucket = DatedBucket(files, {f"{name}/x.bin": 1_700_000_100.0})
+    tree = make_tree(bucket)
+
+    def down(prefix: str = "") -> list[ObjectInfo]:
+        bucket.deep_lists += 1
+        raise StoreError(f"{bucket.name}: listing: object store failed after retries")
+
+    bucket.list = down  # type: ignore[method-assign]
+    for _ in range(3):
+        tree.expire()  # the folder's own listing is read again; its age is not
+        assert tree.scan(ObjectPath.of_url(bucket.name))[name].is_dir
+    assert bucket.deep_lists == 1

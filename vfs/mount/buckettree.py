@@ -323,9 +323,9 @@ class BucketTree(SourceTree):
         LIST page in the usual case (the first object older stops it). What a LIST found is
         kept `relist` seconds, so however many archives clash with one folder, it is listed at
         most twice a relist (once stopped early, once whole). Among AGE_SCAN_MAX objects none
-        older: the folder keeps its name (the archive is shown under its own), as it does when
-        the store cannot say. A folder with no object yet (made through this mount, its files
-        still spooled) has its spool folder's time."""
+        older: the folder keeps its name (the archive is shown under its own), as it does while
+        the store cannot say (kept as long). A folder with no object yet (made through this
+        mount, its files still spooled) has its spool folder's time."""
         key = self.key_of(folder.real)
         now = time.monotonic()
         with self._lock:
@@ -337,14 +337,14 @@ class BucketTree(SourceTree):
         ):
             try:
                 known = (now, *self._oldest(key, uploaded))
-            except StoreError:
-                return True  # not kept: asked again at the next listing
+            except StoreError:  # kept too: a scan of the folder does not wait on the store again
+                known = (now, float("inf"), "unknown")
             with self._lock:
                 if len(self._ages) >= MAX_AGES:
                     self._ages.clear()
                 self._ages[key] = known
         _at, oldest, how = known
-        if oldest < uploaded or how == "bounded":
+        if oldest < uploaded or how in ("bounded", "unknown"):
             return True
         return how == "empty" and folder.mtime_ns < uploaded * 1e9
 
