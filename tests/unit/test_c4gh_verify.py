@@ -125,3 +125,14 @@ def test_cli_verify_and_ls(env, capsys) -> None:
     lines = capsys.readouterr().out.splitlines()
     assert [line.split()[-1] for line in lines] == [name for name, _ in env.members]
     assert [int(line.split()[0]) for line in lines] == [len(data) for _, data in env.members]
+
+
+def test_cli_ls_of_a_package_with_a_segment_failing_exits_1(env, tmp_path, capsys) -> None:
+    """Red team 46b: of a package with bytes appended, `ls` printed "segment … fails
+    authentication" and exited 0; the help says 1 is a damaged package (as `verify` exits)."""
+    key = str(env.node.secret_path)
+    damaged = tmp_path / "damaged.tar.c4gh"
+    damaged.write_bytes((env.dir / "good.tar.c4gh").read_bytes() + bytes(range(256)) * 4)
+    assert run(["c4gh", "ls", str(damaged), "--key", key]) == 1
+    assert "fails authentication" in capsys.readouterr().err
+    assert run(["c4gh", "verify", str(damaged), "--key", key]) == 1

@@ -105,7 +105,8 @@ def _name(package: Path | str) -> str:
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    """Members with their sizes, in archive order; dropped members are reported on stderr."""
+    """Members with their sizes, in archive order; dropped members and a walk's problems are
+    reported on stderr, and a problem (damage) exits 1."""
     from vfs.c4gh.tarindex import build_index
     from vfs.c4gh.verify import check_manifest, read_manifest
 
@@ -123,7 +124,9 @@ def run_ls(args: argparse.Namespace) -> int:
         say(f"decant: {problem}", sys.stderr)
     for name, reason in index.dropped:
         say(f"decant: {_name(package)}: not listed {name!r}: {reason}", sys.stderr)
-    return OK
+    # A walk that stopped (a segment failing authentication, a truncated TAR) is damage, as
+    # `verify` says (it exited 0 here, after its error lines); a name not listed is a refusal.
+    return FAILED if index.problems else OK
 
 
 def run_verify(args: argparse.Namespace) -> int:
