@@ -170,6 +170,12 @@ def gdi_members(
     return [("manifest.json", manifest(payload)), *payload]
 
 
+def with_manifest(members: Sequence[Member]) -> list[Member]:
+    """`members` after a manifest.json declaring them: a package the mount serves (a GDI
+    package starts with its manifest; one that does not is shown as its raw file)."""
+    return [("manifest.json", manifest(members)), *members]
+
+
 def write_package(
     path: Path,
     members: Sequence[Member | tarfile.TarInfo],
@@ -301,6 +307,36 @@ def tamper(package: bytes, segment_no: int, at: int = 100) -> bytes:
     if pos >= len(package):
         raise ValueError(f"the package has no segment {segment_no}")
     return package[:pos] + bytes([package[pos] ^ 0x01]) + package[pos + 1 :]
+
+
+def segments_dropped(package: bytes, count: int, swap: tuple[int, int] | None = None) -> bytes:
+    """The package without its first `count` cipher segments (then, with `swap`, two of the
+    rest exchanged): no key needed, and every segment left still authenticates, as segments do
+    one by one, not their place."""
+    start = header_len_of(package)
+    segs = [package[p : p + CIPHER_SEGMENT_SIZE]
+            for p in range(start, len(package), CIPHER_SEGMENT_SIZE)]  # fmt: skip
+    rest = segs[count:]
+    if swap is not None:
+        a, b = swap
+        rest[a], rest[b] = rest[b], rest[a]
+    return package[:start] + b"".join(rest)
+
+
+def member_at_segment(segment_no: int, data: bytes) -> list[Member]:
+    """A GDI package's members (manifest first) in which member `b.bin`, holding `data`, has
+    its TAR header exactly at the start of plaintext segment `segment_no`."""
+
+    def members(pad: int) -> list[Member]:
+        return with_manifest([("a.bin", b"A" * pad), ("b.bin", data), ("c.txt", b"c\n" * 50)])
+
+    def offset_of_b(items: list[Member]) -> int:
+        with tarfile.open(fileobj=io.BytesIO(build_tar(items))) as tar:
+            return next(m.offset for m in tar.getmembers() if m.name == "b.bin")
+
+    out = members(1000 + segment_no * 65536 - offset_of_b(members(1000)))
+    assert offset_of_b(out) == segment_no * 65536
+    return out
 
 
 def header_past_eof() -> bytes:

@@ -652,7 +652,8 @@ def test_a_package_renamed_over_another_of_its_size_and_mtime_serves_its_own_pla
     src.mkdir()
     keys = {n: corpus.make_keypair(tmp_path / "keys", n) for n in ("node", "writer")}
     for name, fill in (("P", b"A"), ("B", b"B")):
-        corpus.write_package(src / f"{name}.tar.c4gh", [("data.txt", fill * 200_000)],
+        corpus.write_package(src / f"{name}.tar.c4gh",
+                             corpus.with_manifest([("data.txt", fill * 200_000)]),
                              keys["writer"], [keys["node"]])  # fmt: skip
         os.utime(src / f"{name}.tar.c4gh", ns=(PACKAGE_MTIME_NS, PACKAGE_MTIME_NS))
     assert (src / "P.tar.c4gh").stat().st_size == (src / "B.tar.c4gh").stat().st_size

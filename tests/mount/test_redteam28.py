@@ -124,7 +124,9 @@ def test_one_users_c4gh_handles_hold_at_most_a_quarter_of_the_daemons_descriptor
     src.mkdir()
     node, writer = (c4gh_corpus.make_keypair(base / "keys", n) for n in ("node", "writer"))
     first = src / "p000.tar.c4gh"
-    c4gh_corpus.write_package(first, [("m.bin", os.urandom(600 << 10))], writer, [node])
+    c4gh_corpus.write_package(
+        first, c4gh_corpus.with_manifest([("m.bin", os.urandom(600 << 10))]), writer, [node]
+    )
     packages = [first] + [src / f"p{i:03d}.tar.c4gh" for i in range(1, FD_LIMIT // 2)]
     for package in packages:
         if package != first:

@@ -199,7 +199,8 @@ def test_a_pax_header_of_digits_does_not_stop_the_daemon_for_everyone(
     keys = {n: corpus.make_keypair(base / "keys", n) for n in ("node", "writer")}
     record = b"1" * (48 << 10)
     pax = corpus.raw_header(b"././@PaxHeader", len(record), tarfile.XHDTYPE)
-    items = [("before.txt", b"before\n"), pax + corpus._padded(record), ("after.txt", b"a\n")]
+    items = [("manifest.json", b"{}"), ("before.txt", b"before\n"), pax + corpus._padded(record),
+             ("after.txt", b"a\n")]  # fmt: skip
     plain = corpus.raw_tar(items)
     (src / "hostile" / "pax.tar.c4gh").write_bytes(
         corpus.encrypt(plain, keys["writer"].secret, [keys["node"].public])
@@ -218,10 +219,10 @@ def test_a_pax_header_of_digits_does_not_stop_the_daemon_for_everyone(
         took = time.monotonic() - start
         walker.join(30)
         assert took < 1.0, f"a read of a plain file waited {took:.1f} s for the walk"
-        assert listed == [["before.txt"]]
+        assert listed == [["before.txt", "manifest.json"]]
         assert (m.mnt / "hostile" / "pax.tar.c4gh" / "before.txt").read_bytes() == b"before\n"
         text = m.log_text()
-        assert "pax.tar.c4gh: PAX header at 1024 holds a run of more than 64 digits" in text
+        assert "pax.tar.c4gh: PAX header at 2048 holds a run of more than 64 digits" in text
         assert "Traceback" not in text
     finally:
         m.stop()
@@ -246,7 +247,8 @@ def test_a_package_with_a_malformed_sparse_map_logs_a_reason_not_a_traceback(
     pax_body = major + str(len(body) + 2).encode() + body
     pax = corpus.raw_header(b"././@PaxHeader", len(pax_body), tarfile.XHDTYPE)
     sparse = pax + corpus._padded(pax_body) + corpus.raw_member(b"s.bin", b"garbage\n")
-    plain = corpus.raw_tar([("before.txt", b"before\n"), sparse, ("after.txt", b"a\n")])
+    plain = corpus.raw_tar([("manifest.json", b"{}"), ("before.txt", b"before\n"), sparse,
+                            ("after.txt", b"a\n")])  # fmt: skip
     (src / "sparse.tar.c4gh").write_bytes(
         corpus.encrypt(plain, keys["writer"].secret, [keys["node"].public])
     )
@@ -255,11 +257,11 @@ def test_a_package_with_a_malformed_sparse_map_logs_a_reason_not_a_traceback(
         m.start("--c4gh-key", str(keys["node"].secret_path))
         folder = m.mnt / "sparse.tar.c4gh"
         assert folder.is_dir(), m.log_text()[-2000:]
-        assert sorted(os.listdir(folder)) == ["before.txt"]
+        assert sorted(os.listdir(folder)) == ["before.txt", "manifest.json"]
         assert (folder / "before.txt").read_bytes() == b"before\n"
         text = m.log_text()
         assert "Traceback" not in text, text[-3000:]
-        assert "sparse.tar.c4gh: invalid TAR header at 1024 (ValueError: " in text
+        assert "sparse.tar.c4gh: invalid TAR header at 2048 (ValueError: " in text
     finally:
         m.stop()
 

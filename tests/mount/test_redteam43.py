@@ -73,8 +73,11 @@ def test_a_private_package_swapped_in_lends_no_member_names(
     base, src, shared = users_shared_folder(tmp_path_factory, "rt43-package", u)
     node, writer = (c4gh_corpus.make_keypair(base / "keys", n) for n in ("node", "writer"))
     public, private = shared / "data.tar.c4gh", shared / "private.tar.c4gh"
-    c4gh_corpus.write_package(public, [("readme.txt", b"shared\n")], writer, [node])
-    c4gh_corpus.write_package(private, [(SECRET, b"##fileformat=VCFv4.2\n")], writer, [node])
+    c4gh_corpus.write_package(public, c4gh_corpus.with_manifest([("readme.txt", b"shared\n")]),
+                              writer, [node])  # fmt: skip
+    c4gh_corpus.write_package(private,
+                              c4gh_corpus.with_manifest([(SECRET, b"##fileformat=VCFv4.2\n")]),
+                              writer, [node])  # fmt: skip
     public.chmod(0o644)
     private.chmod(0o600)
     m = Mount(src, base / "mnt", base / "mnt.log", base / "mnt-index")
@@ -101,7 +104,10 @@ def test_a_private_package_swapped_in_lends_no_member_names(
         deadline = time.monotonic() + 10  # each shown as it is once the last swap is rescanned
         while True:
             try:
-                if os.listdir(shown) == ["readme.txt"] and SECRET in os.listdir(hidden):
+                if sorted(os.listdir(shown)) == [
+                    "manifest.json",
+                    "readme.txt",
+                ] and SECRET in os.listdir(hidden):
                     break
             except OSError:
                 pass

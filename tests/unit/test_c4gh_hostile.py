@@ -206,10 +206,10 @@ def test_too_many_members_refuse_the_package(env, tmp_path, monkeypatch) -> None
 
 def test_the_log_names_at_most_50_dropped_members(env, tmp_path, caplog) -> None:
     path = tmp_path / "dups.tar.c4gh"
-    write_raw(path, [("same", b"1")] * 200, env)
+    write_raw(path, [("manifest.json", b"{}"), *[("same", b"1")] * 200], env)
     with caplog.at_level(logging.WARNING):
         desc = backend(env.keys.node).describe(path)
-    assert set(desc.root.children) == {"same"}
+    assert set(desc.root.children) == {"manifest.json", "same"}
     (line,) = [r.getMessage() for r in caplog.records if "not serving" in r.getMessage()]
     assert "not serving 199 member(s)" in line and line.endswith("; and 149 more")
     assert line.count("'same': duplicate") == 50
@@ -271,3 +271,22 @@ def test_a_manifest_of_nested_values_is_not_parsed(env, tmp_path) -> None:
     tree = files(desc.root)
     assert set(tree) == {n for n, _ in env.members}
     assert all("user.c4gh.sha256" not in e.xattrs for e in tree.values())
+
+
+def test_a_package_whose_leading_segments_were_dropped_is_refused(env, tmp_path) -> None:
+    """Red team 46b: with no key, anyone who may read a package can drop its first segments so
+    that it starts at a later member's TAR header (one on a 64 KiB boundary): every segment
+    left authenticates, and with manifest.json gone nothing checked the members. Two segments
+    of `b.bin` swapped as well were served as its bytes, with no error and no log line."""
+    data = os.urandom(4 * SEG)
+    plain = corpus.build_tar(corpus.member_at_segment(2, data))
+    whole = corpus.encrypt(plain, env.keys.writer.secret, [env.keys.node.public])
+    (tmp_path / "legit.tar.c4gh").write_bytes(whole)
+    evil = tmp_path / "evil.tar.c4gh"
+    evil.write_bytes(corpus.segments_dropped(whole, 2, swap=(1, 2)))
+    be = backend(env.keys.node)
+    legit = files(be.describe(tmp_path / "legit.tar.c4gh").root)
+    assert be.open(tmp_path / "legit.tar.c4gh", "b.bin", legit["b.bin"]).read(0, 1 << 20) == data
+    with pytest.raises(CorruptArchiveError, match=r"first member 'b\.bin', not manifest\.json"):
+        be.describe(evil)
+    assert verify_package(evil, [env.keys.node.secret]).problems  # as `decant c4gh verify` says

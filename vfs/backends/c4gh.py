@@ -34,7 +34,7 @@ from vfs.c4gh.segments import (
     SegmentStats,
     output_pool,
 )
-from vfs.c4gh.tarindex import Member, TarIndex, build_index
+from vfs.c4gh.tarindex import Member, TarIndex, build_index, shown_name
 from vfs.cache import PageCache
 from vfs.decant.limits import parse_json
 from vfs.errors import (
@@ -58,6 +58,7 @@ POLICIES = ("warn", "enforce")
 READAHEAD = 8 * PAGE_SIZE  # decrypted ahead of a sequential reader, on every core
 DECRYPTERS = min(2, os.cpu_count() or 1)  # threads that decrypt read-ahead pages side by side
 MAX_MANIFEST = 16 << 20
+MANIFEST_NAME = "manifest.json"  # a GDI package's first member
 MAX_WRITERS_FILE = 16 << 20  # of fingerprints (~72 bytes a line)
 DEFAULT_MODE = 0o440  # decrypted data: owner and group read it, "other" only if the operator says
 LOGGED_DROPS = 50  # dropped members named in the log line; the rest are counted
@@ -304,6 +305,7 @@ class C4ghBackend:
 
     def _describe(self, reader: SegmentReader, session: _Session) -> Description:
         index = build_index(reader, reader.name)
+        _require_manifest_first(reader.name, index)
         digests = self._declared_digests(reader, index, reader.name)
         _log_index(reader.name, index)
         root = Entry(
@@ -467,7 +469,7 @@ class C4ghBackend:
         reordered into it decrypt), is CorruptArchiveError: the digests it holds are the only
         check that tells segments swapped inside a member, so the package is not served
         without them (it was, with no digest checked at all)."""
-        manifest = index.get("manifest.json")
+        manifest = index.get(MANIFEST_NAME)
         if manifest is None or manifest.size > MAX_MANIFEST:
             return {}
         try:
@@ -513,6 +515,21 @@ def _insert(root: Entry, member: Member, digest: str | None) -> None:
         xattrs={SHA256_XATTR: digest} if digest else {},
         locator={"offset": member.offset},
     )
+
+
+def _require_manifest_first(name: str, index: TarIndex) -> None:
+    """A GDI package starts with manifest.json (the spec: "always first"). Segments
+    authenticate one by one, not their place: anyone who may read a package could drop its
+    leading segments, so that it starts at a later member's TAR header, with no manifest left
+    to check the rest against. Such a package was served, every member unchecked; it is shown
+    raw now, as `decant c4gh verify` fails it."""
+    first = index.members[0].name if index.members else None
+    if first != MANIFEST_NAME:
+        found = "no member" if first is None else f"first member {shown_name(first)!r}"
+        raise CorruptArchiveError(
+            f"{name}: {found}, not {MANIFEST_NAME}: not a GDI package (its members could not be "
+            "checked: a package's segments may have been dropped or reordered)"
+        )
 
 
 def _log_index(name: str, index: TarIndex) -> None:
