@@ -85,6 +85,11 @@ def test_descriptions_of_another_version_are_rebuilt(tmp_path: Path) -> None:
     old = {k: v for k, v in desc.to_json().items() if k != "v"}
     with pytest.raises(ValueError, match="version"):
         Description.from_json(old)
+    # Stop 46: a package not starting with manifest.json is no longer served, so what version 2
+    # stored of one (its members, unchecked) must not be served from an index either.
+    assert DESCRIPTION_VERSION >= 3
+    with pytest.raises(ValueError, match="version 2"):
+        Description.from_json({**desc.to_json(), "v": 2})
     index = DescriptionIndex(tmp_path / "index.sqlite")
     path = tmp_path / "p.tar.c4gh"
     index.put(path, "c4gh", 10, 20, desc, 30, 40)

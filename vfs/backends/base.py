@@ -9,8 +9,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 # Bumped whenever the rules for what a backend presents change, so that descriptions persisted
-# under older rules (e.g. member names cut short at a NUL before 2) are rebuilt, not served.
-DESCRIPTION_VERSION = 2
+# under older rules (e.g. member names cut short at a NUL before 2; before 3, a GDI package
+# whose first member is not manifest.json, served unchecked) are rebuilt, not served.
+DESCRIPTION_VERSION = 3
 DEFAULT_MODE_MASK = 0o555  # a backend without `mode_mask`: the archive's mode minus write bits
 
 
