@@ -327,9 +327,11 @@ def test_read_through_a_package_swapped_for_a_symlink(swaps: Swaps, unprivileged
     vault.mkdir(mode=0o700)
     node, writer = swaps.keys["node"], swaps.keys["writer"]
     victim, mine = vault / "victim.tar.c4gh", swaps.src / "userdir" / "mine.tar.c4gh"
-    corpus.write_package(victim, [("data.txt", secret_text)], writer, [node])
+    corpus.write_package(victim, corpus.with_manifest([("data.txt", secret_text)]), writer,
+                         [node])  # fmt: skip
     victim.chmod(0o600)
-    corpus.write_package(mine, [("data.txt", b"m" * len(secret_text))], writer, [node])
+    corpus.write_package(mine, corpus.with_manifest([("data.txt", b"m" * len(secret_text))]),
+                         writer, [node])  # fmt: skip
     os.chown(mine, unprivileged.uid, unprivileged.gid)
     got = attack(unprivileged, swaps, "archive", "mine.tar.c4gh", victim,
                  shown="mine.tar.c4gh/data.txt", offset=3 << 20)  # fmt: skip
