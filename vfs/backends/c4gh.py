@@ -35,6 +35,7 @@ from vfs.c4gh.segments import (
     output_pool,
 )
 from vfs.c4gh.tarindex import Member, TarIndex, build_index, shown_name
+from vfs.c4gh.verify import MANIFEST
 from vfs.cache import PageCache
 from vfs.decant.limits import parse_json
 from vfs.errors import (
@@ -58,7 +59,6 @@ POLICIES = ("warn", "enforce")
 READAHEAD = 8 * PAGE_SIZE  # decrypted ahead of a sequential reader, on every core
 DECRYPTERS = min(2, os.cpu_count() or 1)  # threads that decrypt read-ahead pages side by side
 MAX_MANIFEST = 16 << 20
-MANIFEST_NAME = "manifest.json"  # a GDI package's first member
 MAX_WRITERS_FILE = 16 << 20  # of fingerprints (~72 bytes a line)
 DEFAULT_MODE = 0o440  # decrypted data: owner and group read it, "other" only if the operator says
 LOGGED_DROPS = 50  # dropped members named in the log line; the rest are counted
@@ -469,7 +469,7 @@ class C4ghBackend:
         reordered into it decrypt), is CorruptArchiveError: the digests it holds are the only
         check that tells segments swapped inside a member, so the package is not served
         without them (it was, with no digest checked at all)."""
-        manifest = index.get(MANIFEST_NAME)
+        manifest = index.get(MANIFEST)
         if manifest is None or manifest.size > MAX_MANIFEST:
             return {}
         try:
@@ -524,10 +524,10 @@ def _require_manifest_first(name: str, index: TarIndex) -> None:
     to check the rest against. Such a package was served, every member unchecked; it is shown
     raw now, as `decant c4gh verify` fails it."""
     first = index.members[0].name if index.members else None
-    if first != MANIFEST_NAME:
+    if first != MANIFEST:
         found = "no member" if first is None else f"first member {shown_name(first)!r}"
         raise CorruptArchiveError(
-            f"{name}: {found}, not {MANIFEST_NAME}: not a GDI package (its members could not be "
+            f"{name}: {found}, not {MANIFEST}: not a GDI package (its members could not be "
             "checked: a package's segments may have been dropped or reordered)"
         )
 
