@@ -290,3 +290,19 @@ def test_a_package_whose_leading_segments_were_dropped_is_refused(env, tmp_path)
     with pytest.raises(CorruptArchiveError, match=r"first member 'b\.bin', not manifest\.json"):
         be.describe(evil)
     assert verify_package(evil, [env.keys.node.secret]).problems  # as `decant c4gh verify` says
+
+
+@pytest.mark.parametrize("before", ["../escape.bin", "/abs.bin", "a\\b"])
+def test_a_package_whose_first_member_is_dropped_before_its_manifest_is_refused(
+    env, tmp_path, before
+) -> None:
+    """The manifest-first rule looks at the first TAR header, not the first member served:
+    a member whose name the mount drops (`..`, absolute) and then a manifest.json is not a
+    package that starts with its manifest (stop 46 let it through)."""
+    members = corpus.with_manifest([("b.bin", b"B" * 100)])
+    package = tmp_path / "p.tar.c4gh"
+    plain = corpus.build_tar([(before, b"x" * 10), *members])
+    package.write_bytes(corpus.encrypt(plain, env.keys.writer.secret, [env.keys.node.public]))
+    with pytest.raises(CorruptArchiveError, match=r"first member .*, not manifest\.json"):
+        backend(env.keys.node).describe(package)
+    assert verify_package(package, [env.keys.node.secret]).problems

@@ -10,8 +10,9 @@ from typing import Any, Protocol
 
 # Bumped whenever the rules for what a backend presents change, so that descriptions persisted
 # under older rules (e.g. member names cut short at a NUL before 2; before 3, a GDI package
-# whose first member is not manifest.json, served unchecked) are rebuilt, not served.
-DESCRIPTION_VERSION = 3
+# whose first member is not manifest.json, served unchecked; before 4, the same when that first
+# member was one the mount drops, a `..` name) are rebuilt, not served.
+DESCRIPTION_VERSION = 4
 DEFAULT_MODE_MASK = 0o555  # a backend without `mode_mask`: the archive's mode minus write bits
 
 

@@ -522,8 +522,9 @@ def _require_manifest_first(name: str, index: TarIndex) -> None:
     authenticate one by one, not their place: anyone who may read a package could drop its
     leading segments, so that it starts at a later member's TAR header, with no manifest left
     to check the rest against. Such a package was served, every member unchecked; it is shown
-    raw now, as `decant c4gh verify` fails it."""
-    first = index.members[0].name if index.members else None
+    raw now, as `decant c4gh verify` fails it. The first TAR header counts, served or not: a
+    dropped member (a `..` name) before the manifest breaks the rule as much."""
+    first = index.first
     if first != MANIFEST:
         found = "no member" if first is None else f"first member {shown_name(first)!r}"
         raise CorruptArchiveError(

@@ -99,6 +99,7 @@ class TarIndex:
     dropped: list[tuple[str, str]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     complete: bool = False  # the walk reached the end-of-archive marker
+    first: str | None = None  # the first header's name, served or dropped (the GDI order rule)
 
     def get(self, name: str) -> Member | None:
         return next((m for m in self.members if m.name == name), None)
@@ -369,6 +370,8 @@ def build_index(
             break
         offset = walker.offset
         walked += 1
+        if walked == 1:
+            index.first = info.name if header.cut is None else header.cut
         if walked > max_members:
             raise UnsupportedFormatError(
                 f"{name}: more than {max_members} TAR members; package not served"
