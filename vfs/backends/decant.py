@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vfs.backends.base import Description, Entry
+from vfs.backends.idle import IdleArchives
 from vfs.cache import PageCache
 from vfs.decant import MANIFEST_KEY, archive_stat, archive_stem
 from vfs.decant.limits import human
@@ -35,10 +36,14 @@ class DecantBackend:
     # a folder of others is refused.
     describe_version = 3
 
-    def __init__(self, cache: PageCache, digests: DigestSource | None = None) -> None:
+    def __init__(
+        self, cache: PageCache, digests: DigestSource | None = None, linger: float = 0.0
+    ) -> None:
+        """`linger`: seconds an archive stays open after its last handle closed, for the next
+        open (vfs.backends.idle; the daemon's LINGER_SECONDS); 0 closes it at once."""
         self.cache = cache
         self.digests = digests
-        self.shared = _SharedArchives(cache)
+        self.shared = _SharedArchives(cache, linger)
 
     def chunk_digests(self, path: Path, expect: str | None = None) -> dict[str, int] | None:
         """xxh3 of every stored chunk, for the adapter to record (reads the whole archive);
@@ -167,6 +172,10 @@ _Key = tuple[object, ...]
 # Open archives hold their zip directory, manifest, plans and nested bundles outside the page
 # cache; together they may hold this much, or half the cache if that is more (_SharedArchives).
 HELD_FLOOR = 64 << 20
+# Archives kept open after their last handle closed (vfs.backends.idle): how many, and what
+# their tables may hold in all (a 1 GiB stack's: ~60 KiB; a 200,000-chunk archive's, past it).
+LINGER_COUNT = 8
+LINGER_BYTES = 16 << 20
 
 
 # Who an archive being opened is charged to (the caller's uid; None: the daemon itself), set by
@@ -223,9 +232,13 @@ class _SharedArchives:
     is weighed: one user holding an archive admitted alone (a million zip entries: ~70 MiB),
     or archives up to the budget, made every other user's open of any archive fail with
     ENOMEM for as long as they held them (red team, round 35b). What open archives hold is
-    then at most the budget, or one archive alone and half the budget beside it."""
+    then at most the budget, or one archive alone and half the budget beside it.
 
-    def __init__(self, cache: PageCache) -> None:
+    With `linger`, an archive whose last handle closed is kept (`idle`) for the next open of
+    the same version, charged to no one: at most LINGER_COUNT archives of LINGER_BYTES in all,
+    beyond the budget. Taken back, it is admitted to the budget again like a fresh open."""
+
+    def __init__(self, cache: PageCache, linger: float = 0.0) -> None:
         self.cache = cache
         self.budget = max(cache.max_bytes // 2, HELD_FLOOR)
         self.share = self.budget // 2
@@ -234,6 +247,7 @@ class _SharedArchives:
         self.lent = 0  # of `held`, what the cache made room for: at most half of it
         self._lock = threading.Lock()
         self._open: dict[_Key, _Shared] = {}
+        self.idle = IdleArchives(linger, LINGER_COUNT, LINGER_BYTES)
 
     def open(self, path: Path, digests: Mapping[str, int] | None, member: str) -> DecantFile:
         from vfs.decant.reader import DecantArchive
@@ -241,7 +255,7 @@ class _SharedArchives:
         key = _version(path, digests is not None)
         with self._lock:
             shared = key is not None and key in self._open
-        if not shared:
+        if not shared and (key is None or key not in self.idle):
             self._precheck(path)
         if key is None:
             return self.alone(DecantArchive.open(path, digests), member)
@@ -405,7 +419,7 @@ class _SharedArchives:
                 self._release(key, shared)
                 raise
         if shared is None:
-            archive = opener()
+            archive = self._idle_archive(key, joining) or opener()
             if same is not None and not same(archive):
                 return self.alone(archive, member)  # changed meanwhile: not shared
             with self._lock:
@@ -431,15 +445,31 @@ class _SharedArchives:
                 archive.close()
         return self._reader(shared, member, lambda: self._release(key, shared))
 
+    def _idle_archive(self, key: _Key, joining: Callable[[], None] | None) -> DecantArchive | None:
+        """The archive kept for `key` since its last handle closed, once `joining()` (an
+        object's HEAD: still the version listed) allows it; None when none is kept."""
+        archive: DecantArchive | None = self.idle.take(key)  # type: ignore[assignment]
+        if archive is not None and joining is not None:
+            try:
+                joining()
+            except BaseException:
+                archive.close()
+                raise
+        return archive
+
     def _release(self, key: _Key, shared: _Shared) -> None:
         with self._lock:
             shared.users -= 1
             if shared.users > 0:
                 return
-            if self._open.get(key) is shared:
+            current = self._open.get(key) is shared
+            if current:
                 del self._open[key]
-        shared.archive.close()
         self._give_back(shared.charges)
+        if current:
+            self.idle.put(key, shared.archive, shared.held)
+        else:
+            shared.archive.close()
 
     def __len__(self) -> int:
         with self._lock:

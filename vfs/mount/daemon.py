@@ -53,6 +53,9 @@ NO_CHUNK_DIGESTS = "DECANT_NO_CHUNK_DIGESTS"
 # writes a tracemalloc snapshot to DIR/snapshot-N.pickle, for stress to diff between rounds.
 DIAGNOSE = "DECANT_DIAGNOSE"
 TRACEMALLOC = "DECANT_TRACEMALLOC"
+# An archive stays open this long after its last handle closed, for the next open of it
+# (vfs.backends.idle): a reopen then costs a stat (a bucket's: one HEAD), not a parse.
+LINGER_SECONDS = 5.0
 
 
 def _c4gh_backend(config: MountConfig, cache: PageCache) -> Any:
@@ -75,7 +78,7 @@ def build_tree(config: MountConfig, cache: PageCache) -> SourceTree:
 
 
 def _local_tree(config: MountConfig, cache: PageCache) -> SourceTree:
-    decant = DecantBackend(cache)
+    decant = DecantBackend(cache, linger=LINGER_SECONDS)
     backends: list[Any] = [decant]
     c4gh = _c4gh_backend(config, cache)
     if c4gh is not None:
@@ -132,7 +135,7 @@ def build_bucket_tree(config: MountConfig, cache: PageCache) -> SourceTree:
     folder.check()
     root = ObjectPath.of_url(folder.name)
     index = open_index(config)
-    decant = DecantBackend(cache)
+    decant = DecantBackend(cache, linger=LINGER_SECONDS)
     if index is not None:
         known = index
         decant.digests = lambda path: known.digests(path, stamp_of(path))
