@@ -235,3 +235,18 @@ def test_concurrent_opens_and_closes_share_one_archive_and_leave_the_books_even(
     assert len(backend.shared) == 0 and len(backend.shared.idle) == 1
     assert backend.shared.idle.held_bytes <= LINGER_BYTES
     backend.shared.idle.clear()
+
+
+def test_a_reopen_keeps_the_plan_its_last_reader_built_and_lets_it_go_after(stack) -> None:
+    archive, original, _other = stack
+    backend = DecantBackend(PageCache(1 << 20), linger=30.0)
+    handle = backend.open(archive, "", Entry())
+    plan = handle.reader.plan
+    handle.close()
+    again = backend.open(archive, "", Entry())
+    try:
+        assert again.reader.plan is plan and bytes(again.read(0, again.size)) == original
+        assert again.archive._pinned == []  # held by the reader now, not by the archive
+    finally:
+        again.close()
+    backend.shared.idle.clear()

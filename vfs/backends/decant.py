@@ -313,6 +313,7 @@ class _SharedArchives:
         except BaseException:
             release()
             raise
+        shared.archive.unpin_plans()  # the reader holds its plan; others go with their readers
         try:
             self._grow(shared)
         except BaseException:
@@ -467,6 +468,7 @@ class _SharedArchives:
                 del self._open[key]
         self._give_back(shared.charges)
         if current:
+            shared.archive.pin_plans()
             self.idle.put(key, shared.archive, shared.held)
         else:
             shared.archive.close()
