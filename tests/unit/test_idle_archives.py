@@ -20,6 +20,7 @@ from vfs.backends.decant import LINGER_BYTES, DecantBackend
 from vfs.backends.idle import IdleArchives
 from vfs.cache import PageCache
 from vfs.decant.packer import pack_file
+from vfs.decant.store import DATA_OFFSET_BYTES
 
 
 class Fake:
@@ -151,7 +152,15 @@ def stack(tmp_path: Path) -> tuple[Path, bytes, bytes]:
     archive = pack_file(originals[0], tmp_path / "stack.tif.zarr.zip").archive
     other = pack_file(originals[1], tmp_path / "other.tif.zarr.zip").archive
     os.rename(other, tmp_path / "next.zarr.zip.tmp")
+    settled(archive)
+    settled(tmp_path / "next.zarr.zip.tmp")
     return archive, originals[0].read_bytes(), originals[1].read_bytes()
+
+
+def settled(path: Path) -> None:
+    """Written an hour ago: an archive written just before its parse is not kept."""
+    ago = time.time() - 3600
+    os.utime(path, (ago, ago))
 
 
 def read_all(backend: DecantBackend, archive: Path) -> tuple[object, bytes]:
@@ -250,3 +259,34 @@ def test_a_reopen_keeps_the_plan_its_last_reader_built_and_lets_it_go_after(stac
     finally:
         again.close()
     backend.shared.idle.clear()
+
+
+def test_an_archive_written_just_before_its_parse_is_not_kept(stack) -> None:
+    """Red team 47, F1: one write() over an archive in place stamps its mtime as it starts, so
+    a parse during it has the new version's key and the old one's directory. Kept, every reopen
+    within the window took that parse again; an archive written under SETTLED_NS before its
+    parse is closed with its last handle."""
+    archive, original, _other = stack
+    os.utime(archive)  # written now
+    backend = DecantBackend(PageCache(1 << 20), linger=30.0)
+    first, data = read_all(backend, archive)
+    assert data == original and len(backend.shared.idle) == 0
+    settled(archive)
+    first, _data = read_all(backend, archive)
+    second, _data = read_all(backend, archive)
+    assert second is first and len(backend.shared.idle) == 1
+    backend.shared.idle.clear()
+
+
+def test_the_bytes_kept_count_the_data_offsets_reads_found(stack) -> None:
+    """What a kept archive is weighed at includes the zip entries' data offsets its reads
+    found (a dict entry each), not only the directory tables it was admitted with."""
+    archive, _original, _other = stack
+    backend = DecantBackend(PageCache(1 << 20), linger=30.0)
+    read_all(backend, archive)
+    kept = backend.shared.idle.take(next(iter(backend.shared.idle._kept)))
+    store = kept.store  # type: ignore[attr-defined]
+    found = len(store._data_offsets)
+    assert found > 0
+    assert store.held_bytes() == store._entries.nbytes + found * DATA_OFFSET_BYTES
+    kept.close()

@@ -176,6 +176,7 @@ HELD_FLOOR = 64 << 20
 # their tables may hold in all (a 1 GiB stack's: ~60 KiB; a 200,000-chunk archive's, past it).
 LINGER_COUNT = 8
 LINGER_BYTES = 16 << 20
+SETTLED_NS = 2_000_000_000  # an archive written less than this before its parse is not kept
 
 
 # Who an archive being opened is charged to (the caller's uid; None: the daemon itself), set by
@@ -467,9 +468,9 @@ class _SharedArchives:
             if current:
                 del self._open[key]
         self._give_back(shared.charges)
-        if current:
+        if current and _settled(shared.archive):
             shared.archive.pin_plans()
-            self.idle.put(key, shared.archive, shared.held)
+            self.idle.put(key, shared.archive, shared.archive.held_bytes())
         else:
             shared.archive.close()
 
@@ -484,6 +485,16 @@ def _version(path: Path, digests: bool) -> _Key | None:
     except OSError:
         return None
     return (str(path), *_identity(st), digests)
+
+
+def _settled(archive: DecantArchive) -> bool:
+    """Whether the archive's file was last written SETTLED_NS or more before it was parsed. One
+    write() over a file in place stamps its mtime and ctime as it starts: an archive parsed
+    during it has the new version's key and the old version's directory, and kept idle, every
+    reopen within the window took that parse again (red team 47, F1). An object (no stat) is
+    put whole: always settled."""
+    st = archive.store.stat
+    return st is None or archive.opened_ns - st.st_mtime_ns >= SETTLED_NS
 
 
 def _opened(archive: DecantArchive) -> tuple[int, int, int, int, int] | None:

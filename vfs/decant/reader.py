@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
@@ -82,6 +83,9 @@ class DecantArchive:
         self.store = store
         self.manifest = manifest
         self._at = at
+        # When it was parsed: a file written a moment before may have been parsed mid-write
+        # (one write() stamps its mtime as it starts), which vfs.backends.idle must not keep.
+        self.opened_ns = time.time_ns()
         # Keyed by identity as well as path, so a replaced archive never serves stale cached pages.
         if store.identity is not None:
             self.cache_key: tuple[object, ...] = store.identity
