@@ -256,7 +256,7 @@ class _SharedArchives:
         key = _version(path, digests is not None)
         with self._lock:
             shared = key is not None and key in self._open
-        if not shared and (key is None or key not in self.idle):
+        if not shared:  # also when one is kept idle: another open may take it first
             self._precheck(path)
         if key is None:
             return self.alone(DecantArchive.open(path, digests), member)
