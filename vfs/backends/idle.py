@@ -3,7 +3,7 @@
 Tools open, read and close the same file again and again (a TIFF reader reads the header, closes,
 opens again for the pixels; `dd` or `cat` each time a script runs). Each open parsed the zip's
 central directory and manifest and built the original's plan again (~3 ms for a 1 GiB stack on
-local disk), and for an archive in a bucket made its tail and metadata GETs too (~15 ms against
+local disk), and for an archive in a bucket made its tail and metadata GETs too (~12 ms against
 a loopback SeaweedFS): a warm `dd` of a 512 MiB original served from the kernel's page cache
 took ~10 % longer from a bucket than from a local SRC only because of that open.
 
