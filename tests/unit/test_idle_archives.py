@@ -4,9 +4,11 @@ never does, and what is kept is bounded by count, bytes and time."""
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -250,11 +252,14 @@ def test_a_reopen_keeps_the_plan_its_last_reader_built_and_lets_it_go_after(stac
     archive, original, _other = stack
     backend = DecantBackend(PageCache(1 << 20), linger=30.0)
     handle = backend.open(archive, "", Entry())
-    plan = handle.reader.plan
+    plan = weakref.ref(handle.reader.plan)  # nothing here holds it: the kept archive must
     handle.close()
+    del handle
+    gc.collect()
+    assert plan() is not None
     again = backend.open(archive, "", Entry())
     try:
-        assert again.reader.plan is plan and bytes(again.read(0, again.size)) == original
+        assert again.reader.plan is plan() and bytes(again.read(0, again.size)) == original
         assert again.archive._pinned == []  # held by the reader now, not by the archive
     finally:
         again.close()
