@@ -40,3 +40,22 @@ def test_a_package_cut_at_a_member_header_is_shown_raw_not_served_unchecked(
     assert done.returncode != 0 and "Not a directory" in done.stderr, done
     assert (m.mnt / "evil.tar.c4gh").read_bytes() == evil  # the raw file, as it is in SRC
     assert "evil.tar.c4gh: first member 'b.bin', not manifest.json" in m.log_text()
+
+
+def test_a_package_whose_first_header_is_a_dropped_member_is_shown_raw(
+    tmp_path: Path, make_mount: MakeMount
+) -> None:
+    """Stop 47: the manifest-first rule read the first member served, so a `..` member the
+    mount drops, then manifest.json, passed; the first TAR header is what counts now."""
+    src = tmp_path / "src"
+    src.mkdir()
+    keys = {n: corpus.make_keypair(tmp_path / "keys", n) for n in ("node", "writer")}
+    members = corpus.with_manifest([("b.bin", b"B" * 1000)])
+    corpus.write_package(src / "evil.tar.c4gh", [("../escape.bin", b"x" * 10), *members],
+                         keys["writer"], [keys["node"]])  # fmt: skip
+    corpus.write_package(src / "legit.tar.c4gh", members, keys["writer"], [keys["node"]])
+    m = make_mount(src, "--c4gh-key", str(keys["node"].secret_path))
+    assert (m.mnt / "legit.tar.c4gh" / "b.bin").read_bytes() == b"B" * 1000
+    assert (m.mnt / "evil.tar.c4gh").is_file()  # the raw file, not a folder of members
+    assert (m.mnt / "evil.tar.c4gh").read_bytes() == (src / "evil.tar.c4gh").read_bytes()
+    assert "evil.tar.c4gh: first member '../escape.bin', not manifest.json" in m.log_text()
