@@ -14,7 +14,9 @@ from types import MappingProxyType
 
 from vfs.backends.base import Backend, Entry, mode_mask_of, presented_mode
 
-NodeKey = tuple[str, str, str, tuple[int, ...]]
+# (path, backend, member, archive version, sha256 presented): an archive described again as
+# another file under the same stat (it was read mid-write: tree.RACY_NS) is another file.
+NodeKey = tuple[str, str, str, tuple[int, ...], str]
 
 # A node without extended attributes (most of them): one shared mapping, never written; a node
 # given its own gets a dict (copy before changing one: `dict(node.xattrs)`).
@@ -97,7 +99,8 @@ class Node:
     def key(self) -> NodeKey:
         """Identity across rescans: the same key keeps the same inode number."""
         backend = self.backend.name if self.backend else ""
-        return (self.real_text, backend, self.member, self.version)
+        sha256 = self.entry.sha256 if self.entry is not None else None
+        return (self.real_text, backend, self.member, self.version, sha256 or "")
 
     @property
     def real_text(self) -> str:

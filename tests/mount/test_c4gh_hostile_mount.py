@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import load_tool
-from tests.mount.conftest import Mount
+from tests.mount.conftest import Mount, settle
 
 corpus: ModuleType = load_tool("make_c4gh_corpus")
 Members = list[tuple[str, bytes]]
@@ -54,6 +54,7 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
     encrypt_to(src / "deep.tar.c4gh", [*members, (DEEP, b"deep\n")], keys)
     bad = [*corpus.nul_name_members().values(), *corpus.overlong_members(500).values()]
     encrypt_to(src / "names.tar.c4gh", [*members, *bad, *corpus.edge_name_tar_items()], keys)
+    settle(*src.glob("*.tar.c4gh"))  # their descriptions kept in the index (a remount's test)
     m = Mount(src, base / "mnt", base / "log", base / "index")
     try:  # a start that fails (the mount answering EIO) must still unmount and end the daemon
         m.start("--c4gh-key", str(keys["node"].secret_path))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import tifffile
 
-from tests.mount.conftest import is_mounted
+from tests.mount.conftest import is_mounted, settle
 from vfs.decant.packer import pack_file
 
 DAEMON = [sys.executable, "-m", "vfs.cli"]
@@ -249,6 +249,7 @@ def test_a_diagnosis_folder_another_user_may_write_is_refused(src: Path, tmp_pat
 
 
 def test_persistent_index_remembers_descriptions_and_verification(src: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
+    settle(*src.iterdir())  # written just now, its description would not be kept
     m = make_mount(src)
     original = tifffile.imread(m.mnt / "stack.tif")
     data = (m.mnt / "stack.tif").read_bytes()  # a full read: hashed and verified as served

@@ -21,6 +21,7 @@ from tests.mount.conftest import (
     User,
     is_mounted,
     open_tmp,
+    settle,
 )
 
 pytestmark = pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3")
@@ -327,6 +328,7 @@ def test_index_rows_of_archives_gone_are_forgotten_at_the_next_start(
     links = [src / f"copy{i}.zarr.zip" for i in range(20)]
     for link in links:
         os.link(src / "kept.zarr.zip", link)
+    settle(*links)
     m = make_mount(src, "--read-only")
     assert len(os.listdir(m.mnt)) == 21  # each described, and kept in the index
     assert m.stop() == 0

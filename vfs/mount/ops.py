@@ -712,6 +712,8 @@ class DecantOperations(pyfuse3.Operations):
                 return self._new_handle(handle, direct_io=True)
             if writing:
                 return await self._open_for_write(inode, node, flags, ctx)
+            if node.backend is not None and not node.member and self.tree.racy_due(node):
+                await self._describe_again(node)
             if node.key in self.integrity.bad:
                 raise _fail(errno.EIO)
             if node.spooled:  # a plain file of the spool: see QuickCalls
@@ -744,6 +746,20 @@ class DecantOperations(pyfuse3.Operations):
             # content is immutable per inode, so the kernel keeps it. Real files may change.
             return self._new_handle(handle, keep_cache=cache,
                                     direct_io=handle.feed is not None)  # fmt: skip
+
+    async def _describe_again(self, node: Node) -> None:
+        """`node` was described while its archive file may have been mid-write (tree.RACY_NS):
+        its archive is described again, and if that presents another file the open gets
+        ESTALE, which the kernel retries with a fresh lookup (see `_relist`). Else the
+        description stands: a failed verification of it stays failed."""
+        await self._relist(node)
+        found = self.inodes.folder_of(node.real.parent)
+        if found is None:
+            return
+        names = self.tree.presented_names({node.real.name})
+        if not any((kid := found[1].children.get(n)) is not None and kid.key == node.key
+                   for n in names):  # fmt: skip
+            raise _fail(errno.ESTALE)
 
     async def _relist(self, node: Node) -> None:
         """The archive behind `node` is not the version listed (written in place, which no

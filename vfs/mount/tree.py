@@ -14,6 +14,7 @@ import os
 import sqlite3
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,13 @@ READ_AHEAD_MAX = 256 * 1024
 TreeKey = tuple[str, str, tuple[int, ...]]  # an archive's path, backend and version
 
 MAX_FAILED = 100_000  # archives remembered as failed (then forgotten all at once)
+# An archive file whose mtime or ctime is this recent when it has been described may have been
+# mid-write while it was read: one write() stamps both as it starts, so a parse during it sees
+# the new version's stat and the old bytes (git's "racy" entries). Such a description is not
+# kept in the index nor a failure remembered, and an open once this has passed describes the
+# archive again (`racy_due`).
+RACY_NS = 2_000_000_000
+MAX_RACY = 10_000  # racy archives remembered (then forgotten all at once)
 
 
 class NotQuick(Exception):
@@ -95,6 +103,9 @@ class SourceTree:
         self.overlay_roots: set[Path] = set()  # folders an overlay claimed: rebuilt on change
         self._irregular: set[Path] = set()  # folders `entries` cannot answer for: see there
         self._failed: dict[Path, tuple[object, ...]] = {}  # archives shown raw, by stamp
+        # Archives described while they may have been mid-write: their version, and the wall
+        # clock time (ns) from which a description of it is trusted (see RACY_NS).
+        self._racy: dict[Path, tuple[tuple[int, ...], int]] = {}
         # The member trees of archives shown as folders, across all of them (their nodes keep
         # none: `children_of_archive_node` reads an evicted one again).
         self.trees = DescribedTrees(described_entries)
@@ -479,6 +490,8 @@ class SourceTree:
         if self._failed.get(path) == stamp:
             return None
         desc = self._describe_fresh(backend, path, st)
+        if self._racy_now(path, st):
+            return desc  # neither kept nor remembered as failed: described again soon
         if desc is None:
             if len(self._failed) >= MAX_FAILED:
                 self._failed.clear()
@@ -492,6 +505,29 @@ class SourceTree:
         else:
             self._keep(path, [row])
         return desc
+
+    def _racy_now(self, path: Path, st: os.stat_result) -> bool:
+        """Whether the archive file's description just made may hold bytes of a write in
+        progress (see RACY_NS); noted for `racy_due` if so. A folder archive's stat says
+        nothing of its files; an object is replaced whole."""
+        if not stat.S_ISREG(st.st_mode):
+            return False
+        trusted_from = max(st.st_mtime_ns, st.st_ctime_ns) + RACY_NS
+        if time.time_ns() >= trusted_from:
+            self._racy.pop(path, None)
+            return False
+        if len(self._racy) >= MAX_RACY:
+            self._racy.clear()
+        self._racy[path] = (archive_version(st), trusted_from)
+        return True
+
+    def racy_due(self, node: Node) -> bool:
+        """Whether `node` was described from its archive while that may have been mid-write,
+        and may be described again now for a description to trust."""
+        if not self._racy:
+            return False
+        found = self._racy.get(node.real)
+        return found is not None and found[0] == node.version and time.time_ns() >= found[1]
 
     def _indexed(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:
         if self.index is None:

@@ -1,0 +1,163 @@
+"""An archive described while it was being written in place is described again.
+
+One `write()` stamps a file's mtime and ctime as it starts: a listing during it sees the new
+version's stat and parses the old bytes. That description, with the old sha256, was kept in the
+index under the new stat, and its verification failed: every read gave EIO until the file
+changed again, across remounts too (red team, round 47, F1). A description made within
+`RACY_NS` of the file's mtime is now neither kept nor trusted: an open after that describes the
+archive again, and gets ESTALE (the kernel looks the name up again) if it presents another file.
+
+The parse of the old bytes is made deterministic by having the backend describe a copy of the
+old archive for the listed one, once: what a parse racing the write would have read."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pyfuse3
+import pytest
+import tifffile
+import trio
+
+from tests.unit.inprocess import InProcessMount, fake_session
+from vfs.backends.decant import DecantBackend
+from vfs.decant.packer import pack_file
+from vfs.mount import tree as tree_module
+from vfs.mount.index import DescriptionIndex
+from vfs.mount.tree import index_key
+from vfs.nodes import archive_version
+
+RACY_S = 0.3
+
+
+def _tiff(path: Path, seed: int) -> Path:
+    pixels = np.random.default_rng(seed).integers(0, 4000, (96, 96), dtype=np.uint16)
+    tifffile.imwrite(path, pixels)
+    return path
+
+
+@pytest.fixture
+def racy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[InProcessMount, Path]]:
+    monkeypatch.setattr(tree_module, "RACY_NS", int(RACY_S * 1e9))
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    for version, seed in (("old", 1), ("new", 2)):
+        (tmp_path / version).mkdir()
+        pack_file(_tiff(tmp_path / version / "x.tif", seed), tmp_path / version / "x.tif.zarr.zip")
+    shutil.copyfile(tmp_path / "new" / "x.tif.zarr.zip", src / "d" / "x.tif.zarr.zip")  # now
+    with fake_session():
+        mount = InProcessMount(src, tmp_path, read_only=True)
+        mount.tree.index = DescriptionIndex(tmp_path / "index.sqlite")
+        yield mount, tmp_path
+        mount.tree.index.close()
+
+
+def _parse_old_bytes_once(monkeypatch: pytest.MonkeyPatch, old: Path) -> None:
+    real = DecantBackend.describe_listed
+    calls: list[Path] = []
+
+    def racing(self: DecantBackend, path: Path, listed: os.stat_result) -> object:
+        calls.append(path)
+        if len(calls) == 1:  # the first parse read the bytes the write had not reached yet
+            return real(self, old, os.stat(old))
+        return real(self, path, listed)
+
+    monkeypatch.setattr(DecantBackend, "describe_listed", racing)
+
+
+def _indexed(mount: InProcessMount, archive: Path) -> object:
+    """The description the index keeps for the archive's current version."""
+    st = archive.stat()
+    assert mount.tree.index is not None
+    backend = next(b for b in mount.tree.backends if b.name == "decant")
+    return mount.tree.index.get(archive, index_key(backend), st.st_size, st.st_mtime_ns,
+                                st.st_ino, st.st_ctime_ns)  # fmt: skip
+
+
+async def _read_all(mount: InProcessMount, ino: int) -> bytes | int:
+    try:
+        return await mount.read_inode(ino)
+    except pyfuse3.FUSEError as exc:
+        return exc.errno
+
+
+def test_a_description_of_an_archive_mid_write_is_made_again_and_serves_the_new_bytes(
+    racy: tuple[InProcessMount, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mount, tmp = racy
+    _parse_old_bytes_once(monkeypatch, tmp / "old" / "x.tif.zarr.zip")
+    archive = mount.config.src / "d" / "x.tif.zarr.zip"
+
+    async def scenario() -> tuple[bytes | int, int, bytes | int]:
+        first = await mount.resolve("d/x.tif")
+        during = await _read_all(mount, first)  # the old description, the new bytes
+        await trio.sleep(RACY_S + 0.05)
+        try:
+            await mount.ops.open(first, os.O_RDONLY, mount.ctx)
+        except pyfuse3.FUSEError as exc:
+            stale = exc.errno
+        else:
+            stale = 0
+        again = await mount.resolve("d/x.tif")  # the kernel's lookup after ESTALE
+        return during, stale, await _read_all(mount, again)
+
+    during, stale, after = mount.run(scenario)
+    assert during == errno.EIO  # never the wrong bytes
+    assert stale == errno.ESTALE
+    assert after == (tmp / "new" / "x.tif").read_bytes()
+    kept = _indexed(mount, archive)
+    assert (
+        kept is not None
+        and kept.root.sha256 == mount.ops.inodes.get(mount.run(mount.resolve, "d/x.tif")).sha256
+    )  # the trusted description, kept
+
+
+def test_a_description_made_mid_write_is_not_kept_in_the_index(
+    racy: tuple[InProcessMount, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kept, it was served again after a remount, and failed again."""
+    mount, tmp = racy
+    _parse_old_bytes_once(monkeypatch, tmp / "old" / "x.tif.zarr.zip")
+    archive = mount.config.src / "d" / "x.tif.zarr.zip"
+    assert mount.run(mount.listdir, "d") == ["x.tif"]
+    assert _indexed(mount, archive) is None  # fmt: skip
+
+
+def test_a_description_made_long_after_the_write_is_kept_and_trusted(
+    racy: tuple[InProcessMount, Path],
+) -> None:
+    mount, tmp = racy
+    archive = mount.config.src / "d" / "x.tif.zarr.zip"
+    time.sleep(RACY_S + 0.05)
+    ino = mount.run(mount.resolve, "d/x.tif")
+    node = mount.ops.inodes.get(ino)
+    assert node is not None and not mount.tree.racy_due(node)
+    assert _indexed(mount, archive) is not None  # fmt: skip
+    assert mount.run(_read_all, mount, ino) == (tmp / "new" / "x.tif").read_bytes()
+
+
+def test_an_archive_described_right_mid_write_keeps_its_inode(
+    racy: tuple[InProcessMount, Path],
+) -> None:
+    """Described again after the window, the same file: no ESTALE, the same inode, and the
+    archive is not described a third time."""
+    mount, tmp = racy
+
+    async def scenario() -> tuple[int, int, bytes | int, bool]:
+        first = await mount.resolve("d/x.tif")
+        await trio.sleep(RACY_S + 0.05)
+        data = await _read_all(mount, first)
+        node = mount.ops.inodes.get(first)
+        assert node is not None
+        return first, await mount.resolve("d/x.tif"), data, mount.tree.racy_due(node)
+
+    first, again, data, due = mount.run(scenario)
+    assert first == again and not due
+    assert data == (tmp / "new" / "x.tif").read_bytes()
+    assert archive_version((mount.config.src / "d" / "x.tif.zarr.zip").stat())
