@@ -159,3 +159,58 @@ def test_an_archive_described_right_mid_write_keeps_its_inode(
     first, again, data, due = mount.run(scenario)
     assert first == again and not due
     assert data == (tmp / "new" / "x.tif").read_bytes()
+
+
+def test_a_package_member_described_mid_write_is_listed_again_from_the_new_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GDI package: its members are listed from its tree, one folder at a time, and those
+    listings are let go when the tree read again is another."""
+    from tests.toolbox import load_tool
+    from tests.unit.c4gh_helpers import backend
+    from vfs.backends.c4gh import C4ghBackend
+
+    corpus = load_tool("make_c4gh_corpus")
+    monkeypatch.setattr(tree_module, "RACY_NS", int(RACY_S * 1e9))
+    keys = {n: corpus.make_keypair(tmp_path / "keys", n) for n in ("node", "writer")}
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    versions = {}
+    for version, rows in (("old", 3000), ("new", 3500)):  # the same names, other bytes
+        (tmp_path / version).mkdir()
+        versions[version] = dict(corpus.gdi_members(parquet_rows=(rows, 400)))
+        corpus.write_package(tmp_path / version / "p.tar.c4gh", list(versions[version].items()),
+                             keys["writer"], [keys["node"]])  # fmt: skip
+    shutil.copyfile(tmp_path / "new" / "p.tar.c4gh", src / "d" / "p.tar.c4gh")
+    member = next(n for n in versions["new"] if n.endswith(".parquet"))
+    assert versions["old"][member] != versions["new"][member]
+    old = tmp_path / "old" / "p.tar.c4gh"
+    real = C4ghBackend.describe_listed
+    calls: list[Path] = []
+
+    def racing(self: C4ghBackend, path: Path, listed: os.stat_result) -> object:
+        calls.append(path)
+        return real(self, old, os.stat(old)) if len(calls) == 1 else real(self, path, listed)
+
+    monkeypatch.setattr(C4ghBackend, "describe_listed", racing)
+    with fake_session():
+        mount = InProcessMount(src, tmp_path, read_only=True)
+        mount.tree.backends.append(backend(keys["node"]))
+
+        async def scenario() -> tuple[bytes | int, int, bytes | int]:
+            first = await mount.resolve(f"d/p.tar.c4gh/{member}")
+            during = await _read_all(mount, first)
+            await trio.sleep(RACY_S + 0.05)
+            try:
+                await mount.ops.open(first, os.O_RDONLY, mount.ctx)
+            except pyfuse3.FUSEError as exc:
+                stale = exc.errno
+            else:
+                stale = 0
+            again = await mount.resolve(f"d/p.tar.c4gh/{member}")
+            return during, stale, await _read_all(mount, again)
+
+        during, stale, after = mount.run(scenario)
+    assert during != versions["new"][member]  # not the new member's bytes: refused, or the old
+    assert stale == errno.ESTALE
+    assert after == versions["new"][member]

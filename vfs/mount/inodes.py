@@ -289,6 +289,14 @@ class InodeTable:
             self._archive_listings.move_to_end(old, last=False)
             self._archive_children += count
 
+    def drop_archive_listings(self, real: Path) -> None:
+        """Let go of the listings of the folders of the archive at `real` (its tree was read
+        again as another): each is rebuilt from the tree at its next lookup or readdir."""
+        for ino in [i for i in self._archive_listings if (n := self._nodes.get(i)) is not None
+                    and n.real == real and not _busy(self._locks.get(i))]:  # fmt: skip
+            self._archive_children -= self._archive_listings.pop(ino)
+            self.folders.pop(ino, None)
+
     def used_archive_listing(self, ino: int) -> None:
         if ino in self._archive_listings:
             self._archive_listings.move_to_end(ino)

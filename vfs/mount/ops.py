@@ -24,7 +24,7 @@ import pyfuse3
 import trio
 
 from vfs.acl import acl_stat
-from vfs.backends.base import RandomAccess
+from vfs.backends.base import Entry, RandomAccess
 from vfs.backends.decant import charged_to
 from vfs.backends.plain import PlainFile, SpoolFile
 from vfs.beneath import stat_beneath
@@ -712,7 +712,7 @@ class DecantOperations(pyfuse3.Operations):
                 return self._new_handle(handle, direct_io=True)
             if writing:
                 return await self._open_for_write(inode, node, flags, ctx)
-            if node.backend is not None and not node.member and self.tree.racy_due(node):
+            if node.backend is not None and self.tree.racy_due(node):
                 await self._describe_again(node)
             if node.key in self.integrity.bad:
                 raise _fail(errno.EIO)
@@ -749,17 +749,38 @@ class DecantOperations(pyfuse3.Operations):
 
     async def _describe_again(self, node: Node) -> None:
         """`node` was described while its archive file may have been mid-write (tree.RACY_NS):
-        its archive is described again, and if that presents another file the open gets
-        ESTALE, which the kernel retries with a fresh lookup (see `_relist`). Else the
-        description stands: a failed verification of it stays failed."""
+        its archive is described again, and if that presents another entry under its name the
+        open gets ESTALE, which the kernel retries with a fresh lookup (see `_relist`); a
+        verdict on the old description goes with it. Else the description stands, and so does
+        a failed verification of it."""
         await self._relist(node)
+        if node.member:  # a package's member: its folders are listed from the tree read now
+            now = await trio.to_thread.run_sync(self._member_now, node)
+        else:
+            now = self._listed_now(node)
+        if now == node.entry:
+            return
+        self.integrity.bad.discard(node.key)
+        if node.member:
+            self.inodes.drop_archive_listings(node.real)
+        raise _fail(errno.ESTALE)
+
+    def _member_now(self, node: Node) -> Entry | None:
+        try:
+            return self.tree.tree_of(node).walk(node.member)
+        except OSError:  # changed again since: the retry's lookup finds what is there
+            return None
+
+    def _listed_now(self, node: Node) -> Entry | None:
+        """The entry the listing of `node`'s folder shows for its archive now."""
         found = self.inodes.folder_of(node.real.parent)
         if found is None:
-            return
-        names = self.tree.presented_names({node.real.name})
-        if not any((kid := found[1].children.get(n)) is not None and kid.key == node.key
-                   for n in names):  # fmt: skip
-            raise _fail(errno.ESTALE)
+            return node.entry  # not listed: nothing read again to compare with
+        for name in self.tree.presented_names({node.real.name}):
+            kid = found[1].children.get(name)
+            if kid is not None and kid.real == node.real and kid.backend is node.backend:
+                return kid.entry
+        return None
 
     async def _relist(self, node: Node) -> None:
         """The archive behind `node` is not the version listed (written in place, which no
