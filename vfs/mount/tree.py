@@ -104,7 +104,8 @@ class SourceTree:
         self._irregular: set[Path] = set()  # folders `entries` cannot answer for: see there
         self._failed: dict[Path, tuple[object, ...]] = {}  # archives shown raw, by stamp
         # Archives described while they may have been mid-write: their version, and the wall
-        # clock time (ns) from which a description of it is trusted (see RACY_NS).
+        # clock time (ns) from which a description of it is trusted (see RACY_NS). Written by
+        # listing threads, read on the event loop: single dict operations only, no lock.
         self._racy: dict[Path, tuple[tuple[int, ...], int]] = {}
         # The member trees of archives shown as folders, across all of them (their nodes keep
         # none: `children_of_archive_node` reads an evicted one again).
