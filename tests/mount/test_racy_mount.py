@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tifffile
 
-from tests.mount.conftest import Mount
+from tests.mount.conftest import Mount, settle
 from vfs.decant.packer import pack_file
 
 RACY = 2.0  # vfs/mount/tree.py RACY_NS
@@ -35,7 +35,10 @@ _done = []
 def _racing(self, path, listed):
     if path.name == "x.tif.zarr.zip" and not _done:
         _done.append(path)
-        old = os.environ["DECANT_TEST_OLD_ARCHIVE"]
+        old = os.environ.get("DECANT_TEST_OLD_ARCHIVE")
+        if old is None:  # a parse that failed on the half-written file
+            from vfs.errors import CorruptArchiveError
+            raise CorruptArchiveError(f"{path}: zip entry not served: written since opened")
         return _real(self, type(path)(old), os.stat(old))
     return _real(self, path, listed)
 
@@ -82,3 +85,56 @@ def test_an_archive_described_mid_write_serves_its_new_bytes_once_the_write_is_p
     mount.start()
     again = subprocess.run(["sha256sum", str(shown)], capture_output=True, text=True)
     assert again.returncode == 0 and again.stdout.split()[0] == want, again.stderr
+
+
+def test_an_archive_shown_raw_for_a_parse_failed_mid_write_appears_without_a_folder_change(
+    tmp_path: Path, make_mount: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red team 48, F1: shown raw, `x.tif` stayed missing (ENOENT) until the folder changed."""
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    tif = tmp_path / "x.tif"
+    tifffile.imwrite(tif, np.random.default_rng(3).integers(0, 4000, (3, 64, 48), np.uint16))
+    archive = pack_file(tif, src / "d" / "x.tif.zarr.zip").archive
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    monkeypatch.setenv("PYTHONPATH", str(hook))
+    monkeypatch.delenv("DECANT_TEST_OLD_ARCHIVE", raising=False)
+    mount: Mount = make_mount(src)  # type: ignore[operator]
+    folder = mount.mnt / "d"
+
+    os.utime(archive)
+    assert os.listdir(folder) == ["x.tif.zarr.zip"]
+    assert not (folder / "x.tif").exists()  # the kernel now holds a negative entry too
+    deadline = time.monotonic() + RACY + 3
+    while os.listdir(folder) != ["x.tif"]:
+        assert time.monotonic() < deadline, (os.listdir(folder), mount.log_text())
+        time.sleep(0.1)
+    assert (folder / "x.tif").read_bytes() == tif.read_bytes()
+    assert (src / "d").stat().st_mtime_ns < archive.stat().st_mtime_ns  # no folder change
+
+
+def test_an_archive_shown_raw_written_over_in_place_with_one_that_parses_appears(
+    tmp_path: Path, make_mount: object
+) -> None:
+    """The watcher's word of the write: only a raw entry's owner and bits were compared, so it
+    stayed raw (and `x.tif` missing) until the folder changed."""
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    tif = tmp_path / "x.tif"
+    tifffile.imwrite(tif, np.random.default_rng(4).integers(0, 4000, (3, 64, 48), np.uint16))
+    good = pack_file(tif, tmp_path / "x.tif.zarr.zip").archive.read_bytes()
+    archive = src / "d" / "x.tif.zarr.zip"
+    archive.write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip: shown raw
+    settle(archive)  # its failure remembered: only a change of the file shows it again
+    mount: Mount = make_mount(src)  # type: ignore[operator]
+    folder = mount.mnt / "d"
+    assert os.listdir(folder) == ["x.tif.zarr.zip"]
+    with open(archive, "r+b") as fh:  # in place: the folder's mtime stays
+        fh.write(good)
+    deadline = time.monotonic() + RACY + 3
+    while os.listdir(folder) != ["x.tif"]:
+        assert time.monotonic() < deadline, (os.listdir(folder), mount.log_text())
+        time.sleep(0.1)
+    assert (folder / "x.tif").read_bytes() == tif.read_bytes()

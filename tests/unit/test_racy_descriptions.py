@@ -30,6 +30,7 @@ from tests.unit.inprocess import InProcessMount, fake_session
 from vfs.backends.base import Description
 from vfs.backends.decant import DecantBackend
 from vfs.decant.packer import pack_file
+from vfs.errors import CorruptArchiveError
 from vfs.mount import tree as tree_module
 from vfs.mount.index import DescriptionIndex
 from vfs.mount.tree import index_key
@@ -214,3 +215,82 @@ def test_a_package_member_described_mid_write_is_listed_again_from_the_new_tree(
     assert during != versions["new"][member]  # not the new member's bytes: refused, or the old
     assert stale == errno.ESTALE
     assert after == versions["new"][member]
+
+
+def test_an_archive_shown_raw_for_a_parse_that_failed_mid_write_is_listed_again(
+    racy: tuple[InProcessMount, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parse that failed mid-write showed the raw `.zarr.zip` and no `x.tif` until the folder
+    changed (red team, round 48, F1): nothing opens `x.tif` to have it described again. The
+    daemon lists the name again once the moment has passed."""
+    mount, tmp = racy
+    real = DecantBackend.describe_listed
+    calls: list[Path] = []
+
+    def half_written(self: DecantBackend, path: Path, listed: os.stat_result) -> object:
+        calls.append(path)
+        if len(calls) == 1:
+            raise CorruptArchiveError(f"{path}: zip entry not served: written since opened")
+        return real(self, path, listed)
+
+    monkeypatch.setattr(DecantBackend, "describe_listed", half_written)
+
+    async def scenario() -> tuple[list[str], list[str], list[str], bytes | int]:
+        during = await mount.listdir("d")
+        await mount.ops.describe_racy_again()  # too soon: nothing is due yet
+        soon = await mount.listdir("d")
+        await trio.sleep(RACY_S + 0.05)
+        await mount.ops.describe_racy_again()
+        after = await mount.listdir("d")
+        return during, soon, after, await _read_all(mount, await mount.resolve("d/x.tif"))
+
+    during, soon, after, data = mount.run(scenario)
+    assert during == soon == ["x.tif.zarr.zip"]
+    assert after == ["x.tif"]
+    assert data == (tmp / "new" / "x.tif").read_bytes()
+    assert mount.ops.inodes.folder_of(mount.config.src / "d") is not None
+    assert mount.tree.take_racy_due() == {}  # described once more, then trusted
+
+
+def test_an_archive_shown_raw_then_written_over_with_one_that_parses_is_described(
+    racy: tuple[InProcessMount, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A raw archive (it did not parse, long after its write) written over in place: the
+    watcher reports the name, and it was let be, as only a plain entry's owner and bits were
+    compared; it stayed raw until its folder changed."""
+    mount, _tmp = racy
+    monkeypatch.setattr(tree_module, "RACY_NS", 0)
+    archive = mount.config.src / "d" / "x.tif.zarr.zip"
+    good = archive.read_bytes()
+    archive.write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip: not an archive
+    folder_mtime = (mount.config.src / "d").stat().st_mtime_ns
+
+    async def scenario() -> tuple[list[str], list[str]]:
+        before = await mount.listdir("d")
+        with open(archive, "r+b") as fh:  # in place: the folder's mtime stays
+            fh.write(good)
+        assert (mount.config.src / "d").stat().st_mtime_ns == folder_mtime
+        await mount.ops.on_names_changed({archive.parent: {archive.name}})
+        return before, await mount.listdir("d")
+
+    before, after = mount.run(scenario)
+    assert before == ["x.tif.zarr.zip"]
+    assert after == ["x.tif"]
+
+
+def test_a_renamed_archive_whose_mtime_is_old_is_trusted_at_once(
+    racy: tuple[InProcessMount, Path],
+) -> None:
+    """The write side publishes by rename, the archive's mtime the original's: a rename moves
+    only the ctime, and writes no bytes. Such an archive is kept in the index at its first
+    listing, not described twice."""
+    mount, _tmp = racy
+    archive = mount.config.src / "d" / "x.tif.zarr.zip"
+    ago = time.time() - 60
+    os.utime(archive, (ago, ago))
+    archive.rename(archive.with_name("tmp"))
+    archive.with_name("tmp").rename(archive)  # ctime now
+    assert archive.stat().st_ctime > time.time() - 1
+    assert mount.run(mount.listdir, "d") == ["x.tif"]
+    assert _indexed(mount, archive) is not None
+    assert mount.tree.take_racy_due() == {}

@@ -56,6 +56,7 @@ TRACEMALLOC = "DECANT_TRACEMALLOC"
 # An archive stays open this long after its last handle closed, for the next open of it
 # (vfs.backends.idle): a reopen then costs a stat (a bucket's: one HEAD), not a parse.
 LINGER_SECONDS = 5.0
+RACY_POLL = 0.5  # seconds between looks for archives described mid-write whose moment passed
 
 
 def _c4gh_backend(config: MountConfig, cache: PageCache) -> Any:
@@ -470,6 +471,7 @@ async def _run(
             nursery.start_soon(queue.run, src, config.spool_root)
         nursery.start_soon(_raise_read_ahead_after_init, config.mnt)
         nursery.start_soon(_signals, nursery.cancel_scope)
+        nursery.start_soon(_describe_racy_forever, ops)
         if config.watch:
             nursery.start_soon(watch_source, ops, src, config.spool_root)
         else:
@@ -576,6 +578,15 @@ async def _write_metrics(ops: DecantOperations, path: Path) -> None:
         except OSError as exc:
             log.warning("cannot write metrics to %s: %s", path, exc)
         await trio.sleep(METRICS_INTERVAL)
+
+
+async def _describe_racy_forever(ops: DecantOperations) -> None:
+    """Archives described while they may have been mid-write are described again once that
+    moment has passed (DecantOperations.describe_racy_again); a poll of an empty map when none
+    were."""
+    while True:
+        await trio.sleep(RACY_POLL)
+        await ops.describe_racy_again()
 
 
 async def _relist_forever(ops: DecantOperations, interval: float) -> None:

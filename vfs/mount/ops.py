@@ -214,7 +214,7 @@ def _rewritten(folder: Folder, names: set[str]) -> set[str]:
     for name in names:
         node = folder.children.get(name)
         if node is not None and node.backend is None and not node.spooled:
-            if _attrs_changed(node):
+            if _attrs_changed(node) or _written(node):
                 out.add(name)
             continue
         if node is None or not node.version or node.member or node.spooled:
@@ -226,6 +226,18 @@ def _rewritten(folder: Folder, names: set[str]) -> set[str]:
         if len(node.version) == 4 and archive_version(st) != node.version:
             out.add(name)
     return out
+
+
+def _written(node: Node) -> bool:
+    """Whether the plain file behind `node` has another size or mtime now: written in place
+    (an archive shown raw, written over with one that parses, is then described)."""
+    if node.is_dir:
+        return False
+    try:
+        st = os.lstat(node.real)
+    except OSError:
+        return True
+    return (st.st_size, st.st_mtime_ns) != (node.size, node.mtime_ns)
 
 
 def _plain(node: Node) -> bool:
@@ -1024,6 +1036,8 @@ class DecantOperations(pyfuse3.Operations):
                         names = await self._quick(_rewritten, folder, names)
                         if not names:
                             continue
+                        # An archive shown raw may present another name now: both are shown.
+                        names = self.tree.presented_names(names)
                     await self._show(ino, sorted(names))
                     for name in names:  # the kernel's inodes see new sizes at getattr
                         node = folder.children.get(name)
@@ -1041,6 +1055,23 @@ class DecantOperations(pyfuse3.Operations):
             forget = getattr(overlay, "forget", None)
             if forget is not None:
                 forget(root)
+
+    async def describe_racy_again(self) -> None:
+        """The names of archives described while they may have been mid-write (tree.RACY_NS),
+        once that moment has passed, are listed again in the folders the kernel holds: a
+        description of a half-written file, or its raw file shown for a parse that failed, is
+        replaced by what the file holds now (the kernel's entries of changed names dropped)."""
+        for path, names in self.tree.take_racy_due().items():
+            found = self.inodes.folder_of(path)
+            if found is None:
+                continue  # not held: described afresh when it is listed
+            try:
+                async with self.inodes.locked(found[0]):
+                    await self._show(found[0], sorted(self.tree.presented_names(names)))
+            except (OSError, pyfuse3.FUSEError, DecantError) as exc:  # gone, store down: as is
+                log.debug("%s: not listed again: %s", path, exc)
+            except Exception:  # one folder's bug must not end the task, and the daemon with it
+                log.exception("%s: listing it again failed unexpectedly", path)
 
     async def _rescan_path(self, path: Path, force: bool = False) -> None:
         found = self.inodes.folder_of(path)

@@ -65,11 +65,12 @@ READ_AHEAD_MAX = 256 * 1024
 TreeKey = tuple[str, str, tuple[int, ...]]  # an archive's path, backend and version
 
 MAX_FAILED = 100_000  # archives remembered as failed (then forgotten all at once)
-# An archive file whose mtime or ctime is this recent when it has been described may have been
-# mid-write while it was read: one write() stamps both as it starts, so a parse during it sees
+# An archive file whose mtime is this recent when it has been described may have been mid-write
+# while it was read: one write() stamps mtime and ctime as it starts, so a parse during it sees
 # the new version's stat and the old bytes (git's "racy" entries). Such a description is not
-# kept in the index nor a failure remembered, and an open once this has passed describes the
-# archive again (`racy_due`).
+# kept in the index nor a failure remembered, and once this has passed the archive is described
+# again (`take_racy_due`, `racy_due`). Not the ctime: a rename (how the write side publishes an
+# archive, its mtime the original's) or a chmod moves only that, and no bytes are being written.
 RACY_NS = 2_000_000_000
 MAX_RACY = 10_000  # racy archives remembered (then forgotten all at once)
 
@@ -107,6 +108,7 @@ class SourceTree:
         # clock time (ns) from which a description of it is trusted (see RACY_NS). Written by
         # listing threads, read on the event loop: single dict operations only, no lock.
         self._racy: dict[Path, tuple[tuple[int, ...], int]] = {}
+        self._racy_queue: dict[Path, int] = {}  # ... to be listed again then (`take_racy_due`)
         # The member trees of archives shown as folders, across all of them (their nodes keep
         # none: `children_of_archive_node` reads an evicted one again).
         self.trees = DescribedTrees(described_entries)
@@ -513,14 +515,29 @@ class SourceTree:
         nothing of its files; an object is replaced whole."""
         if not stat.S_ISREG(st.st_mode):
             return False
-        trusted_from = max(st.st_mtime_ns, st.st_ctime_ns) + RACY_NS
+        trusted_from = st.st_mtime_ns + RACY_NS
         if time.time_ns() >= trusted_from:
             self._racy.pop(path, None)
             return False
         if len(self._racy) >= MAX_RACY:
             self._racy.clear()
+        if len(self._racy_queue) >= MAX_RACY:
+            self._racy_queue.clear()
         self._racy[path] = (archive_version(st), trusted_from)
+        self._racy_queue[path] = trusted_from
         return True
+
+    def take_racy_due(self) -> dict[Path, set[str]]:
+        """The archives described while they may have been mid-write whose moment has passed,
+        by folder, each handed out once: listed again, a description made of a half-written
+        file (or its raw file, shown for a parse that failed) does not stay until the folder
+        changes."""
+        now = time.time_ns()
+        out: dict[Path, set[str]] = {}
+        for path, trusted_from in self._racy_queue.copy().items():  # copy(): one operation
+            if trusted_from <= now and self._racy_queue.pop(path, None) is not None:
+                out.setdefault(path.parent, set()).add(path.name)
+        return out
 
     def racy_due(self, node: Node) -> bool:
         """Whether `node` was described from its archive while that may have been mid-write,
