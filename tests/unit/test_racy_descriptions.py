@@ -294,3 +294,25 @@ def test_a_renamed_archive_whose_mtime_is_old_is_trusted_at_once(
     assert mount.run(mount.listdir, "d") == ["x.tif"]
     assert _indexed(mount, archive) is not None
     assert mount.tree.take_racy_due() == {}
+
+
+def test_an_archive_presenting_a_name_of_another_stem_is_found_when_described_again(
+    racy: tuple[InProcessMount, Path],
+) -> None:
+    """`scan.zarr.zip` presents `x.tif` (the name its manifest records): described again, it was
+    looked for under its own name's relatives only, taken for gone, and its open got ESTALE."""
+    mount, tmp = racy
+    archive = mount.config.src / "d" / "x.tif.zarr.zip"
+    archive.rename(archive.with_name("scan.zarr.zip"))
+    os.utime(archive.with_name("scan.zarr.zip"))  # written a moment ago
+
+    async def scenario() -> tuple[int, bytes | int, int]:
+        assert await mount.listdir("d") == ["x.tif"]
+        first = await mount.resolve("d/x.tif")
+        await trio.sleep(RACY_S + 0.05)
+        data = await _read_all(mount, first)  # opens: described again, the same file
+        return first, data, await mount.resolve("d/x.tif")
+
+    first, data, again = mount.run(scenario)
+    assert data == (tmp / "new" / "x.tif").read_bytes()
+    assert first == again

@@ -788,9 +788,15 @@ class DecantOperations(pyfuse3.Operations):
         found = self.inodes.folder_of(node.real.parent)
         if found is None:
             return node.entry  # not listed: nothing read again to compare with
+        real = node.real_text
         for name in self.tree.presented_names({node.real.name}):
             kid = found[1].children.get(name)
-            if kid is not None and kid.real == node.real and kid.backend is node.backend:
+            if kid is not None and kid.real_text == real and kid.backend is node.backend:
+                return kid.entry
+        # An archive presenting a name of another stem (rare; a racy one rarer): looked for
+        # among all, not taken for gone (which would give its open a needless ESTALE).
+        for kid in found[1].children.values():
+            if kid.backend is node.backend and kid.real_text == real:
                 return kid.entry
         return None
 
