@@ -15,7 +15,7 @@ from types import MappingProxyType
 from vfs.backends.base import Backend, Entry, mode_mask_of, presented_mode
 
 # (path, backend, member, archive version, sha256 presented): an archive described again as
-# another file under the same stat (it was read mid-write: tree.RACY_NS) is another file.
+# another file under the same stat (it was read mid-write: racy.RACY_NS) is another file.
 NodeKey = tuple[str, str, str, tuple[int, ...], str]
 
 # A node without extended attributes (most of them): one shared mapping, never written; a node

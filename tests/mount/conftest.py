@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.toolbox import load_tool
-from vfs.mount.tree import RACY_NS
+from vfs.mount.racy import RACY_NS
 
 ROOT = Path(__file__).resolve().parents[2]
 HAVE_FUSE = os.path.exists("/dev/fuse") and shutil.which("fusermount3") is not None
@@ -214,7 +214,7 @@ def unprivileged() -> User:
 
 def settle(*paths: Path) -> None:
     """Wait until each of `paths` was last changed more than the racy window ago
-    (vfs.mount.tree.RACY_NS): only then does a listing keep its description in the index, which
+    (vfs.mount.racy.RACY_NS): only then does a listing keep its description in the index, which
     a test of what a remount reads from the index needs."""
     newest = max(p.lstat().st_ctime_ns for p in paths) / 1e9
     time.sleep(max(0.0, newest + RACY_NS / 1e9 + 0.05 - time.time()))

@@ -22,7 +22,7 @@ import tifffile
 from tests.mount.conftest import Mount, settle
 from vfs.decant.packer import pack_file
 
-RACY = 2.0  # vfs/mount/tree.py RACY_NS
+RACY = 2.0  # vfs/mount/racy.py RACY_NS
 
 SITECUSTOMIZE = """
 import os

@@ -34,9 +34,9 @@ def src(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def _no_racy_window(monkeypatch: pytest.MonkeyPatch) -> None:
     """Unit tests describe archives written a moment before and check what the index keeps:
-    with the racy window on (vfs.mount.tree.RACY_NS) nothing written in the last 2 s would be
+    with the racy window on (vfs.mount.racy.RACY_NS) nothing written in the last 2 s would be
     kept. The window is tested on its own (test_racy_descriptions.py), and the mount tests
     run with it."""
-    from vfs.mount import tree
+    from vfs.mount import racy
 
-    monkeypatch.setattr(tree, "RACY_NS", 0)
+    monkeypatch.setattr(racy, "RACY_NS", 0)

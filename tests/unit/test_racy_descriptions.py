@@ -31,7 +31,7 @@ from vfs.backends.base import Description
 from vfs.backends.decant import DecantBackend
 from vfs.decant.packer import pack_file
 from vfs.errors import CorruptArchiveError
-from vfs.mount import tree as tree_module
+from vfs.mount import racy as racy_module
 from vfs.mount.index import DescriptionIndex
 from vfs.mount.tree import index_key
 
@@ -46,7 +46,7 @@ def _tiff(path: Path, seed: int) -> Path:
 
 @pytest.fixture
 def racy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[InProcessMount, Path]]:
-    monkeypatch.setattr(tree_module, "RACY_NS", int(RACY_S * 1e9))
+    monkeypatch.setattr(racy_module, "RACY_NS", int(RACY_S * 1e9))
     src = tmp_path / "src"
     (src / "d").mkdir(parents=True)
     for version, seed in (("old", 1), ("new", 2)):
@@ -172,7 +172,7 @@ def test_a_package_member_described_mid_write_is_listed_again_from_the_new_tree(
     from vfs.backends.c4gh import C4ghBackend
 
     corpus = load_tool("make_c4gh_corpus")
-    monkeypatch.setattr(tree_module, "RACY_NS", int(RACY_S * 1e9))
+    monkeypatch.setattr(racy_module, "RACY_NS", int(RACY_S * 1e9))
     keys = {n: corpus.make_keypair(tmp_path / "keys", n) for n in ("node", "writer")}
     src = tmp_path / "src"
     (src / "d").mkdir(parents=True)
@@ -259,7 +259,7 @@ def test_an_archive_shown_raw_then_written_over_with_one_that_parses_is_describe
     watcher reports the name, and it was let be, as only a plain entry's owner and bits were
     compared; it stayed raw until its folder changed."""
     mount, _tmp = racy
-    monkeypatch.setattr(tree_module, "RACY_NS", 0)
+    monkeypatch.setattr(racy_module, "RACY_NS", 0)
     archive = mount.config.src / "d" / "x.tif.zarr.zip"
     good = archive.read_bytes()
     archive.write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip: not an archive

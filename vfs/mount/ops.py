@@ -760,7 +760,7 @@ class DecantOperations(pyfuse3.Operations):
                                     direct_io=handle.feed is not None)  # fmt: skip
 
     async def _describe_again(self, node: Node) -> None:
-        """`node` was described while its archive file may have been mid-write (tree.RACY_NS):
+        """`node` was described while its archive file may have been mid-write (racy.RACY_NS):
         its archive is described again, and if that presents another entry under its name the
         open gets ESTALE, which the kernel retries with a fresh lookup (see `_relist`); a
         verdict on the old description goes with it. Else the description stands, and so does
@@ -1063,7 +1063,7 @@ class DecantOperations(pyfuse3.Operations):
                 forget(root)
 
     async def describe_racy_again(self) -> None:
-        """The names of archives described while they may have been mid-write (tree.RACY_NS),
+        """The names of archives described while they may have been mid-write (racy.RACY_NS),
         once that moment has passed, are listed again in the folders the kernel holds: a
         description of a half-written file, or its raw file shown for a parse that failed, is
         replaced by what the file holds now (the kernel's entries of changed names dropped)."""

@@ -14,7 +14,6 @@ import os
 import sqlite3
 import stat
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from vfs.decant import MANIFEST_KEY, TEMP_PREFIX, archive_stat, folded_stat
 from vfs.errors import DecantError
 from vfs.mount.described import DESCRIBED_ENTRIES, DescribedTrees
 from vfs.mount.index import DescriptionIndex
+from vfs.mount.racy import RacyArchives
 from vfs.names import name_problem
 from vfs.nodes import Node, archive_node, archive_version, mirror_node, spooled_node, unshared
 from vfs.perms import user_groups
@@ -65,14 +65,6 @@ READ_AHEAD_MAX = 256 * 1024
 TreeKey = tuple[str, str, tuple[int, ...]]  # an archive's path, backend and version
 
 MAX_FAILED = 100_000  # archives remembered as failed (then forgotten all at once)
-# An archive file whose mtime is this recent when it has been described may have been mid-write
-# while it was read: one write() stamps mtime and ctime as it starts, so a parse during it sees
-# the new version's stat and the old bytes (git's "racy" entries). Such a description is not
-# kept in the index nor a failure remembered, and once this has passed the archive is described
-# again (`take_racy_due`, `racy_due`). Not the ctime: a rename (how the write side publishes an
-# archive, its mtime the original's) or a chmod moves only that, and no bytes are being written.
-RACY_NS = 2_000_000_000
-MAX_RACY = 10_000  # racy archives remembered (then forgotten all at once)
 
 
 class NotQuick(Exception):
@@ -104,11 +96,7 @@ class SourceTree:
         self.overlay_roots: set[Path] = set()  # folders an overlay claimed: rebuilt on change
         self._irregular: set[Path] = set()  # folders `entries` cannot answer for: see there
         self._failed: dict[Path, tuple[object, ...]] = {}  # archives shown raw, by stamp
-        # Archives described while they may have been mid-write: their version, and the wall
-        # clock time (ns) from which a description of it is trusted (see RACY_NS). Written by
-        # listing threads, read on the event loop: single dict operations only, no lock.
-        self._racy: dict[Path, tuple[tuple[int, ...], int]] = {}
-        self._racy_queue: dict[Path, int] = {}  # ... to be listed again then (`take_racy_due`)
+        self.racy = RacyArchives()  # described while they may have been mid-write
         # The member trees of archives shown as folders, across all of them (their nodes keep
         # none: `children_of_archive_node` reads an evicted one again).
         self.trees = DescribedTrees(described_entries)
@@ -493,7 +481,7 @@ class SourceTree:
         if self._failed.get(path) == stamp:
             return None
         desc = self._describe_fresh(backend, path, st)
-        if self._racy_now(path, st):
+        if self.racy.note(path, st, archive_version(st)):
             return desc  # neither kept nor remembered as failed: described again soon
         if desc is None:
             if len(self._failed) >= MAX_FAILED:
@@ -509,43 +497,17 @@ class SourceTree:
             self._keep(path, [row])
         return desc
 
-    def _racy_now(self, path: Path, st: os.stat_result) -> bool:
-        """Whether the archive file's description just made may hold bytes of a write in
-        progress (see RACY_NS); noted for `racy_due` if so. A folder archive's stat says
-        nothing of its files; an object is replaced whole."""
-        if not stat.S_ISREG(st.st_mode):
-            return False
-        trusted_from = st.st_mtime_ns + RACY_NS
-        if time.time_ns() >= trusted_from:
-            self._racy.pop(path, None)
-            return False
-        if len(self._racy) >= MAX_RACY:
-            self._racy.clear()
-        if len(self._racy_queue) >= MAX_RACY:
-            self._racy_queue.clear()
-        self._racy[path] = (archive_version(st), trusted_from)
-        self._racy_queue[path] = trusted_from
-        return True
-
     def take_racy_due(self) -> dict[Path, set[str]]:
-        """The archives described while they may have been mid-write whose moment has passed,
-        by folder, each handed out once: listed again, a description made of a half-written
-        file (or its raw file, shown for a parse that failed) does not stay until the folder
-        changes."""
-        now = time.time_ns()
-        out: dict[Path, set[str]] = {}
-        for path, trusted_from in self._racy_queue.copy().items():  # copy(): one operation
-            if trusted_from <= now and self._racy_queue.pop(path, None) is not None:
-                out.setdefault(path.parent, set()).add(path.name)
-        return out
+        """The names of archives described while they may have been mid-write, whose moment
+        has passed, by folder (vfs.mount.racy): listed again, a description made of a
+        half-written file (or its raw file, shown for a parse that failed) does not stay
+        until the folder changes."""
+        return self.racy.take_due()
 
     def racy_due(self, node: Node) -> bool:
         """Whether `node` was described from its archive while that may have been mid-write,
         and may be described again now for a description to trust."""
-        if not self._racy:
-            return False
-        found = self._racy.get(node.real)
-        return found is not None and found[0] == node.version and time.time_ns() >= found[1]
+        return self.racy.due(node.real, node.version, node.uid)
 
     def _indexed(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:
         if self.index is None:
