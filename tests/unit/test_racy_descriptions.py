@@ -89,6 +89,24 @@ async def _read_all(mount: InProcessMount, ino: int) -> bytes | int:
         return exc.errno
 
 
+async def _read_open_later_read_again(
+    mount: InProcessMount, path: str
+) -> tuple[bytes | int, int, bytes | int]:
+    """Read `path` whole at once (its description made mid-write), open it again once the
+    moment has passed (the errno, 0 if it opened), then look it up and read it again, as the
+    kernel's retry after ESTALE does."""
+    first = await mount.resolve(path)
+    during = await _read_all(mount, first)
+    await trio.sleep(RACY_S + 0.05)
+    try:
+        await mount.ops.open(first, os.O_RDONLY, mount.ctx)
+    except pyfuse3.FUSEError as exc:
+        stale = exc.errno
+    else:
+        stale = 0
+    return during, stale, await _read_all(mount, await mount.resolve(path))
+
+
 def test_a_description_of_an_archive_mid_write_is_made_again_and_serves_the_new_bytes(
     racy: tuple[InProcessMount, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -96,20 +114,7 @@ def test_a_description_of_an_archive_mid_write_is_made_again_and_serves_the_new_
     _parse_old_bytes_once(monkeypatch, tmp / "old" / "x.tif.zarr.zip")
     archive = mount.config.src / "d" / "x.tif.zarr.zip"
 
-    async def scenario() -> tuple[bytes | int, int, bytes | int]:
-        first = await mount.resolve("d/x.tif")
-        during = await _read_all(mount, first)  # the old description, the new bytes
-        await trio.sleep(RACY_S + 0.05)
-        try:
-            await mount.ops.open(first, os.O_RDONLY, mount.ctx)
-        except pyfuse3.FUSEError as exc:
-            stale = exc.errno
-        else:
-            stale = 0
-        again = await mount.resolve("d/x.tif")  # the kernel's lookup after ESTALE
-        return during, stale, await _read_all(mount, again)
-
-    during, stale, after = mount.run(scenario)
+    during, stale, after = mount.run(_read_open_later_read_again, mount, "d/x.tif")
     assert during == errno.EIO  # never the wrong bytes
     assert stale == errno.ESTALE
     assert after == (tmp / "new" / "x.tif").read_bytes()
@@ -198,20 +203,9 @@ def test_a_package_member_described_mid_write_is_listed_again_from_the_new_tree(
         mount = InProcessMount(src, tmp_path, read_only=True)
         mount.tree.backends.append(backend(keys["node"]))
 
-        async def scenario() -> tuple[bytes | int, int, bytes | int]:
-            first = await mount.resolve(f"d/p.tar.c4gh/{member}")
-            during = await _read_all(mount, first)
-            await trio.sleep(RACY_S + 0.05)
-            try:
-                await mount.ops.open(first, os.O_RDONLY, mount.ctx)
-            except pyfuse3.FUSEError as exc:
-                stale = exc.errno
-            else:
-                stale = 0
-            again = await mount.resolve(f"d/p.tar.c4gh/{member}")
-            return during, stale, await _read_all(mount, again)
-
-        during, stale, after = mount.run(scenario)
+        during, stale, after = mount.run(
+            _read_open_later_read_again, mount, f"d/p.tar.c4gh/{member}"
+        )
     assert during != versions["new"][member]  # not the new member's bytes: refused, or the old
     assert stale == errno.ESTALE
     assert after == versions["new"][member]
