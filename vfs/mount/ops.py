@@ -794,7 +794,11 @@ class DecantOperations(pyfuse3.Operations):
             if kid is not None and kid.real_text == real and kid.backend is node.backend:
                 return kid.entry
         # An archive presenting a name of another stem (rare; a racy one rarer): looked for
-        # among all, not taken for gone (which would give its open a needless ESTALE).
+        # among all, not taken for gone (which would give its open a needless ESTALE). Only in
+        # a folder where such names are shown: elsewhere a walk of a folder of a million names
+        # held the event loop ~0.5 s for an archive that now simply fails to parse.
+        if not self.tree.presents_other_names(node.real.parent):
+            return None
         for kid in found[1].children.values():
             if kid.backend is node.backend and kid.real_text == real:
                 return kid.entry

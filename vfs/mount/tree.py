@@ -497,6 +497,11 @@ class SourceTree:
             self._keep(path, [row])
         return desc
 
+    def presents_other_names(self, folder: Path) -> bool:
+        """Whether an archive of `folder` presented, at its last listing, a name other than
+        its own less `.zarr.zip` / `.zarr` (see `entries`)."""
+        return folder in self._irregular
+
     def take_racy_due(self) -> dict[Path, set[str]]:
         """The names of archives described while they may have been mid-write, whose moment
         has passed, by folder (vfs.mount.racy): listed again, a description made of a
