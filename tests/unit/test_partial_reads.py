@@ -6,6 +6,7 @@ and the whole-plane path, unverified or with the digest map a verified archive i
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vfs.cache import PageCache
+from vfs.decant import partial as partial_module
 from vfs.decant import reader as reader_module
-from vfs.decant.blosc_blocks import block_spans, parse_header
+from vfs.decant.blosc_blocks import BloscChunkError, block_spans, parse_header
 from vfs.decant.digestmap import chunk_digests
 from vfs.decant.digests import archive_digests
 from vfs.decant.packer import PackOptions, pack_file
@@ -253,6 +255,45 @@ def test_a_damaged_block_is_an_error(
                 reader.read(at, 16)
             except CorruptArchiveError as exc:
                 assert "0/0.0.0" in str(exc)
+
+
+def test_a_read_over_several_blocks_decodes_some_on_the_helper_and_its_errors_name_the_chunk(
+    tiny_block_archives: dict[tuple[str, str], Path],
+    corpus: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    every_read_partial: None,
+) -> None:
+    """A read over a few blocks decodes half of the others on the shared helper thread while
+    the reading thread decodes the rest: the bytes are the original's, and a block that fails
+    to decode there is the same CorruptArchiveError naming the chunk as on the reading thread."""
+    path = tiny_block_archives[("tiled_planar_rgb_u16_edge.tif", "zstd:byteshuffle")]
+    original = corpus["tiled_planar_rgb_u16_edge.tif"].read_bytes()
+    threads: list[str] = []
+    real = partial_module.decode_blocks
+
+    def noted(*args: Any, **kwargs: Any) -> bytearray:
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    def broken(*args: Any, **kwargs: Any) -> bytearray:
+        if threading.current_thread().name.startswith("decant-blocks"):
+            raise BloscChunkError("block 4 does not decode (test)")
+        return real(*args, **kwargs)
+
+    for decode in (noted, broken):
+        monkeypatch.setattr(partial_module, "decode_blocks", decode)
+        with DecantArchive.open(path) as archive:
+            reader = _reader(archive, PageCache(64 << 20), True)
+            start, length, _page = max(_pixel_spans(reader), key=lambda s: s[1])
+            at = start + length // 2
+            if decode is noted:
+                assert bytes(reader.read(at, 1500)) == original[at : at + 1500]
+            else:
+                with pytest.raises(CorruptArchiveError, match=r"chunk '.+' block 4 does not"):
+                    reader.read(at, 1500)
+    assert len(threads) > 2
+    assert any(name.startswith("decant-blocks") for name in threads)
+    assert any(not name.startswith("decant-blocks") for name in threads)
 
 
 @pytest.mark.parametrize("layouts", [False, True], ids=["table-read", "table-recorded"])
