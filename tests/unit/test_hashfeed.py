@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vfs.integrity import SequentialHasher
+from vfs.mount import hashfeed
 from vfs.mount.hashfeed import HashFeed
 
 
@@ -204,3 +205,18 @@ def test_a_read_waiting_for_room_goes_on_when_the_hash_gives_up() -> None:
         assert hasher.abandoned
 
     trio.run(main)
+
+
+def test_start_threads_starts_every_pool_thread_before_any_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """At mount the daemon starts the hash pool's threads, so the first read that hashes does
+    not start one (ThreadPoolExecutor starts them one per submit otherwise)."""
+    monkeypatch.setattr(hashfeed, "_POOL", None)  # a pool of this test's own
+    hashfeed.start_threads()
+    pool = hashfeed._POOL
+    assert pool is not None
+    try:
+        assert len(pool._threads) == hashfeed.WORKERS
+    finally:
+        pool.shutdown()

@@ -4,10 +4,8 @@ the caller converts byte order before `extract`), and the blosc blocks holding t
 
 from __future__ import annotations
 
-import threading
 from bisect import bisect_right
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -28,7 +26,7 @@ from vfs.decant.limits import compressed_bound
 from vfs.decant.manifest import PageRecord
 from vfs.decant.store import Store
 from vfs.errors import CorruptArchiveError
-from vfs.threads import name_this_thread
+from vfs.threads import block_helper
 
 # Streams of the blocks a read needs that lie at most this far apart in the chunk are read in one
 # range (the bytes between them fetched and unused): c-blosc's threads store a chunk's streams in
@@ -281,7 +279,7 @@ class BlockSource:
             # block boundary decodes two blocks: ~0.3 ms each here, serially before).
             aside = None
             if others:
-                aside = _helper().submit(_decode_each, h, spans, others[::2], data, lo)
+                aside = block_helper().submit(_decode_each, h, spans, others[::2], data, lo)
             fetched.update(_decode_each(h, spans, others[1::2], data, lo))
             mine = memoryview(decode_blocks(h, spans, range(j, j + 1), data, base=lo))
             if aside is not None:
@@ -295,21 +293,6 @@ def _decode_each(
     h: BloscHeader, spans: list[tuple[int, int]], blocks: list[int], data: Any, base: int
 ) -> dict[int, memoryview]:
     return {k: memoryview(decode_blocks(h, spans, range(k, k + 1), data, base)) for k in blocks}
-
-
-_HELPER: ThreadPoolExecutor | None = None
-_HELPER_LOCK = threading.Lock()
-
-
-def _helper() -> ThreadPoolExecutor:
-    """One thread shared by every reader: a small read's second block decodes on the other core
-    while its first decodes on the reading thread (c-blosc's context call releases the GIL)."""
-    global _HELPER
-    with _HELPER_LOCK:
-        if _HELPER is None:
-            _HELPER = ThreadPoolExecutor(1, "decant-blocks", initializer=name_this_thread,
-                                         initargs=("decant-blocks",))  # fmt: skip
-        return _HELPER
 
 
 def _near(spans: list[tuple[int, int]], j: int, others: list[int]) -> list[int]:
