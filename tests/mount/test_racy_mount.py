@@ -138,3 +138,51 @@ def test_an_archive_shown_raw_written_over_in_place_with_one_that_parses_appears
         assert time.monotonic() < deadline, (os.listdir(folder), mount.log_text())
         time.sleep(0.1)
     assert (folder / "x.tif").read_bytes() == tif.read_bytes()
+
+
+def test_a_trusted_description_of_other_bytes_is_made_again_after_its_verification_fails(
+    tmp_path: Path, make_mount: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One `write()` longer than the 2 s window: the listing after the window parses bytes the
+    write has not reached, and is trusted. The `sha256sum` of that description fails (EIO); the
+    archive is then described from the file again, and the next `sha256sum` gets the new file,
+    here and after a remount on the same index. Before, EIO until the file changed again."""
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    tifs = {}
+    for version, seed in (("old", 4), ("new", 5)):
+        tif = tmp_path / version / "x.tif"
+        tif.parent.mkdir()
+        tifffile.imwrite(tif, np.random.default_rng(seed).integers(0, 4000, (3, 64, 48), np.uint16))
+        tifs[version] = tif
+        pack_file(tif, tif.parent / "x.tif.zarr.zip")
+    archive = src / "d" / "x.tif.zarr.zip"
+    archive.write_bytes((tmp_path / "new" / "x.tif.zarr.zip").read_bytes())
+    then = time.time() - 60  # the write started a minute ago: nothing racy about its stat
+    os.utime(archive, (then, then))
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    monkeypatch.setenv("PYTHONPATH", str(hook))
+    monkeypatch.setenv("DECANT_TEST_OLD_ARCHIVE", str(tmp_path / "old" / "x.tif.zarr.zip"))
+    mount: Mount = make_mount(src)  # type: ignore[operator]
+    shown = mount.mnt / "d" / "x.tif"
+    want = hashlib.sha256(tifs["new"].read_bytes()).hexdigest()
+
+    during = subprocess.run(["sha256sum", str(shown)], capture_output=True, text=True)
+    assert during.returncode != 0 and "Input/output error" in during.stderr, during
+    deadline = time.monotonic() + 5
+    while True:
+        after = subprocess.run(["sha256sum", str(shown)], capture_output=True, text=True)
+        if after.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert after.returncode == 0, (after.stderr, mount.log_text())
+    assert after.stdout.split()[0] == want
+    assert os.stat(shown).st_size == tifs["new"].stat().st_size
+
+    mount.stop()
+    monkeypatch.delenv("PYTHONPATH")
+    mount.start()
+    again = subprocess.run(["sha256sum", str(shown)], capture_output=True, text=True)
+    assert again.returncode == 0 and again.stdout.split()[0] == want, again.stderr

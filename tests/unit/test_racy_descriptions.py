@@ -30,6 +30,7 @@ from tests.unit.inprocess import InProcessMount, fake_session
 from vfs.backends.base import Description
 from vfs.backends.decant import DecantBackend
 from vfs.decant.packer import pack_file
+from vfs.decant.reader import OriginalReader
 from vfs.errors import CorruptArchiveError
 from vfs.mount import racy as racy_module
 from vfs.mount.index import DescriptionIndex
@@ -310,3 +311,78 @@ def test_an_archive_presenting_a_name_of_another_stem_is_found_when_described_ag
     first, data, again = mount.run(scenario)
     assert data == (tmp / "new" / "x.tif").read_bytes()
     assert first == again
+
+
+def _aged(archive: Path) -> None:
+    """The archive's mtime a minute back: its description is trusted at once (not racy)."""
+    then = time.time() - 60
+    os.utime(archive, (then, then))
+
+
+def test_a_trusted_description_whose_verification_fails_is_made_again_from_the_file(
+    racy: tuple[InProcessMount, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One `write()` that ran longer than the racy window (or a write through a shared mmap):
+    the listing made after the window, while bytes were still being written, is trusted and
+    kept. Its verification fails; the archive is then described from the file, not the index,
+    the next open gets ESTALE, and the kernel's retry reads the new bytes. Before, every read
+    gave EIO until the file changed again, across remounts too."""
+    mount, tmp = racy
+    archive = mount.config.src / "d" / "x.tif.zarr.zip"
+    _aged(archive)
+    _parse_old_bytes_once(monkeypatch, tmp / "old" / "x.tif.zarr.zip")
+    old_sha = hashlib.sha256((tmp / "old" / "x.tif").read_bytes()).hexdigest()
+
+    during, stale, after = mount.run(_read_open_later_read_again, mount, "d/x.tif")
+    assert during == errno.EIO  # never the wrong bytes
+    assert stale == errno.ESTALE
+    assert after == (tmp / "new" / "x.tif").read_bytes()
+    kept = _indexed(mount, archive)
+    assert kept is not None and kept.root.sha256 != old_sha
+    assert kept.root.sha256 == hashlib.sha256(after).hexdigest()
+
+
+def test_a_damaged_archive_is_described_once_more_and_stays_refused(
+    racy: tuple[InProcessMount, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its description is right and its bytes wrong: described again, the same, so its opens
+    keep getting EIO (no ESTALE, no loop of descriptions)."""
+    mount, _tmp = racy
+    archive = mount.config.src / "d" / "x.tif.zarr.zip"
+    _aged(archive)
+    real = DecantBackend.describe_listed
+    calls: list[Path] = []
+
+    def counted(self: DecantBackend, path: Path, listed: os.stat_result) -> object:
+        calls.append(path)
+        return real(self, path, listed)
+
+    monkeypatch.setattr(DecantBackend, "describe_listed", counted)
+
+    def flipped(self: object, *args: object, **kwargs: object) -> object:
+        data = bytearray(original_read(self, *args, **kwargs))
+        if data:
+            data[len(data) // 2] ^= 0xFF
+        return bytes(data)
+
+    original_read = OriginalReader.read
+    monkeypatch.setattr(OriginalReader, "read", flipped)
+
+    async def scenario() -> tuple[bytes | int, list[int]]:
+        first = await mount.resolve("d/x.tif")
+        during = await _read_all(mount, first)
+        await trio.sleep(RACY_S + 0.05)
+        codes = []
+        for _ in range(3):
+            try:
+                await mount.ops.open(first, os.O_RDONLY, mount.ctx)
+            except pyfuse3.FUSEError as exc:
+                codes.append(exc.errno)
+            else:
+                codes.append(0)
+        return during, codes
+
+    during, codes = mount.run(scenario)
+    assert during == errno.EIO
+    assert codes == [errno.EIO] * 3
+    assert len(calls) == 2  # the listing's, and one more after the failed verification

@@ -85,6 +85,10 @@ class BucketTree(SourceTree):
     def key_of(self, path: Path) -> str:
         return "" if path == self.root else path.relative_to(self.root).as_posix()
 
+    def doubt(self, node: Node) -> None:
+        """Nothing to describe again: an object's description is kept by its ETag, and the
+        bytes under one ETag do not change (a GET of other bytes fails its If-Match)."""
+
     def root_node(self) -> Node:
         return mirror_node(self.root, self._dir_stat(""), False)
 

@@ -211,6 +211,13 @@ class DescriptionIndex:
             self._db.execute("COMMIT")
         return refused
 
+    def forget_description(self, path: Path, backend: str) -> None:
+        """Drop what is kept for `path` (every version): it is described from the file again."""
+        with self._lock:
+            self._db.execute(
+                "DELETE FROM descriptions WHERE path=? AND backend=?", (_text(path), backend)
+            )
+
     def get_object(self, url: str, backend: str, info: ObjectInfo) -> Description | None:
         """An object's description, if the index holds one for this very identity (key, size,
         last-modified and ETag): a remount lists a bucket without a GET per archive."""

@@ -293,6 +293,7 @@ class DecantOperations(pyfuse3.Operations):
         self.inodes = InodeTable(tree.root_node())
         self.integrity = Integrity(self._is_verified, self._mark_verified, self._open_reader,
                                    self._forget_verified)  # fmt: skip
+        self.integrity.doubt = tree.doubt
         self.reads = Reads(self.integrity, config.decode_threads)
         self._handles: dict[int, OpenFile] = {}
         self._next_fh = 1

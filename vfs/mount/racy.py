@@ -60,6 +60,19 @@ class RacyArchives:
         waiting[path] = trusted_from
         return True
 
+    def doubt(self, path: Path, version: Version, uid: int) -> None:
+        """Have the archive at `path` (of `version`, owner `uid`) described again now, as a racy
+        one whose moment has passed: its description does not hold what the file holds."""
+        seen = self._seen.setdefault(uid, {})
+        waiting = self._waiting.setdefault(uid, {})
+        if len(seen) >= self._per_owner:
+            seen.clear()
+        if len(waiting) >= self._per_owner:
+            waiting.clear()
+        now = self._clock()
+        seen[path] = (version, now)
+        waiting[path] = now
+
     def due(self, path: Path, version: Version, uid: int) -> bool:
         """Whether the archive at `path`, of `version` and owner `uid`, was described racy and
         may be described again now for a description to trust."""

@@ -82,6 +82,9 @@ class Integrity:
         self.limiter = trio.CapacityLimiter(1)  # background verifications at once
         self._waited: dict[int, trio.CapacityLimiter] = {}  # a uid's verifications a read awaits
         self.spawn: Callable[[Callable[..., Awaitable[None]], Node], None] | None = None
+        # Told of a file whose bytes did not hash to its description (a worker thread's call):
+        # the description, not the archive, may be what is wrong (SourceTree.doubt).
+        self.doubt: Callable[[Node], None] | None = None
 
     def state(self, node: Node) -> str:
         """`user.decant.verified`: yes, no (failed), pending, or unknown."""
@@ -124,6 +127,7 @@ class Integrity:
         self.pending.discard(node.key)
         log.error("%s%s: reconstructed bytes hash to %s, not the recorded %s — refusing to "
                   "serve it", node.real, _member(node), digest, node.sha256)  # fmt: skip
+        self._doubt_later(node)
 
     async def lost(self, node: Node, exc: Exception) -> None:
         """A verified file read damaged bytes (a chunk digest or decode failed): no longer
@@ -135,6 +139,15 @@ class Integrity:
         log.error("%s%s: damaged since it verified: %s", node.real, _member(node), exc)
         if self._forget_verified is not None:
             await trio.to_thread.run_sync(self._forget_verified, node)
+        self._doubt_later(node)
+
+    def _doubt_later(self, node: Node) -> None:
+        if self.doubt is not None and self.spawn is not None:
+            self.spawn(self._doubt, node)
+
+    async def _doubt(self, node: Node) -> None:
+        assert self.doubt is not None
+        await trio.to_thread.run_sync(self.doubt, node)
 
     def queue(self, node: Node) -> None:
         """Verify `node` in the background unless it is known or already queued."""

@@ -514,6 +514,22 @@ class SourceTree:
         and may be described again now for a description to trust."""
         return self.racy.due(node.real, node.version, node.uid)
 
+    def doubt(self, node: Node) -> None:
+        """`node`'s bytes did not hash to its description (a verification failed): its archive
+        is described from the file again, not from the index, at its next open or soon after
+        (as a racy one whose moment has passed). A description made of other bytes than the
+        file holds now (one `write()` that ran longer than RACY_NS, a write through a shared
+        mmap) is replaced, and that open gets ESTALE; a damaged archive describes the same and
+        stays refused. Blocking: a worker thread's (the index)."""
+        if node.backend is None:
+            return
+        if self.index is not None:
+            try:
+                self.index.forget_description(node.real, index_key(node.backend))
+            except sqlite3.Error as exc:
+                self._log_once(node.real, f"{node.real}: not forgotten in the index ({exc})")
+        self.racy.doubt(node.real, node.version, node.uid)
+
     def _indexed(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:
         if self.index is None:
             return None
