@@ -47,28 +47,43 @@ DecantBackend.describe_listed = _racing
 """
 
 
-def test_an_archive_described_mid_write_serves_its_new_bytes_once_the_write_is_past(
-    tmp_path: Path, make_mount: object, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _old_and_new_mounted(
+    tmp_path: Path,
+    make_mount: object,
+    monkeypatch: pytest.MonkeyPatch,
+    seeds: tuple[int, int],
+    mtime: float | None,
+) -> tuple[Mount, Path, dict[str, Path]]:
+    """SRC holding the new version of d/x.tif.zarr.zip (its mtime set to `mtime` if given),
+    mounted by a daemon that describes the old version the first time: the mount, the shown
+    original and both TIFFs."""
     src = tmp_path / "src"
     (src / "d").mkdir(parents=True)
     tifs = {}
-    for version, seed in (("old", 1), ("new", 2)):
+    for version, seed in zip(("old", "new"), seeds, strict=True):
         tif = tmp_path / version / "x.tif"
         tif.parent.mkdir()
-        pixels = np.random.default_rng(seed).integers(0, 4000, (3, 64, 48), np.uint16)
-        tifffile.imwrite(tif, pixels)
+        tifffile.imwrite(tif, np.random.default_rng(seed).integers(0, 4000, (3, 64, 48), np.uint16))
         tifs[version] = tif
         pack_file(tif, tif.parent / "x.tif.zarr.zip")
     archive = src / "d" / "x.tif.zarr.zip"
     archive.write_bytes((tmp_path / "new" / "x.tif.zarr.zip").read_bytes())
+    if mtime is not None:
+        os.utime(archive, (mtime, mtime))
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
     monkeypatch.setenv("PYTHONPATH", str(hook))
     monkeypatch.setenv("DECANT_TEST_OLD_ARCHIVE", str(tmp_path / "old" / "x.tif.zarr.zip"))
     mount: Mount = make_mount(src)  # type: ignore[operator]
-    shown = mount.mnt / "d" / "x.tif"
+    return mount, mount.mnt / "d" / "x.tif", tifs
+
+
+def test_an_archive_described_mid_write_serves_its_new_bytes_once_the_write_is_past(
+    tmp_path: Path, make_mount: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mount, shown, tifs = _old_and_new_mounted(tmp_path, make_mount, monkeypatch, (1, 2), None)
+    archive = mount.src / "d" / "x.tif.zarr.zip"
     want = hashlib.sha256(tifs["new"].read_bytes()).hexdigest()
 
     os.utime(archive)  # written a moment ago, whatever the machine's speed so far
@@ -147,26 +162,8 @@ def test_a_trusted_description_of_other_bytes_is_made_again_after_its_verificati
     write has not reached, and is trusted. The `sha256sum` of that description fails (EIO); the
     archive is then described from the file again, and the next `sha256sum` gets the new file,
     here and after a remount on the same index. Before, EIO until the file changed again."""
-    src = tmp_path / "src"
-    (src / "d").mkdir(parents=True)
-    tifs = {}
-    for version, seed in (("old", 4), ("new", 5)):
-        tif = tmp_path / version / "x.tif"
-        tif.parent.mkdir()
-        tifffile.imwrite(tif, np.random.default_rng(seed).integers(0, 4000, (3, 64, 48), np.uint16))
-        tifs[version] = tif
-        pack_file(tif, tif.parent / "x.tif.zarr.zip")
-    archive = src / "d" / "x.tif.zarr.zip"
-    archive.write_bytes((tmp_path / "new" / "x.tif.zarr.zip").read_bytes())
     then = time.time() - 60  # the write started a minute ago: nothing racy about its stat
-    os.utime(archive, (then, then))
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    monkeypatch.setenv("PYTHONPATH", str(hook))
-    monkeypatch.setenv("DECANT_TEST_OLD_ARCHIVE", str(tmp_path / "old" / "x.tif.zarr.zip"))
-    mount: Mount = make_mount(src)  # type: ignore[operator]
-    shown = mount.mnt / "d" / "x.tif"
+    mount, shown, tifs = _old_and_new_mounted(tmp_path, make_mount, monkeypatch, (4, 5), then)
     want = hashlib.sha256(tifs["new"].read_bytes()).hexdigest()
 
     during = subprocess.run(["sha256sum", str(shown)], capture_output=True, text=True)
