@@ -134,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="T",
         help="re-verify every original in SRC this often (e.g. 7d, 12h; default: never)",
     )
+    p.add_argument(
+        "--verify-first",
+        action="store_true",
+        help="verify an original whole before its first byte is served: an open of one not "
+        "verified yet waits for its sha256 (default: served at once, checked as it is read)",
+    )
     p.add_argument("--version", action=VersionAction)
     w = p.add_argument_group("write side (files copied into the mount are packed)")
     w.add_argument("--read-only", action="store_true", help="refuse all writes (also: -o ro)")
@@ -401,6 +407,7 @@ def config_from_args(
         allow_delete=args.allow_delete,
         metrics_file=args.metrics_file,
         scrub_interval=args.scrub_interval,
+        verify_first=args.verify_first,
         min_free=args.min_free,
         stale_temp=args.stale_temp,
         retry_after=args.retry_after,

@@ -63,6 +63,7 @@ class MountConfig:
     inbox: list[Path] = field(default_factory=list)
     allow_delete: bool = False
     scrub_interval: float | None = None  # seconds between re-verifications of every original
+    verify_first: bool = False  # an original not verified yet is verified before it opens
     metrics_file: Path | None = None  # Prometheus text, rewritten every few seconds
     min_free: int | None = None  # bytes kept free on the spool's fs; None: min(256M, 5 %)
     stale_temp: float = 24 * 3600.0  # an rsync temp file left this long (s) is deleted

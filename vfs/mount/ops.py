@@ -733,6 +733,8 @@ class DecantOperations(pyfuse3.Operations):
                 node, reader = await self._on_spooled(inode, node, self._open_reader)
             else:
                 checked = await self._may_read_through(node, ctx)
+                if self.config.verify_first:
+                    await self._verified_first(node, ctx.uid)
                 try:
                     with charged_to(ctx.uid):  # its share of what open archives may hold
                         reader = await trio.to_thread.run_sync(self._open_reader, node)
@@ -759,6 +761,18 @@ class DecantOperations(pyfuse3.Operations):
             # content is immutable per inode, so the kernel keeps it. Real files may change.
             return self._new_handle(handle, keep_cache=cache,
                                     direct_io=handle.feed is not None)  # fmt: skip
+
+    async def _verified_first(self, node: Node, uid: int) -> None:
+        """--verify-first: an original not verified yet is read whole and hashed (in this
+        user's turn) before its open returns, EIO if it does not hash right or cannot be read
+        now; opened after that, its reader checks every chunk or block against the digests the
+        verification recorded. Without it a small read of an unverified original is served
+        before any check (the hash of what is served, or the verification its handle queues,
+        then refuses the file): wrong bytes from a damaged archive reach that read unflagged."""
+        if not node.sha256 or node.backend is None or await self.integrity.verified(node):
+            return
+        if not await self.integrity.verify_now(node, uid):
+            raise _fail(errno.EIO)
 
     async def _describe_again(self, node: Node) -> None:
         """`node` was described while its archive file may have been mid-write (racy.RACY_NS):

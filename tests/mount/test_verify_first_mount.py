@@ -1,0 +1,47 @@
+"""`--verify-first` through a real `allow_other` mount, read by an unprivileged user: the open
+of a damaged original not verified yet fails with EIO (without the option a 4 KiB read of it
+is served, wrong, with no error: red team 49, F1), and a good one opens, verified, and reads
+byte-exact. Expected bytes come from the TIFF the helper writes, never from vfs."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+
+import pytest
+
+from tests.mount.conftest import Mount, User, open_tmp
+from tests.unit.damaged import good_and_bad
+
+READ_4K = "os.pread(os.open(p, os.O_RDONLY), 4096, at).hex()"
+
+
+@pytest.mark.parametrize("first", [False, True], ids=["default", "verify-first"])
+def test_a_damaged_unverified_original_fails_its_open_with_verify_first(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User, first: bool
+) -> None:
+    base = open_tmp(tmp_path_factory, "verify-first")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    original, at = good_and_bad(src, tmp_path_factory.mktemp("tifs"))
+    for archive in src.iterdir():
+        archive.chmod(0o644)
+    extra = ["--verify-first"] if first else []
+    mount = Mount(src, base / "mnt", base / "mnt.log", base / "index")
+    mount.start("-o", "allow_other", *extra)
+    try:
+        bad, good = mount.mnt / "bad.tif", mount.mnt / "good.tif"
+        start = at - at % 4096
+        if first:
+            assert unprivileged.errno_of(READ_4K, p=bad, at=start) == errno.EIO
+            assert "bad.tif.zarr.zip" in mount.log_text()
+        else:  # served, wrong, unflagged: what the option is for
+            served = unprivileged.value_of(READ_4K, p=bad, at=start)
+            assert bytes.fromhex(served) != original[start : start + 4096]
+        want = hashlib.sha256(original).hexdigest()
+        assert unprivileged.value_of("read(p)", p=good) == want
+        assert (
+            unprivileged.value_of(READ_4K, p=good, at=start) == original[start : start + 4096].hex()
+        )
+    finally:
+        mount.stop()
