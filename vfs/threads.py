@@ -9,7 +9,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 _PR_SET_NAME = 15  # prctl(2)
 
@@ -22,6 +26,7 @@ def name_this_thread(name: str) -> None:
 
 _HELPER: ThreadPoolExecutor | None = None
 _HELPER_LOCK = threading.Lock()
+_HELPER_FREE = threading.Semaphore(1)  # taken while the helper works on one read's blocks
 
 
 def block_helper() -> ThreadPoolExecutor:
@@ -33,6 +38,26 @@ def block_helper() -> ThreadPoolExecutor:
             _HELPER = ThreadPoolExecutor(1, "decant-blocks", initializer=name_this_thread,
                                          initargs=("decant-blocks",))  # fmt: skip
         return _HELPER
+
+
+def aside(fn: Callable[..., T], *args: Any) -> Future[T] | None:
+    """`fn(*args)` on the helper thread if it is idle, else None (the caller does the work):
+    a read never waits behind another's blocks, so one user's stream of small reads cannot
+    slow another's."""
+    if not _HELPER_FREE.acquire(blocking=False):
+        return None
+
+    def run() -> T:
+        try:
+            return fn(*args)
+        finally:
+            _HELPER_FREE.release()
+
+    try:
+        return block_helper().submit(run)
+    except BaseException:
+        _HELPER_FREE.release()
+        raise
 
 
 def start_block_helper() -> None:

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vfs import threads as threads_module
 from vfs.cache import PageCache
 from vfs.decant import partial as partial_module
 from vfs.decant import reader as reader_module
@@ -294,6 +295,41 @@ def test_a_read_over_several_blocks_decodes_some_on_the_helper_and_its_errors_na
     assert len(threads) > 2
     assert any(name.startswith("decant-blocks") for name in threads)
     assert any(not name.startswith("decant-blocks") for name in threads)
+
+
+def test_a_read_does_not_wait_behind_another_read_on_the_busy_helper(
+    tiny_block_archives: dict[tuple[str, str], Path],
+    corpus: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    every_read_partial: None,
+) -> None:
+    """The helper busy with another read's blocks (held here until the read is done): this read
+    decodes all its blocks itself, right, instead of queueing behind (one user's small reads
+    must not slow another's)."""
+    path = tiny_block_archives[("tiled_planar_rgb_u16_edge.tif", "zstd:byteshuffle")]
+    original = corpus["tiled_planar_rgb_u16_edge.tif"].read_bytes()
+    threads: list[str] = []
+    real = partial_module.decode_blocks
+
+    def noted(*args: Any, **kwargs: Any) -> bytearray:
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(partial_module, "decode_blocks", noted)
+    release = threading.Event()
+    busy = threads_module.aside(release.wait, 30.0)
+    assert busy is not None
+    try:
+        with DecantArchive.open(path) as archive:
+            reader = _reader(archive, PageCache(64 << 20), True)
+            start, length, _page = max(_pixel_spans(reader), key=lambda s: s[1])
+            at = start + length // 2
+            assert bytes(reader.read(at, 1500)) == original[at : at + 1500]
+    finally:
+        release.set()
+        busy.result()
+    assert len(threads) > 2
+    assert not any(name.startswith("decant-blocks") for name in threads)
 
 
 @pytest.mark.parametrize("layouts", [False, True], ids=["table-read", "table-recorded"])

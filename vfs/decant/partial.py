@@ -26,7 +26,7 @@ from vfs.decant.limits import compressed_bound
 from vfs.decant.manifest import PageRecord
 from vfs.decant.store import Store
 from vfs.errors import CorruptArchiveError
-from vfs.threads import block_helper
+from vfs.threads import aside
 
 # Streams of the blocks a read needs that lie at most this far apart in the chunk are read in one
 # range (the bytes between them fetched and unused): c-blosc's threads store a chunk's streams in
@@ -275,16 +275,16 @@ class BlockSource:
                     stream = view[spans[k][0] - lo : spans[k][1] - lo]
                     self._check(chunk, block_key(chunk, k), f"block {k}", stream)
             others = [k for k in run if k != j]
-            # Half the other blocks decode on a helper thread meanwhile (a 4 KiB read across a
-            # block boundary decodes two blocks: ~0.3 ms each here, serially before).
-            aside = None
-            if others:
-                aside = block_helper().submit(_decode_each, h, spans, others[::2], data, lo)
-            fetched.update(_decode_each(h, spans, others[1::2], data, lo))
-            mine = memoryview(decode_blocks(h, spans, range(j, j + 1), data, base=lo))
-            if aside is not None:
-                fetched.update(aside.result())
-            return mine
+            # Half the other blocks decode on the helper thread meanwhile, when it is idle (a
+            # 4 KiB read across a block boundary decodes two blocks: ~0.3 ms each here, one
+            # after the other before).
+            helped = aside(_decode_each, h, spans, others[::2], data, lo) if others else None
+            mine = others[1::2] if helped is not None else others
+            fetched.update(_decode_each(h, spans, mine, data, lo))
+            block = memoryview(decode_blocks(h, spans, range(j, j + 1), data, base=lo))
+            if helped is not None:
+                fetched.update(helped.result())
+            return block
         except BloscChunkError as exc:
             raise CorruptArchiveError(f"{self.store.name}: chunk {chunk!r} {exc}") from None
 
