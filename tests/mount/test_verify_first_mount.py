@@ -45,3 +45,29 @@ def test_a_damaged_unverified_original_fails_its_open_with_verify_first(
         )
     finally:
         mount.stop()
+
+
+def test_verify_first_opens_an_intact_archive_whose_ctime_moved_after_it_was_listed(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User
+) -> None:
+    """Red team 49b, F1: a chmod to the same mode between the listing and the open (or a hard
+    link made and removed) made the verification's open find another version; that was taken
+    for damage, and the intact file was refused with EIO for every user for good. Now the open
+    gets ESTALE, the kernel looks the name up again, and the retry verifies and reads it."""
+    base = open_tmp(tmp_path_factory, "verify-first-ctime")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    original, _at = good_and_bad(src, tmp_path_factory.mktemp("tifs"))
+    for archive in src.iterdir():
+        archive.chmod(0o644)
+    mount = Mount(src, base / "mnt", base / "mnt.log", base / "index")
+    mount.start("-o", "allow_other", "--verify-first")
+    try:
+        good = mount.mnt / "good.tif"
+        assert good.stat().st_size == len(original)  # listed, looked up
+        (src / "good.tif.zarr.zip").chmod(0o644)  # same mode: only its ctime moves
+        want = hashlib.sha256(original).hexdigest()
+        assert unprivileged.value_of("read(p)", p=good) == want, mount.log_text()
+        assert hashlib.sha256(good.read_bytes()).hexdigest() == want
+    finally:
+        mount.stop()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyfuse3
 import pytest
+import trio
 
 from tests.unit.damaged import good_and_bad
 from tests.unit.inprocess import InProcessMount, fake_session
@@ -74,3 +75,67 @@ def test_with_verify_first_a_damaged_original_fails_its_open_and_a_good_one_open
     assert bad == errno.EIO
     assert good == original[start : start + 4096]
     assert state == "yes"
+
+
+async def _read_as_the_kernel_does(mount: InProcessMount, name: str) -> bytes:
+    """`name` read whole; an open that gets ESTALE is retried once after a fresh lookup."""
+    try:
+        return await mount.read_inode(await mount.resolve(name))
+    except pyfuse3.FUSEError as exc:
+        if exc.errno != errno.ESTALE:
+            raise
+    return await mount.read_inode(await mount.resolve(name))
+
+
+async def _wait_settled(mount: InProcessMount, name: str) -> str:
+    """The verified state of `name`'s node once no verification of it is pending."""
+    node = mount.ops.inodes.get(await mount.resolve(name))
+    assert node is not None
+    for _ in range(200):
+        if node.key not in mount.ops.integrity.pending:
+            break
+        await trio.sleep(0.01)
+    return mount.ops.integrity.state(node)
+
+
+@pytest.mark.parametrize("first", [False, True], ids=["background", "verify-first"])
+def test_an_intact_archive_whose_ctime_moved_is_not_refused(
+    shown: tuple[Path, bytes, int], tmp_path: Path, first: bool
+) -> None:
+    """A chmod to the same mode (or a hard link made and removed, a rename-publish of the same
+    bytes) after the listing: the verification's open finds another version (ESTALE). That was
+    taken for a failed verification: the intact file was refused with EIO for every user until
+    SRC changed (red team 49b, F1). Now there is no verdict: with --verify-first the open gets
+    ESTALE and the kernel's retry (a fresh lookup) opens and verifies the file; a verification
+    queued in the background just leaves it unverified."""
+    src, original, _at = shown
+    archive = src / "good.tif.zarr.zip"
+    with fake_session():
+        mount = InProcessMount(src, tmp_path, read_only=True)
+        mount.config.verify_first = first
+
+        async def scenario() -> tuple[int, str, bytes]:
+            ino = await mount.resolve("good.tif")
+            if not first:  # a partial read, closed early: a background verification
+                info = await mount.ops.open(ino, os.O_RDONLY, mount.ctx)
+                await mount.ops.read(info.fh, 0, 4096)
+                archive.chmod(0o644)
+                await mount.ops.release(info.fh)
+                stale = 0
+            else:
+                archive.chmod(0o644)
+                try:
+                    await mount.ops.open(ino, os.O_RDONLY, mount.ctx)
+                    stale = 0
+                except pyfuse3.FUSEError as exc:
+                    stale = exc.errno
+            node = mount.ops.inodes.get(ino)
+            assert node is not None
+            before = await _wait_settled(mount, "good.tif") if not first else ""
+            assert node.key not in mount.ops.integrity.bad
+            return stale, before, await _read_as_the_kernel_does(mount, "good.tif")
+
+        stale, before, data = mount.run(scenario)
+    assert stale == (errno.ESTALE if first else 0)
+    assert before != "no"
+    assert data == original
