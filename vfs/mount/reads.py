@@ -39,6 +39,7 @@ from vfs.nodes import Node, NodeKey
 
 log = logging.getLogger(__name__)
 
+MAX_VERDICTS = 20_000  # verified and failed file versions remembered (each set)
 HASH_BACKLOG = 4  # served reads queued for hashing before reads wait for the hasher
 VERDICT_WAIT = 30.0  # how long the completing read waits for earlier reads' bytes to be hashed
 VERIFY_BLOCK = 4 << 20
@@ -87,6 +88,16 @@ class Integrity:
         # the description, not the archive, may be what is wrong (SourceTree.doubt).
         self.doubt: Callable[[Node], None] | None = None
 
+    @staticmethod
+    def _note(verdicts: set[NodeKey], key: NodeKey) -> None:
+        """Note a verdict; a set holding MAX_VERDICTS is emptied first. Each version of a file
+        is a key: a user giving their own archive a new mtime and opening it, in a loop, grew
+        both sets for as long as the mount ran (red team 49b, F2). A verdict forgotten is only
+        asked again: of the index for a verified file, by a new verification for a bad one."""
+        if len(verdicts) >= MAX_VERDICTS:
+            verdicts.clear()
+        verdicts.add(key)
+
     def state(self, node: Node) -> str:
         """`user.decant.verified`: yes, no (failed), pending, or unknown."""
         key = node.key
@@ -100,14 +111,14 @@ class Integrity:
         if node.key in self.good:
             return True
         if await trio.to_thread.run_sync(self._is_verified, node):
-            self.good.add(node.key)
+            self._note(self.good, node.key)
             return True
         return False
 
     async def passed(self, node: Node, seen: Mapping[str, int] | None = None) -> None:
         """`seen`: the chunk digests the reads that hashed right noted on the way (see
         seen_digests), recorded instead of reading the whole archive again."""
-        self.good.add(node.key)
+        self._note(self.good, node.key)
         self.pending.discard(node.key)
         log.info("%s%s: verified sha256", node.real, _member(node))
         try:
@@ -124,7 +135,7 @@ class Integrity:
                         _member(node), exc)  # fmt: skip
 
     def failed(self, node: Node, digest: str) -> None:
-        self.bad.add(node.key)
+        self._note(self.bad, node.key)
         self.pending.discard(node.key)
         log.error("%s%s: reconstructed bytes hash to %s, not the recorded %s — refusing to "
                   "serve it", node.real, _member(node), digest, node.sha256)  # fmt: skip
@@ -136,7 +147,7 @@ class Integrity:
         if node.key not in self.good:
             return
         self.good.discard(node.key)
-        self.bad.add(node.key)
+        self._note(self.bad, node.key)
         log.error("%s%s: damaged since it verified: %s", node.real, _member(node), exc)
         if self._forget_verified is not None:
             await trio.to_thread.run_sync(self._forget_verified, node)
@@ -198,7 +209,7 @@ class Integrity:
                 return False
             except Exception as exc:
                 self.pending.discard(node.key)
-                self.bad.add(node.key)
+                self._note(self.bad, node.key)
                 if isinstance(exc, CorruptArchiveError) and _authenticated(node):
                     # A segment that fails its MAC: the member's declared sha256 cannot be
                     # checked, and segments authenticate alone, not their place, so none of
