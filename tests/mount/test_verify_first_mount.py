@@ -16,19 +16,24 @@ from tests.unit.damaged import good_and_bad
 READ_4K = "os.pread(os.open(p, os.O_RDONLY), 4096, at).hex()"
 
 
+def _mounted(factory: pytest.TempPathFactory, *extra: str) -> tuple[Mount, bytes, int]:
+    """good.tif's and bad.tif's archives (tests.unit.damaged), readable by all, mounted with
+    `-o allow_other` and `extra`; the original's bytes and the offset changed in bad."""
+    base = open_tmp(factory, "verify-first")
+    src = base / "src"
+    src.mkdir(mode=0o755)
+    original, at = good_and_bad(src, factory.mktemp("tifs"))
+    for archive in src.iterdir():
+        archive.chmod(0o644)
+    mount = Mount(src, base / "mnt", base / "mnt.log", base / "index")
+    return mount.start("-o", "allow_other", *extra), original, at
+
+
 @pytest.mark.parametrize("first", [False, True], ids=["default", "verify-first"])
 def test_a_damaged_unverified_original_fails_its_open_with_verify_first(
     tmp_path_factory: pytest.TempPathFactory, unprivileged: User, first: bool
 ) -> None:
-    base = open_tmp(tmp_path_factory, "verify-first")
-    src = base / "src"
-    src.mkdir(mode=0o755)
-    original, at = good_and_bad(src, tmp_path_factory.mktemp("tifs"))
-    for archive in src.iterdir():
-        archive.chmod(0o644)
-    extra = ["--verify-first"] if first else []
-    mount = Mount(src, base / "mnt", base / "mnt.log", base / "index")
-    mount.start("-o", "allow_other", *extra)
+    mount, original, at = _mounted(tmp_path_factory, *(["--verify-first"] if first else []))
     try:
         bad, good = mount.mnt / "bad.tif", mount.mnt / "good.tif"
         start = at - at % 4096
@@ -54,18 +59,11 @@ def test_verify_first_opens_an_intact_archive_whose_ctime_moved_after_it_was_lis
     link made and removed) made the verification's open find another version; that was taken
     for damage, and the intact file was refused with EIO for every user for good. Now the open
     gets ESTALE, the kernel looks the name up again, and the retry verifies and reads it."""
-    base = open_tmp(tmp_path_factory, "verify-first-ctime")
-    src = base / "src"
-    src.mkdir(mode=0o755)
-    original, _at = good_and_bad(src, tmp_path_factory.mktemp("tifs"))
-    for archive in src.iterdir():
-        archive.chmod(0o644)
-    mount = Mount(src, base / "mnt", base / "mnt.log", base / "index")
-    mount.start("-o", "allow_other", "--verify-first")
+    mount, original, _at = _mounted(tmp_path_factory, "--verify-first")
     try:
         good = mount.mnt / "good.tif"
         assert good.stat().st_size == len(original)  # listed, looked up
-        (src / "good.tif.zarr.zip").chmod(0o644)  # same mode: only its ctime moves
+        (mount.src / "good.tif.zarr.zip").chmod(0o644)  # same mode: only its ctime moves
         want = hashlib.sha256(original).hexdigest()
         assert unprivileged.value_of("read(p)", p=good) == want, mount.log_text()
         assert hashlib.sha256(good.read_bytes()).hexdigest() == want

@@ -258,56 +258,12 @@ def test_a_damaged_block_is_an_error(
                 assert "0/0.0.0" in str(exc)
 
 
-def test_a_read_over_several_blocks_decodes_some_on_the_helper_and_its_errors_name_the_chunk(
-    tiny_block_archives: dict[tuple[str, str], Path],
-    corpus: dict[str, Path],
-    monkeypatch: pytest.MonkeyPatch,
-    every_read_partial: None,
-) -> None:
-    """A read over a few blocks decodes half of the others on the shared helper thread while
-    the reading thread decodes the rest: the bytes are the original's, and a block that fails
-    to decode there is the same CorruptArchiveError naming the chunk as on the reading thread."""
-    path = tiny_block_archives[("tiled_planar_rgb_u16_edge.tif", "zstd:byteshuffle")]
-    original = corpus["tiled_planar_rgb_u16_edge.tif"].read_bytes()
-    threads: list[str] = []
-    real = partial_module.decode_blocks
-
-    def noted(*args: Any, **kwargs: Any) -> bytearray:
-        threads.append(threading.current_thread().name)
-        return real(*args, **kwargs)
-
-    def broken(*args: Any, **kwargs: Any) -> bytearray:
-        if threading.current_thread().name.startswith("decant-blocks"):
-            raise BloscChunkError("block 4 does not decode (test)")
-        return real(*args, **kwargs)
-
-    for decode in (noted, broken):
-        monkeypatch.setattr(partial_module, "decode_blocks", decode)
-        with DecantArchive.open(path) as archive:
-            reader = _reader(archive, PageCache(64 << 20), True)
-            start, length, _page = max(_pixel_spans(reader), key=lambda s: s[1])
-            at = start + length // 2
-            if decode is noted:
-                assert bytes(reader.read(at, 1500)) == original[at : at + 1500]
-            else:
-                with pytest.raises(CorruptArchiveError, match=r"chunk '.+' block 4 does not"):
-                    reader.read(at, 1500)
-    assert len(threads) > 2
-    assert any(name.startswith("decant-blocks") for name in threads)
-    assert any(not name.startswith("decant-blocks") for name in threads)
+MANY_BLOCKS = ("tiled_planar_rgb_u16_edge.tif", "zstd:byteshuffle")
 
 
-def test_a_read_does_not_wait_behind_another_read_on_the_busy_helper(
-    tiny_block_archives: dict[tuple[str, str], Path],
-    corpus: dict[str, Path],
-    monkeypatch: pytest.MonkeyPatch,
-    every_read_partial: None,
-) -> None:
-    """The helper busy with another read's blocks (held here until the read is done): this read
-    decodes all its blocks itself, right, instead of queueing behind (one user's small reads
-    must not slow another's)."""
-    path = tiny_block_archives[("tiled_planar_rgb_u16_edge.tif", "zstd:byteshuffle")]
-    original = corpus["tiled_planar_rgb_u16_edge.tif"].read_bytes()
+@pytest.fixture
+def decoding_threads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the threads that decode blosc blocks for reads, in order."""
     threads: list[str] = []
     real = partial_module.decode_blocks
 
@@ -316,20 +272,68 @@ def test_a_read_does_not_wait_behind_another_read_on_the_busy_helper(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(partial_module, "decode_blocks", noted)
+    return threads
+
+
+def _read_over_blocks(archives: dict[tuple[str, str], Path]) -> tuple[bytes, int]:
+    """1500 bytes from the middle of MANY_BLOCKS's longest pixel run, read block by block (its
+    blocks are 256 bytes), and their offset."""
+    with DecantArchive.open(archives[MANY_BLOCKS]) as archive:
+        reader = _reader(archive, PageCache(64 << 20), True)
+        start, length, _page = max(_pixel_spans(reader), key=lambda s: s[1])
+        at = start + length // 2
+        return bytes(reader.read(at, 1500)), at
+
+
+def test_a_read_over_several_blocks_decodes_some_on_the_helper_and_its_errors_name_the_chunk(
+    tiny_block_archives: dict[tuple[str, str], Path],
+    corpus: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    decoding_threads: list[str],
+    every_read_partial: None,
+) -> None:
+    """A read over a few blocks decodes half of the others on the shared helper thread while
+    the reading thread decodes the rest: the bytes are the original's, and a block that fails
+    to decode there is the same CorruptArchiveError naming the chunk as on the reading thread."""
+    original = corpus[MANY_BLOCKS[0]].read_bytes()
+    got, at = _read_over_blocks(tiny_block_archives)
+    assert got == original[at : at + 1500]
+    assert len(decoding_threads) > 2
+    assert any(name.startswith("decant-blocks") for name in decoding_threads)
+    assert any(not name.startswith("decant-blocks") for name in decoding_threads)
+
+    noted = partial_module.decode_blocks
+
+    def broken(*args: Any, **kwargs: Any) -> bytearray:
+        if threading.current_thread().name.startswith("decant-blocks"):
+            raise BloscChunkError("block 4 does not decode (test)")
+        return noted(*args, **kwargs)
+
+    monkeypatch.setattr(partial_module, "decode_blocks", broken)
+    with pytest.raises(CorruptArchiveError, match=r"chunk '.+' block 4 does not"):
+        _read_over_blocks(tiny_block_archives)
+
+
+def test_a_read_does_not_wait_behind_another_read_on_the_busy_helper(
+    tiny_block_archives: dict[tuple[str, str], Path],
+    corpus: dict[str, Path],
+    decoding_threads: list[str],
+    every_read_partial: None,
+) -> None:
+    """The helper busy with another read's blocks (held here until the read is done): this read
+    decodes all its blocks itself, right, instead of queueing behind (one user's small reads
+    must not slow another's)."""
     release = threading.Event()
     busy = threads_module.aside(release.wait, 30.0)
     assert busy is not None
     try:
-        with DecantArchive.open(path) as archive:
-            reader = _reader(archive, PageCache(64 << 20), True)
-            start, length, _page = max(_pixel_spans(reader), key=lambda s: s[1])
-            at = start + length // 2
-            assert bytes(reader.read(at, 1500)) == original[at : at + 1500]
+        got, at = _read_over_blocks(tiny_block_archives)
     finally:
         release.set()
         busy.result()
-    assert len(threads) > 2
-    assert not any(name.startswith("decant-blocks") for name in threads)
+    assert got == corpus[MANY_BLOCKS[0]].read_bytes()[at : at + 1500]
+    assert len(decoding_threads) > 2
+    assert not any(name.startswith("decant-blocks") for name in decoding_threads)
 
 
 @pytest.mark.parametrize("layouts", [False, True], ids=["table-read", "table-recorded"])
