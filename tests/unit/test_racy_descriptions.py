@@ -74,6 +74,16 @@ def _parse_old_bytes_once(monkeypatch: pytest.MonkeyPatch, old: Path) -> None:
     monkeypatch.setattr(DecantBackend, "describe_listed", racing)
 
 
+def _racing(
+    racy: tuple[InProcessMount, Path], monkeypatch: pytest.MonkeyPatch
+) -> tuple[InProcessMount, Path, Path]:
+    """The racy mount whose first parse of d/x.tif.zarr.zip reads the old version's bytes; the
+    mount, the folder of both versions, and the archive in SRC."""
+    mount, tmp = racy
+    _parse_old_bytes_once(monkeypatch, tmp / "old" / "x.tif.zarr.zip")
+    return mount, tmp, mount.config.src / "d" / "x.tif.zarr.zip"
+
+
 def _indexed(mount: InProcessMount, archive: Path) -> Description | None:
     """The description the index keeps for the archive's current version."""
     st = archive.stat()
@@ -111,9 +121,7 @@ async def _read_open_later_read_again(
 def test_a_description_of_an_archive_mid_write_is_made_again_and_serves_the_new_bytes(
     racy: tuple[InProcessMount, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    mount, tmp = racy
-    _parse_old_bytes_once(monkeypatch, tmp / "old" / "x.tif.zarr.zip")
-    archive = mount.config.src / "d" / "x.tif.zarr.zip"
+    mount, tmp, archive = _racing(racy, monkeypatch)
 
     during, stale, after = mount.run(_read_open_later_read_again, mount, "d/x.tif")
     assert during == errno.EIO  # never the wrong bytes
@@ -128,9 +136,7 @@ def test_a_description_made_mid_write_is_not_kept_in_the_index(
     racy: tuple[InProcessMount, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Kept, it was served again after a remount, and failed again."""
-    mount, tmp = racy
-    _parse_old_bytes_once(monkeypatch, tmp / "old" / "x.tif.zarr.zip")
-    archive = mount.config.src / "d" / "x.tif.zarr.zip"
+    mount, _tmp, archive = _racing(racy, monkeypatch)
     assert mount.run(mount.listdir, "d") == ["x.tif"]
     assert _indexed(mount, archive) is None
 
@@ -327,10 +333,8 @@ def test_a_trusted_description_whose_verification_fails_is_made_again_from_the_f
     kept. Its verification fails; the archive is then described from the file, not the index,
     the next open gets ESTALE, and the kernel's retry reads the new bytes. Before, every read
     gave EIO until the file changed again, across remounts too."""
-    mount, tmp = racy
-    archive = mount.config.src / "d" / "x.tif.zarr.zip"
+    mount, tmp, archive = _racing(racy, monkeypatch)
     _aged(archive)
-    _parse_old_bytes_once(monkeypatch, tmp / "old" / "x.tif.zarr.zip")
     old_sha = hashlib.sha256((tmp / "old" / "x.tif").read_bytes()).hexdigest()
 
     during, stale, after = mount.run(_read_open_later_read_again, mount, "d/x.tif")

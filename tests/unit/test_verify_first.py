@@ -8,8 +8,10 @@ Expected bytes come from the TIFF written here."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,6 +33,14 @@ def shown(tmp_path: Path) -> tuple[Path, bytes, int]:
     return src, original, at
 
 
+@contextlib.contextmanager
+def _mounted(src: Path, work: Path, verify_first: bool) -> Iterator[InProcessMount]:
+    with fake_session():
+        mount = InProcessMount(src, work, read_only=True)
+        mount.config.verify_first = verify_first
+        yield mount
+
+
 async def _pread(mount: InProcessMount, name: str, at: int) -> bytes | int:
     """4 KiB at `at` of `name` in a fresh open, or the errno the open or the read gave."""
     try:
@@ -50,8 +60,7 @@ def test_by_default_a_small_read_of_a_damaged_unverified_original_is_served_unfl
 ) -> None:
     """What --verify-first is for (kept as the default for its speed: the README says so)."""
     src, original, at = shown
-    with fake_session():
-        mount = InProcessMount(src, tmp_path, read_only=True)
+    with _mounted(src, tmp_path, False) as mount:
         got = mount.run(_pread, mount, "bad.tif", at)
     start = at - at % 4096
     assert isinstance(got, bytes) and got != original[start : start + 4096]
@@ -61,9 +70,7 @@ def test_with_verify_first_a_damaged_original_fails_its_open_and_a_good_one_open
     shown: tuple[Path, bytes, int], tmp_path: Path
 ) -> None:
     src, original, at = shown
-    with fake_session():
-        mount = InProcessMount(src, tmp_path, read_only=True)
-        mount.config.verify_first = True
+    with _mounted(src, tmp_path, True) as mount:
 
         async def scenario() -> tuple[bytes | int, bytes | int, str]:
             bad = await _pread(mount, "bad.tif", at)
@@ -112,9 +119,7 @@ def test_an_intact_archive_whose_ctime_moved_is_not_refused(
     queued in the background just leaves it unverified."""
     src, original, _at = shown
     archive = src / "good.tif.zarr.zip"
-    with fake_session():
-        mount = InProcessMount(src, tmp_path, read_only=True)
-        mount.config.verify_first = first
+    with _mounted(src, tmp_path, first) as mount:
 
         async def scenario() -> tuple[int, str, bytes]:
             ino = await mount.resolve("good.tif")
