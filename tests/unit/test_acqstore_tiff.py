@@ -5,8 +5,9 @@ from __future__ import annotations
 import io
 import shutil
 import subprocess
+import threading
 import xml.etree.ElementTree as ET
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -292,25 +293,51 @@ def test_cached_reads_are_views_and_misses_are_none() -> None:
     assert tiff.read_cached(lay.data_offset + lay.plane_bytes - 10, 20) is None  # plane 2 missing
 
 
-def test_readahead_spreads_the_window_over_two_decoders() -> None:
-    spawned: list[Any] = []
+class GatedArray(CountingArray):
+    """Pixels read only once `gate` is set: a decode under way on another thread."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        super().__init__(data)
+        self.gate, self.entered = threading.Event(), threading.Event()
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        self.entered.set()
+        assert self.gate.wait(10)
+        return super().__getitem__(key)
+
+
+def test_readahead_queues_the_window_and_leaves_a_plane_being_decoded_to_its_thread() -> None:
+    """Read-ahead only queues: a plane the reader is decoding itself is not waited on (that
+    kept one of the two decoders idle while the reader waited too), and a read of a queued
+    plane is told which decode to await (`loading`)."""
+    spawned: dict[int, Any] = {}
 
     def spawn(fn: Any) -> Future[None]:
-        spawned.append(fn)
+        spawned[len(spawned)] = fn
         return Future()
 
     data = ramp((6, 8, 8), np.uint8)
-    array = CountingArray(data)
+    array = GatedArray(data)
     layout = TiffLayout([AXES[a] for a in "zyx"], data.shape, data.dtype, [1.0] * 3)
     tiff = SynthesizedTiff(layout, array, PageCache(1 << 20), ("t",), spawn=spawn)
-    tiff.readahead(layout.data_offset)  # inside plane 0: plane 1 here, planes 2 and 3 spawned
-    assert array.reads == 1 and len(spawned) == 2
-    tiff.readahead(layout.data_offset)  # 2 and 3 are queued: nothing more to do
-    assert array.reads == 1 and len(spawned) == 2
-    for fn in spawned:
+    plane = layout.plane_bytes
+    with ThreadPoolExecutor(1) as reader:
+        first = reader.submit(tiff.read, layout.data_offset + plane, 10)  # plane 1, gated
+        assert array.entered.wait(10)
+        with ThreadPoolExecutor(1) as ahead:  # returns at once: plane 1 is the reader's
+            ahead.submit(tiff.readahead, layout.data_offset).result(timeout=10)
+        assert len(spawned) == 4 and array.reads == 0  # planes 2-5 queued, none decoded here
+        tiff.readahead(layout.data_offset)  # all queued or under way: nothing more to do
+        assert len(spawned) == 4
+        assert tiff.loading(layout.data_offset + 2 * plane + 5, 10) is not None
+        assert tiff.loading(layout.data_offset + plane, 10) is None  # not a queued decode
+        array.gate.set()
+        assert first.result(timeout=10) == data[1].tobytes()[:10]
+    for fn in spawned.values():
         fn()
-    assert array.reads == 3
-    assert tiff.read_cached(layout.data_offset + 3 * layout.plane_bytes, 64) is not None
+    assert array.reads == 5
+    assert tiff.read_cached(layout.data_offset + 5 * plane, 64) is not None
+    assert tiff.loading(layout.data_offset + 2 * plane, 10) is None  # done: nothing to await
 
 
 def test_close_cancels_queued_readahead_and_releases_once() -> None:
@@ -327,12 +354,12 @@ def test_close_cancels_queued_readahead_and_releases_once() -> None:
         layout, CountingArray(data), PageCache(1 << 20), ("t",), lambda: released.append(1), spawn
     )
     tiff.readahead(layout.data_offset)
-    assert len(futures) == 2
+    assert len(futures) == 5
     tiff.close()
     tiff.close()
     assert released == [1] and all(f.cancelled() for f in futures)
     tiff.readahead(layout.data_offset + 3 * layout.plane_bytes)  # closed: nothing is queued
-    assert len(futures) == 2
+    assert len(futures) == 5
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -110,9 +110,9 @@ class AcqStoreBackend:
     # chunk file or CSV written anew keeps the node, so the kernel keeps no page of it across
     # opens, and `forget` drops the collection's decoded planes when anything in it changes.
     kernel_cache = False
-    # Synthesized TIFFs decode read-ahead planes here besides the mount's read-ahead thread: one
-    # more decoder, so a forward reader keeps both cores busy (decode, and serving on the loop).
-    READAHEAD_WORKERS = 1
+    # Synthesized TIFFs decode read-ahead planes here, two at a time: with the event loop serving
+    # ready planes, a forward reader keeps both cores busy.
+    READAHEAD_WORKERS = 2
 
     def __init__(self, cache: PageCache, decant_backend: Backend | None = None) -> None:
         self.cache = cache
