@@ -325,6 +325,8 @@ class SourceTree:
             node = archive_node(backend, path, st, "", desc.root, self._relative(path))
             if self.writable and not node.is_dir:
                 node.mode = stat.S_IMODE(st.st_mode)  # what rsync -a / cp -a gave the original
+                if stat.S_ISDIR(st.st_mode):  # a folder archive: its x bits mean "search"
+                    node.mode &= ~0o111
             if stat.S_ISDIR(st.st_mode) and backend.name == "decant" and isinstance(path, Path):
                 # a bucket's objects have no modes of their own
                 node.mode &= _manifest_mask(path, st, node.uid, node.gid)
