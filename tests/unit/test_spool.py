@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.toolbox import remove_chain, tiff_of_shape
-from vfs.decant import MANIFEST_KEY, TEMP_PREFIX
+from vfs.decant import MANIFEST_KEY, TEMP_PREFIX, temp_name
 from vfs.decant.packer import PackOptions, pack_file
 from vfs.decant.reader import DecantArchive
 from vfs.decant.verify import require_verified
@@ -97,6 +97,15 @@ def test_is_temp_name(name: str, temp: bool) -> None:
 
 def test_archive_name() -> None:
     assert archive_name("a.ome.tif") == "a.ome.tif.zarr.zip"
+
+
+def test_a_temp_name_of_a_temp_name_carries_the_prefix_once() -> None:
+    """The packer builds a staged archive (itself at a temp name) beside it: red team 49 saw
+    `.decant-tmp-28094-2340d3f9-.decant-tmp-28094-a89e8c29-packme.tif.zarr.zip`."""
+    staged = temp_name("packme.tif.zarr.zip")
+    again = temp_name(staged)
+    assert again.count(TEMP_PREFIX) == 1 and again.endswith("-packme.tif.zarr.zip")
+    assert again != staged and again.startswith(TEMP_PREFIX)
 
 
 # -- the spool tree --------------------------------------------------------------------------

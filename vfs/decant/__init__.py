@@ -15,7 +15,10 @@ _NAME_MAX = 255
 def temp_name(name: str) -> str:
     """A fresh temp name for building `name` beside it: TEMP_PREFIX, the pid, a random tag and
     as much of the end of `name` as fits in NAME_MAX bytes (its suffix, `.zarr.zip`, says
-    what is built). `name` itself may be up to NAME_MAX long."""
+    what is built). `name` itself may be up to NAME_MAX long; when it is a temp name already
+    (an archive staged at one is built beside it), its own head is dropped."""
+    if name.startswith(TEMP_PREFIX):
+        name = name[len(TEMP_PREFIX) :].split("-", 2)[-1]
     head = f"{TEMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}-"
     room = _NAME_MAX - len(head)
     while len(os.fsencode(name)) > room:
