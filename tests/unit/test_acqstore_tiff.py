@@ -340,6 +340,39 @@ def test_readahead_queues_the_window_and_leaves_a_plane_being_decoded_to_its_thr
     assert tiff.loading(layout.data_offset + 2 * plane, 10) is None  # done: nothing to await
 
 
+def test_a_read_does_not_await_a_queued_decode_that_has_not_started() -> None:
+    """The read-ahead pool is shared by every reader: a read awaits only a decode under way.
+    Awaiting one still queued behind another user's slow decodes (red team 50: four `dd` of
+    bz2 planes) held a victim's 64 MiB read up for 8-20 s instead of 0.2 s; now such a read
+    goes to a thread, and the fair decode slots, at once."""
+    import trio
+
+    from vfs.mount.reads import _after_loads
+
+    data = ramp((6, 8, 8), np.uint8)
+    layout = TiffLayout([AXES[a] for a in "zyx"], data.shape, data.dtype, [1.0] * 3)
+    busy = threading.Event()
+    with ThreadPoolExecutor(1) as pool:
+        other = pool.submit(busy.wait, 30)  # another user's decode holds the only worker
+        tiff = SynthesizedTiff(layout, CountingArray(data), PageCache(1 << 20), ("t",),
+                               spawn=pool.submit)  # fmt: skip
+        tiff.readahead(layout.data_offset)
+        at = layout.data_offset + layout.plane_bytes
+        assert tiff.loading(at, 10) is not None  # queued, not started
+
+        async def read() -> Any:
+            with trio.move_on_after(5) as waited:
+                got = await _after_loads(tiff, at, 10, tiff.read_cached)
+            return got, waited.cancelled_caught
+
+        try:
+            assert trio.run(read) == (None, False)  # to a thread at once, no waiting
+        finally:
+            busy.set()
+        other.result()
+        tiff.close()
+
+
 def test_close_cancels_queued_readahead_and_releases_once() -> None:
     futures: list[Future[None]] = []
 
