@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections import OrderedDict, deque
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -241,6 +242,38 @@ class PageCache:
             if item is not None:
                 self._bytes -= item[1]
                 self.buffers.give(item[0])
+
+
+class ByteGate:
+    """Bytes that decodes in flight may hold at once, all told: a decode waits for room unless
+    none is under way (so one always runs). The cache's reservations only evict for a decode;
+    they cannot stop six of them (four read threads, two read-ahead threads) from holding six
+    planes outside the cache together."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self._room = threading.Condition()
+        self._queue: deque[object] = deque()  # waiters, first come first in
+
+    @contextmanager
+    def held(self, nbytes: int) -> Iterator[None]:
+        """Hold `nbytes` for the block. In turn: a large decode is not passed for ever by
+        small ones that keep fitting."""
+        me = object()
+        with self._room:
+            self._queue.append(me)
+            while self._queue[0] is not me or (self.used and self.used + nbytes > self.capacity):
+                self._room.wait()
+            self._queue.popleft()
+            self.used += nbytes
+            self._room.notify_all()  # the next in line may fit too
+        try:
+            yield
+        finally:
+            with self._room:
+                self.used -= nbytes
+                self._room.notify_all()
 
 
 class DropBehind:

@@ -6,6 +6,7 @@ import io
 import shutil
 import subprocess
 import threading
+import time
 import xml.etree.ElementTree as ET
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -20,9 +21,14 @@ from hypothesis import strategies as st
 
 from tests.toolbox import load_tool
 from vfs.acqstore.ngff import Axis, inspect_image, open_full_resolution
-from vfs.acqstore.synth_tiff import SynthesizedTiff, TiffLayout, layout_for_image
-from vfs.cache import PageCache
-from vfs.errors import CorruptArchiveError, ManifestError
+from vfs.acqstore.synth_tiff import (
+    SynthesizedTiff,
+    TiffLayout,
+    layout_for_image,
+    require_plane_fits,
+)
+from vfs.cache import ByteGate, PageCache
+from vfs.errors import CorruptArchiveError, ManifestError, UnsupportedFormatError
 
 AXES = {
     "t": Axis("t", "time", "second"),
@@ -371,6 +377,46 @@ def test_a_read_does_not_await_a_queued_decode_that_has_not_started() -> None:
             busy.set()
         other.result()
         tiff.close()
+
+
+class ConcurrentArray(CountingArray):
+    """Counts the decodes under way at once (each takes a moment)."""
+
+    def __init__(self, data: np.ndarray) -> None:
+        super().__init__(data)
+        self.lock, self.now, self.peak = threading.Lock(), 0, 0
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        with self.lock:
+            self.now += 1
+            self.peak = max(self.peak, self.now)
+        time.sleep(0.02)
+        with self.lock:
+            self.now -= 1
+        return super().__getitem__(key)
+
+
+def test_decodes_of_synthesized_tiffs_hold_no_more_than_the_gate_at_once() -> None:
+    """Red team 50 F1: the cache's reservations evict for a decode but never stop one, so six
+    threads decoding planes held six planes outside the cache (4.5x --cache-size + 150 MiB
+    with 512 MiB planes). Each decode holds twice its plane against a shared ByteGate."""
+    data = ramp((8, 16, 16), np.uint8)  # 256-byte planes
+    layout = TiffLayout([AXES[a] for a in "zyx"], data.shape, data.dtype, [1.0] * 3)
+    array = ConcurrentArray(data)
+    tiff = SynthesizedTiff(layout, array, PageCache(1 << 20), ("t",), gate=ByteGate(1024))
+    with ThreadPoolExecutor(6) as pool:
+        offsets = [layout.data_offset + p * layout.plane_bytes for p in range(8)]
+        got = list(pool.map(lambda at: tiff.read(at, 16), offsets))
+    assert got == [data[p].tobytes()[:16] for p in range(8)]
+    assert array.peak == 2  # 1024 bytes: two planes of 256 bytes, each held twice
+
+
+def test_a_plane_over_a_quarter_of_the_cache_is_refused_with_the_reason() -> None:
+    data = ramp((2, 64, 64), np.uint8)  # 4 KiB planes
+    layout = TiffLayout([AXES[a] for a in "zyx"], data.shape, data.dtype, [1.0] * 3)
+    require_plane_fits(layout, PageCache(16 << 10), "img.zarr")  # a quarter: fits
+    with pytest.raises(UnsupportedFormatError, match=r"img\.zarr: planes of 4 KiB .* --cache-size"):
+        require_plane_fits(layout, PageCache((16 << 10) - 1), "img.zarr")
 
 
 def test_close_cancels_queued_readahead_and_releases_once() -> None:

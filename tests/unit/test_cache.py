@@ -266,3 +266,63 @@ def test_a_load_the_store_failed_fails_its_waiters_without_a_second_try() -> Non
     assert [type(e) for e in errors] == [ObjectChangedError, ObjectChangedError]
     assert "object replaced" in str(errors[1])
     assert cache.get_or_load("k", fine) == b"page" and calls == ["fail", "ok"]
+
+
+# -- ByteGate: what decodes in flight hold at once -------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(sizes=st.lists(st.integers(1, 12), min_size=1, max_size=12))
+def test_byte_gate_never_holds_more_than_its_capacity_and_admits_a_lone_large_decode(
+    sizes: list[int],
+) -> None:
+    from vfs.cache import ByteGate
+
+    gate, lock = ByteGate(10), threading.Lock()
+    held, peak, done = [0], [0], []
+
+    def decode(n: int) -> None:
+        with gate.held(n):
+            with lock:
+                held[0] += n
+                peak[0] = max(peak[0], held[0])
+                alone = held[0] == n
+            time.sleep(0.001)
+            with lock:
+                held[0] -= n
+            done.append((n, alone))
+
+    threads = [threading.Thread(target=decode, args=(n,)) for n in sizes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(done) == len(sizes)  # none waits for ever, a size over the capacity included
+    assert peak[0] <= max(10, max(sizes))
+    assert all(alone for n, alone in done if n > 10)  # over the capacity: only alone
+
+
+def test_byte_gate_lets_no_later_small_decode_pass_a_waiting_large_one() -> None:
+    from vfs.cache import ByteGate
+
+    gate = ByteGate(10)
+    order: list[str] = []
+    first = gate.held(4)
+    first.__enter__()  # a decode under way holds 4
+    large = threading.Thread(target=lambda: _hold(gate, 10, "large", order))
+    large.start()
+    time.sleep(0.05)  # the large one waits for the 4 to go
+    small = threading.Thread(target=lambda: _hold(gate, 2, "small", order))
+    small.start()  # 4 + 2 would fit: it must wait its turn all the same
+    time.sleep(0.05)
+    assert order == []
+    first.__exit__(None, None, None)
+    large.join(5)
+    small.join(5)
+    assert order == ["large", "small"]
+
+
+def _hold(gate: object, n: int, name: str, order: list[str]) -> None:
+    with gate.held(n):  # type: ignore[attr-defined]
+        order.append(name)
+        time.sleep(0.01)

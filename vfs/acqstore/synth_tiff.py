@@ -10,6 +10,7 @@ opening a 100,000-plane image costs the same as a one-plane image.
 from __future__ import annotations
 
 import logging
+import math
 import struct
 import threading
 from collections.abc import Callable, Hashable, Sequence
@@ -20,7 +21,7 @@ import numpy as np
 
 from vfs.acqstore.ngff import Axis, NgffImage
 from vfs.acqstore.tiff_meta import describe_planes, resolution
-from vfs.cache import DropBehind, PageCache
+from vfs.cache import ByteGate, DropBehind, PageCache
 from vfs.decant.limits import MAX_CHUNK_BYTES, human
 from vfs.errors import UnsupportedFormatError
 
@@ -240,6 +241,18 @@ class TiffLayout:
         return int(np.ravel_multi_index(index, self.page_shape)) if index else 0
 
 
+def require_plane_fits(layout: TiffLayout, cache: PageCache, name: str) -> None:
+    """UnsupportedFormatError unless a plane fits a quarter of the cache: a plane is decoded
+    whole, and a larger one is not kept, so every read of one decoded it all again (red team 50:
+    a 29 KB `.zarray` of 1 GiB planes took 59 s and 1.1 GiB of memory for ten small reads)."""
+    quarter = cache.max_bytes // 4
+    if layout.plane_bytes > quarter:
+        raise UnsupportedFormatError(
+            f"{name}: planes of {human(layout.plane_bytes)} are larger than a quarter of the "
+            f"{human(cache.max_bytes)} page cache; a larger --cache-size serves them"
+        )
+
+
 def layout_for_image(image: NgffImage, name: str = "") -> TiffLayout:
     return TiffLayout(image.axes, image.shape, image.dtype, image.scale, name=name)
 
@@ -263,8 +276,10 @@ class SynthesizedTiff:
         key: tuple[Hashable, ...],
         on_close: Callable[[], None] | None = None,
         spawn: Callable[[Callable[[], None]], Future[None]] | None = None,
+        gate: ByteGate | None = None,
     ) -> None:
         self.layout, self.size = layout, layout.size
+        self._gate = gate  # the bytes every synthesized TIFF's decodes may hold at once
         self._array, self._cache, self._key, self._on_close = array, cache, key, on_close
         self._ndim = len(array.shape)
         self._head = memoryview(layout.head)
@@ -415,7 +430,20 @@ class SynthesizedTiff:
             on_close()
 
     def _plane(self, page: int) -> memoryview:
-        return self._cache.get_or_load((*self._key, page), lambda: self._load(page))  # type: ignore[no-any-return]
+        # The plane's bytes are reserved in the cache while it decodes (others are evicted for
+        # it), and held against the gate: decodes outside the cache stay bounded too.
+        nbytes = self.layout.plane_bytes
+        return self._cache.get_or_load(  # type: ignore[no-any-return]
+            (*self._key, page), lambda: self._gated(page), nbytes
+        )
+
+    def _gated(self, page: int) -> memoryview:
+        if self._gate is None:
+            return self._load(page)
+        block = self._block(self.layout.page_coords(page))
+        planes = math.prod(b.stop - b.start if isinstance(b, slice) else 1 for b in block)
+        with self._gate.held(2 * planes * self.layout.plane_bytes):  # decoded, and copied out
+            return self._load(page)
 
     def _cached_plane(self, page: int) -> memoryview:
         value = self._cache.get((*self._key, page))

@@ -14,13 +14,14 @@ from vfs.acqstore import paths
 from vfs.acqstore.paths import ENTRY_POINT
 from vfs.backends.base import Backend, Description, Entry, RandomAccess
 from vfs.beneath import not_shown, open_beneath
-from vfs.cache import PageCache
+from vfs.cache import ByteGate, PageCache
 from vfs.errors import DecantError, ManifestError
 
 if TYPE_CHECKING:  # jsonschema, numpy, tifffile: imported when a collection is first seen
     from vfs.acqstore.synth_tiff import SynthesizedTiff
 
 log = logging.getLogger(__name__)
+GATE_BYTES = 256 << 20
 _PRELOADING: Future[None] | None = None  # the import of the image readers, once per process
 
 
@@ -123,6 +124,9 @@ class AcqStoreBackend:
         self.watched = True
         # Threads start on the first submit: a mount without synthesized TIFFs never has them.
         self._decoders = ThreadPoolExecutor(self.READAHEAD_WORKERS, "acqstore-readahead")
+        # What the decodes of every synthesized TIFF may hold at once (a plane and its chunk
+        # files, twice the plane, each): sixteen 8 MiB planes, or one plane of a quarter cache.
+        self._gate = ByteGate(min(cache.max_bytes // 2, GATE_BYTES))
 
     def claims(self, path: Path, is_dir: bool) -> bool:
         return is_dir and (path / ENTRY_POINT).is_file()
@@ -205,10 +209,11 @@ class AcqStoreBackend:
         self, root: Path, target: Path, rel: str, title: str, entry: Entry
     ) -> SynthesizedTiff:
         from vfs.acqstore.ngff import inspect_image, open_full_resolution
-        from vfs.acqstore.synth_tiff import SynthesizedTiff, layout_for_image
+        from vfs.acqstore.synth_tiff import SynthesizedTiff, layout_for_image, require_plane_fits
 
         image = inspect_image(target, root)
         layout = layout_for_image(image, name=title)
+        require_plane_fits(layout, self.cache, str(target))
         if layout.size != entry.size:
             raise ManifestError(
                 f"{target}: image changed since the view was built ({layout.size} != {entry.size})"
@@ -219,7 +224,7 @@ class AcqStoreBackend:
         if not self.watched:
             key = (*key, image_version(root, target))
         return SynthesizedTiff(
-            layout, array, self.cache, key, on_close=release, spawn=self._decoders.submit
+            layout, array, self.cache, key, release, self._decoders.submit, self._gate
         )
 
     def _decant_entry(self, archive: Path) -> Entry | None:
