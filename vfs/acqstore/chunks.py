@@ -38,8 +38,11 @@ _V3_COMPRESSORS = {"BloscCodec": "blosc", "ZstdCodec": "zstd", "GzipCodec": "gzi
 class PlaneReader:
     """The zarr array itself (for indexing) plus `read_plane`, the fast path for one plane."""
 
-    def __init__(self, array: Any, folder: Path | None) -> None:
+    def __init__(self, array: Any, folder: Path | None, label: Path | None = None) -> None:
         self.array = array
+        # The image's array as SRC names it: `folder` may be a /proc/self/fd path (the image
+        # held by a descriptor), which told a log's reader nothing.
+        self._label = label
         self.shape: tuple[int, ...] = tuple(array.shape)
         self.chunks: tuple[int, ...] = tuple(array.chunks)
         self.dtype = np.dtype(array.dtype)
@@ -136,7 +139,7 @@ class PlaneReader:
         except OSError as exc:
             if exc.errno != errno.EFBIG:
                 raise
-            raise CorruptArchiveError(f"{path}: chunk file {exc.strerror}") from None
+            raise CorruptArchiveError(f"{self._named(path)}: chunk file {exc.strerror}") from None
         height, width = plane.shape
         whole = self.chunks[-2:] == (height, width) and all(c == 1 for c in self.chunks[:-2])
         try:
@@ -146,11 +149,21 @@ class PlaneReader:
             chunk = np.empty(self.chunks, self._store_dtype)
             self._decode(raw, chunk)
         except Exception as exc:  # codecs raise anything from RuntimeError to ValueError
-            raise CorruptArchiveError(f"{path}: chunk does not decode ({exc})") from None
+            why = f"chunk does not decode ({exc})"
+            raise CorruptArchiveError(f"{self._named(path)}: {why}") from None
         inner = tuple(c % s for c, s in zip(lead, self.chunks, strict=False))
         ny, nx = min(self.chunks[-2], height - y0), min(self.chunks[-1], width - x0)
         plane[y0 : y0 + ny, x0 : x0 + nx] = chunk[inner][:ny, :nx]
         return True
+
+    def _named(self, path: Path) -> Path:
+        """`path` (a chunk file below the array's folder) as SRC names it, when known."""
+        if self._label is None or self._folder is None:
+            return path
+        try:
+            return self._label / path.relative_to(self._folder)
+        except ValueError:
+            return path
 
     def _decode(self, raw: bytes, out: np.ndarray) -> None:
         """Fill every byte of `out` (a recycled buffer: what it held before is another image's)

@@ -110,6 +110,10 @@ class TiffLayout:
         self.table_end = pos + (self.n_pages - 1) * self._stride
         self.data_offset = _align(self.table_end, 16)
         self.size = self.data_offset + self.n_pages * self.plane_bytes
+        if self.size >= 2**63:  # what a file's size (st_size, a BigTIFF's offsets) can hold
+            raise UnsupportedFormatError(f"{self.n_pages} planes do not fit in one TIFF")
+        if not big and self.size > CLASSIC_MAX_SIZE:
+            return  # its offsets do not fit 32 bits: __init__ makes it a BigTIFF (or refuses)
         self.head = self._build_head(header)
         self._template = (
             np.frombuffer(self._ifd(1, self.ifd1_at), np.uint8) if self.n_pages > 1 else None
