@@ -25,6 +25,7 @@ CASES: dict[str, tuple[dict[str, Any], str]] = {
     "chunks_negative": ({"shape": [4, 64, 64], "chunks": [-1, 64, 64], "dtype": "<u2"}, "zyx"),
     "chunks_huge": ({"shape": [4, 64, 64], "chunks": [2**40] * 3, "dtype": "<u2"}, "zyx"),
     "chunks_short": ({"shape": [2, 64, 64], "chunks": [1, 64], "dtype": "<u2"}, "zyx"),
+    "chunks_tiny": ({"shape": [2, 4096, 4096], "chunks": [1, 1, 1], "dtype": "|u1"}, "zyx"),
     "chunks_float": ({"shape": [2, 64, 64], "chunks": [1.5, 64, 64], "dtype": "<u2"}, "zyx"),
     "fill_nan_int": (
         {"shape": [2, 64, 64], "chunks": [1, 64, 64], "dtype": "<u2", "fill_value": "NaN"},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import math
 import os
 import stat
 import zipfile
@@ -47,6 +48,10 @@ MAX_ZIP_DIRECTORY = 1 << 20
 # are compressed by their codec already, and stored so by every writer we know of; a stored
 # entry is as large on disk as in memory, bounded as a chunk file of a folder image is.
 MAX_INFLATED_ENTRY = 16 << 20
+# Chunks a plane may span (128 x 128 tiles of a 16384 x 16384 plane): each is a file lookup and
+# a zarr-python task at every read of the plane, and a few bytes of `.zarray` may ask for 1 x 1
+# chunks (red team 50: a 1 GiB plane in 32,768 chunks left 26,683 tasks pending at shutdown).
+MAX_CHUNKS_PER_PLANE = 1 << 14
 
 
 @dataclass(frozen=True)
@@ -362,16 +367,18 @@ def _array_meta(keys: _Keys, path: str, zarr_format: Literal[2, 3]) -> tuple[tup
         dtype = None
     if dtype is None or dtype.kind not in "biuf":
         raise ManifestError(f"dataset array {path!r} has a non-pixel dtype {raw_dtype!r}")
-    problem = _grid_problem(meta, len(shape), zarr_format) or _fill_problem(meta, dtype)
+    problem = _grid_problem(meta, shape, zarr_format) or _fill_problem(meta, dtype)
     if problem:
         raise ManifestError(f"dataset array {path!r} {problem}")
     return tuple(shape), dtype.str
 
 
-def _grid_problem(meta: dict[str, Any], ndim: int, zarr_format: Literal[2, 3]) -> str:
+def _grid_problem(meta: dict[str, Any], shape: list[int], zarr_format: Literal[2, 3]) -> str:
     """Why the array's chunk grid cannot be read, or "": zarr-python met zero, negative or
     fractional chunks and odd separators with a ZeroDivisionError, ValueError or TypeError at
-    the first read (red team 50), after the view was shown."""
+    the first read (red team 50), after the view was shown. Chunks so small that a plane has
+    millions of them cost a task and a file lookup each at every read."""
+    ndim = len(shape)
     if zarr_format == 2:
         chunks = meta.get("chunks")
         separator = meta.get("dimension_separator", ".")
@@ -384,6 +391,9 @@ def _grid_problem(meta: dict[str, Any], ndim: int, zarr_format: Literal[2, 3]) -
     ok = isinstance(chunks, list) and len(chunks) == ndim
     if not ok or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in chunks):
         return f"has chunks {chunks!r}, not {ndim} positive whole numbers"
+    per_plane = math.prod(-(-n // c) for n, c in zip(shape[-2:], chunks[-2:], strict=True))
+    if per_plane > MAX_CHUNKS_PER_PLANE:  # a read of a plane visits every one of them
+        return f"has {per_plane} chunks per plane (at most {MAX_CHUNKS_PER_PLANE})"
     return ""
 
 
