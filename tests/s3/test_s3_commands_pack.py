@@ -123,6 +123,31 @@ def test_seaweedfs_honours_if_none_match(s3_bucket: S3Bucket, blob: Path) -> Non
     assert object_bytes(s3_bucket, "k") == b"first writer"
 
 
+class Stopping(Exception):
+    """What the daemon's check raises once it is stopping."""
+
+
+def test_a_multipart_upload_stops_when_its_check_says_so(s3_bucket: S3Bucket, blob: Path) -> None:
+    """Red team 50: obstore read a Path in Rust, so SIGTERM during the upload of a 20 GiB file
+    left the daemon uploading, its mount answering nothing, for as long as the upload ran. The
+    parts are now read through Python, and `check` (the daemon's stop flag) is asked first."""
+    folder = S3Folder(s3_bucket.url(""))
+    reads = []
+
+    def check() -> None:
+        reads.append(1)
+        if len(reads) > 1:  # after the first part
+            raise Stopping("the daemon is stopping")
+
+    with pytest.raises(Stopping):
+        put_verified(folder, "k", blob, single_put_max=MiB, chunk_size=5 * MiB, check=check)
+    assert object_bytes(s3_bucket, "k") is None  # nothing published, no half object
+    done = put_verified(
+        folder, "k", blob, single_put_max=MiB, chunk_size=5 * MiB, check=lambda: None
+    )
+    assert object_bytes(s3_bucket, "k") == blob.read_bytes() and done.etag.strip('"').endswith("-3")
+
+
 def test_single_put_and_multipart_publish_the_same_bytes(s3_bucket: S3Bucket, blob: Path) -> None:
     folder = S3Folder(s3_bucket.url(""))
     one = put_verified(folder, "one", blob)

@@ -1,5 +1,6 @@
-"""Multipart plans (vfs.stores.upload.multipart_plan): S3 takes at most 10,000 parts of at most
-5 GiB, so the part size grows with the file, and the parts in flight shrink as it does."""
+"""Multipart plans (vfs.stores.upload.multipart_plan): S3 takes at most 10,000 parts, so the part
+size grows with the file, up to the 64 MiB a part may hold in memory, and the parts in flight
+shrink as it does."""
 
 from __future__ import annotations
 
@@ -37,11 +38,16 @@ def test_files_up_to_156_gib_keep_the_parts_they_had() -> None:
 
 
 def test_a_file_past_156_gib_is_not_cut_into_more_parts_than_s3_takes() -> None:
-    part, in_flight = multipart_plan("s3://b/k", 1 << 40, CHUNK_SIZE)  # 1 TiB
-    assert -(-(1 << 40) // part) <= MAX_PARTS
+    part, in_flight = multipart_plan("s3://b/k", 500 * GiB, CHUNK_SIZE)
+    assert -(-(500 * GiB) // part) <= MAX_PARTS
     assert in_flight == 1
 
 
-def test_an_object_larger_than_s3_holds_is_refused_before_anything_is_sent() -> None:
-    with pytest.raises(UploadError, match=r"s3://b/k: \d+ bytes, more than an S3 object holds"):
-        multipart_plan("s3://b/k", MAX_PARTS * MAX_PART + 1, CHUNK_SIZE)
+@pytest.mark.parametrize("size", [MAX_PARTS * MAX_PART + 1, 4 << 40])
+def test_an_object_whose_parts_would_pass_64_mib_is_refused_before_anything_is_sent(
+    size: int,
+) -> None:
+    """Red team 50: `truncate -s 4T` through a spool mount made 440 MiB parts (930 MiB RSS)."""
+    assert MAX_PART == 64 * MiB
+    with pytest.raises(UploadError, match=r"s3://b/k: \d+ bytes, more than one upload takes"):
+        multipart_plan("s3://b/k", size, CHUNK_SIZE)

@@ -117,7 +117,7 @@ class BucketPlacer:
             raise KeyTakenError(f"{self.folder.url_of(key)}: {other} is already in the bucket "
                                 "and one would hide the other; not published")  # fmt: skip
         if not archive:
-            return self._upload(spool, relpath, key, source, st, verify, "plain", "")
+            return self._upload(spool, relpath, key, source, st, verify, "plain", "", cancel)
         return self._pack_and_upload(spool, relpath, key, source, st, verify, options, cancel)
 
     def _pack_and_upload(
@@ -143,7 +143,9 @@ class BucketPlacer:
         try:
             result = pack_file(source, staged, options or PackOptions(), progress)
             check(cancel)
-            return self._upload(spool, relpath, key, staged, st, verify, result.mode, result.reason)
+            return self._upload(
+                spool, relpath, key, staged, st, verify, result.mode, result.reason, cancel
+            )
         finally:
             staged.unlink(missing_ok=True)
 
@@ -157,13 +159,14 @@ class BucketPlacer:
         verify: Verify,
         mode: str,
         reason: str,
+        cancel: threading.Event | None = None,
     ) -> Published:
         from vfs.stores.upload import ObjectExistsError, put_verified
 
         if signature(spool.path(relpath).stat()) != signature(st):
             raise SourceChangedError(spool.path(relpath))  # before anything is uploaded
-        try:
-            uploaded = put_verified(self.folder, key, local, verify)
+        try:  # a stop (SIGTERM, unmount) ends a multipart upload before its next part
+            uploaded = put_verified(self.folder, key, local, verify, check=lambda: check(cancel))
         except ObjectExistsError:
             why = "already exists (written by another host?); not overwritten"
             raise KeyTakenError(f"{self.folder.url_of(key)}: {why}") from None

@@ -45,8 +45,11 @@ SINGLE_PUT_MAX = 256 << 20  # one conditional PUT up to this (its body is held i
 CHUNK_SIZE = 16 << 20  # multipart part size: 10,000 parts (S3's limit) reach 156 GiB
 PART_CONCURRENCY = 4
 MAX_PARTS = 10_000  # S3's limit on the parts of one multipart upload
-MAX_PART = 5 << 30  # and on the size of one part: 5 TiB objects at most
-PART_BUFFER = 64 << 20  # parts in flight hold their bytes in memory
+# Parts in flight hold their bytes in memory: a part is at most PART_BUFFER, so an object at most
+# 625 GiB (S3 takes parts of up to 5 GiB; a `truncate -s 4T` through a spool mount made parts
+# of 440 MiB and took the daemon to 930 MiB of RSS, red team 50).
+PART_BUFFER = 64 << 20
+MAX_PART = PART_BUFFER
 COMPARE_BLOCK = 8 << 20
 
 Verify = Callable[[Folder, str], None]
@@ -83,20 +86,23 @@ def put_verified(
     overwrite: bool = False,
     single_put_max: int = SINGLE_PUT_MAX,
     chunk_size: int = CHUNK_SIZE,
+    check: Callable[[], None] | None = None,
 ) -> Uploaded:
     """Upload `local_path` to `key` of an S3 folder, check it back, and return what was published.
 
     `verify` defaults to `same_bytes(local_path)`. Raises ObjectExistsError (key taken, nothing
     written), UploadError (the store failed, or another writer replaced the object) or
     UploadVerifyError (read back wrong); after the upload, a failure deletes the object first
-    if it is still ours. The local file is only read.
+    if it is still ours. The local file is only read. `check` is called before each part of
+    a multipart upload is read and may raise to stop it (the daemon stopping): the upload is
+    then abandoned, nothing is published, and the exception propagates.
     """
     if not isinstance(folder, S3Folder):
         raise TypeError(f"{folder.name}: put_verified writes to S3 folders only")
     url = folder.url_of(key)
     size = local_path.stat().st_size
     etag, conditional = _upload(
-        folder, key, local_path, size, overwrite, single_put_max, chunk_size
+        folder, key, local_path, size, overwrite, single_put_max, chunk_size, check
     )
     try:
         _check_ours(folder, key, etag, size)
@@ -121,12 +127,13 @@ def multipart_plan(url: str, size: int, chunk_size: int) -> tuple[int, int]:
     part numbers past 10,000: a file past 156 GiB could never complete, and was retried for
     good), and fewer
     in flight as they grow, so the buffers stay near PART_BUFFER. UploadError for an object
-    larger than S3 takes, before anything is sent."""
+    larger than 10,000 parts of PART_BUFFER, before anything is sent."""
     part = max(chunk_size, -(-size // MAX_PARTS))
     part = -(-part // (1 << 20)) << 20
     if part > MAX_PART:
         raise UploadError(
-            f"{url}: {size} bytes, more than an S3 object holds ({MAX_PARTS} parts of 5 GiB)"
+            f"{url}: {size} bytes, more than one upload takes ({MAX_PARTS} parts of "
+            f"{MAX_PART >> 20} MiB: {MAX_PARTS * MAX_PART >> 30} GiB)"
         )
     return part, max(1, min(PART_CONCURRENCY, PART_BUFFER // part))
 
@@ -139,11 +146,13 @@ def _upload(
     overwrite: bool,
     single_put_max: int,
     chunk_size: int,
+    check: Callable[[], None] | None = None,
 ) -> tuple[str, bool]:
     """(ETag, conditional) of the object written; nothing is written when the key is taken."""
     url = folder.url_of(key)
     conditional = not overwrite and size <= single_put_max
     options: dict[str, Any]
+    source: Any = local_path
     if conditional:
         options = {"mode": "create", "use_multipart": False}
     else:
@@ -151,16 +160,53 @@ def _upload(
             raise ObjectExistsError(f"{url}: already exists (--force replaces it)")
         part, in_flight = multipart_plan(url, size, chunk_size)
         options = {"chunk_size": part, "max_concurrency": in_flight}
+        if check is not None:  # parts read through Python: each read may stop the upload
+            source = _Checked(local_path, check)
     try:
-        result = obstore.put(folder.client, folder.full_key(key), local_path, **options)
+        result = obstore.put(folder.client, folder.full_key(key), source, **options)
     except AlreadyExistsError:
         raise ObjectExistsError(f"{url}: already exists (--force replaces it)") from None
     except (BaseError, OSError) as exc:
+        if isinstance(source, _Checked) and source.stopped is not None:
+            raise source.stopped from None  # the caller's own reason (the daemon stopping)
         raise UploadError(str(translate(exc, url, "upload:"))) from None
+    finally:
+        if isinstance(source, _Checked):
+            source.close()
     etag = result.get("e_tag")
     if not etag:
         raise UploadError(f"{url}: the store returned no ETag for the upload")
     return etag, conditional
+
+
+class _Checked:
+    """A file obstore reads a multipart upload's parts from, calling `check` before each read.
+
+    Given a Path, obstore reads the file in Rust and nothing stops the upload short of the
+    process: a SIGTERM during the upload of a 20 GiB file left the daemon uploading (and the
+    mount answering nothing) for as long as the upload ran (red team 50)."""
+
+    def __init__(self, path: Path, check: Callable[[], None]) -> None:
+        self._file = path.open("rb")
+        self._check = check
+        self.stopped: BaseException | None = None
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            self._check()
+        except BaseException as exc:
+            self.stopped = exc
+            raise
+        return self._file.read(n)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self._file.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._file.tell()
+
+    def close(self) -> None:
+        self._file.close()
 
 
 def _check_ours(folder: S3Folder, key: str, etag: str, size: int) -> None:
