@@ -48,6 +48,6 @@ def test_an_object_whose_parts_would_pass_64_mib_is_refused_before_anything_is_s
     size: int,
 ) -> None:
     """Red team 50: `truncate -s 4T` through a spool mount made 440 MiB parts (930 MiB RSS)."""
-    assert MAX_PART == 64 * MiB
+    assert 64 * MiB == MAX_PART
     with pytest.raises(UploadError, match=r"s3://b/k: \d+ bytes, more than one upload takes"):
         multipart_plan("s3://b/k", size, CHUNK_SIZE)
