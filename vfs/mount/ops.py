@@ -491,6 +491,8 @@ class DecantOperations(pyfuse3.Operations):
                 # otherwise show every user a status of their making).
                 data = await self.status_file.read(ctx.uid)
                 return self._status_attrs(self.inodes.hand_out(self._status), data)
+            if name == STATUS_NAME.encode():  # nor below the top: `--status MNT/sub` printed
+                return self._negative(parent_inode)  # one a user made there (red team 50)
             text = os.fsdecode(name)
             folder = await self._listing(parent_inode)
             node = folder.children.get(text)
@@ -621,8 +623,8 @@ class DecantOperations(pyfuse3.Operations):
                     batch = [(c, n, node) for (c, n, old), new in zip(batch, fresh, strict=True)
                              if (node := self._taken(old, new)) is not None]  # fmt: skip
                 for cookie, name, listed in batch:
-                    if fh == ROOT_INODE and name == STATUS_NAME:
-                        continue  # SRC's own entry of that name is never shown (see lookup)
+                    if name == STATUS_NAME:
+                        continue  # SRC's own entries of that name are never shown (see lookup)
                     node = await self._current(folder, name, listed)
                     if node is None:
                         continue
