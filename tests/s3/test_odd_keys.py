@@ -140,3 +140,16 @@ def test_a_key_logged_at_start_cannot_forge_a_line(bucket: str, tmp_path: Path) 
     said = m.log_text()
     assert "odd\\x0aname.txt: not shown" in said, said
     assert not [line for line in said.splitlines() if line.startswith("name.txt")], said
+
+
+def test_a_folder_marker_is_no_file_of_its_own_folder(bucket: str) -> None:
+    """A zero-byte `p/mk/` (the AWS console's "Create folder") came back from obstore as the
+    object `p/mk` in the listing of `p/mk`, and the mount showed a file `mk/mk` that opened
+    with ENOENT (red team 50)."""
+    endpoint = os.environ["AWS_ENDPOINT_URL"]
+    _put(endpoint, bucket, "p/mk/")
+    _put(endpoint, bucket, "p/mk/in.txt")
+    folder = S3Folder(f"s3://{bucket}/p")
+    dirs, files = folder.list_dir("mk")
+    assert (dirs, [i.key for i in files]) == ([], ["mk/in.txt"])
+    assert "mk" in folder.list_dir("")[0]

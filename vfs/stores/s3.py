@@ -785,7 +785,7 @@ class S3Folder:
             return sorted(set(dirs)), sorted(files, key=lambda i: i.key)
         except (BaseError, OSError) as exc:
             raise translate(exc, self.url_of(prefix), "listing:") from None
-        return self._level(out)
+        return self._level(out, full)
 
     def _plain_pages(self, prefix: str, delimiter: str | None) -> Iterator[Page]:
         full = self.full_key(prefix)
@@ -816,9 +816,11 @@ class S3Folder:
                 _skip(f"{SCHEME}{self.bucket}/{key}", problem)
         return dirs, files
 
-    def _level(self, out: Any) -> tuple[list[str], list[ObjectInfo]]:
+    def _level(self, out: Any, full: str) -> tuple[list[str], list[ObjectInfo]]:
         dirs = sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in out["common_prefixes"])
-        files = [_info(m, self._relative(m["path"])) for m in out["objects"]]
+        # obstore gives the level's own folder marker (`P/`, a console's "Create folder") as
+        # the object `P`: no file of the level (it showed as `P/P`, which opened with ENOENT).
+        files = [_info(m, self._relative(m["path"])) for m in out["objects"] if m["path"] != full]
         return dirs, sorted(files, key=lambda i: i.key)
 
     def close(self) -> None:
