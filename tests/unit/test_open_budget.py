@@ -211,3 +211,68 @@ def test_one_user_s_archives_leave_other_users_their_share(
     other.close()
     hog.close()
     assert shared.held == 0 and shared.by_uid == {} and len(shared) == 0
+
+
+@pytest.mark.parametrize("where", ["bucket first", "local first"])
+def test_a_first_open_being_built_holds_its_tables_against_the_budget(
+    made: tuple[Path, Path, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Two first opens at once, nothing open yet (red team 50s, F5): while the first builds its
+    directory, its end record's estimate is held, so the second is refused before it builds
+    anything; the first then opens and serves, and once it closes the second opens. Both byte
+    sources (a local file and an object, tests/unit/memory_store.py) take the same path."""
+    import threading
+
+    from tests.unit.memory_store import MemoryFolder
+    from vfs.decant.zipdir import ZipDirectory
+
+    many, _small, original = made
+    local = tmp_path / "c.tif.zarr.zip"
+    shutil.copyfile(many, local)
+    bucket = MemoryFolder({"b.tif.zarr.zip": many.read_bytes()})
+    monkeypatch.setattr(decant_backend, "HELD_FLOOR", 6 << 20)
+    backend = DecantBackend(PageCache(2 << 20))
+    desc = backend.describe(local)
+
+    def open_local() -> object:
+        return backend.open(local, "", desc.root)
+
+    def open_bucket() -> object:
+        return backend.open_at(bucket, "b.tif.zarr.zip", "", desc.root)
+
+    first, second = (
+        (open_bucket, open_local) if where == "bucket first" else (open_local, open_bucket)
+    )
+    parsed: list[str] = []
+    building, go = threading.Event(), threading.Event()
+    build = ZipDirectory._build
+
+    def slow_build(self: ZipDirectory, *args: object) -> None:
+        parsed.append(str(self.path))
+        if threading.current_thread() is not threading.main_thread():
+            building.set()
+            assert go.wait(10)
+        build(self, *args)
+
+    monkeypatch.setattr(ZipDirectory, "_build", slow_build)
+    got: list[object] = []
+    opener = threading.Thread(target=lambda: got.append(first()))
+    opener.start()
+    try:
+        assert building.wait(10)
+        assert sum(backend.shared.pending.values()) > 3 << 20  # the estimate, held
+        with pytest.raises(OpenArchivesFullError, match="not opened"):
+            second()
+        assert len(parsed) == 1  # the second was never parsed
+    finally:
+        go.set()
+        opener.join(10)
+    (handle,) = got
+    assert backend.shared.pending == {}  # admitted: held now, pending no more
+    assert bytes(handle.read(0, len(original))) == original  # type: ignore[attr-defined]
+    handle.close()  # type: ignore[attr-defined]
+    assert backend.shared.held == 0
+    again = second()
+    assert bytes(again.read(0, len(original))) == original  # type: ignore[attr-defined]
+    again.close()  # type: ignore[attr-defined]
+    assert len(parsed) == 2 and backend.shared.held == 0

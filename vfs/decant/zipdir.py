@@ -22,7 +22,8 @@ import sys
 import threading
 import zipfile
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import BinaryIO, NamedTuple
 
 import numpy as np
@@ -45,6 +46,13 @@ MAX_GROUPS = 1024  # first path parts kept as groups for `listed` (a decant arch
 # what parsing adds; an archive's tables still live as long as it is open.
 LARGE_DIRECTORY = 8 << 20
 _LARGE = threading.Lock()
+# Told what a directory's tables will cost, from its end record, before they are built; may refuse
+# by raising. Set by whoever budgets open archives (vfs.backends.decant), for the opens it makes
+# in the thread that makes them: a budget checked only once an archive was open let concurrent
+# first opens of large archives each build their tables, to be refused afterwards (red team 50s).
+ADMIT_TABLES: ContextVar[Callable[[object, int], None] | None] = ContextVar(
+    "admit_tables", default=None
+)
 
 
 class ZipEntry(NamedTuple):
@@ -72,7 +80,10 @@ class ZipDirectory:
     def __init__(self, path: object, fh: BinaryIO) -> None:
         """Parse the directory of the zip `fh` (seekable). CorruptArchiveError names `path`."""
         self.path = path
-        start, size, self._concat = _directory_span(fh, path)
+        start, size, self._concat, entries = _directory_span(fh, path)
+        admit = ADMIT_TABLES.get()
+        if admit is not None:
+            admit(path, _estimate(size, entries))
         with _LARGE if size > LARGE_DIRECTORY else contextlib.nullcontext():
             self._build(fh, start, size)
 
@@ -268,20 +279,13 @@ class ZipDirectory:
         return raw, name, (offset + self._concat, csize, size, crc, method, flags, extra_len)
 
 
-def tables_estimate(fh: BinaryIO, path: object) -> int:
-    """About the bytes a ZipDirectory of this zip would hold, from its end record alone (nothing
-    parsed), so a caller can tell an archive will not fit a memory budget before it costs
-    anything: a record is 46 bytes and the name (and any extra field and comment), its tables
-    ~58 bytes and the name; so over by what extra fields and comments take, which a decant
-    archive's entries do not have. CorruptArchiveError as ZipDirectory would raise it."""
-    _start, size, _concat = _directory_span(fh, path)
-    rec = zipfile._EndRecData(fh)  # type: ignore[attr-defined]  # read again: ~100 bytes
-    return int(size + 12 * rec[4])
+def _estimate(size: int, entries: int) -> int:
+    return int(size + 12 * entries)
 
 
-def _directory_span(fh: BinaryIO, path: object) -> tuple[int, int, int]:
-    """(start, size) of the central directory, from the end record, bounded; and how many
-    bytes precede the archive (zipfile's "concat": each entry's offset moves by them)."""
+def _directory_span(fh: BinaryIO, path: object) -> tuple[int, int, int, int]:
+    """(start, size) of the central directory, from the end record, bounded; how many bytes
+    precede the archive (zipfile's "concat": each entry's offset moves by them); its entries."""
     try:
         rec = zipfile._EndRecData(fh)  # type: ignore[attr-defined]
     except (OSError, struct.error, ValueError) as exc:
@@ -303,7 +307,7 @@ def _directory_span(fh: BinaryIO, path: object) -> tuple[int, int, int]:
         concat -= _ZIP64_TAIL
     if offset + concat < 0:
         raise CorruptArchiveError(f"{path}: zip end record gives a bad directory offset")
-    return offset + concat, size, concat
+    return offset + concat, size, concat, entries
 
 
 def _zip64(
