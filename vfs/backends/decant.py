@@ -264,10 +264,10 @@ class _SharedArchives:
         """Open an archive under this: its zip directory's tables, estimated from the end record
         (vfs.decant.zipdir.ADMIT_TABLES), are weighed against the budget before they are built,
         and held as `pending` until the open is admitted or fails. Weighed only once open, each
-        concurrent first open of a large archive built its tables to be refused afterwards: 12
-        opens at once of distinct archives of a million entries in a bucket took the daemon
-        past 1.5 GiB with a 256 MiB cache (red team 50s, F5); a local one's were refused
-        before the parse only when something was already held. With nothing held or pending,
+        concurrent first open of a large archive built its tables to be refused afterwards:
+        opens at once of distinct bucket archives of many entries took the daemon to 1.5 GiB
+        before all but one were refused (red team 50s, F5); a local one's were refused before
+        the parse only when something was already held. With nothing held or pending,
         any archive the format's limits allow still opens, as `_admit` lets it."""
         from vfs.decant.zipdir import ADMIT_TABLES  # numpy: not at start-up
 
