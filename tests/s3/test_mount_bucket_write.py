@@ -549,3 +549,49 @@ def test_a_name_with_a_backslash_is_refused_on_a_bucket_mount(
         os.rename(m.mnt / "ab.txt", m.mnt / "a\\b.txt")
     assert err.value.errno == errno.EINVAL
     assert sorted(os.listdir(m.mnt)) == ["ab.txt"]
+
+
+@pytest.mark.parametrize("change", ["removed", "written to"])
+def test_a_multipart_upload_stops_when_its_spooled_file_changes(
+    s3_bucket: S3Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """Red team 50s: the spooled file removed (or written to) while its multipart upload ran
+    left the upload running to its end. The placer's check before each part now sees the
+    spooled file is not what it began to upload: the upload stops, nothing is published, and
+    the spool reports the change (the ingest then sees it vanished, or waits for it to settle)."""
+    import functools
+
+    from vfs.ingest.bucket import BucketPlacer
+    from vfs.ingest.publish import SourceChangedError
+    from vfs.ingest.spool import Spool
+    from vfs.stores import upload
+    from vfs.stores.base import ObjectPath
+    from vfs.stores.s3 import S3Folder
+
+    folder = S3Folder(s3_bucket.url())
+    spool = Spool(ObjectPath.of_url(s3_bucket.url()), tmp_path / "files", tmp_path / "staging")
+    spool.placer = BucketPlacer(folder)
+    spooled = tmp_path / "files" / "big.bin"
+    spooled.write_bytes(np.random.default_rng(5).bytes(12 << 20))
+    checks: list[int] = []
+    put = upload.put_verified
+
+    def small_parts(*args: Any, check: Callable[[], None], **kw: Any) -> Any:
+        def then_change() -> None:
+            checks.append(1)
+            if len(checks) == 2:  # the first part was read
+                if change == "removed":
+                    spooled.unlink()
+                else:
+                    with spooled.open("r+b") as fh:
+                        fh.write(b"later")
+            check()
+
+        return put(*args, single_put_max=1 << 20, chunk_size=5 << 20, check=then_change, **kw)
+
+    monkeypatch.setattr(upload, "put_verified", functools.partial(small_parts))
+    with pytest.raises(SourceChangedError):
+        spool.publish("big.bin", False, None)
+    assert len(checks) == 2  # stopped at the first check after the change
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    assert keys_of(store, s3_bucket.key()) == []  # nothing published, no half object

@@ -163,10 +163,24 @@ class BucketPlacer:
     ) -> Published:
         from vfs.stores.upload import ObjectExistsError, put_verified
 
-        if signature(spool.path(relpath).stat()) != signature(st):
-            raise SourceChangedError(spool.path(relpath))  # before anything is uploaded
-        try:  # a stop (SIGTERM, unmount) ends a multipart upload before its next part
-            uploaded = put_verified(self.folder, key, local, verify, check=lambda: check(cancel))
+        spooled = spool.path(relpath)
+        if signature(spooled.stat()) != signature(st):
+            raise SourceChangedError(spooled)  # before anything is uploaded
+
+        def going_on() -> None:
+            """Asked before each read of a multipart upload's parts: a stop (SIGTERM, unmount)
+            ends the upload, and so does the spooled file removed or written to (red team 50s:
+            an `rm` of a file being uploaded left its upload running to its end)."""
+            check(cancel)
+            try:
+                now = signature(spooled.stat())
+            except FileNotFoundError:
+                now = ()
+            if now != signature(st):
+                raise SourceChangedError(spooled)
+
+        try:
+            uploaded = put_verified(self.folder, key, local, verify, check=going_on)
         except ObjectExistsError:
             why = "already exists (written by another host?); not overwritten"
             raise KeyTakenError(f"{self.folder.url_of(key)}: {why}") from None
