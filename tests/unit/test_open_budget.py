@@ -276,3 +276,68 @@ def test_a_first_open_being_built_holds_its_tables_against_the_budget(
     assert bytes(again.read(0, len(original))) == original  # type: ignore[attr-defined]
     again.close()  # type: ignore[attr-defined]
     assert len(parsed) == 2 and backend.shared.held == 0
+
+
+def test_opens_and_closes_racing_from_many_users_leave_nothing_held_or_pending(
+    made: tuple[Path, Path, bytes], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight threads of four users open and close handles on copies of a large and a small
+    archive at once, local and from a bucket, the budget too small for all of them: each open
+    either serves the original's bytes or is refused with ENOMEM, none raises anything else,
+    and once all are closed nothing is held, pending, charged or lent (a reservation leaked on
+    any path would refuse every later open)."""
+    import random
+    import threading
+
+    from tests.unit.memory_store import MemoryFolder
+
+    many, small, original = made
+    locals_ = []
+    for i in range(3):
+        locals_.append(tmp_path / f"m{i}.tif.zarr.zip")
+        shutil.copyfile(many, locals_[-1])
+    locals_.append(small)
+    bucket = MemoryFolder({f"b{i}.tif.zarr.zip": many.read_bytes() for i in range(2)})
+    monkeypatch.setattr(decant_backend, "HELD_FLOOR", 8 << 20)  # two large archives' tables
+    cache = PageCache(4 << 20)
+    backend = DecantBackend(cache)
+    root = backend.describe(small).root
+    refused, errors, served = [], [], []
+
+    def worker(seed: int) -> None:
+        rng = random.Random(seed)
+        held: list[object] = []
+        with decant_backend.charged_to(1000 + seed % 4):
+            for _ in range(25):
+                try:
+                    if rng.random() < 0.3:
+                        key = f"b{rng.randrange(2)}.tif.zarr.zip"
+                        handle = backend.open_at(bucket, key, "", root)
+                    else:
+                        handle = backend.open(rng.choice(locals_), "", root)
+                except OpenArchivesFullError:
+                    refused.append(1)
+                except Exception as exc:  # anything else fails the test
+                    errors.append(exc)
+                else:
+                    held.append(handle)
+                    if bytes(handle.read(0, len(original))) == original:  # type: ignore[attr-defined]
+                        served.append(1)
+                    else:
+                        errors.append(AssertionError("wrong bytes"))
+                while held and (len(held) > 2 or rng.random() < 0.5):
+                    held.pop(rng.randrange(len(held))).close()  # type: ignore[attr-defined]
+        for handle in held:
+            handle.close()  # type: ignore[attr-defined]
+
+    threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    assert served and refused  # both outcomes happened: the budget was in play
+    shared = backend.shared
+    assert shared.held == 0 and shared.pending == {} and shared.by_uid == {}
+    assert shared.lent == 0 and len(shared) == 0
+    assert cache._reserved == 0
