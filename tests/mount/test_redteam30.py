@@ -300,3 +300,59 @@ def test_listings_of_slow_archives_at_once_leave_other_users_a_thread(
     assert cat.stdout == b"still served\n", cat.stderr
     assert done_at_ls < folders - 40 - 5, f"the ls waited for {done_at_ls} listings"
     assert done_at_cat < folders - 40 - 5, f"the cat waited for {done_at_cat} listings"
+
+
+OPEN_AND_HOLD = """
+import errno, os, sys, time
+try:
+    fd = os.open(sys.argv[1], os.O_RDONLY)
+except OSError as exc:
+    print(errno.errorcode[exc.errno])
+else:
+    print(os.pread(fd, 64, 0).hex())
+    time.sleep(5)  # held while the other opens are weighed
+    os.close(fd)
+"""
+
+
+def test_first_opens_at_once_of_copies_of_a_many_entry_archive_parse_one_directory(
+    mount: Mount, unprivileged: User, tmp_path: Path
+) -> None:
+    """Red team 50s, F5: the budget weighed an open only once its archive was parsed (or, for a
+    local zip, before the parse only when something was held already), so first opens made at
+    once each built their tables (~70 MiB here) to be refused afterwards. Now the first to
+    reach its directory holds its end record's estimate, and the others are refused before
+    they parse: one opens, the others get ENOMEM, and the daemon stays within its cache budget
+    + 150 MiB over its start."""
+    import numpy as np
+    import tifffile
+
+    from vfs.decant.packer import pack_file
+
+    tif = tmp_path / "many.tif"
+    tifffile.imwrite(tif, np.random.default_rng(6).integers(0, 60000, (2, 64, 64), np.uint16))
+    pack_file(tif, tmp_path / "packed.zip")
+    with zipfile.ZipFile(tmp_path / "packed.zip") as zf:
+        own = {info.filename: zf.read(info) for info in zf.infolist()}
+    first = mount.src / "u0" / "many.tif.zarr.zip"
+    zip_of_many(first, ENTRIES, first=own)
+    link_into_every_folder(mount, unprivileged, first)
+    shown = [str(mount.mnt / f"u{i}" / "many.tif") for i in range(FOLDERS)]
+    for path in shown:  # listed (each archive described) first, one at a time: not measured
+        assert unprivileged.run("ls", "-l", path, timeout=60).returncode == 0
+    assert mount.proc is not None
+    Path(f"/proc/{mount.proc.pid}/clear_refs").write_text("5")  # VmHWM from here on
+
+    def open_one(i: int) -> str:
+        run = unprivileged.run(str(SYSTEM_PYTHON), "-I", "-c", OPEN_AND_HOLD, shown[i], timeout=120)
+        return run.stdout.strip()
+
+    got, grown, took = at_once(mount, open_one)
+    head = tif.read_bytes()[:64].hex()
+    told = {i: "served" if v == head else v for i, v in got.items()}
+    print(f"{FOLDERS} first opens at once: {took:.1f} s, {told}; peak RSS {grown} MiB over start")
+    # Before: three of four opened (past the budget), the daemon grew 166 MiB; now 76-110 MiB.
+    assert sorted(told.values()) == ["ENOMEM"] * (FOLDERS - 1) + ["served"], got
+    assert mount.log_text().count("/many.tif.zarr.zip: not opened") >= FOLDERS - 1
+    assert (mount.mnt / "notes.txt").read_bytes() == b"still served\n"
+    assert grown < CACHE_MIB + 150, f"peak RSS grew {grown} MiB"
