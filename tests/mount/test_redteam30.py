@@ -47,6 +47,34 @@ def link_into_every_folder(mount: Mount, user: User, first: Path) -> None:
         assert made.returncode == 0, made.stderr
 
 
+def many_entry_archive_in_every_folder(
+    mount: Mount, user: User, tmp_path: Path
+) -> tuple[Path, list[str]]:
+    """A valid archive of a small TIFF with ENTRIES zip entries beyond its own, the user's, in
+    u0 and linked into their other folders, each listed once (described: not measured); the
+    daemon's peak RSS counted from here. (The TIFF, each folder's original as the mount
+    shows it.)"""
+    import numpy as np
+    import tifffile
+
+    from vfs.decant.packer import pack_file
+
+    tif = tmp_path / "many.tif"
+    tifffile.imwrite(tif, np.random.default_rng(5).integers(0, 60000, (2, 64, 64), np.uint16))
+    pack_file(tif, tmp_path / "packed.zip")
+    with zipfile.ZipFile(tmp_path / "packed.zip") as zf:
+        own = {info.filename: zf.read(info) for info in zf.infolist()}
+    first = mount.src / "u0" / "many.tif.zarr.zip"
+    zip_of_many(first, ENTRIES, first=own)
+    link_into_every_folder(mount, user, first)
+    shown = [str(mount.mnt / f"u{i}" / "many.tif") for i in range(FOLDERS)]
+    for path in shown:
+        assert user.run("ls", "-l", path, timeout=60).returncode == 0
+    assert mount.proc is not None
+    Path(f"/proc/{mount.proc.pid}/clear_refs").write_text("5")  # VmHWM from here on
+    return tif, shown
+
+
 def at_once(mount: Mount, run: Callable[[int], object]) -> tuple[dict[int, object], int, float]:
     """`run(i)` for every folder at once: what each gave, the daemon's peak RSS over what it
     held before (MiB), and the seconds they took together."""
@@ -185,24 +213,7 @@ def test_handles_held_on_copies_of_a_many_entry_archive_stay_within_the_memory_b
     What open archives hold is now bounded (half the cache, at least 64 MiB, or one archive
     alone): the opens past it fail with ENOMEM and a log line naming the archive, the daemon
     stays within its cache budget + 150 MiB, and once the user closes a handle another opens."""
-    import numpy as np
-    import tifffile
-
-    from vfs.decant.packer import pack_file
-
-    tif = tmp_path / "many.tif"
-    tifffile.imwrite(tif, np.random.default_rng(5).integers(0, 60000, (2, 64, 64), np.uint16))
-    pack_file(tif, tmp_path / "packed.zip")
-    with zipfile.ZipFile(tmp_path / "packed.zip") as zf:
-        own = {info.filename: zf.read(info) for info in zf.infolist()}
-    first = mount.src / "u0" / "many.tif.zarr.zip"
-    zip_of_many(first, ENTRIES, first=own)
-    link_into_every_folder(mount, unprivileged, first)
-    shown = [str(mount.mnt / f"u{i}" / "many.tif") for i in range(FOLDERS)]
-    for path in shown:  # listed (each archive described) first, one at a time: not measured
-        assert unprivileged.run("ls", "-l", path, timeout=60).returncode == 0
-    assert mount.proc is not None
-    Path(f"/proc/{mount.proc.pid}/clear_refs").write_text("5")  # VmHWM from here on
+    tif, shown = many_entry_archive_in_every_folder(mount, unprivileged, tmp_path)
     before = proc_status(mount.proc.pid, "VmRSS")
     done = unprivileged.run(str(SYSTEM_PYTHON), "-I", "-c", HOLD_EACH, *shown, timeout=180)
     assert done.returncode == 0, done.stderr
@@ -324,24 +335,7 @@ def test_first_opens_at_once_of_copies_of_a_many_entry_archive_parse_one_directo
     reach its directory holds its end record's estimate, and the others are refused before
     they parse: one opens, the others get ENOMEM, and the daemon stays within its cache budget
     + 150 MiB over its start."""
-    import numpy as np
-    import tifffile
-
-    from vfs.decant.packer import pack_file
-
-    tif = tmp_path / "many.tif"
-    tifffile.imwrite(tif, np.random.default_rng(6).integers(0, 60000, (2, 64, 64), np.uint16))
-    pack_file(tif, tmp_path / "packed.zip")
-    with zipfile.ZipFile(tmp_path / "packed.zip") as zf:
-        own = {info.filename: zf.read(info) for info in zf.infolist()}
-    first = mount.src / "u0" / "many.tif.zarr.zip"
-    zip_of_many(first, ENTRIES, first=own)
-    link_into_every_folder(mount, unprivileged, first)
-    shown = [str(mount.mnt / f"u{i}" / "many.tif") for i in range(FOLDERS)]
-    for path in shown:  # listed (each archive described) first, one at a time: not measured
-        assert unprivileged.run("ls", "-l", path, timeout=60).returncode == 0
-    assert mount.proc is not None
-    Path(f"/proc/{mount.proc.pid}/clear_refs").write_text("5")  # VmHWM from here on
+    tif, shown = many_entry_archive_in_every_folder(mount, unprivileged, tmp_path)
 
     def open_one(i: int) -> str:
         run = unprivileged.run(str(SYSTEM_PYTHON), "-I", "-c", OPEN_AND_HOLD, shown[i], timeout=120)
@@ -353,7 +347,7 @@ def test_first_opens_at_once_of_copies_of_a_many_entry_archive_parse_one_directo
     print(f"{FOLDERS} first opens at once: {took:.1f} s, {told}; peak RSS {grown} MiB over start")
     # Before: the four parsed one after another (13 s); one more opened once the first had
     # closed, two were refused after their parse; the daemon grew 206-215 MiB. Now 4-7 s and
-    # 76-112 MiB.
+    # 76-114 MiB.
     assert sorted(told.values()) == ["ENOMEM"] * (FOLDERS - 1) + ["served"], got
     assert mount.log_text().count("/many.tif.zarr.zip: not opened") >= FOLDERS - 1
     assert (mount.mnt / "notes.txt").read_bytes() == b"still served\n"
