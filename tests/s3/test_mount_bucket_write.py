@@ -595,3 +595,44 @@ def test_a_multipart_upload_stops_when_its_spooled_file_changes(
     assert len(checks) == 2  # stopped at the first check after the change
     store = S3Store(s3_bucket.name, client_options={"allow_http": True})
     assert keys_of(store, s3_bucket.key()) == []  # nothing published, no half object
+
+
+def test_rm_through_the_mount_during_a_multipart_upload_stops_it(
+    own_server: Any, bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    """Red team 50s, F4, through a real mount: a part's PUT is held half-sent, the file is
+    removed through the mount meanwhile, and the part let go. The upload stops at its next part
+    (it ran to its end before): no object under the key, nothing left spooled or failed, and
+    the mount still serves."""
+    from tests.s3.stall import StallingProxy
+
+    bucket = own_server.create_bucket("rm-multi")
+    store = S3Store(bucket, config={"endpoint": own_server.endpoint},
+                    client_options={"allow_http": True})  # fmt: skip
+    src = tmp_path / "big.bin"
+    block = np.random.default_rng(7).integers(0, 255, 1 << 20, dtype=np.uint8).tobytes()
+    with open(src, "wb") as fh:
+        for i in range(272):  # 17 parts of 16 MiB
+            fh.write(i.to_bytes(4, "little") + block[4:])
+    proxy = StallingProxy(own_server.s3_port, b"/p/big.bin?partNumber=")
+    try:
+        spool = tmp_path / "spool"
+        m = bucket_mount(f"s3://{bucket}/p", "--spool", str(spool), "--s3-endpoint",
+                         proxy.endpoint)  # fmt: skip
+        subprocess.run(["cp", str(src), str(m.mnt / "big.bin")], check=True, timeout=120)
+        assert proxy.stalled.wait(60), "no part upload started"
+        (m.mnt / "big.bin").unlink()
+        proxy.release.set()
+        wait_for(lambda: not spooled(spool), 60, "the removed file gone from the spool")
+        time.sleep(2)  # an upload left running would complete within this
+        assert keys_of(store, "p") == []
+        assert status(m.mnt)["failed"] == []
+        log = m.log_text()
+        assert f"big.bin: {272 << 20} bytes published" not in log
+        # Before, every part went up, the object was published and read back against the
+        # removed file, and only then deleted ("deleted the upload that failed its check").
+        assert "deleted the upload" not in log
+        (m.mnt / "small.txt").write_bytes(b"still served\n")
+        wait_for(lambda: keys_of(store, "p") == ["small.txt"], 60, "a later file published")
+    finally:
+        proxy.close()
