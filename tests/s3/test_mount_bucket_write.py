@@ -46,6 +46,23 @@ def status(mnt: Path) -> dict[str, Any]:
     return doc
 
 
+def own_bucket(server: Any, name: str) -> tuple[str, S3Store]:
+    """A new bucket of a test's own server, and a store on it."""
+    bucket = server.create_bucket(name)
+    store = S3Store(bucket, config={"endpoint": server.endpoint},
+                    client_options={"allow_http": True})  # fmt: skip
+    return bucket, store
+
+
+def multipart_file(path: Path, seed: int) -> Path:
+    """272 MiB at `path`, every MiB different: 17 parts of 16 MiB, past SINGLE_PUT_MAX."""
+    block = np.random.default_rng(seed).integers(0, 255, 1 << 20, dtype=np.uint8).tobytes()
+    with open(path, "wb") as fh:
+        for i in range(272):
+            fh.write(i.to_bytes(4, "little") + block[4:])
+    return path
+
+
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -499,14 +516,8 @@ def test_the_store_killed_during_a_multipart_upload(
     upload are never visible), then the retry publishes it whole."""
     from tests.s3.stall import StallingProxy
 
-    bucket = own_server.create_bucket("killed-multi")
-    store = S3Store(bucket, config={"endpoint": own_server.endpoint},
-                    client_options={"allow_http": True})  # fmt: skip
-    src = tmp_path / "big.bin"
-    block = np.random.default_rng(5).integers(0, 255, 1 << 20, dtype=np.uint8).tobytes()
-    with open(src, "wb") as fh:
-        for i in range(272):  # 17 parts of 16 MiB
-            fh.write(i.to_bytes(4, "little") + block[4:])
+    bucket, store = own_bucket(own_server, "killed-multi")
+    src = multipart_file(tmp_path / "big.bin", 5)
     want = hashlib.sha256(src.read_bytes()).hexdigest()
     proxy = StallingProxy(own_server.s3_port, b"/p/big.bin?partNumber=")
     try:
@@ -606,14 +617,8 @@ def test_rm_through_the_mount_during_a_multipart_upload_stops_it(
     the mount still serves."""
     from tests.s3.stall import StallingProxy
 
-    bucket = own_server.create_bucket("rm-multi")
-    store = S3Store(bucket, config={"endpoint": own_server.endpoint},
-                    client_options={"allow_http": True})  # fmt: skip
-    src = tmp_path / "big.bin"
-    block = np.random.default_rng(7).integers(0, 255, 1 << 20, dtype=np.uint8).tobytes()
-    with open(src, "wb") as fh:
-        for i in range(272):  # 17 parts of 16 MiB
-            fh.write(i.to_bytes(4, "little") + block[4:])
+    bucket, store = own_bucket(own_server, "rm-multi")
+    src = multipart_file(tmp_path / "big.bin", 7)
     proxy = StallingProxy(own_server.s3_port, b"/p/big.bin?partNumber=")
     try:
         spool = tmp_path / "spool"
