@@ -9,7 +9,6 @@ Where reference counts do not behave so (not CPython), nothing is pooled and cal
 
 from __future__ import annotations
 
-import collections
 import os
 import sys
 import threading
@@ -71,25 +70,41 @@ class ByteBudget:
             self.left -= nbytes
             return True
 
+    def refund(self, nbytes: int) -> None:
+        with self._lock:
+            self.left += nbytes
+
 
 class RecycledBuffers:
     """Up to `limit` buffers of `size` bytes, handed out again, oldest first, once free.
 
     For data a byte-bounded LRU keeps: the oldest buffers are the first it lets go of, so the
-    oldest is looked at first. Buffers are never freed, so the heap holds at most `limit` of
-    them however threads allocate (glibc keeps freed memory in the arena of the thread that
-    allocated it, and worker threads come and go). With a `budget`, a new buffer is made only
-    while the budget (shared with other sizes) lasts.
+    oldest is looked at first. Buffers are not freed while in use, so the heap holds at most
+    `limit` of them however threads allocate (glibc keeps freed memory in the arena of the
+    thread that allocated it, and worker threads come and go). With a `budget`, a new buffer is
+    made only while the budget (shared with other sizes) lasts.
+
+    A holder that lets a buffer go (its page left the cache) says so with `returned`: at most
+    `reserve` such idle buffers are kept for the next loads, the others are dropped and their
+    bytes go back to the budget. Kept, every buffer ever made stayed resident beside the cache:
+    a package streamed and then a decant original read through a 256 MiB cache left the daemon
+    at 455 MiB (the cache's own bytes plus the package's idle buffers).
     """
 
     SCAN = 32  # buffers looked at, once there are `limit`, before giving up
 
-    def __init__(self, size: int, limit: int, budget: ByteBudget | None = None) -> None:
+    def __init__(
+        self, size: int, limit: int, budget: ByteBudget | None = None, reserve: int = 0
+    ) -> None:
         self.size = size
         self.limit = limit
+        self.reserve = reserve
         self._budget = budget
-        self._spent = False  # the budget said no: no new buffer will be made
-        self._ring: collections.deque[bytearray] = collections.deque()
+        self._spent = False  # the budget said no: no new buffer will be made until a refund
+        # id -> buffer, oldest first (a buffer looked at moves to the end); by id, since equal
+        # contents are not the same buffer and `returned` must find its own in O(1).
+        self._ring: dict[int, bytearray] = {}
+        self._idle = 0  # buffers returned and kept, not handed out since (an estimate)
         self._lock = threading.Lock()
         self._usable = refcounts_track_views()
 
@@ -105,10 +120,12 @@ class RecycledBuffers:
             ring = self._ring
             # Until the LRU is full hardly any buffer comes free: look at two, then make one.
             full = len(ring) >= self.limit or self._spent
-            for _ in range(min(len(ring), self.SCAN if full else 2)):
-                buf = ring[0]
-                ring.rotate(-1)
+            for _ in range(min(len(ring), self.SCAN if full or self._idle else 2)):
+                key = next(iter(ring))
+                buf = ring.pop(key)
+                ring[key] = buf
                 if sys.getrefcount(buf) <= _FREE_REFS:
+                    self._idle = max(0, self._idle - 1)
                     return buf
             if full:
                 return None
@@ -116,8 +133,22 @@ class RecycledBuffers:
                 self._spent = True
                 return None
             buf = bytearray(self.size)
-            ring.append(buf)
+            ring[id(buf)] = buf
             return buf
+
+    def returned(self, buf: object) -> None:
+        """`buf` (one of this ring's, else nothing happens) is no longer held by its page: keep
+        it for reuse while fewer than `reserve` are idle, else drop it from the ring."""
+        with self._lock:
+            if self._ring.get(id(buf)) is not buf:
+                return
+            if self._idle < self.reserve:
+                self._idle += 1
+                return
+            del self._ring[id(buf)]
+            self._spent = False
+        if self._budget is not None:
+            self._budget.refund(self.size)
 
 
 _per_thread = threading.local()

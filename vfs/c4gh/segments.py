@@ -42,6 +42,7 @@ CIPHER_SEGMENT_SIZE = SEGMENT_SIZE + NONCE_SIZE + TAG_SIZE  # 65564, a public cr
 PAGE_SEGMENTS = 32
 PAGE_SIZE = PAGE_SEGMENTS * SEGMENT_SIZE
 MAX_SPAN_PAGES = 2  # one pread fetches at most this many pages' cipher text (4 MiB)
+IDLE_PAGES = 12  # page buffers kept idle for the next loads: a read-ahead window and two spans
 REQUEST_MAX = 1 << 20  # the largest read FUSE asks for (max_read)
 MAX_SPAN = MAX_SPAN_PAGES * PAGE_SEGMENTS * CIPHER_SEGMENT_SIZE
 MAX_FAILED = 4096  # failed segments remembered per reader (beyond: read-ahead retries them)
@@ -193,12 +194,28 @@ class SegmentBuffers(RecycledBuffers):
     of free but resident heap past the cache (decrypting threads come and go, and glibc keeps
     freed memory in the allocating thread's arena); recycled, the heap stays the cache's size.
     A page decrypted whole into one buffer serves a request inside it as one view, no copy.
+    A page that leaves the cache gives its buffers back (`give_back`); a few are kept idle for
+    the next loads (IDLE_PAGES page buffers, a page's worth of segment buffers), the others
+    are dropped, so idle buffers do not sit beside what the cache holds of other archives.
     """
 
     def __init__(self, max_bytes: int) -> None:
         budget = ByteBudget(max_bytes + 2 * MAX_SPAN_PAGES * PAGE_SIZE)
-        super().__init__(SEGMENT_SIZE, max_bytes // SEGMENT_SIZE + 2 * PAGE_SEGMENTS, budget)
-        self.pages = RecycledBuffers(PAGE_SIZE, max_bytes // PAGE_SIZE + 2 * MAX_SPAN_PAGES, budget)
+        super().__init__(SEGMENT_SIZE, max_bytes // SEGMENT_SIZE + 2 * PAGE_SEGMENTS, budget,
+                         reserve=PAGE_SEGMENTS)  # fmt: skip
+        self.pages = RecycledBuffers(PAGE_SIZE, max_bytes // PAGE_SIZE + 2 * MAX_SPAN_PAGES,
+                                     budget, reserve=IDLE_PAGES)  # fmt: skip
+
+    def give_back(self, page: _Page) -> None:
+        """The buffers of `page`, which no longer holds them (it left the cache, or was
+        emptied), back to their rings."""
+        if page.buf is not None:
+            self.pages.returned(page.buf)
+        for plain in page.slots:
+            if isinstance(plain, memoryview):
+                plain = plain.obj  # a segment shorter than its buffer (the last one)
+            if isinstance(plain, bytearray):
+                self.returned(plain)
 
 
 def output_pool() -> BufferPool:
@@ -216,14 +233,22 @@ class _Page:
     says slot k is in it (and authenticated), so a read inside the page is one view of it.
     """
 
-    __slots__ = ("buf", "inbuf", "lock", "nbytes", "slots")
+    __slots__ = ("buf", "inbuf", "lock", "nbytes", "owner", "slots")
 
-    def __init__(self) -> None:
+    def __init__(self, owner: SegmentBuffers | None = None) -> None:
         self.slots: list[Plain | None] = [None] * PAGE_SEGMENTS
         self.nbytes = 0
         self.lock = threading.Lock()
         self.buf: bytearray | None = None
         self.inbuf = 0
+        self.owner = owner  # the rings its buffers came from
+
+    def __del__(self) -> None:
+        # Gone from the cache and from every reader: its buffers are free for the next loads.
+        owner = self.owner
+        if owner is not None:
+            with contextlib.suppress(Exception):  # never raise from a finalizer
+                owner.give_back(self)
 
 
 class SegmentReader:
@@ -319,6 +344,8 @@ class SegmentReader:
                 continue
             page = self._page(page_no)
             with page.lock:
+                if self._buffers is not None:
+                    self._buffers.give_back(page)
                 page.slots = [None] * PAGE_SEGMENTS  # one store: lock-free readers see either
                 page.inbuf = 0  # before `buf` goes: see _page_view
                 page.buf = None
@@ -498,8 +525,11 @@ class SegmentReader:
         return False
 
     def _page(self, page_no: int) -> _Page:
-        page: _Page = self._cache.get_or_load(self.cache_key(page_no), _Page)
+        page: _Page = self._cache.get_or_load(self.cache_key(page_no), self._new_page)
         return page
+
+    def _new_page(self) -> _Page:
+        return _Page(self._buffers)
 
     def _page_view(self, offset: int, size: int) -> memoryview | None:
         """A read inside one page loaded whole, as a view of its buffer (no copy); else None.

@@ -1,0 +1,102 @@
+"""Decryption buffers given back when their pages leave the cache (vfs.c4gh.buffers, segments).
+
+Before, every buffer a package's reads ever made stayed in its ring: a stream larger than the
+cache left about the cache's size of idle buffers beside whatever the cache held next.
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+from types import SimpleNamespace
+
+import pytest
+from crypt4gh import header as c4gh_header
+
+from tests.toolbox import load_tool
+from vfs.c4gh.buffers import ByteBudget, RecycledBuffers
+from vfs.c4gh.segments import PAGE_SEGMENTS, PAGE_SIZE, SegmentBuffers, SegmentReader
+from vfs.cache import PageCache
+
+corpus = load_tool("make_c4gh_corpus")
+PLAIN = bytes(range(256)) * (3 * PAGE_SIZE // 256)  # three whole pages
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    d = tmp_path_factory.mktemp("giveback")
+    node, writer = corpus.make_keypair(d, "node"), corpus.make_keypair(d, "writer")
+    data = corpus.encrypt(PLAIN, writer.secret, [node.public])
+    stream = io.BytesIO(data)
+    keys, _ = c4gh_header.deconstruct(stream, [(0, node.secret, None)])
+    path = d / "three-pages.c4gh"
+    path.write_bytes(data)
+    return SimpleNamespace(path=path, hlen=stream.tell(), key=bytes(keys[0]))
+
+
+def test_at_most_reserve_returned_buffers_are_kept_and_the_rest_go_back_to_the_budget() -> None:
+    budget = ByteBudget(10 * 1024)
+    ring = RecycledBuffers(1024, limit=10, budget=budget, reserve=2)
+    taken = [ring.take() for _ in range(6)]
+    assert all(b is not None for b in taken) and budget.left == 4 * 1024
+    kept = {id(b) for b in taken[:2]}
+    for buf in taken:
+        ring.returned(buf)
+    del buf
+    taken.clear()
+    assert len(ring) == 2 and budget.left == 8 * 1024
+    again = ring.take()
+    assert id(again) in kept  # an idle one, not a new one
+    ring.returned(bytearray(1024))  # not one of the ring's: nothing happens
+    assert len(ring) == 2 and budget.left == 8 * 1024
+
+
+def test_a_returned_buffer_still_viewed_is_not_handed_out_again() -> None:
+    ring = RecycledBuffers(1024, limit=4, reserve=4)
+    buf = ring.take()
+    assert buf is not None
+    view = memoryview(buf)[10:20]  # what a reply or a queued hash still holds
+    ring.returned(buf)
+    del buf
+    for _ in range(3):
+        other = ring.take()
+        assert other is not None and other is not view.obj
+        ring.returned(other)
+    view.release()
+
+
+def _reader(package: SimpleNamespace, cache: PageCache, buffers: SegmentBuffers) -> SegmentReader:
+    return SegmentReader(package.path, package.hlen, package.key, cache, buffers=buffers)
+
+
+def test_pages_evicted_from_the_cache_give_their_buffers_back(package: SimpleNamespace) -> None:
+    cache = PageCache(4 * PAGE_SIZE)
+    buffers = SegmentBuffers(cache.max_bytes)
+    buffers.pages.reserve = 1
+    budget_before = buffers.pages._budget.left  # type: ignore[union-attr]
+    with _reader(package, cache, buffers) as rd:
+        for page in range(3):
+            rd.load_span((page * PAGE_SEGMENTS, (page + 1) * PAGE_SEGMENTS))
+        assert len(buffers.pages) == 3
+        cache.put("another archive's plane", bytearray(4 * PAGE_SIZE))  # evicts all three
+        gc.collect()
+        assert len(buffers.pages) == 1  # the reserve; two were dropped
+        assert buffers.pages._budget.left == budget_before - PAGE_SIZE  # type: ignore[union-attr]
+        assert rd.read(PAGE_SIZE - 100, 200) == PLAIN[PAGE_SIZE - 100 : PAGE_SIZE + 100]
+
+
+def test_a_stream_through_the_cache_keeps_no_more_page_buffers_than_it_holds(
+    package: SimpleNamespace,
+) -> None:
+    """A forward reader's pages behind it are emptied (`release`): their buffers serve the
+    pages ahead, and no more than the reserve sit idle."""
+    cache = PageCache(4 * PAGE_SIZE)
+    buffers = SegmentBuffers(cache.max_bytes)
+    buffers.pages.reserve = 0
+    with _reader(package, cache, buffers) as rd:
+        for page in range(3):
+            rd.load_span((page * PAGE_SEGMENTS, (page + 1) * PAGE_SEGMENTS))
+            start = page * PAGE_SIZE
+            assert rd.read(start, PAGE_SIZE) == PLAIN[start : start + PAGE_SIZE]
+            rd.release(0, page)  # every page before this one
+            assert len(buffers.pages) == 1
