@@ -100,3 +100,38 @@ def test_a_stream_through_the_cache_keeps_no_more_page_buffers_than_it_holds(
             assert rd.read(start, PAGE_SIZE) == PLAIN[start : start + PAGE_SIZE]
             rd.release(0, page)  # every page before this one
             assert len(buffers.pages) == 1
+
+
+def test_a_buffer_returned_while_the_ring_is_locked_is_settled_by_the_next_call() -> None:
+    """A page's finalizer runs wherever the garbage collector does (a page in a cycle through
+    a stored exception's traceback), this ring's own `take` included: it never waits."""
+    budget = ByteBudget(4 * 1024)
+    ring = RecycledBuffers(1024, limit=4, budget=budget, reserve=0)
+    buf = ring.take()
+    with ring._lock:  # another thread, or this one inside `take`
+        ring.returned(buf, wait=False)  # would deadlock if it waited
+    assert len(ring) == 1 and budget.left == 3 * 1024  # queued, not settled yet
+    del buf
+    assert ring.take() is not None  # settles the queue first, then makes a new buffer
+    assert len(ring) == 1 and budget.left == 3 * 1024
+
+
+def test_a_page_collected_as_garbage_inside_take_gives_its_buffer_back_later(
+    package: SimpleNamespace,
+) -> None:
+    cache = PageCache(4 * PAGE_SIZE)
+    buffers = SegmentBuffers(cache.max_bytes)
+    buffers.pages.reserve = 0
+    with _reader(package, cache, buffers) as rd:
+        rd.load_span((0, PAGE_SEGMENTS))
+        page = cache.get(rd.cache_key(0))
+        cycle: list[object] = [page]
+        cycle.append(cycle)  # garbage only the collector frees
+        del page
+        cache.discard(rd.cache_key(0))
+        del cycle
+        with buffers.pages._lock:
+            gc.collect()  # the finalizer runs with the ring's lock taken
+        assert len(buffers.pages) == 1
+        rd.load_span((PAGE_SEGMENTS, 2 * PAGE_SEGMENTS))  # its take settles the queue
+        assert len(buffers.pages) == 1  # page 1 took a new buffer; page 0's was dropped

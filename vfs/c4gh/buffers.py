@@ -9,6 +9,7 @@ Where reference counts do not behave so (not CPython), nothing is pooled and cal
 
 from __future__ import annotations
 
+import collections
 import os
 import sys
 import threading
@@ -105,6 +106,7 @@ class RecycledBuffers:
         # contents are not the same buffer and `returned` must find its own in O(1).
         self._ring: dict[int, bytearray] = {}
         self._idle = 0  # buffers returned and kept, not handed out since (an estimate)
+        self._later: collections.deque[object] = collections.deque()  # see `returned`
         self._lock = threading.Lock()
         self._usable = refcounts_track_views()
 
@@ -117,6 +119,7 @@ class RecycledBuffers:
         if not self._usable:
             return None
         with self._lock:
+            self._refund(self._settle())
             ring = self._ring
             # Until the LRU is full hardly any buffer comes free: look at two, then make one.
             full = len(ring) >= self.limit or self._spent
@@ -136,19 +139,47 @@ class RecycledBuffers:
             ring[id(buf)] = buf
             return buf
 
-    def returned(self, buf: object) -> None:
+    def returned(self, buf: object, wait: bool = True) -> None:
         """`buf` (one of this ring's, else nothing happens) is no longer held by its page: keep
-        it for reuse while fewer than `reserve` are idle, else drop it from the ring."""
-        with self._lock:
-            if self._ring.get(id(buf)) is not buf:
-                return
-            if self._idle < self.reserve:
-                self._idle += 1
-                return
-            del self._ring[id(buf)]
-            self._spent = False
-        if self._budget is not None:
-            self._budget.refund(self.size)
+        it for reuse while fewer than `reserve` are idle, else drop it from the ring.
+
+        `wait=False` (from a finalizer, which may run inside any allocation, this ring's own
+        `take` included): when the lock is taken, the buffer is queued and the next call here
+        or to `take` settles it, so a finalizer never waits on a lock."""
+        if not self._lock.acquire(blocking=wait):
+            self._later.append(buf)
+            return
+        try:
+            dropped = self._keep_or_drop(buf) + self._settle()
+        finally:
+            self._lock.release()
+        self._refund(dropped)
+
+    def _keep_or_drop(self, buf: object) -> int:
+        """With the lock held: 1 if `buf` left the ring, else 0."""
+        if self._ring.get(id(buf)) is not buf:
+            return 0
+        if self._idle < self.reserve:
+            self._idle += 1
+            return 0
+        del self._ring[id(buf)]
+        self._spent = False
+        return 1
+
+    def _settle(self) -> int:
+        """With the lock held: what finalizers queued meanwhile; how many buffers left."""
+        dropped = 0
+        while self._later:
+            try:
+                buf = self._later.popleft()
+            except IndexError:  # another finalizer's append raced the check: none left
+                break
+            dropped += self._keep_or_drop(buf)
+        return dropped
+
+    def _refund(self, buffers: int) -> None:
+        if buffers and self._budget is not None:
+            self._budget.refund(buffers * self.size)
 
 
 _per_thread = threading.local()

@@ -206,16 +206,16 @@ class SegmentBuffers(RecycledBuffers):
         self.pages = RecycledBuffers(PAGE_SIZE, max_bytes // PAGE_SIZE + 2 * MAX_SPAN_PAGES,
                                      budget, reserve=IDLE_PAGES)  # fmt: skip
 
-    def give_back(self, page: _Page) -> None:
+    def give_back(self, page: _Page, wait: bool = True) -> None:
         """The buffers of `page`, which no longer holds them (it left the cache, or was
-        emptied), back to their rings."""
+        emptied), back to their rings (`wait`: see RecycledBuffers.returned)."""
         if page.buf is not None:
-            self.pages.returned(page.buf)
+            self.pages.returned(page.buf, wait)
         for plain in page.slots:
             if isinstance(plain, memoryview):
                 plain = plain.obj  # a segment shorter than its buffer (the last one)
             if isinstance(plain, bytearray):
-                self.returned(plain)
+                self.returned(plain, wait)
 
 
 def output_pool() -> BufferPool:
@@ -245,10 +245,12 @@ class _Page:
 
     def __del__(self) -> None:
         # Gone from the cache and from every reader: its buffers are free for the next loads.
+        # Without waiting on a lock: the garbage collector may run this anywhere (a page in a
+        # reference cycle through a stored exception's traceback), even inside `take`.
         owner = self.owner
         if owner is not None:
             with contextlib.suppress(Exception):  # never raise from a finalizer
-                owner.give_back(self)
+                owner.give_back(self, wait=False)
 
 
 class SegmentReader:
