@@ -525,3 +525,33 @@ def test_pages_given_back_leave_the_cache(paged) -> None:
         assert handle.read(0, 3 * PAGE) == paged.big[: 3 * PAGE]  # decrypted again, exact
     finally:
         handle.close()
+
+
+def test_a_large_read_loads_whole_the_page_its_queued_read_ahead_would_have(paged) -> None:
+    """A stream's 1 MiB read whose page the read-ahead had queued behind other readers' pages
+    loaded only its own 16 segments: the read-ahead then filled the other half one 64 KiB
+    buffer at a time, and every later read of the page copied the pieces together (two
+    streams of one member: a third of their reads took this path, ~9 ms each)."""
+    from concurrent.futures import Future
+
+    be = backend(paged.keys.node)
+    handle = be.open(paged.path, paged.name, paged.entry)
+    start = paged.entry.locator["offset"]
+    page = -(-start // PAGE)  # the member's first whole page
+    queued: Future[None] = Future()  # queued on the decrypters, not started
+    handle._loading[page] = queued
+    offset = page * PAGE - start
+    try:
+        assert handle.read(offset, 1 << 20) == paged.big[offset : offset + (1 << 20)]
+        loaded = handle._reader._cache.get(handle._reader.cache_key(page))
+        assert loaded is not None and loaded.buf is not None and all(loaded.slots)
+        view = handle.read_cached(offset + (1 << 20), 1 << 20)  # the page's other half
+        assert isinstance(view, memoryview) and view.obj is loaded.buf  # a view, no copy
+        assert view == paged.big[offset + (1 << 20) : offset + (2 << 20)]
+        small = handle.read(offset + PAGE + 100, 4096)  # no queued load: loads what it needs
+        assert small == paged.big[offset + PAGE + 100 : offset + PAGE + 4196]
+        after = handle._reader._cache.get(handle._reader.cache_key(page + 1))
+        assert after is not None and after.buf is None
+    finally:
+        queued.set_result(None)
+        handle.close()

@@ -57,6 +57,7 @@ PACKETS_XATTR = "user.c4gh.packets"
 SHA256_XATTR = "user.c4gh.sha256"
 POLICIES = ("warn", "enforce")
 READAHEAD = 8 * PAGE_SIZE  # decrypted ahead of a sequential reader, on every core
+WHOLE_PAGES_READ = 256 << 10  # a read this large loads the pages its read-ahead queued
 DECRYPTERS = min(2, os.cpu_count() or 1)  # threads that decrypt read-ahead pages side by side
 MAX_MANIFEST = 16 << 20
 MAX_WRITERS_FILE = 16 << 20  # of fingerprints (~72 bytes a line)
@@ -105,11 +106,27 @@ class MemberReader:
         if offset < 0 or size <= 0 or offset >= self.size:
             return b""
         want = min(size, self.size - offset)
+        if want >= WHOLE_PAGES_READ:
+            self._load_pages(self._offset + offset, want)
         data = self._reader.read_view(self._offset + offset, want, self._pool)
         if len(data) != want:
             # The package is shorter than the member (truncated since it was described): EIO.
             raise CorruptArchiveError(f"{self.name}: package ends before byte {offset + want}")
         return data
+
+    def _load_pages(self, start: int, size: int) -> None:
+        """Decrypt here, whole, the pages a large read needs whose read-ahead load is queued
+        but not done: queued behind other readers' pages, it left this read to load just its
+        own segments, the read-ahead then filled the rest of the page one 64 KiB buffer at a
+        time, and every later read of the page copied the pieces together. A page no
+        read-ahead asked for (a random read) loads only what the read needs, as before."""
+        reader = self._reader
+        for page in range(start // PAGE_SIZE, (start + size - 1) // PAGE_SIZE + 1):
+            with self._lock:  # a load is keyed by its span's first page; a span holds two
+                loads = [self._loading.get(page), self._loading.get(page - 1)]
+            if any(load is not None and not load.done() for load in loads):
+                first = page * PAGE_SEGMENTS
+                reader.load_span((first, min(first + PAGE_SEGMENTS, reader.segments)))
 
     def read_cached(self, offset: int, size: int) -> bytes | memoryview | None:
         """`read` from segments decrypted already (on the event loop: no thread hop), or None."""
