@@ -51,3 +51,48 @@ def test_readers_streaming_parts_of_one_member_at_once_each_get_its_bytes(
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # the next pass reads the daemon
         os.close(fd)
     assert "Traceback" not in m.log_text()
+
+
+def test_parallel_readers_of_a_member_with_a_tampered_segment_get_eio_there_only(
+    tmp_path: Path, make_mount: MakeMount
+) -> None:
+    """The same four readers, one cipher segment of the member flipped: a whole page loaded by
+    a read or a read-ahead skips the bad segment, and every read that needs it fails (EIO)
+    while every other read gets the member's bytes."""
+    src = tmp_path / "src"
+    src.mkdir()
+    keys = {n: corpus.make_keypair(tmp_path / "keys", n) for n in ("node", "writer")}
+    data = random.Random(8).randbytes(24 * MiB)
+    corpus.write_package(tmp_path / "p.tar.c4gh", corpus.with_manifest([("m.bin", data)]),
+                         keys["writer"], [keys["node"]])  # fmt: skip
+    bad_segment = 200  # in the member's seventh page
+    package = (tmp_path / "p.tar.c4gh").read_bytes()
+    (src / "p.tar.c4gh").write_bytes(corpus.tamper(package, bad_segment))
+    m = make_mount(src, "--c4gh-key", str(keys["node"].secret_path), "--cache-size", "32M")
+    member = m.mnt / "p.tar.c4gh" / "m.bin"
+    quarter = len(data) // 4
+    failed: list[int] = []
+
+    def stream(part: int) -> bool:
+        fd = os.open(member, os.O_RDONLY)
+        try:
+            for pos in range(part * quarter, (part + 1) * quarter, MiB):
+                try:
+                    got = os.pread(fd, MiB, pos)
+                except OSError as exc:
+                    assert exc.errno == 5
+                    failed.append(pos)
+                    continue
+                if got != data[pos : pos + MiB]:
+                    return False
+            return True
+        finally:
+            os.close(fd)
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(stream, range(4)))
+    # The bad segment's plaintext lies in one or two of the 1 MiB reads, whatever the member's
+    # offset in the package: those reads failed, and only those.
+    assert 1 <= len(failed) <= 2, failed
+    assert max(failed) - min(failed) <= MiB
+    assert "Traceback" not in m.log_text()
