@@ -7,31 +7,21 @@ cache left about the cache's size of idle buffers beside whatever the cache held
 from __future__ import annotations
 
 import gc
-import io
 from types import SimpleNamespace
 
 import pytest
-from crypt4gh import header as c4gh_header
 
-from tests.toolbox import load_tool
+from tests.unit.test_c4gh_segments import encrypted_body
 from vfs.c4gh.buffers import ByteBudget, RecycledBuffers
 from vfs.c4gh.segments import PAGE_SEGMENTS, PAGE_SIZE, SegmentBuffers, SegmentReader
 from vfs.cache import PageCache
 
-corpus = load_tool("make_c4gh_corpus")
 PLAIN = bytes(range(256)) * (3 * PAGE_SIZE // 256)  # three whole pages
 
 
 @pytest.fixture(scope="module")
 def package(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    d = tmp_path_factory.mktemp("giveback")
-    node, writer = corpus.make_keypair(d, "node"), corpus.make_keypair(d, "writer")
-    data = corpus.encrypt(PLAIN, writer.secret, [node.public])
-    stream = io.BytesIO(data)
-    keys, _ = c4gh_header.deconstruct(stream, [(0, node.secret, None)])
-    path = d / "three-pages.c4gh"
-    path.write_bytes(data)
-    return SimpleNamespace(path=path, hlen=stream.tell(), key=bytes(keys[0]))
+    return encrypted_body(tmp_path_factory.mktemp("giveback"), PLAIN, "three-pages.c4gh")
 
 
 def test_at_most_reserve_returned_buffers_are_kept_and_the_rest_go_back_to_the_budget() -> None:

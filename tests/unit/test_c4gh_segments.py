@@ -46,16 +46,21 @@ def expected_segments(offset: int, size: int, total: int) -> set[int]:
     return set(range(offset // SEG, (end - 1) // SEG + 1)) if offset < end else set()
 
 
-@pytest.fixture(scope="module")
-def pkg(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    d = tmp_path_factory.mktemp("seg")
+def encrypted_body(d: Path, plain: bytes, name: str) -> SimpleNamespace:
+    """`plain` encrypted to a new node key as the crypt4gh file `d/name`: its path, bytes,
+    header length and session key (what a SegmentReader needs)."""
     node, writer = corpus.make_keypair(d, "node"), corpus.make_keypair(d, "writer")
-    data = corpus.encrypt(PLAIN, writer.secret, [node.public])
+    data = corpus.encrypt(plain, writer.secret, [node.public])
     stream = io.BytesIO(data)
     session_keys, _ = c4gh_header.deconstruct(stream, [(0, node.secret, None)])
-    path = d / "body.tar.c4gh"
+    path = d / name
     path.write_bytes(data)
     return SimpleNamespace(path=path, data=data, hlen=stream.tell(), key=bytes(session_keys[0]))
+
+
+@pytest.fixture(scope="module")
+def pkg(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
+    return encrypted_body(tmp_path_factory.mktemp("seg"), PLAIN, "body.tar.c4gh")
 
 
 def reader(pkg: SimpleNamespace, path: Path | None = None, size: int | None = None):
@@ -147,14 +152,7 @@ BIG = os.urandom(2 * PAGE_SIZE + 7 * SEG + 777)  # two full pages, a partial thi
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    d = tmp_path_factory.mktemp("pages")
-    node, writer = corpus.make_keypair(d, "node"), corpus.make_keypair(d, "writer")
-    data = corpus.encrypt(BIG, writer.secret, [node.public])
-    stream = io.BytesIO(data)
-    session_keys, _ = c4gh_header.deconstruct(stream, [(0, node.secret, None)])
-    path = d / "big.tar.c4gh"
-    path.write_bytes(data)
-    return SimpleNamespace(path=path, data=data, hlen=stream.tell(), key=bytes(session_keys[0]))
+    return encrypted_body(tmp_path_factory.mktemp("pages"), BIG, "big.tar.c4gh")
 
 
 def big_reader(
