@@ -307,6 +307,29 @@ def test_two_hosts_see_each_others_uploads_and_deletions(
         assert sha256sum(host.mnt / "a" / gone) == digest(corpus[gone])
 
 
+def test_a_file_held_open_whose_object_is_deleted_reads_as_a_stale_handle(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory
+) -> None:
+    """Red team 50s: another host deleting a plain object under a reader that holds it open
+    gave ENOENT on the reader's next read, "no such file" for a file it has open. Now ESTALE,
+    as for a replaced object; what the kernel kept of it reads as before."""
+    store = client(s3_bucket)
+    body = os.urandom(48 << 20)
+    obstore.put(store, s3_bucket.key("big.bin"), body)
+    m = bucket_mount(s3_bucket.url())
+    fd = os.open(m.mnt / "big.bin", os.O_RDONLY)
+    try:
+        assert os.pread(fd, 4096, 0) == body[:4096]
+        obstore.delete(store, s3_bucket.key("big.bin"))
+        with pytest.raises(OSError) as err:
+            got = os.pread(fd, 4096, 40 << 20)
+            raise AssertionError(f"read {len(got)} bytes of an object deleted meanwhile")
+        assert err.value.errno == errno.ESTALE, err.value
+        assert os.pread(fd, 4096, 0) == body[:4096]
+    finally:
+        os.close(fd)
+
+
 def test_a_c4gh_package_in_the_bucket_serves_its_members(
     s3_bucket: S3Bucket, tmp_path: Path, bucket_mount: MountFactory
 ) -> None:

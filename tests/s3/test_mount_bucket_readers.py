@@ -254,6 +254,31 @@ def test_an_archive_replaced_under_a_reader_gives_estale_never_the_new_bytes(
     assert path.read_bytes() == new
 
 
+def test_an_archive_deleted_under_a_reader_gives_estale_never_enoent(
+    daemon: Callable[..., Daemon], packed: tuple[Path, Path], s3_bucket: S3Bucket
+) -> None:
+    """The archive is deleted from the bucket (another host's `rm`) while a handle reads it in
+    order: every read gives the original's bytes (fetched before) or ESTALE. It gave ENOENT,
+    "no such file", to a reader holding the file open (red team 50s)."""
+    tif, _archive = packed
+    original = tif.read_bytes()
+    d = daemon("--cache-size", "8M")
+    outcomes = []
+    with open(d.mnt / NAME, "rb", buffering=0) as fh:
+        assert fh.read(1 << 20) == original[: 1 << 20]
+        obstore.delete(store(s3_bucket), s3_bucket.key(f"{NAME}.zarr.zip"))
+        for off in range(1 << 20, len(original), 1 << 20):
+            try:
+                data = os.pread(fh.fileno(), 1 << 20, off)
+            except OSError as exc:
+                assert exc.errno == errno.ESTALE, exc
+                outcomes.append("stale")
+                continue
+            assert data == original[off : off + (1 << 20)], off
+            outcomes.append("old")
+    assert "stale" in outcomes
+
+
 def test_an_archive_replaced_after_its_listing_opens_as_the_new_one(
     daemon: Callable[..., Daemon],
     packed: tuple[Path, Path],

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import time
@@ -52,6 +53,23 @@ def test_a_replaced_object_is_not_mixed_with_its_successor(s3_bucket: S3Bucket) 
     with pytest.raises(ObjectChangedError, match=f"{s3_bucket.url('obj')}: .*replaced"):
         src.read(0, 10)
     assert folder.open("obj").read(0, 10) == b"b" * 10
+
+
+def test_an_object_deleted_while_open_gives_a_stale_handle_not_no_such_file(
+    s3_bucket: S3Bucket,
+) -> None:
+    """Red team 50s: a read of an object deleted after its open said ENOENT ("no such file") to a
+    reader holding it open; it is ESTALE now, as a replaced object's, naming the object."""
+    folder = S3Folder(s3_bucket.url())
+    obstore.put(folder.client, s3_bucket.key("gone"), b"a" * 1000)
+    src = folder.open("gone")
+    assert src.read(0, 10) == b"a" * 10
+    obstore.delete(folder.client, s3_bucket.key("gone"))
+    with pytest.raises(ObjectChangedError, match=f"^{s3_bucket.url('gone')}: .*deleted") as info:
+        src.read(500, 10)
+    assert info.value.errno == errno.ESTALE
+    with pytest.raises(ObjectMissingError):  # a fresh open: no such key
+        folder.open("gone")
 
 
 def test_a_missing_key_names_the_url(s3_bucket: S3Bucket) -> None:

@@ -518,7 +518,14 @@ class S3Object:
             result = obstore.get(self._folder.client, full, options=options)  # type: ignore[arg-type]
             body = result.bytes()  # obstore's Bytes: the buffer protocol, no copy
         except (BaseError, OSError) as exc:
-            raise translate(exc, self.name, f"GET bytes {offset}-{offset + size - 1}:") from None
+            error = translate(exc, self.name, f"GET bytes {offset}-{offset + size - 1}:")
+            if isinstance(error, ObjectMissingError):
+                # Opened, so it existed: deleted since. ENOENT on a file held open said "no
+                # such file" to a reader that has it; like NFS, say its handle is stale.
+                raise ObjectChangedError(
+                    f"{self.name}: object deleted since it was opened"
+                ) from None
+            raise error from None
         data: Buffer = bytes(body) if size <= SMALL_COPY else memoryview(body)
         etag = result.meta.get("e_tag")
         if self.info.etag and etag and etag != self.info.etag:
