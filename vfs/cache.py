@@ -69,11 +69,16 @@ class BufferPool:
 
     def give(self, value: Any) -> None:
         """Offer an evicted value: kept if it is a view of a whole buffer `take` could return."""
-        numpy = sys.modules.get("numpy")  # unloaded: then no value is an array
         arr = value.obj if isinstance(value, memoryview) else None
-        if numpy is None or not isinstance(arr, numpy.ndarray) or arr.nbytes < self.MIN_BYTES:
+        # Unloaded, no value is an array. Being imported by another thread (a first decant
+        # open), the module has no `ndarray` yet: a package page evicted meanwhile raised
+        # AttributeError, and the open that evicted it failed with EIO.
+        ndarray = getattr(sys.modules.get("numpy"), "ndarray", None)
+        if arr is None or ndarray is None or not isinstance(arr, ndarray):
             return
-        if arr.dtype != numpy.uint8 or arr.ndim != 1 or not arr.flags.owndata:
+        if arr.nbytes < self.MIN_BYTES:
+            return
+        if arr.dtype.char != "B" or arr.ndim != 1 or not arr.flags.owndata:
             return
         with self._lock:
             self._free.append(arr)

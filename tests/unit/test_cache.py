@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
+import types
 from collections import OrderedDict
 from collections.abc import Callable
 
@@ -230,6 +232,26 @@ def test_the_pool_keeps_only_whole_uint8_buffers_within_its_bound() -> None:
     for _ in range(3 * pool.keep_bytes // (8 << 20)):
         pool.give(memoryview(np.empty(8 << 20, np.uint8)))
     assert sum(a.nbytes for a in pool._free) <= pool.keep_bytes
+
+
+def test_an_eviction_while_another_thread_imports_numpy_is_no_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A package's page evicted while a first decant open imported numpy on another thread met
+    the half-made module (no `ndarray` yet): AttributeError, and the open of the package
+    member that evicted it failed with EIO (seen with readers of both starting at once)."""
+    half = types.ModuleType("numpy")  # what sys.modules holds while numpy/__init__ runs
+    monkeypatch.setitem(sys.modules, "numpy", half)
+    cache = PageCache(100)
+    cache.put("a", b"x" * 60)
+    cache.put("b", memoryview(bytearray(60)))  # evicts "a"
+    cache.put("c", b"y" * 60)  # evicts "b": a memoryview, of no array
+    assert cache.get("c") == b"y" * 60
+    monkeypatch.undo()
+    whole = np.empty(2 << 20, np.uint8)
+    cache.buffers.give(memoryview(whole))  # numpy whole again: kept for reuse
+    del whole
+    assert cache.buffers.take(2 << 20) is not None and cache.buffers.reused == 1
 
 
 def test_a_load_the_store_failed_fails_its_waiters_without_a_second_try() -> None:

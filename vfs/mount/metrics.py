@@ -50,9 +50,9 @@ def daemon_section(cache: Any, integrity: Any, inodes: int) -> dict[str, Any]:
         "failed_verification": len(integrity.bad),
         "pending_verification": len(integrity.pending),
     }
-    s3 = sys.modules.get("vfs.stores.s3")  # loaded only when SRC is a bucket
-    if s3 is not None:
-        fetched = s3.FETCHED
+    # Loaded only when SRC is a bucket (before the mount: never half imported here).
+    fetched = getattr(sys.modules.get("vfs.stores.s3"), "FETCHED", None)
+    if fetched is not None:
         doc["s3"] = {"gets": fetched.gets, "bytes_fetched": fetched.bytes,
                      "bytes_refetched": fetched.refetched}  # fmt: skip
     if cache is not None:
