@@ -8,7 +8,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
@@ -21,6 +21,16 @@ class CacheStats:
     hits: int = 0
     misses: int = 0
     evictions: int = 0
+
+
+IDLE_SHARE = 8  # buffers kept idle for reuse: at most this fraction of a cache's budget
+
+
+class IdlePool(Protocol):
+    """Buffers kept for reuse that the cache counts against its budget."""
+
+    @property
+    def idle_bytes(self) -> int: ...
 
 
 def nbytes_of(value: Any) -> int:
@@ -40,14 +50,17 @@ class BufferPool:
     of the daemon's CPU streaming a file here); one that was faulted in before costs neither.
     A buffer is reused only when nothing but this pool refers to it: every memoryview, slice or
     numpy view of it holds a reference to it, so a view still served or queued for hashing
-    keeps it out of reach. At most `keep_bytes` of idle buffers are kept.
+    keeps it out of reach. At most `keep_bytes` of idle buffers are kept, and the cache counts
+    them (`idle_bytes`) against its own budget: they are resident memory it let go of.
     """
 
     MIN_BYTES = 1 << 20  # smaller buffers come from malloc's free lists anyway
+    KEEP_BYTES = 32 << 20
 
-    def __init__(self, keep_bytes: int = 32 << 20) -> None:
+    def __init__(self, keep_bytes: int = KEEP_BYTES) -> None:
         self.keep_bytes = keep_bytes
         self.reused = 0
+        self.idle_bytes = 0  # of the buffers kept (read without the lock: an estimate)
         self._free: list[np.ndarray[Any, Any]] = []
         self._lock = threading.Lock()
 
@@ -61,6 +74,7 @@ class BufferPool:
                     # view somewhere (each memoryview, slice or array over it holds one).
                     if arr.nbytes == nbytes and sys.getrefcount(arr) == 3:
                         del self._free[i]
+                        self.idle_bytes -= nbytes
                         self.reused += 1
                         return arr
         import numpy  # here, not at the top: a daemon serving only packages never loads it
@@ -82,8 +96,9 @@ class BufferPool:
             return
         with self._lock:
             self._free.append(arr)
-            while sum(a.nbytes for a in self._free) > self.keep_bytes:
-                self._free.pop(0)
+            self.idle_bytes += arr.nbytes
+            while self.idle_bytes > self.keep_bytes:
+                self.idle_bytes -= self._free.pop(0).nbytes
 
 
 class _Load:
@@ -114,7 +129,9 @@ class PageCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.stats = CacheStats()
-        self.buffers = BufferPool()  # decodes reuse what eviction releases
+        # Decodes reuse what eviction releases: at most an eighth of the budget, counted in it.
+        self.buffers = BufferPool(min(BufferPool.KEEP_BYTES, max_bytes // IDLE_SHARE))
+        self._idle_pools: list[IdlePool] = [self.buffers]
         self._data: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self._bytes = 0
         self._reserved = 0  # bytes promised to loads in flight
@@ -163,8 +180,22 @@ class PageCache:
         self._bytes += size
         self._evict()
 
+    def counts_idle(self, pool: IdlePool) -> None:
+        """Count `pool`'s idle buffers (kept for reuse, resident) against the budget too."""
+        with self._lock:
+            self._idle_pools.append(pool)
+            self._evict()
+
+    def _idle_bytes(self) -> int:
+        # At most half the budget: the other half always caches (with a small cache, the
+        # threads' read buffers alone would otherwise evict every value as it is stored).
+        return min(sum(pool.idle_bytes for pool in self._idle_pools), self.max_bytes // 2)
+
     def _evict(self) -> None:
-        while self._bytes + self._reserved > self.max_bytes and self._data:
+        # Idle buffers count: kept beside a full cache, 16 readers of a package and an original
+        # held 50-60 MiB of them past the budget. An eviction may add to them (the evicted
+        # value's buffer kept), so they are read again each turn; they are bounded (IDLE_SHARE).
+        while self._data and self._bytes + self._reserved + self._idle_bytes() > self.max_bytes:
             _, (value, evicted) = self._data.popitem(last=False)
             self._bytes -= evicted
             self.stats.evictions += 1
@@ -247,6 +278,7 @@ class PageCache:
             if item is not None:
                 self._bytes -= item[1]
                 self.buffers.give(item[0])
+                self._evict()  # the buffer kept idle counts
 
 
 class ByteGate:

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vfs.cache import PageCache
+from vfs.cache import BufferPool, PageCache
 from vfs.errors import ObjectChangedError, StoreError
 
 BUDGET = 100
@@ -208,11 +208,12 @@ def test_discard_prefix() -> None:
 
 def test_an_evicted_buffer_is_reused_only_when_no_view_of_it_is_left() -> None:
     size = 1 << 20
-    cache = PageCache(size)
+    cache = PageCache(8 * size)  # keeps an eighth of its budget idle: one buffer
     first = cache.get_or_load("a", lambda: memoryview(cache.buffers.take(size)), size)
     view = first[10:20]  # a read served from the plane, e.g. still queued for hashing
     del first
-    cache.get_or_load("b", lambda: memoryview(cache.buffers.take(size)), size)  # evicts "a"
+    cache.discard("a")  # a plane a forward reader passed: its buffer offered for reuse
+    assert cache.buffers.idle_bytes == size
     held = id(view.obj)  # not a reference: one would keep it from reuse
     fresh = cache.buffers.take(size)
     assert id(fresh) != held  # a view of it is alive: never handed out again
@@ -248,10 +249,52 @@ def test_an_eviction_while_another_thread_imports_numpy_is_no_error(
     cache.put("c", b"y" * 60)  # evicts "b": a memoryview, of no array
     assert cache.get("c") == b"y" * 60
     monkeypatch.undo()
+    pool = BufferPool()
     whole = np.empty(2 << 20, np.uint8)
-    cache.buffers.give(memoryview(whole))  # numpy whole again: kept for reuse
+    pool.give(memoryview(whole))  # numpy whole again: kept for reuse
     del whole
-    assert cache.buffers.take(2 << 20) is not None and cache.buffers.reused == 1
+    assert pool.take(2 << 20) is not None and pool.reused == 1
+
+
+def test_buffers_kept_idle_for_reuse_count_against_the_budget() -> None:
+    """Idle buffers are resident: the cache holds its entries and every pool's idle buffers
+    within max_bytes together (16 readers of a package and an original peaked 50-60 MiB past
+    the budget while they were not counted)."""
+    mib = 1 << 20
+    cache = PageCache(16 * mib)  # keeps at most 2 MiB of decode buffers idle
+
+    class Pool:
+        idle_bytes = 0
+
+    other = Pool()
+    cache.counts_idle(other)
+    for key in range(16):
+        cache.put(key, memoryview(np.empty(mib, np.uint8)))
+    assert cache.current_bytes == 16 * mib
+    for key in range(4):  # passed by a forward reader: two buffers kept, two dropped
+        cache.discard(key)
+    assert cache.buffers.idle_bytes == 2 * mib
+    assert cache.current_bytes + cache.buffers.idle_bytes <= 16 * mib
+    other.idle_bytes = 5 * mib  # another pool's buffers went idle: the next store evicts
+    cache.put("new", memoryview(np.empty(mib, np.uint8)))
+    assert cache.current_bytes + 2 * mib + 5 * mib <= 16 * mib
+    assert "new" in cache
+
+
+def test_idle_buffers_never_take_more_than_half_the_budget() -> None:
+    """With a small cache, the threads' read buffers alone can pass its budget: counted whole,
+    every value would be evicted as it was stored, and every read would decode again."""
+    mib = 1 << 20
+    cache = PageCache(8 * mib)
+
+    class Pool:
+        idle_bytes = 32 * mib
+
+    cache.counts_idle(Pool())
+    for key in range(6):
+        cache.put(key, memoryview(np.empty(mib, np.uint8)))
+    assert list(cache._data) == [2, 3, 4, 5]  # half the budget still caches
+    assert cache.get(5) is not None
 
 
 def test_a_load_the_store_failed_fails_its_waiters_without_a_second_try() -> None:

@@ -273,6 +273,7 @@ class C4ghBackend:
         self.stats = SegmentStats()  # segments decrypted by every reader of this backend
         self.pool = output_pool()  # the buffers member reads are served in
         self.buffers = SegmentBuffers(cache.max_bytes)  # the buffers segments are decrypted into
+        cache.counts_idle(self.buffers)
         self._sessions: dict[str, _Session] = {}
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None

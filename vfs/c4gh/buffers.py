@@ -14,6 +14,8 @@ import os
 import sys
 import threading
 
+from vfs.threadbuffers import keep
+
 _FREE_REFS = 3  # the container, the loop variable and getrefcount's own argument
 
 
@@ -113,6 +115,11 @@ class RecycledBuffers:
     def __len__(self) -> int:
         return len(self._ring)
 
+    @property
+    def idle_bytes(self) -> int:
+        """Bytes of the buffers kept idle for reuse (an estimate; see vfs.cache.IdlePool)."""
+        return self._idle * self.size
+
     def take(self) -> bytearray | None:
         """A buffer nothing else holds (the caller's reference keeps it from the others), or
         None when all `limit` are in use."""
@@ -195,7 +202,7 @@ def pread_reused(fd: int, size: int, offset: int, keep_up_to: int, flags: int = 
     if buf is None or len(buf) < size:
         buf = bytearray(size)
         if size <= keep_up_to:
-            _per_thread.buffer = buf
+            keep(_per_thread, "buffer", buf, size)
     view = memoryview(buf)
     got = (
         os.preadv(fd, [view[:size]], offset, flags)

@@ -28,7 +28,7 @@ from vfs.c4gh.buffers import (
     RecycledBuffers,
     pread_reused,
 )
-from vfs.cache import PageCache
+from vfs.cache import IDLE_SHARE, PageCache
 from vfs.errors import ArchiveChangedError, CorruptArchiveError
 from vfs.stores.base import ByteSource
 from vfs.stores.local import LocalFile
@@ -201,10 +201,17 @@ class SegmentBuffers(RecycledBuffers):
 
     def __init__(self, max_bytes: int) -> None:
         budget = ByteBudget(max_bytes + 2 * MAX_SPAN_PAGES * PAGE_SIZE)
+        # The cache counts idle buffers against its budget (counts_idle): at most a share of it.
+        share = max_bytes // IDLE_SHARE
         super().__init__(SEGMENT_SIZE, max_bytes // SEGMENT_SIZE + 2 * PAGE_SEGMENTS, budget,
-                         reserve=PAGE_SEGMENTS)  # fmt: skip
+                         reserve=min(PAGE_SEGMENTS, share // 2 // SEGMENT_SIZE))  # fmt: skip
+        idle_pages = min(IDLE_PAGES, share // PAGE_SIZE)
         self.pages = RecycledBuffers(PAGE_SIZE, max_bytes // PAGE_SIZE + 2 * MAX_SPAN_PAGES,
-                                     budget, reserve=IDLE_PAGES)  # fmt: skip
+                                     budget, reserve=idle_pages)  # fmt: skip
+
+    @property
+    def idle_bytes(self) -> int:
+        return super().idle_bytes + self.pages.idle_bytes
 
     def give_back(self, page: _Page, wait: bool = True) -> None:
         """The buffers of `page`, which no longer holds them (it left the cache, or was

@@ -49,6 +49,7 @@ from vfs.errors import (
 from vfs.stores import local as _local
 from vfs.stores.base import ByteSource, Folder, ObjectInfo, replaced
 from vfs.stores.local import LocalFile, LocalFolder, open_exact
+from vfs.threadbuffers import keep
 
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 _STORED, _DEFLATED = 0, 8  # zip methods read: what decant writes, and what `zip` re-zips with
@@ -80,7 +81,8 @@ def scratch(nbytes: int) -> memoryview:
         # With room to spare: chunks of one array differ in size by a few percent, and growing
         # by just enough each time faulted in a fresh buffer for every larger chunk.
         room = min(SCRATCH_KEEP, nbytes + nbytes // 8 + (1 << 20))
-        buf = _SCRATCH.buf = memoryview(bytearray(max(nbytes, room)))
+        buf = memoryview(bytearray(max(nbytes, room)))
+        keep(_SCRATCH, "buf", buf, len(buf))
     return buf[:nbytes]
 
 

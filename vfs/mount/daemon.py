@@ -20,6 +20,7 @@ from typing import Any
 import pyfuse3
 import trio
 
+from vfs import threadbuffers
 from vfs.backends.decant import DecantBackend
 from vfs.cache import PageCache
 from vfs.errors import DecantError
@@ -440,6 +441,7 @@ def serve(config: MountConfig, ready: Callable[[], None]) -> int:
             tracemalloc.start(8)
     src, mnt = config.src, config.mnt
     cache = PageCache(config.cache_size)
+    cache.counts_idle(threadbuffers.HELD)  # the read buffers threads keep count in its budget
     tree = build_tree(config, cache)
     queue = build_write_side(config, tree)
     writer = make_writer(config, tree, queue) if queue is not None else None

@@ -12,6 +12,8 @@ import mmap
 import os
 import threading
 
+from vfs.threadbuffers import keep
+
 _per_thread = threading.local()
 
 DIRECT_ALIGN = 4096  # O_DIRECT offsets, lengths and buffers: a multiple of the block size
@@ -54,7 +56,7 @@ def pread_direct(fd: int, size: int, offset: int, keep_up_to: int) -> memoryview
     if buf is None or len(buf) < span:
         buf = mmap.mmap(-1, span)  # anonymous: page-aligned, as O_DIRECT wants
         if span <= keep_up_to + 2 * DIRECT_ALIGN:
-            _per_thread.buffer = buf
+            keep(_per_thread, "buffer", buf, span)
     view = memoryview(buf)
     got = os.preadv(fd, [view[:span]], lo)
     skip = offset - lo
