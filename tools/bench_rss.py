@@ -10,6 +10,8 @@ every second (VmHWM for the peak):
 - B: the same once both files verified (sha256sum through a first mount, remount on that index).
 - C: fresh index; `sha256sum` of both files, one after the other.
 - D: fresh index; K small archives (64 KiB TIFFs) read back whole with `sha256sum`.
+- E: fresh index; 2T readers at once, T on each stack, half streaming 1 MiB reads from a random
+  start, half random reads of 1 byte to 2 MiB, for S seconds (many users on one daemon).
 
 Each scenario prints its peak and end RSS, the ratio to the budget and PASS/MISS.
 """
@@ -71,6 +73,7 @@ def main(command: str, argv: list[str]) -> int:
             "B": lambda: bench.random_verified(big),
             "C": lambda: bench.sequential(big),
             "D": lambda: bench.small(small),
+            "E": lambda: bench.mixed(big),
         }
         for name in args.scenarios.upper():
             runs[name]()
@@ -87,10 +90,15 @@ def _parser(command: str) -> argparse.ArgumentParser:
     )
     p.add_argument("--mib", type=int, default=256, help="size of each of the two stacks (MiB)")
     p.add_argument("--cache-size", default="256M", help="decant-mount --cache-size (256M)")
-    p.add_argument("--threads", type=int, default=8, help="pread threads in A and B (8)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=8,
+        help="pread threads in A and B; readers per stack in E (8)",
+    )
     p.add_argument("--seconds", type=float, default=30.0, help="pread time in A and B (30)")
     p.add_argument("--small", type=int, default=2000, help="small archives in D (2000)")
-    p.add_argument("--scenarios", default="ABCD", help="which of A, B, C, D to run (ABCD)")
+    p.add_argument("--scenarios", default="ABCDE", help="which of A-E to run (ABCDE)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument(
         "--workdir",
@@ -269,6 +277,46 @@ def random_preads(paths: list[Path], threads: int, seconds: float, seed: int) ->
     return sum(counts)
 
 
+def mixed_reads(paths: list[Path], per_file: int, seconds: float, seed: int) -> int:
+    """`per_file` readers of each path on their own descriptors: even ones stream 1 MiB reads
+    from a random start (wrapping), odd ones read 1 B to 2 MiB at random offsets."""
+    sizes = [1, 4096, 65536, 300_000, MiB, 2 * MiB]
+    jobs = [(p, k) for p in paths for k in range(per_file)]
+    counts = [0] * len(jobs)
+    errors: list[BaseException] = []
+    deadline = time.monotonic() + seconds
+
+    def work(j: int) -> None:
+        path, k = jobs[j]
+        rng = random.Random(seed * 1000 + j)
+        fd = os.open(path, os.O_RDONLY)
+        size = os.fstat(fd).st_size
+        pos = rng.randrange(size)
+        try:
+            while time.monotonic() < deadline:
+                if k % 2:
+                    off, n = rng.randrange(size), rng.choice(sizes)
+                else:
+                    off, n = pos, MiB
+                    pos = (pos + n) % size
+                if len(os.pread(fd, n, off)) != min(n, size - off):
+                    raise OSError(f"short read in {path}")
+                counts[j] += 1
+        except OSError as exc:
+            errors.append(exc)
+        finally:
+            os.close(fd)
+
+    workers = [threading.Thread(target=work, args=(j,)) for j in range(len(jobs))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    if errors:
+        raise SystemExit(f"bench rss: read failed: {errors[0]}")
+    return sum(counts)
+
+
 def sha256sum(paths: list[Path]) -> None:
     for start in range(0, len(paths), 500):  # one process per 500 files
         done = subprocess.run(
@@ -399,3 +447,16 @@ class RssBench:
                 for p in sorted(src.rglob("*.zarr.zip"))[:count]
             ]
             self._measure(m.pid, lambda: sha256sum(paths), "D", "+5 s")
+
+    def mixed(self, names: list[str]) -> None:
+        a = self.args
+        log(f"E: {2 * a.threads} readers, streaming and random, for {a.seconds:g} s")
+        ctx, _ = self._mount(self.work / "src-big")
+        with ctx as m:
+            paths = [m.mnt / n for n in names]
+
+            def run() -> str:
+                n = mixed_reads(paths, a.threads, a.seconds, a.seed)
+                return f"{n / a.seconds:.0f} reads/s"
+
+            self._measure(m.pid, run, "E", "then closed, +5 s")
