@@ -142,6 +142,12 @@ class PageCache:
     def current_bytes(self) -> int:
         return self._bytes
 
+    @property
+    def idle_bytes(self) -> int:
+        """Bytes of the buffers kept for reuse that the budget counts (`counts_idle`), all told;
+        the budget counts at most half of itself."""
+        return sum(pool.idle_bytes for pool in self._idle_pools)
+
     def __len__(self) -> int:
         return len(self._data)
 
@@ -189,7 +195,7 @@ class PageCache:
     def _idle_bytes(self) -> int:
         # At most half the budget: the other half always caches (with a small cache, the
         # threads' read buffers alone would otherwise evict every value as it is stored).
-        return min(sum(pool.idle_bytes for pool in self._idle_pools), self.max_bytes // 2)
+        return min(self.idle_bytes, self.max_bytes // 2)
 
     def _evict(self) -> None:
         # Idle buffers count: kept beside a full cache, 16 readers of a package and an original

@@ -367,7 +367,8 @@ def _print_status(doc: dict[str, Any]) -> None:
         errors = ", ".join(f"{k} {v}" for k, v in sorted(d.get("errors", {}).items())) or "none"
         out(
             f"served {d['bytes_served']} bytes in {d['reads']} reads "
-            f"({d['read_seconds']} s in backends); cache {cache.get('bytes', 0)} of "
+            f"({d['read_seconds']} s in backends); cache {cache.get('bytes', 0)} "
+            f"(+ {cache.get('idle_bytes', 0)} of buffers kept for reuse) of "
             f"{cache.get('limit_bytes', 0)} bytes, {cache.get('hits', 0)} hits, "
             f"{cache.get('misses', 0)} misses, {cache.get('evictions', 0)} evictions"
         )

@@ -33,6 +33,8 @@ def test_status_and_metrics_count_what_was_served(
     assert doc["bytes_served"] >= served > 0  # the status read itself is not counted
     assert doc["reads"] > 0 and doc["verified"] >= 1
     assert doc["cache"]["limit_bytes"] == 512 << 20
+    # Buffers kept for reuse: at least the read buffers of the threads that decoded the reads.
+    assert 0 < doc["cache"]["idle_bytes"] < 512 << 20
     assert not (m.mnt / "no-such-file").exists()  # counted as ENOENT
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline and not metrics.exists():
@@ -41,6 +43,7 @@ def test_status_and_metrics_count_what_was_served(
     text = metrics.read_text()
     assert _metric(text, "decant_read_bytes_total") >= served
     assert _metric(text, "decant_cache_limit_bytes") == 512 << 20
+    assert _metric(text, "decant_cache_idle_bytes") > 0
     assert _metric(text, 'decant_errors_total{errno="ENOENT"}') >= 1
     shown = subprocess.run([sys.executable, "-m", "vfs.cli", "--status", str(m.mnt)],
                            capture_output=True, text=True, check=True).stdout  # fmt: skip

@@ -61,6 +61,7 @@ def daemon_section(cache: Any, integrity: Any, inodes: int) -> dict[str, Any]:
             "misses": cache.stats.misses,
             "evictions": cache.stats.evictions,
             "bytes": cache.current_bytes,
+            "idle_bytes": cache.idle_bytes,  # buffers kept for reuse, counted in the limit
             "limit_bytes": cache.max_bytes,
         }
     return doc
@@ -89,6 +90,7 @@ def prometheus(status: dict[str, Any]) -> str:
     for key in ("hits", "misses", "evictions"):
         metric(f"decant_cache_{key}_total", "counter", cache.get(key, 0))
     metric("decant_cache_bytes", "gauge", cache.get("bytes", 0))
+    metric("decant_cache_idle_bytes", "gauge", cache.get("idle_bytes", 0))
     metric("decant_cache_limit_bytes", "gauge", cache.get("limit_bytes", 0))
     if "s3" in d:
         metric("decant_s3_gets_total", "counter", d["s3"]["gets"])
