@@ -65,3 +65,38 @@ def test_a_grown_buffer_replaces_the_count_of_the_one_it_replaced(tmp_path: Path
         assert in_thread(grow) == 3 << 20
     finally:
         os.close(fd)
+
+
+def test_past_the_limit_a_thread_keeps_no_buffer(tmp_path: Path) -> None:
+    """Many threads reading at once each kept a buffer: 24 readers of an original held 38 MiB
+    in 34 threads. Past HELD's limit a thread reads into a buffer of its own for that read."""
+    path = tmp_path / "f"
+    body = os.urandom(2 << 20)
+    path.write_bytes(body)
+    fd = os.open(path, os.O_RDONLY)
+    limit, HELD.limit = HELD.limit, HELD.idle_bytes + (3 << 20)
+    try:
+        first = threading.Event()
+        release = threading.Event()
+        got: list[int] = []
+
+        def holder() -> None:  # keeps 2 MiB while the other thread reads
+            pread_reused(fd, 2 << 20, 0, keep_up_to=4 << 20)
+            first.set()
+            release.wait(5)
+
+        t = threading.Thread(target=holder)
+        t.start()
+        first.wait(5)
+
+        def second() -> None:
+            assert bytes(pread_reused(fd, 2 << 20, 0, keep_up_to=4 << 20)) == body
+            got.append(HELD.idle_bytes)
+
+        grew = in_thread(second)
+        assert grew == 0 and got  # read right, kept nothing: the holder's 2 MiB and its own 2
+        release.set()
+        t.join()
+    finally:
+        HELD.limit = limit
+        os.close(fd)

@@ -358,6 +358,7 @@ def mount_device(mnt: Path) -> str:
     return found
 
 
+THREAD_BUFFERS_MIN = 16 << 20
 M_ARENA_MAX = -8  # glibc mallopt parameter
 TRIM_ABOVE = 100 << 20  # RSS over the cache size that starts a malloc_trim
 TRIM_STEP = 32 << 20  # after a trim that could not get under it, trim again this much higher
@@ -441,7 +442,10 @@ def serve(config: MountConfig, ready: Callable[[], None]) -> int:
             tracemalloc.start(8)
     src, mnt = config.src, config.mnt
     cache = PageCache(config.cache_size)
-    cache.counts_idle(threadbuffers.HELD)  # the read buffers threads keep count in its budget
+    # The read buffers threads keep count in its budget, and at most a quarter of it is kept
+    # (16 MiB at least: a few threads' worth, as one stream uses).
+    cache.counts_idle(threadbuffers.HELD)
+    threadbuffers.HELD.limit = max(config.cache_size // 4, THREAD_BUFFERS_MIN)
     tree = build_tree(config, cache)
     queue = build_write_side(config, tree)
     writer = make_writer(config, tree, queue) if queue is not None else None
