@@ -219,6 +219,26 @@ def test_readers_of_one_original_at_once_get_its_bytes_and_fetch_it_a_bounded_nu
     assert d.status()["errors"] == {}
 
 
+def read_on_after(path: Path, original: bytes, change: Callable[[], object]) -> list[str]:
+    """Read `path` in 1 MiB steps, calling `change` (the archive replaced or deleted in the
+    bucket) after the first: each later read gives the original's bytes ("old", fetched before)
+    or ESTALE ("stale"), never anything else."""
+    outcomes = []
+    with open(path, "rb", buffering=0) as fh:
+        assert fh.read(1 << 20) == original[: 1 << 20]
+        change()
+        for off in range(1 << 20, len(original), 1 << 20):
+            try:
+                data = os.pread(fh.fileno(), 1 << 20, off)
+            except OSError as exc:
+                assert exc.errno == errno.ESTALE, exc
+                outcomes.append("stale")
+                continue
+            assert data == original[off : off + (1 << 20)], off
+            outcomes.append("old")
+    return outcomes
+
+
 def test_an_archive_replaced_under_a_reader_gives_estale_never_the_new_bytes(
     daemon: Callable[..., Daemon],
     packed: tuple[Path, Path],
@@ -235,20 +255,9 @@ def test_an_archive_replaced_under_a_reader_gives_estale_never_the_new_bytes(
     # Read-ahead of 2 MiB (a 4th of the cache): most of the archive is read after the put.
     d = daemon("--cache-size", "8M", "--relist", "1s")
     path = d.mnt / NAME
-    outcomes = []
-    with open(path, "rb", buffering=0) as fh:
-        assert fh.read(1 << 20) == original[: 1 << 20]
-        obstore.put(store(s3_bucket), s3_bucket.key(f"{NAME}.zarr.zip"), replacement.read_bytes())
-        for off in range(1 << 20, len(original), 1 << 20):
-            try:
-                data = os.pread(fh.fileno(), 1 << 20, off)
-            except OSError as exc:
-                assert exc.errno == errno.ESTALE, exc
-                outcomes.append("stale")
-                continue
-            assert data == original[off : off + (1 << 20)], off
-            outcomes.append("old")
-    assert "stale" in outcomes
+    key = s3_bucket.key(f"{NAME}.zarr.zip")
+    change = lambda: obstore.put(store(s3_bucket), key, replacement.read_bytes())  # noqa: E731
+    assert "stale" in read_on_after(path, original, change)
     new = other.read_bytes()
     wait_for(lambda: path.stat().st_size == len(new), 30, "the new archive described")
     assert path.read_bytes() == new
@@ -263,20 +272,9 @@ def test_an_archive_deleted_under_a_reader_gives_estale_never_enoent(
     tif, _archive = packed
     original = tif.read_bytes()
     d = daemon("--cache-size", "8M")
-    outcomes = []
-    with open(d.mnt / NAME, "rb", buffering=0) as fh:
-        assert fh.read(1 << 20) == original[: 1 << 20]
-        obstore.delete(store(s3_bucket), s3_bucket.key(f"{NAME}.zarr.zip"))
-        for off in range(1 << 20, len(original), 1 << 20):
-            try:
-                data = os.pread(fh.fileno(), 1 << 20, off)
-            except OSError as exc:
-                assert exc.errno == errno.ESTALE, exc
-                outcomes.append("stale")
-                continue
-            assert data == original[off : off + (1 << 20)], off
-            outcomes.append("old")
-    assert "stale" in outcomes
+    key = s3_bucket.key(f"{NAME}.zarr.zip")
+    change = lambda: obstore.delete(store(s3_bucket), key)  # noqa: E731
+    assert "stale" in read_on_after(d.mnt / NAME, original, change)
 
 
 def test_an_archive_replaced_after_its_listing_opens_as_the_new_one(
