@@ -31,6 +31,15 @@ def proc_status(pid: int, field: str) -> int:
     raise AssertionError(f"no {field} for pid {pid}")
 
 
+def in_threads(work: Callable[[int], object], count: int) -> None:
+    """Run `work(0)` … `work(count - 1)` on as many threads at once, and wait for them all."""
+    workers = [threading.Thread(target=work, args=(k,)) for k in range(count)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+
 def json_in_child(script: str, *args: str, timeout: float = 120) -> Any:
     """What `script`, run by a fresh interpreter from the repository's root with `args`, prints
     as JSON: for tests of what a process imports, which another test's imports would hide."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import random
-import threading
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 import tifffile
 
 from tests.mount.test_write_side import MakeMount
-from tests.toolbox import load_tool, proc_status
+from tests.toolbox import in_threads, load_tool, proc_status
 
 corpus = load_tool("make_c4gh_corpus")
 MiB = 1 << 20
@@ -83,11 +82,7 @@ def churn(path: Path, reference: Path, threads: int, seconds: float) -> list[str
             os.close(fd)
             os.close(ref)
 
-    workers = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    in_threads(work, threads)
     return wrong
 
 
@@ -99,14 +94,8 @@ def test_sixteen_readers_of_a_member_and_an_original_stay_within_the_bound(
     member, original = m.mnt / "p.tar.c4gh" / "member.bin", m.mnt / "stack.tif"
     assert member.stat().st_size == plain.stat().st_size
     wrong: list[str] = []
-    readers = [
-        threading.Thread(target=lambda: wrong.extend(churn(member, plain, 8, SECONDS))),
-        threading.Thread(target=lambda: wrong.extend(churn(original, tif, 8, SECONDS))),
-    ]
-    for r in readers:
-        r.start()
-    for r in readers:
-        r.join()
+    sets = [(member, plain), (original, tif)]  # eight readers of each, at once
+    in_threads(lambda k: wrong.extend(churn(*sets[k], 8, SECONDS)), 2)
     assert not wrong, wrong[:5]
     peak = proc_status(m.proc.pid, "VmHWM")
     assert peak <= BOUND, f"peak RSS {peak / MiB:.0f} MiB, over cache + 150 ({BOUND / MiB:.0f})"

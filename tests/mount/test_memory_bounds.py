@@ -12,7 +12,6 @@ import json
 import os
 import random
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import numpy as np
 import pytest
 import tifffile
 
-from tests.toolbox import proc_status
+from tests.toolbox import in_threads, proc_status
 
 MiB = 1 << 20
 CACHE = 64 * MiB
@@ -68,11 +67,7 @@ def random_preads(paths: list[Path], threads: int, seconds: float, size: int = 4
         except OSError as exc:
             errors.append(exc)
 
-    workers = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
-    for w in workers:
-        w.start()
-    for w in workers:
-        w.join()
+    in_threads(work, threads)
     for fd in fds:
         os.close(fd)
     assert not errors, errors
