@@ -17,6 +17,7 @@ from pathlib import Path
 from tests.mount.test_ingest_space import MiB, noise_tiff
 from tests.mount.test_write_side import (
     FAST,
+    SLOW,
     SPOOL,
     MakeMount,
     archived_sha,
@@ -82,3 +83,31 @@ def test_a_partial_rsync_temp_file_is_never_published_and_goes_once_stale(
     wait_drained(m.mnt, src, timeout=120)
     assert archived_sha(src / "stack3.tif.zarr.zip") == sha256(stack)
     assert status(m.mnt)["failed"] == []
+
+
+def test_files_spooled_hundreds_of_folders_deep_are_published_after_a_kill(
+    tmp_path: Path, make_mount: MakeMount
+) -> None:
+    """Red team 53: files spooled 258 and 300 folders deep when the daemon was killed stayed in
+    the spool after the restart, neither published nor reported (the walk that finds what a
+    crash left stopped at 256 levels). Every one is published byte-exact now."""
+    src = tmp_path / "src"
+    src.mkdir()
+    m = make_mount(src, *SLOW)  # spooled, not yet published, when the daemon is killed
+    wrote = {}
+    for depth in (250, 258, 300):
+        rel = Path(f"k{depth}", *["y"] * depth, "leaf.txt")
+        (m.mnt / rel.parent).mkdir(parents=True)
+        (m.mnt / rel).write_bytes(data := os.urandom(1000 + depth))
+        wrote[rel] = data
+    assert len(spooled(src)) == 3
+    assert m.proc is not None
+    m.proc.send_signal(signal.SIGKILL)
+    m.proc.wait()
+    m.stop()
+
+    m.start(*FAST)
+    wait_drained(m.mnt, src)
+    for rel, data in wrote.items():
+        assert (src / rel).read_bytes() == data  # in SRC itself, not the spool
+        assert (m.mnt / rel).read_bytes() == data

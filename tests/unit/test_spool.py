@@ -455,7 +455,8 @@ def test_remove_orphans_and_spool_walk_survive_a_very_deep_folder(spool: Spool, 
         os.close(fd)
     (spool.files / "top.txt").write_bytes(b"x")
     (src / f"{TEMP_PREFIX}1-0123abcd-x.tif.zarr.zip").write_bytes(b"half")
-    assert list(spool.walk()) == ["top.txt"]  # below the bound: left alone, no crash
+    found = "deep/" + "/".join(["d"] * 1500) + "/f.txt"
+    assert sorted(spool.walk()) == [found, "top.txt"]  # a path within PATH_MAX: found
     assert len(remove_orphans(src, src / ".decant-spool" / "staging")) == 1
     # A file created that deep through the mount: its spool folders are made level by level.
     os.close(spool.create("deep/" + "/".join(["e"] * 1200) + "/g.txt", 0o644, os.getuid(), -1))
@@ -776,3 +777,19 @@ def test_a_file_of_no_record_replaces_nothing_in_a_folder_its_writer_may_no_long
     theirs.chmod(0o777)  # open again: the writer may replace it by a rename, so may this
     spool.publish("theirs/x.txt", False, OPTIONS)
     assert (theirs / "x.txt").read_bytes() == b"new"
+
+
+def test_a_file_spooled_below_the_housekeeping_depth_is_found_after_a_restart(
+    spool: Spool, src: Path
+) -> None:
+    """Red team 53: files spooled 258 and 300 folders deep before a `kill -9` were neither
+    published nor reported after the restart (the walk stopped at 256 levels); the write side
+    makes folders as deep as a path reaches, so the walk that finds them after a crash does."""
+    from vfs.walk import MAX_WALK_DEPTH
+
+    for depth in (MAX_WALK_DEPTH - 6, MAX_WALK_DEPTH + 2, 300):
+        rel = "/".join([f"k{depth}", *["y"] * depth, "leaf.txt"])
+        os.close(spool.create(rel, 0o644, os.getuid(), -1))
+    found = sorted(spool.walk())
+    assert [r.split("/")[0] for r in found] == ["k250", "k258", "k300"]
+    assert all(r.endswith("/leaf.txt") for r in found)

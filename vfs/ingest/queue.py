@@ -547,8 +547,9 @@ class PackQueue:
                 and item.changed_at < started  # else it came after the walk began
             ]  # fmt: skip
             if vanished:
-                # Only those really gone: a walk stops MAX_WALK_DEPTH folders deep, and a
-                # file written through the mount below that is not in `seen`.
+                # Only those really gone: a walk stops SPOOL_DEPTH folders deep (a path
+                # longer than PATH_MAX cannot be listed), and a file below that is not in
+                # `seen`.
                 vanished = await trio.to_thread.run_sync(_gone_from_disk, vanished)
             for item in vanished:
                 self._forget(item)

@@ -245,9 +245,9 @@ class Spool:
         log.warning("%s: swapped in by its folder's owner, could not be put back; kept", kept)
 
     def walk(self) -> dict[str, os.stat_result]:
-        """Every spooled file, by relpath."""
+        """Every spooled file, by relpath (as deep as a path can reach: SPOOL_DEPTH)."""
         out: dict[str, os.stat_result] = {}
-        for folder, _dirs, names in walk(self.files, too_deep=_too_deep):
+        for folder, _dirs, names in walk(self.files, SPOOL_DEPTH, _too_deep):
             for name in names:
                 path = Path(folder) / name
                 try:
@@ -435,6 +435,13 @@ def make_folders(folder: Path) -> None:
             continue
         os.chmod(level, 0o755)
 
+
+# The write side makes a spooled file's folders by path, so none is deeper than a path of
+# PATH_MAX bytes reaches: a walk of the spool goes that deep (scandir fails past PATH_MAX, and
+# the walk skips what it cannot list). Housekeeping walks of SRC stop at MAX_WALK_DEPTH; the
+# spool's did too, and files spooled below it before a crash were neither published nor
+# reported after the restart (red team 53).
+SPOOL_DEPTH = 4096 // 2
 
 _TOLD_DEEP: set[Path] = set()  # folders already reported: the inbox is walked every few seconds
 
