@@ -24,6 +24,7 @@ class CacheStats:
 
 
 IDLE_SHARE = 8  # buffers kept idle for reuse: at most this fraction of a cache's budget
+DECODE_GATE_BYTES = 256 << 20  # what decodes in flight may hold at once, or half the cache
 
 
 class IdlePool(Protocol):
@@ -137,6 +138,10 @@ class PageCache:
         self._reserved = 0  # bytes promised to loads in flight
         self._lock = threading.Lock()
         self._inflight: dict[Hashable, _Load] = {}
+        # Decodes in flight, every reader's together (planes of originals and synthesized
+        # TIFFs): their reservations above only evict for them, and a small cache cannot stop
+        # six at once from holding six planes beside it. Unchanged at the default budget.
+        self.decodes = ByteGate(min(max_bytes // 2, DECODE_GATE_BYTES))
 
     @property
     def current_bytes(self) -> int:
@@ -298,11 +303,22 @@ class ByteGate:
         self.used = 0
         self._room = threading.Condition()
         self._queue: deque[object] = deque()  # waiters, first come first in
+        self._holding = threading.local()
+
+    def room(self) -> int:
+        """Bytes a decode could hold now without waiting (a guess: read-ahead asks it, so as
+        not to queue decodes that would only wait behind the ones a reader needs)."""
+        with self._room:
+            return 0 if self._queue else self.capacity - self.used
 
     @contextmanager
     def held(self, nbytes: int) -> Iterator[None]:
         """Hold `nbytes` for the block. In turn: a large decode is not passed for ever by
-        small ones that keep fitting."""
+        small ones that keep fitting. A thread already holding passes (a decode whose chunk
+        comes from another decode would otherwise wait for itself)."""
+        if getattr(self._holding, "yes", False):
+            yield
+            return
         me = object()
         with self._room:
             self._queue.append(me)
@@ -311,9 +327,11 @@ class ByteGate:
             self._queue.popleft()
             self.used += nbytes
             self._room.notify_all()  # the next in line may fit too
+        self._holding.yes = True
         try:
             yield
         finally:
+            self._holding.yes = False
             with self._room:
                 self.used -= nbytes
                 self._room.notify_all()

@@ -14,14 +14,13 @@ from vfs.acqstore import paths
 from vfs.acqstore.paths import ENTRY_POINT
 from vfs.backends.base import Backend, Description, Entry, RandomAccess
 from vfs.beneath import not_shown, open_beneath
-from vfs.cache import ByteGate, PageCache
+from vfs.cache import PageCache
 from vfs.errors import DecantError, ManifestError
 
 if TYPE_CHECKING:  # jsonschema, numpy, tifffile: imported when a collection is first seen
     from vfs.acqstore.synth_tiff import SynthesizedTiff
 
 log = logging.getLogger(__name__)
-GATE_BYTES = 256 << 20
 _PRELOADING: Future[None] | None = None  # the import of the image readers, once per process
 
 
@@ -125,8 +124,8 @@ class AcqStoreBackend:
         # Threads start on the first submit: a mount without synthesized TIFFs never has them.
         self._decoders = ThreadPoolExecutor(self.READAHEAD_WORKERS, "acqstore-readahead")
         # What the decodes of every synthesized TIFF may hold at once (a plane and its chunk
-        # files, twice the plane, each): sixteen 8 MiB planes, or one plane of a quarter cache.
-        self._gate = ByteGate(min(cache.max_bytes // 2, GATE_BYTES))
+        # files, twice the plane, each), shared with the originals' decodes (PageCache.decodes).
+        self._gate = cache.decodes
 
     def claims(self, path: Path, is_dir: bool) -> bool:
         return is_dir and (path / ENTRY_POINT).is_file()
