@@ -99,3 +99,18 @@ def test_sixteen_readers_of_a_member_and_an_original_stay_within_the_bound(
     assert not wrong, wrong[:5]
     peak = proc_status(m.proc.pid, "VmHWM")
     assert peak <= BOUND, f"peak RSS {peak / MiB:.0f} MiB, over cache + 150 ({BOUND / MiB:.0f})"
+
+
+def test_thirty_two_readers_of_an_original_under_a_small_cache_stay_within_the_bound(
+    src: tuple[Path, Path, Path, Path], make_mount: MakeMount
+) -> None:
+    """Red team 52 F1: under `--cache-size 32M`, six plane decodes in flight (four request
+    threads, two read-ahead threads) sat beside the cache, which could only evict for them.
+    Every reader's decodes now hold at most half the cache together (PageCache.decodes).
+    Before, this peaked at 184-196 MiB (bound 182); now ~145."""
+    folder, key, _plain, tif = src
+    m = make_mount(folder, "--c4gh-key", str(key), "--cache-size", "32M")
+    wrong = churn(m.mnt / "stack.tif", tif, 32, SECONDS)
+    assert not wrong, wrong[:5]
+    peak, bound = proc_status(m.proc.pid, "VmHWM"), 32 * MiB + 150 * MiB
+    assert peak <= bound, f"peak RSS {peak / MiB:.0f} MiB, over cache + 150 ({bound / MiB:.0f})"
