@@ -130,3 +130,37 @@ def test_readahead_queues_no_more_decodes_than_the_gate_has_room_for(tmp_path: P
         ]
         assert bytes(reader.read(0, reader.size)) == data
         reader.close()
+
+
+def test_decodes_waiting_at_the_gate_evict_nothing_from_the_cache(tmp_path: Path) -> None:
+    """Red team 54: a decode's room in the cache was taken before it reached the gate, so every
+    decode waiting there evicted a plane. Twenty-four readers of a tiled original under a
+    32 MiB cache kept it empty, each read decoded its plane again, and the daemon peaked at
+    351 MiB (511 before the gate); with the room taken past the gate, at 166-168 MiB."""
+    archive, data = _packed(tmp_path)
+    with DecantArchive.open(archive) as opened:
+        cache = PageCache(4 * PLANE_BYTES)  # a gate of two planes
+        reader = opened.open_original("", cache)
+        assert isinstance(reader, PixelReader)
+        reader.partial_limit = 0
+        cache.put("kept-1", memoryview(bytearray(PLANE_BYTES)))
+        cache.put("kept-2", memoryview(bytearray(PLANE_BYTES)))
+        starts = [reader.regions.page_start[p] for p in range(6)]
+        got: dict[int, bytes] = {}
+        gate = cache.decodes.held(2 * PLANE_BYTES)
+        gate.__enter__()  # the gate is full: the six reads below wait at it
+        threads = [
+            threading.Thread(target=lambda s=s: got.update({s: bytes(reader.read(s, 4096))}))
+            for s in starts
+        ]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        try:
+            assert "kept-1" in cache and "kept-2" in cache  # nothing evicted for them yet
+        finally:
+            gate.__exit__(None, None, None)
+            for t in threads:
+                t.join(30)
+        assert got == {s: data[s : s + 4096] for s in starts}
+        reader.close()

@@ -434,9 +434,10 @@ class SynthesizedTiff:
             on_close()
 
     def _plane(self, page: int) -> memoryview:
-        # The plane's bytes are reserved in the cache while it decodes (others are evicted for
-        # it), and held against the gate: decodes outside the cache stay bounded too.
-        nbytes = self.layout.plane_bytes
+        # Held against the gate, and then the plane's bytes reserved in the cache while it
+        # decodes (others are evicted for it): decodes outside the cache stay bounded too, and
+        # those waiting at the gate evict nothing yet (PageCache.decoding).
+        nbytes = self.layout.plane_bytes if self._gate is None else 0
         return self._cache.get_or_load(  # type: ignore[no-any-return]
             (*self._key, page), lambda: self._gated(page), nbytes
         )
@@ -446,8 +447,13 @@ class SynthesizedTiff:
             return self._load(page)
         block = self._block(self.layout.page_coords(page))
         planes = math.prod(b.stop - b.start if isinstance(b, slice) else 1 for b in block)
-        with self._gate.held(2 * planes * self.layout.plane_bytes):  # decoded, and copied out
-            return self._load(page)
+        nbytes = self.layout.plane_bytes
+        with self._gate.held(2 * planes * nbytes):  # decoded, and copied out
+            self._cache.lend(nbytes)
+            try:
+                return self._load(page)
+            finally:
+                self._cache.unlend(nbytes)
 
     def _cached_plane(self, page: int) -> memoryview:
         value = self._cache.get((*self._key, page))

@@ -628,7 +628,7 @@ class PixelReader(OriginalReader):
             (self.archive.cache_key, "p", index),
             lambda: self._decode_page(index),
             cached_only,
-            self._pixels.chunk_nbytes,
+            0,  # its room in the cache is taken once it passes the decode gate
         )
 
     def _decode_page(self, index: int) -> memoryview:
@@ -642,7 +642,7 @@ class PixelReader(OriginalReader):
         dtype = spec.dtype
         file_dtype = dtype.newbyteorder(self.byteorder) if dtype.itemsize > 1 else dtype
         native = file_dtype == dtype and not page.tilewidth and page.planarconfig == 1
-        with cache.decodes.held((1 if native else 2) * spec.chunk_nbytes):
+        with cache.decoding((1 if native else 2) * spec.chunk_nbytes, spec.chunk_nbytes):
             raw = read_chunk(self._chunks, spec, self._chunk_index(page), cache.buffers.take)
             if native:
                 return memoryview(raw)  # already the on-disk bytes: no copy
