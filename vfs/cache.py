@@ -139,8 +139,9 @@ class PageCache:
         self._lock = threading.Lock()
         self._inflight: dict[Hashable, _Load] = {}
         # Decodes in flight, every reader's together (planes of originals and synthesized
-        # TIFFs): their reservations above only evict for them, and a small cache cannot stop
-        # six at once from holding six planes beside it. Unchanged at the default budget.
+        # TIFFs; `decoding`): room in the cache only evicts for a decode, and a small cache
+        # could not stop six at once from holding six planes beside it. At the default budget
+        # nothing waits.
         self.decodes = ByteGate(min(max_bytes // 2, DECODE_GATE_BYTES))
 
     @property

@@ -27,7 +27,7 @@ from vfs.acqstore.synth_tiff import (
     layout_for_image,
     require_plane_fits,
 )
-from vfs.cache import ByteGate, PageCache
+from vfs.cache import PageCache
 from vfs.errors import CorruptArchiveError, ManifestError, UnsupportedFormatError
 
 AXES = {
@@ -399,11 +399,12 @@ class ConcurrentArray(CountingArray):
 def test_decodes_of_synthesized_tiffs_hold_no_more_than_the_gate_at_once() -> None:
     """Red team 50 F1: the cache's reservations evict for a decode but never stop one, so six
     threads decoding planes held six planes outside the cache (4.5x --cache-size + 150 MiB
-    with 512 MiB planes). Each decode holds twice its plane against a shared ByteGate."""
+    with 512 MiB planes). Each decode holds twice its plane against the cache's decode gate
+    (half the cache: 1024 bytes here)."""
     data = ramp((8, 16, 16), np.uint8)  # 256-byte planes
     layout = TiffLayout([AXES[a] for a in "zyx"], data.shape, data.dtype, [1.0] * 3)
     array = ConcurrentArray(data)
-    tiff = SynthesizedTiff(layout, array, PageCache(1 << 20), ("t",), gate=ByteGate(1024))
+    tiff = SynthesizedTiff(layout, array, PageCache(2048), ("t",))
     with ThreadPoolExecutor(6) as pool:
         offsets = [layout.data_offset + p * layout.plane_bytes for p in range(8)]
         got = list(pool.map(lambda at: tiff.read(at, 16), offsets))

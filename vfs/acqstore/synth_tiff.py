@@ -21,7 +21,7 @@ import numpy as np
 
 from vfs.acqstore.ngff import Axis, NgffImage
 from vfs.acqstore.tiff_meta import describe_planes, resolution
-from vfs.cache import ByteGate, DropBehind, PageCache
+from vfs.cache import DropBehind, PageCache
 from vfs.decant.limits import MAX_CHUNK_BYTES, human
 from vfs.errors import UnsupportedFormatError
 
@@ -280,10 +280,8 @@ class SynthesizedTiff:
         key: tuple[Hashable, ...],
         on_close: Callable[[], None] | None = None,
         spawn: Callable[[Callable[[], None]], Future[None]] | None = None,
-        gate: ByteGate | None = None,
     ) -> None:
         self.layout, self.size = layout, layout.size
-        self._gate = gate  # the bytes every synthesized TIFF's decodes may hold at once
         self._array, self._cache, self._key, self._on_close = array, cache, key, on_close
         self._ndim = len(array.shape)
         self._head = memoryview(layout.head)
@@ -434,26 +432,19 @@ class SynthesizedTiff:
             on_close()
 
     def _plane(self, page: int) -> memoryview:
-        # Held against the gate, and then the plane's bytes reserved in the cache while it
-        # decodes (others are evicted for it): decodes outside the cache stay bounded too, and
-        # those waiting at the gate evict nothing yet (PageCache.decoding).
-        nbytes = self.layout.plane_bytes if self._gate is None else 0
         return self._cache.get_or_load(  # type: ignore[no-any-return]
-            (*self._key, page), lambda: self._gated(page), nbytes
+            (*self._key, page), lambda: self._gated(page)
         )
 
     def _gated(self, page: int) -> memoryview:
-        if self._gate is None:
-            return self._load(page)
+        # Held against the cache's decode gate (the plane decoded, and copied out), then the
+        # plane's room in the cache (PageCache.decoding): decodes outside the cache stay
+        # bounded, and those waiting at the gate evict nothing yet.
         block = self._block(self.layout.page_coords(page))
         planes = math.prod(b.stop - b.start if isinstance(b, slice) else 1 for b in block)
         nbytes = self.layout.plane_bytes
-        with self._gate.held(2 * planes * nbytes):  # decoded, and copied out
-            self._cache.lend(nbytes)
-            try:
-                return self._load(page)
-            finally:
-                self._cache.unlend(nbytes)
+        with self._cache.decoding(2 * planes * nbytes, nbytes):
+            return self._load(page)
 
     def _cached_plane(self, page: int) -> memoryview:
         value = self._cache.get((*self._key, page))

@@ -123,9 +123,6 @@ class AcqStoreBackend:
         self.watched = True
         # Threads start on the first submit: a mount without synthesized TIFFs never has them.
         self._decoders = ThreadPoolExecutor(self.READAHEAD_WORKERS, "acqstore-readahead")
-        # What the decodes of every synthesized TIFF may hold at once (a plane and its chunk
-        # files, twice the plane, each), shared with the originals' decodes (PageCache.decodes).
-        self._gate = cache.decodes
 
     def claims(self, path: Path, is_dir: bool) -> bool:
         return is_dir and (path / ENTRY_POINT).is_file()
@@ -222,9 +219,7 @@ class AcqStoreBackend:
         key: tuple[object, ...] = (root, "acqstore-tiff", rel, image.dataset)
         if not self.watched:
             key = (*key, image_version(root, target))
-        return SynthesizedTiff(
-            layout, array, self.cache, key, release, self._decoders.submit, self._gate
-        )
+        return SynthesizedTiff(layout, array, self.cache, key, release, self._decoders.submit)
 
     def _decant_entry(self, archive: Path) -> Entry | None:
         if self.decant_backend is None:
