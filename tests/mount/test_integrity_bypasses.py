@@ -181,6 +181,66 @@ def test_random_reads_of_a_verified_archive_are_checked_chunk_by_chunk(
     assert "damaged since it verified" in m.log_text()
 
 
+def _read_through(path: Path) -> bytes:
+    """The whole file as the daemon serves it now: what the kernel cached of it dropped first
+    (a verified original is opened with the page cache)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        chunks = []
+        while block := os.read(fd, 1 << 20):
+            chunks.append(block)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def test_a_folder_archive_refused_for_a_damaged_chunk_is_served_again_once_it_is_repaired(
+    tmp_path: Path,
+    make_mount,  # type: ignore[no-untyped-def]
+) -> None:
+    """A chunk file replaced inside a `.zarr/` folder leaves the folder's and the manifest's stat,
+    the archive's version, as they were: once refused, it stayed refused after the chunk was put
+    back, until a restart (red team 55, F2). The watcher sees the file change: checked again."""
+    work, src = tmp_path / "work", tmp_path / "src"
+    work.mkdir(), src.mkdir()
+    original = work / "stack.tif"  # 6 MiB of 512 KiB planes: more than the daemon's cache
+    rng = np.random.default_rng(3)
+    tifffile.imwrite(original, rng.integers(0, 4000, (12, 512, 512), dtype=np.uint16))
+    packed = work / "stack.tif.zarr.zip"
+    pack_file(original, packed, STORED)
+    folder = src / "stack.tif.zarr"
+    with zipfile.ZipFile(packed) as z:
+        z.extractall(folder)
+        chunk = folder / _first_chunk(packed)
+    good = chunk.read_bytes()
+    m = make_mount(src, "--cache-size", "2M")
+    shown = m.mnt / "stack.tif"
+    assert _read_through(shown) == original.read_bytes()
+    assert os.getxattr(shown, "user.decant.verified") == b"yes"
+
+    def put(data: bytes) -> None:  # replaced by a rename, as a copy from elsewhere is
+        staged = chunk.with_name(".staged")
+        staged.write_bytes(data)
+        os.replace(staged, chunk)
+
+    put(flip_byte(-1)(good))
+    with pytest.raises(OSError) as caught:
+        _read_through(shown)
+    assert caught.value.errno == errno.EIO
+    assert os.getxattr(shown, "user.decant.verified") == b"no"
+    put(good)
+    deadline = time.monotonic() + 10
+    while "a file inside it changed" not in m.log_text() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _read_through(shown) == original.read_bytes()
+    deadline = time.monotonic() + 10
+    while os.getxattr(shown, "user.decant.verified") != b"yes" and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert os.getxattr(shown, "user.decant.verified") == b"yes"
+    assert (folder / ".decant").is_dir()  # nothing in the archive was touched but the chunk
+
+
 def test_scrub_finds_damage_nobody_read(tmp_path: Path, make_mount) -> None:  # type: ignore[no-untyped-def]
     work, src = tmp_path / "work", tmp_path / "src"
     work.mkdir(), src.mkdir()

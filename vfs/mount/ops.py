@@ -42,6 +42,7 @@ from vfs.mount.metrics import COUNTERS, daemon_section
 from vfs.mount.reads import Integrity, OpenFile, Reads
 from vfs.mount.status import Joined, StatusFile
 from vfs.mount.tree import NotQuick, SourceTree
+from vfs.mount.watch import folder_archives
 from vfs.nodes import Node, archive_version, mirror_node
 from vfs.stores.base import ObjectPath, key_problem
 
@@ -1061,6 +1062,7 @@ class DecantOperations(pyfuse3.Operations):
         one by one (`_show`: a few lstats each), not by a rescan of the whole folder, so a
         deletion of n files costs O(n), not O(n) per watcher batch. Changes it never heard of
         by name still show: the folder's stamp is left as it was, and checked at its next use."""
+        self.integrity.changed_inside(folder_archives(changed, self.tree.root))
         for path, names in changed.items():
             found = self.inodes.folder_of(path)
             if found is None:

@@ -107,6 +107,17 @@ class Integrity:
             return "yes"
         return "pending" if key in self.pending else "unknown"
 
+    def changed_inside(self, archives: set[str]) -> None:
+        """A file inside these `.zarr/` folder archives changed (a chunk repaired, or damaged
+        again): the version the mount keys them by (their folder's and manifest's stat) stays,
+        so a refusal of them would outlast any repair until a restart. They are checked again
+        as a changed archive is: hashed as served and verified in the background."""
+        gone = {key for key in self.bad if key[0] in archives}
+        if gone:
+            self.bad -= gone
+            for real in sorted({key[0] for key in gone}):
+                log.info("%s: a file inside it changed: checked again at its next open", real)
+
     async def verified(self, node: Node) -> bool:
         if node.key in self.good:
             return True

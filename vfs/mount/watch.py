@@ -16,7 +16,7 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,6 +61,19 @@ def manifest_of(path: Path) -> Path | None:
     if (path.name, folder.name) != tuple(reversed(MANIFEST_KEY.split("/"))):
         return None
     return archive if archive.name.endswith(".zarr") else None
+
+
+def folder_archives(folders: Iterable[Path], src: Path) -> set[str]:
+    """The `.zarr/` folders below `src` that hold (or are) one of `folders`: the folder archives
+    a file changed in, when those are the folders the watcher saw a change in."""
+    found: set[str] = set()
+    for folder in folders:
+        for path in (folder, *folder.parents):
+            if path == src or src not in path.parents:
+                break
+            if path.name.endswith(".zarr"):
+                found.add(str(path))
+    return found
 
 
 def _folders_changed(paths: set[Path], watched: set[Path], skip: set[Path]) -> bool:
