@@ -32,10 +32,20 @@ from vfs.decant.writer import CodecChoice
 STORED = PackOptions(codec=CodecChoice("zstd", 0, "noshuffle"))
 
 
-def _stack(path: Path, seed: int = 1) -> Path:
+def _stack(path: Path, seed: int = 1, shape: tuple[int, int, int] = (4, 64, 64)) -> Path:
     rng = np.random.default_rng(seed)
-    tifffile.imwrite(path, rng.integers(0, 4000, (4, 64, 64), dtype=np.uint16))
+    tifffile.imwrite(path, rng.integers(0, 4000, shape, dtype=np.uint16))
     return path
+
+
+def _folder_archive(original: Path, src: Path) -> tuple[Path, Path]:
+    """(`.zarr/` folder archive of `original` in `src`, the file of its first pixel chunk)."""
+    packed = original.with_name(original.name + ".zarr.zip")
+    pack_file(original, packed, STORED)
+    folder = src / (original.name + ".zarr")
+    with zipfile.ZipFile(packed) as z:
+        z.extractall(folder)
+        return folder, folder / _first_chunk(packed)
 
 
 def _first_chunk(archive: Path) -> str:
@@ -149,12 +159,7 @@ def test_random_reads_of_a_verified_archive_are_checked_chunk_by_chunk(
     work, src = tmp_path / "work", tmp_path / "src"
     work.mkdir(), src.mkdir()
     original = _stack(work / "stack.tif")
-    packed = work / "stack.tif.zarr.zip"
-    pack_file(original, packed, STORED)
-    folder = src / "stack.tif.zarr"
-    with zipfile.ZipFile(packed) as z:
-        z.extractall(folder)
-        chunk = folder / _first_chunk(packed)
+    folder, chunk = _folder_archive(original, src)
     m = make_mount(src)
     assert _sha256sum(m.mnt / "stack.tif").returncode == 0
     assert os.getxattr(m.mnt / "stack.tif", "user.decant.verified") == b"yes"
@@ -204,15 +209,9 @@ def test_a_folder_archive_refused_for_a_damaged_chunk_is_served_again_once_it_is
     back, until a restart (red team 55, F2). The watcher sees the file change: checked again."""
     work, src = tmp_path / "work", tmp_path / "src"
     work.mkdir(), src.mkdir()
-    original = work / "stack.tif"  # 6 MiB of 512 KiB planes: more than the daemon's cache
-    rng = np.random.default_rng(3)
-    tifffile.imwrite(original, rng.integers(0, 4000, (12, 512, 512), dtype=np.uint16))
-    packed = work / "stack.tif.zarr.zip"
-    pack_file(original, packed, STORED)
-    folder = src / "stack.tif.zarr"
-    with zipfile.ZipFile(packed) as z:
-        z.extractall(folder)
-        chunk = folder / _first_chunk(packed)
+    # 6 MiB of 512 KiB planes: more than the daemon's cache, so a read reaches the chunks
+    original = _stack(work / "stack.tif", seed=3, shape=(12, 512, 512))
+    folder, chunk = _folder_archive(original, src)
     good = chunk.read_bytes()
     m = make_mount(src, "--cache-size", "2M")
     shown = m.mnt / "stack.tif"
