@@ -55,3 +55,69 @@ def test_a_stack_of_small_pages_within_the_free_overhead_stays_mode_d(tmp_path: 
     tif = tmp_path / "small.tif"
     tifffile.imwrite(tif, np.zeros((8192, 4, 4), np.uint8), photometric="minisblack")
     assert len(scan_tiff(tif, tif.stat().st_size).pages) == 8192
+
+
+def many_subifds(path: Path, n: int) -> int:
+    """One good 64 x 64 uint8 page whose SubIFDs tag lists `n` offsets, every one of the same
+    small IFD (red team 56 listed 2^20 of one with 4,095 entries: 4 MB)."""
+    pixels = bytes(range(256)) * 16
+    junk_at = 8 + len(pixels)
+    junk = struct.pack("<H", 8) + b"".join(struct.pack("<HHIHH", 40000 + i, 3, 1, i, 0)
+                                          for i in range(8)) + struct.pack("<I", 0)  # fmt: skip
+    ifd_at = junk_at + len(junk)
+    tags = [(256, 4, 1, 64), (257, 4, 1, 64), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1),
+            (273, 4, 1, 8), (277, 3, 1, 1), (278, 4, 1, 64), (279, 4, 1, 4096)]  # fmt: skip
+    offsets_at = ifd_at + 2 + 12 * (len(tags) + 1) + 4
+    table = struct.pack("<H", len(tags) + 1)
+    for tag, kind, count, value in tags:
+        fmt = "<HHIHH" if kind == 3 else "<HHII"
+        table += (
+            struct.pack(fmt, tag, kind, count, value, 0)
+            if kind == 3
+            else struct.pack(fmt, tag, kind, count, value)
+        )
+    table += struct.pack("<HHII", 330, 4, n, offsets_at) + struct.pack("<I", 0)
+    data = b"II*\x00" + struct.pack("<I", ifd_at) + pixels + junk + table
+    data += struct.pack(f"<{n}I", *([junk_at] * n))
+    path.write_bytes(data)
+    return len(data)
+
+
+def _pages_parsed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts every TiffPage tifffile builds from now on (one item each)."""
+    built: list[int] = []
+    init = tifffile.TiffPage.__init__
+
+    def counted(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        built.append(1)
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(tifffile.TiffPage, "__init__", counted)
+    return built
+
+
+def test_a_page_listing_thousands_of_subifds_is_scanned_without_parsing_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The generic series of tifffile parses every SubIFD as a page (2^20 of them held the shared
+    pack worker for over 30 minutes): the scan asks for no series of a file that names no axes."""
+    path = tmp_path / "subifds.tif"
+    size = many_subifds(path, 3000)
+    built = _pages_parsed(monkeypatch)
+    layout = scan_tiff(path, size)
+    assert (layout.plane_order, len(layout.pages)) == (("z",), 1)
+    assert len(built) <= 2, f"{len(built)} pages parsed for a file of one page"
+
+
+def test_a_named_series_keeps_its_axes_unless_it_declares_too_many_subifds(
+    tmp_path: Path,
+) -> None:
+    from vfs.decant.tiffscan import MAX_SERIES_SUBIFDS, _leading
+
+    path = tmp_path / "czyx.ome.tif"
+    tifffile.imwrite(path, np.zeros((2, 3, 8, 8), np.uint16), metadata={"axes": "CZYX"})
+    with tifffile.TiffFile(path) as tif:
+        assert tif.is_ome
+        assert _leading(tif, 6, 0) == (("c", "z"), (2, 3))
+        assert _leading(tif, 6, MAX_SERIES_SUBIFDS + 1) == (("z",), (6,))
+    assert scan_tiff(path, path.stat().st_size).plane_order == ("c", "z")

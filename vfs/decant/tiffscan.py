@@ -58,7 +58,7 @@ def scan_tiff(path: Path, size: int) -> TiffLayout:
     """Describe `path` for mode D, or raise NotByteExact saying why it needs mode V."""
     try:
         with open(path, "rb") as fh:
-            _check_declared(fh)
+            subifds = _check_declared(fh)
         with tifffile.TiffFile(path) as tif:
             # Page by page, without keeping tifffile's page objects (a few KiB each: a hostile
             # file of 18-byte IFDs would cost ~40x its size), and no further than mode D's
@@ -85,7 +85,7 @@ def scan_tiff(path: Path, size: int) -> TiffLayout:
                 )
             _check_overhead(records)
             byteorder = tif.byteorder
-            leading_axes, leading_shape = _leading(tif, len(records))
+            leading_axes, leading_shape = _leading(tif, len(records), subifds)
     except NotByteExact:
         raise
     except Exception as exc:  # tifffile raises many types on malformed input
@@ -116,11 +116,16 @@ def _check_overhead(records: list[PageRecord]) -> None:
 # StripOffsets (273) and TileOffsets (324) are the tags whose counts _check_declared sums.
 _MAX_TAGS = 4096  # entries of one IFD: tifffile refuses more ("suspicious number of tags")
 _MAX_ENTRIES = 64 * MAX_PAGES  # entries of every IFD together (a page has ~10-30)
+_SUBIFDS = 330  # the SubIFDs tag: offsets of more IFDs (a pyramid's lower resolutions)
+# SubIFDs a file's series may parse (pyramid levels: a few per page); past this its axes are
+# not asked of tifffile, which parses each one as a page (see _leading).
+MAX_SERIES_SUBIFDS = 1 << 12
 
 
-def _check_declared(fh: BinaryIO) -> None:
+def _check_declared(fh: BinaryIO) -> int:
     """Raise NotByteExact if the IFD chain declares more strips/tiles than mode D holds (or
-    more pages), from the entries' headers alone, before tifffile reads any: it keeps each
+    more pages), from the entries' headers alone, before tifffile reads any; else return the
+    SubIFDs its pages declare, all told (as far as the walk went). tifffile keeps each
     page's offsets and byte counts as tuples of Python ints, ~21 bytes of memory per strip
     declared (1.3 GiB for a 512 MiB sparse file, 4 KiB on disk, declaring 2^26 one-row
     strips), all of it read before the pages' sum could be checked. What the walk reads is
@@ -143,7 +148,7 @@ def _check_declared(fh: BinaryIO) -> None:
                       ("value", "V4" if magic == 42 else "V8")])  # fmt: skip
     count_size, next_size = struct.calcsize(count_fmt), struct.calcsize(next_fmt)
     seen: set[int] = set()
-    declared = entries = 0
+    declared = entries = subifds = 0
     while offset and offset not in seen:
         if len(seen) >= MAX_PAGES:
             raise NotByteExact(f"more than the {MAX_PAGES} pages of mode D")
@@ -151,23 +156,25 @@ def _check_declared(fh: BinaryIO) -> None:
         fh.seek(offset)
         raw = fh.read(count_size)
         if len(raw) != count_size:
-            return
+            return subifds
         n = struct.unpack(order + count_fmt, raw)[0]
         if n > _MAX_TAGS:
-            return
+            return subifds
         entries += n
         if entries > _MAX_ENTRIES:
             raise NotByteExact(f"its IFDs hold more than the {_MAX_ENTRIES} entries of mode D")
         table = fh.read(n * entry.itemsize + next_size)
         if len(table) != n * entry.itemsize + next_size:
-            return
+            return subifds
         tags = np.frombuffer(table, entry, n)
         codes = tags["tag"]
         # Python ints: BigTIFF counts summed as uint64 could wrap past the bound.
         declared += sum(map(int, tags["count"][(codes == 273) | (codes == 324)]))
         if declared > MAX_SEGMENTS:
             raise NotByteExact(f"more than the {MAX_SEGMENTS} strips/tiles of mode D declared")
+        subifds += sum(map(int, tags["count"][codes == _SUBIFDS]))
         offset = struct.unpack_from(order + next_fmt, table, n * entry.itemsize)[0]
+    return subifds
 
 
 def _page_record(index: int, page: tifffile.TiffPage) -> PageRecord:
@@ -214,9 +221,22 @@ def _page_record(index: int, page: tifffile.TiffPage) -> PageRecord:
     )
 
 
-def _leading(tif: tifffile.TiffFile, n_pages: int) -> tuple[tuple[str, ...], tuple[int, ...]]:
-    """Storage-order leading axes from the file's one series (ImageJ, OME), else a flat z stack."""
+def _leading(
+    tif: tifffile.TiffFile, n_pages: int, subifds: int
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Storage-order leading axes from the file's one series (ImageJ, OME, or the shape
+    tifffile wrote), else a flat z stack.
+
+    Any other file's series is tifffile's generic or uniform one, whose axes (I, then the
+    page's) give a flat stack here anyway, and the generic one compares each page with every
+    earlier one of its shape and parses every SubIFD as a page: a 4 MB file declaring 2^20
+    SubIFDs held the pack worker, which every user's files share, for over 30 minutes, and a
+    SIGTERM waited for it (red team 56). Those are not asked for; nor is a series of more
+    SubIFDs than MAX_SERIES_SUBIFDS."""
     flat = (("z",), (n_pages,))
+    named = tif.is_imagej or tif.is_ome or tif.is_shaped
+    if not named or subifds > MAX_SERIES_SUBIFDS:
+        return flat
     if len(tif.series) != 1 or len(tif.series[0].pages) != n_pages:
         return flat
     series = tif.series[0]
