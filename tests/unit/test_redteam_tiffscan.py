@@ -121,3 +121,68 @@ def test_a_named_series_keeps_its_axes_unless_it_declares_too_many_subifds(
         assert _leading(tif, 6, 0) == (("c", "z"), (2, 3))
         assert _leading(tif, 6, MAX_SERIES_SUBIFDS + 1) == (("z",), (6,))
     assert scan_tiff(path, path.stat().st_size).plane_order == ("c", "z")
+
+
+def _ome(pixels: str, extra: str = "") -> str:
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        '<OME xmlns="http://www.openmicroscopy.org/Schemas/OME/2016-06">'
+        '<Image ID="Image:0"><Pixels ID="Pixels:0" DimensionOrder="XYZCT" Type="uint8" '
+        f'SizeX="32" SizeY="32" {pixels}>{extra}</Pixels></Image></OME>'
+    )
+
+
+@pytest.mark.parametrize(
+    ("pixels", "extra"),
+    [
+        ('SizeZ="100000000" SizeC="1" SizeT="1"', '<TiffData IFD="0" PlaneCount="100000000"/>'),
+        ('SizeZ="4" SizeC="50000" SizeT="50000"', '<TiffData IFD="0" PlaneCount="4"/>'),
+        (
+            'SizeZ="4" SizeC="1" SizeT="1"',
+            '<TiffData IFD="0"><UUID FileName="/dev/zero">x</UUID></TiffData>',
+        ),
+    ],
+)
+def test_an_ome_xml_declaring_more_than_the_file_holds_is_not_asked_for_its_series(
+    tmp_path: Path, pixels: str, extra: str
+) -> None:
+    """A 4.7 KB OME-TIFF declaring 10^8 planes made tifffile allocate 1.6 GB (red team 56); one
+    naming another file has tifffile open it. Neither is asked for its series: a flat stack."""
+    path = tmp_path / "hostile.ome.tif"
+    tifffile.imwrite(path, np.zeros((4, 32, 32), np.uint8), photometric="minisblack",
+                     description=_ome(pixels, extra),
+                     metadata=None)  # fmt: skip
+    tracemalloc.start()
+    try:
+        layout = scan_tiff(path, path.stat().st_size)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert layout.plane_order == ("z",) and len(layout.pages) == 4
+    assert peak < 20 << 20, f"peak {peak / 1e6:.0f} MB"
+
+
+def test_an_ome_xml_that_declares_what_the_file_holds_keeps_its_axes(tmp_path: Path) -> None:
+    path = tmp_path / "fine.ome.tif"
+    xml = _ome('SizeZ="2" SizeC="2" SizeT="1"', '<TiffData IFD="0" PlaneCount="4"/>')
+    tifffile.imwrite(
+        path,
+        np.zeros((4, 32, 32), np.uint8),
+        photometric="minisblack",
+        description=xml,
+        metadata=None,
+    )
+    assert scan_tiff(path, path.stat().st_size).plane_order == ("c", "z")
+
+
+def test_an_imagej_description_declaring_more_images_than_pages_is_a_flat_stack(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "ij.tif"
+    tifffile.imwrite(path, np.zeros((2, 3, 16, 16), np.uint8), imagej=True,
+                     metadata={"axes": "ZCYX"})  # fmt: skip
+    assert scan_tiff(path, path.stat().st_size).plane_order == ("z", "c")
+    raw = path.read_bytes().replace(b"images=6", b"images=9")  # same length: offsets hold
+    assert raw != path.read_bytes()
+    path.write_bytes(raw)
+    assert scan_tiff(path, path.stat().st_size).plane_order == ("z",)
