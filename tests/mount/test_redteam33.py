@@ -9,6 +9,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import struct
 import subprocess
 import time
@@ -264,7 +265,8 @@ def test_a_tiff_whose_pages_loop_holds_up_no_one_s_publishing(
     then as long again for the verbatim archive (the packer scans once more), while every
     other user's files waited. Now a page seen before ends the scan: it is archived verbatim
     at once, its bytes intact, and a file written after it is published promptly."""
-    mnt = make_mount(src, "--settle", "0.3").mnt
+    m = make_mount(src, "--settle", "0.3")
+    mnt = m.mnt
     loops = {f"loop{i}.tif": looping_tiff(i) for i in range(2)}
     for name, data in loops.items():
         (mnt / name).write_bytes(data)
@@ -273,6 +275,9 @@ def test_a_tiff_whose_pages_loop_holds_up_no_one_s_publishing(
     for name, data in loops.items():
         wait_for(f"{name} archived", (src / f"{name}.zarr.zip").exists)
         assert (mnt / name).read_bytes() == data
+        # The log says why it is verbatim (red team 56 F7: it gave the mode alone).
+        wait_for("its log line", lambda name=name: f"{name}: published as" in m.log_text())
+        assert re.search(rf"{name}: published as .* \(verbatim: page \d+'s IFD", m.log_text())
 
 
 # -- a folder renamed while a file in it is open ----------------------------------------------

@@ -500,8 +500,9 @@ class PackQueue:
                 self._forget(item)
                 self.done += 1
                 self.changes += 1
-                log.info("%s: published as %s (%s)", item.relpath, published.target,
-                         published.mode)  # fmt: skip
+                why = f": {published.reason}" if published.reason else ""
+                log.info("%s: published as %s (%s%s)", item.relpath, published.target,
+                         published.mode, why)  # fmt: skip
                 if item.waited_for_space and self._space_backoff:
                     log.info("there is room again: publishing resumed")
                     self._space_backoff = 0.0
