@@ -19,6 +19,7 @@ import numpy as np
 import vfs
 from vfs.decant import temp_name
 from vfs.decant.layout import deserialize_page, page_coordinate
+from vfs.decant.limits import MAX_CHUNK_BYTES
 from vfs.decant.manifest import Manifest, PageRecord
 from vfs.decant.regions import HUSK, RegionIndex
 from vfs.decant.store import MANIFEST_KEY
@@ -47,6 +48,7 @@ class PackOptions:
     codec: CodecChoice = DEFAULT_CODEC
     pyramid: int = 0
     overwrite: bool = False
+    max_plane: int = MAX_CHUNK_BYTES  # larger pages go verbatim (the daemon's is its cache's)
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ def pack_file(
     layout, reason = None, ""
     if options.mode != "verbatim":
         try:
-            layout = scan_tiff(source, st.st_size)
+            layout = scan_tiff(source, st.st_size, options.max_plane)
         except NotByteExact as exc:
             reason = str(exc)
             if options.mode == "byte-exact":

@@ -54,8 +54,9 @@ class NotByteExact(Exception):
     """Why a file cannot be held in mode D."""
 
 
-def scan_tiff(path: Path, size: int) -> TiffLayout:
-    """Describe `path` for mode D, or raise NotByteExact saying why it needs mode V."""
+def scan_tiff(path: Path, size: int, max_plane: int = MAX_CHUNK_BYTES) -> TiffLayout:
+    """Describe `path` for mode D, or raise NotByteExact saying why it needs mode V. A page
+    of more than `max_plane` bytes needs mode V (a chunk holds one)."""
     try:
         with open(path, "rb") as fh:
             subifds = _check_declared(fh)
@@ -75,7 +76,7 @@ def scan_tiff(path: Path, size: int) -> TiffLayout:
                 offsets.add(page.offset)
                 if first is None:
                     first = page
-                records.append(_page_record(i, page))  # type: ignore[arg-type]
+                records.append(_page_record(i, page, max_plane))  # type: ignore[arg-type]
             if first is None:
                 raise NotByteExact("the TIFF has no pages")
             segments = sum(len(r.dataoffsets) for r in records)
@@ -177,7 +178,7 @@ def _check_declared(fh: BinaryIO) -> int:
     return subifds
 
 
-def _page_record(index: int, page: tifffile.TiffPage) -> PageRecord:
+def _page_record(index: int, page: tifffile.TiffPage, max_plane: int) -> PageRecord:
     if page.compression != 1:
         raise NotByteExact(f"page {index} is compressed ({page.compression.name})")
     if int(page.predictor) != 1:
@@ -192,8 +193,9 @@ def _page_record(index: int, page: tifffile.TiffPage) -> PageRecord:
     if min(y, x, s) < 1:  # no plane to hold: the manifest's own check refuses an empty axis
         raise NotByteExact(f"page {index} has an empty axis ({y} x {x} x {s})")
     shape = (y, x) if s == 1 else (y, x, s)
-    if y * x * s * page.dtype.itemsize > MAX_CHUNK_BYTES:
-        raise NotByteExact(f"page {index} is larger than the {human(MAX_CHUNK_BYTES)} of a chunk")
+    if y * x * s * page.dtype.itemsize > min(max_plane, MAX_CHUNK_BYTES):
+        bound = min(max_plane, MAX_CHUNK_BYTES)
+        raise NotByteExact(f"page {index} is larger than the {human(bound)} of a chunk")
     tile = (page.tilelength, page.tilewidth) if page.is_tiled else None
     segments = real_segments(
         shape,

@@ -44,6 +44,7 @@ from vfs.ingest.publish import (
     require_space,
     signature,
     size_text,
+    with_plane_bound,
 )
 from vfs.ingest.space import SpaceGuard
 from vfs.ingest.spool import Spool, make_folders
@@ -141,7 +142,8 @@ class BucketPlacer:
         require_space(spool.staging, need, f"needs about {size_text(need)} free to pack")
         staged = spool.staging / temp_name(key.rpartition("/")[2])  # within NAME_MAX
         try:
-            result = pack_file(source, staged, options or PackOptions(), progress)
+            bounded = with_plane_bound(options or PackOptions(), spool.max_plane)
+            result = pack_file(source, staged, bounded, progress)
             check(cancel)
             return self._upload(
                 spool, relpath, key, staged, st, verify, result.mode, result.reason, cancel

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Protocol
 
@@ -155,7 +155,7 @@ def publish(
         if not os.path.samestat(os.fstat(rfd), st):
             raise SourceChangedError(source)
         via = Path(_fd_path(rfd))
-        tiff, layout = _scan(via, st.st_size)
+        tiff, layout = _scan(via, st.st_size, spool.max_plane)
         if (not pack_all and not tiff) or not nameable(source.name) or _mostly_holes(st):
             return _publish_plain(spool, relpath, source, st, folder, cancel, via)
         return _publish_archive(
@@ -449,7 +449,7 @@ def _publish_archive(
     def progress(_nbytes: int) -> None:
         check(cancel)
 
-    options = options or PackOptions()
+    options = with_plane_bound(options or PackOptions(), spool.max_plane)
     small = (
         layout is not None
         and options.mode != "verbatim"
@@ -583,7 +583,7 @@ def _read_whole(source: Path, st: os.stat_result) -> bytes:
     return data
 
 
-def _scan(path: Path, size: int) -> tuple[bool, TiffLayout | None]:
+def _scan(path: Path, size: int, max_plane: int | None = None) -> tuple[bool, TiffLayout | None]:
     """(is it a TIFF to archive, its mode D layout if it has one): scanned once per publish."""
     from vfs.decant.tiffscan import NotByteExact, scan_tiff
 
@@ -592,9 +592,17 @@ def _scan(path: Path, size: int) -> tuple[bool, TiffLayout | None]:
     if head[:2] not in (b"II", b"MM"):
         return False, None
     try:
-        return True, scan_tiff(path, size)
+        bound = {} if max_plane is None else {"max_plane": max_plane}
+        return True, scan_tiff(path, size, **bound)
     except NotByteExact as exc:
         return "not a TIFF" not in str(exc), None  # compressed TIFFs are still archived (mode V)
+
+
+def with_plane_bound(options: PackOptions, max_plane: int | None) -> PackOptions:
+    """`options` with the spool's bound on a page's size, where it has one."""
+    if max_plane is None or max_plane >= options.max_plane:
+        return options
+    return replace(options, max_plane=max_plane)
 
 
 def looks_like_tiff(path: Path, size: int) -> bool:

@@ -58,6 +58,9 @@ class Spool:
         self.src = src
         self.trusted = trusted
         self.files = files
+        # Pages larger than this are archived verbatim (the daemon sets half its cache: a
+        # plane is decoded whole, to pack it and to read it).
+        self.max_plane: int | None = None
         self.staging = staging or src / STAGING
         self.files.mkdir(parents=True, exist_ok=True)
         # (st_dev, st_ino) of what publishing each relpath put into SRC, until its spooled
