@@ -163,8 +163,13 @@ def test_an_ome_xml_declaring_more_than_the_file_holds_is_not_asked_for_its_seri
 
 
 def test_an_ome_xml_that_declares_what_the_file_holds_keeps_its_axes(tmp_path: Path) -> None:
+    """As Bio-Formats writes one file: its TiffData names the file itself (its own UUID)."""
     path = tmp_path / "fine.ome.tif"
-    xml = _ome('SizeZ="2" SizeC="2" SizeT="1"', '<TiffData IFD="0" PlaneCount="4"/>')
+    own = "urn:uuid:00000000-0000-4000-8000-000000000056"
+    xml = _ome(
+        'SizeZ="2" SizeC="2" SizeT="1"',
+        f'<TiffData IFD="0" PlaneCount="4"><UUID FileName="fine.ome.tif">{own}</UUID></TiffData>',
+    ).replace("<OME ", f'<OME UUID="{own}" ')
     tifffile.imwrite(
         path,
         np.zeros((4, 32, 32), np.uint8),

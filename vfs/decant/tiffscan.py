@@ -255,10 +255,11 @@ def _leading(
     return tuple(axes), tuple(shape)
 
 
-# What an OME-XML may hold for its series to be asked of tifffile: no other file named (tifffile
-# opens files an OME-XML names, relative to the file's folder), no Modulo axes (their sizes
-# come from the XML too).
-_OME_REFUSED = ("FileName", "BinaryOnly", "Modulo")
+# What an OME-XML may not hold for its series to be asked of tifffile: a companion metadata
+# file, Modulo axes (their sizes come from the XML too). Nor may it name another file (a UUID
+# not its own): tifffile opens it, relative to the file's folder (in the daemon that folder is
+# /proc/self/fd: "0" would be its stdin).
+_OME_REFUSED = ("BinaryOnly", "Modulo")
 _OME_COUNTS = ("SizeZ", "SizeC", "SizeT", "PlaneCount", "IFD", "FirstZ", "FirstC", "FirstT")
 
 
@@ -293,7 +294,10 @@ def _ome_at_most(xml: str, n_pages: int) -> bool:
         root = ElementTree.fromstring(xml)
     except ElementTree.ParseError:
         return False
+    own = root.attrib.get("UUID")
     for element in root.iter():
+        if element.tag.rpartition("}")[2] == "UUID" and (element.text or "").strip() != own:
+            return False
         planes = 1
         for name in _OME_COUNTS:
             value = element.attrib.get(name)
