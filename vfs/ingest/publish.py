@@ -585,6 +585,7 @@ def _read_whole(source: Path, st: os.stat_result) -> bytes:
 
 def _scan(path: Path, size: int, max_plane: int | None = None) -> tuple[bool, TiffLayout | None]:
     """(is it a TIFF to archive, its mode D layout if it has one): scanned once per publish."""
+    from vfs.decant.limits import MAX_CHUNK_BYTES
     from vfs.decant.tiffscan import NotByteExact, scan_tiff
 
     with open(path, "rb") as fh:
@@ -592,8 +593,7 @@ def _scan(path: Path, size: int, max_plane: int | None = None) -> tuple[bool, Ti
     if head[:2] not in (b"II", b"MM"):
         return False, None
     try:
-        bound = {} if max_plane is None else {"max_plane": max_plane}
-        return True, scan_tiff(path, size, **bound)
+        return True, scan_tiff(path, size, max_plane or MAX_CHUNK_BYTES)
     except NotByteExact as exc:
         return "not a TIFF" not in str(exc), None  # compressed TIFFs are still archived (mode V)
 

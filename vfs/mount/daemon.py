@@ -370,10 +370,11 @@ TRIM_POLL = 0.25
 
 
 def plane_bound(cache_size: int) -> int:
-    """The largest page the write side archives in mode D: what the cache's decode gate holds
-    (half the cache). A plane is decoded whole to pack it and to read it: a 1 GiB plane took a
-    daemon with a 128 MiB cache to 3.4 GiB while it packed and to 800 MiB as it was read (red
-    team 56). Larger pages are archived verbatim, read in blocks."""
+    """The largest page the write side archives in mode D: half the cache (the decode gate's
+    size up to the default cache; the gate stops at 256 MiB). A plane is decoded whole to pack
+    it and to read it: a 1 GiB plane took a daemon with a 128 MiB cache to 3.4 GiB while it
+    packed and to 800 MiB as it was read (red team 56). Larger pages are archived verbatim,
+    read in blocks."""
     return max(cache_size // 2, PLANE_BOUND_MIN)
 
 

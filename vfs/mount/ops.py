@@ -1062,7 +1062,8 @@ class DecantOperations(pyfuse3.Operations):
         one by one (`_show`: a few lstats each), not by a rescan of the whole folder, so a
         deletion of n files costs O(n), not O(n) per watcher batch. Changes it never heard of
         by name still show: the folder's stamp is left as it was, and checked at its next use."""
-        self.integrity.changed_inside(folder_archives(changed, self.tree.root))
+        if self.integrity.bad:  # on the event loop: nothing to look for, nothing walked
+            self.integrity.changed_inside(folder_archives(changed, self.tree.root))
         for path, names in changed.items():
             found = self.inodes.folder_of(path)
             if found is None:

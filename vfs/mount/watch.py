@@ -68,11 +68,13 @@ def folder_archives(folders: Iterable[Path], src: Path) -> set[str]:
     a file changed in, when those are the folders the watcher saw a change in."""
     found: set[str] = set()
     for folder in folders:
-        for path in (folder, *folder.parents):
-            if path == src or src not in path.parents:
-                break
-            if path.name.endswith(".zarr"):
-                found.add(str(path))
+        try:  # one pass over its parts: a folder may be ~2,000 levels deep (PATH_MAX)
+            parts = folder.relative_to(src).parts
+        except ValueError:
+            continue
+        for i, part in enumerate(parts):
+            if part.endswith(".zarr"):
+                found.add(str(src.joinpath(*parts[: i + 1])))
     return found
 
 
