@@ -592,6 +592,10 @@ class PackQueue:
 
     # -- status ----------------------------------------------------------------------------
 
+    def publishing_now(self) -> list[str]:
+        """The files a worker is publishing (a stop waits for them)."""
+        return [i.relpath for i in self.items.values() if i.state == "packing" and i.started]
+
     def status(self) -> dict[str, Any]:
         items = list(self.items.values())
         states = Counter(i.state for i in items)

@@ -14,6 +14,7 @@ import threading
 import time
 import tracemalloc
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from vfs.mount.inodes import ROOT_INODE
 from vfs.mount.metrics import METRICS_INTERVAL, prometheus, write_atomically
 from vfs.mount.ops import DecantOperations
 from vfs.mount.scrub import scrub_forever
+from vfs.mount.stopping import StopWatch, mounted_device
 from vfs.mount.tree import SourceTree
 from vfs.mount.watch import watch_source
 from vfs.owned import own_folder, swappable_by_others
@@ -350,13 +352,8 @@ async def _raise_read_ahead_after_init(mnt: Path) -> None:
 
 def mount_device(mnt: Path) -> str:
     """major:minor of the mount at `mnt`, from /proc/self/mountinfo."""
-    target = str(mnt).replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011")
-    found = ""
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        fields = line.split()
-        if len(fields) > 4 and fields[4] == target:
-            found = fields[2]  # the last match is the topmost mount
-    if not found:
+    found = mounted_device(mnt)
+    if found is None:
         raise OSError(f"{mnt} is not in /proc/self/mountinfo")
     return found
 
@@ -466,20 +463,27 @@ def serve(config: MountConfig, ready: Callable[[], None]) -> int:
     if queue is not None:
         queue.on_published = ops.published
     pyfuse3.init(ops, str(mnt), config.fuse_options())
+    stopping = StopWatch(mnt)
+    stopping.mounted()
     try:
         log.info("mounted %s on %s (cache %d MiB)", src, mnt, config.cache_size >> 20)
         ready()
-        moved = trio.run(_run, ops, config, queue, diagnose)
+        moved = trio.run(_run, ops, config, queue, diagnose, stopping)
     finally:
         pyfuse3.close(unmount=True)
         if tree.index is not None:
             tree.index.close()
+        stopping.done()
     log.info("unmounted %s", mnt)
     return 1 if moved else 0  # a service manager restarts it on the SRC now there
 
 
 async def _run(
-    ops: DecantOperations, config: MountConfig, queue: PackQueue | None, diagnose: Path | None
+    ops: DecantOperations,
+    config: MountConfig,
+    queue: PackQueue | None,
+    diagnose: Path | None,
+    stopping: StopWatch,
 ) -> bool:
     """Serve until unmounted; True if the daemon stopped because SRC moved (`_keep_src`)."""
     src = config.src
@@ -491,7 +495,7 @@ async def _run(
         elif queue is not None:
             nursery.start_soon(queue.run, src, config.spool_root)
         nursery.start_soon(_raise_read_ahead_after_init, config.mnt)
-        nursery.start_soon(_signals, nursery.cancel_scope)
+        nursery.start_soon(_signals, partial(_arm, stopping, queue, 0))
         nursery.start_soon(_describe_racy_forever, ops)
         nursery.start_soon(_start_threads)
         if config.watch:
@@ -503,7 +507,8 @@ async def _run(
         else:
             nursery.start_soon(_census, ops, src)
             if queue is not None:  # reads go by path: a read-only mount serves what is there
-                nursery.start_soon(_keep_src, src, config.spool_root, moved)
+                nursery.start_soon(_keep_src, src, config.spool_root, moved,
+                                   partial(_arm, stopping, queue, 1))  # fmt: skip
         if diagnose is not None:
             nursery.start_soon(_diagnose, diagnose)
         if config.scrub_interval is not None and config.bucket is not None:
@@ -513,6 +518,7 @@ async def _run(
         if config.metrics_file is not None:
             nursery.start_soon(_write_metrics, ops, config.metrics_file)
         await pyfuse3.main()
+        _arm(stopping, queue, 1 if moved else 0)
         if queue is not None:
             queue.stop()  # a publish in a worker thread gives up at its next block
         nursery.cancel_scope.cancel()  # unmounted from outside (fusermount3 -u), or a signal
@@ -523,7 +529,12 @@ SRC_CHECK = 1.0  # seconds between checks that SRC is still the folder mounted
 PRUNE_INTERVAL = 3600.0  # index rows of archives gone from SRC are forgotten this often
 
 
-async def _keep_src(src: Path, spool_root: Path, moved: list[str]) -> None:
+def _arm(stopping: StopWatch, queue: PackQueue | None, status: int) -> None:
+    """Asked to stop: exit with `status` within the grace, whatever still runs."""
+    stopping.arm(status, queue.publishing_now() if queue is not None else [])
+
+
+async def _keep_src(src: Path, spool_root: Path, moved: list[str], arm: Callable[[], None]) -> None:
     """Stop (exit 1) once SRC's path names another folder than the one mounted: a filesystem
     mounted over it (fstab's NFS SRC mounted after the daemon started on the empty folder
     below), or SRC moved away and made anew. The daemon reaches SRC and the spool by path, so
@@ -545,11 +556,12 @@ async def _keep_src(src: Path, spool_root: Path, moved: list[str]) -> None:
         log.error("%s: %s while mounted: stopping; files spooled until now stay in %s of the "
                   "folder that was there (publish them by moving them into the mount)", src,
                   why, spool_root)  # fmt: skip
+        arm()
         pyfuse3.terminate()
         return
 
 
-async def _signals(scope: trio.CancelScope) -> None:
+async def _signals(arm: Callable[[], None]) -> None:
     """SIGTERM and SIGINT unmount; so does SIGHUP, unless the log is a file: then it is
     opened again (logrotate's `postrotate kill -HUP` unmounted the mount at each rotation)."""
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
@@ -561,6 +573,7 @@ async def _signals(scope: trio.CancelScope) -> None:
                     await trio.to_thread.run_sync(fn)
                 continue
             log.info("%s: unmounting", signal.Signals(signum).name)
+            arm()
             pyfuse3.terminate()
             return
 
