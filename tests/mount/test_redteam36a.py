@@ -71,24 +71,24 @@ def test_a_tiff_copied_again_with_the_same_bytes_takes_its_new_mode_and_mtime(
 # -- an archive copied in through the mount -----------------------------------------------------
 
 
-def test_an_archive_copied_in_shows_its_original_once_published(
-    mount: Mount, tmp_path: Path
-) -> None:
-    """`cp x.tif.zarr.zip MNT/` (an archive copied back from elsewhere): a plain file, published
-    as it is, which SRC then presents as `x.tif`. The mount looked only its own name up after
-    the publish: the name left the listing and `x.tif` never came (until a remount), so a
-    file the client was told was copied was gone from the mount."""
+def test_an_archive_copied_in_keeps_its_name_once_published(mount: Mount, tmp_path: Path) -> None:
+    """`cp x.tif.zarr.zip MNT/` (an archive copied back from elsewhere): published as it was,
+    SRC presented it as `x.tif`; the mount looked only its own name up after the publish, so
+    the name left the listing and `x.tif` never came (until a remount): a file the client was
+    told was copied was gone. Red team 56 (F6) found the other half: presented as `x.tif`, the
+    name written gives ENOENT and `rsync -a` sends it again at each run. A file written under
+    an archive's name is packed verbatim, and reads back under that name, byte for byte."""
     from vfs.decant.packer import pack_file
 
-    data = tiff(2)
-    (tmp_path / "x.tif").write_bytes(data)
+    (tmp_path / "x.tif").write_bytes(tiff(2))
     pack_file(tmp_path / "x.tif", tmp_path / "x.tif.zarr.zip")
+    archive = (tmp_path / "x.tif.zarr.zip").read_bytes()
     drop = mount.mnt / "drop"
-    (drop / "x.tif.zarr.zip").write_bytes((tmp_path / "x.tif.zarr.zip").read_bytes())
+    (drop / "x.tif.zarr.zip").write_bytes(archive)
     wait_for("published", lambda: settled(mount))
-    assert (mount.src / "drop" / "x.tif.zarr.zip").is_file()
-    assert sorted(os.listdir(drop)) == ["x.tif"]
-    assert (drop / "x.tif").read_bytes() == data
+    assert (mount.src / "drop" / "x.tif.zarr.zip.zarr.zip").is_file()
+    assert sorted(os.listdir(drop)) == ["x.tif.zarr.zip"]
+    assert (drop / "x.tif.zarr.zip").read_bytes() == archive
 
 
 # -- touch -d of a published TIFF ---------------------------------------------------------------

@@ -641,3 +641,19 @@ def test_rm_through_the_mount_during_a_multipart_upload_stops_it(
         wait_for(lambda: keys_of(store, "p") == ["small.txt"], 60, "a later file published")
     finally:
         proxy.close()
+
+
+def test_a_file_under_an_archive_s_name_reads_back_under_it_from_the_bucket(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    """As on a local SRC (tests/mount/test_redteam56.py): `x.zarr.zip` written in is uploaded
+    wrapped in a verbatim archive, not as a plain object the bucket would show as `x`."""
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    data = os.urandom(50_000)
+    spool = tmp_path / "spool"
+    m = bucket_mount(s3_bucket.url(), "--spool", str(spool))
+    (m.mnt / "x.zarr.zip").write_bytes(data)
+    wait_for(lambda: not spooled(spool), 60, "the spool drained")
+    assert keys_of(store, s3_bucket.key()) == ["x.zarr.zip.zarr.zip"]
+    assert os.listdir(m.mnt) == ["x.zarr.zip"]
+    assert (m.mnt / "x.zarr.zip").read_bytes() == data

@@ -41,6 +41,7 @@ from vfs.ingest.publish import (
     check,
     looks_like_tiff,
     nameable,
+    read_as_archive,
     require_space,
     signature,
     size_text,
@@ -98,7 +99,8 @@ class BucketPlacer:
         # As on a local SRC, a file whose archive name would pass NAME_MAX goes as it is: no
         # mount shows a longer name, and its staged temp name could not even be made (it was
         # failed for good: "File name too long").
-        archive = (pack_all or looks_like_tiff(source, st.st_size)) and nameable(source.name)
+        packed = pack_all or read_as_archive(source.name) or looks_like_tiff(source, st.st_size)
+        archive = packed and nameable(source.name)
         name = archive_name(source.name) if archive else source.name
         folder = relpath.rpartition("/")[0]  # not `.strip(".")`: `.git/x` went to `git/x`
         key = join_key(folder, name)

@@ -101,6 +101,20 @@ def folder_archive_name(name: str) -> str:
     return f"{name}.zarr"
 
 
+# What SRC's tree takes a plain file for by its name (vfs/backends: `claims`): a decant archive,
+# shown as its original (under the name without `.zarr.zip`), and a GDI package, shown as a
+# folder of its members.
+READ_AS_ARCHIVE = (".zarr.zip", ".tar.c4gh")
+
+
+def read_as_archive(name: str) -> bool:
+    """Whether a file of this name, published as it is, would be shown as something else: it
+    is packed verbatim instead, so that it reads back under the name it was written with, its
+    bytes unchanged (a decant archive copied in was shown as its original, under another name,
+    and `rsync -a` sent it again at each run)."""
+    return name.endswith(READ_AS_ARCHIVE)
+
+
 # What an lstat of a name that holds nothing fails with: a name of 247 to 255 bytes, as rsync's
 # temp names are, has an archive name (NAME.zarr.zip) longer than NAME_MAX, which none can have.
 NOTHING_THERE = (errno.ENOENT, errno.ENAMETOOLONG)
@@ -156,7 +170,8 @@ def publish(
             raise SourceChangedError(source)
         via = Path(_fd_path(rfd))
         tiff, layout = _scan(via, st.st_size, spool.max_plane)
-        if (not pack_all and not tiff) or not nameable(source.name) or _mostly_holes(st):
+        packed = pack_all or tiff or read_as_archive(source.name)
+        if not packed or not nameable(source.name) or _mostly_holes(st):
             return _publish_plain(spool, relpath, source, st, folder, cancel, via)
         return _publish_archive(
             spool, relpath, source, st, folder, options, cancel, durable, layout, via
