@@ -241,21 +241,22 @@ def test_c4gh_mode_refuses_write_special_and_non_octal(bad: str, capsys) -> None
         C4ghBackend([], PageCache(SEG), mode_mask=0o640)
 
 
-def test_a_deeply_nested_manifest_costs_the_digests_not_the_package(env, tmp_path) -> None:
+def test_a_deeply_nested_manifest_refuses_the_package(env, tmp_path) -> None:
+    """It cost the members their digests, and they were served unchecked: segments reordered
+    into a manifest can make it unparsable so (red team 57), so the package is refused."""
     path = tmp_path / "nested.tar.c4gh"
     nested = b"[" * 100_000 + b"]" * 100_000  # json's decoder recurses once per level
     write_raw(path, [("manifest.json", nested), *env.members[1:]], env)
-    desc = backend(env.keys.node).describe(path)
-    tree = files(desc.root)
-    assert set(tree) == {n for n, _ in env.members}
-    assert all("user.c4gh.sha256" not in e.xattrs for e in tree.values())
+    with pytest.raises(CorruptArchiveError, match="nested too deeply"):
+        backend(env.keys.node).describe(path)
     report = verify_package(path, [env.keys.node.secret])
     assert "manifest.json is not valid JSON (JSON nested too deeply)" in report.problems
 
 
 def test_a_manifest_of_nested_values_is_not_parsed(env, tmp_path) -> None:
     """12 MiB of `[[[…]]]` 400 deep, within the manifest's byte limit and the decoder's depth:
-    parsed, it cost ~580 MiB of memory (48 bytes a byte). Counted first, it is not parsed."""
+    parsed, it cost ~580 MiB of memory (48 bytes a byte). Counted first, it is not parsed, and
+    the package is refused (its members cannot be checked)."""
     import tracemalloc
 
     path = tmp_path / "values.tar.c4gh"
@@ -263,12 +264,53 @@ def test_a_manifest_of_nested_values_is_not_parsed(env, tmp_path) -> None:
     write_raw(path, [("manifest.json", nested), *env.members[1:]], env)
     tracemalloc.start()
     try:
-        desc = backend(env.keys.node).describe(path)
+        with pytest.raises(CorruptArchiveError, match="could take"):
+            backend(env.keys.node).describe(path)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < 100 << 20, f"peak {peak >> 20} MiB"
-    tree = files(desc.root)
+
+
+def test_a_manifest_made_unparsable_by_a_segment_moved_into_it_refuses_the_package(
+    env, tmp_path
+) -> None:
+    """Red team 57 F2: with no key, a segment of digits (from a numeric member) moved into the
+    manifest made one of its numbers 65,540 digits long; Python refuses to convert it (a
+    ValueError, not a JSONDecodeError), the package was served with no member digests, and
+    segments then swapped inside a member were served as its bytes without an error."""
+    digits = b"7" * (SEG + 10)
+    manifest = b'{"n": ' + digits + b', "payload": {"algorithm": "sha256", "members": {}}}'
+    path = tmp_path / "digits.tar.c4gh"
+    write_raw(path, [("manifest.json", manifest), *env.members[1:]], env)
+    with pytest.raises(CorruptArchiveError, match="cannot be parsed"):
+        backend(env.keys.node).describe(path)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"[]",
+        b'{"members": []}',
+        b'{"members": {"a.parquet": {"sha256": "00"}}}',
+        b'{"members": {"a.parquet": "0"}}',
+    ],
+)
+def test_a_payload_that_is_not_a_map_of_digests_refuses_the_package(
+    env, tmp_path, payload: bytes
+) -> None:
+    """A payload the spec's schema would refuse checks nothing: not served unchecked."""
+    path = tmp_path / "payload.tar.c4gh"
+    write_raw(path, [("manifest.json", b'{"payload": ' + payload + b"}"), *env.members[1:]], env)
+    with pytest.raises(CorruptArchiveError, match="not a map of sha256 digests"):
+        backend(env.keys.node).describe(path)
+
+
+def test_a_manifest_with_no_payload_serves_its_members_unchecked(env, tmp_path) -> None:
+    """The spec makes payload optional: such a package is served, its members without digests."""
+    path = tmp_path / "bare.tar.c4gh"
+    write_raw(path, [("manifest.json", b'{"config": {}}'), *env.members[1:]], env)
+    tree = files(backend(env.keys.node).describe(path).root)
     assert set(tree) == {n for n, _ in env.members}
     assert all("user.c4gh.sha256" not in e.xattrs for e in tree.values())
 

@@ -482,11 +482,13 @@ class C4ghBackend:
     def _declared_digests(
         self, reader: SegmentReader, index: TarIndex, name: str
     ) -> dict[str, str]:
-        """payload.members sha256 by member name; a manifest without them costs the xattrs, not
-        the mount. One that fails authentication, or is not JSON at all (segments of the package
-        reordered into it decrypt), is CorruptArchiveError: the digests it holds are the only
-        check that tells segments swapped inside a member, so the package is not served
-        without them (it was, with no digest checked at all)."""
+        """payload.members sha256 by member name. A manifest that fails authentication, or
+        cannot be parsed (segments of the package reordered into it decrypt: one of digits made
+        a number of 65,540 digits, which Python refuses to convert), or whose payload is not a
+        map of digests, is CorruptArchiveError: the digests it holds are the only check that
+        tells segments swapped inside a member, so the package is not served without them (it
+        was, unchecked). Only a manifest that records no payload at all, as the spec allows,
+        costs the members their check (and the xattrs), not the mount."""
         manifest = index.get(MANIFEST)
         if manifest is None or manifest.size > MAX_MANIFEST:
             return {}
@@ -497,19 +499,22 @@ class C4ghBackend:
             raise CorruptArchiveError(f"{name}: manifest.json cannot be read ({exc})") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise CorruptArchiveError(f"{name}: manifest.json is not JSON ({exc})") from None
-        except (DecantError, ValueError) as exc:
-            log.info("%s: no member digests from manifest.json (%s)", name, exc)
+        except (DecantError, ValueError) as exc:  # too deep, too costly, a number too long
+            raise CorruptArchiveError(f"{name}: manifest.json cannot be parsed ({exc})") from None
+        if not isinstance(doc, dict):
+            raise CorruptArchiveError(f"{name}: manifest.json is not a JSON object")
+        if "payload" not in doc:
+            log.info("%s: manifest.json records no payload: members are not checked", name)
             return {}
-        try:
-            members = doc["payload"]["members"]
-            return {
-                name: item["sha256"]
-                for name, item in members.items()
-                if isinstance(item, dict) and DIGEST_RE.fullmatch(str(item.get("sha256")))
-            }
-        except (DecantError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            log.info("%s: no member digests from manifest.json (%s)", name, exc)
-            return {}
+        members = doc["payload"].get("members") if isinstance(doc["payload"], dict) else None
+        if not isinstance(members, dict) or not all(
+            isinstance(item, dict) and DIGEST_RE.fullmatch(str(item.get("sha256")))
+            for item in members.values()
+        ):
+            raise CorruptArchiveError(
+                f"{name}: manifest.json's payload.members is not a map of sha256 digests"
+            )
+        return {member: item["sha256"] for member, item in members.items()}
 
 
 def _member_offset(package: str, member: str, entry: Entry) -> int:
