@@ -229,6 +229,33 @@ def test_too_many_name_characters_refuse_the_package() -> None:
         build_index(BytesSource(data), "n.tar", max_name_chars=999)
 
 
+def test_too_many_implied_folders_refuse_the_package() -> None:
+    """Red team 57 F1: members each under folders of their own, deep, within every other
+    bound, made millions of folder nodes (5-7 GB in the daemon). 40 members 10 deep: 400."""
+    deep = [("/".join(f"t{i}-{d}" for d in range(10)) + "/m", b"") for i in range(40)]
+    data = corpus.raw_tar(deep)
+    assert len(build_index(BytesSource(data), "d.tar", max_folders=400).members) == 40
+    with pytest.raises(UnsupportedFormatError, match=r"^d\.tar: member paths imply more than 399"):
+        build_index(BytesSource(data), "d.tar", max_folders=399)
+
+
+def test_the_default_folder_limit_holds_a_deep_package_to_megabytes() -> None:
+    """2,000 members 63 folders deep, each under a top folder of its own (126,000 folders):
+    refused at the 100,000th folder, the walk's traced peak a few tens of MB."""
+    import tracemalloc
+
+    names = [("/".join([f"{i:05d}", *["d"] * 62, "m.bin"]), b"") for i in range(2000)]
+    data = corpus.raw_tar(names)
+    tracemalloc.start()
+    try:
+        with pytest.raises(UnsupportedFormatError, match="more than 100000 folders"):
+            build_index(BytesSource(data), "deep.tar")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak - len(data) < 64 << 20, f"peak {peak >> 20} MiB"
+
+
 @pytest.mark.parametrize("count", [9, 3000])
 def test_long_extension_header_chains_stop_the_walk(count: int) -> None:
     """tarfile recurses once per extension header: 3,000 of them once overflowed the stack."""
