@@ -23,7 +23,7 @@ from vfs.acqstore.ngff import Axis, NgffImage
 from vfs.acqstore.tiff_meta import describe_planes, resolution
 from vfs.cache import DropBehind, PageCache
 from vfs.decant.limits import MAX_CHUNK_BYTES, human
-from vfs.errors import UnsupportedFormatError
+from vfs.errors import CorruptArchiveError, DecantError, UnsupportedFormatError
 
 log = logging.getLogger(__name__)
 
@@ -280,9 +280,11 @@ class SynthesizedTiff:
         key: tuple[Hashable, ...],
         on_close: Callable[[], None] | None = None,
         spawn: Callable[[Callable[[], None]], Future[None]] | None = None,
+        label: str = "",
     ) -> None:
         self.layout, self.size = layout, layout.size
         self._array, self._cache, self._key, self._on_close = array, cache, key, on_close
+        self._label = label or "image"
         self._ndim = len(array.shape)
         self._head = memoryview(layout.head)
         self._ahead = max(1, min(READAHEAD_PLANES, cache.max_bytes // 4 // layout.plane_bytes))
@@ -462,7 +464,13 @@ class SynthesizedTiff:
             got = fast(block, self._cache.buffers.take) if fast is not None else None
             if got is not None:
                 return got  # type: ignore[no-any-return]
-        data = np.asarray(self._array[(*block, slice(None), slice(None))])
+        try:
+            data = np.asarray(self._array[(*block, slice(None), slice(None))])
+        except (DecantError, OSError, MemoryError):
+            raise
+        except Exception as exc:  # zarr-python and its codecs raise anything for a bad chunk
+            why = f"page {page} does not decode ({type(exc).__name__}: {exc})"
+            raise CorruptArchiveError(f"{self._label}: {why}") from None
         if data.ndim == 2:
             return _flat(np.ascontiguousarray(data, dtype=lay.dtype))
         wanted = None

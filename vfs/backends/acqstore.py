@@ -219,7 +219,9 @@ class AcqStoreBackend:
         key: tuple[object, ...] = (root, "acqstore-tiff", rel, image.dataset)
         if not self.watched:
             key = (*key, image_version(root, target))
-        return SynthesizedTiff(layout, array, self.cache, key, release, self._decoders.submit)
+        return SynthesizedTiff(
+            layout, array, self.cache, key, release, self._decoders.submit, label=str(target)
+        )
 
     def _decant_entry(self, archive: Path) -> Entry | None:
         if self.decant_backend is None:
