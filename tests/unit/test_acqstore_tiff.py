@@ -529,3 +529,19 @@ def test_an_image_behind_a_linked_folder_is_refused(tmp_path: Path) -> None:
     (tmp_path / "coll" / "plate").symlink_to(folder.parent)
     with pytest.raises(ManifestError):
         inspect_image(tmp_path / "coll" / "plate" / "img.zarr", tmp_path / "coll")
+
+
+@pytest.mark.parametrize(
+    "lead",
+    [(2**62 + 1, 2), (2**32 + 1, 2**32 + 1), (2**62, 2**62)],
+    ids=["past-int64", "wraps-to-a-35-TB-file", "wraps-to-zero"],
+)
+def test_a_shape_whose_page_count_passes_int64_is_refused_not_wrapped(
+    lead: tuple[int, int],
+) -> None:
+    """Red team 57 F6: the page count was numpy's int64 product of the leading axes: one
+    collection's went negative (a struct.error traceback), one wrapped to 8.6e9 pages and was
+    served as a 35 TB TIFF, one wrapped to 0 ("an empty array")."""
+    axes = [AXES["t"], AXES["z"], AXES["y"], AXES["x"]]
+    with pytest.raises(UnsupportedFormatError, match="planes do not fit in one TIFF"):
+        TiffLayout(axes, (*lead, 48, 40), np.uint16, [1.0] * 4)

@@ -69,7 +69,7 @@ class TiffLayout:
         self.description = meta.description.encode("utf-8") + b"\0"
         self.x_resolution = resolution(scale[-1])
         self.y_resolution = resolution(scale[-2])
-        self.n_pages = int(np.prod(self.page_shape, dtype=np.int64))
+        self.n_pages = math.prod(int(n) for n in self.page_shape)  # no int64 to wrap around
         row_bytes = self.width * self.dtype.itemsize
         self.plane_bytes = row_bytes * self.height
         if self.plane_bytes == 0 or self.n_pages == 0:
