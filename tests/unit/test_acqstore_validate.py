@@ -158,6 +158,14 @@ def test_missing_or_broken_entry_point(tmp_path: Path, root: Path) -> None:
     assert "not a readable JSON document" in found[0].message
 
 
+def test_a_number_out_of_a_double_s_range_is_refused_as_infinity_is(root: Path) -> None:
+    """Red team 57 F7: `Infinity` was refused but `1e400`, which parses to infinity, passed."""
+    (root / COLLECTION).write_text('{"format": 1e400}')
+    found = errors(root)
+    assert [(i.document, i.pointer) for i in found] == [(COLLECTION, "")]
+    assert "1e400 is out of range" in found[0].message
+
+
 def test_linked_document_missing_or_folder(root: Path) -> None:
     (root / ACQ_B).unlink()
     (root / "acqstore/members/img-a/analyses.json").unlink()

@@ -244,6 +244,35 @@ def test_c4gh_refusals_are_2(action: str, keys: Any, tiff: Path, decant_cli: Cli
     one_error_line(err, "nosuch.sec")
 
 
+@pytest.mark.parametrize("action", ["ls", "verify"])
+def test_a_folder_given_as_a_package_is_2_naming_it(
+    action: str, keys: Any, tmp_path: Path, decant_cli: Cli
+) -> None:
+    """Red team 57 F7: it was "decant: 3: Is a directory" (the descriptor), exit 3 (output)."""
+    folder = tmp_path / "pkg.tar.c4gh"
+    folder.mkdir()
+    status, out, err = decant_cli("c4gh", action, folder, "--key", keys[1].secret_path)
+    assert (status, out) == (BAD_INPUT, "")
+    one_error_line(err, "pkg.tar.c4gh: not a regular file")
+
+
+def test_c4gh_ls_fails_a_package_a_mount_shows_raw(keys: Any, decant_cli: Cli) -> None:
+    """`ls` lists "the members a package would show in a mount": one whose first member is not
+    manifest.json, or whose manifest cannot be parsed, is shown raw there (red team 57 F7)."""
+    corpus = load_tool("make_c4gh_corpus")
+    d, node = keys
+    last = d / "manifest-last.tar.c4gh"
+    corpus.write_package(last, [("a.txt", b"hello"), ("manifest.json", b"{}")], node, [node])
+    deep = d / "manifest-deep.tar.c4gh"
+    corpus.write_package(deep, [("manifest.json", b"[" * 10**5 + b"]" * 10**5)], node, [node])
+    good = d / "good.tar.c4gh"
+    corpus.write_package(good, [("manifest.json", b"{}"), ("a.txt", b"hello")], node, [node])
+    for package, why in ((last, "first member 'a.txt'"), (deep, "nested too deeply")):
+        status, _out, err = decant_cli("c4gh", "ls", package, "--key", node.secret_path)
+        assert status == FAILED and why in err and "a mount shows it raw" in err, err
+    assert decant_cli("c4gh", "ls", good, "--key", node.secret_path)[0] == OK
+
+
 def test_acqstore_outside_a_collection_is_2(tmp_path: Path, decant_cli: Cli) -> None:
     for root in (tmp_path, tmp_path / "missing"):
         status, out, err = decant_cli("acqstore", "validate", root)

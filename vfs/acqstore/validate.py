@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import itertools
 import json
+import math
 import os
 import re
 import stat
@@ -543,7 +544,7 @@ class _Run:
                         f"the collection's documents up to this one could take more than "
                         f"{MAX_COLLECTION_COST >> 20} MiB of memory to keep parsed"
                     )
-                doc = parse_json(raw, parse_constant=_no_constant)
+                doc = parse_json(raw, parse_constant=_no_constant, parse_float=_finite)
             except FileNotFoundError:
                 self.error(rel, "", "document does not exist")
                 return None
@@ -570,3 +571,12 @@ def _schema_message(err: Any) -> str:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite(text: str) -> float:
+    """A JSON number as a float, refused where it is out of a double's range (`1e400` parses
+    to infinity, which the spec refuses as it refuses `Infinity`)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is out of range for a number")
+    return value

@@ -290,10 +290,12 @@ def open_package(
     path = Path(path)
     # Non-blocking: a FIFO named like a package (`decant c4gh verify inbox/*`) would hold a
     # blocking open until a writer came, for good if none does.
-    with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise NotAnArchiveError(f"{path.name}: not a regular file")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # before open(fd) refuses a folder naming only the fd
+        os.close(fd)
+        raise NotAnArchiveError(f"{path.name}: not a regular file")
+    with open(fd, "rb") as f:
         size = st.st_size
         header, first = open_header(
             lambda off, n: os.pread(f.fileno(), n, off), size, secret_keys, path.name

@@ -108,25 +108,39 @@ def run_ls(args: argparse.Namespace) -> int:
     """Members with their sizes, in archive order; dropped members and a walk's problems are
     reported on stderr, and a problem (damage) exits 1."""
     from vfs.c4gh.tarindex import build_index
-    from vfs.c4gh.verify import check_manifest, read_manifest
+    from vfs.c4gh.verify import MANIFEST, check_manifest, read_manifest
 
     package = args.package
     header, reader = open_checked(package, _keys(args), args)
     with reader as rd:
         index = build_index(rd, _name(package))
-        declared = check_manifest(read_manifest(rd, index)[0])[0] if args.long else {}
+        doc, unread = read_manifest(rd, index) if index.first == MANIFEST else (None, [])
+        declared = check_manifest(doc)[0] if args.long and doc is not None else {}
     if args.long:
         say(f"# writer {header.writer_fingerprint}, {header.packet_count} header packet(s)")
     for m in index.members:
         digest = declared.get(m.name, ("-",))[0] if args.long else None
         say(f"{m.size:>14}  {digest + '  ' if digest else ''}{m.name}")
-    for problem in index.problems:
+    problems = list(index.problems)
+    if index.first != MANIFEST:  # a mount shows it raw (vfs.backends.c4gh)
+        first = "no member" if index.first is None else f"first member {index.first!r}"
+        problems.append(f"{_name(package)}: {first}, not {MANIFEST}: a mount shows it raw")
+    elif unread and _within(index.get(MANIFEST)):
+        problems.append(f"{_name(package)}: {unread[0]}: a mount shows it raw")
+    for problem in problems:
         say(f"decant: {problem}", sys.stderr)
     for name, reason in index.dropped:
         say(f"decant: {_name(package)}: not listed {name!r}: {reason}", sys.stderr)
     # A walk that stopped (a segment failing authentication, a truncated TAR) is damage, as
     # `verify` says (it exited 0 here, after its error lines); a name not listed is a refusal.
-    return FAILED if index.problems else OK
+    return FAILED if problems else OK
+
+
+def _within(manifest: Any) -> bool:
+    """Whether a mount reads this manifest (one larger costs the members their digests only)."""
+    from vfs.c4gh.verify import MAX_MANIFEST
+
+    return manifest is not None and manifest.size <= MAX_MANIFEST
 
 
 def run_verify(args: argparse.Namespace) -> int:
