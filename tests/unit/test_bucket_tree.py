@@ -378,3 +378,50 @@ def test_a_folder_s_age_the_store_cannot_tell_keeps_its_name_without_asking_agai
         tree.expire()  # the folder's own listing is read again; its age is not
         assert tree.scan(ObjectPath.of_url(bucket.name))[name].is_dir
     assert bucket.deep_lists == 1
+
+
+class OneKeyRefused(FakeBucket):
+    """A store that lists a key but will not serve it (an SSE-C object read without its key:
+    400 on every HEAD and GET; or a volume down under that one object)."""
+
+    refused = ""
+
+    def open(self, key: str) -> Blob:
+        if key == self.refused:
+            raise StoreError(f"{self.name}/{key}: HEAD: object store failed after retries (400)")
+        return super().open(key)
+
+
+def test_an_archive_the_store_will_not_serve_is_left_out_not_the_whole_folder(
+    archive: tuple[str, bytes],
+) -> None:
+    """Red team 58 F1: describing one such archive raised, and the whole folder listing with
+    it (EIO on `ls` and on every lookup in it, on every host; at the prefix's root, the whole
+    mount). It is left out, described again at the next listing: once the store serves it, it
+    shows."""
+    name, data = archive
+    bucket = OneKeyRefused({f"{name}.zarr.zip": data, "evil.tif.zarr.zip": data, "a.txt": b"1"})
+    bucket.refused = "evil.tif.zarr.zip"
+    tree = make_tree(bucket)
+    assert sorted(tree.scan(tree.root)) == sorted([name, "a.txt"])
+    bucket.refused = ""
+    tree.expire()
+    shown = tree.scan(tree.root)
+    # Served now; its original's name is taken by the other archive: shown under its own.
+    assert sorted(shown) == sorted([name, "a.txt", "evil.tif.zarr.zip"])
+    assert shown["evil.tif.zarr.zip"].backend is not None
+
+
+def test_a_failed_relist_says_how_old_the_listing_shown_is(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Red team 58 F7: it said "the listing of inf s ago" (the relist had reset its time)."""
+    bucket = FakeBucket({"a.bin": b"1"})
+    tree = make_tree(bucket)
+    tree.scan(tree.root)
+    bucket.down = True
+    tree.expire()
+    with caplog.at_level("WARNING"):
+        assert sorted(tree.scan(tree.root)) == ["a.bin"]
+    said = [r.getMessage() for r in caplog.records if "cannot list" in r.getMessage()]
+    assert len(said) == 1 and said[0].endswith("showing the listing of 0 s ago"), said

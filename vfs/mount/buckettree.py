@@ -52,6 +52,7 @@ class _Listing:
     generation: int = 1
     failed: bool = False
     pruned: bool = False  # the index's rows of objects it does not hold forgotten (scan)
+    listed: float = float("-inf")  # time.monotonic() of the LIST it holds (`at` is reset)
 
 
 class BucketTree(SourceTree):
@@ -204,7 +205,7 @@ class BucketTree(SourceTree):
                 raise
             if not listing.failed:
                 log.warning("%s: cannot list (%s); showing the listing of %.0f s ago",
-                            self.folder.name, exc, now - listing.at)  # fmt: skip
+                            self.folder.name, exc, now - listing.listed)  # fmt: skip
             listing.failed, listing.at = True, now  # tried again after `relist` seconds
             return listing
         if len(dirs) + len(files) > MAX_LISTED:
@@ -213,7 +214,7 @@ class BucketTree(SourceTree):
             dirs, files = dirs[:MAX_LISTED], files[: max(0, MAX_LISTED - len(dirs))]
         with self._lock:
             old = self._listings.get(prefix)
-            fresh = _Listing(now, dirs, files, old.generation if old else 1)
+            fresh = _Listing(now, dirs, files, old.generation if old else 1, listed=now)
             if old is not None and (old.dirs != dirs or _ids(old.files) != _ids(files)):
                 fresh.generation = old.generation + 1
             if old is not None and old.failed:

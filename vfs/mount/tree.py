@@ -102,10 +102,13 @@ class SourceTree:
         self.trees = DescribedTrees(described_entries)
         self._reloading = threading.Lock()
 
-    def _log_once(self, path: Path, message: str, level: int = logging.WARNING) -> None:
+    def _log_once(
+        self, path: Path, message: str, level: int = logging.WARNING, detail: str = ""
+    ) -> None:
+        """`message` (then `detail`, which may differ each time) once per path and message."""
         if (str(path), message) not in self._logged:
             self._logged.add((str(path), message))
-            log.log(level, "%s", message)
+            log.log(level, "%s%s", message, detail)
 
     def root_node(self) -> Node:
         return mirror_node(self.root, acl_stat(self.root, os.stat(self.root)), self.writable)
@@ -279,9 +282,18 @@ class SourceTree:
         """`_present` once its entries are sorted: archives described, names given out."""
         out = dict(plain)
         listing = listing or Listing()
+        described = []
         try:
-            described = [(n, st, b, self._described(b, p, st, listing), p)
-                         for n, st, b, p in archives]  # fmt: skip
+            for n, st, b, p in archives:
+                try:
+                    described.append((n, st, b, self._described(b, p, st, listing), p))
+                except DecantError as exc:
+                    if not self._transient(exc):
+                        raise
+                    # One object the store will not serve (a key of its own, a volume down)
+                    # failed the whole folder, on every host: left out, described next time.
+                    why = f"{p}: left out of the listing until the store serves it"
+                    self._log_once(p, why, detail=f" ({exc})")
         finally:
             self._keep(folder, listing.kept)
         contested = self._contested(folder, described)
