@@ -265,9 +265,16 @@ def test_c4gh_ls_fails_a_package_a_mount_shows_raw(keys: Any, decant_cli: Cli) -
     corpus.write_package(last, [("a.txt", b"hello"), ("manifest.json", b"{}")], node, [node])
     deep = d / "manifest-deep.tar.c4gh"
     corpus.write_package(deep, [("manifest.json", b"[" * 10**5 + b"]" * 10**5)], node, [node])
+    bad = d / "payload-not-digests.tar.c4gh"
+    payload = b'{"payload": {"members": {"a.txt": {"sha256": "0"}}}}'
+    corpus.write_package(bad, [("manifest.json", payload), ("a.txt", b"hello")], node, [node])
     good = d / "good.tar.c4gh"
     corpus.write_package(good, [("manifest.json", b"{}"), ("a.txt", b"hello")], node, [node])
-    for package, why in ((last, "first member 'a.txt'"), (deep, "nested too deeply")):
+    for package, why in (
+        (last, "first member 'a.txt'"),
+        (deep, "nested too deeply"),
+        (bad, "not a map of sha256 digests"),
+    ):
         status, _out, err = decant_cli("c4gh", "ls", package, "--key", node.secret_path)
         assert status == FAILED and why in err and "a mount shows it raw" in err, err
     assert decant_cli("c4gh", "ls", good, "--key", node.secret_path)[0] == OK

@@ -35,7 +35,7 @@ from vfs.c4gh.segments import (
     output_pool,
 )
 from vfs.c4gh.tarindex import Member, TarIndex, build_index, shown_name
-from vfs.c4gh.verify import MANIFEST
+from vfs.c4gh.verify import MANIFEST, served_digests
 from vfs.cache import PageCache
 from vfs.decant.limits import parse_json
 from vfs.errors import (
@@ -64,7 +64,6 @@ MAX_WRITERS_FILE = 16 << 20  # of fingerprints (~72 bytes a line)
 DEFAULT_MODE = 0o440  # decrypted data: owner and group read it, "other" only if the operator says
 LOGGED_DROPS = 50  # dropped members named in the log line; the rest are counted
 FINGERPRINT_RE = re.compile(r"sha256:[0-9a-f]{64}")
-DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 
 
 class MemberReader:
@@ -501,20 +500,13 @@ class C4ghBackend:
             raise CorruptArchiveError(f"{name}: manifest.json is not JSON ({exc})") from None
         except (DecantError, ValueError) as exc:  # too deep, too costly, a number too long
             raise CorruptArchiveError(f"{name}: manifest.json cannot be parsed ({exc})") from None
-        if not isinstance(doc, dict):
-            raise CorruptArchiveError(f"{name}: manifest.json is not a JSON object")
-        if "payload" not in doc:
+        try:
+            digests = served_digests(doc)
+        except ValueError as exc:
+            raise CorruptArchiveError(f"{name}: {exc}") from None
+        if not digests and "payload" not in doc:
             log.info("%s: manifest.json records no payload: members are not checked", name)
-            return {}
-        members = doc["payload"].get("members") if isinstance(doc["payload"], dict) else None
-        if not isinstance(members, dict) or not all(
-            isinstance(item, dict) and DIGEST_RE.fullmatch(str(item.get("sha256")))
-            for item in members.values()
-        ):
-            raise CorruptArchiveError(
-                f"{name}: manifest.json's payload.members is not a map of sha256 digests"
-            )
-        return {member: item["sha256"] for member, item in members.items()}
+        return digests
 
 
 def _member_offset(package: str, member: str, entry: Entry) -> int:

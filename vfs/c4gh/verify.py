@@ -31,6 +31,24 @@ DIGEST_RE = re.compile(r"[0-9a-f]{64}")
 READ_CHUNK = 16 * SEGMENT_SIZE
 
 
+def served_digests(doc: Any) -> dict[str, str]:
+    """What a mount checks members against: payload.members' sha256 by member name; {} when
+    the manifest records no payload (the spec allows it). ValueError when the manifest is not
+    an object or its payload is not a map of digests: such a package is not served (a payload
+    that checks nothing would let segments swapped inside a member through)."""
+    if not isinstance(doc, dict):
+        raise ValueError(f"{MANIFEST} is not a JSON object")
+    if "payload" not in doc:
+        return {}
+    members = doc["payload"].get("members") if isinstance(doc["payload"], dict) else None
+    if not isinstance(members, dict) or not all(
+        isinstance(item, dict) and DIGEST_RE.fullmatch(str(item.get("sha256")))
+        for item in members.values()
+    ):
+        raise ValueError(f"{MANIFEST}'s payload.members is not a map of sha256 digests")
+    return {member: item["sha256"] for member, item in members.items()}
+
+
 @dataclass
 class VerifyReport:
     """The outcome: who wrote the package, what it holds, and every problem found."""

@@ -108,7 +108,7 @@ def run_ls(args: argparse.Namespace) -> int:
     """Members with their sizes, in archive order; dropped members and a walk's problems are
     reported on stderr, and a problem (damage) exits 1."""
     from vfs.c4gh.tarindex import build_index
-    from vfs.c4gh.verify import MANIFEST, check_manifest, read_manifest
+    from vfs.c4gh.verify import MANIFEST, check_manifest, read_manifest, served_digests
 
     package = args.package
     header, reader = open_checked(package, _keys(args), args)
@@ -127,6 +127,11 @@ def run_ls(args: argparse.Namespace) -> int:
         problems.append(f"{_name(package)}: {first}, not {MANIFEST}: a mount shows it raw")
     elif unread and _within(index.get(MANIFEST)):
         problems.append(f"{_name(package)}: {unread[0]}: a mount shows it raw")
+    elif doc is not None:
+        try:
+            served_digests(doc)
+        except ValueError as exc:
+            problems.append(f"{_name(package)}: {exc}: a mount shows it raw")
     for problem in problems:
         say(f"decant: {problem}", sys.stderr)
     for name, reason in index.dropped:
