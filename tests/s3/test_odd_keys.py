@@ -101,18 +101,24 @@ def test_plain_keys_pass() -> None:
 
 
 def test_pages_are_bounded(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """A store that never ends its listing is cut off, not followed for ever."""
-    body = (b"<ListBucketResult><IsTruncated>true</IsTruncated>"
-            b"<NextContinuationToken>t</NextContinuationToken></ListBucketResult>")  # fmt: skip
+    """A store that never ends its listing is cut off, not followed for ever (a new token each
+    page; one given twice ends it sooner: tests/unit/test_s3list_bounds.py)."""
+    tokens = iter(range(10**6))
 
     class Reply:
+        def __init__(self) -> None:
+            token = b"t%d" % next(tokens)
+            self.body = (b"<ListBucketResult><IsTruncated>true</IsTruncated><NextContinuationToken>"
+                         + token + b"</NextContinuationToken></ListBucketResult>")  # fmt: skip
+
         def __enter__(self) -> Reply:
             return self
 
         def __exit__(self, *exc: object) -> None:
             pass
 
-        def read(self, n: int) -> bytes:
+        def read1(self, n: int) -> bytes:
+            body, self.body = self.body, b""
             return body
 
     monkeypatch.setattr(s3list, "MAX_PAGES", 5)

@@ -32,12 +32,19 @@ from vfs.mount.index import DescriptionIndex, object_description
 from vfs.mount.tree import SourceTree, index_key
 from vfs.names import name_problem
 from vfs.nodes import Node, archive_node, mirror_node
-from vfs.stores.base import Folder, ObjectInfo, ObjectPath, etag_number, join_key, replaced
+from vfs.stores.base import (
+    MAX_LISTED,
+    Folder,
+    ObjectInfo,
+    ObjectPath,
+    etag_number,
+    join_key,
+    replaced,
+)
 
 log = logging.getLogger(__name__)
 
 DEFAULT_RELIST = 30.0  # seconds; see README "Many hosts, one bucket"
-MAX_LISTED = 1_000_000  # entries of one folder kept; more are left out (and logged)
 MAX_REMEMBERED = 1_000_000  # published objects whose metadata is kept (the latest)
 BATCH_FROM = 32  # a folder listing more objects reads their index rows in one query
 AGE_SCAN_MAX = 100_000  # objects of a folder looked through for one older than an archive

@@ -17,6 +17,11 @@ from typing import Protocol
 
 from vfs.errors import CorruptArchiveError
 
+# Entries of one folder a mount keeps (vfs.mount.buckettree cuts a listing there and logs it);
+# a store lists one more at most, so that the cut is seen, and never gathers more first.
+MAX_LISTED = 1_000_000
+LEVEL_MAX = MAX_LISTED + 1
+
 
 @dataclass(frozen=True)
 class ObjectInfo:

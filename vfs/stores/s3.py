@@ -21,6 +21,7 @@ import os
 import re
 import threading
 import time
+import urllib.error
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
@@ -47,7 +48,7 @@ from vfs.errors import (
     StoreError,
 )
 from vfs.owned import Untrusted, read_trusted
-from vfs.stores.base import ObjectInfo, check_range, join_key, key_problem
+from vfs.stores.base import LEVEL_MAX, ObjectInfo, check_range, join_key, key_problem
 from vfs.stores.diskcache import DiskCache
 from vfs.stores.ranges import Ranges
 from vfs.stores.s3list import Page, Plain, list_pages
@@ -242,6 +243,7 @@ def _plain(bucket: str, options: S3Options) -> Plain:
         env("AWS_SECRET_ACCESS_KEY") or config.get("secret_access_key"),
         env("AWS_SESSION_TOKEN") or config.get("session_token"),
         options.timeout,
+        options.retries,
     )  # fmt: skip
 
 
@@ -779,27 +781,42 @@ class S3Folder:
         return self._list_level(prefix)
 
     def _list_level(self, prefix: str) -> tuple[list[str], list[ObjectInfo]]:
+        """Read a page at a time where the credentials allow (vfs.stores.s3list: bounded,
+        at LEVEL_MAX entries), else by obstore, which gathers every page first."""
+        plain = _plain(self.bucket, self.conn.options)
+        if plain.access_key and plain.secret_key:
+            return self._paged_level(prefix)
         full = self.full_key(prefix)
         try:
             out = obstore.list_with_delimiter(self.client, prefix=full or None)
         except InvalidPathError:  # a key obstore will not parse: list again, without it
-            dirs: list[str] = []
-            files: list[ObjectInfo] = []
-            for page in self._plain_pages(prefix, "/"):
-                more_dirs, more_files = self._plain_level(page)
-                dirs += more_dirs
-                files += more_files
-            return sorted(set(dirs)), sorted(files, key=lambda i: i.key)
+            return self._paged_level(prefix)
         except (BaseError, OSError) as exc:
             raise translate(exc, self.url_of(prefix), "listing:") from None
         return self._level(out, full)
 
-    def _plain_pages(self, prefix: str, delimiter: str | None) -> Iterator[Page]:
+    def _paged_level(self, prefix: str) -> tuple[list[str], list[ObjectInfo]]:
+        dirs: list[str] = []
+        files: list[ObjectInfo] = []
+        for page in self._plain_pages(prefix, "/", LEVEL_MAX):
+            more_dirs, more_files = self._plain_level(page)
+            dirs += more_dirs
+            files += more_files
+        return sorted(set(dirs)), sorted(files, key=lambda i: i.key)
+
+    def _plain_pages(
+        self, prefix: str, delimiter: str | None, limit: int | None = None
+    ) -> Iterator[Page]:
         full = self.full_key(prefix)
         plain = _plain(self.bucket, self.conn.options)
         try:
-            yield from list_pages(plain, full + "/" if full else "", delimiter)
-        except (OSError, ValueError, SyntaxError) as exc:  # ET.ParseError is a SyntaxError
+            yield from list_pages(plain, full + "/" if full else "", delimiter, limit)
+        except urllib.error.HTTPError as exc:  # told as obstore's are: "no such bucket", …
+            said = OSError(f"{exc.code} {exc.reason}")
+            raise translate(said, self.url_of(prefix), "listing:") from None
+        except OSError as exc:
+            raise translate(exc, self.url_of(prefix), "listing:") from None
+        except (ValueError, SyntaxError) as exc:  # ET.ParseError is a SyntaxError
             raise StoreError(f"{self.url_of(prefix)}: listing: {_scrub(str(exc))}") from None
 
     def _plain_level(self, page: Page) -> tuple[list[str], list[ObjectInfo]]:

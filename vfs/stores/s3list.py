@@ -1,11 +1,17 @@
-"""A plain signed ListObjectsV2, for the one case obstore cannot list: a key it will not parse.
+"""A plain signed ListObjectsV2, page by page, bounded: a folder's listing where obstore's is not.
 
-object_store refuses a whole LIST page when one key holds a control character or an empty,
-"." or ".." segment ("Encountered object with invalid path"). S3 allows such keys, and anyone
-who may upload under a prefix can make one: that must not take the mount (or one folder of it)
-down. So the caller falls back to this listing, which skips such keys (the caller logs them)
-and shows the rest. It is only a fallback: one try, no retries, credentials from the same
-variables or profile obstore used (static keys only; no instance metadata).
+obstore's delimited LIST (`list_with_delimiter`) gathers every page before it returns, with no
+bound: a prefix of 300,000 keys cost the daemon 654 MB before the mount could cut it, and a
+store whose listing never ends (a continuation token each page, a pagination bug) grew it by
+~64 MB a second until it was killed (red team 58). Read here a page at a time, a listing stops
+at `limit` entries, at a continuation token the store gave before, and at MAX_PAGES; each page
+is read within a deadline and tried again (`retries`) after a dropped connection or a 5xx.
+
+It also lists the keys obstore refuses a whole page for (a control character, an empty, "." or
+".." segment: "Encountered object with invalid path"), which anyone who may upload under a
+prefix can make: the caller skips those (and logs them) and shows the rest. Credentials are the
+static ones of the same variables or profile obstore used; without them (instance metadata, web
+identity) the caller lists with obstore.
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+import time
+import urllib.error
 import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ET
@@ -21,6 +29,7 @@ from dataclasses import dataclass
 
 MAX_PAGE_BYTES = 32 << 20  # one page of 1,000 keys is well under 1 MiB
 MAX_PAGES = 100_000  # 100 M keys: a store that never ends its listing is cut off
+READ_BLOCK = 64 << 10
 _EMPTY_SHA = hashlib.sha256(b"").hexdigest()
 
 
@@ -47,6 +56,7 @@ class Plain:
     secret_key: str | None
     session_token: str | None
     timeout: float
+    retries: int = 0  # after the first try of a page: a dropped connection, a timeout, a 5xx
 
 
 @dataclass(frozen=True)
@@ -109,13 +119,18 @@ def _parse(body: bytes) -> tuple[Page, str | None]:
     return Page(prefixes, objects), more
 
 
-def list_pages(p: Plain, prefix: str, delimiter: str | None) -> Iterator[Page]:
-    """ListObjectsV2 below `prefix`, page by page (raises OSError or ValueError on failure)."""
+def list_pages(
+    p: Plain, prefix: str, delimiter: str | None, limit: int | None = None
+) -> Iterator[Page]:
+    """ListObjectsV2 below `prefix`, page by page, ending once `limit` entries (prefixes and
+    objects) were given (raises OSError or ValueError on failure)."""
     url = urllib.parse.urlsplit(p.endpoint)
     if url.scheme not in ("http", "https"):
         raise ValueError(f"endpoint {p.endpoint!r} is not http(s)")
     path = "/" + _quote(p.bucket)
     token: str | None = None
+    seen: set[str] = set()
+    given = 0
     for _ in range(MAX_PAGES):
         query = {"list-type": "2", "encoding-type": "url"}
         if prefix:
@@ -124,17 +139,49 @@ def list_pages(p: Plain, prefix: str, delimiter: str | None) -> Iterator[Page]:
             query["delimiter"] = delimiter
         if token:
             query["continuation-token"] = token
-        qs = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
+        page, token = _parse(_fetch(p, url, path, query))
+        yield page
+        given += len(page.prefixes) + len(page.objects)
+        if token is None or (limit is not None and given >= limit):
+            return
+        if token in seen:  # its listing would go round for good
+            raise ValueError("the store gave a continuation token it gave before")
+        seen.add(token)
+    raise ValueError(f"a listing of more than {MAX_PAGES} pages")
+
+
+def _fetch(p: Plain, url: urllib.parse.SplitResult, path: str, query: dict[str, str]) -> bytes:
+    """One page's body, tried `1 + p.retries` times; each within 3 x the timeout, whole."""
+    qs = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
+    for attempt in range(p.retries + 1):
         req = urllib.request.Request(f"{url.scheme}://{url.netloc}{path}?{qs}")
         for name, value in _sign(p, path, query, url.netloc).items():
             if name != "host":
                 req.add_header(name, value)
-        with _OPENER.open(req, timeout=p.timeout) as reply:
-            body = reply.read(MAX_PAGE_BYTES + 1)
-        if len(body) > MAX_PAGE_BYTES:
-            raise ValueError(f"a listing page of more than {MAX_PAGE_BYTES} bytes")
-        page, token = _parse(body)
-        yield page
-        if token is None:
-            return
-    raise ValueError(f"a listing of more than {MAX_PAGES} pages")
+        try:
+            return _read_within(req, p.timeout)
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500 or attempt == p.retries:
+                raise
+        except (OSError, TimeoutError):
+            if attempt == p.retries:
+                raise
+        time.sleep(min(2.0, 0.1 * 2**attempt))
+    raise AssertionError("unreachable")
+
+
+def _read_within(req: urllib.request.Request, timeout: float) -> bytes:
+    """The reply's body, at most MAX_PAGE_BYTES, all of it within 3 x `timeout`: the socket's
+    timeout bounds each read only, and a body trickled a byte at a time never ended."""
+    deadline = time.monotonic() + 3 * timeout
+    parts: list[bytes] = []
+    size = 0
+    with _OPENER.open(req, timeout=timeout) as reply:
+        while block := reply.read1(READ_BLOCK):
+            size += len(block)
+            if size > MAX_PAGE_BYTES:
+                raise ValueError(f"a listing page of more than {MAX_PAGE_BYTES} bytes")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"a listing page took more than {3 * timeout:g} s")
+            parts.append(block)
+    return b"".join(parts)
