@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import http.server
 import importlib.util
 import itertools
 import json
@@ -13,7 +14,8 @@ import sys
 import threading
 import tracemalloc
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
@@ -220,3 +222,18 @@ def tiff_of_shape(width: int, height: int, samples: int) -> bytes:
         packed = struct.pack("<HH", value, 0) if kind == 3 else struct.pack("<I", value)
         out += struct.pack("<HHI", tag, kind, 1) + packed
     return out + b"\0\0\0\0"
+
+
+@contextmanager
+def loopback_http(handler: type[http.server.BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A threaded HTTP server on a free loopback port answering with `handler`; yields its URL.
+    Stopped, and its port closed, on exit."""
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()

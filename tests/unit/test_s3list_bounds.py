@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import http.server
 import itertools
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import pytest
 
+from tests.toolbox import loopback_http
 from vfs.stores import s3list
 from vfs.stores.s3 import S3Folder
 
@@ -53,15 +53,8 @@ def store(answer: Answer) -> Iterator[tuple[str, list[str]]]:
         def log_message(self, *_args: object) -> None:
             pass
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", asked
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with loopback_http(Handler) as url:
+        yield url, asked
 
 
 def plain(endpoint: str, timeout: float = 5, retries: int = 0) -> s3list.Plain:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import http.server
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pytest
 
+from tests.toolbox import loopback_http
 from vfs.stores import s3list
 
 
@@ -30,14 +30,8 @@ def server(reply: int, location: str = "") -> Iterator[tuple[str, list[dict[str,
         def log_message(self, *_args: object) -> None:
             pass
 
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}", seen
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with loopback_http(Handler) as url:
+        yield url, seen
 
 
 def test_a_redirected_listing_is_an_error_and_the_other_host_gets_no_credentials() -> None:
