@@ -159,20 +159,21 @@ step("again", lambda: (make(p["tmp"], b"v3\\n"), os.rename(p["tmp"], p["own"])))
 def test_a_user_s_archive_does_not_take_over_a_name_root_s_archive_presents(
     shared: Shared, unprivileged: User, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Root's `data.zarr.zip` presents `scan.tif`. The user copies in an archive of other bytes
-    named `scan.tif.zarr.zip` (a name free in SRC): of two archives presenting one name, the
-    one named after it used to win, so everyone reading `scan.tif` got the user's bytes."""
+    """Root's `data.zarr.zip` presents `scan.tif`. The user puts an archive of other bytes
+    named `scan.tif.zarr.zip` (a name free in SRC) into the sticky folder: of two archives
+    presenting one name, the one named after it used to win, so everyone reading `scan.tif`
+    got the user's bytes. (Copied in through the mount, it is wrapped in an archive of its
+    own and shown as itself: tests/mount/test_redteam56.py.)"""
     crafted = open_tmp(tmp_path_factory, "crafted")
     _tiff(crafted / "scan.tif", 9)
     pack_file(crafted / "scan.tif", crafted / "scan.tif.zarr.zip")
     (crafted / "scan.tif.zarr.zip").chmod(0o644)
     mnt = shared.m.mnt / "drop"
-    done = unprivileged.run("cp", str(crafted / "scan.tif.zarr.zip"), str(mnt))
+    done = unprivileged.run("cp", str(crafted / "scan.tif.zarr.zip"), str(shared.drop))
     assert done.returncode == 0, done.stderr
-    spooled = shared.drop.parent / ".decant-spool" / "files" / "drop" / "scan.tif.zarr.zip"
-    deadline = time.monotonic() + 20  # published, and the mount switched to it (spool name gone)
-    while not (shared.drop / "scan.tif.zarr.zip").exists() or spooled.exists():
-        assert time.monotonic() < deadline, sorted(os.listdir(shared.drop))
+    deadline = time.monotonic() + 20  # the watcher saw it
+    while "scan.tif.zarr.zip" not in os.listdir(mnt):
+        assert time.monotonic() < deadline, sorted(os.listdir(mnt))
         time.sleep(0.2)
     assert sorted(n for n in os.listdir(mnt) if n.startswith("scan")) == [
         "scan.tif", "scan.tif.zarr.zip"]  # fmt: skip
