@@ -19,6 +19,7 @@ from vfs.errors import DecantError
 from vfs.logsafe import SafeFormatter, escape_controls
 from vfs.mount.config import STATUS_NAME, BucketConfig, MountConfig, parse_fuse_options
 from vfs.mount.described import DESCRIBED_ENTRIES
+from vfs.mount.mountinfo import topmost
 from vfs.owned import resolve_trusting_no_one, swappable_by_others, why_not_own
 from vfs.version import VersionAction
 
@@ -265,18 +266,10 @@ FSTYPE = "fuse.decant-mount"  # what the kernel calls a mount of ours (subtype=d
 
 
 def mount_type(mnt: Path) -> str | None:
-    """The type of the topmost filesystem mounted at `mnt` (from /proc/self/mountinfo; a
-    stale mount, its daemon gone, is still listed), or None when nothing is mounted there."""
-    target = os.path.realpath(mnt)
-    target = target.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011")
-    target = target.replace("\n", "\\012")
-    found = None
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
-        for line in fh:
-            fields = line.split()
-            if len(fields) > 4 and fields[4] == target and " - " in line:
-                found = line.split(" - ", 1)[1].split()[0]  # the last match is the topmost
-    return found
+    """The type of the topmost filesystem mounted at `mnt` (a stale mount, its daemon gone, is
+    still listed), or None when nothing is mounted there."""
+    found = topmost(os.path.realpath(mnt))
+    return found[1] if found is not None else None
 
 
 def unmount(mnt: Path, lazy: bool = False) -> int:

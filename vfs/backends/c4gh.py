@@ -35,7 +35,7 @@ from vfs.c4gh.segments import (
     output_pool,
 )
 from vfs.c4gh.tarindex import Member, TarIndex, build_index, shown_name
-from vfs.c4gh.verify import MANIFEST, served_digests
+from vfs.c4gh.verify import MANIFEST, MAX_MANIFEST, served_digests
 from vfs.cache import PageCache
 from vfs.decant.limits import parse_json
 from vfs.errors import (
@@ -59,7 +59,6 @@ POLICIES = ("warn", "enforce")
 READAHEAD = 8 * PAGE_SIZE  # decrypted ahead of a sequential reader, on every core
 WHOLE_PAGES_READ = 256 << 10  # a read this large loads the pages its read-ahead queued
 DECRYPTERS = min(2, os.cpu_count() or 1)  # threads that decrypt read-ahead pages side by side
-MAX_MANIFEST = 16 << 20
 MAX_WRITERS_FILE = 16 << 20  # of fingerprints (~72 bytes a line)
 DEFAULT_MODE = 0o440  # decrypted data: owner and group read it, "other" only if the operator says
 LOGGED_DROPS = 50  # dropped members named in the log line; the rest are counted

@@ -23,7 +23,7 @@ from vfs.stores.base import ByteSource
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
-MAX_MANIFEST = 16 << 20  # as the mount reads it (vfs/backends/c4gh.py)
+MAX_MANIFEST = 16 << 20  # the largest manifest read (the mount's too: vfs/backends/c4gh.py)
 HEADER_RE = re.compile(r"headers/[^/]+\.vcf")
 CHROMOSOMES = r"(?:[1-9]|1[0-9]|2[0-2]|X|Y|M)"
 PARQUET_RE = re.compile(rf"allele-freq\.chr{CHROMOSOMES}\.[0-9]+\.br[0-9]+\.[^./]+\.parquet")

@@ -108,7 +108,13 @@ def run_ls(args: argparse.Namespace) -> int:
     """Members with their sizes, in archive order; dropped members and a walk's problems are
     reported on stderr, and a problem (damage) exits 1."""
     from vfs.c4gh.tarindex import build_index
-    from vfs.c4gh.verify import MANIFEST, check_manifest, read_manifest, served_digests
+    from vfs.c4gh.verify import (
+        MANIFEST,
+        MAX_MANIFEST,
+        check_manifest,
+        read_manifest,
+        served_digests,
+    )
 
     package = args.package
     header, reader = open_checked(package, _keys(args), args)
@@ -125,7 +131,8 @@ def run_ls(args: argparse.Namespace) -> int:
     if index.first != MANIFEST:  # a mount shows it raw (vfs.backends.c4gh)
         first = "no member" if index.first is None else f"first member {index.first!r}"
         problems.append(f"{_name(package)}: {first}, not {MANIFEST}: a mount shows it raw")
-    elif unread and _within(index.get(MANIFEST)):
+    elif unread and (manifest := index.get(MANIFEST)) and manifest.size <= MAX_MANIFEST:
+        # (one larger costs the members their digests in a mount, not the package)
         problems.append(f"{_name(package)}: {unread[0]}: a mount shows it raw")
     elif doc is not None:
         try:
@@ -139,13 +146,6 @@ def run_ls(args: argparse.Namespace) -> int:
     # A walk that stopped (a segment failing authentication, a truncated TAR) is damage, as
     # `verify` says (it exited 0 here, after its error lines); a name not listed is a refusal.
     return FAILED if problems else OK
-
-
-def _within(manifest: Any) -> bool:
-    """Whether a mount reads this manifest (one larger costs the members their digests only)."""
-    from vfs.c4gh.verify import MAX_MANIFEST
-
-    return manifest is not None and manifest.size <= MAX_MANIFEST
 
 
 def run_verify(args: argparse.Namespace) -> int:

@@ -20,6 +20,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from vfs.mount.mountinfo import topmost
+
 log = logging.getLogger(__name__)
 
 # Under the systemd unit's TimeoutStopSec (30 s), after which it kills without a word; a stop
@@ -28,17 +30,9 @@ STOP_GRACE = 10.0
 
 
 def mounted_device(mnt: Path) -> str | None:
-    """major:minor of the topmost mount at `mnt` (from /proc/self/mountinfo: nothing is asked
-    of the mount itself, whose daemon may not be serving), or None when nothing is mounted."""
-    target = str(mnt).replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011")
-    target = target.replace("\n", "\\012")
-    found = None
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as fh:
-        for line in fh:
-            fields = line.split()
-            if len(fields) > 4 and fields[4] == target:
-                found = fields[2]  # the last match is the topmost mount
-    return found
+    """major:minor of the topmost mount at `mnt`, or None when nothing is mounted there."""
+    found = topmost(mnt)
+    return found[0] if found is not None else None
 
 
 def detach(mnt: Path, device: str) -> None:

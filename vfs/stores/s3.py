@@ -785,30 +785,34 @@ class S3Folder:
         at LEVEL_MAX entries), else by obstore, which gathers every page first."""
         plain = _plain(self.bucket, self.conn.options)
         if plain.access_key and plain.secret_key:
-            return self._paged_level(prefix)
+            return self._paged_level(prefix, plain)
         full = self.full_key(prefix)
         try:
             out = obstore.list_with_delimiter(self.client, prefix=full or None)
         except InvalidPathError:  # a key obstore will not parse: list again, without it
-            return self._paged_level(prefix)
+            return self._paged_level(prefix, plain)
         except (BaseError, OSError) as exc:
             raise translate(exc, self.url_of(prefix), "listing:") from None
         return self._level(out, full)
 
-    def _paged_level(self, prefix: str) -> tuple[list[str], list[ObjectInfo]]:
+    def _paged_level(self, prefix: str, plain: Plain) -> tuple[list[str], list[ObjectInfo]]:
         dirs: list[str] = []
         files: list[ObjectInfo] = []
-        for page in self._plain_pages(prefix, "/", LEVEL_MAX):
+        for page in self._plain_pages(prefix, "/", LEVEL_MAX, plain):
             more_dirs, more_files = self._plain_level(page)
             dirs += more_dirs
             files += more_files
         return sorted(set(dirs)), sorted(files, key=lambda i: i.key)
 
     def _plain_pages(
-        self, prefix: str, delimiter: str | None, limit: int | None = None
+        self,
+        prefix: str,
+        delimiter: str | None,
+        limit: int | None = None,
+        plain: Plain | None = None,
     ) -> Iterator[Page]:
         full = self.full_key(prefix)
-        plain = _plain(self.bucket, self.conn.options)
+        plain = plain or _plain(self.bucket, self.conn.options)
         try:
             yield from list_pages(plain, full + "/" if full else "", delimiter, limit)
         except urllib.error.HTTPError as exc:  # told as obstore's are: "no such bucket", …
