@@ -126,3 +126,32 @@ def test_a_bucket_folder_is_listed_a_page_at_a_time_and_cut_past_the_mount_s_bou
         dirs, files = folder.list_dir("")
     assert dirs == [] and len(files) == 3000 and len(asked) == 3
     assert files[0].key == "k0000-0000"
+
+
+def test_an_answer_that_is_not_http_is_tried_again_then_a_connection_error() -> None:
+    """A status line damaged on the way (b"\\x08TTP/1.1 200 OK"): http.client's BadStatusLine
+    is no OSError, and it reached the mount as a traceback and an "unexpected error" (EIO) of
+    the lookup the listing served."""
+    answers = iter([b"\x08TTP/1.1 200 OK\r\n\r\n", None])
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            raw = next(answers, b"\x08TTP/1.1 200 OK\r\n\r\n")
+            if raw is not None:
+                self.wfile.write(raw)
+                self.close_connection = True
+                return
+            body = page(["p/a"], None)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: object) -> None:
+            pass
+
+    with loopback_http(Handler) as endpoint:
+        pages = list(s3list.list_pages(plain(endpoint, retries=1), "p/", "/"))
+        assert [o[0] for o in pages[0].objects] == ["p/a"]
+        with pytest.raises(ConnectionError, match="malformed answer"):
+            list(s3list.list_pages(plain(endpoint), "p/", "/"))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import hmac
+import http.client
 import time
 import urllib.error
 import urllib.parse
@@ -166,6 +167,11 @@ def _fetch(p: Plain, url: urllib.parse.SplitResult, path: str, query: dict[str, 
         except (OSError, TimeoutError):
             if attempt == p.retries:
                 raise
+        except http.client.HTTPException as exc:
+            # An answer that is not HTTP (a status line or chunk damaged on the way): a
+            # traceback in the log, and the lookup it served failed "unexpectedly", before.
+            if attempt == p.retries:
+                raise ConnectionError(f"a malformed answer ({type(exc).__name__})") from None
         time.sleep(min(2.0, 0.1 * 2**attempt))
     raise AssertionError("unreachable")
 
