@@ -296,6 +296,21 @@ class PageCache:
             for key in [k for k in self._data if isinstance(k, tuple) and k and k[0] == prefix]:
                 self._bytes -= self._data.pop(key)[1]
 
+    def discard_source(self, name: str) -> None:
+        """Drop the pages of the archive at `name` (a URL) or below it (a folder archive's),
+        whatever version: keys whose first element is an identity led by such a name."""
+
+        def of(key: Hashable) -> bool:
+            head = key[0] if isinstance(key, tuple) and key else None
+            first = head[0] if isinstance(head, tuple) and head else None
+            return isinstance(first, str) and (
+                first.rstrip("/") == name or first.startswith(name + "/")
+            )
+
+        with self._lock:
+            for key in [k for k in self._data if of(k)]:
+                self._bytes -= self._data.pop(key)[1]
+
     def discard(self, key: Hashable) -> None:
         """Drop one value (a plane a forward reader has passed), its buffer offered for reuse."""
         with self._lock:

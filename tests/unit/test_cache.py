@@ -391,3 +391,19 @@ def _hold(gate: object, n: int, name: str, order: list[str]) -> None:
     with gate.held(n):  # type: ignore[attr-defined]
         order.append(name)
         time.sleep(0.01)
+
+
+def test_discard_source_drops_every_page_of_an_archive_and_of_one_below_it_alone() -> None:
+    """A bucket archive refused for bytes damaged on the way: its decoded pages go, of every
+    version (identity tuples led by its URL), and a folder archive's (led by URL/)."""
+    cache = PageCache(1 << 20)
+    zip_id = ("s3://b/x.tif.zarr.zip", "etag", 10, 1.0)
+    dir_id = ("s3://b/d.zarr/", "m", 1)
+    keys = [(zip_id, "p", 0), (zip_id, "husk", "h", 0), (dir_id, "p", 1),
+            (("s3://b/x.tif.zarr.zip2", "e", 1, 1.0), "p", 0), ("c4gh", 1), "plain"]  # fmt: skip
+    for key in keys:
+        cache.put(key, b"v" * 10)
+    cache.discard_source("s3://b/x.tif.zarr.zip")
+    cache.discard_source("s3://b/d.zarr")
+    assert [key in cache for key in keys] == [False, False, False, True, True, True]
+    assert cache.current_bytes == 30

@@ -124,3 +124,40 @@ def test_the_cache_keeps_to_the_real_folder_it_checked(tmp_path: Path) -> None:
     link.symlink_to(tmp_path / "elsewhere")  # repointed after the check
     assert cache.get(key, 4) == b"ours"
     assert not (tmp_path / "elsewhere" / "cache").exists()
+
+
+def test_forget_drops_what_this_run_kept_of_an_object_and_of_objects_below_it(
+    tmp_path: Path,
+) -> None:
+    """A range damaged on the way was kept with the checksum of its damaged bytes: the mount
+    forgets an archive that failed (red team 58, F4). A zip is one object; a folder archive's
+    chunks are objects below its name. Others stay, a name that only starts alike too."""
+    cache = DiskCache(tmp_path / "c", 1 << 20)
+    keys = {}
+    for owner in ("s3://b/x.zip", "s3://b/d.zarr/0/0", "s3://b/d.zarr/1/0", "s3://b/x.zip2"):
+        keys[owner] = DiskCache.key(owner, "e", 0, 4)
+        cache.put(keys[owner], b"data", owner)
+    got = DiskCache.key("s3://b/y.zip", "e", 0, 4)
+    DiskCache(tmp_path / "c", 1 << 20).put(got, b"kept", "")  # before a restart: not owned yet
+    assert cache.forget("s3://b/y.zip") == 0
+    assert cache.get(got, 4, "s3://b/y.zip") == b"kept"  # owned once got
+    assert cache.forget("s3://b/x.zip") == 1
+    assert cache.forget("s3://b/d.zarr") == 2
+    assert cache.forget("s3://b/y.zip") == 1
+    assert cache.get(keys["s3://b/x.zip"], 4) is None
+    assert cache.get(keys["s3://b/d.zarr/1/0"], 4) is None
+    assert cache.get(got, 4) is None
+    assert cache.get(keys["s3://b/x.zip2"], 4) == b"data"
+    assert cache.total == 4 + TRAILER
+
+
+def test_what_it_remembers_for_forget_is_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("vfs.stores.diskcache.MAX_OWNED", 10)
+    cache = DiskCache(tmp_path / "c", 1 << 20)
+    for i in range(30):
+        cache.put(DiskCache.key(f"s3://b/{i}", "e", 0, 1), b"x", f"s3://b/{i}")
+    assert sum(len(keys) for keys in cache._owned.values()) <= 10
+    assert cache.forget("s3://b/29") == 1  # the most recent are remembered
+    assert cache.forget("s3://b/0") == 0

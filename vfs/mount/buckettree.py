@@ -97,6 +97,19 @@ class BucketTree(SourceTree):
         """Nothing to describe again: an object's description is kept by its ETag, and the
         bytes under one ETag do not change (a GET of other bytes fails its If-Match)."""
 
+    def refusal_hold(self, node: Node) -> float:
+        """One relist interval: the bytes may have been damaged on the way, not in the store,
+        and the object keeps its ETag then (red team 58, F4)."""
+        return self.relist
+
+    def refetch(self, node: Node) -> bool:
+        """The ranges of `node`'s archive kept in --disk-cache go: one damaged on the way was
+        kept with a checksum of its damaged bytes, and served again after every restart."""
+        forget = getattr(self.folder, "forget_fetched", None)
+        if forget is not None:
+            forget(str(node.real))
+        return True
+
     def root_node(self) -> Node:
         return mirror_node(self.root, self._dir_stat(""), False)
 

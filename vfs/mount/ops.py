@@ -295,6 +295,8 @@ class DecantOperations(pyfuse3.Operations):
         self.integrity = Integrity(self._is_verified, self._mark_verified, self._open_reader,
                                    self._forget_verified)  # fmt: skip
         self.integrity.doubt = tree.doubt
+        self.integrity.hold = tree.refusal_hold
+        self.integrity.refetch = self._refetch
         self.reads = Reads(self.integrity, config.decode_threads)
         self._handles: dict[int, OpenFile] = {}
         self._next_fh = 1
@@ -1001,6 +1003,12 @@ class DecantOperations(pyfuse3.Operations):
             # A finer map of the same bytes (the reads of a scrub noted block entries that a
             # map recorded before them lacks): small reads then check just what they decode.
             index.put_digests(path, stamp, seen)
+
+    def _refetch(self, node: Node) -> None:
+        """A refused file's bytes kept from its store go (the tree's, the decoded pages), so
+        that its next try reads it afresh. A worker thread's."""
+        if self.tree.refetch(node) and self.cache is not None:
+            self.cache.discard_source(str(node.real))
 
     def _forget_verified(self, node: Node) -> None:
         if self.tree.index is not None:

@@ -10,6 +10,7 @@ import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import sqlite3
 import stat
@@ -543,6 +544,15 @@ class SourceTree:
             except sqlite3.Error as exc:
                 self._log_once(node.real, f"{node.real}: not forgotten in the index ({exc})")
         self.racy.doubt(node.real, node.version, node.uid)
+
+    def refusal_hold(self, node: Node) -> float:
+        """How long a failed verification of `node` is held (vfs.mount.refusals): until its
+        archive changes. Its bytes are this disk's."""
+        return math.inf
+
+    def refetch(self, node: Node) -> bool:
+        """Drop what is kept of `node`'s bytes from a slower store; whether there was one."""
+        return False
 
     def _indexed(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:
         if self.index is None:

@@ -19,6 +19,11 @@ the other range was served, exit 0), is dropped and fetched again, never served.
 daemon's user may write the folder: one another user can write would let them plant ranges
 (their names are hashes anyone can compute) or links to files they may not read; such a folder
 is refused at start. Entries are opened without following links and made 0600.
+A range damaged on the way (a flipped bit over plain http) is kept with the checksum of its
+damaged bytes, so the mount asks the cache to `forget` an archive that failed its verification:
+the entries this run got or put for its objects are dropped. Which entries those are is kept in
+memory only (the names are hashes): after a restart, one damaged range fails a verification
+once more, and is forgotten then.
 Every method is thread-safe.
 """
 
@@ -31,6 +36,7 @@ import os
 import re
 import stat
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import xxhash
@@ -43,6 +49,7 @@ log = logging.getLogger(__name__)
 MAX_ENTRY = 64 << 20  # larger ranges are not cached
 TRAILER = 8  # each entry's bytes are followed by the xxh3-64 of its key and them, little-endian
 _ENTRY = re.compile(r"[0-9a-f]{64}")  # an entry's name: its key (`DiskCache.key`)
+MAX_OWNED = 50_000  # entries remembered by object for `forget` (~7 MB at most); oldest go first
 _TEMP = re.compile(r"\.tmp-[0-9a-f]{64}-[0-9]+")  # an entry being written (`DiskCache.put`)
 
 
@@ -53,6 +60,8 @@ class DiskCache:
         self.hits = self.misses = 0
         self._lock = threading.Lock()
         self._sizes: dict[str, int] = {}  # entry: its size on disk (bytes and trailer)
+        self._owned: OrderedDict[str, set[str]] = OrderedDict()  # object → entries (`forget`)
+        self._owned_count = 0
         # Only names this cache writes are counted, evicted or cleaned up: the folder may hold
         # other files (a folder the operator also keeps things in, another tool's cache), and
         # every file there was once taken for an entry, so a start deleted the oldest of them
@@ -75,7 +84,8 @@ class DiskCache:
             text += f"\0{modified!r}"
         return hashlib.sha256(text.encode()).hexdigest()
 
-    def get(self, key: str, size: int) -> bytes | None:
+    def get(self, key: str, size: int, owner: str = "") -> bytes | None:
+        """The entry's bytes, or None. `owner`: the object's name (see `forget`)."""
         path = self.folder / key
         try:
             fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -100,9 +110,11 @@ class DiskCache:
         with contextlib.suppress(OSError):
             os.utime(path, follow_symlinks=False)  # recently used
         self.hits += 1
+        if owner:
+            self._own(owner, key)
         return data
 
-    def put(self, key: str, data: bytes | memoryview) -> None:
+    def put(self, key: str, data: bytes | memoryview, owner: str = "") -> None:
         if len(data) > MAX_ENTRY or len(data) + TRAILER > self.max_bytes:
             return
         tmp = self.folder / f".tmp-{key}-{threading.get_ident()}"
@@ -125,7 +137,33 @@ class DiskCache:
         with self._lock:
             self._total += len(data) + TRAILER - self._sizes.get(key, 0)
             self._sizes[key] = len(data) + TRAILER
+        if owner:
+            self._own(owner, key)
         self._evict()
+
+    def _own(self, owner: str, key: str) -> None:
+        with self._lock:
+            keys = self._owned.get(owner)
+            if keys is None:
+                keys = self._owned[owner] = set()
+            else:
+                self._owned.move_to_end(owner)
+            if key not in keys:
+                keys.add(key)
+                self._owned_count += 1
+            while self._owned_count > MAX_OWNED and self._owned:
+                self._owned_count -= len(self._owned.popitem(last=False)[1])
+
+    def forget(self, name: str) -> int:
+        """Drop the entries this run got or put for the object `name` or the objects below it
+        (a folder archive's); returns how many."""
+        with self._lock:
+            owners = [o for o in self._owned if o == name or o.startswith(name + "/")]
+            keys = [key for o in owners for key in self._owned.pop(o)]
+            self._owned_count -= len(keys)
+        for key in keys:
+            self._drop(key)
+        return len(keys)
 
     def _drop(self, key: str) -> None:
         with contextlib.suppress(OSError):

@@ -499,10 +499,10 @@ class S3Object:
         # an http:// one) says: another store's bytes were served as this one's.
         url = f"{conn.endpoint} {self.name}"
         key = cache.key(url, self.info.etag, offset, size, self.info.mtime)
-        data = cache.get(key, size)
+        data = cache.get(key, size, self.name)
         if data is None:
             data = self._get(offset, size)
-            cache.put(key, data)
+            cache.put(key, data, self.name)
         return data
 
     def _get(self, offset: int, size: int) -> Buffer:
@@ -756,6 +756,13 @@ class S3Folder:
 
     def sub(self, prefix: str) -> S3Folder:
         return S3Folder(self.url_of(prefix), connection=self.conn)
+
+    def forget_fetched(self, url: str) -> None:
+        """Ranges of the object at `url`, or below it, kept in --disk-cache go: they are
+        fetched again (vfs.stores.diskcache.DiskCache.forget)."""
+        cache = self.conn.disk_cache
+        if cache is not None and (dropped := cache.forget(url)):
+            log.info("%s: %d ranges kept in the disk cache dropped; fetched again", url, dropped)
 
     def _relative(self, path: str) -> str:
         return path[len(self.prefix) + 1 :] if self.prefix else path

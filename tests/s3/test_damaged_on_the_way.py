@@ -1,0 +1,109 @@
+"""Bytes of a bucket archive damaged on the way (a flipped bit over plain http, a broken proxy):
+the archive is refused for one --relist interval, not until a restart, and what was kept of it
+(--disk-cache ranges, decoded pages) is dropped, so that the next try reads the store's bytes
+(red team 58, F4: refused until a restart, and after it served from the damaged range kept)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import obstore
+import pytest
+import tifffile
+
+from tests.mount.conftest import HAVE_FUSE
+from tests.s3.conftest import MountFactory, S3Bucket, client
+from tests.s3.stall import StallingProxy, _shut
+from vfs.decant.packer import PackOptions, pack_file
+
+pytestmark = [
+    pytest.mark.mount,
+    pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3"),
+]
+
+EVERY = 256 << 10  # while armed, one bit of every EVERY bytes answered is flipped,
+FIRST = 50_000  # the first this far in: past the small answers (HEAD, LIST) a connection opens with
+
+
+class FlippingProxy(StallingProxy):
+    """Passes everything on; while armed, flips one bit in each EVERY bytes of the answers
+    (a chunk of the archive here holds ~800 KB)."""
+
+    def __init__(self, upstream: int) -> None:
+        super().__init__(upstream, b"\0")
+        self.armed = False
+        self.flips = 0
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        seen = 0
+        with contextlib.suppress(OSError):
+            while data := src.recv(1 << 16):
+                if self.armed:
+                    damaged = bytearray(data)
+                    for at in range((FIRST - seen) % EVERY, len(data), EVERY):
+                        damaged[at] ^= 0x40
+                        self.flips += 1
+                    data = bytes(damaged)
+                seen += len(data)
+                dst.sendall(data)
+        _shut(src, dst)
+
+    def _upstream(self, client: socket.socket, server: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(1 << 16):
+                server.sendall(data)
+        _shut(client, server)
+
+
+@pytest.mark.parametrize("index", ["verified in the index", "fresh index"])
+def test_an_archive_damaged_on_the_way_is_read_again_after_one_relist(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path, index: str
+) -> None:
+    rng = np.random.default_rng(58)
+    tif = tmp_path / "stack.tif"
+    tifffile.imwrite(tif, rng.integers(0, 4096, (6, 512, 1024), dtype=np.uint16))
+    original = tif.read_bytes()
+    archive = pack_file(tif, tmp_path / "stack.tif.zarr.zip", PackOptions()).archive
+    obstore.put(client(s3_bucket), s3_bucket.key("stack.tif.zarr.zip"), archive.read_bytes())
+    proxy = FlippingProxy(int(s3_bucket.endpoint.rsplit(":", 1)[1]))
+    cache = tmp_path / "disk-cache"
+    args = ("--disk-cache", str(cache), "--relist", "3", "--s3-endpoint", proxy.endpoint)
+    try:
+        if index.startswith("verified"):
+            m = bucket_mount(s3_bucket.url(), *args, name="m2")
+            assert (m.mnt / "stack.tif").read_bytes() == original
+            m.stop()
+            for entry in cache.iterdir():  # read from the store again, through the proxy
+                entry.unlink()
+        m2 = bucket_mount(s3_bucket.url(), *args, name="m2")
+        assert (m2.mnt / "stack.tif").stat().st_size == len(original)  # described: its tail
+        proxy.armed = True
+        with pytest.raises(OSError) as err:  # the read that meets the damage
+            (m2.mnt / "stack.tif").read_bytes()
+        assert err.value.errno == errno.EIO and proxy.flips
+        deadline = time.monotonic() + 20
+        while os.getxattr(m2.mnt / "stack.tif", "user.decant.verified") != b"no":
+            assert time.monotonic() < deadline, "not refused: " + m2.log.read_text()[-3000:]
+            time.sleep(0.1)
+        proxy.armed = False  # the store's bytes come through again
+        deadline = time.monotonic() + 20  # the refusal holds 3 s; a verification may run
+        while True:
+            try:
+                got = (m2.mnt / "stack.tif").read_bytes()
+                break
+            except OSError as exc:
+                assert exc.errno == errno.EIO
+                assert time.monotonic() < deadline, "refused: " + m2.log.read_text()[-3000:]
+                time.sleep(0.5)
+        assert got == original
+        m2.stop()
+        m3 = bucket_mount(s3_bucket.url(), *args, name="m2")  # a restart, with the ranges kept
+        assert (m3.mnt / "stack.tif").read_bytes() == original
+    finally:
+        proxy.close()
