@@ -8,6 +8,7 @@ import errno
 import hashlib
 import io
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -425,3 +426,75 @@ def test_a_failed_relist_says_how_old_the_listing_shown_is(
         assert sorted(tree.scan(tree.root)) == ["a.bin"]
     said = [r.getMessage() for r in caplog.records if "cannot list" in r.getMessage()]
     assert len(said) == 1 and said[0].endswith("showing the listing of 0 s ago"), said
+
+
+def test_an_archive_left_out_is_tried_again_at_the_next_relist_of_the_same_listing(
+    archive: tuple[str, bytes],
+) -> None:
+    """It was "described again at the next listing" only if that listing differed: a folder
+    whose LIST stayed the same kept it out until a restart (seen with a proxy flipping bits)."""
+    name, data = archive
+    bucket = OneKeyRefused({f"{name}.zarr.zip": data, "a.txt": b"1"})
+    bucket.refused = f"{name}.zarr.zip"
+    tree = make_tree(bucket)
+    first = tree.stamp_folder(tree.root)
+    assert sorted(tree.scan(tree.root)) == ["a.txt"]
+    bucket.refused = ""
+    tree.expire()
+    assert tree.stamp_folder(tree.root) == first + 1  # the same LIST: presented afresh
+    assert sorted(tree.scan(tree.root)) == ["a.txt", name]
+    tree.expire()
+    assert tree.stamp_folder(tree.root) == first + 1  # settled
+
+
+class DamagedOnTheWay(FakeBucket):
+    """Serves `damaged` keys with their end-of-central-directory record flipped, as a proxy
+    flipping a bit would (under the same ETag); counts opens, and what it was told to forget."""
+
+    def __init__(self, files: dict[str, bytes]) -> None:
+        super().__init__(files)
+        self.damaged: set[str] = set()
+        self.opens = 0
+        self.forgot: list[str] = []
+
+    def open(self, key: str) -> Blob:
+        self.opens += 1
+        blob = super().open(key)
+        if key in self.damaged:
+            flipped = bytearray(blob.data)
+            flipped[-22] ^= 0x40
+            blob.data = bytes(flipped)
+        return blob
+
+    def forget_fetched(self, url: str) -> None:
+        self.forgot.append(url)
+
+
+def test_an_archive_shown_raw_in_a_bucket_is_described_again_later_and_less_often(
+    archive: tuple[str, bytes],
+) -> None:
+    """A local archive that does not parse is shown raw until it changes; a bucket's may have
+    been damaged on the way under its ETag: described again after one relist interval, then
+    after twice as long at each failure (not a GET per junk archive every interval), its
+    ranges kept in --disk-cache let go each time."""
+    name, data = archive
+    bucket = DamagedOnTheWay({f"{name}.zarr.zip": data})
+    bucket.damaged.add(f"{name}.zarr.zip")
+    tree = make_tree(bucket)
+    tree.relist = 0.2
+
+    def shown() -> list[str]:
+        tree.expire()
+        tree.stamp_folder(tree.root)
+        return sorted(tree.scan(tree.root))
+
+    assert shown() == [f"{name}.zarr.zip"] and bucket.opens == 1
+    assert bucket.forgot == [f"{bucket.name}/{name}.zarr.zip"]
+    assert shown() == [f"{name}.zarr.zip"] and bucket.opens == 1  # held for 0.2 s
+    time.sleep(0.25)
+    assert shown() == [f"{name}.zarr.zip"] and bucket.opens == 2  # failed again: held 0.4 s
+    time.sleep(0.25)
+    assert shown() == [f"{name}.zarr.zip"] and bucket.opens == 2
+    bucket.damaged.clear()
+    time.sleep(0.2)
+    assert shown() == [name] and bucket.opens == 3

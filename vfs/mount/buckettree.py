@@ -49,6 +49,8 @@ MAX_REMEMBERED = 1_000_000  # published objects whose metadata is kept (the late
 BATCH_FROM = 32  # a folder listing more objects reads their index rows in one query
 AGE_SCAN_MAX = 100_000  # objects of a folder looked through for one older than an archive
 MAX_AGES = 10_000  # folders whose oldest object is kept (for `relist` seconds)
+MAX_RAW = 100_000  # archives remembered as shown raw (then forgotten all at once)
+RAW_HOLD_MAX = 3600.0  # one failing again and again is described once an hour
 
 
 @dataclass
@@ -59,6 +61,9 @@ class _Listing:
     generation: int = 1
     failed: bool = False
     pruned: bool = False  # the index's rows of objects it does not hold forgotten (scan)
+    # An archive of it was left out or shown raw: the next listing is presented afresh (a new
+    # generation) even if the LIST is the same, so that archive is tried again.
+    unsettled: bool = False
     listed: float = float("-inf")  # time.monotonic() of the LIST it holds (`at` is reset)
 
 
@@ -81,6 +86,8 @@ class BucketTree(SourceTree):
         self._started_ns = time.time_ns()
         self._root_url = str(root)
         self._scanning = threading.local()  # the listing a worker thread's scan presents
+        # URL → (identity, until when, for how long) of archives shown raw: see `_shown_raw`.
+        self._raw: dict[str, tuple[tuple[object, ...], float, float]] = {}
         # folder key → (when listed, oldest upload time seen, how the LIST ended): _oldest
         self._ages: dict[str, tuple[float, float, str]] = {}
         # (key, ETag) → (mode, uid, gid, mtime_ns) of the spooled file this host published
@@ -105,10 +112,13 @@ class BucketTree(SourceTree):
     def refetch(self, node: Node) -> bool:
         """The ranges of `node`'s archive kept in --disk-cache go: one damaged on the way was
         kept with a checksum of its damaged bytes, and served again after every restart."""
+        self.forget_fetched(node.real)
+        return True
+
+    def forget_fetched(self, path: Path) -> None:
         forget = getattr(self.folder, "forget_fetched", None)
         if forget is not None:
-            forget(str(node.real))
-        return True
+            forget(str(path))
 
     def root_node(self) -> Node:
         return mirror_node(self.root, self._dir_stat(""), False)
@@ -235,7 +245,8 @@ class BucketTree(SourceTree):
         with self._lock:
             old = self._listings.get(prefix)
             fresh = _Listing(now, dirs, files, old.generation if old else 1, listed=now)
-            if old is not None and (old.dirs != dirs or _ids(old.files) != _ids(files)):
+            if old is not None and (old.unsettled or old.dirs != dirs
+                                    or _ids(old.files) != _ids(files)):  # fmt: skip
                 fresh.generation = old.generation + 1
             if old is not None and old.failed:
                 log.info("%s: listing again", self.folder.name)
@@ -277,11 +288,13 @@ class BucketTree(SourceTree):
         self._scanning.infos = infos
         # Many archives: their index rows are read together (one query per backend).
         self._scanning.batch = {"": str(folder)} if len(infos) > BATCH_FROM else None
+        self._scanning.unsettled = False
         try:
             out, _regular = self._present(folder, found)
         finally:
             self._scanning.infos = {}
             self._scanning.batch = None
+            listing.unsettled = self._scanning.unsettled
         if self.spool is not None:
             out.update(self._spooled(folder))
         self._prune(folder, listing)
@@ -520,13 +533,44 @@ class BucketTree(SourceTree):
             cached = self._indexed(url, key, info)
             if cached is not None:
                 return cached
-        desc = self._describe_fresh(backend, path)
-        if desc is not None and self.index is not None:
+        held = self._raw.get(url)
+        if held is not None and held[0] == info.identity and held[1] > time.monotonic():
+            self._scanning.unsettled = True
+            return None
+        try:
+            desc = self._describe_fresh(backend, path)
+        except DecantError:
+            self._scanning.unsettled = True  # left out: tried again at the next listing
+            raise
+        if desc is None:
+            self._shown_raw(path, info.identity, held)
+        elif self.index is not None:
             try:
                 self.index.put_object(url, key, info, desc)
             except Exception as exc:  # sqlite3.Error, ValueError, RecursionError: re-described
                 self._log_once(path, f"{path}: not kept in the index ({exc})")
         return desc
+
+    def _shown_raw(
+        self,
+        path: ObjectPath,
+        identity: tuple[object, ...],
+        held: tuple[tuple[object, ...], float, float] | None,
+    ) -> None:
+        """The archive at `path` could not be described: shown raw for one relist interval,
+        twice as long at each failure of the same version after that, up to RAW_HOLD_MAX.
+        Its bytes may have been damaged on the way, under its ETag (a proxy, plain http); it
+        was shown raw until the folder's LIST changed, and its damaged ranges kept in
+        --disk-cache (with a checksum of the damage) failed it again after every restart.
+        They go, so that it is described again from the store."""
+        hold = self.relist
+        if held is not None and held[0] == identity:
+            hold = min(2 * held[2], max(self.relist, RAW_HOLD_MAX))
+        if len(self._raw) >= MAX_RAW:
+            self._raw.clear()
+        self._raw[str(path)] = (identity, time.monotonic() + hold, hold)
+        self._scanning.unsettled = True
+        self.forget_fetched(path)
 
 
 @dataclass(frozen=True)
