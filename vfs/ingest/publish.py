@@ -335,9 +335,11 @@ def _link_into_place(
                             os.replace(name, final.name, src_dir_fd=there, dst_dir_fd=dfd)
                         finally:
                             _unlink(staged, there)
-                if mode == "plain":
-                    doomed.append(set_aside(spool, shadowed, dfd))  # an archive of the name
-                    doomed.append(_set_aside_shown_folder(spool, relpath, final, dfd))
+                # An archive of the name goes, "already" too: linked before a crash that fell
+                # before this, it was left, shown under its archive name with the older bytes,
+                # and came back under the name when the file was deleted (red team 59, F2).
+                doomed.append(set_aside(spool, shadowed, dfd))
+                doomed.append(_set_aside_shown_folder(spool, relpath, final, dfd))
                 placed = os.stat(final.name, dir_fd=dfd, follow_symlinks=False)
                 spool.mark_placed(relpath, placed)
             finally:
@@ -484,6 +486,7 @@ def _publish_archive(
     # Hashing first only pays when an archive is there: a restart after publish, pre-cleanup.
     if target.is_file() and _archive_holds(target, st, sha or file_sha256(via, progress)):
         _take_metadata(spool, relpath, target, st, durable, access_acl(via))
+        _finish_placing(spool, relpath, st, target, folder / name)
         return Published(relpath, target, "already", signature=signature(st), synced=durable)
     need = st.st_blocks * 512 + SPACE_MARGIN
     require_space(folder, need, f"needs about {size_text(need)} free to pack")
@@ -585,6 +588,35 @@ def _take_metadata(
                 os.close(fd)
     finally:
         os.close(dfd)
+
+
+def _finish_placing(
+    spool: Spool, relpath: str, st: os.stat_result, final: Path, shadowed: Path
+) -> None:
+    """The file's archive found in place after a restart (`already`): what `place` sets
+    aside just after its rename (the plain file of the name the archive replaces) goes now,
+    as it would have then. A crash between the two left it: it showed its older bytes under
+    the name, the new original under the archive's name, and a second `rsync -a` failed
+    with EEXIST (red team 59, F1). Under the placing lock, only while the spooled file is
+    unchanged, and only what publishing it may replace (`_refuse_unchecked`)."""
+    doomed: list[Path | None] = []
+    dfd = parent_fd(spool.src, final)
+    try:
+        with _PLACING:
+            if signature(stat_beneath(spool.files, spool.path(relpath))) != signature(st):
+                raise SourceChangedError(spool.path(relpath))
+            _refuse_unchecked(spool, relpath, (final, shadowed), dfd, None, st.st_uid)
+            before = os.stat(dfd)
+            try:
+                doomed.append(set_aside(spool, shadowed, dfd))
+                original = final.with_name(PurePosixPath(relpath).name)
+                doomed.append(_set_aside_shown_folder(spool, relpath, original, dfd))
+            finally:
+                os.utime(_fd_path(dfd), ns=(before.st_atime_ns, before.st_mtime_ns))
+    finally:
+        os.close(dfd)
+    for path in doomed:
+        remove_tree(path)
 
 
 def _read_whole(source: Path, st: os.stat_result) -> bytes:

@@ -300,6 +300,24 @@ class Spool:
         """`publish` if the file has settled on disk; never raises (see `publish.attempt`)."""
         return attempt(self, relpath, pack_all, options, settle, cancel)
 
+    def set_aside(self, relpath: str) -> Path | None:
+        """Move the spooled file `relpath` to a staging name, for the caller to delete once the
+        rename of a real file over its name is made (or to put back if that fails): a crash
+        in between loses only what the rename replaces (`clear_staging` deletes it at the next
+        start). Dropped after the rename instead, a crash between the two left the spooled
+        file in place, and the next start published it over the renamed file: its bytes were
+        gone (red team 59, F3). None if there is none, or it cannot be moved there."""
+        path = self.path(relpath)
+        try:
+            if not stat.S_ISREG(os.lstat(path).st_mode):
+                return None
+            self.staging.mkdir(parents=True, exist_ok=True)
+            aside = self.staging / temp_name("replaced")
+            os.rename(path, aside)
+        except OSError:
+            return None  # dropped after the rename, as `discard` does
+        return aside
+
     def clear_staging(self) -> list[Path]:
         """What a crash left in the staging folder: never published, safe to delete."""
         removed = []

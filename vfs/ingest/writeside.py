@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import stat
 from collections.abc import Iterator
@@ -51,7 +52,12 @@ class Attrs:
     mtime_ns: int | None = None
 
 
+log = logging.getLogger(__name__)
+
 ADOPTED_PRUNE = 1024  # marks of published files being rewritten kept before a prune
+# In the spool's own folder: the (st_dev, st_ino) of each published file moved into the spool
+# to be written, one per line, so that the mark survives a restart (see WriteSide._adopted).
+ADOPTED_JOURNAL = "adopted"
 
 
 class WriteSide:
@@ -70,9 +76,15 @@ class WriteSide:
         # Published files moved back into the spool to be written (`open_for_write`), by
         # relpath, with the identity of the spooled file: without --allow-delete, deleting one
         # deletes a published file and is refused like any. Checked against the spool on use
-        # (a published or replaced one no longer matches) and pruned as it grows.
+        # (a published or replaced one no longer matches) and pruned as it grows. Kept in
+        # memory only, a restart while one was spooled let its deletion through without
+        # --allow-delete (red team 59, F4): each is noted in a journal in the spool's folder
+        # too, and found again at start by its identity (`_load_adopted`).
         self._adopted: dict[str, tuple[int, int]] = {}
         self._adopted_prune_at = ADOPTED_PRUNE
+        self._journal = spool.files.parent / ADOPTED_JOURNAL
+        if not allow_delete:
+            self._load_adopted()
         self.writers = Writers()  # marks spooled files while open for writing: see writing.py
 
     def _need_room(self, nbytes: int, what: str) -> None:
@@ -260,16 +272,26 @@ class WriteSide:
                 # renamed over in SRC, it would be replaced and those files published into
                 # the folder moved there (or the spool's rename fail after SRC's was made).
                 raise refuse(errno.ENOTEMPTY, f"{target}: holds files not yet published")
-            os.rename(node.real.name, target.name, src_dir_fd=sfd, dst_dir_fd=dfd)
+            # A spooled file at the new name goes first (Spool.set_aside): a crash between
+            # the two steps must not leave it to be published over the renamed file.
+            aside = None if node.is_dir else self.spool.set_aside(new_rel)
+            try:
+                os.rename(node.real.name, target.name, src_dir_fd=sfd, dst_dir_fd=dfd)
+            except BaseException:
+                if aside is not None:
+                    os.replace(aside, self.spool.path(new_rel))
+                raise
+            doomed.append(aside)
             if node.is_dir and self.spool.path(old_rel).is_dir():
                 # Files still spooled inside move along (none, if a publish just took the
                 # last of them and pruned the folder).
                 with contextlib.suppress(FileNotFoundError):
                     self.spool.rename(old_rel, new_rel)
             else:
-                self.spool.discard(new_rel)
+                if not self.spool.discard(new_rel) and aside is not None:
+                    self.spool.prune_dirs(str(Path(new_rel).parent))
                 self._discard_link(old_rel, target)
-                doomed = _replaced_archives(self.spool, target, dfd, shown)
+                doomed += _replaced_archives(self.spool, target, dfd, shown)
         for path in doomed:
             remove_tree(path)
         return self.refresh(_moved(node, target))
@@ -355,6 +377,45 @@ class WriteSide:
             for known in list(self._adopted):
                 self._is_adopted(known)
             self._adopted_prune_at = max(ADOPTED_PRUNE, 2 * len(self._adopted))
+            self._write_journal()
+        else:
+            self._note_in_journal([(st.st_dev, st.st_ino)], "a")
+
+    def _load_adopted(self) -> None:
+        """The marks of the spooled files the journal names (by identity, wherever a rename
+        took them), the journal rewritten with those alone. A spooled file published and
+        removed since may leave its inode number to a new one: at worst that one's deletion
+        is refused without --allow-delete, as a published file's is."""
+        try:
+            text = self._journal.read_text(encoding="ascii", errors="replace")
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.warning("%s: cannot read (%s); marks of files being rewritten lost", self._journal,
+                        exc)  # fmt: skip
+            return
+        known = set()
+        for line in text.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and all(p.isdigit() for p in parts):
+                known.add((int(parts[0]), int(parts[1])))
+        if known:
+            for rel, st in self.spool.walk().items():
+                if (st.st_dev, st.st_ino) in known:
+                    self._adopted[rel] = (st.st_dev, st.st_ino)
+        self._write_journal()
+
+    def _write_journal(self) -> None:
+        self._note_in_journal(list(self._adopted.values()), "w")
+
+    def _note_in_journal(self, idents: list[tuple[int, int]], how: str) -> None:
+        try:
+            fd = os.open(self._journal, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+                         | (os.O_APPEND if how == "a" else os.O_TRUNC), 0o600)  # fmt: skip
+            with os.fdopen(fd, "w", encoding="ascii") as out:
+                out.writelines(f"{dev} {ino}\n" for dev, ino in idents)
+        except OSError as exc:  # the marks are still kept in memory
+            log.warning("%s: cannot write (%s)", self._journal, exc)
 
     def _is_adopted(self, rel: str) -> bool:
         """Is the spooled file `rel` a published file moved back to be written? (An entry
