@@ -181,8 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--min-free",
         type=parse_size,
         metavar="SIZE",
-        help="refuse new data (ENOSPC) while the spool's filesystem has less free, so what is "
-        "spooled can always be packed (default 256M or 5%% of the filesystem, if smaller)",
+        help="refuse new data (ENOSPC) while the spool's filesystem has less free, a reserve "
+        "for packing what is spooled (a file larger than it waits for space; default 256M or "
+        "5%% of the filesystem, if smaller)",
     )
     w.add_argument(
         "--stale-temp",

@@ -307,3 +307,16 @@ def test_decant_starts_no_blas_threads() -> None:
     env["OPENBLAS_NUM_THREADS"] = "2"  # the caller's own setting wins
     run = subprocess.run([sys.executable, "-c", count], env=env, capture_output=True, text=True)
     assert run.stdout.strip() == "2" or (os.cpu_count() or 1) < 2
+
+
+def test_pack_onto_its_own_input_is_a_usage_error(tiff: Path, decant_cli: Cli) -> None:
+    """`-o` naming the input (or a hard link of it), even with --force: it said "cannot write
+    a.tif: Not a directory", exit 3, as if the disk had failed (red team 59). The input stays."""
+    before = tiff.read_bytes()
+    link = tiff.with_name("link.tif")
+    os.link(tiff, link)
+    for out in (tiff, link):
+        status, _, err = decant_cli("pack", tiff, "-o", out, "--force")
+        assert status == BAD_INPUT
+        one_error_line(err, str(tiff), "names the input itself")
+    assert tiff.read_bytes() == before

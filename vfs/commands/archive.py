@@ -171,6 +171,8 @@ def _pack_one(src: Path, out: Path, options: PackOptions, silent: bool) -> None:
     require_readable(src)
     if not src.is_file():
         raise UsageError(f"{src}: not a regular file (a folder packs with --series)")
+    if out.exists() and os.path.samefile(src, out):  # was "cannot write: Not a directory", 3
+        raise UsageError(f"{src}: -o names the input itself (or a link of it); not packed")
     if out.exists() and not options.overwrite:
         raise UsageError(f"{out}: already exists (--force replaces it)")
     if out.is_dir() and not out.is_symlink():  # checked before packing; the core checks too
