@@ -498,3 +498,29 @@ def test_an_archive_shown_raw_in_a_bucket_is_described_again_later_and_less_ofte
     bucket.damaged.clear()
     time.sleep(0.2)
     assert shown() == [name] and bucket.opens == 3
+
+
+def test_a_folder_is_presented_afresh_when_a_hold_lapses_not_at_each_relist_before(
+    archive: tuple[str, bytes],
+) -> None:
+    """A folder of many objects is presented again (a new generation) for an archive shown
+    raw only once its hold has lapsed, whatever relists come between."""
+    name, data = archive
+    bucket = DamagedOnTheWay({f"{name}.zarr.zip": data, "a.txt": b"1"})
+    bucket.damaged.add(f"{name}.zarr.zip")
+    tree = make_tree(bucket)
+    tree.relist = 0.3
+    first = tree.stamp_folder(tree.root)
+    tree.scan(tree.root)  # shown raw: held 0.3 s
+    tree.expire()
+    assert tree.stamp_folder(tree.root) == first  # the same LIST, the hold still on
+    time.sleep(0.35)
+    tree.expire()
+    assert tree.stamp_folder(tree.root) == first + 1
+    tree.scan(tree.root)  # raw again: held 0.6 s
+    time.sleep(0.35)
+    tree.expire()
+    assert tree.stamp_folder(tree.root) == first + 1
+    time.sleep(0.3)
+    tree.expire()
+    assert tree.stamp_folder(tree.root) == first + 2

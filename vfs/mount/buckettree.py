@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import os
 import sqlite3
 import stat
@@ -61,9 +62,9 @@ class _Listing:
     generation: int = 1
     failed: bool = False
     pruned: bool = False  # the index's rows of objects it does not hold forgotten (scan)
-    # An archive of it was left out or shown raw: the next listing is presented afresh (a new
-    # generation) even if the LIST is the same, so that archive is tried again.
-    unsettled: bool = False
+    # When an archive of it left out or shown raw is to be tried again: the first listing
+    # made from then on is presented afresh (a new generation) even if the LIST is the same.
+    retry_at: float = math.inf
     listed: float = float("-inf")  # time.monotonic() of the LIST it holds (`at` is reset)
 
 
@@ -245,9 +246,11 @@ class BucketTree(SourceTree):
         with self._lock:
             old = self._listings.get(prefix)
             fresh = _Listing(now, dirs, files, old.generation if old else 1, listed=now)
-            if old is not None and (old.unsettled or old.dirs != dirs
+            if old is not None and (old.retry_at <= now or old.dirs != dirs
                                     or _ids(old.files) != _ids(files)):  # fmt: skip
                 fresh.generation = old.generation + 1
+            elif old is not None:
+                fresh.retry_at = old.retry_at  # not presented afresh: still to come
             if old is not None and old.failed:
                 log.info("%s: listing again", self.folder.name)
             self._listings[prefix] = fresh
@@ -288,13 +291,13 @@ class BucketTree(SourceTree):
         self._scanning.infos = infos
         # Many archives: their index rows are read together (one query per backend).
         self._scanning.batch = {"": str(folder)} if len(infos) > BATCH_FROM else None
-        self._scanning.unsettled = False
+        self._scanning.retry_at = math.inf
         try:
             out, _regular = self._present(folder, found)
         finally:
             self._scanning.infos = {}
             self._scanning.batch = None
-            listing.unsettled = self._scanning.unsettled
+            listing.retry_at = self._scanning.retry_at
         if self.spool is not None:
             out.update(self._spooled(folder))
         self._prune(folder, listing)
@@ -535,12 +538,14 @@ class BucketTree(SourceTree):
                 return cached
         held = self._raw.get(url)
         if held is not None and held[0] == info.identity and held[1] > time.monotonic():
-            self._scanning.unsettled = True
+            # The folder is presented afresh once the hold has lapsed, not at each relist
+            # before: one of 100,000 objects, not every interval for one archive held an hour.
+            self._retry_at(held[1])
             return None
         try:
             desc = self._describe_fresh(backend, path)
         except DecantError:
-            self._scanning.unsettled = True  # left out: tried again at the next listing
+            self._retry_at(0.0)  # left out: tried again at the next listing
             raise
         if desc is None:
             self._shown_raw(path, info.identity, held)
@@ -568,9 +573,14 @@ class BucketTree(SourceTree):
             hold = min(2 * held[2], max(self.relist, RAW_HOLD_MAX))
         if len(self._raw) >= MAX_RAW:
             self._raw.clear()
-        self._raw[str(path)] = (identity, time.monotonic() + hold, hold)
-        self._scanning.unsettled = True
+        until = time.monotonic() + hold
+        self._raw[str(path)] = (identity, until, hold)
+        self._retry_at(until)
         self.forget_fetched(path)
+
+    def _retry_at(self, when: float) -> None:
+        """The folder being presented has an archive to try again at `when` (monotonic)."""
+        self._scanning.retry_at = min(getattr(self._scanning, "retry_at", math.inf), when)
 
 
 @dataclass(frozen=True)
