@@ -159,3 +159,28 @@ def test_a_published_file_being_rewritten_stays_undeletable_across_a_restart(
         assert again.spool_path("d/q").read_bytes() == b"published, and more\n"
         again.run(again.write_file, "d/new", b"new\n")  # a new file stays deletable
         again.run(again.unlink, "d/new")
+
+
+def test_a_published_file_moved_to_be_rewritten_is_noted_before_it_moves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed after the move into the spool and before the mark was written, the restart let
+    its deletion through without --allow-delete (red team 60, F4)."""
+    from vfs.ingest.writeside import WriteSide
+
+    src = tmp_path / "src"
+    (src / "d").mkdir(parents=True)
+    (src / "d" / "p").write_bytes(b"published\n")
+    with fake_session():
+        first = InProcessMount(src, tmp_path / "w1", allow_delete=False, settle=3600.0)
+        kill_at(monkeypatch, WriteSide, "_remember_adopted")
+        with pytest.raises(BaseExceptionGroup):
+            first.run(first.write_file, "d/p", b"more\n")
+        monkeypatch.undo()
+        assert not (src / "d" / "p").exists()  # moved into the spool
+        while daemon._HELD:
+            os.close(daemon._HELD.pop())
+        again = InProcessMount(src, tmp_path / "w2", allow_delete=False, settle=3600.0)
+        with pytest.raises(pyfuse3.FUSEError) as refused:
+            again.run(again.unlink, "d/p")
+        assert refused.value.errno == errno.EPERM

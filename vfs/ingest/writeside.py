@@ -135,6 +135,14 @@ class WriteSide:
             raise refuse(errno.EPERM, f"{node.real}: archived originals are not written in place")
         if not node.spooled:
             rel = self._relpath(node.real)
+            noted = None
+            if not self.allow_delete:
+                # In the journal before it moves (a rename keeps the inode): noted after, a
+                # kill in between let its deletion through after the restart (red team 60, F4).
+                with contextlib.suppress(OSError):
+                    before = os.lstat(node.real)
+                    noted = (before.st_dev, before.st_ino)
+                    self._note_in_journal([noted], "a")
             with placing_lock():
                 self.spool.adopt(node.real, rel, self.root)
                 # The file itself left SRC; an archive of its name was never shown as it.
@@ -142,7 +150,7 @@ class WriteSide:
             st = self.spool.path(rel).stat()
             node = spooled_node(self.spool.path(rel), rel, st)
             if not self.allow_delete:
-                self._remember_adopted(rel, st)
+                self._remember_adopted(rel, st, journaled=noted == (st.st_dev, st.st_ino))
         # No link followed, no FIFO waited on: see vfs/beneath.py (adopt refuses those too).
         flags = os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | (flags & (os.O_TRUNC | os.O_APPEND))
         fd = os.open(node.real, flags)
@@ -371,14 +379,14 @@ class WriteSide:
             found.add((st.st_dev, st.st_ino))
         return frozenset(found)
 
-    def _remember_adopted(self, rel: str, st: os.stat_result) -> None:
+    def _remember_adopted(self, rel: str, st: os.stat_result, journaled: bool = False) -> None:
         self._adopted[rel] = (st.st_dev, st.st_ino)
         if len(self._adopted) >= self._adopted_prune_at:  # amortized: O(1) per adoption
             for known in list(self._adopted):
                 self._is_adopted(known)
             self._adopted_prune_at = max(ADOPTED_PRUNE, 2 * len(self._adopted))
             self._write_journal()
-        else:
+        elif not journaled:
             self._note_in_journal([(st.st_dev, st.st_ino)], "a")
 
     def _load_adopted(self) -> None:
