@@ -68,10 +68,13 @@ def open_beneath(root: Path, path: Path, flags: int, mode: int = 0o600) -> int:
         os.close(dfd)
 
 
-def makedirs_beneath(root: Path, path: Path, mode: int = 0o777) -> None:
+def makedirs_beneath(
+    root: Path, path: Path, mode: int = 0o777, owner: tuple[int, int] | None = None
+) -> None:
     """`path.mkdir(parents=True, exist_ok=True)` with no link followed from `root` down: each
     missing folder is made beside its parent's descriptor, and a component that is a link (to
-    a folder elsewhere, say) fails with ELOOP/ENOTDIR instead of being made or walked into."""
+    a folder elsewhere, say) fails with ELOOP/ENOTDIR instead of being made or walked into.
+    With `owner` (uid, gid), each folder made is given to them, with exactly `mode`."""
     parts = parts_below(root, path)
     if parts is None:
         raise OSError(errno.EXDEV, f"not below {root}", str(path))
@@ -81,11 +84,26 @@ def makedirs_beneath(root: Path, path: Path, mode: int = 0o777) -> None:
             try:
                 nfd = os.open(part, _DIR, dir_fd=fd)
             except FileNotFoundError:
+                made = False
                 with suppress(FileExistsError):  # made meanwhile: opened below as it is
                     os.mkdir(part, mode, dir_fd=fd)
+                    made = True
+                if made and owner is not None:
+                    _give(part, fd, mode, owner)
                 nfd = os.open(part, _DIR, dir_fd=fd)
             os.close(fd)
             fd = nfd
+    finally:
+        os.close(fd)
+
+
+def _give(name: str, dfd: int, mode: int, owner: tuple[int, int]) -> None:
+    """The folder just made at `name` (in `dfd`) to `owner`, with exactly `mode`."""
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
+    try:
+        with suppress(PermissionError):  # not root: the daemon's user's own
+            os.fchown(fd, *owner)
+        os.fchmod(fd, mode)
     finally:
         os.close(fd)
 

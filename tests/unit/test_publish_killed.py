@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -184,3 +185,24 @@ def test_a_published_file_moved_to_be_rewritten_is_noted_before_it_moves(
         with pytest.raises(pyfuse3.FUSEError) as refused:
             again.run(again.unlink, "d/p")
         assert refused.value.errno == errno.EPERM
+
+
+def test_a_folder_made_again_for_a_spooled_file_is_its_writer_s_and_private(
+    spool: Spool, src: Path
+) -> None:
+    """Its folder gone from SRC (a `mv` of it killed between SRC's rename and the spool's, or
+    removed there): made again root's and 0755, a private folder's file was readable by every
+    user (red team 60, F3). Now its writer's, 0700; an inbox's (the operator's) as before."""
+    put(spool, "u/d/spooled.txt", b"secret\n", mode=0o644)
+    published = spool.publish("u/d/spooled.txt", False, OPTIONS)
+    assert published.target == src / "u" / "d" / "spooled.txt"
+    for folder in (src / "u", src / "u" / "d"):
+        st = folder.stat()
+        assert stat.S_IMODE(st.st_mode) == 0o700, folder
+        if os.geteuid() == 0:
+            assert (st.st_uid, st.st_gid) == (1234, 5678), folder
+    inbox = Spool(src, src.parent / "inbox", trusted=True)
+    put(inbox, "v/x.txt", b"operator's\n")
+    os.umask(umask := os.umask(0o022))
+    inbox.publish("v/x.txt", False, OPTIONS)
+    assert stat.S_IMODE((src / "v").stat().st_mode) == 0o777 & ~umask

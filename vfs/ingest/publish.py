@@ -161,7 +161,12 @@ def publish(
         with _PLACING:  # not one just renamed away, with the spooled file (see WriteSide)
             stat_beneath(spool.files, source)
             # From SRC's descriptor: a folder on the way swapped for a link is not made through.
-            makedirs_beneath(spool.src, folder)
+            # A folder of a file written through the mount is gone from SRC (removed there,
+            # or a `mv` of it killed between SRC's rename and the spool's): made again, it is
+            # its writer's and 0700, never wider than the one it stands for. Made root's and
+            # 0755, a private folder's file was readable by every user (red team 60, F3).
+            narrow = None if spool.trusted else (st.st_uid, st.st_gid)
+            makedirs_beneath(spool.src, folder, 0o700 if narrow else 0o777, narrow)
     # Its bytes are read through a descriptor of the file found here, not by its path again
     # (pack_file alone still opens the path: it takes the name from it).
     rfd = open_beneath(spool.files, source, os.O_RDONLY | os.O_NONBLOCK)
