@@ -524,3 +524,36 @@ def test_a_folder_is_presented_afresh_when_a_hold_lapses_not_at_each_relist_befo
     time.sleep(0.3)
     tree.expire()
     assert tree.stamp_folder(tree.root) == first + 2
+
+
+def test_an_object_uploaded_or_copied_before_its_entry_is_noted_shows_as_the_file_it_came_from(
+    tmp_path: Path,
+) -> None:
+    """Noted as pending (no ETag yet) before the upload or the copy: a kill after the object
+    is in the bucket, before its real entry, showed a 0600 file 0444 root's to every local
+    user (red team 60, F1, F2). The real entry clears it, across a restart too."""
+    import os
+    import stat as stat_mod
+
+    bucket = FakeBucket({"a.txt": b"private"})
+    journal = tmp_path / "published.jsonl"
+    tree = make_tree(bucket)
+    tree.keep_published(journal)
+    ns = {"st_atime_ns": 5 * 10**9, "st_mtime_ns": 5 * 10**9, "st_ctime_ns": 5 * 10**9}
+    private = os.stat_result((stat_mod.S_IFREG | 0o600, 1, 0, 1, 1001, 1001, 7, 5, 5, 5), ns)
+    tree.note_published("a.txt", "", private)  # then killed
+
+    def shown(t: BucketTree) -> tuple[int, int]:
+        st = t.scan(t.root)["a.txt"]
+        return stat_mod.S_IMODE(st.mode), st.uid
+
+    assert shown(tree) == (0o400, 1001)
+    again = make_tree(bucket)  # a restart
+    again.keep_published(journal)
+    assert shown(again) == (0o400, 1001)
+    etag = bucket._info("a.txt").etag
+    again.note_published("a.txt", etag or "", private)
+    third = make_tree(bucket)
+    third.keep_published(journal)
+    assert ("a.txt", "") not in third._published and ("a.txt", etag) in third._published
+    assert shown(third) == (0o400, 1001)

@@ -183,9 +183,14 @@ class BucketPlacer:
             if now != signature(st):
                 raise SourceChangedError(spooled)
 
+        # Shown as the spooled file until its real entry comes (BucketTree's PENDING): a kill
+        # once it is uploaded, before that entry, left it 0444 to every user.
+        self._placed(key, "", st)
         try:
             uploaded = put_verified(self.folder, key, local, verify, check=going_on)
         except ObjectExistsError:
+            if self.on_placed is not None:
+                self.on_placed(key, "", None)  # another's: shown as it is
             why = "already exists (written by another host?); not overwritten"
             raise KeyTakenError(f"{self.folder.url_of(key)}: {why}") from None
         with self._lock:
@@ -389,6 +394,8 @@ class BucketWriteSide(WriteSide):
         if self.folder.stat(new_key) is not None or self.spool.path(new_key).exists():
             raise refuse(errno.EEXIST, f"{self.folder.url_of(new_key)}: taken; not replaced")
         etag = self._still_listed(node, old_key)
+        if self._changed is not None:  # as in _upload: shown so before the copy exists
+            self._changed(new_key, "", _shown_stat(node))
         import obstore
         from obstore.exceptions import BaseError
 

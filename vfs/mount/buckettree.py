@@ -50,6 +50,11 @@ MAX_REMEMBERED = 1_000_000  # published objects whose metadata is kept (the late
 BATCH_FROM = 32  # a folder listing more objects reads their index rows in one query
 AGE_SCAN_MAX = 100_000  # objects of a folder looked through for one older than an archive
 MAX_AGES = 10_000  # folders whose oldest object is kept (for `relist` seconds)
+# The ETag of a journal entry noted before an upload or a copy to its key, whose ETag is not
+# known yet: it stands for whatever object is at the key, until the real entry comes. A kill
+# between the copy or upload and the real entry showed a private file 0444 to every user, as
+# any object of unknown origin is (red team 60, F1, F2). A mode of -1 clears it.
+PENDING = ""
 MAX_RAW = 100_000  # archives remembered as shown raw (then forgotten all at once)
 RAW_HOLD_MAX = 3600.0  # one failing again and again is described once an hour
 
@@ -149,11 +154,14 @@ class BucketTree(SourceTree):
         new) are listed afresh at their next use. Called from the pack queue's threads."""
         with self._lock:
             if st is None:
-                self._published.pop((key, etag), None)
+                if self._published.pop((key, etag), None) is not None and etag == PENDING:
+                    self._remember(key, PENDING, (-1, -1, -1, -1))
             else:
                 meta = (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns)
                 self._published[(key, etag)] = meta
                 self._remember(key, etag, meta)
+                if etag != PENDING and self._published.pop((key, PENDING), None) is not None:
+                    self._remember(key, PENDING, (-1, -1, -1, -1))
             prefix = key
             while prefix:
                 prefix = prefix.rpartition("/")[0]
@@ -171,8 +179,10 @@ class BucketTree(SourceTree):
                 for line in fh:
                     try:
                         key, etag, mode, uid, gid, mtime = json.loads(line)
-                        meta = (int(mode) & 0o7777, int(uid), int(gid), int(mtime))
                         found.pop((str(key), str(etag)), None)
+                        if int(mode) < 0:  # a pending entry cleared
+                            continue
+                        meta = (int(mode) & 0o7777, int(uid), int(gid), int(mtime))
                         found[(str(key), str(etag))] = meta
                     except (ValueError, TypeError):
                         continue
@@ -200,7 +210,10 @@ class BucketTree(SourceTree):
 
     def _object_stat(self, info: ObjectInfo) -> os.stat_result:
         st = _file_stat(info, self._uid, self._gid)
-        mine = self._published.get((info.key, info.etag or "")) if self._published else None
+        mine = None
+        if self._published:
+            mine = self._published.get((info.key, info.etag or ""))
+            mine = mine or self._published.get((info.key, PENDING))
         if mine is None:
             return st
         mode, uid, gid, mtime_ns = mine
