@@ -142,7 +142,7 @@ class WriteSide:
                 with contextlib.suppress(OSError):
                     before = os.lstat(node.real)
                     noted = (before.st_dev, before.st_ino)
-                    self._note_in_journal([noted], "a")
+                    self._note_in_journal([noted])
             with placing_lock():
                 self.spool.adopt(node.real, rel, self.root)
                 # The file itself left SRC; an archive of its name was never shown as it.
@@ -387,7 +387,7 @@ class WriteSide:
             self._adopted_prune_at = max(ADOPTED_PRUNE, 2 * len(self._adopted))
             self._write_journal()
         elif not journaled:
-            self._note_in_journal([(st.st_dev, st.st_ino)], "a")
+            self._note_in_journal([(st.st_dev, st.st_ino)])
 
     def _load_adopted(self) -> None:
         """The marks of the spooled files the journal names (by identity, wherever a rename
@@ -414,16 +414,28 @@ class WriteSide:
         self._write_journal()
 
     def _write_journal(self) -> None:
-        self._note_in_journal(list(self._adopted.values()), "w")
+        """The journal rewritten with the marks held now, whole or not at all (a new file
+        renamed over it: a kill while it was truncated and written lost the marks)."""
+        fresh = self._journal.with_name(self._journal.name + ".new")
+        with contextlib.suppress(FileNotFoundError):
+            fresh.unlink()
+        if self._note_in_journal(list(self._adopted.values()), fresh):
+            try:
+                os.replace(fresh, self._journal)
+            except OSError as exc:
+                log.warning("%s: cannot write (%s)", self._journal, exc)
 
-    def _note_in_journal(self, idents: list[tuple[int, int]], how: str) -> None:
+    def _note_in_journal(self, idents: list[tuple[int, int]], path: Path | None = None) -> bool:
+        """Append the marks to the journal (or to `path`, made afresh); whether it worked."""
         try:
-            fd = os.open(self._journal, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-                         | (os.O_APPEND if how == "a" else os.O_TRUNC), 0o600)  # fmt: skip
+            fd = os.open(path or self._journal, os.O_WRONLY | os.O_CREAT | os.O_APPEND
+                         | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)  # fmt: skip
             with os.fdopen(fd, "w", encoding="ascii") as out:
                 out.writelines(f"{dev} {ino}\n" for dev, ino in idents)
         except OSError as exc:  # the marks are still kept in memory
-            log.warning("%s: cannot write (%s)", self._journal, exc)
+            log.warning("%s: cannot write (%s)", path or self._journal, exc)
+            return False
+        return True
 
     def _is_adopted(self, rel: str) -> bool:
         """Is the spooled file `rel` a published file moved back to be written? (An entry
