@@ -131,6 +131,19 @@ class StallingProxy:
         return False
 
 
+class PassingProxy(StallingProxy):
+    """Holds nothing: requests pass on as they come. Subclasses change the answers (`_pipe`)."""
+
+    def __init__(self, upstream: int) -> None:
+        super().__init__(upstream, b"\0")
+
+    def _upstream(self, client: socket.socket, server: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := client.recv(1 << 16):
+                server.sendall(data)
+        _shut(client, server)
+
+
 def _shut(*socks: socket.socket) -> None:
     for s in socks:
         with contextlib.suppress(OSError):

@@ -17,7 +17,7 @@ import pytest
 
 from tests.mount.conftest import HAVE_FUSE, User, unprivileged
 from tests.s3.conftest import MountFactory, S3Bucket, client
-from tests.s3.stall import StallingProxy, _shut
+from tests.s3.stall import PassingProxy, StallingProxy, _shut
 from tests.s3.test_mount_bucket_write import digest, spooled, status, wait_for
 
 pytestmark = [
@@ -296,13 +296,13 @@ def test_a_private_file_renamed_in_the_bucket_stays_private(
     assert stat.S_IMODE(os.stat(m.mnt / "moved.txt").st_mode) == 0o600
 
 
-class RewritingProxy(StallingProxy):
+class RewritingProxy(PassingProxy):
     """A loopback proxy that stands for another store (or one an attacker on the path of an
     http:// endpoint answers for): it passes requests on and replaces `old` by `new` (of the
     same length) in what the store answers, headers (ETag, Last-Modified) untouched."""
 
     def __init__(self, upstream: int, old: bytes, new: bytes) -> None:
-        super().__init__(upstream, b"\0")
+        super().__init__(upstream)
         self.old, self.new = old, new
 
     def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
@@ -310,12 +310,6 @@ class RewritingProxy(StallingProxy):
             while data := src.recv(1 << 20):
                 dst.sendall(data.replace(self.old, self.new))
         _shut(src, dst)
-
-    def _upstream(self, client: socket.socket, server: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while data := client.recv(1 << 16):
-                server.sendall(data)
-        _shut(client, server)
 
 
 def test_a_disk_cache_shared_by_mounts_of_two_stores_serves_each_its_own_bytes(
