@@ -490,8 +490,7 @@ def _publish_archive(
         os.close(dfd)
     # Hashing first only pays when an archive is there: a restart after publish, pre-cleanup.
     if target.is_file() and _archive_holds(target, st, sha or file_sha256(via, progress)):
-        _take_metadata(spool, relpath, target, st, durable, access_acl(via))
-        _finish_placing(spool, relpath, st, target, folder / name)
+        _take_over(spool, relpath, target, folder / name, st, durable, access_acl(via))
         return Published(relpath, target, "already", signature=signature(st), synced=durable)
     need = st.st_blocks * 512 + SPACE_MARGIN
     require_space(folder, need, f"needs about {size_text(need)} free to pack")
@@ -553,10 +552,11 @@ def _packed_small(
     return "byte-exact", ""
 
 
-def _take_metadata(
+def _take_over(
     spool: Spool,
     relpath: str,
     target: Path,
+    shadowed: Path,
     st: os.stat_result,
     durable: bool,
     acl: bytes | None = None,
@@ -567,7 +567,14 @@ def _take_metadata(
     mode: other users kept reading a file its owner had made private, and its old mtime
     made every later `rsync -a` copy it again. Under the placing lock, only while the spooled
     file is unchanged (as `place`), and reached from SRC without links: it is the user's
-    folder, and only a regular file of the file's owner (`_archive_holds`) is changed."""
+    folder, and only a regular file of the file's owner (`_archive_holds`) is changed.
+
+    Then what `place` sets aside just after its rename (`shadowed`, the plain file of the name
+    the archive replaces) goes, as it would have then: a crash between the two (an archive
+    found after a restart) left it, showing its older bytes under the name and the new
+    original under the archive's name, and a second `rsync -a` failed with EEXIST (red team
+    59, F1). Only what publishing the file may replace (`_refuse_unchecked`)."""
+    doomed: list[Path | None] = []
     dfd = parent_fd(spool.src, target)
     try:
         with _PLACING:
@@ -591,30 +598,11 @@ def _take_metadata(
                 spool.mark_placed(relpath, os.fstat(fd))
             finally:
                 os.close(fd)
-    finally:
-        os.close(dfd)
-
-
-def _finish_placing(
-    spool: Spool, relpath: str, st: os.stat_result, final: Path, shadowed: Path
-) -> None:
-    """The file's archive found in place after a restart (`already`): what `place` sets
-    aside just after its rename (the plain file of the name the archive replaces) goes now,
-    as it would have then. A crash between the two left it: it showed its older bytes under
-    the name, the new original under the archive's name, and a second `rsync -a` failed
-    with EEXIST (red team 59, F1). Under the placing lock, only while the spooled file is
-    unchanged, and only what publishing it may replace (`_refuse_unchecked`)."""
-    doomed: list[Path | None] = []
-    dfd = parent_fd(spool.src, final)
-    try:
-        with _PLACING:
-            if signature(stat_beneath(spool.files, spool.path(relpath))) != signature(st):
-                raise SourceChangedError(spool.path(relpath))
-            _refuse_unchecked(spool, relpath, (final, shadowed), dfd, None, st.st_uid)
+            _refuse_unchecked(spool, relpath, (target, shadowed), dfd, None, st.st_uid)
             before = os.stat(dfd)
             try:
                 doomed.append(set_aside(spool, shadowed, dfd))
-                original = final.with_name(PurePosixPath(relpath).name)
+                original = target.with_name(PurePosixPath(relpath).name)
                 doomed.append(_set_aside_shown_folder(spool, relpath, original, dfd))
             finally:
                 os.utime(_fd_path(dfd), ns=(before.st_atime_ns, before.st_mtime_ns))
