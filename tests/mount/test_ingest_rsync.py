@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tifffile
 
+from tests.mount.helpers import folder_archive, tiff, wait_for
 from tests.mount.test_write_side import (
     MakeMount,
     files_of,
@@ -127,3 +128,24 @@ def test_a_name_looked_up_before_its_publish_still_opens_after_it(
     assert os.stat(path).st_ino == before.st_ino  # no new inode: nothing went stale
     assert path.read_bytes() == b"x,y\n1,2\n"
     assert (src / "d.csv").read_bytes() == b"x,y\n1,2\n" and spooled(src) == []
+
+
+def test_a_folder_archive_copied_in_is_shown_as_its_original_once_published(
+    tmp_path: Path, src: Path, make_mount: MakeMount
+) -> None:
+    """`rsync -a` of a `NAME.zarr/` folder archive into the mount: a folder while its files
+    come in (rsync still writes into it), its original once the last is published, without a
+    remount. The old code showed the folder until its parent changed in SRC."""
+    data = tmp_path / "data"
+    data.mkdir()
+    tif = tmp_path / "x.tif"
+    tif.write_bytes(tiff(11))
+    original = folder_archive(tif, data / "x.tif.zarr")
+    m = make_mount(src, "--settle", "0.2")
+    done = subprocess.run(["rsync", "-a", f"{data}/", f"{m.mnt}/"],
+                          capture_output=True, text=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    wait_drained(m.mnt, src)
+    wait_for("shown as x.tif", lambda: os.listdir(m.mnt) == ["x.tif"])
+    assert (m.mnt / "x.tif").read_bytes() == original
+    assert (src / "x.tif.zarr" / ".decant" / "manifest.json").is_file()

@@ -20,7 +20,7 @@ import trio
 from vfs.decant import TEMP_PREFIX
 from vfs.decant.packer import PackOptions
 from vfs.ingest.publish import NoSpaceError, Published
-from vfs.ingest.queue import Item, PackQueue
+from vfs.ingest.queue import Item, PackQueue, folder_archives_of
 from vfs.ingest.spool import Spool
 
 SETTLE = 5.0
@@ -135,6 +135,32 @@ def test_a_file_is_published_once_settled_then_unspooled(
     assert (src / "d" / "x.csv").read_bytes() == b"a,b\n1,2\n"
     assert not path.exists() and spool.walk() == {}
     assert counts(queue) == (0, 0, 0, 1) and queue.items == {}
+
+
+def test_a_folder_archive_is_announced_once_nothing_below_it_waits(
+    queue: PackQueue, spool: HookedSpool
+) -> None:
+    """Its files are announced in their own folders as they go; the `NAME.zarr` folder
+    itself (shown then as its original) only with the last of them, and not while a file
+    below it is open or queued."""
+    announced: list[list[str]] = []
+
+    async def heard(relpaths: list[str]) -> None:
+        announced.append(sorted(relpaths))
+
+    queue.on_published = heard
+    for rel in ("d/x.tif.zarr/.decant/manifest.json", "d/x.tif.zarr/0/0.0.0", "d/y.csv"):
+        drop(spool, rel)
+        queue.touch(rel)
+    queue.opened("d/x.tif.zarr/0/1.0.0")
+    pack(queue, "d/x.tif.zarr/.decant/manifest.json", "d/y.csv")
+    assert not any("d/x.tif.zarr" in batch for batch in announced)
+    queue.closed("d/x.tif.zarr/0/1.0.0")
+    pack(queue, "d/x.tif.zarr/0/0.0.0")
+    assert "d/x.tif.zarr" in announced[-1]
+    assert folder_archives_of(["a.zarr/b.zarr/c", "e/f.zarr", "g/h.zarr/i/j"]) == {
+        "a.zarr", "g/h.zarr"
+    }  # fmt: skip
 
 
 def test_a_change_restarts_the_settle_clock(queue: PackQueue, spool: HookedSpool) -> None:

@@ -192,6 +192,13 @@ class PackQueue:
         for key in [key for key in self.items if key[0] == 0 and key[1].startswith(prefix)]:
             self.renamed(key[1], new + key[1][len(old) :])
 
+    def holds_under(self, reldir: str) -> bool:
+        """Whether a file below `reldir` is open through the mount or waits to be published."""
+        prefix = reldir + "/"
+        return any(p.startswith(prefix) for p in self.open_counts) or any(
+            key[1].startswith(prefix) for key in self.items
+        )
+
     def removed(self, relpath: str) -> None:
         self.changes += 1
         if self.items.pop((0, relpath), None) is not None:
@@ -507,6 +514,10 @@ class PackQueue:
                     log.info("there is room again: publishing resumed")
                     self._space_backoff = 0.0
         reshow += await self._withdraw(withdrawn)
+        # A folder archive copied in file by file is shown as its original once nothing
+        # under it waits here: its files' names were each announced in their own folder.
+        done = [item.relpath for (item, _p), ok in zip(keep, removed, strict=True) if ok]
+        reshow += [f for f in folder_archives_of(done) if not self.holds_under(f)]
         if reshow:
             await self._announce(reshow)
 
@@ -639,3 +650,17 @@ def _duration(seconds: float) -> str:
     if seconds >= 3600:
         return f"{seconds / 3600:g} h"
     return f"{seconds / 60:g} min" if seconds >= 60 else f"{seconds:g} s"
+
+
+def folder_archives_of(relpaths: list[str]) -> set[str]:
+    """The outermost `NAME.zarr` folders these files lie in. Such a folder copied in
+    (`rsync -a x.tif.zarr …`) stayed a folder after its last file was published, until its
+    parent changed or a remount: each publish looked up the file's own name in its own folder."""
+    found = set()
+    for relpath in relpaths:
+        parts = relpath.split("/")
+        for i, part in enumerate(parts[:-1]):
+            if part.endswith(".zarr"):
+                found.add("/".join(parts[: i + 1]))
+                break
+    return found
