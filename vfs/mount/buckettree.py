@@ -169,6 +169,12 @@ class BucketTree(SourceTree):
                 if listing is not None:
                     listing.at = float("-inf")
 
+    def pending(self) -> list[str]:
+        """Keys whose upload began and never ended in the journal (the daemon killed, or the
+        key taken by another): their multipart uploads may be left in the bucket."""
+        with self._lock:
+            return [key for key, etag in self._published if etag == PENDING]
+
     def keep_published(self, journal: Path) -> None:
         """Load what this host published before (the last MAX_REMEMBERED entries; a line that
         does not parse is skipped), rewrite the journal compacted, and append to it from now

@@ -61,6 +61,8 @@ TRACEMALLOC = "DECANT_TRACEMALLOC"
 # An archive stays open this long after its last handle closed, for the next open of it
 # (vfs.backends.idle): a reopen then costs a stat (a bucket's: one HEAD), not a parse.
 LINGER_SECONDS = 5.0
+# How long the start may spend aborting multipart uploads a killed run left (vfs.stores.s3uploads).
+ABORT_WITHIN = 10.0
 RACY_POLL = 0.5  # seconds between looks for archives described mid-write whose moment passed
 
 
@@ -290,6 +292,8 @@ def build_bucket_write_side(config: MountConfig, tree: SourceTree) -> PackQueue:
     spool.max_plane = plane_bound(config.cache_size)
     spool.placer = BucketPlacer(tree.folder, tree.note_published)  # type: ignore[arg-type]
     tree.keep_published(root / "published.jsonl")
+    # Before any upload of this run starts: one of those is never taken for a leftover.
+    tree.folder.abort_left_behind(tree.pending(), time.time(), ABORT_WITHIN)  # type: ignore[attr-defined]
     queue = PackQueue([spool], config.settle, None, config.pack_all, config.pack_workers,
                       config.stale_temp, config.retry_after)  # fmt: skip
     queue.guard = SpaceGuard(spool.files, config.min_free)

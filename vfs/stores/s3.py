@@ -858,5 +858,14 @@ class S3Folder:
         files = [_info(m, self._relative(m["path"])) for m in out["objects"] if m["path"] != full]
         return dirs, sorted(files, key=lambda i: i.key)
 
+    def abort_left_behind(self, keys: list[str], before: float, within: float) -> int:
+        """Abort the multipart uploads of these keys (this folder's) begun before `before`
+        (vfs.stores.s3uploads), for at most `within` seconds; the number aborted."""
+        from vfs.stores.s3uploads import abort_left_behind
+
+        full = [join_key(self.prefix, key) for key in keys]
+        full = [key for key in full if key and key_problem(key) is None]
+        return abort_left_behind(_plain(self.bucket, self.conn.options), full, before, within)
+
     def close(self) -> None:
         self.conn.close()

@@ -70,8 +70,10 @@ def _quote(text: str) -> str:
     return urllib.parse.quote(text, safe="-_.~")
 
 
-def _sign(p: Plain, path: str, query: dict[str, str], host: str) -> dict[str, str]:
-    """AWS Signature Version 4 headers for a GET without a body."""
+def _sign(
+    p: Plain, path: str, query: dict[str, str], host: str, method: str = "GET"
+) -> dict[str, str]:
+    """AWS Signature Version 4 headers for a request without a body."""
     now = dt.datetime.now(dt.UTC)
     stamp, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
     headers = {"host": host, "x-amz-content-sha256": _EMPTY_SHA, "x-amz-date": stamp}
@@ -81,7 +83,7 @@ def _sign(p: Plain, path: str, query: dict[str, str], host: str) -> dict[str, st
         return headers  # an anonymous request: a public bucket, or a test server
     names = sorted(headers)
     canonical = "\n".join([
-        "GET", path, "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items())),
+        method, path, "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items())),
         "".join(f"{n}:{headers[n].strip()}\n" for n in names), ";".join(names), _EMPTY_SHA,
     ])  # fmt: skip
     scope = f"{day}/{p.region}/s3/aws4_request"
@@ -151,12 +153,18 @@ def list_pages(
     raise ValueError(f"a listing of more than {MAX_PAGES} pages")
 
 
-def _fetch(p: Plain, url: urllib.parse.SplitResult, path: str, query: dict[str, str]) -> bytes:
+def _fetch(
+    p: Plain,
+    url: urllib.parse.SplitResult,
+    path: str,
+    query: dict[str, str],
+    method: str = "GET",
+) -> bytes:
     """One page's body, tried `1 + p.retries` times; each within 3 x the timeout, whole."""
     qs = "&".join(f"{_quote(k)}={_quote(v)}" for k, v in sorted(query.items()))
     for attempt in range(p.retries + 1):
-        req = urllib.request.Request(f"{url.scheme}://{url.netloc}{path}?{qs}")
-        for name, value in _sign(p, path, query, url.netloc).items():
+        req = urllib.request.Request(f"{url.scheme}://{url.netloc}{path}?{qs}", method=method)
+        for name, value in _sign(p, path, query, url.netloc, method).items():
             if name != "host":
                 req.add_header(name, value)
         try:

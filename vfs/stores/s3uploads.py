@@ -1,0 +1,76 @@
+"""Multipart uploads a killed daemon left in the bucket: found by key, and aborted.
+
+A file larger than one PUT takes goes up in parts (vfs.stores.upload). A daemon killed midway
+neither completes nor aborts its upload, and the store keeps every part it took, billed and
+listed by nothing but `?uploads`, until a lifecycle rule of the bucket (if it has one) drops
+them (red team 60, F6). The write side notes each key in its journal before its upload starts
+(BucketTree's pending entries); at the next start the uploads of those keys begun before that
+start are aborted here. Another host's upload of the same key begun before is aborted too:
+hosts writing into one bucket keep to their own prefixes (README, "Many hosts, one bucket").
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+import urllib.parse
+import xml.etree.ElementTree as ET
+from collections.abc import Iterable
+
+from vfs.stores.s3list import Plain, _fetch, _quote, _text
+
+log = logging.getLogger(__name__)
+
+MAX_KEYS = 1000  # keys looked at per start: the journal's pending entries, normally a few
+
+
+def uploads_of(p: Plain, key: str) -> list[tuple[str, float]]:
+    """(upload id, initiated as a Unix time) of the multipart uploads in progress of exactly
+    `key` (a full key), from the first page of ListMultipartUploads (up to 1,000)."""
+    url = urllib.parse.urlsplit(p.endpoint)
+    query = {"uploads": "", "prefix": key, "encoding-type": "url"}
+    root = ET.fromstring(_fetch(p, url, "/" + _quote(p.bucket), query))
+    encoded = _text(root, "EncodingType") == "url"
+    found = []
+    for upload in root.findall("{*}Upload"):
+        name = _text(upload, "Key")
+        if (urllib.parse.unquote_plus(name) if encoded else name) != key:
+            continue  # a longer key under it
+        when = dt.datetime.fromisoformat(_text(upload, "Initiated").replace("Z", "+00:00"))
+        found.append((_text(upload, "UploadId"), when.timestamp()))
+    return found
+
+
+def abort(p: Plain, key: str, upload_id: str) -> None:
+    url = urllib.parse.urlsplit(p.endpoint)
+    path = "/" + _quote(p.bucket) + "/" + "/".join(_quote(part) for part in key.split("/"))
+    _fetch(p, url, path, {"uploadId": upload_id}, method="DELETE")
+
+
+def abort_left_behind(p: Plain, keys: Iterable[str], before: float, within: float) -> int:
+    """Abort the uploads of these full keys begun before `before` (a Unix time), looking for
+    at most `within` seconds; the number aborted. A key that cannot be listed or an upload that
+    cannot be aborted is logged and left (a lifecycle rule, or the next start, takes it)."""
+    if not (p.access_key and p.secret_key):
+        log.info("uploads left by an earlier run are not looked for: no static credentials")
+        return 0
+    aborted = 0
+    deadline = time.monotonic() + within
+    for n, key in enumerate(keys):
+        if n == MAX_KEYS or time.monotonic() > deadline:
+            log.warning("uploads left by an earlier run: %d keys looked at, the others not "
+                        "(at most %d keys, %g s at start)", n, MAX_KEYS, within)  # fmt: skip
+            break
+        try:
+            for upload_id, initiated in uploads_of(p, key):
+                if initiated < before:
+                    abort(p, key, upload_id)
+                    aborted += 1
+                    log.info("s3://%s/%s: aborted the multipart upload an earlier run left "
+                             "(begun %s)", p.bucket, key,
+                             dt.datetime.fromtimestamp(initiated, dt.UTC).isoformat())  # fmt: skip
+        except (OSError, ValueError, ET.ParseError) as exc:
+            log.warning("s3://%s/%s: uploads an earlier run left not aborted: %s", p.bucket, key,
+                        exc)  # fmt: skip
+    return aborted
