@@ -342,16 +342,25 @@ def raise_read_ahead(mnt: Path, kib: int = 1024) -> None:
     # Not os.stat(mnt): that would wait on this very daemon, which is not serving yet.
     try:
         bdi = Path(f"/sys/class/bdi/{mount_device(mnt)}/read_ahead_kb")
-        bdi.write_text(str(kib))
-    except OSError as exc:
+        if int(bdi.read_text()) < kib:
+            bdi.write_text(str(kib))
+    except (OSError, ValueError) as exc:
         log.debug("cannot raise read_ahead_kb (%s); reads stay 128 KiB", exc)
 
 
+# When the read-ahead is raised after the mount appears. The kernel sets it (128 KiB) when it
+# handles the reply to FUSE INIT, so a raise before that is undone: it is raised soon, for
+# files opened early (a file keeps the read-ahead it was opened with: one opened in the first
+# 0.3 s, the old single raise's delay, read in 128 KiB requests for good), and set again after.
+READ_AHEAD_AT = (0.02, 0.1, 0.3, 1.0)
+
+
 async def _raise_read_ahead_after_init(mnt: Path) -> None:
-    # The kernel sets the mount's read-ahead when it handles FUSE INIT (capped at 128 KiB), so
-    # the raise must come after INIT: give the session loop a moment to answer it.
-    await trio.sleep(0.3)
-    await trio.to_thread.run_sync(raise_read_ahead, mnt)
+    waited = 0.0
+    for at in READ_AHEAD_AT:
+        await trio.sleep(at - waited)
+        waited = at
+        await trio.to_thread.run_sync(raise_read_ahead, mnt)
 
 
 def mount_device(mnt: Path) -> str:
