@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import stat
@@ -30,6 +31,7 @@ from vfs.commands.status import (
     require_readable,
     say,
 )
+from vfs.decant import MANIFEST_KEY
 from vfs.errors import DecantError, NotAnArchiveError, PackError
 
 if TYPE_CHECKING:  # the cores load zarr: imported when a command runs, not to build the parser
@@ -47,9 +49,10 @@ def register(sub: Any) -> None:
     p.add_argument(
         "-o",
         "--output",
-        type=location,
-        help="archive (one input) or folder (several); s3://BUCKET/KEY.zarr.zip or "
-        "s3://BUCKET/PREFIX/ uploads (packed to a temp file, uploaded, read back and checked)",
+        type=output_location,
+        help="archive (one input) or folder (several, or one ending in /); "
+        "s3://BUCKET/KEY.zarr.zip or s3://BUCKET/PREFIX/ uploads (packed to a temp file, "
+        "uploaded, read back and checked)",
     )
     p.add_argument("--mode", choices=("auto", "byte-exact", "verbatim"), default="auto")
     p.add_argument(
@@ -157,12 +160,56 @@ def cmd_pack(args: argparse.Namespace) -> int:
 def _pack_target(src: Path, args: argparse.Namespace) -> Path:
     from vfs.decant.packer import default_archive_name
 
-    if len(args.inputs) == 1 and args.output:
+    if len(args.inputs) == 1 and args.output and not _a_folder(args.output):
         return args.output
     folder: Path = args.output or src.parent
-    with writing(src, folder):
-        folder.mkdir(parents=True, exist_ok=True)
     return folder / default_archive_name(src)
+
+
+def _a_folder(out: Path) -> bool:
+    """Whether `-o` of one input names a folder to pack into, as for several: written with a
+    trailing slash (`-o out/` made a folder archive named `out`; red team 61), or a folder that
+    is not a decant archive and is not named like one."""
+    if isinstance(out, FolderPath):
+        return True
+    return out.is_dir() and not out.name.endswith(".zarr") and not (out / MANIFEST_KEY).exists()
+
+
+class FolderPath(type(Path())):  # type: ignore[misc]
+    """An `-o` given with a trailing slash (which a Path drops)."""
+
+
+def output_location(text: str) -> Path | str:
+    """argparse type of `pack -o`: `location`, remembering a trailing slash."""
+    found = location(text)
+    return FolderPath(found) if isinstance(found, Path) and text.endswith("/") else found
+
+
+@contextmanager
+def reached(out: Path) -> Iterator[Path]:
+    """`out` as a name in the working folder, made its folder for the block and reached one
+    component at a time (vfs.decant.verify.output_folder, missing folders made): a symlink of
+    another user's on the way is refused, not followed. `decant pack v.tif -o /tmp/x/v.zarr`
+    wrote into the folder that another user's link `/tmp/x` pointed at, where they could swap
+    or read what was packed (red team 61, F2), as `decant restore` had refused. The core then
+    names its output by that name alone: a link put on the way after the walk is never met."""
+    from vfs.decant.verify import output_folder
+
+    if not out.name:
+        raise UsageError(f"{out}: not a name an archive can have")
+    here = os.open(".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        folder = output_folder(out.parent)
+        try:
+            os.fchdir(folder)
+        finally:
+            os.close(folder)
+        try:
+            yield Path(out.name)
+        finally:
+            os.fchdir(here)
+    finally:
+        os.close(here)
 
 
 def _pack_one(src: Path, out: Path, options: PackOptions, silent: bool) -> None:
@@ -171,19 +218,21 @@ def _pack_one(src: Path, out: Path, options: PackOptions, silent: bool) -> None:
     require_readable(src)
     if not src.is_file():
         raise UsageError(f"{src}: not a regular file (a folder packs with --series)")
-    if out.exists() and os.path.samefile(src, out):  # was "cannot write: Not a directory", 3
-        raise UsageError(f"{src}: -o names the input itself (or a link of it); not packed")
-    if out.exists() and not options.overwrite:
-        raise UsageError(f"{out}: already exists (--force replaces it)")
-    if out.is_dir() and not out.is_symlink():  # checked before packing; the core checks too
-        try:
-            refuse_unless_archive(out)
-        except PackError as exc:
-            raise UsageError(f"{exc}; -o names the archive of one input") from None
-    # The core reports the bytes it packs; hashing and the verify gate run unreported.
-    with byte_progress(f"packing {src.name}", src.stat().st_size, silent) as bar, writing(src, out):
-        result = pack_file(src, out, options, bar)
-    _print_result(result, silent)
+    source = src.absolute()  # read from where it is: the working folder moves to the output's
+    with writing(src, out), reached(out) as name:
+        if name.exists() and os.path.samefile(source, name):  # was "Not a directory", exit 3
+            raise UsageError(f"{src}: -o names the input itself (or a link of it); not packed")
+        if name.exists() and not options.overwrite:
+            raise UsageError(f"{out}: already exists (--force replaces it)")
+        if name.is_dir() and not name.is_symlink():  # checked before packing; the core too
+            try:
+                refuse_unless_archive(name)
+            except PackError as exc:
+                raise UsageError(f"{out}: {exc}; -o names the archive of one input") from None
+        # The core reports the bytes it packs; hashing and the verify gate run unreported.
+        with byte_progress(f"packing {src.name}", source.stat().st_size, silent) as bar:
+            result = pack_file(source, name, options, bar)
+    _print_result(dataclasses.replace(result, source=src, archive=out), silent)
 
 
 def _pack_series(src: Path, out: Path | None, options: PackOptions, silent: bool) -> int:
@@ -192,12 +241,16 @@ def _pack_series(src: Path, out: Path | None, options: PackOptions, silent: bool
     require_readable(src)
     total = sum(p.stat().st_size for p in series_members(src))
     # Only a consolidated series reports bytes; a nested one packs without a moving bar.
+    # Without -o the archive goes beside the folder: reached as the folder's own is.
+    source = Path(os.path.abspath(src))  # `.` too: the folder's name names its archive
     with (
-        byte_progress(f"packing {src.name}", total, silent) as bar,
         writing(src, out or src.parent),
+        reached(out or source) as name,
+        byte_progress(f"packing {src.name}", total, silent) as bar,
     ):
-        result = pack_series(src, out, options, bar)
-    _print_result(result, silent)
+        result = pack_series(source if out else name, name if out else None, options, bar)
+    archive = (out or (src if src.name else source)).parent / result.archive.name
+    _print_result(dataclasses.replace(result, source=src, archive=archive), silent)
     return OK
 
 

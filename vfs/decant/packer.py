@@ -129,8 +129,8 @@ def _tree_size(path: Path) -> int:
 def _publish(
     out: Path, st: os.stat_result, write: Any, expected: dict[str, str], mode: int | None = None
 ) -> None:
-    """temp name → write → fsync → verify from disk → mtime → rename → fsync folder. A zip
-    takes `st`'s mode bits, or `mode` where given."""
+    """temp name → write → fsync → verify from disk → mtime → rename → fsync folder. The
+    archive takes `st`'s mode bits, or `mode` where given (a folder archive: see `_own_bits`)."""
     # The temp name keeps the archive's suffix (it decides zip or folder) behind a hidden prefix
     # that the mount and the spool recovery recognise.
     tmp = out.parent / temp_name(out.name)
@@ -139,12 +139,17 @@ def _publish(
             # Nobody else reads the archive of a 0600 original while it is being written: the
             # file exists 0600 from the start; its final mode is set once it verified.
             os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        else:
+            os.mkdir(tmp, 0o700)  # the same for a folder archive's files, whatever the umask
         write(tmp)
         fsync_tree(tmp)
         require_verified(tmp, expected)
+        # The mount shows an original's mode bits.
+        bits = stat.S_IMODE(st.st_mode) if mode is None else mode
         if tmp.is_file():
-            # The mount shows an original's mode bits.
-            os.chmod(tmp, stat.S_IMODE(st.st_mode) if mode is None else mode)
+            os.chmod(tmp, bits)
+        else:
+            _own_bits(tmp, bits)
         os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
         if out.is_dir() and not out.is_symlink():
             refuse_unless_archive(out)
@@ -153,6 +158,22 @@ def _publish(
         fsync_dir(out.parent)
     finally:
         remove_tree(tmp)
+
+
+def _own_bits(folder: Path, bits: int) -> None:
+    """A folder archive's files take the original's read and write bits, its folders those
+    bits with search added where read is given (0600 → files 0600, folders 0700): written with
+    the umask's (0644, 0755), the pixels and the manifest of a 0600 original were readable
+    by every user on the machine, and so was the original through a mount of it (red team 61,
+    F1). The folder itself last: until then it is 0700, as it was written."""
+    files = bits & 0o666
+    folders = files | (files & 0o444) >> 2
+    for dirpath, dirnames, filenames in os.walk(folder):
+        for name in filenames:
+            os.chmod(os.path.join(dirpath, name), files, follow_symlinks=False)
+        for name in dirnames:
+            os.chmod(os.path.join(dirpath, name), folders, follow_symlinks=False)
+    os.chmod(folder, folders)
 
 
 def refuse_unless_archive(folder: Path) -> None:

@@ -123,12 +123,12 @@ def pack_series(
         raise PackError(f"{out}: already exists (pass overwrite to replace it)")
     shas = {p.relative_to(folder).as_posix(): member_sha256(folder, p) for p in members}
     st = folder.stat()
+    # The archive is no more open than the most private member (it took the folder's mode
+    # alone, so a 0600 TIFF of a 0755 folder was published 0755).
+    bits = stat.S_IMODE(st.st_mode)
+    for p in members:
+        bits &= stat.S_IMODE(p.lstat().st_mode)
     if consolidated:
-        # One zip holds every member: it is no more open than its most private one (it took
-        # the folder's mode alone, so a 0600 TIFF of a 0755 folder was published 0755).
-        bits = stat.S_IMODE(st.st_mode)
-        for p in members:
-            bits &= stat.S_IMODE(p.lstat().st_mode)
         _publish(
             out,
             st,
@@ -138,7 +138,8 @@ def pack_series(
         )
         mode = "series"
     else:
-        _publish(out, st, lambda tmp: _write_nested(folder, members, shas, tmp, options), shas)
+        write = lambda tmp: _write_nested(folder, members, shas, tmp, options)  # noqa: E731
+        _publish(out, st, write, shas, bits)
         mode = "series-nested"
     size = sum(p.stat().st_size for p in members)
     from vfs.decant.packer import _tree_size
@@ -185,7 +186,7 @@ def _write_consolidated(
 def _write_nested(
     folder: Path, members: list[Path], shas: dict[str, str], tmp: Path, options: PackOptions
 ) -> None:
-    tmp.mkdir()
+    tmp.mkdir(exist_ok=True)
     records = []
     for i, path in enumerate(members):
         result = pack_file(path, tmp / f"m{i}.zarr.zip", replace(options, overwrite=False))

@@ -1,0 +1,109 @@
+"""What `decant pack` writes is no more open than what it packs (red team 61, F1): a folder
+archive (`-o NAME.zarr`) of a 0600 TIFF was written with the umask's modes (files 0644,
+folders 0755), so every user read its pixels and manifest, and its original through a mount.
+Modes are checked on disk, whatever the umask."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tifffile
+
+Cli = Callable[..., Any]
+
+
+@pytest.fixture(autouse=True)
+def open_umask() -> Iterator[None]:
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def tiff(path: Path, mode: int, seed: int = 1, compression: str | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = np.random.default_rng(seed).integers(0, 4000, (3, 40, 32), dtype=np.uint16)
+    tifffile.imwrite(path, data, compression=compression)
+    os.chmod(path, mode)
+    return path
+
+
+def modes(root: Path) -> set[tuple[str, int]]:
+    """("d" or "f", permission bits) of `root` and everything below it."""
+    found = {("d", stat.S_IMODE(root.lstat().st_mode))}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            found.add(("d", stat.S_IMODE(os.lstat(os.path.join(dirpath, name)).st_mode)))
+        for name in filenames:
+            found.add(("f", stat.S_IMODE(os.lstat(os.path.join(dirpath, name)).st_mode)))
+    return found
+
+
+@pytest.mark.parametrize(("bits", "want"), [(0o600, {("d", 0o700), ("f", 0o600)}),
+                                             (0o640, {("d", 0o750), ("f", 0o640)}),
+                                             (0o644, {("d", 0o755), ("f", 0o644)})])  # fmt: skip
+def test_a_folder_archive_takes_the_original_s_bits(
+    tmp_path: Path, decant_cli: Cli, bits: int, want: set[tuple[str, int]]
+) -> None:
+    src = tiff(tmp_path / "priv.tif", bits)
+    out = tmp_path / "priv.tif.zarr"
+    status, _out, err = decant_cli("pack", src, "-o", out)
+    assert (status, err) == (0, "")
+    assert modes(out) == want
+    assert decant_cli("verify", out)[0] == 0
+
+
+def test_a_nested_series_is_no_more_open_than_its_most_private_member(
+    tmp_path: Path, decant_cli: Cli
+) -> None:
+    folder = tmp_path / "run"
+    tiff(folder / "a.tif", 0o644)
+    tiff(folder / "b.tif", 0o600, seed=2, compression="zlib")  # another layout: nested
+    os.chmod(folder, 0o755)
+    out = tmp_path / "run.zarr"
+    status, _out, err = decant_cli("pack", folder, "--series", "-o", out)
+    assert (status, err) == (0, "")
+    assert modes(out) == {("d", 0o700), ("f", 0o600)}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants a link owned by another user (root only)")
+@pytest.mark.parametrize("name", ["v.tif.zarr.zip", "v.zarr"])
+def test_pack_follows_no_link_of_another_user_s_on_the_way(
+    tmp_path: Path, decant_cli: Cli, name: str
+) -> None:
+    """`decant pack v.tif -o shared/out/v.zarr`, where another user made `out` a link to a
+    folder of theirs: refused, exit 3, naming it (red team 61, F2), as `decant restore` is."""
+    src = tiff(tmp_path / "v.tif", 0o600)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o777)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.symlink(theirs, shared / "out")
+    os.lchown(shared / "out", 1001, 1001)
+    status, out, err = decant_cli("pack", src, "-o", shared / "out" / name)
+    assert (status, out) == (3, "")
+    assert "'out' on the way is a symlink of uid 1001's (not followed)" in err
+    assert list(theirs.iterdir()) == []
+    os.lchown(shared / "out", 0, 0)  # root's own link is followed, as restore follows it
+    assert decant_cli("pack", src, "-o", shared / "out" / name, "-q")[0] == 0
+    assert (theirs / name).exists()
+
+
+def test_one_input_and_an_output_ending_in_a_slash_packs_into_that_folder(
+    tmp_path: Path, decant_cli: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`-o out/` of one input made a folder archive named `out` (red team 61)."""
+    tiff(tmp_path / "a.tif", 0o644)
+    monkeypatch.chdir(tmp_path)
+    status, out, err = decant_cli("pack", "a.tif", "-o", "out/")
+    assert (status, err) == (0, "")
+    assert out.startswith("a.tif -> out/a.tif.zarr.zip: byte-exact")
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.tif.zarr.zip"]
+    assert Path.cwd() == tmp_path  # the working folder given back
