@@ -19,6 +19,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from vfs.acl import acl_stat
+from vfs.written import mark_written
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIR = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
@@ -90,6 +91,7 @@ def makedirs_beneath(
                     made = True
                 if made and owner is not None:
                     _give(part, fd, mode, owner)
+                    mark_written(fd, part)  # a writer's folder: as it was made through the mount
                 nfd = os.open(part, _DIR, dir_fd=fd)
             os.close(fd)
             fd = nfd

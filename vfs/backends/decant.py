@@ -18,6 +18,7 @@ from vfs.decant import MANIFEST_KEY, archive_stat, archive_stem
 from vfs.decant.limits import human
 from vfs.errors import ArchiveGoneError, OpenArchivesFullError
 from vfs.stores.base import Folder
+from vfs.written import written
 
 if TYPE_CHECKING:  # numpy, numcodecs: imported when the first archive is read, not at start-up
     from vfs.decant.reader import DecantArchive, OriginalReader
@@ -54,7 +55,8 @@ class DecantBackend:
 
     def claims(self, path: Path, is_dir: bool) -> bool:
         if is_dir:
-            return path.name.endswith(".zarr") and (path / MANIFEST_KEY).is_file()
+            return (path.name.endswith(".zarr") and (path / MANIFEST_KEY).is_file()
+                    and not written(path))  # fmt: skip
         return path.name.endswith(".zarr.zip")
 
     def describe(self, path: Path) -> Description:

@@ -34,6 +34,7 @@ from vfs.ingest.space import SpaceGuard
 from vfs.ingest.spool import Spool
 from vfs.ingest.writing import Writers
 from vfs.nodes import Node, archive_version, mirror_node, spooled_node
+from vfs.written import mark_written
 
 
 def refuse(code: int, what: str) -> OSError:
@@ -290,6 +291,8 @@ class WriteSide:
                     os.replace(aside, self.spool.path(new_rel))
                 raise
             doomed.append(aside)
+            if node.is_dir:
+                mark_written(dfd, target.name)
             if node.is_dir and self.spool.path(old_rel).is_dir():
                 # Files still spooled inside move along (none, if a publish just took the
                 # last of them and pruned the folder).
@@ -519,6 +522,7 @@ class WriteSide:
         with _folder_of(self.root, path) as dfd:
             with placing_lock():
                 os.mkdir(name, stat.S_IMODE(mode), dir_fd=dfd)
+                mark_written(dfd, name)
             folder = os.fstat(dfd)
             if folder.st_mode & stat.S_ISGID:
                 # A setgid folder: the new one takes its group, and the kernel gave it the bit.
