@@ -36,10 +36,18 @@ def mark_written(dfd: int, name: str) -> None:
     try:
         os.setxattr(fd, WRITTEN, b"1")
     except OSError as exc:
-        log.warning("%s: not marked as written through the mount (%s): it will be shown as "
-                    "the archive it holds, if it is one", name, exc)  # fmt: skip
+        # Once: a user making folders named so by the thousand must not flood the log.
+        level = logging.DEBUG if _warned else logging.WARNING
+        _warned.append(name)
+        log.log(level, "%s: not marked as written through the mount (%s): shown as the archive "
+                "it holds, if it is one (and so is every such folder where this fails)", name,
+                exc)  # fmt: skip
+        del _warned[1:]
     finally:
         os.close(fd)
+
+
+_warned: list[str] = []  # the first folder that could not be marked
 
 
 def written(path: Path) -> bool:
