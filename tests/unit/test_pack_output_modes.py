@@ -107,3 +107,60 @@ def test_one_input_and_an_output_ending_in_a_slash_packs_into_that_folder(
     assert out.startswith("a.tif -> out/a.tif.zarr.zip: byte-exact")
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a.tif.zarr.zip"]
     assert Path.cwd() == tmp_path  # the working folder given back
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants folders owned by another user (root only)")
+def test_pack_writes_into_no_folder_another_user_may_rename_entries_of(
+    tmp_path: Path, decant_cli: Cli
+) -> None:
+    """The core writes its temp archive by name: a user who may rename entries of the folder
+    swapped it for a link between two opens, and root's pack overwrote a file of root's
+    (red team 62, F1). Such a folder is refused, exit 3; a sticky one is not."""
+    src = tiff(tmp_path / "v.tif", 0o600)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 1001, 1001)
+    status, _out, err = decant_cli("pack", src, "-o", theirs / "v.tif.zarr.zip")
+    assert status == 3 and "belongs to uid 1001: not written there" in err
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    status, _out, err = decant_cli("pack", src, "-o", f"{shared}/")
+    assert status == 3 and "writable by others without the sticky bit" in err
+    assert list(theirs.iterdir()) == [] and list(shared.iterdir()) == []
+    os.chmod(shared, 0o1777)
+    assert decant_cli("pack", src, "-o", f"{shared}/", "-q")[0] == 0
+    assert [p.name for p in shared.iterdir()] == ["v.tif.zarr.zip"]
+
+
+def test_a_folder_found_at_the_archive_s_name_is_not_packed_into(
+    tmp_path: Path, decant_cli: Cli
+) -> None:
+    """Another user's folder planted at root's `-o /tmp/scan.zarr.zip` took the archive
+    (red team 62, F1): only an `-o` ending in / names a folder to pack into."""
+    src = tiff(tmp_path / "v.tif", 0o600)
+    planted = tmp_path / "scan.zarr.zip"
+    planted.mkdir()
+    status, _out, err = decant_cli("pack", src, "-o", planted)
+    assert status == 2 and "already exists" in err
+    assert list(planted.iterdir()) == []
+
+
+def test_the_file_packed_is_the_one_opened_whatever_its_name_names_later(
+    tmp_path: Path,
+) -> None:
+    """`pack_file` reads, hashes and takes the mode of one open file: a user's file swapped
+    for a link to root's secret between the stat and the reads was packed with the secret's
+    bytes and the 0644 file's mode (red team 62, F2)."""
+    from vfs.decant.packer import held_open
+
+    mine = tiff(tmp_path / "x.tif", 0o644)
+    mine_bytes = mine.read_bytes()
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"root's secret")
+    os.chmod(secret, 0o600)
+    with held_open(mine) as (held, st):
+        mine.unlink()
+        os.symlink(secret, mine)
+        assert held.read_bytes() == mine_bytes
+        assert stat.S_IMODE(st.st_mode) == 0o644

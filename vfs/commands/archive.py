@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import json
 import os
 import stat
@@ -31,7 +32,6 @@ from vfs.commands.status import (
     require_readable,
     say,
 )
-from vfs.decant import MANIFEST_KEY
 from vfs.errors import DecantError, NotAnArchiveError, PackError
 
 if TYPE_CHECKING:  # the cores load zarr: imported when a command runs, not to build the parser
@@ -168,11 +168,10 @@ def _pack_target(src: Path, args: argparse.Namespace) -> Path:
 
 def _a_folder(out: Path) -> bool:
     """Whether `-o` of one input names a folder to pack into, as for several: written with a
-    trailing slash (`-o out/` made a folder archive named `out`; red team 61), or a folder that
-    is not a decant archive and is not named like one."""
-    if isinstance(out, FolderPath):
-        return True
-    return out.is_dir() and not out.name.endswith(".zarr") and not (out / MANIFEST_KEY).exists()
+    trailing slash (`-o out/` made a folder archive named `out`; red team 61). Not a folder
+    found there: one another user planted at root's `-o /tmp/scan.zarr.zip` took the archive
+    (red team 62, F1); it is refused, as a folder that is not an archive."""
+    return isinstance(out, FolderPath)
 
 
 class FolderPath(type(Path())):  # type: ignore[misc]
@@ -201,6 +200,9 @@ def reached(out: Path) -> Iterator[Path]:
     try:
         folder = output_folder(out.parent)
         try:
+            why = _swappable(os.fstat(folder))
+            if why is not None:
+                raise OSError(errno.EPERM, f"{out.parent} {why}: not written there")
             os.fchdir(folder)
         finally:
             os.close(folder)
@@ -210,6 +212,18 @@ def reached(out: Path) -> Iterator[Path]:
             os.fchdir(here)
     finally:
         os.close(here)
+
+
+def _swappable(st: os.stat_result) -> str | None:
+    """Why another user could rename entries of the folder `st` describes (its owner, or any
+    user who may write it without the sticky bit), or None. The core writes its temp archive
+    by name: such a user swapped it for a link between two opens, and root's pack overwrote
+    and chmodded a file of root's choosing (red team 62, F1)."""
+    if st.st_uid not in (0, os.geteuid()):
+        return f"belongs to uid {st.st_uid}"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        return f"is writable by others without the sticky bit (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
 
 
 def _pack_one(src: Path, out: Path, options: PackOptions, silent: bool) -> None:

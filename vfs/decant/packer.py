@@ -10,6 +10,7 @@ import stat
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,27 +80,66 @@ def pack_file(
     source: Path, out: Path, options: PackOptions = PackOptions(), progress: Progress | None = None
 ) -> PackResult:
     """Pack one file. Publishes `out` only after it reconstructs byte-exact from disk."""
-    if not source.is_file():
-        raise PackError(f"{source}: not a regular file")
     if out.exists() and not options.overwrite:
         raise PackError(f"{out}: already exists (pass overwrite to replace it)")
-    st = source.stat()
-    sha = file_sha256(source)
+    with held_open(source) as (held, st):
+        return _pack_held(source, held, st, out, options, progress)
+
+
+@contextmanager
+def held_open(source: Path) -> Iterator[tuple[Path, os.stat_result]]:
+    """The file at `source` opened once: a path naming that very file (its descriptor's, in
+    /proc: whatever `source` names later), and its stat. Each step opened `source` by name (the
+    stat for the archive's mode, the hash, the scan, the write): root packing a user's file
+    archived whatever the user swapped in between, a link to root's 0600 secret, with the mode
+    of the 0644 file it had stat'ed (red team 62, F2)."""
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: no hang
+    except OSError as exc:
+        raise PackError(f"{source}: {exc.strerror or exc}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise PackError(f"{source}: not a regular file")
+        held = Path(f"/proc/self/fd/{fd}")
+        try:
+            same = os.stat(held)
+        except OSError:  # no /proc: by name, as before
+            yield source, st
+            return
+        if (same.st_dev, same.st_ino) != (st.st_dev, st.st_ino):
+            raise PackError(f"{source}: not reached through /proc/self/fd")
+        yield held, st
+    finally:
+        os.close(fd)
+
+
+def _pack_held(
+    source: Path,
+    held: Path,
+    st: os.stat_result,
+    out: Path,
+    options: PackOptions,
+    progress: Progress | None,
+) -> PackResult:
+    """`pack_file` of the file open at `held`, named `source`."""
+    sha = file_sha256(held)
     layout, reason = None, ""
     if options.mode != "verbatim":
         try:
-            layout = scan_tiff(source, st.st_size, options.max_plane)
+            layout = scan_tiff(held, st.st_size, options.max_plane)
         except NotByteExact as exc:
-            reason = str(exc)
+            reason = str(exc).replace(str(held), str(source))
             if options.mode == "byte-exact":
                 raise PackError(f"{source}: cannot pack byte-exact: {reason}") from None
+    name = source.name
     if layout is not None:
         try:
             _publish(
                 out,
                 st,
-                lambda tmp: _write_byte_exact(source, tmp, layout, sha, options, progress),
-                {source.name: sha},
+                lambda tmp: _write_byte_exact(held, tmp, layout, sha, options, progress, name),
+                {name: sha},
             )
             return _result(source, out, "byte-exact", st.st_size)
         except DecantError as exc:
@@ -110,8 +150,8 @@ def pack_file(
     _publish(
         out,
         st,
-        lambda tmp: _write_verbatim(source, tmp, sha, options, progress),
-        {source.name: sha},
+        lambda tmp: _write_verbatim(held, tmp, sha, options, progress, name),
+        {name: sha},
     )
     return _result(source, out, "verbatim", st.st_size, reason)
 
@@ -228,10 +268,12 @@ def _write_byte_exact(
     sha: str,
     options: PackOptions,
     progress: Progress | None,
+    name: str | None = None,
 ) -> None:
+    name = name or source.name
     size = source.stat().st_size
     husk_size = size - layout.pixel_bytes
-    attrs = ngff_attrs(source.name, layout.canonical_axes, layout.page_shape, options.pyramid)
+    attrs = ngff_attrs(name, layout.canonical_axes, layout.page_shape, options.pyramid)
     attrs["decant"]["husk"] = "husk"
     writer = ArchiveWriter(tmp, attrs)
     try:
@@ -246,7 +288,7 @@ def _write_byte_exact(
             Manifest(
                 format=1,
                 mode="byte-exact",
-                original_name=source.name,
+                original_name=name,
                 original_size=size,
                 original_sha256=sha,
                 byteorder=layout.byteorder,
@@ -396,9 +438,15 @@ def husk_blocks(fd: int, regions: RegionIndex) -> Iterator[bytes]:
 
 
 def _write_verbatim(
-    source: Path, tmp: Path, sha: str, options: PackOptions, progress: Progress | None
+    source: Path,
+    tmp: Path,
+    sha: str,
+    options: PackOptions,
+    progress: Progress | None,
+    name: str | None = None,
 ) -> None:
     del options
+    name = name or source.name
     size = source.stat().st_size
     writer = ArchiveWriter(
         tmp, {"decant": {"original": "original", "manifest": MANIFEST_KEY, "format": 1}}
@@ -417,7 +465,7 @@ def _write_verbatim(
             Manifest(
                 format=1,
                 mode="verbatim",
-                original_name=source.name,
+                original_name=name,
                 original_size=size,
                 original_sha256=sha,
                 decant_version=vfs.__version__,
