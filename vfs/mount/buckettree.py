@@ -172,8 +172,8 @@ class BucketTree(SourceTree):
     def pending(self) -> list[str]:
         """Keys whose upload began and never ended in the journal (the daemon killed, or the
         key taken by another): their multipart uploads may be left in the bucket."""
-        with self._lock:
-            return [key for key, etag in self._published if etag == PENDING]
+        with self._lock:  # the latest first: a start looks at a bounded number of them
+            return [key for key, etag in reversed(self._published) if etag == PENDING]
 
     def keep_published(self, journal: Path) -> None:
         """Load what this host published before (the last MAX_REMEMBERED entries; a line that

@@ -337,12 +337,16 @@ def make_writer(config: MountConfig, tree: SourceTree, queue: PackQueue) -> Writ
     return WriteSide(config.src, tree.spool, config.allow_delete, queue.guard)
 
 
+KERNEL_READ_AHEAD_KB = 128  # what the kernel sets a FUSE mount's read-ahead to at INIT
+
+
 def raise_read_ahead(mnt: Path, kib: int = 1024) -> None:
-    """1 MiB kernel read-ahead: 8× fewer round trips than the 128 KiB default (needs root)."""
+    """1 MiB kernel read-ahead: 8× fewer round trips than the 128 KiB default (needs root).
+    Only from the kernel's value: one an operator set meanwhile stays (red team 62, F4)."""
     # Not os.stat(mnt): that would wait on this very daemon, which is not serving yet.
     try:
         bdi = Path(f"/sys/class/bdi/{mount_device(mnt)}/read_ahead_kb")
-        if int(bdi.read_text()) < kib:
+        if int(bdi.read_text()) == KERNEL_READ_AHEAD_KB:
             bdi.write_text(str(kib))
     except (OSError, ValueError) as exc:
         log.debug("cannot raise read_ahead_kb (%s); reads stay 128 KiB", exc)
