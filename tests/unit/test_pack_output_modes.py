@@ -164,3 +164,22 @@ def test_the_file_packed_is_the_one_opened_whatever_its_name_names_later(
         os.symlink(secret, mine)
         assert held.read_bytes() == mine_bytes
         assert stat.S_IMODE(st.st_mode) == 0o644
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chowns folders to another group (root only)")
+def test_a_folder_writable_by_one_s_own_group_only_is_written_to(
+    tmp_path: Path, decant_cli: Cli
+) -> None:
+    """A user-private-group umask (002) makes one's folders 0775 of one's own group: fine; a
+    group-writable folder of another group is not."""
+    src = tiff(tmp_path / "v.tif", 0o644)
+    own = tmp_path / "own"
+    own.mkdir()
+    os.chmod(own, 0o775)
+    assert decant_cli("pack", src, "-o", f"{own}/", "-q")[0] == 0
+    lab = tmp_path / "lab"
+    lab.mkdir()
+    os.chown(lab, 0, 1001)
+    os.chmod(lab, 0o2775)
+    status, _out, err = decant_cli("pack", src, "-o", f"{lab}/")
+    assert status == 3 and "writable by others without the sticky bit" in err

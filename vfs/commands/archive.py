@@ -221,7 +221,11 @@ def _swappable(st: os.stat_result) -> str | None:
     and chmodded a file of root's choosing (red team 62, F1)."""
     if st.st_uid not in (0, os.geteuid()):
         return f"belongs to uid {st.st_uid}"
-    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+    if st.st_mode & stat.S_ISVTX:
+        return None
+    # The group of one's own folder under a user-private-group umask (002) is one's own.
+    group = st.st_mode & stat.S_IWGRP and st.st_gid != os.getegid()
+    if st.st_mode & stat.S_IWOTH or group:
         return f"is writable by others without the sticky bit (mode {stat.S_IMODE(st.st_mode):04o})"
     return None
 
