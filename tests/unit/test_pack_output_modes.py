@@ -183,3 +183,72 @@ def test_a_folder_writable_by_one_s_own_group_only_is_written_to(
     os.chmod(lab, 0o2775)
     status, _out, err = decant_cli("pack", src, "-o", f"{lab}/")
     assert status == 3 and "writable by others without the sticky bit" in err
+
+
+def test_a_series_folder_swapped_for_a_link_mid_pack_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The series folder is opened once: a user swapping it for a link to root's folder
+    between the steps had root's 0600 file packed with the user's folder's mode (red team
+    63, F1). Swapped after the listing, the pack still reads the folder it listed."""
+    import vfs.decant.series as series
+    from vfs.decant.verify import restore_archive
+
+    run = tmp_path / "run"
+    tiff(run / "a.tif", 0o644, seed=1)
+    os.chmod(run, 0o755)
+    secret = tmp_path / "secret"
+    tiff(secret / "a.tif", 0o600, seed=2)
+    os.chmod(secret, 0o700)
+    scan = series.scan_tiff
+    swapped: list[bool] = []
+
+    def swapping_scan(path: Path, *args: Any) -> Any:
+        if not swapped:
+            swapped.append(True)
+            os.rename(run, tmp_path / "run-away")
+            os.symlink(secret, run)
+        return scan(path, *args)
+
+    monkeypatch.setattr(series, "scan_tiff", swapping_scan)
+    result = series.pack_series(run, tmp_path / "run.zarr.zip", series.PackOptions())
+    assert swapped and result.archive.stat().st_mode & 0o777 == 0o644
+    restore_archive(result.archive, tmp_path / "out", tmp_path)
+    listed = (tmp_path / "run-away" / "a.tif").read_bytes()
+    assert (tmp_path / "out" / "a.tif").read_bytes() == listed
+
+
+def test_a_series_member_swapped_for_a_fifo_is_refused_not_waited_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member renamed to a FIFO after the listing held root's pack for good (red team 63,
+    F2): every step opens members non-blocking and takes regular files only."""
+    import vfs.decant.series as series
+    from vfs.errors import PackError
+
+    run = tmp_path / "run"
+    tiff(run / "a.tif", 0o644)
+    tiff(run / "b.tif", 0o644, seed=2)
+    listed = series.series_members
+
+    def listing_then_fifo(folder: Path) -> list[Path]:
+        members = listed(folder)
+        os.unlink(run / "b.tif")
+        os.mkfifo(run / "b.tif")
+        return members
+
+    monkeypatch.setattr(series, "series_members", listing_then_fifo)
+    with pytest.raises(PackError, match=r"b\.tif: not a regular file"):
+        series.pack_series(run, tmp_path / "run.zarr.zip", series.PackOptions())
+
+
+def test_restore_gives_the_original_the_archive_s_bits(tmp_path: Path, decant_cli: Cli) -> None:
+    """A 0600 original restored 0644 (0666 less the umask): readable by every user (red team
+    63, F3). Restored with the archive's read and write bits, less the umask, as `cp` does."""
+    for bits in (0o600, 0o644):
+        src = tiff(tmp_path / f"p{bits:o}.tif", bits)
+        assert decant_cli("pack", src, "-q")[0] == 0
+        out = tmp_path / f"r{bits:o}.tif"
+        assert decant_cli("restore", tmp_path / f"{src.name}.zarr.zip", "-o", out, "-q")[0] == 0
+        assert stat.S_IMODE(out.stat().st_mode) == bits
+        assert out.read_bytes() == src.read_bytes()

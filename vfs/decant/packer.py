@@ -77,13 +77,18 @@ def default_archive_name(source: Path) -> str:
 
 
 def pack_file(
-    source: Path, out: Path, options: PackOptions = PackOptions(), progress: Progress | None = None
+    source: Path,
+    out: Path,
+    options: PackOptions = PackOptions(),
+    progress: Progress | None = None,
+    name: str | None = None,
 ) -> PackResult:
-    """Pack one file. Publishes `out` only after it reconstructs byte-exact from disk."""
+    """Pack one file. Publishes `out` only after it reconstructs byte-exact from disk. `name`:
+    the original's name, where `source` is not it (a series member held open)."""
     if out.exists() and not options.overwrite:
         raise PackError(f"{out}: already exists (pass overwrite to replace it)")
     with held_open(source) as (held, st):
-        return _pack_held(source, held, st, out, options, progress)
+        return _pack_held(source, held, st, out, options, progress, name or source.name)
 
 
 @contextmanager
@@ -121,8 +126,9 @@ def _pack_held(
     out: Path,
     options: PackOptions,
     progress: Progress | None,
+    name: str,
 ) -> PackResult:
-    """`pack_file` of the file open at `held`, named `source`."""
+    """`pack_file` of the file open at `held`, named `source`, its original named `name`."""
     sha = file_sha256(held)
     layout, reason = None, ""
     if options.mode != "verbatim":
@@ -132,7 +138,6 @@ def _pack_held(
             reason = str(exc).replace(str(held), str(source))
             if options.mode == "byte-exact":
                 raise PackError(f"{source}: cannot pack byte-exact: {reason}") from None
-    name = source.name
     if layout is not None:
         try:
             _publish(

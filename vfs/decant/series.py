@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -73,32 +75,81 @@ def series_members(folder: Path) -> list[Path]:
     return sorted(files, key=lambda p: p.relative_to(folder).as_posix())
 
 
-def member_sha256(folder: Path, path: Path) -> str:
-    """The sha256 of the member at `path`, read from a descriptor reached from `folder` with no
-    link followed (a file swapped for a link after `series_members` looked is refused here).
-    The archive must reconstruct to these digests, so a later open by path that a swapped
-    link sent elsewhere fails the pack's verification instead of packing that file."""
+def member_digest(folder: Path, path: Path) -> tuple[str, int]:
+    """The sha256 and mode bits of the member at `path`, read from one descriptor reached from
+    `folder` with no link followed (a file swapped for a link after `series_members` looked
+    is refused here). The archive must reconstruct to these digests, so a file swapped in
+    later fails the pack's verification instead of being packed, and the archive's mode is
+    that of the files these bytes came from."""
+    with held_member(folder, path) as (held, st):
+        digest = hashlib.sha256()
+        with open(held, "rb") as fh:
+            while block := fh.read(4 * 1024 * 1024):
+                digest.update(block)
+    return digest.hexdigest(), stat.S_IMODE(st.st_mode)
+
+
+@contextmanager
+def held_member(folder: Path, path: Path) -> Iterator[tuple[Path, os.stat_result]]:
+    """The member at `path` opened below `folder` with no link followed, as a path naming that
+    very file (/proc/self/fd/N), and its stat. Each step of a series pack opened its members by
+    name: one swapped for a FIFO after the listing held root's pack for good (red team 63,
+    F2), one reached through a swapped link was read as root."""
     try:
         fd = open_beneath(folder, path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise PackError(f"{path}: cannot read it as a file of {folder} ({exc.strerror})") from None
-    with os.fdopen(fd, "rb") as fh:
-        if not stat.S_ISREG(os.fstat(fh.fileno()).st_mode):
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise PackError(f"{path}: not a regular file")
-        digest = hashlib.sha256()
-        while block := fh.read(4 * 1024 * 1024):
-            digest.update(block)
-    return digest.hexdigest()
+        yield _fd_path(fd, path), st
+    finally:
+        os.close(fd)
+
+
+def _fd_path(fd: int, fallback: Path) -> Path:
+    """A path naming the file open on `fd` itself, or `fallback` without /proc."""
+    held = Path(f"/proc/self/fd/{fd}")
+    return held if os.path.exists(held) else fallback
 
 
 def pack_series(
     folder: Path, out: Path | None, options: PackOptions, progress: Progress | None = None
 ) -> PackResult:
-    members = series_members(folder)
+    """Pack the folder as one series. The folder is opened once and every member reached
+    below that descriptor, no link followed: opened by name at each step, a user swapping
+    their series folder for a link to root's between the steps had root's 0600 file packed
+    into an archive with the user's folder's mode 0644 (red team 63, F1)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PackError(f"{folder}: {exc.strerror or exc}") from None
+    root = _fd_path(fd, folder)
+    try:
+        return _pack_series(folder, root, os.fstat(fd), out, options, progress)
+    except PackError as exc:  # named as the caller named the folder
+        raise PackError(str(exc).replace(str(root), str(folder))) from None
+    finally:
+        os.close(fd)
+
+
+def _pack_series(
+    folder: Path,
+    root: Path,
+    st: os.stat_result,
+    out: Path | None,
+    options: PackOptions,
+    progress: Progress | None,
+) -> PackResult:
+    """`pack_series` of the folder open at `root` (a /proc path), named `folder`."""
+    members = series_members(root)
     layouts: list[TiffLayout] = []
     if options.mode != "verbatim":
         try:
-            layouts = [scan_tiff(p, p.stat().st_size) for p in members]
+            for p in members:
+                with held_member(root, p) as (held, mst):
+                    layouts.append(scan_tiff(held, mst.st_size))
         except NotByteExact:
             layouts = []
     consolidated = (
@@ -121,27 +172,27 @@ def pack_series(
         )
     if out.exists() and not options.overwrite:
         raise PackError(f"{out}: already exists (pass overwrite to replace it)")
-    shas = {p.relative_to(folder).as_posix(): member_sha256(folder, p) for p in members}
-    st = folder.stat()
     # The archive is no more open than the most private member (it took the folder's mode
-    # alone, so a 0600 TIFF of a 0755 folder was published 0755).
+    # alone, so a 0600 TIFF of a 0755 folder was published 0755), each member's bits taken
+    # from the descriptor its digest was read from.
     bits = stat.S_IMODE(st.st_mode)
+    shas = {}
     for p in members:
-        bits &= stat.S_IMODE(p.lstat().st_mode)
+        shas[p.relative_to(root).as_posix()], member_bits = member_digest(root, p)
+        bits &= member_bits
     if consolidated:
-        _publish(
-            out,
-            st,
-            lambda tmp: _write_consolidated(folder, members, layouts, shas, tmp, options, progress),
-            shas,
-            bits,
-        )
-        mode = "series"
+
+        def write(tmp: Path) -> None:
+            _write_consolidated(root, folder.name, members, layouts, shas, tmp, options, progress)
+
     else:
-        write = lambda tmp: _write_nested(folder, members, shas, tmp, options)  # noqa: E731
-        _publish(out, st, write, shas, bits)
-        mode = "series-nested"
-    size = sum(p.stat().st_size for p in members)
+
+        def write(tmp: Path) -> None:
+            _write_nested(root, folder.name, members, shas, tmp, options)
+
+    _publish(out, st, write, shas, bits)
+    mode = "series" if consolidated else "series-nested"
+    size = sum(p.lstat().st_size for p in members)
     from vfs.decant.packer import _tree_size
 
     return PackResult(folder, out, mode, size, _tree_size(out))
@@ -149,6 +200,7 @@ def pack_series(
 
 def _write_consolidated(
     folder: Path,
+    name: str,
     members: list[Path],
     layouts: list[TiffLayout],
     shas: dict[str, str],
@@ -158,7 +210,7 @@ def _write_consolidated(
 ) -> None:
     first = layouts[0]
     total = sum(len(lay.pages) for lay in layouts)
-    attrs = ngff_attrs(folder.name, ("z",), first.page_shape, options.pyramid)
+    attrs = ngff_attrs(name, ("z",), first.page_shape, options.pyramid)
     writer = ArchiveWriter(tmp, attrs)
     records = []
     try:
@@ -166,9 +218,9 @@ def _write_consolidated(
         base = 0
         for i, (path, lay) in enumerate(zip(members, layouts, strict=True)):
             pages = tuple(replace(p, index=p.index + base) for p in lay.pages)
-            size = path.stat().st_size
-            husk = size - lay.pixel_bytes
-            with open(path, "rb") as fh:
+            with held_member(folder, path) as (held, st), open(held, "rb") as fh:
+                size = st.st_size
+                husk = size - lay.pixel_bytes
                 write_planes(arrays, fh.fileno(), lay, pages, [(p.index,) for p in pages], progress)
                 regions = RegionIndex.build(lay.pages, size, husk, str(path))
                 writer.byte_array(f"husk_{i}", husk_blocks(fh.fileno(), regions), husk, HUSK_CHUNK)
@@ -177,19 +229,26 @@ def _write_consolidated(
                 MemberRecord(relpath, size, shas[relpath], lay.byteorder, f"husk_{i}", husk, pages)
             )
             base += len(pages)
-        writer.finish(_series_manifest(folder, records, True, options, first.byteorder))
+        writer.finish(_series_manifest(name, records, True, options, first.byteorder))
     except BaseException:
         writer.abort()
         raise
 
 
 def _write_nested(
-    folder: Path, members: list[Path], shas: dict[str, str], tmp: Path, options: PackOptions
+    folder: Path,
+    name: str,
+    members: list[Path],
+    shas: dict[str, str],
+    tmp: Path,
+    options: PackOptions,
 ) -> None:
     tmp.mkdir(exist_ok=True)
     records = []
     for i, path in enumerate(members):
-        result = pack_file(path, tmp / f"m{i}.zarr.zip", replace(options, overwrite=False))
+        with held_member(folder, path) as (held, _st):
+            out = tmp / f"m{i}.zarr.zip"
+            result = pack_file(held, out, replace(options, overwrite=False), name=path.name)
         relpath = path.relative_to(folder).as_posix()
         records.append(
             MemberRecord(
@@ -197,13 +256,13 @@ def _write_nested(
             )
         )
     (tmp / ".decant").mkdir()
-    manifest = _series_manifest(folder, records, False, options, "<")
+    manifest = _series_manifest(name, records, False, options, "<")
     (tmp / MANIFEST_KEY).write_bytes(manifest.dumps())
     os.utime(tmp / MANIFEST_KEY)
 
 
 def _series_manifest(
-    folder: Path,
+    name: str,
     records: list[MemberRecord],
     consolidated: bool,
     options: PackOptions,
@@ -212,7 +271,7 @@ def _series_manifest(
     return Manifest(
         format=1,
         mode="series",
-        original_name=folder.name,
+        original_name=name,
         original_size=0,
         original_sha256="",
         byteorder=byteorder,

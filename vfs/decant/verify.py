@@ -218,6 +218,15 @@ def _step(fd: int, part: str, path: Path) -> int:
     return nfd
 
 
+def restored_bits(store: object) -> int:
+    """The mode an original is restored with (less the umask, as `cp` makes a copy): the
+    archive's read and write bits, which a pack took from the original (a folder archive's
+    files' bits). Restored 0666 less the umask, root's 0600 original came back 0644, readable
+    by every user (red team 63, F3). An archive with no local file (a bucket's): 0666."""
+    st = getattr(store, "stat", None)
+    return stat.S_IMODE(st.st_mode) & 0o666 if st is not None else 0o666
+
+
 def _restore_one(
     reader: OriginalReader,
     dfd: int,
@@ -235,7 +244,7 @@ def _restore_one(
     crc = getattr(store, "verify_crc", None)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(tmp, flags, 0o666, dir_fd=dfd)
+        fd = os.open(tmp, flags, restored_bits(store), dir_fd=dfd)
     except OSError as exc:
         raise OSError(exc.errno, exc.strerror, str(target.parent / tmp)) from None
     if made is not None:
