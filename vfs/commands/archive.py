@@ -214,6 +214,13 @@ def reached(out: Path) -> Iterator[Path]:
         os.close(here)
 
 
+def _named(exc: Exception, name: Path, out: Path) -> str:
+    """The core's message, which names the output as `name` (in the working folder it was
+    given), naming it `out` instead."""
+    text = str(exc)
+    return f"{out}{text[len(str(name)) :]}" if text.startswith(f"{name}:") else text
+
+
 def _swappable(st: os.stat_result) -> str | None:
     """Why another user could rename entries of the folder `st` describes (its owner, or any
     user who may write it without the sticky bit), or None. The core writes its temp archive
@@ -246,7 +253,8 @@ def _pack_one(src: Path, out: Path, options: PackOptions, silent: bool) -> None:
             try:
                 refuse_unless_archive(name)
             except PackError as exc:
-                raise UsageError(f"{out}: {exc}; -o names the archive of one input") from None
+                why = _named(exc, name, out)
+                raise UsageError(f"{why}; -o names the archive of one input") from None
         # The core reports the bytes it packs; hashing and the verify gate run unreported.
         with byte_progress(f"packing {src.name}", source.stat().st_size, silent) as bar:
             result = pack_file(source, name, options, bar)
@@ -266,7 +274,10 @@ def _pack_series(src: Path, out: Path | None, options: PackOptions, silent: bool
         reached(out or source) as name,
         byte_progress(f"packing {src.name}", total, silent) as bar,
     ):
-        result = pack_series(source if out else name, name if out else None, options, bar)
+        try:
+            result = pack_series(source if out else name, name if out else None, options, bar)
+        except PackError as exc:  # the output named as the caller named it
+            raise PackError(_named(exc, name, out or src.parent / name.name)) from None
     archive = (out or (src if src.name else source)).parent / result.archive.name
     _print_result(dataclasses.replace(result, source=src, archive=archive), silent)
     return OK
