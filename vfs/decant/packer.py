@@ -92,31 +92,33 @@ def pack_file(
 
 
 @contextmanager
-def held_open(source: Path) -> Iterator[tuple[Path, os.stat_result]]:
-    """The file at `source` opened once: a path naming that very file (its descriptor's, in
-    /proc: whatever `source` names later), and its stat. Each step opened `source` by name (the
-    stat for the archive's mode, the hash, the scan, the write): root packing a user's file
-    archived whatever the user swapped in between, a link to root's 0600 secret, with the mode
-    of the 0644 file it had stat'ed (red team 62, F2)."""
-    try:
-        fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO: no hang
-    except OSError as exc:
-        raise PackError(f"{source}: {exc.strerror or exc}") from None
+def held_open(source: Path, opened: int | None = None) -> Iterator[tuple[Path, os.stat_result]]:
+    """The file at `source` opened once (or the descriptor `opened` the caller made of it,
+    closed here): a path naming that very file (its descriptor's, in /proc: whatever `source`
+    names later), and its stat; a FIFO or a folder is refused, not waited on. Each step opened
+    `source` by name (the stat for the archive's mode, the hash, the scan, the write): root
+    packing a user's file archived whatever the user swapped in between, a link to root's 0600
+    secret, with the mode of the 0644 file it had stat'ed (red team 62, F2)."""
+    fd = opened
+    if fd is None:
+        try:
+            fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            raise PackError(f"{source}: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise PackError(f"{source}: not a regular file")
-        held = Path(f"/proc/self/fd/{fd}")
-        try:
-            same = os.stat(held)
-        except OSError:  # no /proc: by name, as before
-            yield source, st
-            return
-        if (same.st_dev, same.st_ino) != (st.st_dev, st.st_ino):
-            raise PackError(f"{source}: not reached through /proc/self/fd")
-        yield held, st
+        yield fd_path(fd, source), st
     finally:
         os.close(fd)
+
+
+def fd_path(fd: int, fallback: Path) -> Path:
+    """A path naming the file open on `fd` itself (/proc/self/fd/N), or `fallback` where
+    there is no /proc."""
+    held = Path(f"/proc/self/fd/{fd}")
+    return held if os.path.exists(held) else fallback
 
 
 def _pack_held(

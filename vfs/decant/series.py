@@ -19,6 +19,8 @@ from vfs.decant.packer import (
     PackResult,
     _publish,
     create_pixel_arrays,
+    fd_path,
+    held_open,
     husk_blocks,
     ngff_attrs,
     pack_file,
@@ -99,19 +101,8 @@ def held_member(folder: Path, path: Path) -> Iterator[tuple[Path, os.stat_result
         fd = open_beneath(folder, path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as exc:
         raise PackError(f"{path}: cannot read it as a file of {folder} ({exc.strerror})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise PackError(f"{path}: not a regular file")
-        yield _fd_path(fd, path), st
-    finally:
-        os.close(fd)
-
-
-def _fd_path(fd: int, fallback: Path) -> Path:
-    """A path naming the file open on `fd` itself, or `fallback` without /proc."""
-    held = Path(f"/proc/self/fd/{fd}")
-    return held if os.path.exists(held) else fallback
+    with held_open(path, fd) as held:
+        yield held
 
 
 def pack_series(
@@ -125,7 +116,7 @@ def pack_series(
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise PackError(f"{folder}: {exc.strerror or exc}") from None
-    root = _fd_path(fd, folder)
+    root = fd_path(fd, folder)
     try:
         return _pack_series(folder, root, os.fstat(fd), out, options, progress)
     except PackError as exc:  # named as the caller named the folder
