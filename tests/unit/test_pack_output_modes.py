@@ -252,3 +252,58 @@ def test_restore_gives_the_original_the_archive_s_bits(tmp_path: Path, decant_cl
         assert decant_cli("restore", tmp_path / f"{src.name}.zarr.zip", "-o", out, "-q")[0] == 0
         assert stat.S_IMODE(out.stat().st_mode) == bits
         assert out.read_bytes() == src.read_bytes()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="plants a link owned by another user (root only)")
+def test_an_input_that_is_another_user_s_link_is_refused(tmp_path: Path, decant_cli: Cli) -> None:
+    """`/tmp/scan.tif`, another user's link to a 0644 file inside root's 0700 folder, was
+    packed (and restored) into a file that user could read (red team 64, F1)."""
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    secret = tiff(private / "secret.tif", 0o644)
+    assert decant_cli("pack", secret, "-q")[0] == 0
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    for name, target in (
+        ("scan.tif", secret),
+        ("scan.tif.zarr.zip", private / "secret.tif.zarr.zip"),
+    ):
+        os.symlink(target, shared / name)
+        os.lchown(shared / name, 1001, 1001)
+    out = tmp_path / "out"
+    out.mkdir()
+    status, _out, err = decant_cli("pack", shared / "scan.tif", "-o", f"{out}/")
+    assert status == 2 and "symlink of uid 1001's (not followed)" in err
+    for command in (("restore", shared / "scan.tif.zarr.zip", "-o", out / "r.tif"),
+                    ("info", shared / "scan.tif.zarr.zip")):  # fmt: skip
+        status, _out, err = decant_cli(*command)
+        assert status == 2 and "symlink of uid 1001's (not followed)" in err
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a folder of another user's (root only)")
+def test_restore_writes_into_no_folder_another_user_may_rename_entries_of(
+    tmp_path: Path, decant_cli: Cli
+) -> None:
+    """A user who made the folder a series restores into swapped their bytes in for root's
+    temp file, which root then published as the original (red team 64, F2)."""
+    src = tiff(tmp_path / "v.tif", 0o644)
+    assert decant_cli("pack", src, "-q")[0] == 0
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 1001, 1001)
+    status, _out, err = decant_cli("restore", tmp_path / "v.tif.zarr.zip", "-o", theirs / "v.tif")
+    assert status == 3 and "belongs to uid 1001: not written there" in err
+    assert list(theirs.iterdir()) == []
+
+
+def test_an_archive_that_is_a_fifo_is_refused_not_waited_on(
+    tmp_path: Path, decant_cli: Cli
+) -> None:
+    """Checked, then opened again by name (blocking), an archive swapped for a FIFO in between
+    held root's `decant info` for good (red team 64, F3): it is opened once, non-blocking."""
+    fifo = tmp_path / "x.zarr.zip"
+    os.mkfifo(fifo)
+    for command in ("info", "verify", "restore"):
+        status, _out, err = decant_cli(command, fifo)
+        assert status == 2 and "not a decant archive (not a file or a folder)" in err

@@ -95,25 +95,53 @@ def _codec(text: str) -> CodecChoice:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def open_archive(path: Path | str, args: argparse.Namespace | None = None) -> DecantArchive:
-    """Open `path` (or an s3:// URL) as a decant archive; UsageError (exit 2) when it is not
-    one at all.
+@contextmanager
+def open_archive(
+    path: Path | str, args: argparse.Namespace | None = None
+) -> Iterator[DecantArchive]:
+    """Open `path` (or an s3:// URL) as a decant archive, for the block; UsageError (exit 2)
+    when it is not one at all.
 
-    Only the top level is judged here: what goes wrong once it opened is damage (exit 1).
-    """
+    Only the top level is judged here: what goes wrong once it opened is damage (exit 1). A
+    local archive is reached as an input of `decant pack` is (`verify.reach`: another user's
+    link on the way refused) and opened once, without blocking: the core reads the very file
+    or folder opened. Opened by name after a check, a user's archive swapped for a FIFO in
+    between held root's `decant info` for good (red team 64, F3)."""
+    from vfs.decant.packer import fd_path
     from vfs.decant.reader import DecantArchive
+    from vfs.decant.verify import reach
 
     if isinstance(path, str):
-        return open_remote_archive(path, args or argparse.Namespace())
-    require_readable(path)
-    if path.is_file():
-        with open(path, "rb") as fh:
-            if fh.read(4) not in ZIP_MAGIC:
-                raise UsageError(f"{path}: not a decant archive (not a zip file)")
+        with open_remote_archive(path, args or argparse.Namespace()) as remote:
+            yield remote
+        return
     try:
-        return DecantArchive.open(path)
-    except NotAnArchiveError as exc:  # deeper down (a series bundle gone) it is damage: 1
-        raise UsageError(str(exc)) from None
+        fd = reach(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise UsageError(f"{path}: {exc.strerror or exc}") from None
+    held = fd_path(fd, path)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode):
+            if os.pread(fd, 4, 0) not in ZIP_MAGIC:
+                raise UsageError(f"{path}: not a decant archive (not a zip file)")
+        elif not stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{path}: not a decant archive (not a file or a folder)")
+        try:
+            archive = DecantArchive.open(held)
+        except NotAnArchiveError as exc:  # deeper down (a series bundle gone) it is damage: 1
+            raise UsageError(str(exc).replace(str(held), str(path))) from None
+        with archive:
+            yield archive
+    except (DecantError, OSError) as exc:  # named as the caller named the archive
+        exc.args = tuple(
+            a.replace(str(held), str(path)) if isinstance(a, str) else a for a in exc.args
+        )
+        if isinstance(exc, OSError) and isinstance(exc.filename, str):
+            exc.filename = exc.filename.replace(str(held), str(path))
+        raise
+    finally:
+        os.close(fd)
 
 
 def _name(path: Path | str) -> str:
@@ -192,7 +220,7 @@ def reached(out: Path) -> Iterator[Path]:
     wrote into the folder that another user's link `/tmp/x` pointed at, where they could swap
     or read what was packed (red team 61, F2), as `decant restore` had refused. The core then
     names its output by that name alone: a link put on the way after the walk is never met."""
-    from vfs.decant.verify import output_folder
+    from vfs.decant.verify import output_folder, swappable
 
     if not out.name:
         raise UsageError(f"{out}: not a name an archive can have")
@@ -200,7 +228,7 @@ def reached(out: Path) -> Iterator[Path]:
     try:
         folder = output_folder(out.parent)
         try:
-            why = _swappable(os.fstat(folder))
+            why = swappable(os.fstat(folder))
             if why is not None:
                 raise OSError(errno.EPERM, f"{out.parent} {why}: not written there")
             os.fchdir(folder)
@@ -219,22 +247,6 @@ def _named(exc: Exception, name: Path, out: Path) -> str:
     given), naming it `out` instead."""
     text = str(exc)
     return f"{out}{text[len(str(name)) :]}" if text.startswith(f"{name}:") else text
-
-
-def _swappable(st: os.stat_result) -> str | None:
-    """Why another user could rename entries of the folder `st` describes (its owner, or any
-    user who may write it without the sticky bit), or None. The core writes its temp archive
-    by name: such a user swapped it for a link between two opens, and root's pack overwrote
-    and chmodded a file of root's choosing (red team 62, F1)."""
-    if st.st_uid not in (0, os.geteuid()):
-        return f"belongs to uid {st.st_uid}"
-    if st.st_mode & stat.S_ISVTX:
-        return None
-    # The group of one's own folder under a user-private-group umask (002) is one's own.
-    group = st.st_mode & stat.S_IWGRP and st.st_gid != os.getegid()
-    if st.st_mode & stat.S_IWOTH or group:
-        return f"is writable by others without the sticky bit (mode {stat.S_IMODE(st.st_mode):04o})"
-    return None
 
 
 def _pack_one(src: Path, out: Path, options: PackOptions, silent: bool) -> None:

@@ -25,7 +25,7 @@ from vfs.decant.manifest import Manifest, PageRecord
 from vfs.decant.regions import HUSK, RegionIndex
 from vfs.decant.store import MANIFEST_KEY
 from vfs.decant.tiffscan import NotByteExact, TiffLayout, scan_tiff
-from vfs.decant.verify import require_verified
+from vfs.decant.verify import reach, require_verified
 from vfs.decant.writer import (
     HUSK_CHUNK,
     VERBATIM_CHUNK,
@@ -102,7 +102,7 @@ def held_open(source: Path, opened: int | None = None) -> Iterator[tuple[Path, o
     fd = opened
     if fd is None:
         try:
-            fd = os.open(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            fd = reach(source, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as exc:
             raise PackError(f"{source}: {exc.strerror or exc}") from None
     try:

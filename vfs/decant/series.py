@@ -29,6 +29,7 @@ from vfs.decant.packer import (
 from vfs.decant.regions import RegionIndex
 from vfs.decant.store import MANIFEST_KEY
 from vfs.decant.tiffscan import NotByteExact, TiffLayout, scan_tiff
+from vfs.decant.verify import reach
 from vfs.decant.writer import HUSK_CHUNK, ArchiveWriter, Progress
 from vfs.errors import PackError
 
@@ -113,7 +114,7 @@ def pack_series(
     their series folder for a link to root's between the steps had root's 0600 file packed
     into an archive with the user's folder's mode 0644 (red team 63, F1)."""
     try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = reach(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError as exc:
         raise PackError(f"{folder}: {exc.strerror or exc}") from None
     root = fd_path(fd, folder)

@@ -117,6 +117,9 @@ def restore_opened(
             target = out or workdir / info.relpath
         dfd = output_folder(target.parent)
         try:
+            why = swappable(os.fstat(dfd))
+            if why is not None:
+                raise OSError(errno.EPERM, f"{target.parent} {why}: not written there")
             if out is None and not series:
                 _refuse_existing(dfd, target)
             tmp = restore_temp_name(target.name)
@@ -190,16 +193,19 @@ def output_folder(path: Path) -> int:
     return fd
 
 
-def _step(fd: int, part: str, path: Path) -> int:
-    """The folder `part` of the folder `fd` (which this closes, raising or not), as
-    `output_folder` walks."""
+def _step(fd: int, part: str, path: Path, make: bool = True, flags: int = _AT) -> int:
+    """The entry `part` of the folder `fd` (which this closes, raising or not) opened with
+    `flags`, as `output_folder` walks: a link is followed only if the caller or root owns
+    it; a missing folder is made where `make`."""
     try:
         try:
-            nfd = os.open(part, _AT | os.O_NOFOLLOW, dir_fd=fd)
+            nfd = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
         except FileNotFoundError:
+            if not make:
+                raise
             with suppress(FileExistsError):
                 os.mkdir(part, 0o777, dir_fd=fd)
-            nfd = os.open(part, _AT | os.O_NOFOLLOW, dir_fd=fd)
+            nfd = os.open(part, flags | os.O_NOFOLLOW, dir_fd=fd)
         except OSError as exc:
             if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                 raise
@@ -212,10 +218,47 @@ def _step(fd: int, part: str, path: Path) -> int:
                     f"{part!r} on the way is a symlink of uid {st.st_uid}'s (not followed)",
                     str(path),
                 ) from None
-            nfd = os.open(part, _AT, dir_fd=fd)
+            nfd = os.open(part, flags, dir_fd=fd)
     finally:
         os.close(fd)
     return nfd
+
+
+def reach(path: Path, flags: int) -> int:
+    """`os.open(path, flags)`, walked from `/` (or the working folder) one component at a time,
+    the last one too: a symlink met is followed only if the caller or root owns it. An input
+    given as another user's link (`/tmp/scan.tif` to a 0644 file inside root's 0700 folder)
+    was packed, or restored, into a file that user could read (red team 64, F1)."""
+    parts = path.parts[1:] if path.is_absolute() else path.parts
+    if not parts or parts[-1] in (".", ".."):
+        return os.open(path, flags)
+    fd = os.open("/" if path.is_absolute() else ".", _AT)
+    for part in parts[:-1]:
+        try:
+            fd = _step(fd, part, path, make=False)
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, str(path)) from None
+    try:
+        return _step(fd, parts[-1], path, make=False, flags=flags)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
+def swappable(st: os.stat_result) -> str | None:
+    """Why another user could rename entries of the folder `st` describes (its owner, or any
+    user who may write it without the sticky bit), or None. Written there by name, a temp
+    file was swapped for a link between two opens, and root's pack overwrote and chmodded a
+    file of root's choosing (red team 62, F1); a restore's temp file was renamed over with
+    the user's bytes, which root then published as the original (red team 64, F2)."""
+    if st.st_uid not in (0, os.geteuid()):
+        return f"belongs to uid {st.st_uid}"
+    if st.st_mode & stat.S_ISVTX:
+        return None
+    # The group of one's own folder under a user-private-group umask (002) is one's own.
+    group = st.st_mode & stat.S_IWGRP and st.st_gid != os.getegid()
+    if st.st_mode & stat.S_IWOTH or group:
+        return f"is writable by others without the sticky bit (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
 
 
 def restored_bits(store: object) -> int:
