@@ -628,6 +628,10 @@ def test_rm_through_the_mount_during_a_multipart_upload_stops_it(
         subprocess.run(["cp", str(src), str(m.mnt / "big.bin")], check=True, timeout=120)
         assert proxy.stalled.wait(60), "no part upload started"
         (m.mnt / "big.bin").unlink()
+        # Noted before the rm was answered: a kill from here on leaves the next start to
+        # delete what this upload may still complete (red team 60, F1).
+        notes = [json.loads(line) for line in (spool / "published.jsonl").read_text().splitlines()]
+        assert [n[0] for n in notes if n[2] == -2 and n[6:]] == ["big.bin"]
         proxy.release.set()
         wait_for(lambda: not spooled(spool), 60, "the removed file gone from the spool")
         time.sleep(2)  # an upload left running would complete within this

@@ -557,3 +557,36 @@ def test_an_object_uploaded_or_copied_before_its_entry_is_noted_shows_as_the_fil
     third.keep_published(journal)
     assert ("a.txt", "") not in third._published and ("a.txt", etag) in third._published
     assert shown(third) == (0o400, 1001)
+
+
+def test_a_file_removed_during_its_upload_is_noted_until_its_removal_is_settled(
+    tmp_path: Path,
+) -> None:
+    """An `rm` of a file while it uploads notes the key and the upload's token (red team 60,
+    F1): across restarts, after its upload's real entry (which clears the pending one) too,
+    and until the start that deleted what the upload left settles it."""
+    import os
+    import stat as stat_mod
+
+    bucket = FakeBucket({"a.tif.zarr.zip": b"x"})
+    journal = tmp_path / "published.jsonl"
+    tree = make_tree(bucket)
+    tree.keep_published(journal)
+    ns = {"st_atime_ns": 5 * 10**9, "st_mtime_ns": 5 * 10**9, "st_ctime_ns": 5 * 10**9}
+    st = os.stat_result((stat_mod.S_IFREG | 0o600, 1, 0, 1, 1001, 1001, 7, 5, 5, 5), ns)
+    tree.note_published("a.tif.zarr.zip", "", st)  # the upload begins
+    tree.note_withdrawn("a.tif.zarr.zip", "tok1")  # rm meanwhile
+    tree.note_withdrawn("b.tif.zarr.zip", "tok2")
+    tree.note_published("a.tif.zarr.zip", "etag1", st)  # it completes; then killed
+    assert tree.withdrawn() == [("b.tif.zarr.zip", "tok2"), ("a.tif.zarr.zip", "tok1")]
+    again = make_tree(bucket)
+    again.keep_published(journal)  # compacts the journal
+    assert again.withdrawn() == [("b.tif.zarr.zip", "tok2"), ("a.tif.zarr.zip", "tok1")]
+    again.settle_withdrawn(["a.tif.zarr.zip"])
+    third = make_tree(bucket)
+    third.keep_published(journal)
+    assert third.withdrawn() == [("b.tif.zarr.zip", "tok2")]
+    third.settle_withdrawn(["b.tif.zarr.zip"])
+    fourth = make_tree(bucket)
+    fourth.keep_published(journal)
+    assert fourth.withdrawn() == [] and fourth.pending() == []

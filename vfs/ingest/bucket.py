@@ -25,6 +25,7 @@ import contextlib
 import errno
 import logging
 import os
+import secrets
 import stat
 import threading
 from collections.abc import Callable
@@ -52,6 +53,7 @@ from vfs.ingest.spool import Spool, make_folders
 from vfs.ingest.writeside import Attrs, WriteSide, refuse
 from vfs.nodes import Node, mirror_node
 from vfs.stores.base import etag_number, join_key
+from vfs.stores.s3uploads import UPLOAD_TOKEN
 
 if TYPE_CHECKING:
     from vfs.decant.packer import PackOptions
@@ -63,6 +65,9 @@ log = logging.getLogger(__name__)
 # What a placed object is remembered by: its key (relative to the mounted folder), its ETag
 # and the spooled file's stat (mode, owner, mtime: what `rsync -a` gave it); None: withdrawn.
 OnPlaced = Callable[[str, str, os.stat_result | None], None]
+# A file removed or renamed away through the mount during its upload: its key and the upload's
+# token, noted for the next start (BucketTree.note_withdrawn; vfs.stores.s3uploads).
+OnWithdrawn = Callable[[str, str], None]
 
 
 class KeyTakenError(StoreError):
@@ -72,9 +77,17 @@ class KeyTakenError(StoreError):
 class BucketPlacer:
     """Puts spooled files into a bucket folder (see the module docstring)."""
 
-    def __init__(self, folder: S3Folder, on_placed: OnPlaced | None = None) -> None:
+    def __init__(
+        self,
+        folder: S3Folder,
+        on_placed: OnPlaced | None = None,
+        on_withdrawn: OnWithdrawn | None = None,
+    ) -> None:
         self.folder = folder
         self.on_placed = on_placed
+        self.on_withdrawn = on_withdrawn
+        # spooled relpath → (key, token) of its upload under way, until it ends or fails
+        self._uploading: dict[str, tuple[str, str]] = {}
         self._ours: dict[str, tuple[str, str]] = {}  # URL → (key, ETag) of what it uploaded
         # URL → ETag of what it uploaded, the spooled file being noted in its spool as placed
         # (`Spool.mark_placed`, forgotten once its spooled name goes): an earlier state of that
@@ -186,19 +199,38 @@ class BucketPlacer:
         # Shown as the spooled file until its real entry comes (BucketTree's PENDING): a kill
         # once it is uploaded, before that entry, left it 0444 to every user.
         self._placed(key, "", st)
+        token = secrets.token_hex(16)
+        with self._lock:
+            self._uploading[relpath] = (key, token)
         try:
-            uploaded = put_verified(self.folder, key, local, verify, check=going_on)
+            uploaded = put_verified(self.folder, key, local, verify, check=going_on,
+                                    metadata={UPLOAD_TOKEN: token})  # fmt: skip
         except ObjectExistsError:
             if self.on_placed is not None:
                 self.on_placed(key, "", None)  # another's: shown as it is
             why = "already exists (written by another host?); not overwritten"
             raise KeyTakenError(f"{self.folder.url_of(key)}: {why}") from None
+        finally:
+            with self._lock:
+                if self._uploading.get(relpath) == (key, token):
+                    del self._uploading[relpath]
         with self._lock:
             self._ours[uploaded.url] = (key, uploaded.etag)
             self._sources[uploaded.url] = uploaded.etag
         spool.mark_placed(relpath, st)
         self._placed(key, uploaded.etag, st)
         return Published(relpath, self._target(key), mode, reason, signature(st))
+
+    def withdrawing(self, relpath: str) -> None:
+        """The spooled file (or folder) `relpath` is about to be removed or renamed away
+        through the mount: an upload of it under way is noted, so that the next start deletes
+        what it leaves in the bucket if the daemon stops before it is withdrawn."""
+        inside = relpath + "/"
+        with self._lock:
+            going = [v for r, v in self._uploading.items() if r == relpath or r.startswith(inside)]
+        if self.on_withdrawn is not None:
+            for key, token in going:
+                self.on_withdrawn(key, token)
 
     def _already(
         self,
@@ -382,7 +414,9 @@ class BucketWriteSide(WriteSide):
     ) -> Node:
         """Only spooled files move. Over an object of the bucket (`behind`), the spooled file
         hides it; its upload then finds the key taken and it stays spooled, failed."""
-        if node.spooled:
+        if node.spooled:  # an upload of it, or of a file it replaces, is withdrawn
+            self._withdrawing(node.spooled)
+            self._withdrawing(self._rel(new_parent, new))
             return super().rename(old_parent, old, node, new_parent, new, None)
         if node.is_dir or node.backend is None or node.backend.name != "object":
             what = "a folder" if node.is_dir else "an archive (its original's name is inside it)"
@@ -482,7 +516,13 @@ class BucketWriteSide(WriteSide):
             return self._remove_object(node)
         if behind is not None and self.allow_delete and not behind.spooled:
             self._remove_object(behind)  # the version it hid goes too, as in a local SRC
+        self._withdrawing(node.spooled)
         self.spool.remove(node.spooled)  # else whatever it hid in the bucket shows again
+
+    def _withdrawing(self, relpath: str) -> None:
+        placer = self.spool.placer
+        if isinstance(placer, BucketPlacer):
+            placer.withdrawing(relpath)
 
     def mkdir(self, parent: Node, name: str, mode: int, uid: int, gid: int) -> Node:
         """A folder is a spool folder until a file in it is published (its prefix then exists

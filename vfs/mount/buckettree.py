@@ -55,6 +55,10 @@ MAX_AGES = 10_000  # folders whose oldest object is kept (for `relist` seconds)
 # between the copy or upload and the real entry showed a private file 0444 to every user, as
 # any object of unknown origin is (red team 60, F1, F2). A mode of -1 clears it.
 PENDING = ""
+# A journal line of this mode notes a file removed (or renamed away) through the mount during
+# its upload, with the upload's token: the next start deletes the object at the key if it
+# carries that token (vfs.stores.s3uploads). Such a line with no token clears it.
+WITHDRAWN = -2
 MAX_RAW = 100_000  # archives remembered as shown raw (then forgotten all at once)
 RAW_HOLD_MAX = 3600.0  # one failing again and again is described once an hour
 
@@ -101,6 +105,7 @@ class BucketTree(SourceTree):
         # Kept in `_journal` (the spool's) across restarts; other hosts show the upload time
         # and mode 0444 (see README, "Writing into a bucket").
         self._published: dict[tuple[str, str], tuple[int, int, int, int]] = {}
+        self._withdrawn: dict[str, str] = {}  # key → upload token: see WITHDRAWN
         self._journal: Path | None = None
 
     def key_of(self, path: Path) -> str:
@@ -175,16 +180,46 @@ class BucketTree(SourceTree):
         with self._lock:  # the latest first: a start looks at a bounded number of them
             return [key for key, etag in reversed(self._published) if etag == PENDING]
 
+    def note_withdrawn(self, key: str, token: str) -> None:
+        """A file was removed or renamed away through the mount while its upload (carrying
+        `token`) ran: noted before the removal is answered, for the next start to delete what
+        that upload left at `key` if the daemon stops before it withdraws it (red team 60, F1).
+        Called from the mount's worker threads."""
+        with self._lock:
+            self._withdrawn[key] = token
+            self._remember(key, PENDING, (WITHDRAWN, 0, 0, 0), token)
+
+    def withdrawn(self) -> list[tuple[str, str]]:
+        """(key, upload token) of files removed during their uploads, the latest first."""
+        with self._lock:
+            return list(reversed(self._withdrawn.items()))
+
+    def settle_withdrawn(self, keys: list[str]) -> None:
+        """These keys' removals are done with: what their uploads left is gone (or was never
+        there, or is not theirs). Their pending entries go too: the keys show what is there."""
+        with self._lock:
+            for key in keys:
+                if self._withdrawn.pop(key, None) is not None:
+                    self._remember(key, PENDING, (WITHDRAWN, 0, 0, 0), "")
+                if self._published.pop((key, PENDING), None) is not None:
+                    self._remember(key, PENDING, (-1, -1, -1, -1))
+
     def keep_published(self, journal: Path) -> None:
         """Load what this host published before (the last MAX_REMEMBERED entries; a line that
         does not parse is skipped), rewrite the journal compacted, and append to it from now
         on. The journal sits in the daemon's private spool folder."""
         found: dict[tuple[str, str], tuple[int, int, int, int]] = {}
+        withdrawn: dict[str, str] = {}
         try:
             with open(journal, encoding="utf-8") as fh:
                 for line in fh:
                     try:
-                        key, etag, mode, uid, gid, mtime = json.loads(line)
+                        key, etag, mode, uid, gid, mtime, *token = json.loads(line)
+                        if int(mode) == WITHDRAWN and len(token) == 1:
+                            withdrawn.pop(str(key), None)  # kept in the order last noted
+                            if token[0]:
+                                withdrawn[str(key)] = str(token[0])
+                            continue
                         found.pop((str(key), str(etag)), None)
                         if int(mode) < 0:  # a pending entry cleared
                             continue
@@ -195,21 +230,25 @@ class BucketTree(SourceTree):
         except FileNotFoundError:
             pass
         kept = list(found.items())[-MAX_REMEMBERED:]
+        gone = list(withdrawn.items())[-MAX_REMEMBERED:]
         tmp = journal.with_name(journal.name + ".new")
         with open(tmp, "w", encoding="utf-8") as fh:
             for (key, etag), meta in kept:
                 fh.write(json.dumps([key, etag, *meta]) + "\n")
+            for key, token in gone:
+                fh.write(json.dumps([key, PENDING, WITHDRAWN, 0, 0, 0, token]) + "\n")
         os.replace(tmp, journal)
         with self._lock:
             self._published.update(kept)
+            self._withdrawn.update(gone)
             self._journal = journal
 
-    def _remember(self, key: str, etag: str, meta: tuple[int, int, int, int]) -> None:
+    def _remember(self, key: str, etag: str, meta: tuple[int, int, int, int], *token: str) -> None:
         if self._journal is None:
             return
         try:
             with open(self._journal, "a", encoding="utf-8") as fh:
-                fh.write(json.dumps([key, etag, *meta]) + "\n")
+                fh.write(json.dumps([key, etag, *meta, *token]) + "\n")
         except OSError as exc:
             self._log_once(self._journal, f"{self._journal}: cannot record what was published "
                            f"({exc}); a remount shows those objects' upload times")  # fmt: skip

@@ -290,10 +290,11 @@ def build_bucket_write_side(config: MountConfig, tree: SourceTree) -> PackQueue:
     _hold_spool(root, config.src)
     spool = Spool(config.src, root / "files", staging=root / "staging")
     spool.max_plane = plane_bound(config.cache_size)
-    spool.placer = BucketPlacer(tree.folder, tree.note_published)  # type: ignore[arg-type]
+    spool.placer = BucketPlacer(tree.folder, tree.note_published, tree.note_withdrawn)  # type: ignore[arg-type]
     tree.keep_published(root / "published.jsonl")
     # Before any upload of this run starts: one of those is never taken for a leftover.
     tree.folder.abort_left_behind(tree.pending(), time.time(), ABORT_WITHIN)  # type: ignore[attr-defined]
+    tree.settle_withdrawn(tree.folder.withdraw_left_behind(tree.withdrawn(), ABORT_WITHIN))  # type: ignore[attr-defined]
     queue = PackQueue([spool], config.settle, None, config.pack_all, config.pack_workers,
                       config.stale_temp, config.retry_after)  # fmt: skip
     queue.guard = SpaceGuard(spool.files, config.min_free)

@@ -867,5 +867,15 @@ class S3Folder:
         full = [key for key in full if key and key_problem(key) is None]
         return abort_left_behind(_plain(self.bucket, self.conn.options), full, before, within)
 
+    def withdraw_left_behind(self, items: list[tuple[str, str]], within: float) -> list[str]:
+        """Delete the objects at these keys (this folder's) that carry their upload tokens
+        (vfs.stores.s3uploads), for at most `within` seconds; the keys settled."""
+        from vfs.stores.s3uploads import withdraw_left_behind
+
+        items = [(k, t) for k, t in items if k and key_problem(join_key(self.prefix, k)) is None]
+        return withdraw_left_behind(
+            self.client, lambda key: join_key(self.prefix, key), items, within
+        )
+
     def close(self) -> None:
         self.conn.close()

@@ -7,6 +7,13 @@ them (red team 60, F6). The write side notes each key in its journal before its 
 (BucketTree's pending entries); at the next start the uploads of those keys begun before that
 start are aborted here. Another host's upload of the same key begun before is aborted too:
 hosts writing into one bucket keep to their own prefixes (README, "Many hosts, one bucket").
+
+An upload can also complete after its file was removed: an `rm` of a file during its upload,
+the daemon killed before it withdrew the object, left the object in the bucket for good (red
+team 60, F1). Each upload of the write side carries a random token as user metadata
+(`x-amz-meta-decant-upload`); the `rm` notes the key and that token in the journal, and the
+next start deletes the object at the key only if it carries that token: never another host's
+object put there since.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ import logging
 import time
 import urllib.parse
 import xml.etree.ElementTree as ET
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from vfs.stores.s3list import Plain, _fetch, _quote, _text
 
@@ -82,3 +90,40 @@ def abort_left_behind(p: Plain, keys: Iterable[str], before: float, within: floa
             log.warning("s3://%s/%s: uploads an earlier run left not aborted: %s", p.bucket, key,
                         exc)  # fmt: skip
     return aborted
+
+
+UPLOAD_TOKEN = "decant-upload"  # the user metadata naming one upload of the write side
+
+
+def withdraw_left_behind(
+    client: Any, full: Callable[[str], str], items: Iterable[tuple[str, str]], within: float
+) -> list[str]:
+    """Delete the object at each key (`full(key)` its full key) that carries its upload
+    token, looking for at most `within` seconds; the keys settled (deleted, or holding no
+    object of that upload). A key the store cannot answer for is left for the next start."""
+    import obstore
+
+    from vfs.stores.s3 import scrubbed
+
+    settled = []
+    deadline = time.monotonic() + within
+    for n, (key, token) in enumerate(items):
+        if n == MAX_KEYS or time.monotonic() > deadline:
+            log.warning("files removed during their upload: %d keys looked at, the others at "
+                        "the next start", n)  # fmt: skip
+            break
+        try:
+            try:
+                found = obstore.get(client, full(key), options={"head": True})
+            except FileNotFoundError:
+                settled.append(key)
+                continue
+            if found.attributes.get(UPLOAD_TOKEN) == token:
+                obstore.delete(client, full(key))
+                log.info("%s: deleted the upload of a file removed while it was uploaded (the "
+                         "daemon stopped before it withdrew it)", full(key))  # fmt: skip
+            settled.append(key)
+        except Exception as exc:  # obstore's errors: the store down, refused; tried next start
+            log.warning("%s: a file removed during its upload: its object not looked at: %s",
+                        full(key), scrubbed(exc))  # fmt: skip
+    return settled

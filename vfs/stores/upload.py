@@ -87,6 +87,7 @@ def put_verified(
     single_put_max: int = SINGLE_PUT_MAX,
     chunk_size: int = CHUNK_SIZE,
     check: Callable[[], None] | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> Uploaded:
     """Upload `local_path` to `key` of an S3 folder, check it back, and return what was published.
 
@@ -95,14 +96,15 @@ def put_verified(
     UploadVerifyError (read back wrong); after the upload, a failure deletes the object first
     if it is still ours. The local file is only read. `check` is called before each part of
     a multipart upload is read and may raise to stop it (the daemon stopping): the upload is
-    then abandoned, nothing is published, and the exception propagates.
+    then abandoned, nothing is published, and the exception propagates. `metadata`: user
+    metadata the object carries (`x-amz-meta-NAME`; the write side's upload token).
     """
     if not isinstance(folder, S3Folder):
         raise TypeError(f"{folder.name}: put_verified writes to S3 folders only")
     url = folder.url_of(key)
     size = local_path.stat().st_size
     etag, conditional = _upload(
-        folder, key, local_path, size, overwrite, single_put_max, chunk_size, check
+        folder, key, local_path, size, overwrite, single_put_max, chunk_size, check, metadata
     )
     try:
         _check_ours(folder, key, etag, size)
@@ -147,6 +149,7 @@ def _upload(
     single_put_max: int,
     chunk_size: int,
     check: Callable[[], None] | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> tuple[str, bool]:
     """(ETag, conditional) of the object written; nothing is written when the key is taken."""
     url = folder.url_of(key)
@@ -162,6 +165,8 @@ def _upload(
         options = {"chunk_size": part, "max_concurrency": in_flight}
         if check is not None:  # parts read through Python: each read may stop the upload
             source = _Checked(local_path, check)
+    if metadata:
+        options["attributes"] = metadata  # a key obstore does not know is user metadata
     try:
         result = obstore.put(folder.client, folder.full_key(key), source, **options)
     except AlreadyExistsError:
