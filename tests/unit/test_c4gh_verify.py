@@ -6,6 +6,7 @@ import argparse
 import hashlib
 import json
 import tarfile
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -41,7 +42,9 @@ def test_good_package_passes(env) -> None:
     assert [m.name for m in report.members] == [name for name, _ in env.members]
 
 
-def test_every_problem_is_listed(env) -> None:
+def write_bad_package(env: SimpleNamespace) -> tuple[Path, list[tuple[str, bytes]]]:
+    """A package breaking every rule `verify` checks: its path and the payload members
+    p2, p3 (whose problems name them)."""
     vcf = ("headers/00000000000000aa.vcf", b"##fileformat=VCFv4.3\n")
     p1, p2, p3 = [(PARQUET.format(c), b"PAR1" + bytes([c]) * 100) for c in (1, 2, 3)]
     declared = [
@@ -69,6 +72,11 @@ def test_every_problem_is_listed(env) -> None:
     )
     path = env.dir / "bad.tar.c4gh"
     path.write_bytes(corpus.encrypt(plain, env.writer.secret, [env.node.public]))
+    return path, [p2, p3]
+
+
+def test_every_problem_is_listed(env) -> None:
+    path, (p2, p3) = write_bad_package(env)
     report = verify_package(path, [env.node.secret])
     text = "\n".join(report.problems)
     for needle in [
@@ -118,7 +126,8 @@ def test_cli_verify_and_ls(env, capsys) -> None:
     assert run(["c4gh", "verify", str(env.dir / "good.tar.c4gh"), "--key", key]) == 0
     out = capsys.readouterr().out
     assert "sha256:" + hashlib.sha256(env.writer.public).hexdigest() in out
-    assert run(["c4gh", "verify", str(env.dir / "bad.tar.c4gh"), "--key", key]) == 1
+    bad, _members = write_bad_package(env)  # as test_every_problem_is_listed does: not its file
+    assert run(["c4gh", "verify", str(bad), "--key", key]) == 1
     out = capsys.readouterr().out
     assert out.count("problem: ") >= 11
     assert run(["c4gh", "ls", str(env.dir / "good.tar.c4gh"), "--key", key]) == 0
