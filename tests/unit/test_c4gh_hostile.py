@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import logging
 import os
 import tarfile
@@ -303,6 +304,19 @@ def test_a_payload_that_is_not_a_map_of_digests_refuses_the_package(
     path = tmp_path / "payload.tar.c4gh"
     write_raw(path, [("manifest.json", b'{"payload": ' + payload + b"}"), *env.members[1:]], env)
     with pytest.raises(CorruptArchiveError, match="not a map of sha256 digests"):
+        backend(env.keys.node).describe(path)
+
+
+def test_a_manifest_too_large_to_read_refuses_the_package(env, tmp_path, monkeypatch) -> None:
+    """Red team 65 F1: a manifest padded past the limit was not read, and the package was
+    served with no member digests: segments swapped inside a member, with no key, were served
+    as its bytes without an error or a log line."""
+    monkeypatch.setattr("vfs.backends.c4gh.MAX_MANIFEST", 4096)
+    doc = json.loads(env.members[0][1])
+    doc["notes"] = "x" * 5000
+    path = tmp_path / "padded.tar.c4gh"
+    write_raw(path, [("manifest.json", json.dumps(doc).encode()), *env.members[1:]], env)
+    with pytest.raises(CorruptArchiveError, match=r"manifest\.json is \d+ bytes, more than 4096"):
         backend(env.keys.node).describe(path)
 
 

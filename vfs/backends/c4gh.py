@@ -486,10 +486,15 @@ class C4ghBackend:
         map of digests, is CorruptArchiveError: the digests it holds are the only check that
         tells segments swapped inside a member, so the package is not served without them (it
         was, unchecked). Only a manifest that records no payload at all, as the spec allows,
-        costs the members their check (and the xattrs), not the mount."""
+        costs the members their check (and the xattrs), not the mount. A manifest too large
+        to read is refused as one that cannot be parsed: padded past the limit, it served its
+        members unchecked, segments swapped inside one included (red team 65, F1)."""
         manifest = index.get(MANIFEST)
-        if manifest is None or manifest.size > MAX_MANIFEST:
+        if manifest is None:
             return {}
+        if manifest.size > MAX_MANIFEST:
+            raise CorruptArchiveError(f"{name}: manifest.json is {manifest.size} bytes, more "
+                                      f"than {MAX_MANIFEST} are read")  # fmt: skip
         try:
             raw = reader.read(manifest.offset, manifest.size)
             doc = parse_json(raw)  # refused before parsing when it could cost too much
