@@ -22,7 +22,7 @@ from vfs.acqstore.view import UniqueNames, safe_name
 from vfs.backends.acqstore import AcqStoreBackend
 from vfs.backends.base import Description, Entry
 from vfs.cache import PageCache
-from vfs.errors import ManifestError
+from vfs.errors import DecantError, ManifestError
 
 COLLECTION = "acqstore/collection.json"
 
@@ -367,3 +367,36 @@ def test_a_damaged_chunk_read_by_zarr_python_is_a_corrupt_image_naming_it(
     assert entry is not None
     with pytest.raises(CorruptArchiveError, match=f"stack.zarr: page 0 does not decode .*{why}"):
         read_all(backend, root, "Stack 2/Stack 2.tif", entry)
+
+
+def test_an_image_whose_reads_would_decode_too_many_chunks_is_refused(root: Path) -> None:
+    """Red team 65 F2: `stack.zarr` made of 1x1 planes, each its own (absent) chunk, validated
+    and was shown as an 8 GB TIFF; one 128 KiB read decoded 65,536 planes (25-150 s a read) and
+    took the daemon past its memory bound. Such an image is refused when opened; one of the same
+    planes in chunks of many planes is served."""
+    import shutil
+
+    for level in ("0", "1"):
+        folder = root / "images" / "stack.zarr" / level
+        doc = json.loads((folder / ".zarray").read_text())
+        for chunk in folder.iterdir():
+            if chunk.name[0].isdigit():
+                (shutil.rmtree if chunk.is_dir() else Path.unlink)(chunk)
+        doc["shape"], doc["chunks"] = [2, 100_000, 1, 1], [1, 1, 1, 1]
+        (folder / ".zarray").write_text(json.dumps(doc))
+    backend = AcqStoreBackend(PageCache(1 << 24))
+    entry = backend.describe(root).root.walk("Stack 2/Stack 2.tif")
+    assert entry is not None
+    with pytest.raises(DecantError, match="would decode up to 200000 chunks"):
+        backend.open(root, "Stack 2/Stack 2.tif", entry)
+    for level in ("0", "1"):  # the same planes, 4,096 to a chunk: served (the fill value)
+        edit_json(
+            root, f"images/stack.zarr/{level}/.zarray", lambda d: d.update(chunks=[1, 4096, 1, 1])
+        )
+    entry = backend.describe(root).root.walk("Stack 2/Stack 2.tif")
+    assert entry is not None
+    handle = backend.open(root, "Stack 2/Stack 2.tif", entry)
+    try:
+        assert bytes(handle.read(entry.size - 4096, 4096)) == bytes(4096)
+    finally:
+        handle.close()

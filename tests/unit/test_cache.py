@@ -14,16 +14,22 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vfs.cache import BufferPool, PageCache
+from vfs.cache import ENTRY_BYTES, SMALL_VALUE, BufferPool, PageCache
 from vfs.errors import ObjectChangedError, StoreError
 
-BUDGET = 100
+BUDGET = 4 * ENTRY_BYTES + 100  # one to four of the values below, each charged its entry too
+
+
+def charged(value: bytes) -> int:
+    """What the cache counts a value as: its bytes, and a small one its entry's cost too."""
+    return len(value) + (ENTRY_BYTES if len(value) < SMALL_VALUE else 0)
+
 
 ops = st.lists(
     st.one_of(
-        st.tuples(st.just("put"), st.integers(0, 7), st.integers(0, 130)),
+        st.tuples(st.just("put"), st.integers(0, 7), st.integers(0, 1200)),
         st.tuples(st.just("get"), st.integers(0, 7), st.just(0)),
-        st.tuples(st.just("load"), st.integers(0, 7), st.integers(0, 130)),
+        st.tuples(st.just("load"), st.integers(0, 7), st.integers(0, 1200)),
     ),
     max_size=60,
 )
@@ -46,10 +52,10 @@ class ModelLru:
 
     def put(self, key: int, value: bytes) -> None:
         self.items.pop(key, None)
-        if len(value) > self.budget:
+        if charged(value) > self.budget:
             return
         self.items[key] = value
-        while sum(map(len, self.items.values())) > self.budget:
+        while sum(map(charged, self.items.values())) > self.budget:
             self.items.popitem(last=False)
 
 
@@ -72,14 +78,16 @@ def test_matches_an_lru_model_within_budget(ops: list[tuple[str, int, int]]) -> 
                 want = value
             assert got == want
         assert cache.current_bytes <= BUDGET
-        assert cache.current_bytes == sum(map(len, model.items.values()))
+        assert cache.current_bytes == sum(map(charged, model.items.values()))
         assert len(cache) == len(model.items)
         assert all(k in cache for k in model.items)
     assert (cache.stats.hits, cache.stats.misses) == (model.hits, model.misses)
 
 
 def test_numpy_values_are_charged_by_nbytes() -> None:
-    cache = PageCache(1000)
+    cache = PageCache(
+        1000, entry_bytes=0
+    )  # bytes alone: see test_a_small_value_is_charged_its_entry
     cache.put("a", np.zeros(100, dtype=np.uint16))  # 200 bytes
     cache.put("b", np.zeros(100, dtype=np.float64))  # 800 bytes
     assert cache.current_bytes == 1000 and len(cache) == 2
@@ -88,7 +96,7 @@ def test_numpy_values_are_charged_by_nbytes() -> None:
 
 
 def test_a_value_bigger_than_the_budget_is_returned_not_kept() -> None:
-    cache = PageCache(10)
+    cache = PageCache(10, entry_bytes=0)
     cache.put("small", b"12345")
     calls = []
 
@@ -195,7 +203,7 @@ def test_a_failed_load_is_not_cached_and_waiters_retry() -> None:
 
 
 def test_discard_prefix() -> None:
-    cache = PageCache(100)
+    cache = PageCache(100, entry_bytes=0)
     cache.put(("a", 1), b"1234")
     cache.put(("a", 2), b"12")
     cache.put(("b", 1), b"123")
@@ -243,7 +251,7 @@ def test_an_eviction_while_another_thread_imports_numpy_is_no_error(
     member that evicted it failed with EIO (seen with readers of both starting at once)."""
     half = types.ModuleType("numpy")  # what sys.modules holds while numpy/__init__ runs
     monkeypatch.setitem(sys.modules, "numpy", half)
-    cache = PageCache(100)
+    cache = PageCache(100, entry_bytes=0)
     cache.put("a", b"x" * 60)
     cache.put("b", memoryview(bytearray(60)))  # evicts "a"
     cache.put("c", b"y" * 60)  # evicts "b": a memoryview, of no array
@@ -396,7 +404,7 @@ def _hold(gate: object, n: int, name: str, order: list[str]) -> None:
 def test_discard_source_drops_every_page_of_an_archive_and_of_one_below_it_alone() -> None:
     """A bucket archive refused for bytes damaged on the way: its decoded pages go, of every
     version (identity tuples led by its URL), and a folder archive's (led by URL/)."""
-    cache = PageCache(1 << 20)
+    cache = PageCache(1 << 20, entry_bytes=0)
     zip_id = ("s3://b/x.tif.zarr.zip", "etag", 10, 1.0)
     dir_id = ("s3://b/d.zarr/", "m", 1)
     keys = [(zip_id, "p", 0), (zip_id, "husk", "h", 0), (dir_id, "p", 1),
@@ -407,3 +415,26 @@ def test_discard_source_drops_every_page_of_an_archive_and_of_one_below_it_alone
     cache.discard_source("s3://b/d.zarr")
     assert [key in cache for key in keys] == [False, False, False, True, True, True]
     assert cache.current_bytes == 30
+
+
+def test_a_small_value_is_charged_its_entry() -> None:
+    """Red team 65 F2: an AcqStore image of 1x1 planes cached 2-byte values by the hundred
+    thousand, each charged 2 bytes and costing ~1 KB: a 256 MiB cache's daemon reached 633 MiB.
+    Charged its entry too, a cache holds at most budget / ENTRY_BYTES of them, and the memory
+    they take (measured here, as the daemon holds them) stays near the budget."""
+    import tracemalloc
+
+    budget = 4 << 20
+    cache = PageCache(budget)
+    tracemalloc.start()
+    try:
+        for page in range(50_000):
+            cache.put(("collection", "acqstore-tiff", "stack.zarr", "0", page), np.zeros(1, "<u2"))
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert len(cache) == budget // (2 + ENTRY_BYTES)
+    assert held <= budget, f"{held / (1 << 20):.1f} MiB held for a {budget >> 20} MiB cache"
+    big = PageCache(4 * SMALL_VALUE)
+    big.put("page", b"x" * SMALL_VALUE)
+    assert big.current_bytes == SMALL_VALUE  # a page: its bytes alone

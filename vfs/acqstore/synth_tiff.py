@@ -38,6 +38,11 @@ READAHEAD_PLANES = 8
 # Planes kept behind a forward reader of an image larger than a quarter of the cache (the kernel
 # keeps two requests in flight, so the plane before the current one may still be asked for).
 DROP_BEHIND = 2
+REQUEST_BYTES = 1 << 20  # the largest read FUSE asks for (max_read)
+# Decodes one read may need at most: an image of 1x1 planes, each its own chunk, had a 128 KiB
+# read decode 65,536 of them, 25-150 s a read (red team 65, F2). At ~0.3 ms a decode, 1,024 of
+# them keep a 1 MiB read under about 0.3 s: planes of 1 KiB and up, or chunks of several planes.
+MAX_DECODES_PER_READ = 1024
 SHORT, LONG, RATIONAL, LONG8, ASCII = 3, 4, 5, 16, 2
 _SAMPLE_FORMAT = {"u": 1, "b": 1, "i": 2, "f": 3}
 _N_TAGS = 13  # tags in every IFD; the first one adds ImageDescription
@@ -300,6 +305,14 @@ class SynthesizedTiff:
         # planes, tools/bench.py acqstore), and kept planes also pushed out everything else.
         drops = layout.n_pages * layout.plane_bytes > cache.max_bytes // 4
         self._dropping = DropBehind(cache, DROP_BEHIND, 4 * self._ahead + 64) if drops else None
+
+    def decodes_per_read(self) -> int:
+        """How many decodes one read (up to REQUEST_BYTES) of the pixels may need at most."""
+        lay = self.layout
+        block = self._block(lay.page_coords(0))
+        planes = math.prod(b.stop - b.start if isinstance(b, slice) else 1 for b in block)
+        unit = max(1, planes * lay.plane_bytes)
+        return min(lay.n_pages, -(-REQUEST_BYTES // unit) + 1)
 
     def read(self, offset: int, size: int) -> bytes | memoryview:
         return self._read(offset, size, self._plane)

@@ -15,7 +15,7 @@ from vfs.acqstore.paths import ENTRY_POINT
 from vfs.backends.base import Backend, Description, Entry, RandomAccess
 from vfs.beneath import not_shown, open_beneath
 from vfs.cache import PageCache
-from vfs.errors import DecantError, ManifestError
+from vfs.errors import DecantError, ManifestError, UnsupportedFormatError
 
 if TYPE_CHECKING:  # jsonschema, numpy, tifffile: imported when a collection is first seen
     from vfs.acqstore.synth_tiff import SynthesizedTiff
@@ -205,7 +205,12 @@ class AcqStoreBackend:
         self, root: Path, target: Path, rel: str, title: str, entry: Entry
     ) -> SynthesizedTiff:
         from vfs.acqstore.ngff import inspect_image, open_full_resolution
-        from vfs.acqstore.synth_tiff import SynthesizedTiff, layout_for_image, require_plane_fits
+        from vfs.acqstore.synth_tiff import (
+            MAX_DECODES_PER_READ,
+            SynthesizedTiff,
+            layout_for_image,
+            require_plane_fits,
+        )
 
         image = inspect_image(target, root)
         layout = layout_for_image(image, name=title)
@@ -219,9 +224,17 @@ class AcqStoreBackend:
         key: tuple[object, ...] = (root, "acqstore-tiff", rel, image.dataset)
         if not self.watched:
             key = (*key, image_version(root, target))
-        return SynthesizedTiff(
+        tiff = SynthesizedTiff(
             layout, array, self.cache, key, release, self._decoders.submit, label=str(target)
         )
+        if tiff.decodes_per_read() > MAX_DECODES_PER_READ:
+            tiff.close()
+            raise UnsupportedFormatError(
+                f"{target}: planes of {layout.plane_bytes} bytes in chunks too small: one read "
+                f"would decode up to {tiff.decodes_per_read()} chunks (at most "
+                f"{MAX_DECODES_PER_READ}); larger chunks serve it"
+            )
+        return tiff
 
     def _decant_entry(self, archive: Path) -> Entry | None:
         if self.decant_backend is None:
