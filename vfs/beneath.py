@@ -167,14 +167,17 @@ def read_beneath_stat(root: Path, path: Path, limit: int) -> tuple[bytes, os.sta
 
 
 @contextmanager
-def entry_path(root: Path, path: Path) -> Iterator[str]:
+def entry_path(root: Path, path: Path, ino: int = 0) -> Iterator[str]:
     """A path naming exactly the file or folder at `path` as reached without links (its
-    /proc/self/fd magic link), for calls that take no descriptor: chmod, chown, utime."""
+    /proc/self/fd magic link), for calls that take no descriptor: chmod, chown, utime. With
+    `ino` (the inode the mount listed there), ESTALE unless it is that file (see Node.ino)."""
     fd = open_beneath(root, path, os.O_PATH)
     try:
         st = os.fstat(fd)
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
             raise not_shown(path, st)
+        if ino and st.st_ino != ino:
+            raise OSError(errno.ESTALE, "not the file listed (replaced since)", str(path))
         yield f"/proc/self/fd/{fd}"
     finally:
         os.close(fd)

@@ -41,7 +41,7 @@ class Node:
     attributes, and `real` kept as the folder's `Path` (one for all its entries) and the name,
     a `Path` made when asked for."""
 
-    __slots__ = ("_folder", "_name", "backend", "entry", "gid", "is_dir", "member", "mode",
+    __slots__ = ("_folder", "_name", "backend", "entry", "gid", "ino", "is_dir", "member", "mode",
                  "mtime_ns", "size", "spooled", "uid", "version", "xattrs")  # fmt: skip
 
     def __init__(
@@ -59,6 +59,7 @@ class Node:
         xattrs: Mapping[str, str] = NO_XATTRS,
         spooled: str = "",  # relpath of a file written through the mount and not yet published
         version: tuple[int, ...] = (),  # the archive's (inode, size, mtime, ctime): new → new key
+        ino: int = 0,  # the real entry's inode number as listed (0: not known, or not local)
     ) -> None:
         self.is_dir = is_dir
         self.size = size
@@ -73,6 +74,12 @@ class Node:
         self.xattrs = xattrs
         self.spooled = spooled
         self.version = version
+        # What the daemon acts on (as root) must be the file the kernel checked the caller's
+        # rights against, by these attributes: a user who may rename entries of a folder put
+        # another user's private file at their own file's name, and a chmod, a utime, an
+        # open for writing or reading of that name acted on it (red team 66). `vfs.beneath`'s
+        # `entry_path`, `PlainFile` and `Spool.adopt` compare the file reached with it: ESTALE.
+        self.ino = ino
 
     @property
     def real(self) -> Path:
@@ -167,7 +174,7 @@ def mirror_node(path: Path, st: os.stat_result, writable: bool = False) -> Node:
     mode = stat.S_IMODE(st.st_mode) if writable else stat.S_IMODE(st.st_mode) & ~0o222
     return Node(
         is_dir, 0 if is_dir else st.st_size, st.st_mtime_ns, _MODES[mode], st.st_uid, st.st_gid,
-        path,
+        path, ino=st.st_ino,
     )  # fmt: skip
 
 
@@ -201,4 +208,5 @@ def archive_node(
         entry=None if entry.is_dir else entry,
         xattrs=xattrs,
         version=archive_version(st),
+        ino=st.st_ino,
     )

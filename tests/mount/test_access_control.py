@@ -553,3 +553,59 @@ def test_a_status_file_dropped_in_src_does_not_stand_in_for_the_daemon_s(
         assert (src / ".decant-status").read_text() == json.dumps(fake)  # left as it was
     finally:
         m.stop()
+
+
+# -- the file acted on is the file the kernel checked the caller against ----------------------
+
+SWAP = "((fd := os.open(m, os.O_PATH)), os.rename(s_secret, s_mine), {act})"
+
+
+@pytest.mark.parametrize(
+    ("act", "codes"),
+    [
+        ("os.chmod(f'/proc/self/fd/{fd}', 0o644)", {errno.ESTALE, errno.EPERM}),
+        ("os.utime(f'/proc/self/fd/{fd}', (0, 0))", {errno.ESTALE, errno.EPERM}),
+        ("read(f'/proc/self/fd/{fd}')", {errno.ESTALE, errno.EACCES}),
+        ("write(f'/proc/self/fd/{fd}', b'theirs', os.O_WRONLY)", {errno.ESTALE, errno.EACCES}),
+        ("read(m)", {errno.ESTALE, errno.EACCES}),
+        ("write(m, b'theirs', os.O_WRONLY | os.O_TRUNC)", {errno.ESTALE, errno.EACCES}),
+    ],
+)
+def test_another_user_s_file_renamed_over_one_s_own_is_not_acted_on_as_one_s_own(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User, act: str, codes: set[int]
+) -> None:
+    """Red team 66, F1, F2, F4: in a folder the user may rename entries of (their own drop box),
+    they renamed root's 0600 file over their own file, which the mount had listed (or held
+    open), and chmod, utime, a read or a write of that name through the mount acted on root's
+    file: the kernel checked the user's rights against the attributes of their own file, the
+    daemon (root) then acted on whatever was at the name. Now the daemon acts only on the file
+    it listed there (its inode), and that name is another inode of the mount once it is another
+    file; the user gets what SRC gives them, and root's file is untouched."""
+    base = open_tmp(tmp_path_factory, "swap")
+    src = base / "src"
+    box = src / "box"
+    box.mkdir(parents=True)
+    os.chown(box, unprivileged.uid, unprivileged.gid)
+    box.chmod(0o1777)
+    secret = box / "secret.txt"
+    secret.write_bytes(b"root's secret\n")
+    secret.chmod(0o600)
+    mine = box / "mine.txt"
+    mine.write_bytes(b"mine\n")
+    mine.chmod(0o666)
+    os.chown(mine, unprivileged.uid, unprivileged.gid)
+    m = start(base, src, "--settle", "0.5")
+    try:
+        u = unprivileged
+        assert u.value_of("read(m)", m=m.mnt / "box" / "mine.txt") == sha256(b"mine\n")
+        code = u.errno_of(SWAP.format(act=act), m=m.mnt / "box" / "mine.txt",
+                          s_secret=secret, s_mine=mine)  # fmt: skip
+        assert code in codes
+        assert not secret.exists()  # renamed over theirs, on disk: as SRC allows
+        st = mine.stat()
+        assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o600, 0)
+        assert st.st_mtime > 1e9
+        assert mine.read_bytes() == b"root's secret\n"
+        assert u.errno_of("read(p)", p=m.mnt / "box" / "mine.txt") == errno.EACCES
+    finally:
+        m.stop()

@@ -202,10 +202,11 @@ class Spool:
         placed = self._placed.get(relpath)  # its own earlier copy, published again
         return allowed if allowed is None or placed is None else allowed | {placed}
 
-    def adopt(self, real: Path, relpath: str, root: Path | None = None) -> None:
+    def adopt(self, real: Path, relpath: str, root: Path | None = None, ino: int = 0) -> None:
         """Move a real file of SRC into the spool (a real file renamed or reopened for writing).
         With `root` (SRC), its folder is reached without following links, and anything but a
-        regular file (a link or FIFO swapped in by the folder's owner) is put back, refused."""
+        regular file (a link or FIFO swapped in by the folder's owner) is put back, refused;
+        with `ino`, so is another file than the one listed (ESTALE: see Node.ino)."""
         target = self.path(relpath)
         dfd = parent_fd(root or real.parent, real)
         try:
@@ -222,6 +223,9 @@ class Spool:
             if not stat.S_ISREG(st.st_mode):
                 self._put_back(target, real.name, dfd)
                 raise not_shown(real, st)
+            if ino and st.st_ino != ino:
+                self._put_back(target, real.name, dfd)
+                raise OSError(errno.ESTALE, "not the file listed (replaced since)", str(real))
         finally:
             os.close(dfd)
 

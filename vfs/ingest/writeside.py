@@ -145,7 +145,7 @@ class WriteSide:
                     noted = (before.st_dev, before.st_ino)
                     self._note_in_journal([noted])
             with placing_lock():
-                self.spool.adopt(node.real, rel, self.root)
+                self.spool.adopt(node.real, rel, self.root, node.ino)
                 # The file itself left SRC; an archive of its name was never shown as it.
                 self.spool.allow_replacing(rel, frozenset())
             st = self.spool.path(rel).stat()
@@ -204,7 +204,8 @@ class WriteSide:
         )
 
     def _set(self, node: Node, path: Path, attrs: Attrs) -> Node:
-        with entry_path(self.root, path) as target:  # never a link's target: vfs/beneath.py
+        # Never a link's target, nor another file than the one listed: vfs/beneath.py
+        with entry_path(self.root, path, node.ino) as target:
             # A folder archive's version has its manifest's stat folded in (archive_stat).
             before = archive_stat(target, os.stat(target)) if node.version else None
             if attrs.mode is not None:
@@ -224,9 +225,11 @@ class WriteSide:
     def refresh(self, node: Node) -> Node:
         # Narrowed by its ACL (vfs.acl), as listings show it: a chmod through the mount of a
         # file whose ACL denies a user showed that user the bits alone until the next getattr.
-        st = acl_stat(node.real, os.stat(node.real))
+        # One lstat for the attributes and the inode they belong to (Node.ino).
+        st = acl_stat(node.real, os.stat(node.real, follow_symlinks=False))
         if node.spooled:
             return spooled_node(node.real, node.spooled, st)
+        node.ino = st.st_ino
         if node.backend is not None:
             node.mode, node.uid, node.gid = stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid
             return node  # mtime stays keyed to the version the kernel caches

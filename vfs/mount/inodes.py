@@ -63,7 +63,7 @@ class Folder:
     def merge(self, fresh: dict[str, Node]) -> list[str]:
         """Take a rescan's result: names kept keep their cookie. Returns names changed or gone."""
         changed = [n for n, node in self.children.items() if n not in fresh or
-                   fresh[n].key != node.key]  # fmt: skip
+                   _key(fresh[n]) != _key(node)]  # fmt: skip
         for name in [n for n in self.children if n not in fresh]:
             self.drop(name)
         for name, node in fresh.items():
@@ -89,9 +89,15 @@ Key = NodeKey | str  # a mirrored entry's key is kept as its path alone (see `_k
 
 def _key(node: Node) -> Key:
     """`node.key` as the table keeps it: one object per inode, shared by both maps, and for a
-    mirrored entry (no backend, member or version) just its path, not a tuple around it. The
-    two forms never meet: a string never equals a tuple."""
+    mirrored entry (no backend, member or version) one string, not a tuple: a folder's path
+    (`folder_of` finds it by that), a file's path and its inode number in SRC. The two forms
+    never meet: a string never equals a tuple. Another file at the same name (renamed over it)
+    is another inode of the mount, as on any filesystem: kept as one, the kernel checked a
+    caller's rights against the attributes it had cached of the first while the daemon opened
+    the second, for up to MIRROR_TIMEOUT (red team 66, F4)."""
     if node.backend is None and not node.member and not node.version:
+        if node.ino and not node.is_dir:
+            return f"{node.real_text}\0{node.ino}"
         return node.real_text
     return node.key
 

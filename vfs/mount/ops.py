@@ -15,7 +15,7 @@ import resource
 import stat
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -924,7 +924,9 @@ class DecantOperations(pyfuse3.Operations):
             # A spooled file lives in the daemon's private spool (0700, checked at start): no
             # link can be swapped in on the way, so it is opened from its own folder, not
             # walked to from SRC (rsync opens each file it copies once more, to chmod it).
-            return PlainFile(node.real, None if node.spooled else self.tree.root)
+            if node.spooled:
+                return PlainFile(node.real)
+            return PlainFile(node.real, self.tree.root, node.ino)
         assert node.entry is not None
         reader = node.backend.open(node.real, node.member, node.entry)
         opened = getattr(reader, "opened", None)
@@ -1276,7 +1278,8 @@ class DecantOperations(pyfuse3.Operations):
         else:
             await self._may_republish(node, ctx)
             heavy = bool(flags & os.O_TRUNC) and node.size > QUICK_FREE
-            new, fd = await self._adopting(node, heavy, writer.open_for_write, node, flags)
+            async with self._stale_relisted(node):
+                new, fd = await self._adopting(node, heavy, writer.open_for_write, node, flags)
         current = self.inodes.get(inode)
         if current is seen or current is node:
             self.inodes.replace(inode, new)
@@ -1284,6 +1287,18 @@ class DecantOperations(pyfuse3.Operations):
         if self.queue is not None:
             self.queue.opened(new.spooled)
         return self._new_handle(OpenFile(new, inode, SpoolFile(fd), fd=fd, uid=ctx.uid))
+
+    @contextlib.asynccontextmanager
+    async def _stale_relisted(self, node: Node) -> AsyncIterator[None]:
+        """ESTALE from the write side (the file at `node`'s name is not the one listed, whose
+        attributes the kernel checked the caller against: Node.ino): `node`'s name is listed
+        again, so the kernel's retry (a lookup with revalidation) checks the file there now."""
+        try:
+            yield
+        except OSError as exc:
+            if exc.errno == errno.ESTALE:
+                await self._relist(node)
+            raise
 
     async def _may_republish(self, node: Node, ctx: pyfuse3.RequestContext) -> None:
         """EACCES unless the caller may change the entries of the published file's folder: a
@@ -1428,12 +1443,14 @@ class DecantOperations(pyfuse3.Operations):
             seen = node
             if node.spooled:
                 node, new = await self._on_spooled(inode, node, writer.setattr, attrs)
-            elif attrs.size is not None and not node.is_dir:  # moves it into the spool
-                await self._may_republish(node, ctx)
-                heavy = node.size > QUICK_FREE
-                new = await self._adopting(node, heavy, writer.setattr, node, attrs)
             else:
-                new = await self._quick(writer.setattr, node, attrs)
+                async with self._stale_relisted(node):
+                    if attrs.size is not None and not node.is_dir:  # moves it into the spool
+                        await self._may_republish(node, ctx)
+                        heavy = node.size > QUICK_FREE
+                        new = await self._adopting(node, heavy, writer.setattr, node, attrs)
+                    else:
+                        new = await self._quick(writer.setattr, node, attrs)
             if self.inodes.get(inode) is seen:
                 self.inodes.replace(inode, new)
             self._touch(new)
