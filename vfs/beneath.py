@@ -166,17 +166,24 @@ def read_beneath_stat(root: Path, path: Path, limit: int) -> tuple[bytes, os.sta
         os.close(fd)
 
 
+def not_listed(st: os.stat_result, ino: int, uid: int) -> bool:
+    """Whether `st` is another file than the one listed with inode `ino` and owner `uid` (0 and
+    -1: not known). The owner too: an inode number freed is soon given to a new file (ext4)."""
+    return bool(ino) and (st.st_ino != ino or (uid >= 0 and st.st_uid != uid))
+
+
 @contextmanager
-def entry_path(root: Path, path: Path, ino: int = 0) -> Iterator[str]:
+def entry_path(root: Path, path: Path, ino: int = 0, uid: int = -1) -> Iterator[str]:
     """A path naming exactly the file or folder at `path` as reached without links (its
     /proc/self/fd magic link), for calls that take no descriptor: chmod, chown, utime. With
-    `ino` (the inode the mount listed there), ESTALE unless it is that file (see Node.ino)."""
+    `ino` and `uid` (the inode and owner the mount listed there), ESTALE unless it is that
+    file (see Node.ino)."""
     fd = open_beneath(root, path, os.O_PATH)
     try:
         st = os.fstat(fd)
         if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
             raise not_shown(path, st)
-        if ino and st.st_ino != ino:
+        if not_listed(st, ino, uid):
             raise OSError(errno.ESTALE, "not the file listed (replaced since)", str(path))
         yield f"/proc/self/fd/{fd}"
     finally:
@@ -187,6 +194,7 @@ __all__ = [
     "entry_path",
     "fsync_beneath",
     "makedirs_beneath",
+    "not_listed",
     "not_shown",
     "open_beneath",
     "parent_fd",

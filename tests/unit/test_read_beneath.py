@@ -50,3 +50,21 @@ def test_a_file_grown_after_its_stat_is_read_to_the_limit_only(
         with pytest.raises(OSError) as err:
             read_beneath(tmp_path, path, limit)
         assert err.value.errno == errno.EFBIG
+
+
+def test_entry_path_reaches_only_the_file_listed_there(tmp_path: Path) -> None:
+    """Red team 66: the daemon chmodded whatever was at a name. With the inode and owner the
+    mount listed there, another file at the name is ESTALE: another inode, or the same inode
+    number given to a new file of another owner once the first was deleted (ext4 reuses them)."""
+    from vfs.beneath import entry_path
+
+    path = tmp_path / "mine.txt"
+    path.write_bytes(b"mine")
+    st = path.stat()
+    with entry_path(tmp_path, path, st.st_ino, st.st_uid) as target:
+        os.chmod(target, 0o640)
+    for ino, uid in ((st.st_ino + 1, st.st_uid), (st.st_ino, st.st_uid + 1)):
+        with pytest.raises(OSError) as caught, entry_path(tmp_path, path, ino, uid):
+            pass
+        assert caught.value.errno == errno.ESTALE
+    assert path.stat().st_mode & 0o777 == 0o640

@@ -7,7 +7,7 @@ import os
 import stat
 from pathlib import Path
 
-from vfs.beneath import not_shown, open_beneath
+from vfs.beneath import not_listed, not_shown, open_beneath
 
 _NOWAIT: int = getattr(os, "RWF_NOWAIT", 0)
 
@@ -18,7 +18,7 @@ class PlainFile:
     Opened from `root` (SRC) with no symlink followed and without blocking: the file may have
     been swapped for a link or a FIFO since it was listed (see vfs/beneath.py)."""
 
-    def __init__(self, path: Path, root: Path | None = None, ino: int = 0) -> None:
+    def __init__(self, path: Path, root: Path | None = None, ino: int = 0, uid: int = -1) -> None:
         flags = os.O_RDONLY | os.O_NONBLOCK
         if root is None:  # from its own folder, as open_beneath(path.parent, path) would, in
             # one call instead of three (rsync opens every file it copies once more)
@@ -29,7 +29,7 @@ class PlainFile:
         if not stat.S_ISREG(st.st_mode):
             os.close(self._fd)
             raise not_shown(path, st)
-        if ino and st.st_ino != ino:  # not the file the caller's rights were checked against
+        if not_listed(st, ino, uid):  # not the file the caller's rights were checked against
             os.close(self._fd)
             raise OSError(errno.ESTALE, "not the file listed (replaced since)", str(path))
         self.size = st.st_size

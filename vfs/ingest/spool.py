@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from vfs.acl import acl_stat, inherit_default
-from vfs.beneath import not_shown, open_beneath, parent_fd, rename_noreplace
+from vfs.beneath import not_listed, not_shown, open_beneath, parent_fd, rename_noreplace
 from vfs.decant import TEMP_PREFIX, temp_name
 from vfs.ingest.publish import Outcome, Published, archive_name, attempt, placing_lock, publish
 from vfs.ingest.publish import signature as file_signature
@@ -202,11 +202,13 @@ class Spool:
         placed = self._placed.get(relpath)  # its own earlier copy, published again
         return allowed if allowed is None or placed is None else allowed | {placed}
 
-    def adopt(self, real: Path, relpath: str, root: Path | None = None, ino: int = 0) -> None:
+    def adopt(
+        self, real: Path, relpath: str, root: Path | None = None, ino: int = 0, uid: int = -1
+    ) -> None:
         """Move a real file of SRC into the spool (a real file renamed or reopened for writing).
         With `root` (SRC), its folder is reached without following links, and anything but a
         regular file (a link or FIFO swapped in by the folder's owner) is put back, refused;
-        with `ino`, so is another file than the one listed (ESTALE: see Node.ino)."""
+        with `ino` (and `uid`), so is another file than the one listed (ESTALE: see Node.ino)."""
         target = self.path(relpath)
         dfd = parent_fd(root or real.parent, real)
         try:
@@ -223,7 +225,7 @@ class Spool:
             if not stat.S_ISREG(st.st_mode):
                 self._put_back(target, real.name, dfd)
                 raise not_shown(real, st)
-            if ino and st.st_ino != ino:
+            if not_listed(st, ino, uid):
                 self._put_back(target, real.name, dfd)
                 raise OSError(errno.ESTALE, "not the file listed (replaced since)", str(real))
         finally:

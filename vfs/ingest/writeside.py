@@ -145,7 +145,7 @@ class WriteSide:
                     noted = (before.st_dev, before.st_ino)
                     self._note_in_journal([noted])
             with placing_lock():
-                self.spool.adopt(node.real, rel, self.root, node.ino)
+                self.spool.adopt(node.real, rel, self.root, node.ino, node.uid)
                 # The file itself left SRC; an archive of its name was never shown as it.
                 self.spool.allow_replacing(rel, frozenset())
             st = self.spool.path(rel).stat()
@@ -205,7 +205,7 @@ class WriteSide:
 
     def _set(self, node: Node, path: Path, attrs: Attrs) -> Node:
         # Never a link's target, nor another file than the one listed: vfs/beneath.py
-        with entry_path(self.root, path, node.ino) as target:
+        with entry_path(self.root, path, node.ino, node.uid) as target:
             # A folder archive's version has its manifest's stat folded in (archive_stat).
             before = archive_stat(target, os.stat(target)) if node.version else None
             if attrs.mode is not None:

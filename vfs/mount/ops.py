@@ -926,7 +926,7 @@ class DecantOperations(pyfuse3.Operations):
             # walked to from SRC (rsync opens each file it copies once more, to chmod it).
             if node.spooled:
                 return PlainFile(node.real)
-            return PlainFile(node.real, self.tree.root, node.ino)
+            return PlainFile(node.real, self.tree.root, node.ino, node.uid)
         assert node.entry is not None
         reader = node.backend.open(node.real, node.member, node.entry)
         opened = getattr(reader, "opened", None)
