@@ -609,3 +609,51 @@ def test_another_user_s_file_renamed_over_one_s_own_is_not_acted_on_as_one_s_own
         assert u.errno_of("read(p)", p=m.mnt / "box" / "mine.txt") == errno.EACCES
     finally:
         m.stop()
+
+
+FOLDER_SWAP = "(os.listdir(m), os.rename(s_theirs, s_mine), {act})"
+
+
+@pytest.mark.parametrize(
+    ("act", "codes"),
+    [
+        ("os.listdir(m)", {errno.ESTALE, errno.EACCES}),
+        ("os.mkdir(m + '/evil')", {errno.ESTALE, errno.EACCES}),
+        ("write(m + '/evil.txt', b'planted')", {0, errno.ESTALE, errno.EACCES}),
+    ],
+)
+def test_another_user_s_folder_renamed_over_one_s_own_is_not_listed_or_written_into(
+    tmp_path_factory: pytest.TempPathFactory, unprivileged: User, act: str, codes: set[int]
+) -> None:
+    """Red team 67 F1 (around the fix of red team 66): root's 0700 folder renamed over the
+    user's own folder, which the mount had listed, was listed through the mount, and a folder
+    or a file made in it, published there: the kernel checked the user against the attributes
+    of their own folder. Now the daemon lists and writes only into the folder it listed at the
+    name, and publishes a file only into a folder its writer may add entries to then. A file
+    created meanwhile stays spooled, failed (a create only writes to the spool)."""
+    base = open_tmp(tmp_path_factory, "fswap")
+    src = base / "src"
+    box = src / "box"
+    box.mkdir(parents=True)
+    os.chown(box, unprivileged.uid, unprivileged.gid)
+    box.chmod(0o1777)
+    theirs = box / "theirs"
+    theirs.mkdir(mode=0o700)
+    (theirs / "secret-name.txt").write_bytes(b"root's\n")
+    mine = box / "mine"
+    mine.mkdir()
+    os.chown(mine, unprivileged.uid, unprivileged.gid)
+    mine.chmod(0o700)
+    m = start(base, src, "--settle", "0.3")
+    try:
+        u = unprivileged
+        mnt = m.mnt / "box" / "mine"
+        code = u.errno_of(FOLDER_SWAP.format(act=act), m=str(mnt), s_theirs=theirs, s_mine=mine)
+        assert code in codes
+        st = mine.stat()
+        assert (stat.S_IMODE(st.st_mode), st.st_uid) == (0o700, 0)  # root's folder, now here
+        time.sleep(2.0)  # a file created in it is settled and tried by now
+        assert sorted(os.listdir(mine)) == ["secret-name.txt"]
+        assert u.errno_of("os.listdir(m)", m=str(mnt)) in {errno.EACCES, errno.ESTALE}
+    finally:
+        m.stop()

@@ -897,6 +897,19 @@ def _refuse_unchecked(
     if allowed is None and spool.trusted:
         return  # an inbox's file: the operator's, published over what it finds
     folder: os.stat_result | None = None
+    listed = spool.folder_written_into(relpath)
+    if listed is not None and os.fstat(dfd).st_ino != listed and writer != 0:
+        # Another folder at its path than the one it was written into through the mount
+        # (the kernel checked the writer against that one's attributes): another user's
+        # folder renamed over it took a file published into it (red team 67, F1). Published
+        # there only if its writer may add entries to that folder themselves.
+        folder = acl_stat(dfd, os.fstat(dfd))
+        if not granted(folder, writer, user_groups(writer), write=True, search=True):
+            raise PermissionError(
+                errno.EACCES,
+                f"its writer (uid {writer}) may not add entries to this folder now "
+                f"({stat.filemode(folder.st_mode)}, uid {folder.st_uid}); not published",
+                str(names[0].parent))  # fmt: skip
     for path in names:
         try:
             st = os.lstat(path.name, dir_fd=dfd)

@@ -73,6 +73,11 @@ class Spool:
         # there since was never checked against the writer. No entry: not written through
         # the mount (an inbox), or spooled before a restart.
         self._may_replace: dict[str, frozenset[tuple[int, int]]] = {}
+        # The inode number of the SRC folder each relpath was written into through the mount
+        # (the folder the kernel checked the writer against): publishing into another folder
+        # at that path (one renamed over it since) needs the writer's own right to add
+        # entries there (publish._refuse_unchecked; red team 67, F1). Same life as above.
+        self._folders: dict[str, int] = {}
         self.placer: Placer | None = None  # None: published into SRC on local disk
 
     def path(self, relpath: str) -> Path:
@@ -185,6 +190,9 @@ class Spool:
         inside = old + "/"
         for rel in [r for r in list(self._may_replace) if r == old or r.startswith(inside)]:
             self._may_replace[new + rel[len(old) :]] = self._may_replace.pop(rel)
+        for rel in [r for r in list(self._folders) if r.startswith(inside)]:
+            self._folders[new + rel[len(old) :]] = self._folders.pop(rel)
+        self._folders.pop(old, None)  # a file: the caller notes the folder it goes into
         # A folder's files just published took their archives along (SRC's folder was renamed
         # too): each is still its file's own copy. Left under the old paths, the files were
         # refused their own archives ("put there after ... written"), failed for good.
@@ -195,6 +203,14 @@ class Spool:
 
     def allow_replacing(self, relpath: str, entries: frozenset[tuple[int, int]]) -> None:
         self._may_replace[relpath] = entries
+
+    def written_into(self, relpath: str, folder_ino: int) -> None:
+        """`relpath` was written (created, moved, reopened) into the SRC folder of this inode."""
+        if folder_ino:
+            self._folders[relpath] = folder_ino
+
+    def folder_written_into(self, relpath: str) -> int | None:
+        return self._folders.get(relpath)
 
     def may_replace(self, relpath: str) -> frozenset[tuple[int, int]] | None:
         """What publishing `relpath` may replace (see __init__); None: not recorded."""
@@ -228,6 +244,7 @@ class Spool:
             if not_listed(st, ino, uid):
                 self._put_back(target, real.name, dfd)
                 raise OSError(errno.ESTALE, "not the file listed (replaced since)", str(real))
+            self.written_into(relpath, os.fstat(dfd).st_ino)
         finally:
             os.close(dfd)
 
@@ -364,6 +381,7 @@ class Spool:
         its name through the mount); True if there was."""
         self._placed.pop(relpath, None)
         self._may_replace.pop(relpath, None)
+        self._folders.pop(relpath, None)
         try:
             os.unlink(self.path(relpath))
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
@@ -405,6 +423,7 @@ class Spool:
             path.unlink(missing_ok=True)
         self._placed.pop(relpath, None)
         self._may_replace.pop(relpath, None)
+        self._folders.pop(relpath, None)
         if prune:
             self.prune_dirs(str(Path(relpath).parent))
         return True

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vfs.acl import acl_stat, acl_stat_at
-from vfs.beneath import entry_path, not_shown, parent_fd
+from vfs.beneath import entry_path, not_listed, not_shown, parent_fd
 from vfs.decant import archive_stat
 from vfs.ingest.publish import (
     NOTHING_THERE,
@@ -118,6 +118,7 @@ class WriteSide:
         fd, st = self.spool.create_stat(rel, mode, uid, gid)
         self.writers.opened(fd)
         self.spool.allow_replacing(rel, frozenset())  # nothing was there: nothing to replace
+        self.spool.written_into(rel, parent.ino)
         return spooled_node(self.spool.path(rel), rel, st), fd
 
     def write(self, fd: int, data: bytes, offset: int, rel: str) -> int:
@@ -268,6 +269,8 @@ class WriteSide:
                     doomed = set_aside(self.spool, behind.real)
                     self.spool.rename(old_rel, new_rel, may_replace)
                 remove_tree(doomed)
+            if not node.is_dir:
+                self.spool.written_into(new_rel, new_parent.ino)
             return spooled_node(self.spool.path(new_rel), new_rel, self.spool.path(new_rel).stat())
         if node.backend is not None:
             raise refuse(errno.EPERM, f"{node.real}: archived originals cannot be renamed")
@@ -275,10 +278,13 @@ class WriteSide:
         doomed: list[Path | None] = []
         # Both folders reached without links: vfs/beneath.py.
         with (
-            _folder_of(self.root, node.real) as sfd,
-            _folder_of(self.root, target) as dfd,
+            _folder_of(self.root, node.real, old_parent) as sfd,
+            _folder_of(self.root, target, new_parent) as dfd,
             placing_lock(),
         ):
+            moved = os.stat(node.real.name, dir_fd=sfd, follow_symlinks=False)
+            if not_listed(moved, node.ino, node.uid):
+                raise OSError(errno.ESTALE, "not the entry listed (replaced since)", str(node.real))
             if node.is_dir and self._holds_spooled(new_rel):
                 # SRC's folder may be empty while the mount shows files in it (all spooled):
                 # renamed over in SRC, it would be replaced and those files published into
@@ -522,7 +528,7 @@ class WriteSide:
         rel = self._rel(parent, name)
         self._need_room(0, rel)
         path = self.root / rel
-        with _folder_of(self.root, path) as dfd:
+        with _folder_of(self.root, path, parent) as dfd:
             with placing_lock():
                 os.mkdir(name, stat.S_IMODE(mode), dir_fd=dfd)
                 mark_written(dfd, name)
@@ -544,7 +550,7 @@ class WriteSide:
         rel = self._rel(parent, name)
         if self.spool.listdir(rel):
             raise refuse(errno.ENOTEMPTY, name)
-        with _folder_of(self.root, node.real) as dfd, placing_lock():
+        with _folder_of(self.root, node.real, parent) as dfd, placing_lock():
             os.rmdir(node.real.name, dir_fd=dfd)
         self.spool.prune_dirs(rel)
 
@@ -560,11 +566,16 @@ def _hole_within(fd: int, start: int, end: int) -> bool:
 
 
 @contextmanager
-def _folder_of(root: Path, path: Path) -> Iterator[int]:
+def _folder_of(root: Path, path: Path, listed: Node | None = None) -> Iterator[int]:
     """The folder holding `path`, reached from SRC without following a link: its owner may have
-    swapped it (or a folder above it) for one since the mount looked (vfs/beneath.py)."""
+    swapped it (or a folder above it) for one since the mount looked (vfs/beneath.py). With
+    `listed` (the folder's node), ESTALE unless it is the folder the mount listed there: one
+    renamed over it since is another user's, whom the kernel did not check the caller
+    against (red team 67, F1: a folder made in it, a file moved into it)."""
     fd = parent_fd(root, path)
     try:
+        if listed is not None and not_listed(os.fstat(fd), listed.ino, listed.uid):
+            raise OSError(errno.ESTALE, "not the folder listed (replaced since)", str(path.parent))
         yield fd
     finally:
         os.close(fd)

@@ -323,7 +323,7 @@ class BucketTree(SourceTree):
             return None
         return first[1], first[2]
 
-    def scan(self, folder: Path) -> dict[str, Node]:
+    def scan(self, folder: Path, listed: tuple[int, int] = (0, -1)) -> dict[str, Node]:
         prefix = self.key_of(folder)
         listing = self._listed(prefix)
         found: list[tuple[str, os.stat_result]] = []

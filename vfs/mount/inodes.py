@@ -62,8 +62,10 @@ class Folder:
 
     def merge(self, fresh: dict[str, Node]) -> list[str]:
         """Take a rescan's result: names kept keep their cookie. Returns names changed or gone."""
+        # Another entry at a name (its inode in SRC) is a change too, a folder's as well: the
+        # kernel must look it up again, not check callers against the first one's attributes.
         changed = [n for n, node in self.children.items() if n not in fresh or
-                   _key(fresh[n]) != _key(node)]  # fmt: skip
+                   _key(fresh[n]) != _key(node) or fresh[n].ino != node.ino]  # fmt: skip
         for name in [n for n in self.children if n not in fresh]:
             self.drop(name)
         for name, node in fresh.items():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import itertools
 import logging
 import os
@@ -18,6 +19,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pyfuse3
@@ -34,7 +36,12 @@ from vfs.errors import DecantError, IntegrityError
 from vfs.ingest.queue import PackQueue
 from vfs.ingest.spool import is_temp_name
 from vfs.ingest.writeside import Attrs, WriteSide
-from vfs.mount.access import may_change_entries, may_list_folder_of, readable_beneath
+from vfs.mount.access import (
+    caller_groups,
+    may_change_entries,
+    may_list_folder_of,
+    readable_beneath,
+)
 from vfs.mount.config import STATUS_NAME, MountConfig
 from vfs.mount.index import stamp_of
 from vfs.mount.inodes import ROOT_INODE, Folder, InodeTable
@@ -44,6 +51,7 @@ from vfs.mount.status import Joined, StatusFile
 from vfs.mount.tree import NotQuick, SourceTree
 from vfs.mount.watch import folder_archives
 from vfs.nodes import Node, archive_version, mirror_node
+from vfs.perms import granted
 from vfs.stores.base import ObjectPath, key_problem
 
 log = logging.getLogger(__name__)
@@ -144,6 +152,20 @@ def errno_boundary(what: str) -> Iterator[None]:
         _log_limited(logging.ERROR, what, f"unexpected error: {exc!r}", exc_info=True)
         COUNTERS.error(errno.EIO)
         raise pyfuse3.FUSEError(errno.EIO) from None
+
+
+def _may_add_to(folder: Node, ctx: pyfuse3.RequestContext) -> None:
+    """EACCES unless the caller may add and remove entries of `folder` by the attributes the
+    daemon holds of it now. The kernel checked them against the attributes it had cached: a
+    folder of another user's renamed over the caller's own in SRC, listed again by the daemon
+    a moment before the kernel dropped its copy, took a file created in it (red team 67, F1).
+    A folder the write side made only in the spool, or root: nothing to check here."""
+    if ctx.uid == 0 or folder.backend is not None or not folder.ino:
+        return
+    groups = {ctx.gid} if folder.uid == ctx.uid else caller_groups(ctx.pid, ctx.gid)
+    shown = SimpleNamespace(st_uid=folder.uid, st_gid=folder.gid, st_mode=folder.mode)
+    if not granted(shown, ctx.uid, groups, write=True, search=True):  # type: ignore[arg-type]
+        raise _fail(errno.EACCES)
 
 
 class QuickCalls:
@@ -351,7 +373,8 @@ class DecantOperations(pyfuse3.Operations):
             return folder
         if folder is not None and time.monotonic() - folder.checked < RESCAN_INTERVAL:
             return folder
-        async with self.inodes.locked(inode):
+        # ESTALE: another folder at its name now (tree.scan), its name listed again
+        async with self._stale_relisted(self._node(inode)), self.inodes.locked(inode):
             return await self._fresh(inode, max_age=RESCAN_INTERVAL)
 
     async def _fresh(self, inode: int, force: bool = False, max_age: float = 0.0) -> Folder:
@@ -378,8 +401,8 @@ class DecantOperations(pyfuse3.Operations):
                 if folder is not None and folder.mtime_ns == mtime and not force:
                     folder.checked = time.monotonic()
                     return folder
-                kids = await trio.to_thread.run_sync(self.tree.scan, real,
-                                                     limiter=self._lister(node))  # fmt: skip
+                scan = functools.partial(self.tree.scan, real, listed=(node.ino, node.uid))
+                kids = await trio.to_thread.run_sync(scan, limiter=self._lister(node))
             except FileNotFoundError:
                 if moves == self.inodes.moves:
                     raise
@@ -1199,8 +1222,8 @@ class DecantOperations(pyfuse3.Operations):
             if old is None or new is None:
                 if old is None and new is None:
                     continue
-            elif new.key == old.key or self._carry_published(old, new):
-                continue
+            elif (new.key == old.key and new.ino == old.ino) or self._carry_published(old, new):
+                continue  # another entry at the name (ino) is dropped from the kernel's cache
             pyfuse3.invalidate_entry_async(inode, os.fsencode(name), ignore_enoent=True)
 
     def _carry_published(self, old: Node | None, new: Node | None) -> bool:
@@ -1384,6 +1407,7 @@ class DecantOperations(pyfuse3.Operations):
             async with self.inodes.locked(parent_inode):
                 folder = await self._fresh(parent_inode, max_age=RESCAN_INTERVAL)
                 parent = self._node(parent_inode)
+                _may_add_to(parent, ctx)
                 node, fd = await self._quick(
                     writer.create, parent, text, self._safe_mode(mode, ctx), ctx.uid, ctx.gid
                 )
@@ -1489,6 +1513,8 @@ class DecantOperations(pyfuse3.Operations):
             async with self.inodes.locked(parent_inode_old, parent_inode_new):
                 src_folder = await self._fresh(parent_inode_old, max_age=RESCAN_INTERVAL)
                 dst_folder = await self._fresh(parent_inode_new, max_age=RESCAN_INTERVAL)
+                _may_add_to(self._node(parent_inode_old), ctx)
+                _may_add_to(self._node(parent_inode_new), ctx)
                 node = src_folder.children.get(old)
                 if node is None:
                     raise _fail(errno.ENOENT)
@@ -1605,6 +1631,7 @@ class DecantOperations(pyfuse3.Operations):
                 folder = await self._fresh(parent_inode, max_age=RESCAN_INTERVAL)
                 if text in folder.children:
                     raise _fail(errno.EEXIST)
+                _may_add_to(self._node(parent_inode), ctx)
                 node = await self._quick(
                     writer.mkdir, self._node(parent_inode), text, self._safe_mode(mode, ctx),
                     ctx.uid, ctx.gid,

@@ -29,7 +29,7 @@ from vfs.backends.base import (
     presented_mode,
     serves_owner,
 )
-from vfs.beneath import open_beneath, parent_fd, stat_beneath
+from vfs.beneath import not_listed, open_beneath, parent_fd, stat_beneath
 from vfs.decant import MANIFEST_KEY, TEMP_PREFIX, archive_stat, folded_stat
 from vfs.errors import DecantError
 from vfs.mount.described import DESCRIBED_ENTRIES, DescribedTrees
@@ -114,8 +114,11 @@ class SourceTree:
     def root_node(self) -> Node:
         return mirror_node(self.root, acl_stat(self.root, os.stat(self.root)), self.writable)
 
-    def scan(self, folder: Path) -> dict[str, Node]:
-        """The presented children of a real folder of SRC."""
+    def scan(self, folder: Path, listed: tuple[int, int] = (0, -1)) -> dict[str, Node]:
+        """The presented children of a real folder of SRC. `listed`: the inode number and
+        owner the mount listed the folder with; another folder there now is ESTALE (one
+        renamed over it is another user's: the kernel let the caller list it by the
+        attributes of the first; red team 67, F1)."""
         # The spool first, SRC after: a publish places a file in SRC before it hides the
         # spooled name (and unhides it only once that is gone), so read in this order a file
         # being published is seen in one or the other; read the other way round, a scan that
@@ -124,6 +127,8 @@ class SourceTree:
         # Reached without links: a folder swapped for one must not list its target (beneath.py).
         fd = open_beneath(self.root, folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
+            if not_listed(os.fstat(fd), *listed):
+                raise OSError(errno.ESTALE, "not the folder listed (replaced since)", str(folder))
             with os.scandir(fd) as it:
                 plain, archives = self._sorted(folder, self._stats(folder, it, fd))
             listing = Listing(self._recall(fd, archives))
