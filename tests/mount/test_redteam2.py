@@ -323,6 +323,11 @@ def test_failed_calls_with_many_names_do_not_flood_the_log(
 for i in range(300):
     os.makedirs(p["real"] + "/d%03d/x" % i)
 """, real=base)  # fmt: skip
+    # Made on disk: the mount shows them once its watcher says so (slower on a loaded host,
+    # where the first rmdir found no `full` yet: ENOENT).
+    wait_for(
+        "the folders made on disk", lambda: (writable.m.mnt / "userdir" / "full" / "d299").is_dir()
+    )
     before = len(writable.m.log_text().splitlines())
     got = as_user(unprivileged, """
 for i in range(300):
