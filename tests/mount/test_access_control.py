@@ -560,6 +560,15 @@ def test_a_status_file_dropped_in_src_does_not_stand_in_for_the_daemon_s(
 SWAP = "((fd := os.open(m, os.O_PATH)), os.rename(s_secret, s_mine), {act})"
 
 
+def drop_box(base: Path, user: User) -> Path:
+    """`base/src/box`: the user's own sticky folder, where they may rename anyone's entries."""
+    box = base / "src" / "box"
+    box.mkdir(parents=True)
+    os.chown(box, user.uid, user.gid)
+    box.chmod(0o1777)
+    return box
+
+
 @pytest.mark.parametrize(
     ("act", "codes"),
     [
@@ -582,11 +591,7 @@ def test_another_user_s_file_renamed_over_one_s_own_is_not_acted_on_as_one_s_own
     it listed there (its inode), and that name is another inode of the mount once it is another
     file; the user gets what SRC gives them, and root's file is untouched."""
     base = open_tmp(tmp_path_factory, "swap")
-    src = base / "src"
-    box = src / "box"
-    box.mkdir(parents=True)
-    os.chown(box, unprivileged.uid, unprivileged.gid)
-    box.chmod(0o1777)
+    box = drop_box(base, unprivileged)
     secret = box / "secret.txt"
     secret.write_bytes(b"root's secret\n")
     secret.chmod(0o600)
@@ -594,7 +599,7 @@ def test_another_user_s_file_renamed_over_one_s_own_is_not_acted_on_as_one_s_own
     mine.write_bytes(b"mine\n")
     mine.chmod(0o666)
     os.chown(mine, unprivileged.uid, unprivileged.gid)
-    m = start(base, src, "--settle", "0.5")
+    m = start(base, base / "src", "--settle", "0.5")
     try:
         u = unprivileged
         assert u.value_of("read(m)", m=m.mnt / "box" / "mine.txt") == sha256(b"mine\n")
@@ -632,11 +637,7 @@ def test_another_user_s_folder_renamed_over_one_s_own_is_not_listed_or_written_i
     name, and publishes a file only into a folder its writer may add entries to then. A file
     created meanwhile stays spooled, failed (a create only writes to the spool)."""
     base = open_tmp(tmp_path_factory, "fswap")
-    src = base / "src"
-    box = src / "box"
-    box.mkdir(parents=True)
-    os.chown(box, unprivileged.uid, unprivileged.gid)
-    box.chmod(0o1777)
+    box = drop_box(base, unprivileged)
     theirs = box / "theirs"
     theirs.mkdir(mode=0o700)
     (theirs / "secret-name.txt").write_bytes(b"root's\n")
@@ -644,7 +645,7 @@ def test_another_user_s_folder_renamed_over_one_s_own_is_not_listed_or_written_i
     mine.mkdir()
     os.chown(mine, unprivileged.uid, unprivileged.gid)
     mine.chmod(0o700)
-    m = start(base, src, "--settle", "0.3")
+    m = start(base, base / "src", "--settle", "0.3")
     try:
         u = unprivileged
         mnt = m.mnt / "box" / "mine"
