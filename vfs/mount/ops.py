@@ -162,7 +162,11 @@ def _may_add_to(folder: Node, ctx: pyfuse3.RequestContext) -> None:
     A folder the write side made only in the spool, or root: nothing to check here."""
     if ctx.uid == 0 or folder.backend is not None or not folder.ino:
         return
-    groups = {ctx.gid} if folder.uid == ctx.uid else caller_groups(ctx.pid, ctx.gid)
+    # The caller's groups (a read of /proc/PID/status, on the event loop) only where they can
+    # decide: not for the owner, nor where group and other hold the same write and search bits
+    # (a sticky 1777 drop box), which rsync creates in file after file.
+    same = (folder.mode >> 3) & 0o3 == folder.mode & 0o3
+    groups = {ctx.gid} if folder.uid == ctx.uid or same else caller_groups(ctx.pid, ctx.gid)
     shown = SimpleNamespace(st_uid=folder.uid, st_gid=folder.gid, st_mode=folder.mode)
     if not granted(shown, ctx.uid, groups, write=True, search=True):  # type: ignore[arg-type]
         raise _fail(errno.EACCES)
