@@ -66,6 +66,20 @@ def load_tool(name: str) -> ModuleType:
     return module
 
 
+def make_chain(top: Path, name: str, levels: int) -> Path:
+    """`top/name/name/…` `levels` deep, made level by level (Path.mkdir recurses per level)."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for _ in range(levels):
+            os.mkdir(name, dir_fd=fd)
+            nfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    finally:
+        os.close(fd)
+    return top.joinpath(*[name] * levels)
+
+
 def remove_chain(top: Path, name: str) -> None:
     """Remove a chain of folders `top/name/name/…` (and the files in its last folder) without
     recursion: shutil.rmtree, and pytest's own clean-up, recurse once per level."""

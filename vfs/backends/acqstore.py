@@ -6,6 +6,7 @@ import errno
 import logging
 import os
 import stat
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -120,7 +121,9 @@ class AcqStoreBackend:
         # The watcher `forget`s a collection's decoded planes when a file in it changes. With
         # --no-watch nothing does: each open of a TIFF keys its planes by the image's version
         # then (`image_version`), or a chunk file written anew in place kept its old pixels.
-        self.watched = True
+        # Asked of an image folder and how many levels its files lie below it: the watcher may
+        # stop (inotify failing) and watches only so deep (vfs.mount.watch.WATCH_DEPTH).
+        self.watching: Callable[[Path, int], bool] = lambda _folder, _below: True
         # Threads start on the first submit: a mount without synthesized TIFFs never has them.
         self._decoders = ThreadPoolExecutor(self.READAHEAD_WORKERS, "acqstore-readahead")
 
@@ -222,7 +225,8 @@ class AcqStoreBackend:
         array, release = open_full_resolution(image, root)
         # Keys start with the collection folder, so discard_prefix(collection) forgets its planes.
         key: tuple[object, ...] = (root, "acqstore-tiff", rel, image.dataset)
-        if not self.watched:
+        # Its files: the dataset's folders, then zarr 3's "c" and one folder per dimension.
+        if not self.watching(target, image.dataset.count("/") + 2 + len(image.shape)):
             key = (*key, image_version(root, target))
         tiff = SynthesizedTiff(
             layout, array, self.cache, key, release, self._decoders.submit, label=str(target)

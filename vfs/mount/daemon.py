@@ -97,9 +97,7 @@ def _local_tree(config: MountConfig, cache: PageCache) -> SourceTree:
     except ImportError:
         pass
     else:
-        acqstore = AcqStoreBackend(cache, decant)
-        acqstore.watched = config.watch
-        overlays.append(acqstore)
+        overlays.append(AcqStoreBackend(cache, decant))
     index = open_index(config)
     if index is not None:
         known = index
@@ -478,6 +476,9 @@ def serve(config: MountConfig, ready: Callable[[], None]) -> int:
     queue = build_write_side(config, tree)
     writer = make_writer(config, tree, queue) if queue is not None else None
     ops = DecantOperations(tree, config, writer, queue, cache)
+    for overlay in tree.overlays:
+        if hasattr(overlay, "watching"):
+            overlay.watching = ops.watches  # whether its images' changes are reported
     if queue is not None:
         queue.on_published = ops.published
     pyfuse3.init(ops, str(mnt), config.fuse_options())

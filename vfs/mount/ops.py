@@ -49,7 +49,7 @@ from vfs.mount.metrics import COUNTERS, daemon_section
 from vfs.mount.reads import Integrity, OpenFile, Reads
 from vfs.mount.status import Joined, StatusFile
 from vfs.mount.tree import NotQuick, SourceTree
-from vfs.mount.watch import folder_archives
+from vfs.mount.watch import folder_archives, watched_at
 from vfs.nodes import Node, archive_version, mirror_node
 from vfs.perms import granted
 from vfs.stores.base import ObjectPath, key_problem
@@ -437,13 +437,24 @@ class DecantOperations(pyfuse3.Operations):
         async with self.inodes.locked(inode):
             return await self._fresh(inode, force)
 
+    def watches(self, folder: object, below: int = 0) -> bool:
+        """Whether the watcher reports changes in `folder` (a local SRC's), and `below` levels
+        under it: not with --no-watch, once inotify failed, nor below the depth it watches."""
+        if not self.watched:
+            return False
+        return not isinstance(folder, Path) or watched_at(self.tree.root, folder, below)
+
+    def _watched(self, node: Node) -> bool:
+        """Whether a change of `node`'s own attributes is reported (by its folder's watch)."""
+        return self.watches(node.real.parent) if isinstance(node.real, Path) else self.watched
+
     def _attrs(self, inode: int, node: Node) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
         a.st_ino = inode
         a.generation = 0
         if node.backend is not None and node.member:
             timeout = ARCHIVE_TIMEOUT  # inside an archive: changes give new inodes
-        elif not self.watched:
+        elif not self._watched(node):
             timeout = UNWATCHED_TIMEOUT
         else:
             timeout = ARCHIVE_TIMEOUT if node.backend is not None else MIRROR_TIMEOUT
@@ -530,7 +541,7 @@ class DecantOperations(pyfuse3.Operations):
                 node = await self._current(folder, text, node)
             if node is None:
                 return self._negative(parent_inode)
-            if not self.watched and _plain(node):
+            if _plain(node) and not self._watched(node):
                 if node.is_dir:
                     await self._restat_folder(node)  # no watcher tells a chmod of it: see there
                 else:
@@ -548,8 +559,10 @@ class DecantOperations(pyfuse3.Operations):
         parent = self.inodes.get(parent_inode)
         if parent is not None and self._fixed_listing(parent):
             a.entry_timeout = ARCHIVE_TIMEOUT
+        elif parent is not None and self.watches(parent.real):
+            a.entry_timeout = NEGATIVE_TIMEOUT
         else:
-            a.entry_timeout = NEGATIVE_TIMEOUT if self.watched else UNWATCHED_TIMEOUT
+            a.entry_timeout = UNWATCHED_TIMEOUT
         return a
 
     def _fixed_listing(self, folder: Node) -> bool:
@@ -647,7 +660,7 @@ class DecantOperations(pyfuse3.Operations):
             folder = await self._listing(fh)
             entries = folder.after(start_id)
             while batch := list(itertools.islice(entries, READDIR_BATCH)):
-                if not self.watched and any(_plain(node) for _c, _n, node in batch):
+                if any(_plain(node) and not self._watched(node) for _c, _n, node in batch):
                     # What lookup and getattr give, not the listed bits.
                     fresh = await trio.to_thread.run_sync(self._restated_batch, batch)
                     batch = [(c, n, node) for (c, n, old), new in zip(batch, fresh, strict=True)
@@ -1604,7 +1617,7 @@ class DecantOperations(pyfuse3.Operations):
                 # Watched only: a change by others between the two stamps is then reported by
                 # name (`on_names_changed`, which `absorbed` tells not to trust the stamp).
                 absorb = (
-                    self.watched
+                    self.watches(parent.real)
                     and not node.spooled
                     and folder.mtime_ns == (await self._quick(self.tree.stamp_folder, parent.real))
                 )

@@ -13,6 +13,7 @@ mtime.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from vfs.decant import MANIFEST_KEY
+from vfs.walk import MAX_WALK_DEPTH, walk
 
 if TYPE_CHECKING:
     from vfs.mount.ops import DecantOperations
@@ -36,20 +38,37 @@ UNNAMED_PAUSE = 1.0  # seconds between re-watches after an event inotify could n
 DEBOUNCE_MS = 100  # changes are handed over in batches at most this long after the first
 STEP_MS = 20  # ... once no new change came for this long
 TIMEOUT_MS = 200  # how long the notify thread blocks: an empty batch, and it delays shutdown
+WATCH_DEPTH = MAX_WALK_DEPTH  # folder levels below SRC watched; deeper ones are served unwatched
 POLL_DELAY_MS = 300  # watchfiles' default; polling only where inotify is unavailable
 
 
 def real_folders(src: Path, skip: set[Path]) -> list[Path]:
-    """Every real folder of SRC, links not followed, `skip` (mountpoint, spool) left out."""
+    """Every real folder of SRC down to WATCH_DEPTH levels, links not followed, `skip`
+    (mountpoint, spool) left out. Walked with os.walk, a folder a user made 3,000 levels deep
+    raised RecursionError and turned the watch off for the whole mount (red team 68, F1); the
+    folders below the bound are served as unwatched ones are (`watched_at`)."""
     found = [src]
-    for folder, dirs, _files in os.walk(src, followlinks=False):
-        base = Path(folder)
-        dirs[:] = [d for d in dirs if base / d not in skip and not (base / d).is_symlink()
+    top = len(src.parts)
+    told = False
+    for base, dirs, _names in walk(src, max_depth=WATCH_DEPTH):
+        if len(base.parts) - top >= WATCH_DEPTH:
+            if dirs and not told:
+                told = True
+                log.warning("%s: folders more than %d levels below SRC are not watched; their "
+                            "changes show as with --no-watch", base, WATCH_DEPTH)  # fmt: skip
+            continue
+        dirs[:] = [d for d in dirs if base / d not in skip
                    and len(os.fsencode(base / d)) < PATH_MAX]  # fmt: skip
         found.extend(base / d for d in dirs)
         if len(found) > MAX_FOLDERS:
             raise OSError(f"more than {MAX_FOLDERS} folders")
     return found
+
+
+def watched_at(src: Path, folder: Path, below: int = 0) -> bool:
+    """Whether `folder` (below `src`), and the folders `below` levels under it, are within the
+    depth `real_folders` watches."""
+    return len(folder.parts) - len(src.parts) + below <= WATCH_DEPTH
 
 
 def manifest_of(path: Path) -> Path | None:
@@ -78,14 +97,16 @@ def folder_archives(folders: Iterable[Path], src: Path) -> set[str]:
     return found
 
 
-def _folders_changed(paths: set[Path], watched: set[Path], skip: set[Path]) -> bool:
-    """A new real folder appeared, or a watched one went (runs in a worker thread)."""
+def _folders_changed(src: Path, paths: set[Path], watched: set[Path], skip: set[Path]) -> bool:
+    """A new real folder appeared within the depth watched, or a watched one went (runs in a
+    worker thread)."""
     for path in paths:
         if path in skip or any(s in path.parents for s in skip):
             continue
         if path in watched and not path.is_dir():
             return True
-        if path not in watched and path.is_dir() and not path.is_symlink():
+        if (path not in watched and watched_at(src, path) and path.is_dir()
+                and not path.is_symlink()):  # fmt: skip
             return True
     return False
 
@@ -128,7 +149,8 @@ async def watch_source(ops: DecantOperations, src: Path, spool_root: Path) -> No
                             if archive is not None and archive.parent not in skip:
                                 names.setdefault(archive.parent, set()).add(archive.name)
                         await ops.on_names_changed(names)
-                        if await trio.to_thread.run_sync(_folders_changed, paths, watched, skip):
+                        grown = functools.partial(_folders_changed, src, paths, watched, skip)
+                        if await trio.to_thread.run_sync(grown):
                             break  # watch the new set of folders
             except (FileNotFoundError, NotADirectoryError):
                 # A folder went between the walk and the watch (an `rm -r` in progress): walk
