@@ -88,6 +88,35 @@ def test_archive_stat_folds_in_the_manifest(tmp_path: Path) -> None:
     assert archive_stat(linked, lst) is lst
 
 
+def test_a_folder_whose_decant_is_a_link_is_not_claimed_nor_its_target_looked_at(
+    tmp_path: Path,
+) -> None:
+    """`claims` followed `.decant`: root looked for `manifest.json` in whatever folder a user
+    pointed it at (another user's 0700 folder), and the log told whether it was there (red
+    team 68, F2). A manifest that is a link, or not a file, does not make an archive either."""
+    backend = DecantBackend(PageCache(8 << 20))
+    real = tmp_path / "real.zarr"
+    (real / ".decant").mkdir(parents=True)
+    (real / MANIFEST_KEY).write_text("{}")
+    assert backend.claims(real, True)
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    (private / "manifest.json").write_text("{}")
+    linked = tmp_path / "l.zarr"
+    linked.mkdir()
+    (linked / ".decant").symlink_to(private)
+    assert not backend.claims(linked, True)
+    as_link = tmp_path / "m.zarr"
+    (as_link / ".decant").mkdir(parents=True)
+    (as_link / MANIFEST_KEY).symlink_to(real / MANIFEST_KEY)
+    assert not backend.claims(as_link, True)
+    (tmp_path / "n.zarr" / MANIFEST_KEY).mkdir(parents=True)
+    assert not backend.claims(tmp_path / "n.zarr", True)
+    link_to_archive = tmp_path / "o.zarr"
+    link_to_archive.symlink_to(real)
+    assert not backend.claims(link_to_archive, True)
+
+
 def test_manifest_of_names_the_folder_archive(tmp_path: Path) -> None:
     assert manifest_of(tmp_path / "x.tif.zarr" / ".decant" / "manifest.json") == (
         tmp_path / "x.tif.zarr")  # fmt: skip

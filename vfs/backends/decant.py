@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from vfs.backends.base import Description, Entry
 from vfs.backends.idle import IdleArchives
 from vfs.cache import PageCache
-from vfs.decant import MANIFEST_KEY, archive_stat, archive_stem
+from vfs.decant import archive_stat, archive_stem, manifest_stat
 from vfs.decant.limits import human
 from vfs.errors import ArchiveGoneError, OpenArchivesFullError
 from vfs.stores.base import Folder
@@ -55,7 +55,7 @@ class DecantBackend:
 
     def claims(self, path: Path, is_dir: bool) -> bool:
         if is_dir:
-            return (path.name.endswith(".zarr") and (path / MANIFEST_KEY).is_file()
+            return (path.name.endswith(".zarr") and manifest_stat(path) is not None
                     and not written(path))  # fmt: skip
         return path.name.endswith(".zarr.zip")
 

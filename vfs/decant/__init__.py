@@ -52,18 +52,26 @@ def folded_stat(folder: os.stat_result, manifest: os.stat_result) -> os.stat_res
 
 def archive_stat(path: os.PathLike[str] | str, st: os.stat_result) -> os.stat_result:
     """The stat a local archive's version is taken from, given its own (`st`): a zip's is
-    itself; a folder archive's has its manifest's folded in (`folded_stat`). The manifest is
-    reached without following links (its folder's owner may point `.decant` anywhere, into
-    the mountpoint even); one that is not a regular file now leaves `st` as it is, a version
-    no listing of the archive had."""
+    itself; a folder archive's has its manifest's folded in (`folded_stat`). One whose manifest
+    is not a regular file now (`manifest_stat`) keeps `st` as it is, a version no listing of
+    the archive had."""
     if not stat.S_ISDIR(st.st_mode):
         return st
+    manifest = manifest_stat(path)
+    return st if manifest is None else folded_stat(st, manifest)
+
+
+def manifest_stat(path: os.PathLike[str] | str) -> os.stat_result | None:
+    """The stat of the folder `path`'s manifest (MANIFEST_KEY) if it is a regular file, else
+    None. Reached without following links: the folder's owner may point `.decant` anywhere,
+    into the mountpoint even, or into a folder of another user's to learn, from how the mount
+    shows their folder, whether a name exists there (red team 68, F2)."""
     folder, _sep, name = MANIFEST_KEY.partition("/")
     flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC  # search, not read
     try:
         top = os.open(path, flags)
     except OSError:
-        return st
+        return None
     try:
         sub = os.open(folder, flags, dir_fd=top)
         try:
@@ -71,7 +79,7 @@ def archive_stat(path: os.PathLike[str] | str, st: os.stat_result) -> os.stat_re
         finally:
             os.close(sub)
     except OSError:
-        return st
+        return None
     finally:
         os.close(top)
-    return folded_stat(st, manifest) if stat.S_ISREG(manifest.st_mode) else st
+    return manifest if stat.S_ISREG(manifest.st_mode) else None
