@@ -24,6 +24,7 @@ from vfs.decant.limits import (
     parse_json,
 )
 from vfs.errors import CorruptArchiveError, ManifestError
+from vfs.walk import MAX_WALK_DEPTH, walk
 
 if TYPE_CHECKING:
     from vfs.acqstore.chunks import PlaneReader
@@ -450,13 +451,19 @@ def refuse_links(folder: Path) -> None:
     chunk linked to /etc/shadow) would serve bytes from outside SRC as pixels. Refused whole."""
     if folder.is_symlink():
         raise CorruptArchiveError(f"{folder}: the image folder is a symlink (refused)")
-    for base, dirs, files in os.walk(folder, followlinks=False):
+    for base, dirs, files in walk(folder, too_deep=too_deep_image):
         for name in dirs + files:
             if os.path.islink(os.path.join(base, name)):
                 raise CorruptArchiveError(
                     f"{folder}: {os.path.join(base, name)} is a symlink (refused: the mount never "
                     "follows links)"
                 )
+
+
+def too_deep_image(folder: Path) -> None:
+    """An image folder deeper than a walk goes is refused, not checked in part (os.walk raised
+    RecursionError on one a few thousand levels deep)."""
+    raise CorruptArchiveError(f"{folder}: folders more than {MAX_WALK_DEPTH} levels deep (refused)")
 
 
 def open_full_resolution(

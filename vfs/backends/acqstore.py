@@ -17,6 +17,7 @@ from vfs.backends.base import Backend, Description, Entry, RandomAccess
 from vfs.beneath import not_shown, open_beneath
 from vfs.cache import PageCache
 from vfs.errors import DecantError, ManifestError, UnsupportedFormatError
+from vfs.walk import walk
 
 if TYPE_CHECKING:  # jsonschema, numpy, tifffile: imported when a collection is first seen
     from vfs.acqstore.synth_tiff import SynthesizedTiff
@@ -73,16 +74,18 @@ def image_version(root: Path, path: Path) -> tuple[int, ...]:
     a folder's, the count of its files and folders and the largest mtime and ctime among
     them (a stat each, as a caller's open checks them: ~3 ms per 1,000 files). Reached from
     the collection folder `root` with no link followed, and walked below that descriptor
-    entering no link (os.walk): a folder swapped for a link to `/` since the open's checks is
-    not walked.
+    entering no link (vfs.walk): a folder swapped for a link to `/` since the open's checks is
+    not walked, nor one deeper than a walk goes.
     Blocking."""
+    from vfs.acqstore.ngff import too_deep_image
+
     fd = open_beneath(root, path, os.O_PATH)
     try:
         st = os.fstat(fd)
         if not stat.S_ISDIR(st.st_mode):
             return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         count, mtime, ctime = 0, st.st_mtime_ns, st.st_ctime_ns
-        for folder, dirs, files in os.walk(f"/proc/self/fd/{fd}"):
+        for folder, dirs, files in walk(Path(f"/proc/self/fd/{fd}"), too_deep=too_deep_image):
             for name in (*dirs, *files):  # a chunk folder renamed below changes only its own
                 try:
                     fst = os.lstat(os.path.join(folder, name))
