@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import secrets
@@ -132,15 +133,19 @@ class BucketPlacer:
         if self.folder.stat(join_key(key.rpartition("/")[0], other)) is not None:
             raise KeyTakenError(f"{self.folder.url_of(key)}: {other} is already in the bucket "
                                 "and one would hide the other; not published")  # fmt: skip
+        rival = join_key(key.rpartition("/")[0], other)
         if not archive:
-            return self._upload(spool, relpath, key, source, st, verify, "plain", "", cancel)
-        return self._pack_and_upload(spool, relpath, key, source, st, verify, options, cancel)
+            return self._upload(spool, relpath, key, rival, source, st, verify, "plain", "", cancel)
+        return self._pack_and_upload(
+            spool, relpath, key, rival, source, st, verify, options, cancel
+        )
 
     def _pack_and_upload(
         self,
         spool: Spool,
         relpath: str,
         key: str,
+        rival: str,
         source: Path,
         st: os.stat_result,
         verify: Verify,
@@ -152,7 +157,7 @@ class BucketPlacer:
         def progress(_nbytes: int) -> None:
             check(cancel)
 
-        spool.staging.mkdir(parents=True, exist_ok=True)
+        spool.staging.mkdir(mode=0o700, parents=True, exist_ok=True)
         need = st.st_blocks * 512 + SPACE_MARGIN
         require_space(spool.staging, need, f"needs about {size_text(need)} free to pack")
         staged = spool.staging / temp_name(key.rpartition("/")[2])  # within NAME_MAX
@@ -160,9 +165,8 @@ class BucketPlacer:
             bounded = with_plane_bound(options or PackOptions(), spool.max_plane)
             result = pack_file(source, staged, bounded, progress)
             check(cancel)
-            return self._upload(
-                spool, relpath, key, staged, st, verify, result.mode, result.reason, cancel
-            )
+            return self._upload(spool, relpath, key, rival, staged, st, verify, result.mode,
+                                result.reason, cancel)  # fmt: skip
         finally:
             staged.unlink(missing_ok=True)
 
@@ -171,6 +175,7 @@ class BucketPlacer:
         spool: Spool,
         relpath: str,
         key: str,
+        rival: str,
         local: Path,
         st: os.stat_result,
         verify: Verify,
@@ -214,12 +219,73 @@ class BucketPlacer:
             with self._lock:
                 if self._uploading.get(relpath) == (key, token):
                     del self._uploading[relpath]
+        clash = self._clash(key, rival)
+        if clash is not None:
+            gone = self._delete_if(key, uploaded.etag)
+            if gone and self.on_placed is not None:
+                self.on_placed(key, uploaded.etag, None)
+            left = "" if gone else " (its upload could not be deleted: the listing rule decides)"
+            raise KeyTakenError(f"{self.folder.url_of(key)}: {clash}; not published{left}")
         with self._lock:
             self._ours[uploaded.url] = (key, uploaded.etag)
             self._sources[uploaded.url] = uploaded.etag
         spool.mark_placed(relpath, st)
         self._placed(key, uploaded.etag, st)
         return Published(relpath, self._target(key), mode, reason, signature(st))
+
+    def _clash(self, key: str, rival: str) -> str | None:
+        """Why the object just uploaded to `key` would hide, or be hidden by, an entry another
+        host put in the bucket since the checks before the upload (each host lists its folders
+        up to --relist old, and packing takes seconds), or None. Checked once the upload is
+        in: of two uploads that clash, the later one always finds the earlier (a PUT is
+        visible to every reader once it returns), and either one that finds the other gives
+        way, so one at most is left, whatever the store's clocks say (a multipart upload's
+        Last-Modified is when it began). Both give way if each finds the other: both files
+        stay spooled, failed, and nothing is hidden. Without this a TIFF published on one host
+        and a plain file of its name on another both reported success, and every host served
+        one of them; a file published on one host vanished from all when another, listing
+        from before it, made a folder of its name (red team 70, F1 and F2).
+        One HEAD for the other form of the name, one LIST of the key as a folder, one HEAD per
+        folder above it (and a LIST of such a folder found an object, to tell whether this
+        upload is what makes that object a hidden one)."""
+        if self.folder.stat(rival) is not None:
+            name = rival.rpartition("/")[2]
+            return (
+                f"{name} was put in the bucket meanwhile (another host?); one would hide the other"
+            )
+        if next(iter(self.folder.list(key)), None) is not None:
+            return "a folder of that name was made in the bucket meanwhile (by another host?)"
+        parts = key.split("/")[:-1]
+        for depth in range(len(parts), 0, -1):
+            above = "/".join(parts[:depth])
+            if self.folder.stat(above) is None:
+                continue
+            # An object named like a folder the key is in is shown only while that folder
+            # holds nothing: this upload hides it unless others' objects did so already.
+            if all(info.key == key for info in itertools.islice(self.folder.list(above), 2)):
+                return (
+                    f"{above} is a file in the bucket (another host's?); its folder would hide it"
+                )
+            break  # a folder of others' objects there already: so are the ones above it
+        return None
+
+    def _delete_if(self, key: str, etag: str) -> bool:
+        """Delete the object at `key` if it is still the upload of ETag `etag` (a HEAD first: S3
+        has no conditional DELETE); whether no such upload is there now."""
+        import obstore
+
+        from vfs.stores.s3 import scrubbed
+
+        try:
+            info = self.folder.stat(key)
+            if info is None or info.etag != etag:
+                return True
+            obstore.delete(self.folder.client, self.folder.full_key(key))
+        except Exception as exc:  # obstore errors, StoreError: logged, the object stays
+            log.warning("%s: could not delete its upload: %s", self.folder.url_of(key),
+                        scrubbed(exc))  # fmt: skip
+            return False
+        return True
 
     def withdrawing(self, relpath: str) -> None:
         """The spooled file (or folder) `relpath` is about to be removed or renamed away

@@ -1,0 +1,133 @@
+"""Two hosts publishing clashing names into one bucket at once (red team 70, F1 and F2): a TIFF
+on one host and a plain file of its name on another, or a file and a folder of one name. Each
+host checked before its upload, packing took seconds, and the other's object came in between:
+both reported success, and every host served only one of them. Now the upload is checked again
+once it is in, and gives way (deleted, the file stays spooled, failed) if it clashes."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import obstore
+import pytest
+from obstore.store import S3Store
+
+from tests.s3.conftest import S3Bucket
+
+CASES = {
+    # name: (spooled file, the other host's key that lands during the upload, the reason)
+    "archive vs plain": ("d/x.tif", "d/x.tif", "one would hide the other"),
+    "plain vs archive": ("d/n.txt", "d/n.txt.zarr.zip", "one would hide the other"),
+    # SeaweedFS refuses a PUT of an object named like a folder it holds (412), not the
+    # reverse: the other host's key lands after this one's PUT, before its check.
+    "file vs folder": ("d/n.txt", "d/n.txt/f", "a folder of that name"),
+    "folder vs file": ("d/e/n.txt", "d/e", "d/e is a file in the bucket"),
+    "folder vs file above": ("d/e/g/n.txt", "d", "d is a file in the bucket"),
+}
+
+
+def _keys(store: S3Store, bucket: S3Bucket) -> list[str]:
+    prefix = bucket.key() + "/"
+    return sorted(m["path"][len(prefix) :] for b in obstore.list(store, prefix=prefix) for m in b)
+
+
+def _placer_spool(bucket: S3Bucket, tmp_path: Path) -> Any:
+    from vfs.ingest.bucket import BucketPlacer
+    from vfs.ingest.spool import Spool
+    from vfs.stores.base import ObjectPath
+    from vfs.stores.s3 import S3Folder
+
+    spool = Spool(ObjectPath.of_url(bucket.url()), tmp_path / "files", tmp_path / "staging")
+    spool.placer = BucketPlacer(S3Folder(bucket.url()))
+    return spool
+
+
+def _spool_file(tmp_path: Path, relpath: str, corpus: dict[str, Path]) -> bytes:
+    path = tmp_path / "files" / relpath
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if relpath.endswith(".tif"):
+        shutil.copyfile(corpus["lzw_u8.tif"], path)
+    else:
+        path.write_bytes(b"this host's notes\n")
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_an_upload_gives_way_to_a_clashing_entry_put_meanwhile(
+    case: str,
+    s3_bucket: S3Bucket,
+    corpus: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import vfs.stores.upload as upload
+    from vfs.ingest.bucket import KeyTakenError
+
+    relpath, theirs, reason = CASES[case]
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    spool = _placer_spool(s3_bucket, tmp_path)
+    data = _spool_file(tmp_path, relpath, corpus)
+    real = upload.put_verified
+
+    def racing(*args: Any, **kwargs: Any) -> Any:
+        # The other host's PUT lands after this host's checks, before its own upload ends.
+        if case != "file vs folder":
+            obstore.put(store, s3_bucket.key(theirs), b"another host's file\n")
+            return real(*args, **kwargs)
+        done = real(*args, **kwargs)
+        obstore.put(store, s3_bucket.key(theirs), b"another host's file\n")
+        return done
+
+    monkeypatch.setattr(upload, "put_verified", racing)
+    with pytest.raises(KeyTakenError, match=reason):
+        spool.publish(relpath, False, None)
+    assert _keys(store, s3_bucket) == [theirs]  # its upload deleted, theirs kept
+    assert (tmp_path / "files" / relpath).read_bytes() == data  # still spooled
+
+
+def test_a_folder_others_objects_already_make_is_published_into(
+    s3_bucket: S3Bucket, corpus: dict[str, Path], tmp_path: Path
+) -> None:
+    """An object named like the folder, already hidden by another object in that folder
+    (every host shows the folder): a file published into it hides nothing more."""
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    obstore.put(store, s3_bucket.key("d/e"), b"an object named like the folder\n")
+    obstore.put(store, s3_bucket.key("d/e/other.txt"), b"another host's file\n")
+    spool = _placer_spool(s3_bucket, tmp_path)
+    _spool_file(tmp_path, "d/e/n.txt", corpus)
+    spool.publish("d/e/n.txt", False, None)
+    assert _keys(store, s3_bucket) == ["d/e", "d/e/n.txt", "d/e/other.txt"]
+
+
+def test_a_folder_made_from_a_stale_listing_does_not_hide_another_host_s_file(
+    s3_bucket: S3Bucket, bucket_mount: Any, tmp_path: Path
+) -> None:
+    """Red team 70 F2 through real mounts: host B publishes a file `d`; host A, which listed
+    the folder before (its listing is kept --relist long), makes a folder `d` and a file in
+    it. A's upload used to succeed, and every host then showed the folder and hid B's file.
+    Now A's file stays spooled, failed, and B's `d` is served by a fresh host."""
+    from tests.s3.test_mount_bucket_write import spooled, status, wait_for
+
+    url = s3_bucket.url()
+    a = bucket_mount(url, "--spool", str(tmp_path / "spool-a"), "--relist", "600",
+                     "--settle", "0.2", name="a")  # fmt: skip
+    b = bucket_mount(url, "--spool", str(tmp_path / "spool-b"), "--settle", "0.2", name="b")
+    assert os.listdir(a.mnt) == []  # A's listing, kept
+    (b.mnt / "d").write_bytes(b"host B's file\n")
+    wait_for(lambda: not spooled(tmp_path / "spool-b"), 60, "B's file published")
+    (a.mnt / "d").mkdir()
+    (a.mnt / "d" / "f").write_bytes(b"host A's file\n")
+
+    def failed() -> dict[str, str]:
+        return {f["path"]: f["reason"] for f in status(a.mnt)["failed"]}
+
+    wait_for(lambda: "d/f" in failed(), 60, "A's file refused")
+    assert "d is a file in the bucket" in failed()["d/f"], failed()
+    assert spooled(tmp_path / "spool-a") == ["d/f"]
+    assert (a.mnt / "d" / "f").read_bytes() == b"host A's file\n"  # still A's, on A
+    c = bucket_mount(url, name="c")
+    assert (c.mnt / "d").read_bytes() == b"host B's file\n"
+    assert status(b.mnt)["failed"] == []
