@@ -695,7 +695,7 @@ def size_text(n: int) -> str:
 def _staged(spool: Spool, folder: Path, name: str) -> Path:
     """A temp name to build `name` under: in the staging folder, so the target folder sees
     one rename and keeps its mtime (what `rsync -a` set), else beside the target."""
-    spool.staging.mkdir(parents=True, exist_ok=True)
+    spool.staging.mkdir(mode=0o700, parents=True, exist_ok=True)
     where = spool.staging if _same_fs(spool.staging, folder) else folder
     return where / temp_name(name)
 
@@ -739,7 +739,7 @@ def _beside(spool: Spool, staged: Path, dfd: int) -> tuple[str | Path, int | Non
 
 def _private(spool: Spool, name: str) -> Path:
     """A temp name in the staging folder (the daemon's own), whatever the target's filesystem."""
-    spool.staging.mkdir(parents=True, exist_ok=True)
+    spool.staging.mkdir(mode=0o700, parents=True, exist_ok=True)
     return spool.staging / temp_name(name)
 
 

@@ -62,7 +62,7 @@ class Spool:
         # plane is decoded whole, to pack it and to read it).
         self.max_plane: int | None = None
         self.staging = staging or src / STAGING
-        self.files.mkdir(parents=True, exist_ok=True)
+        self.files.mkdir(mode=0o700, parents=True, exist_ok=True)  # see daemon._check_private
         # (st_dev, st_ino) of what publishing each relpath put into SRC, until its spooled
         # name goes: that entry is the file's own copy, not an older version it replaces.
         # Written and read under the placing lock.
@@ -334,7 +334,7 @@ class Spool:
         try:
             if not stat.S_ISREG(os.lstat(path).st_mode):
                 return None
-            self.staging.mkdir(parents=True, exist_ok=True)
+            self.staging.mkdir(mode=0o700, parents=True, exist_ok=True)
             aside = self.staging / temp_name("replaced")
             os.rename(path, aside)
         except OSError:

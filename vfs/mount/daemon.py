@@ -163,13 +163,28 @@ def build_bucket_tree(config: MountConfig, cache: PageCache) -> SourceTree:
 def _check_private(folder: Path) -> None:
     """A spool someone else made (a shared, world-writable SRC, before the first writable
     start) may hold their links: the daemon would create and truncate files through them as
-    root. Refuse it rather than use it."""
-    st = os.lstat(folder)
-    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-        what = "a symlink" if stat.S_ISLNK(st.st_mode) else f"owned by uid {st.st_uid}"
+    root. Refuse it rather than use it. So too one that other users may write (an operator's
+    `mkdir -m 777`), or whose `files` or `staging` is not the daemon's own: a user could have
+    made that folder and kept a working directory in it, which the chmod to 0700 at start does
+    not take away; from there they listed every user's spooled files and put a folder of
+    their own bytes in place of another user's, which was then uploaded under that user's
+    names (red team 70, F3)."""
+    for path in (folder, folder / "files", folder / "staging"):
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            continue  # made 0700 by the daemon when needed
+        mode = stat.S_IMODE(st.st_mode)
+        if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            what = "a symlink" if stat.S_ISLNK(st.st_mode) else f"owned by uid {st.st_uid}"
+        elif mode & (stat.S_IWGRP | stat.S_IWOTH):
+            what = f"writable by others (mode {mode:04o})"
+        else:
+            continue
         raise DecantError(
-            f"{folder}: {what}, not a folder of this daemon's user: another user could plant "
-            "links in it; remove it and start again (or pass --spool)"
+            f"{path}: {what}, not a folder of this daemon's user alone: another user could "
+            "plant links in it, or hold a folder inside it; remove it and start again (or "
+            "pass another --spool)"
         )
 
 
