@@ -222,8 +222,8 @@ class BucketPlacer:
         clash = self._clash(key, rival)
         if clash is not None:
             gone = self._delete_if(key, uploaded.etag)
-            if gone and self.on_placed is not None:
-                self.on_placed(key, uploaded.etag, None)
+            if self.on_placed is not None:
+                self.on_placed(key, "", None)  # its upload's note ends; its folders relisted
             left = "" if gone else " (its upload could not be deleted: the listing rule decides)"
             raise KeyTakenError(f"{self.folder.url_of(key)}: {clash}; not published{left}")
         with self._lock:
