@@ -26,6 +26,9 @@ CASES = {
     "file vs folder": ("d/n.txt", "d/n.txt/f", "a folder of that name"),
     "folder vs file": ("d/e/n.txt", "d/e", "d/e is a file in the bucket"),
     "folder vs file above": ("d/e/g/n.txt", "d", "d is a file in the bucket"),
+    # An archive presents its original's name: a folder of that name hides it, or is hidden.
+    "archive vs folder": ("d/x.tif", "d/x.tif/f", "a folder of that name"),
+    "folder vs archive above": ("d/e/n.txt", "d/e.zarr.zip", "d/e is a file in the bucket"),
 }
 
 
@@ -131,3 +134,29 @@ def test_a_folder_made_from_a_stale_listing_does_not_hide_another_host_s_file(
     c = bucket_mount(url, name="c")
     assert (c.mnt / "d").read_bytes() == b"host B's file\n"
     assert status(b.mnt)["failed"] == []
+
+
+def test_a_move_through_the_mount_gives_way_as_an_upload_does(
+    s3_bucket: S3Bucket, bucket_mount: Any, tmp_path: Path
+) -> None:
+    """Red team 72 F2: `mv` of an object (--allow-delete) into a folder made from a stale
+    listing, where another host has a file of that folder's name, or onto the name of an
+    archive another host put: both returned 0 and the other host's file was hidden on every
+    host. Now the copy gives way (EEXIST) and the object stays where it was."""
+    import errno
+
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    for name in ("a", "b"):
+        obstore.put(store, s3_bucket.key(name), f"object {name}\n".encode())
+    m = bucket_mount(s3_bucket.url(), "--spool", str(tmp_path / "spool"), "--allow-delete",
+                     "--relist", "600", "--settle", "0.2")  # fmt: skip
+    assert sorted(os.listdir(m.mnt)) == ["a", "b"]  # listed before the other host writes
+    obstore.put(store, s3_bucket.key("q"), b"another host's file q\n")
+    obstore.put(store, s3_bucket.key("x.zarr.zip"), b"another host's archive x\n")
+    (m.mnt / "q").mkdir()
+    with pytest.raises(OSError) as into_folder:
+        os.rename(m.mnt / "a", m.mnt / "q" / "a")
+    with pytest.raises(OSError) as onto_archive:
+        os.rename(m.mnt / "b", m.mnt / "x")
+    assert into_folder.value.errno == onto_archive.value.errno == errno.EEXIST
+    assert _keys(store, s3_bucket) == ["a", "b", "q", "x.zarr.zip"]

@@ -234,58 +234,10 @@ class BucketPlacer:
         return Published(relpath, self._target(key), mode, reason, signature(st))
 
     def _clash(self, key: str, rival: str) -> str | None:
-        """Why the object just uploaded to `key` would hide, or be hidden by, an entry another
-        host put in the bucket since the checks before the upload (each host lists its folders
-        up to --relist old, and packing takes seconds), or None. Checked once the upload is
-        in: of two uploads that clash, the later one always finds the earlier (a PUT is
-        visible to every reader once it returns), and either one that finds the other gives
-        way, so one at most is left, whatever the store's clocks say (a multipart upload's
-        Last-Modified is when it began). Both give way if each finds the other: both files
-        stay spooled, failed, and nothing is hidden. Without this a TIFF published on one host
-        and a plain file of its name on another both reported success, and every host served
-        one of them; a file published on one host vanished from all when another, listing
-        from before it, made a folder of its name (red team 70, F1 and F2).
-        One HEAD for the other form of the name, one LIST of the key as a folder, one HEAD per
-        folder above it (and a LIST of such a folder found an object, to tell whether this
-        upload is what makes that object a hidden one)."""
-        if self.folder.stat(rival) is not None:
-            name = rival.rpartition("/")[2]
-            return (
-                f"{name} was put in the bucket meanwhile (another host?); one would hide the other"
-            )
-        if next(iter(self.folder.list(key)), None) is not None:
-            return "a folder of that name was made in the bucket meanwhile (by another host?)"
-        parts = key.split("/")[:-1]
-        for depth in range(len(parts), 0, -1):
-            above = "/".join(parts[:depth])
-            if self.folder.stat(above) is None:
-                continue
-            # An object named like a folder the key is in is shown only while that folder
-            # holds nothing: this upload hides it unless others' objects did so already.
-            if all(info.key == key for info in itertools.islice(self.folder.list(above), 2)):
-                return (
-                    f"{above} is a file in the bucket (another host's?); its folder would hide it"
-                )
-            break  # a folder of others' objects there already: so are the ones above it
-        return None
+        return clash(self.folder, key, rival)
 
     def _delete_if(self, key: str, etag: str) -> bool:
-        """Delete the object at `key` if it is still the upload of ETag `etag` (a HEAD first: S3
-        has no conditional DELETE); whether no such upload is there now."""
-        import obstore
-
-        from vfs.stores.s3 import scrubbed
-
-        try:
-            info = self.folder.stat(key)
-            if info is None or info.etag != etag:
-                return True
-            obstore.delete(self.folder.client, self.folder.full_key(key))
-        except Exception as exc:  # obstore errors, StoreError: logged, the object stays
-            log.warning("%s: could not delete its upload: %s", self.folder.url_of(key),
-                        scrubbed(exc))  # fmt: skip
-            return False
-        return True
+        return delete_if(self.folder, key, etag)
 
     def withdrawing(self, relpath: str) -> None:
         """The spooled file (or folder) `relpath` is about to be removed or renamed away
@@ -388,6 +340,59 @@ class BucketPlacer:
             self._ours.pop(str(target), None)
         if self.on_placed is not None:
             self.on_placed(key, etag, None)
+
+
+def clash(folder: S3Folder, key: str, rival: str) -> str | None:
+    """Why the object just put at `key` (the other form of its name: `rival`, `NAME` beside
+    `NAME.zarr.zip`) would hide, or be hidden by, an entry another host put in the bucket since
+    the checks before it (each host lists its folders up to --relist old, and packing takes
+    seconds), or None. Asked once the object is in: of two that clash, the later always finds
+    the earlier (a PUT is visible to every reader once it returns), and either one that finds
+    the other gives way, so one at most is left, whatever the store's clocks say (a multipart
+    upload's Last-Modified is when it began). Both give way if each finds the other: both
+    files stay spooled, failed, and nothing is hidden. Without this a TIFF published on one
+    host and a plain file of its name on another both reported success, and every host served
+    one of them; a file published on one host vanished from all when another, listing from
+    before it, made a folder of its name (red team 70, F1 and F2), or an archive presenting it
+    (red team 72, F1); so did one `mv`-ed there (red team 72, F2).
+    One HEAD for the other form of the name, one LIST of the name shown as a folder, two HEADs
+    per folder above the key (an object and an archive named like it; where one is found, a
+    LIST of that folder tells whether this object is what hides it)."""
+    if folder.stat(rival) is not None:
+        name = rival.rpartition("/")[2]
+        return f"{name} was put in the bucket meanwhile (another host?); one would hide the other"
+    shown = rival if key.endswith(".zarr.zip") else key  # the name it is listed under
+    if next(iter(folder.list(shown)), None) is not None:
+        return "a folder of that name was made in the bucket meanwhile (by another host?)"
+    parts = key.split("/")[:-1]
+    for depth in range(len(parts), 0, -1):
+        above = "/".join(parts[:depth])
+        if folder.stat(above) is None and folder.stat(f"{above}.zarr.zip") is None:
+            continue
+        # A file or an archive shown as a folder the key is in is shown only while that
+        # folder holds nothing: this object hides it unless others' objects did so already.
+        if all(info.key == key for info in itertools.islice(folder.list(above), 2)):
+            return f"{above} is a file in the bucket (another host's?); its folder would hide it"
+        break  # a folder of others' objects there already: so are the ones above it
+    return None
+
+
+def delete_if(folder: S3Folder, key: str, etag: str) -> bool:
+    """Delete the object at `key` if it is still the one of ETag `etag` (a HEAD first: S3 has
+    no conditional DELETE); whether no such object is there now."""
+    import obstore
+
+    from vfs.stores.s3 import scrubbed
+
+    try:
+        info = folder.stat(key)
+        if info is None or info.etag != etag:
+            return True
+        obstore.delete(folder.client, folder.full_key(key))
+    except Exception as exc:  # obstore errors, StoreError: logged, the object stays
+        log.warning("%s: could not delete it: %s", folder.url_of(key), scrubbed(exc))
+        return False
+    return True
 
 
 def _same_as(local: Path) -> Verify:
@@ -509,6 +514,13 @@ class BucketWriteSide(WriteSide):
                 raise StoreError(f"{self.folder.url_of(new_key)}: the copy is not there whole")
         except (BaseError, OSError) as exc:
             raise translate(exc, self.folder.url_of(new_key), "copy:") from None
+        stem = new_key.removesuffix(".zarr.zip")
+        why = clash(self.folder, new_key, stem if stem != new_key else f"{new_key}.zarr.zip")
+        if why is not None:  # as an upload's: the copy gives way, the object stays where it was
+            delete_if(self.folder, new_key, copied.etag or "")
+            if self._changed is not None:
+                self._changed(new_key, "", None)
+            raise refuse(errno.EEXIST, f"{self.folder.url_of(new_key)}: {why}; not moved")
         self._delete(old_key, etag)
         if self._changed is not None:
             # The new key shows the mode, owner and mtime the old one showed (what this host
