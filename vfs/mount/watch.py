@@ -17,7 +17,7 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -122,36 +122,39 @@ async def watch_source(ops: DecantOperations, src: Path, spool_root: Path) -> No
     skip = {ops.config.mnt, spool_root}
     vanished = 0
     unnamed = 0
+    # The watch being replaced, kept until its successor is in place: closed first, a chmod
+    # made while the new set of folders was walked (a user making and removing folders in a
+    # loop keeps that window open) was never heard of, and the mount showed the old bits for
+    # as long as the loop ran (red team 72, F3).
+    previous: AsyncGenerator[set[tuple[int, str]], None] | None = None
     try:
         while True:
             folders = await trio.to_thread.run_sync(real_folders, src, skip)
             watched = set(folders)
             caught_up = False
+            batches = _batches(RustNotify, folders)
+            kept = False
             try:
-                batches = _batches(RustNotify, folders)
-                async with contextlib.aclosing(batches):  # a `break` closes the watches now
-                    async for changes in batches:
-                        vanished = 0
-                        if not caught_up:
-                            # What changed between the walk and the watches went unseen: the
-                            # folders the kernel holds are checked once, now that any later
-                            # change is reported.
-                            caught_up = True
-                            await ops.on_changed(watched - skip)
-                        if not changes:
-                            continue
-                        paths = {Path(p) for _change, p in changes}
-                        names: dict[Path, set[str]] = {}
-                        for path in paths:
-                            if path.parent not in skip:
-                                names.setdefault(path.parent, set()).add(path.name)
-                            archive = manifest_of(path)
-                            if archive is not None and archive.parent not in skip:
-                                names.setdefault(archive.parent, set()).add(archive.name)
-                        await ops.on_names_changed(names)
-                        grown = functools.partial(_folders_changed, src, paths, watched, skip)
-                        if await trio.to_thread.run_sync(grown):
-                            break  # watch the new set of folders
+                async for changes in batches:
+                    vanished = 0
+                    if not caught_up:
+                        # What changed between the walk and the watches went unseen: the old
+                        # watch's last changes are taken, and the folders the kernel holds are
+                        # checked once, now that any later change is reported.
+                        caught_up = True
+                        if previous is not None:
+                            with contextlib.suppress(StopAsyncIteration):
+                                await _take(ops, await anext(previous), skip)
+                            await previous.aclose()
+                            previous = None
+                        await ops.on_changed(watched - skip)
+                    if not changes:
+                        continue
+                    paths = await _take(ops, changes, skip)
+                    grown = functools.partial(_folders_changed, src, paths, watched, skip)
+                    if await trio.to_thread.run_sync(grown):
+                        previous, kept = batches, True
+                        break  # watch the new set of folders
             except (FileNotFoundError, NotADirectoryError):
                 # A folder went between the walk and the watch (an `rm -r` in progress): walk
                 # again. Only SRC itself gone for good ends watching.
@@ -171,9 +174,30 @@ async def watch_source(ops: DecantOperations, src: Path, spool_root: Path) -> No
                                 "checking every folder (%s)", src, _unnamed_path(exc))  # fmt: skip
                 await ops.on_changed(watched - skip)
                 await trio.sleep(UNNAMED_PAUSE)
+            finally:
+                if not kept:
+                    await batches.aclose()
     except Exception as exc:  # e.g. the inotify watch limit: degrade, keep serving
         ops.watched = False
         log.warning("watching %s failed (%s); changes show after a folder's mtime check", src, exc)
+    finally:
+        if previous is not None:
+            await previous.aclose()
+
+
+async def _take(ops: DecantOperations, changes: set[tuple[int, str]], skip: set[Path]) -> set[Path]:
+    """Hand a batch of changes to the mount, by folder and name; the paths changed."""
+    paths = {Path(p) for _change, p in changes}
+    names: dict[Path, set[str]] = {}
+    for path in paths:
+        if path.parent not in skip:
+            names.setdefault(path.parent, set()).add(path.name)
+        archive = manifest_of(path)
+        if archive is not None and archive.parent not in skip:
+            names.setdefault(archive.parent, set()).add(archive.name)
+    if names:
+        await ops.on_names_changed(names)
+    return paths
 
 
 async def _batches(rust_notify: Any, folders: list[Path]) -> AsyncIterator[set[tuple[int, str]]]:

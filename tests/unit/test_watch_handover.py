@@ -1,0 +1,72 @@
+"""The SRC watcher replaced by a new one when folders come or go (vfs.mount.watch): the old one
+was closed before the folders were walked again, and a chmod made during that walk was never
+heard of; a user making and removing folders in a loop kept that window open, and the mount
+showed another user's file with its old bits for as long as the loop ran (red team 72, F3).
+Now the old watch is drained once the new one is in place, then closed."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import trio
+
+from vfs.mount import watch
+
+
+def test_a_change_made_while_the_folders_are_walked_again_is_heard(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "f.txt").write_bytes(b"x")
+    caught: list[set[Path]] = []
+    heard: list[dict[Path, set[str]]] = []
+
+    class Ops:
+        config = SimpleNamespace(mnt=src / "mnt")
+        watched = True
+
+        async def on_changed(self, folders: set[Path]) -> None:
+            caught.append(set(folders))
+
+        async def on_names_changed(self, names: dict[Path, set[str]]) -> None:
+            heard.append({k: set(v) for k, v in names.items()})
+
+    walks: list[int] = []
+    walking, go_on = threading.Event(), threading.Event()
+    real = watch.real_folders
+
+    def slow_second_walk(top: Path, skip: set[Path]) -> list[Path]:
+        walks.append(1)
+        if len(walks) == 2:
+            walking.set()
+            go_on.wait(20)
+        return real(top, skip)
+
+    monkeypatch.setattr(watch, "real_folders", slow_second_walk)
+    ops = Ops()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch.watch_source, ops, src, tmp_path / "spool")
+            with trio.fail_after(20):
+                while not caught:  # the first watch is in place
+                    await trio.sleep(0.01)
+                (src / "new").mkdir()  # a new folder: the folders are walked again
+                while not walking.is_set():
+                    await trio.sleep(0.01)
+                os.chmod(src / "f.txt", 0o600)  # while they are
+                go_on.set()
+                while not any("f.txt" in names.get(src, set()) for names in heard):
+                    await trio.sleep(0.01)
+                while len(caught) < 2:  # and the new watch caught up
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert ops.watched and len(walks) == 2
+    assert src / "new" in caught[1]
