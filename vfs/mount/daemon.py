@@ -319,6 +319,7 @@ def build_bucket_write_side(config: MountConfig, tree: SourceTree) -> PackQueue:
     return queue
 
 
+LOCK_NAME = ".lock"  # in the spool root: what `_hold_spool` locks
 _HELD: list[int] = []  # descriptors of the spools this daemon holds, for as long as it runs
 
 
@@ -326,10 +327,12 @@ def _hold_spool(root: Path, src: object) -> None:
     """Take the spool for this daemon alone (an exclusive flock on its folder, held until the
     daemon exits): two mounts given one --spool (the README's example path for each bucket)
     each published, into its own SRC or prefix, the files the other had spooled, and cleared
-    the other's staging folder at start."""
+    the other's staging folder at start. The lock is on a 0600 file in it, not on the folder:
+    any user who could open the folder (an operator's 0755 spool) took the lock before the
+    start and kept the daemon from starting (red team 72, F4)."""
     import fcntl
 
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
