@@ -3,7 +3,8 @@
 Each real folder of SRC is watched on its own (never recursively): a recursive watch follows
 symlinks out of SRC and into the mountpoint, where it would wait on this very daemon. The folder
 list is made by a walk in a worker thread that never follows links and skips the mountpoint and
-the spool, and is made again when folders appear or go.
+the spool, and is made again when folders appear or go; the old watch is drained and closed
+only once the new one is in place, so no change is missed in between.
 
 Without inotify (`--no-watch`, inotify limits, a network filesystem) the mount still shows
 changes: entries of unwatched folders carry short kernel timeouts and folders are re-checked by
