@@ -139,9 +139,10 @@ async def watch_source(ops: DecantOperations, src: Path, spool_root: Path) -> No
                 async for changes in batches:
                     vanished = 0
                     if not caught_up:
-                        # What changed between the walk and the watches went unseen: the old
-                        # watch's last changes are taken, and the folders the kernel holds are
-                        # checked once, now that any later change is reported.
+                        # A watch that replaces another takes the old one's last changes (it
+                        # ran until now). What a first watch's walk missed went unseen: the
+                        # folders the kernel holds are checked once, now that any later change
+                        # is reported.
                         caught_up = True
                         if previous is not None:
                             with contextlib.suppress(StopAsyncIteration):
