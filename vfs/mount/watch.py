@@ -18,7 +18,7 @@ import functools
 import logging
 import os
 import threading
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -202,7 +202,9 @@ async def _take(ops: DecantOperations, changes: set[tuple[int, str]], skip: set[
     return paths
 
 
-async def _batches(rust_notify: Any, folders: list[Path]) -> AsyncIterator[set[tuple[int, str]]]:
+async def _batches(
+    rust_notify: Any, folders: list[Path]
+) -> AsyncGenerator[set[tuple[int, str]], None]:
     """Batches of (change, path) in `folders` (not recursive, nothing filtered out: watchfiles'
     default filter hides `.git`, `*~`, `*.swp`... names), an empty batch every TIMEOUT_MS, the
     first once the watches are in place.
