@@ -183,8 +183,9 @@ def _check_private(folder: Path) -> None:
             continue
         raise DecantError(
             f"{path}: {what}, not a folder of this daemon's user alone: another user could "
-            "plant links in it, or hold a folder inside it; remove it and start again (or "
-            "pass another --spool)"
+            "plant links in it, or hold a folder inside it; move out what its files/ holds "
+            "(files written through a mount, not yet published), remove it and start again "
+            "(or pass another --spool)"
         )
 
 
