@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.toolbox import make_chain, remove_chain
 from tests.unit.stores_conformance import FolderTests
 from vfs.decant.store import DirectoryStore
 from vfs.errors import CorruptArchiveError
@@ -127,3 +128,15 @@ def test_a_folder_archive_s_value_is_read_as_the_size_its_head_stated() -> None:
     assert FolderStore(Prefix(Opened())).get("zarr.json", 1 << 20) == b"{}"  # type: ignore[arg-type]
     with pytest.raises(CorruptArchiveError, match="changed while it was read"):
         FolderStore(Prefix(Swapped())).get("zarr.json", 1 << 20)  # type: ignore[arg-type]
+
+
+def test_a_folder_1200_levels_deep_is_listed_to_its_bottom(tmp_path: Path) -> None:
+    """os.walk raised RecursionError past ~1,000 levels (a folder archive anyone may nest)."""
+    bottom = make_chain(tmp_path, "d", 1200)
+    try:
+        (bottom / "f").write_bytes(b"x")
+        (tmp_path / "top").write_bytes(b"yz")
+        found = {info.key: info.size for info in LocalFolder(tmp_path).list()}
+        assert found == {"top": 2, "/".join(["d"] * 1200 + ["f"]): 1}
+    finally:
+        remove_chain(tmp_path, "d")

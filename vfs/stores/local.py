@@ -11,6 +11,7 @@ import errno
 import logging
 import os
 import stat
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from pathlib import Path
 from vfs.errors import ArchiveChangedError, CorruptArchiveError
 from vfs.stores.base import ObjectInfo, check_range, join_key
 from vfs.stores.direct import open_direct, pread_direct
+from vfs.walk import walk
 
 log = logging.getLogger("decant-mount")
 
@@ -200,8 +202,9 @@ class LocalFolder:
         return LocalFolder(self._path(prefix))
 
     def list(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        base = self._path(prefix)
-        for dirpath, _dirs, files in os.walk(base):
+        # vfs.walk, not os.walk: that recursed once per level (RecursionError at ~1,000, in
+        # a folder archive anyone may nest); a key is never too deep to list, only too long.
+        for dirpath, _dirs, files in walk(self._path(prefix), max_depth=sys.maxsize):
             rel = os.path.relpath(dirpath, self.root)
             for name in sorted(files):
                 key = join_key("" if rel == "." else rel.replace(os.sep, "/"), name)
