@@ -446,7 +446,8 @@ class DecantOperations(pyfuse3.Operations):
 
     def _watched(self, node: Node) -> bool:
         """Whether a change of `node`'s own attributes is reported (by its folder's watch)."""
-        return self.watches(node.real.parent) if isinstance(node.real, Path) else self.watched
+        folder = node.folder  # a bucket's are ObjectPaths (pure): the watcher never sees them
+        return self.watches(folder) if isinstance(folder, Path) else self.watched
 
     def _attrs(self, inode: int, node: Node) -> pyfuse3.EntryAttributes:
         a = pyfuse3.EntryAttributes()
