@@ -202,3 +202,73 @@ def test_an_imagej_description_declaring_more_images_than_pages_is_a_flat_stack(
     assert raw != path.read_bytes()
     path.write_bytes(raw)
     assert scan_tiff(path, path.stat().st_size).plane_order == ("z",)
+
+
+def tags_at_one_blob(path: Path, pages: int, count: int, entries: int, kind: int = 3) -> int:
+    """`pages` one-strip 4x4 pages whose IFDs each hold `entries` extra entries (private tag
+    codes) of `count` values of TIFF type `kind`, all pointing at one shared blob."""
+    size = {3: 2, 5: 8}[kind] * count
+    blob, strip = 8, 8 + size
+    first = strip + 16
+    base = [(256, 3, 1, 4), (257, 3, 1, 4), (258, 3, 1, 8), (273, 4, 1, strip), (277, 3, 1, 1),
+            (278, 3, 1, 4), (279, 4, 1, 16)]  # fmt: skip
+    tags = base + [(65000 + i, kind, count, blob) for i in range(entries)]
+    ifd_size = 2 + 12 * len(tags) + 4
+    out = bytearray(b"II*\x00" + struct.pack("<I", first)) + bytes(size) + bytes(range(16))
+    for p in range(pages):
+        nxt = first + (p + 1) * ifd_size if p < pages - 1 else 0
+        out += struct.pack("<H", len(tags))
+        out += b"".join(struct.pack("<HHII", *t) for t in tags) + struct.pack("<I", nxt)
+    path.write_bytes(out)
+    return len(out)
+
+
+def test_tag_values_that_share_one_blob_are_counted_before_tifffile_reads_them(
+    tmp_path: Path,
+) -> None:
+    """Red team 75, F1: entries of one IFD all pointing at one blob of SHORTs: tifffile made a
+    tuple of Python ints of each (~36 bytes a value), 1.6 GiB of the daemon for a 4 MB file."""
+    from tests.toolbox import traced_peak
+
+    path = tmp_path / "dup.tif"
+    size = tags_at_one_blob(path, pages=1, count=200_000, entries=20)
+
+    def scan() -> str:
+        with pytest.raises(NotByteExact) as refused:
+            scan_tiff(path, size)
+        return str(refused.value)
+
+    why, peak = traced_peak(scan)
+    assert "IFD 1's tag values: 4000000 numbers" in why
+    assert peak < 16 << 20, f"{peak / 2**20:.0f} MiB traced for a {size / 1e6:.1f} MB file"
+
+
+def test_tag_values_repeated_on_every_page_are_bounded_for_the_chain(tmp_path: Path) -> None:
+    """Red team 75, F2: every page's IFD pointing at one 8 MB blob: tifffile read it again for
+    each page (2,500 pages: the pack worker, shared by every user, held 3 minutes)."""
+    path = tmp_path / "pages.tif"
+    size = tags_at_one_blob(path, pages=300, count=8_000, entries=1, kind=5)
+    with pytest.raises(NotByteExact, match=r"the tag values of its first \d+ IFDs"):
+        scan_tiff(path, size)
+
+
+def test_an_ome_xml_of_too_many_elements_is_not_parsed(tmp_path: Path) -> None:
+    """Red team 75, F1: 4 million empty elements (16 MB): 895 MiB of ElementTree. The pages
+    are packed as a flat stack; the description stays in the husk as it was."""
+    from tests.toolbox import traced_peak
+
+    path = tmp_path / "ome.tif"
+    xml = (
+        '<?xml version="1.0" encoding="UTF-8"?><OME xmlns="http://www.openmicroscopy.org/'
+        'Schemas/OME/2016-06"><Image ID="Image:0"><Pixels ID="Pixels:0" DimensionOrder="XYZCT"'
+        ' Type="uint8" SizeX="4" SizeY="4" SizeZ="1" SizeC="1" SizeT="2">'
+        + "<a/>" * 250_000
+        + "</Pixels></Image></OME>"
+    )
+    data = np.zeros((2, 4, 4), np.uint8)
+    tifffile.imwrite(path, data, photometric="minisblack", description=xml, metadata=None)
+    with tifffile.TiffFile(path) as tif:
+        assert tif.is_ome
+    layout, peak = traced_peak(lambda: scan_tiff(path, path.stat().st_size))
+    assert (layout.plane_order, layout.storage_leading) == (("z",), (2,))  # not ("t",)
+    assert peak < 24 << 20, f"{peak / 2**20:.0f} MiB traced"

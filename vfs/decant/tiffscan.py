@@ -126,9 +126,27 @@ def _check_overhead(records: list[PageRecord]) -> None:
         )
 
 
-# StripOffsets (273) and TileOffsets (324) are the tags whose counts _check_declared sums.
+# StripOffsets (273) and TileOffsets (324) are the tags whose counts _check_declared sums, and
+# their byte counts (279, 325): bounded as the strips/tiles are, not as other values.
+_SEGMENT_TAGS = (273, 279, 324, 325)
 _MAX_TAGS = 4096  # entries of one IFD: tifffile refuses more ("suspicious number of tags")
 _MAX_ENTRIES = 64 * MAX_PAGES  # entries of every IFD together (a page has ~10-30)
+# Values stored apart from their entries (too large for its value field), which tifffile reads
+# for each page: numbers become Python ints in tuples (~36 bytes of memory per 2-byte SHORT),
+# BYTE, ASCII and UNDEFINED values bytes or str. Entries of one IFD may all point at one blob,
+# and IFDs of many pages at one too: a 4 MB file of 20 such entries took the daemon to 1.6 GiB,
+# and a 9 MB one of 2,500 pages held the pack worker 3 minutes (red team 75). Bounded an IFD
+# (what one page costs in memory) and for the chain (what reading every page costs), with an
+# allowance a page past which a file goes as mode V (its bytes kept whole).
+_BYTE_TYPES = (1, 2, 7)  # BYTE, ASCII, UNDEFINED: read as bytes or str
+# Bytes a value of each TIFF type code takes (0: no such type), and numbers it is read as
+# (RATIONAL and SRATIONAL: two).
+_TYPE_SIZES_BY_CODE = np.array([0, 1, 1, 2, 4, 8, 1, 1, 2, 4, 8, 4, 8, 4, 0, 0, 8, 8, 8, 0])
+_TYPE_NUMBERS_BY_CODE = np.array([1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1])
+MAX_IFD_NUMBERS = 1 << 20
+MAX_IFD_BYTES = 64 << 20
+_PAGE_NUMBERS = 64  # what a page of a large file may hold in all (its resolutions, colour maps)
+_PAGE_BYTES = 16 << 10  # (per-plane metadata as text: MicroManager's, a few KiB a page)
 _SUBIFDS = 330  # the SubIFDs tag: offsets of more IFDs (a pyramid's lower resolutions)
 # SubIFDs a file's series may parse (pyramid levels: a few per page); past this its axes are
 # not asked of tifffile, which parses each one as a page (see _leading).
@@ -161,7 +179,7 @@ def _check_declared(fh: BinaryIO) -> int:
                       ("value", "V4" if magic == 42 else "V8")])  # fmt: skip
     count_size, next_size = struct.calcsize(count_fmt), struct.calcsize(next_fmt)
     seen: set[int] = set()
-    declared = entries = subifds = 0
+    declared = counted = entries = subifds = numbers = nbytes = 0
     while offset and offset not in seen:
         if len(seen) >= MAX_PAGES:
             raise NotByteExact(f"more than the {MAX_PAGES} pages of mode D")
@@ -183,9 +201,24 @@ def _check_declared(fh: BinaryIO) -> int:
         codes = tags["tag"]
         # Python ints: BigTIFF counts summed as uint64 could wrap past the bound.
         declared += sum(map(int, tags["count"][(codes == 273) | (codes == 324)]))
-        if declared > MAX_SEGMENTS:
+        counted += sum(map(int, tags["count"][(codes == 279) | (codes == 325)]))
+        if max(declared, counted) > MAX_SEGMENTS:
             raise NotByteExact(f"more than the {MAX_SEGMENTS} strips/tiles of mode D declared")
         subifds += sum(map(int, tags["count"][codes == _SUBIFDS]))
+        ifd_numbers, ifd_bytes = _values_apart(tags, 4 if magic == 42 else 8)
+        if ifd_numbers > MAX_IFD_NUMBERS or ifd_bytes > MAX_IFD_BYTES:
+            raise NotByteExact(
+                f"IFD {len(seen)}'s tag values: {ifd_numbers} numbers and {human(ifd_bytes)}; "
+                f"mode D reads up to {MAX_IFD_NUMBERS} and {human(MAX_IFD_BYTES)} of a page"
+            )
+        numbers, nbytes = numbers + ifd_numbers, nbytes + ifd_bytes
+        if numbers > MAX_IFD_NUMBERS + _PAGE_NUMBERS * len(seen) or (
+            nbytes > MAX_IFD_BYTES + _PAGE_BYTES * len(seen)
+        ):
+            raise NotByteExact(
+                f"the tag values of its first {len(seen)} IFDs: {numbers} numbers and "
+                f"{human(nbytes)}, more than mode D reads for so many pages"
+            )
         offset = struct.unpack_from(order + next_fmt, table, n * entry.itemsize)[0]
     return subifds
 
@@ -235,6 +268,19 @@ def _page_record(index: int, page: tifffile.TiffPage, max_plane: int) -> PageRec
     )
 
 
+def _values_apart(tags: np.ndarray[Any, Any], field: int) -> tuple[int, int]:
+    """(numbers, bytes) of the values of an IFD's entries stored apart from it (larger than
+    `field`, the entry's value field), strips and tiles left out (bounded as such). In float64:
+    BigTIFF counts are 64-bit, and a bound needs no exact sum of such."""
+    kinds = np.minimum(tags["type"], len(_TYPE_SIZES_BY_CODE) - 1)
+    counts = tags["count"].astype(np.float64)
+    sizes = _TYPE_SIZES_BY_CODE[kinds] * counts  # an unknown type (size 0): tifffile skips it
+    apart = (sizes > field) & ~np.isin(tags["tag"], _SEGMENT_TAGS)
+    as_bytes = np.isin(kinds, _BYTE_TYPES)
+    numbers = (counts * _TYPE_NUMBERS_BY_CODE[kinds])[apart & ~as_bytes].sum()
+    return int(min(numbers, 2**63)), int(min(sizes[apart & as_bytes].sum(), 2**63))
+
+
 def _leading(
     tif: tifffile.TiffFile, n_pages: int, subifds: int
 ) -> tuple[tuple[str, ...], tuple[int, ...]]:
@@ -272,6 +318,10 @@ def _leading(
 # not its own): tifffile opens it, relative to the file's folder (in the daemon that folder is
 # /proc/self/fd: "0" would be its stdin).
 _OME_REFUSED = ("BinaryOnly", "Modulo")
+# Past these, a file's metadata is not parsed for its axes: it is packed as a flat z stack
+# (its bytes and description kept as they are). An OME-XML's elements: ~3 a plane.
+MAX_OME_ELEMENTS = 1 << 16
+MAX_DESCRIPTION = 1 << 20  # characters of a shaped or ImageJ description, bytes of IJMetadata
 _OME_COUNTS = ("SizeZ", "SizeC", "SizeT", "PlaneCount", "IFD", "FirstZ", "FirstC", "FirstT")
 
 
@@ -284,11 +334,13 @@ def _declares_at_most(tif: tifffile.TiffFile, n_pages: int) -> bool:
         if tif.is_ome:
             return _ome_at_most(tif.ome_metadata or "", n_pages)
         if tif.is_imagej:
+            if not _small_imagej(page):
+                return False
             ij = tif.imagej_metadata or {}
             counts = [int(ij.get(k, 1)) for k in ("images", "channels", "slices", "frames")]
             return all(0 < c <= n_pages for c in counts) and math.prod(counts[1:]) <= n_pages
         description = page.shaped_description
-        if description is None:
+        if description is None or len(description) > MAX_DESCRIPTION:
             return False
         shape = [int(n) for n in tifffile.shaped_description_metadata(description)["shape"]]
         pixels = math.prod(page.shape) or 1
@@ -297,10 +349,24 @@ def _declares_at_most(tif: tifffile.TiffFile, n_pages: int) -> bool:
         return False
 
 
+def _small_imagej(page: tifffile.TiffPage) -> bool:
+    """Whether the ImageJ metadata tifffile parses for the series (its description, and the
+    IJMetadata tag's labels, ranges, LUTs and ROIs) is small enough to be parsed."""
+    description = page.imagej_description or ""
+    extra = page.tags.get(50839)  # IJMetadata
+    return len(description) <= MAX_DESCRIPTION and (
+        extra is None or extra.valuebytecount <= MAX_DESCRIPTION
+    )
+
+
 def _ome_at_most(xml: str, n_pages: int) -> bool:
     from xml.etree import ElementTree  # expat refuses entity expansion bombs
 
     if any(word in xml for word in _OME_REFUSED):
+        return False
+    # ElementTree (here, and tifffile's for the series) keeps every element, ~200 bytes each:
+    # an OME-XML of 4 million empty ones (16 MB) took the daemon to 895 MiB (red team 75).
+    if xml.count("<") > MAX_OME_ELEMENTS:
         return False
     try:
         root = ElementTree.fromstring(xml)
