@@ -40,6 +40,10 @@ from vfs.errors import DecantError, PackError
 log = logging.getLogger(__name__)
 DEFAULT_CODEC = CodecChoice()
 PACK_THREADS = os.cpu_count() or 2
+# Planes compressed at once hold ~3x their size each (the bytes read, the array, zarr's
+# compressed chunk): four 250 MiB planes a user copied in took the daemon to 1.8 GiB (red team
+# 75, F3). Planes past half of this are compressed one at a time, on one core.
+PLANES_IN_FLIGHT_BYTES = 256 << 20
 _AXIS_TYPE = {"t": "time", "c": "channel", "z": "space"}
 
 
@@ -365,7 +369,7 @@ def write_planes(
         return sum(len(b) for b in bufs)
 
     runs = plane_runs(coords, plane_bytes)
-    workers = max(1, min(PACK_THREADS, len(runs)))
+    workers = max(1, min(PACK_THREADS, len(runs), PLANES_IN_FLIGHT_BYTES // max(1, plane_bytes)))
     with ThreadPoolExecutor(workers, thread_name_prefix="decant-pack") as pool:
         pending: deque[Future[int]] = deque()
         for run in runs:
