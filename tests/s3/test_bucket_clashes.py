@@ -160,3 +160,26 @@ def test_a_move_through_the_mount_gives_way_as_an_upload_does(
         os.rename(m.mnt / "b", m.mnt / "x")
     assert into_folder.value.errno == onto_archive.value.errno == errno.EEXIST
     assert _keys(store, s3_bucket) == ["a", "b", "q", "x.zarr.zip"]
+
+
+@pytest.mark.parametrize(
+    ("theirs", "reason"),
+    [("d/n.txt.zarr.zip", "one would hide the other"), ("d/n.txt/f", "a folder of that name")],
+)
+def test_an_upload_found_in_place_is_checked_before_it_counts_as_published(
+    theirs: str, reason: str, s3_bucket: S3Bucket, corpus: dict[str, Path], tmp_path: Path
+) -> None:
+    """This host's upload went in, and the daemon was killed before its check: at the next
+    start the spooled file's bytes are found at its key ("already"). Taken as published, the
+    other host's clashing object stayed hidden on every host and both users were told done."""
+    from vfs.ingest.bucket import KeyTakenError
+
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    spool = _placer_spool(s3_bucket, tmp_path)
+    data = _spool_file(tmp_path, "d/n.txt", corpus)
+    obstore.put(store, s3_bucket.key("d/n.txt"), data)  # this host's, before the kill
+    obstore.put(store, s3_bucket.key(theirs), b"another host's file\n")
+    with pytest.raises(KeyTakenError, match=reason):
+        spool.publish("d/n.txt", False, None)
+    assert _keys(store, s3_bucket) == sorted(["d/n.txt", theirs])  # nothing deleted
+    assert (tmp_path / "files" / "d/n.txt").read_bytes() == data  # still spooled

@@ -124,16 +124,16 @@ class BucketPlacer:
 
         sha = file_sha256(source, progress) if archive else ""
         verify = _restores_to(source.name, sha, st.st_size) if archive else _same_as(source)
+        other = source.name if archive else archive_name(source.name)
+        rival = join_key(key.rpartition("/")[0], other)
         existing = self.folder.stat(key)
         if existing is not None:
-            done = self._already(spool, relpath, key, existing.etag or "", st, verify)
+            done = self._already(spool, relpath, key, rival, existing.etag or "", st, verify)
             if done is not None:
                 return done
-        other = source.name if archive else archive_name(source.name)
-        if self.folder.stat(join_key(key.rpartition("/")[0], other)) is not None:
+        if self.folder.stat(rival) is not None:
             raise KeyTakenError(f"{self.folder.url_of(key)}: {other} is already in the bucket "
                                 "and one would hide the other; not published")  # fmt: skip
-        rival = join_key(key.rpartition("/")[0], other)
         if not archive:
             return self._upload(spool, relpath, key, rival, source, st, verify, "plain", "", cancel)
         return self._pack_and_upload(
@@ -255,6 +255,7 @@ class BucketPlacer:
         spool: Spool,
         relpath: str,
         key: str,
+        rival: str,
         etag: str,
         st: os.stat_result,
         verify: Verify,
@@ -279,6 +280,15 @@ class BucketPlacer:
                 return None
             why = f"already exists and holds other bytes ({exc}); not overwritten"
             raise KeyTakenError(f"{url}: {why}") from None
+        # Uploaded before a stop or a kill that came before its check (see `_upload`): checked
+        # now. The object is left where it is: nothing tells whose upload it was (another
+        # host's of the same bytes, maybe), and a file that failed stays spooled with the reason.
+        clash = self._clash(key, rival)
+        if clash is not None:
+            if self.on_placed is not None:
+                self.on_placed(key, "", None)
+            raise KeyTakenError(f"{self.folder.url_of(key)}: {clash}; the object holding this "
+                                "file's bytes is left as it is, not published again")  # fmt: skip
         self._placed(key, etag, st)
         return Published(relpath, self._target(key), "already", signature=signature(st))
 
