@@ -300,10 +300,11 @@ class PageCache:
         self._reserved += nbytes
         self._evict()
 
-    def discard_prefix(self, prefix: Hashable) -> None:
-        """Drop every key whose first element is `prefix` (an archive that changed on disk)."""
+    def discard_prefix(self, *prefix: Hashable) -> None:
+        """Drop every key whose first elements are `prefix` (an archive that changed on disk)."""
+        n = len(prefix)
         with self._lock:
-            for key in [k for k in self._data if isinstance(k, tuple) and k and k[0] == prefix]:
+            for key in [k for k in self._data if isinstance(k, tuple) and k[:n] == prefix]:
                 self._bytes -= self._data.pop(key)[1]
 
     def discard_source(self, name: str) -> None:

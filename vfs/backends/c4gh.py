@@ -16,6 +16,7 @@ import logging
 import os
 import re
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -62,6 +63,9 @@ DECRYPTERS = min(2, os.cpu_count() or 1)  # threads that decrypt read-ahead page
 MAX_WRITERS_FILE = 16 << 20  # of fingerprints (~72 bytes a line)
 DEFAULT_MODE = 0o440  # decrypted data: owner and group read it, "other" only if the operator says
 LOGGED_DROPS = 50  # dropped members named in the log line; the rest are counted
+# Packages whose opened headers are kept (the most recently used): each name a user made and
+# listed kept its session for the daemon's life (red team 74, F2: 17 KB a name, with others).
+SESSIONS_KEPT = 1024
 FINGERPRINT_RE = re.compile(r"sha256:[0-9a-f]{64}")
 
 
@@ -272,7 +276,7 @@ class C4ghBackend:
         self.pool = output_pool()  # the buffers member reads are served in
         self.buffers = SegmentBuffers(cache.max_bytes)  # the buffers segments are decrypted into
         cache.counts_idle(self.buffers)
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: OrderedDict[str, _Session] = OrderedDict()
         self._lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
 
@@ -323,6 +327,8 @@ class C4ghBackend:
         index = build_index(reader, reader.name)
         _require_manifest_first(reader.name, index)
         digests = self._declared_digests(reader, index, reader.name)
+        if digests is not None:
+            _drop_unlisted(index, digests)
         _log_index(reader.name, index)
         root = Entry(
             is_dir=True,
@@ -330,7 +336,7 @@ class C4ghBackend:
             locator={"header_len": session.header.header_len},
         )
         for member in index.members:
-            _insert(root, member, digests.get(member.name))
+            _insert(root, member, None if digests is None else digests.get(member.name))
         return Description(name=reader.name, root=root)
 
     def open(self, path: Path, member: str, entry: Entry) -> MemberReader:
@@ -394,13 +400,14 @@ class C4ghBackend:
         in a bucket is named by its URL."""
         with self._lock:
             self._sessions.pop(str(path), None)
-        self._discard_segments()
+        self._discard_segments(str(path))
 
-    def _discard_segments(self) -> None:
-        # Keys are ("c4gh", package_path, session, page_no) and PageCache can only drop by first
-        # element, so a changed package costs every cached c4gh segment. Packages are immutable
-        # once served (spec), so this is rare; it keeps a replaced file from serving old bytes.
-        self.cache.discard_prefix(CACHE_PREFIX)
+    def _discard_segments(self, label: str) -> None:
+        """Free the cached segments of the package at `label` (it changed): its keys name its
+        session key and version, so they were never served for the new one anyway. Only its
+        own: all packages' went, and any user who could touch a package of theirs emptied
+        every other user's decrypted cache (red team 74, F3)."""
+        self.cache.discard_prefix(CACHE_PREFIX, label)
 
     def _session(self, path: Path, source: LocalFile | None = None) -> _Session:
         """The package's session; with `source`, read from (and stamped by) that descriptor."""
@@ -435,11 +442,13 @@ class C4ghBackend:
     def _known(self, label: str, stamp: tuple[object, ...], name: str) -> _Session | None:
         with self._lock:
             session = self._sessions.get(label)
+            if session is not None:
+                self._sessions.move_to_end(label)
         if session is not None and session.stamp == stamp:
             return session
         if session is not None:
             log.info("%s changed; dropping its cached segments", name)
-            self._discard_segments()
+            self._discard_segments(label)
         return None
 
     def _keep(
@@ -451,6 +460,9 @@ class C4ghBackend:
         self._reader(source, session).seed(0, first)
         with self._lock:
             self._sessions[str(label)] = session
+            self._sessions.move_to_end(str(label))
+            while len(self._sessions) > SESSIONS_KEPT:
+                self._sessions.popitem(last=False)  # read from its header again when next used
         return session
 
     def _check_writer(self, name: str, header: OpenedHeader) -> str:
@@ -479,19 +491,19 @@ class C4ghBackend:
 
     def _declared_digests(
         self, reader: SegmentReader, index: TarIndex, name: str
-    ) -> dict[str, str]:
-        """payload.members sha256 by member name. A manifest that fails authentication, or
-        cannot be parsed (segments of the package reordered into it decrypt: one of digits made
-        a number of 65,540 digits, which Python refuses to convert), or whose payload is not a
-        map of digests, is CorruptArchiveError: the digests it holds are the only check that
-        tells segments swapped inside a member, so the package is not served without them (it
-        was, unchecked). Only a manifest that records no payload at all, as the spec allows,
-        costs the members their check (and the xattrs), not the mount. A manifest too large
-        to read is refused as one that cannot be parsed: padded past the limit, it served its
-        members unchecked, segments swapped inside one included (red team 65, F1)."""
+    ) -> dict[str, str] | None:
+        """payload.members sha256 by member name (None: no payload recorded). A manifest that fails
+        authentication, or cannot be parsed (segments of the package reordered into it decrypt: one
+        of digits made a number of 65,540 digits, which Python refuses to convert), or whose payload
+        is not a map of digests, is CorruptArchiveError: the digests it holds are the only check
+        that tells segments swapped inside a member, so the package is not served without them (it
+        was, unchecked). Only a manifest that records no payload at all, as the spec allows, costs
+        the members their check (and the xattrs), not the mount. A manifest too large to read is
+        refused as one that cannot be parsed: padded past the limit, it served its members
+        unchecked, segments swapped inside one included (red team 65, F1)."""
         manifest = index.get(MANIFEST)
         if manifest is None:
-            return {}
+            return None
         if manifest.size > MAX_MANIFEST:
             raise CorruptArchiveError(f"{name}: manifest.json is {manifest.size} bytes, more "
                                       f"than {MAX_MANIFEST} are read")  # fmt: skip
@@ -508,8 +520,9 @@ class C4ghBackend:
             digests = served_digests(doc)
         except ValueError as exc:
             raise CorruptArchiveError(f"{name}: {exc}") from None
-        if not digests and "payload" not in doc:
+        if "payload" not in doc:
             log.info("%s: manifest.json records no payload: members are not checked", name)
+            return None
         return digests
 
 
@@ -550,6 +563,23 @@ def _require_manifest_first(name: str, index: TarIndex) -> None:
             f"{name}: {found}, not {MANIFEST}: not a GDI package (its members could not be "
             "checked: a package's segments may have been dropped or reordered)"
         )
+    if index.get(MANIFEST) is None:  # a link or a folder of that name, not served: no digests
+        raise CorruptArchiveError(
+            f"{name}: its first member {MANIFEST} is not a file: not a GDI package (its "
+            "members could not be checked)"
+        )
+
+
+def _drop_unlisted(index: TarIndex, digests: Mapping[str, str]) -> None:
+    """The spec's payload lists every member but the manifest: a member it leaves out would be
+    served unchecked, segments swapped inside it included (red team 74, F4)."""
+    kept = []
+    for member in index.members:
+        if member.name == MANIFEST or member.name in digests:
+            kept.append(member)
+        else:
+            index.dropped.append((shown_name(member.name), "not listed in the manifest's payload"))
+    index.members = kept
 
 
 def _log_index(name: str, index: TarIndex) -> None:

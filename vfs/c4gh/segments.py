@@ -50,6 +50,7 @@ INLINE_SEGMENTS = 2  # read_cached decrypts this many itself when their cipher t
 NOWAIT = getattr(os, "RWF_NOWAIT", 0)  # preadv2: EAGAIN rather than wait for the disk
 DIRECT_MIN = 4 * CIPHER_SEGMENT_SIZE  # loads this large read past the page cache (O_DIRECT)
 CACHE_PREFIX = "c4gh"
+PACKAGES_COUNTED = 4096  # packages SegmentStats counts apart (each name a user made was kept)
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +174,8 @@ class SegmentStats:
         with self._lock:
             before_mine = self.per_package.get(key, 0)
             before_all = self.decrypted
+            if not before_mine and len(self.per_package) >= PACKAGES_COUNTED:
+                del self.per_package[next(iter(self.per_package))]  # the first counted
             self.per_package[key] = before_mine + len(segments)
             self.decrypted = before_all + len(segments)
         if log.isEnabledFor(logging.DEBUG):

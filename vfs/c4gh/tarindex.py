@@ -30,7 +30,15 @@ MAX_NAME_CHARS = 32 << 20  # summed length of the served member names
 MAX_FOLDERS = 100_000
 MAX_EXTENSIONS = 8  # GNU long-name / PAX headers before one member (tarfile recurses per one)
 MAX_PAX = 64 << 10  # a PAX header's records (a member path is at most 64 x 255 bytes)
-MAX_PAX_DIGITS = 64  # the longest run of digits a PAX header may hold (see _pax_problem)
+MAX_PAX_DIGITS = 64  # the longest run of digits a PAX header may hold (see _pax_records)
+# What the extension headers of a package may hold in all: tarfile parses PAX records at ~1 µs
+# each, and a package of 1,500 members each after 64 KiB of 6-byte records (100 MB) took 18 s
+# of the daemon's CPU to list, holding every `ls` of its folder, again after each `touch`
+# (red team 74, F1). A package the spec makes has a few records a member, if any.
+MAX_PAX_RECORDS = 1 << 16  # plus PAX_RECORDS_A_MEMBER for each member walked
+PAX_RECORDS_A_MEMBER = 16
+MAX_EXTENSION_BYTES = 16 << 20  # plus EXTENSION_BYTES_A_MEMBER for each member walked
+EXTENSION_BYTES_A_MEMBER = 1 << 10
 MAX_SPARSE_READ = 64 << 10  # what tarfile may read past a member's header (GNU sparse maps)
 PAX = (tarfile.XHDTYPE, tarfile.XGLTYPE, tarfile.SOLARIS_XHDTYPE)
 EXTENSIONS = (
@@ -177,6 +185,7 @@ class _Raw:
     header: bytes  # the member's own header block
     long_names: tuple[bytes, ...]  # GNU long-name records, padded (tarfile uses the first)
     end: int  # the offset after the member's own header block
+    records: int = 0  # PAX records before it
 
 
 def _field_size(field: bytes) -> int:
@@ -191,13 +200,14 @@ def _raw_chain(cursor: _Cursor, offset: int, name: str) -> _Raw | str | None:
     through them: at most MAX_EXTENSIONS, so no chain can exhaust the stack. A string says why
     the walk stops; None leaves the judgement to tarfile (a short or malformed block)."""
     long_names: list[bytes] = []
+    records = 0
     for _ in range(MAX_EXTENSIONS + 1):
         cursor.seek(offset)
         block = cursor.read(BLOCK)
         if len(block) < BLOCK:
             return None
         if block[156:157] not in EXTENSIONS:
-            return _Raw(block, tuple(long_names), offset + BLOCK)
+            return _Raw(block, tuple(long_names), offset + BLOCK, records)
         try:
             size = _field_size(block[124:136])
         except ValueError:
@@ -206,9 +216,10 @@ def _raw_chain(cursor: _Cursor, offset: int, name: str) -> _Raw | str | None:
         if block[156:157] == tarfile.GNUTYPE_LONGNAME:
             long_names.append(cursor.read(padded))  # refuses more than MAX_META_READ
         elif block[156:157] in PAX:
-            problem = _pax_problem(cursor.read(padded)[:size] if size <= MAX_PAX else None)
-            if problem is not None:
-                return f"{name}: PAX header at {offset} {problem}; members after it not listed"
+            found = _pax_records(cursor.read(padded)[:size] if size <= MAX_PAX else None)
+            if isinstance(found, str):
+                return f"{name}: PAX header at {offset} {found}; members after it not listed"
+            records += found
         offset += BLOCK + padded
     return f"{name}: more than {MAX_EXTENSIONS} extension headers before one member at {offset}"
 
@@ -216,18 +227,18 @@ def _raw_chain(cursor: _Cursor, offset: int, name: str) -> _Raw | str | None:
 _DIGIT_RUN = re.compile(rb"[0-9]{%d}" % (MAX_PAX_DIGITS + 1))
 
 
-def _pax_problem(records: bytes | None) -> str | None:
+def _pax_records(records: bytes | None) -> int | str:
     """Why tarfile must not be given a PAX header (`records`: its data, None when larger than
-    MAX_PAX), or None. tarfile (3.11 before 3.11.10: CVE-2024-6232) searches the whole header
-    with regular expressions that backtrack over every run of digits and every record with no
-    newline after it: quadratic, and holding the GIL, so a 1 MiB header of digits stopped the
-    daemon's event loop for about an hour. Records well formed ("LEN KEY=VALUE\n", end to
-    end) and digit runs short, each search is linear."""
+    MAX_PAX), or how many records it holds. tarfile (3.11 before 3.11.10: CVE-2024-6232) searches
+    the whole header with regular expressions that backtrack over every run of digits and every
+    record with no newline after it: quadratic, and holding the GIL, so a 1 MiB header of digits
+    stopped the daemon's event loop for about an hour. Records well formed ("LEN KEY=VALUE\n", end
+    to end) and digit runs short, each search is linear."""
     if records is None:
         return f"is larger than {MAX_PAX} bytes"
     if _DIGIT_RUN.search(records):
         return f"holds a run of more than {MAX_PAX_DIGITS} digits"
-    pos = 0
+    pos = count = 0
     while pos < len(records):
         space = records.find(b" ", pos, pos + MAX_PAX_DIGITS + 1)
         digits = records[pos:space]
@@ -236,8 +247,8 @@ def _pax_problem(records: bytes | None) -> str | None:
         end = pos + int(digits)
         if end > len(records) or records[end - 1] != 0x0A or records.find(b"=", space + 2, end) < 0:
             return f"has a malformed record at {pos}"
-        pos = end
-    return None
+        pos, count = end, count + 1
+    return count
 
 
 def _cut_at_nul(field: bytes) -> bool:
@@ -267,6 +278,7 @@ def _nul_cut_name(raw: _Raw, info: tarfile.TarInfo) -> str | None:
 class _Header:
     info: tarfile.TarInfo
     cut: str | None  # the full name, when tarfile's name is cut short at a NUL
+    records: int = 0  # PAX records before it
 
 
 def _next_header(walker: _Walker, offset: int, name: str) -> _Header | str | None:
@@ -289,7 +301,7 @@ def _next_header(walker: _Walker, offset: int, name: str) -> _Header | str | Non
         # of 32 MiB of "1\n" cost the walk 190 MiB. What it reads is bounded here instead.
         walker.fileobj.allowance = (raw.end if raw else offset + BLOCK) - offset + MAX_SPARSE_READ
         info = tarfile.TarInfo.fromtarfile(walker)  # type: ignore[arg-type]
-        return _Header(info, _nul_cut_name(raw, info) if raw else None)
+        return _Header(info, _nul_cut_name(raw, info) if raw else None, raw.records if raw else 0)
     except tarfile.HeaderError as exc:
         return f"{name}: invalid TAR header at {offset} ({exc}); members after it not listed"
     except CorruptArchiveError as exc:
@@ -359,6 +371,7 @@ def build_index(
     """
     index, tree = TarIndex(), _Tree()
     walker, offset, walked, name_chars = _Walker(_Cursor(source, name)), 0, 0, 0
+    records = extensions = 0
     while True:
         if offset + BLOCK > source.size:
             index.problems.append(
@@ -376,8 +389,18 @@ def build_index(
         if info.size < 0 or walker.offset <= offset:
             index.problems.append(f"{name}: corrupt TAR header at {offset} (size {info.size})")
             break
+        records += header.records
+        extensions += max(0, info.offset_data - BLOCK - offset)  # blocks before its own
         offset = walker.offset
         walked += 1
+        if records > MAX_PAX_RECORDS + PAX_RECORDS_A_MEMBER * walked or (
+            extensions > MAX_EXTENSION_BYTES + EXTENSION_BYTES_A_MEMBER * walked
+        ):
+            raise UnsupportedFormatError(
+                f"{name}: the TAR headers of its first {walked} members hold {records} PAX "
+                f"records in {extensions} bytes of extension headers, more than a package "
+                "is read with; package not served"
+            )
         if walked == 1:
             index.first = info.name if header.cut is None else header.cut
         if walked > max_members:

@@ -66,6 +66,7 @@ READ_AHEAD_MAX = 256 * 1024
 TreeKey = tuple[str, str, tuple[int, ...]]  # an archive's path, backend and version
 
 MAX_FAILED = 100_000  # archives remembered as failed (then forgotten all at once)
+LOGGED_ONCE = 100_000  # (path, message) hashes `_log_once` remembers (~60 bytes each)
 
 
 class NotQuick(Exception):
@@ -91,12 +92,14 @@ class SourceTree:
         self.hidden = set(hidden)
         self.spool = spool  # set when the mount is writable
         self.publishing = publishing if publishing is not None else set()
-        self._logged: set[tuple[str, str]] = set()
+        self._logged: set[int] = set()
         self.archives_seen = 0
         self.excluded: set[Path] = set()  # never scanned into (the mountpoint, if inside SRC)
         self.overlay_roots: set[Path] = set()  # folders an overlay claimed: rebuilt on change
         self._irregular: set[Path] = set()  # folders `entries` cannot answer for: see there
-        self._failed: dict[Path, tuple[object, ...]] = {}  # archives shown raw, by stamp
+        # Archives shown raw, by the hash of their path (a path of a few KiB kept whole for
+        # each name a user made: red team 74, F2), with the stamp they failed at.
+        self._failed: dict[int, tuple[object, ...]] = {}
         self.racy = RacyArchives()  # described while they may have been mid-write
         # The member trees of archives shown as folders, across all of them (their nodes keep
         # none: `children_of_archive_node` reads an evicted one again).
@@ -106,9 +109,14 @@ class SourceTree:
     def _log_once(
         self, path: Path, message: str, level: int = logging.WARNING, detail: str = ""
     ) -> None:
-        """`message` (then `detail`, which may differ each time) once per path and message."""
-        if (str(path), message) not in self._logged:
-            self._logged.add((str(path), message))
+        """`message` (then `detail`, which may differ each time) once per path and message,
+        remembered as a hash among the last LOGGED_ONCE (each name a user made and listed was
+        kept whole for the daemon's life: red team 74, F2); past those, said again."""
+        said = hash((str(path), message))
+        if said not in self._logged:
+            if len(self._logged) >= LOGGED_ONCE:
+                self._logged.clear()
+            self._logged.add(said)
             log.log(level, "%s%s", message, detail)
 
     def root_node(self) -> Node:
@@ -498,7 +506,7 @@ class SourceTree:
         if cached is not None:
             return cached
         stamp = self._stamp(backend, st)
-        if self._failed.get(path) == stamp:
+        if self._failed.get(hash(str(path))) == stamp:
             return None
         desc = self._describe_fresh(backend, path, st)
         if self.racy.note(path, st, archive_version(st)):
@@ -507,7 +515,7 @@ class SourceTree:
             if len(self._failed) >= MAX_FAILED:
                 self._failed.clear()
             if stamp:
-                self._failed[path] = stamp
+                self._failed[hash(str(path))] = stamp
             return None
         row = (path, index_key(backend), st.st_size, st.st_mtime_ns, desc, st.st_ino,
                st.st_ctime_ns)  # fmt: skip
@@ -591,7 +599,7 @@ class SourceTree:
             if desc is not None:
                 found[path] = desc
             elif (stat.S_ISREG(st.st_mode) and st.st_size <= READ_AHEAD_MAX
-                  and self._failed.get(path) != self._stamp(backend, st)):  # fmt: skip
+                  and self._failed.get(hash(str(path))) != self._stamp(backend, st)):  # fmt: skip
                 read_ahead(fd, name)
         return found
 
