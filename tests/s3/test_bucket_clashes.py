@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -92,13 +93,18 @@ def test_an_upload_gives_way_to_a_clashing_entry_put_meanwhile(
 
 
 def test_a_folder_others_objects_already_make_is_published_into(
-    s3_bucket: S3Bucket, corpus: dict[str, Path], tmp_path: Path
+    s3_bucket: S3Bucket, corpus: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An object named like the folder, already hidden by another object in that folder
-    (every host shows the folder): a file published into it hides nothing more."""
+    """An object named like the folder, already hidden by another object in that folder put
+    before this upload's race window (every host shows the folder): a file published into it
+    hides nothing more."""
+    from vfs.ingest import bucket
+
+    monkeypatch.setattr(bucket, "RACE_WINDOW", 0.0)  # `other.txt` is older than the window
     store = S3Store(s3_bucket.name, client_options={"allow_http": True})
     obstore.put(store, s3_bucket.key("d/e"), b"an object named like the folder\n")
     obstore.put(store, s3_bucket.key("d/e/other.txt"), b"another host's file\n")
+    time.sleep(1.1)  # Last-Modified is in whole seconds: this upload comes after it
     spool = _placer_spool(s3_bucket, tmp_path)
     _spool_file(tmp_path, "d/e/n.txt", corpus)
     spool.publish("d/e/n.txt", False, None)
@@ -183,3 +189,100 @@ def test_an_upload_found_in_place_is_checked_before_it_counts_as_published(
         spool.publish("d/n.txt", False, None)
     assert _keys(store, s3_bucket) == sorted(["d/n.txt", theirs])  # nothing deleted
     assert (tmp_path / "files" / "d/n.txt").read_bytes() == data  # still spooled
+
+
+@pytest.mark.parametrize(
+    ("theirs", "relpath", "reason"),
+    [
+        ("d/notes", "d/notes.zarr/f.txt", "d/notes is a file in the bucket"),
+        ("d/notes.zarr/f", "d/notes", r"notes\.zarr \(a folder archive presenting notes\)"),
+    ],
+)
+def test_a_folder_archive_and_a_file_of_the_name_it_presents_clash(
+    theirs: str,
+    relpath: str,
+    reason: str,
+    s3_bucket: S3Bucket,
+    corpus: dict[str, Path],
+    tmp_path: Path,
+) -> None:
+    """Red team 73, F1: a folder archive `notes.zarr/` (its files put one by one) presents
+    `notes`: copied in beside a published file `notes`, or a file `notes` beside it, each
+    upload passed, and hosts started before served the archive's TIFF under the file's name."""
+    from vfs.ingest.bucket import KeyTakenError
+
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    obstore.put(store, s3_bucket.key(theirs), b"another host's file\n")
+    spool = _placer_spool(s3_bucket, tmp_path)
+    data = _spool_file(tmp_path, relpath, corpus)
+    with pytest.raises(KeyTakenError, match=reason):
+        spool.publish(relpath, False, None)
+    assert _keys(store, s3_bucket) == [theirs]
+    assert (tmp_path / "files" / relpath).read_bytes() == data
+
+
+def test_two_uploads_under_a_published_file_at_once_both_give_way(
+    s3_bucket: S3Bucket, corpus: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red team 73, F4: a file `d` published; two hosts, listing from before it, each put a
+    file under `d/` at once: each found the other's object there, took the folder for one
+    that hid `d` already, and both published: `d` vanished from every host."""
+    import vfs.stores.upload as upload
+    from vfs.ingest.bucket import KeyTakenError
+
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    obstore.put(store, s3_bucket.key("d"), b"the published file d\n")
+    spool = _placer_spool(s3_bucket, tmp_path)
+    _spool_file(tmp_path, "d/n.txt", corpus)
+    real = upload.put_verified
+
+    def racing(*args: Any, **kwargs: Any) -> Any:
+        obstore.put(store, s3_bucket.key("d/other.txt"), b"the other host's upload\n")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(upload, "put_verified", racing)
+    with pytest.raises(KeyTakenError, match="d is a file in the bucket"):
+        spool.publish("d/n.txt", False, None)
+    assert _keys(store, s3_bucket) == ["d", "d/other.txt"]
+
+
+def test_a_failed_upload_ends_its_note(
+    s3_bucket: S3Bucket, corpus: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red team 73, F3: an upload stopped by an `rm` of its file (or by a store error) left
+    its note, and the host showed the next object another host put at the key as the `rm`-er's
+    own (their owner and mode), which they could then delete."""
+    import vfs.stores.upload as upload
+    from vfs.errors import StoreError
+
+    notes: list[tuple[str, str, bool]] = []
+    spool = _placer_spool(s3_bucket, tmp_path)
+    spool.placer.on_placed = lambda key, etag, st: notes.append((key, etag, st is not None))
+    _spool_file(tmp_path, "d/n.txt", corpus)
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise StoreError("the store went away")
+
+    monkeypatch.setattr(upload, "put_verified", failing)
+    with pytest.raises(StoreError):
+        spool.publish("d/n.txt", False, None)
+    assert notes == [("d/n.txt", "", True), ("d/n.txt", "", False)]
+
+
+def test_a_copy_onto_a_taken_key_is_refused_by_the_store(s3_bucket: S3Bucket) -> None:
+    """Red team 73, F2: `mv` (--allow-delete) checked the new key, then copied onto it with no
+    condition: an object another host published there in between was overwritten, its bytes
+    lost. The mount's client completes a copy only where the key is free."""
+    from obstore.exceptions import AlreadyExistsError
+
+    from vfs.stores.s3 import S3Folder
+
+    folder = S3Folder(s3_bucket.url())
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    obstore.put(store, s3_bucket.key("src"), b"the moved object\n")
+    obstore.put(store, s3_bucket.key("dst"), b"another host's object\n")
+    with pytest.raises(AlreadyExistsError):
+        obstore.copy(folder.client, folder.full_key("src"), folder.full_key("dst"), overwrite=False)
+    assert bytes(obstore.get(store, s3_bucket.key("dst")).bytes()) == b"another host's object\n"
+    obstore.copy(folder.client, folder.full_key("src"), folder.full_key("free"), overwrite=False)
+    assert bytes(obstore.get(store, s3_bucket.key("free")).bytes()) == b"the moved object\n"

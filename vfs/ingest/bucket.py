@@ -53,7 +53,7 @@ from vfs.ingest.space import SpaceGuard
 from vfs.ingest.spool import Spool, make_folders
 from vfs.ingest.writeside import Attrs, WriteSide, refuse
 from vfs.nodes import Node, mirror_node
-from vfs.stores.base import etag_number, join_key
+from vfs.stores.base import ObjectInfo, etag_number, join_key
 from vfs.stores.s3uploads import UPLOAD_TOKEN
 
 if TYPE_CHECKING:
@@ -183,8 +183,6 @@ class BucketPlacer:
         reason: str,
         cancel: threading.Event | None = None,
     ) -> Published:
-        from vfs.stores.upload import ObjectExistsError, put_verified
-
         spooled = spool.path(relpath)
         if signature(spooled.stat()) != signature(st):
             raise SourceChangedError(spooled)  # before anything is uploaded
@@ -204,6 +202,32 @@ class BucketPlacer:
         # Shown as the spooled file until its real entry comes (BucketTree's PENDING): a kill
         # once it is uploaded, before that entry, left it 0444 to every user.
         self._placed(key, "", st)
+        placed = False
+        try:
+            published = self._put_checked(spool, relpath, key, rival, local, st, verify, going_on)
+            placed = True
+            return Published(relpath, self._target(key), mode, reason, published)
+        finally:
+            # An upload that failed in any way ends its note: left, the next object another
+            # host put at the key was shown as this host's user's, who could then `rm` it (an
+            # `rm` of the spooled file during its upload left it; red team 73, F3).
+            if not placed and self.on_placed is not None:
+                self.on_placed(key, "", None)
+
+    def _put_checked(
+        self,
+        spool: Spool,
+        relpath: str,
+        key: str,
+        rival: str,
+        local: Path,
+        st: os.stat_result,
+        verify: Verify,
+        going_on: Callable[[], None],
+    ) -> tuple[int, ...]:
+        """Upload, check for clashes, and record it as this mount's: the file's signature."""
+        from vfs.stores.upload import ObjectExistsError, put_verified
+
         token = secrets.token_hex(16)
         with self._lock:
             self._uploading[relpath] = (key, token)
@@ -211,8 +235,6 @@ class BucketPlacer:
             uploaded = put_verified(self.folder, key, local, verify, check=going_on,
                                     metadata={UPLOAD_TOKEN: token})  # fmt: skip
         except ObjectExistsError:
-            if self.on_placed is not None:
-                self.on_placed(key, "", None)  # another's: shown as it is
             why = "already exists (written by another host?); not overwritten"
             raise KeyTakenError(f"{self.folder.url_of(key)}: {why}") from None
         finally:
@@ -222,8 +244,6 @@ class BucketPlacer:
         clash = self._clash(key, rival)
         if clash is not None:
             gone = self._delete_if(key, uploaded.etag)
-            if self.on_placed is not None:
-                self.on_placed(key, "", None)  # its upload's note ends; its folders relisted
             left = "" if gone else " (its upload could not be deleted: the listing rule decides)"
             raise KeyTakenError(f"{self.folder.url_of(key)}: {clash}; not published{left}")
         with self._lock:
@@ -231,7 +251,7 @@ class BucketPlacer:
             self._sources[uploaded.url] = uploaded.etag
         spool.mark_placed(relpath, st)
         self._placed(key, uploaded.etag, st)
-        return Published(relpath, self._target(key), mode, reason, signature(st))
+        return signature(st)
 
     def _clash(self, key: str, rival: str) -> str | None:
         return clash(self.folder, key, rival)
@@ -352,6 +372,12 @@ class BucketPlacer:
             self.on_placed(key, etag, None)
 
 
+LIST_LOOK = 1000  # objects of a folder `clash` looks at for one older than a file (one LIST page)
+# How long before its own an object counts as put, not racing it: longer than an upload's read
+# back and check take (a multipart upload's Last-Modified is when it began: longer still).
+RACE_WINDOW = 600.0
+
+
 def clash(folder: S3Folder, key: str, rival: str) -> str | None:
     """Why the object just put at `key` (the other form of its name: `rival`, `NAME` beside
     `NAME.zarr.zip`) would hide, or be hidden by, an entry another host put in the bucket since
@@ -365,25 +391,46 @@ def clash(folder: S3Folder, key: str, rival: str) -> str | None:
     one of them; a file published on one host vanished from all when another, listing from
     before it, made a folder of its name (red team 70, F1 and F2), or an archive presenting it
     (red team 72, F1); so did one `mv`-ed there (red team 72, F2).
-    One HEAD for the other form of the name, one LIST of the name shown as a folder, two HEADs
-    per folder above the key (an object and an archive named like it; where one is found, a
-    LIST of that folder tells whether this object is what hides it)."""
+    One HEAD for the other form of the name, two LISTs (the name shown as a folder, and as a
+    folder archive `NAME.zarr/`), two HEADs per folder above the key (an object and an archive
+    named like it; four for a folder archive's `X.zarr`: `X` too), and where one is found, a
+    HEAD of this object and a LIST of that folder to tell whether this object is what hides it.
+    """
     if folder.stat(rival) is not None:
         name = rival.rpartition("/")[2]
         return f"{name} was put in the bucket meanwhile (another host?); one would hide the other"
     shown = rival if key.endswith(".zarr.zip") else key  # the name it is listed under
     if next(iter(folder.list(shown)), None) is not None:
         return "a folder of that name was made in the bucket meanwhile (by another host?)"
+    # A folder archive presents the original it holds: NAME.zarr/ is shown as NAME (red team
+    # 73, F1: one copied in after a plain NAME took the name over on the hosts started before).
+    if next(iter(folder.list(f"{shown}.zarr")), None) is not None:
+        name = shown.rpartition("/")[2]
+        return (f"{name}.zarr (a folder archive presenting {name}) is in the bucket; one would "
+                "hide the other")  # fmt: skip
     parts = key.split("/")[:-1]
     for depth in range(len(parts), 0, -1):
         above = "/".join(parts[:depth])
-        if folder.stat(above) is None and folder.stat(f"{above}.zarr.zip") is None:
+        names = [above, f"{above}.zarr.zip"]
+        if above.endswith(".zarr"):  # this object is in a folder archive, shown as its stem
+            names += [above.removesuffix(".zarr"), f"{above.removesuffix('.zarr')}.zarr.zip"]
+        hidden = next((info for n in names if (info := folder.stat(n)) is not None), None)
+        if hidden is None:
             continue
         # A file or an archive shown as a folder the key is in is shown only while that
-        # folder holds nothing: this object hides it unless others' objects did so already.
-        if all(info.key == key for info in itertools.islice(folder.list(above), 2)):
-            return f"{above} is a file in the bucket (another host's?); its folder would hide it"
-        break  # a folder of others' objects there already: so are the ones above it
+        # folder holds nothing: this object hides it unless others' objects did so already,
+        # those older than the file or put well before this one. Others' objects put since
+        # may be uploads racing this one, each in its window between its PUT and its check
+        # (two hosts making the folder at once both passed, and the file vanished from every
+        # host: red team 73, F4): each gives way.
+        ours = folder.stat(key)
+        before = max(hidden.mtime, ours.mtime - RACE_WINDOW) if ours else hidden.mtime
+        older = (info for info in itertools.islice(folder.list(above), LIST_LOOK)
+                 if info.key != key and info.mtime < before)  # fmt: skip
+        if next(older, None) is None:
+            return (f"{hidden.key.removesuffix('.zarr.zip')} is a file in the bucket (another "
+                    "host's?); its folder would hide it")  # fmt: skip
+        break  # a folder of older objects there already: so are the ones above it
     return None
 
 
@@ -511,26 +558,12 @@ class BucketWriteSide(WriteSide):
         etag = self._still_listed(node, old_key)
         if self._changed is not None:  # as in _upload: shown so before the copy exists
             self._changed(new_key, "", _shown_stat(node))
-        import obstore
-        from obstore.exceptions import BaseError
-
-        from vfs.stores.s3 import translate
-
         try:
-            obstore.copy(self.folder.client, self.folder.full_key(old_key),  # type: ignore[attr-defined]
-                         self.folder.full_key(new_key))  # fmt: skip
-            copied = self.folder.stat(new_key)
-            if copied is None or copied.size != node.size:
-                raise StoreError(f"{self.folder.url_of(new_key)}: the copy is not there whole")
-        except (BaseError, OSError) as exc:
-            raise translate(exc, self.folder.url_of(new_key), "copy:") from None
-        stem = new_key.removesuffix(".zarr.zip")
-        why = clash(self.folder, new_key, stem if stem != new_key else f"{new_key}.zarr.zip")
-        if why is not None:  # as an upload's: the copy gives way, the object stays where it was
-            delete_if(self.folder, new_key, copied.etag or "")
+            copied = self._copy_checked(old_key, new_key, node)
+        except BaseException:
             if self._changed is not None:
-                self._changed(new_key, "", None)
-            raise refuse(errno.EEXIST, f"{self.folder.url_of(new_key)}: {why}; not moved")
+                self._changed(new_key, "", None)  # its note ends, as a failed upload's does
+            raise
         self._delete(old_key, etag)
         if self._changed is not None:
             # The new key shows the mode, owner and mtime the old one showed (what this host
@@ -545,6 +578,35 @@ class BucketWriteSide(WriteSide):
         number = etag_number(f"{copied.key}\0{copied.etag}") or 1
         node.version = (number, copied.size, int(copied.mtime * 1e9))
         return node
+
+    def _copy_checked(self, old_key: str, new_key: str, node: Node) -> ObjectInfo:
+        """Copy the object to a key that must still be free, then check it for clashes as an
+        upload is checked: the copy gives way (deleted), the object stays where it was."""
+        import obstore
+        from obstore.exceptions import AlreadyExistsError, BaseError
+
+        from vfs.stores.s3 import translate
+
+        try:
+            # Conditional: an object another host put at the new key between the check before
+            # and the copy was overwritten, its bytes lost, though its upload said done (red
+            # team 73, F2). A store that ignores the condition still overwrites it.
+            obstore.copy(self.folder.client, self.folder.full_key(old_key),  # type: ignore[attr-defined]
+                         self.folder.full_key(new_key), overwrite=False)  # fmt: skip
+            copied = self.folder.stat(new_key)
+            if copied is None or copied.size != node.size:
+                raise StoreError(f"{self.folder.url_of(new_key)}: the copy is not there whole")
+        except AlreadyExistsError:
+            raise refuse(errno.EEXIST, f"{self.folder.url_of(new_key)}: taken meanwhile (by "
+                         "another host?); not replaced") from None  # fmt: skip
+        except (BaseError, OSError) as exc:
+            raise translate(exc, self.folder.url_of(new_key), "copy:") from None
+        stem = new_key.removesuffix(".zarr.zip")
+        why = clash(self.folder, new_key, stem if stem != new_key else f"{new_key}.zarr.zip")
+        if why is not None:
+            delete_if(self.folder, new_key, copied.etag or "")
+            raise refuse(errno.EEXIST, f"{self.folder.url_of(new_key)}: {why}; not moved")
+        return copied
 
     def _still_listed(self, node: Node, key: str) -> str:
         """The ETag of `key` if it still holds the object the mount listed as `node` (its

@@ -202,6 +202,9 @@ def _client(bucket: str, options: S3Options) -> S3Store:
                 or config.get("endpoint"))  # fmt: skip
     if options.endpoint:
         config["endpoint"] = options.endpoint
+    # `obstore.copy(..., overwrite=False)` (a `mv` through a mount) completes a one-part copy
+    # with If-None-Match: * (AWS S3, SeaweedFS); plain copies are not changed by it.
+    config["copy_if_not_exists"] = "multipart"
     if options.region:
         config["region"] = options.region
     elif not (os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
