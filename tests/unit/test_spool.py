@@ -793,3 +793,22 @@ def test_a_file_spooled_below_the_housekeeping_depth_is_found_after_a_restart(
     found = sorted(spool.walk())
     assert [r.split("/")[0] for r in found] == ["k250", "k258", "k300"]
     assert all(r.endswith("/leaf.txt") for r in found)
+
+
+def test_a_file_of_no_record_named_like_an_archive_leaves_the_archive_it_names(
+    spool: Spool, src: Path, tmp_path: Path
+) -> None:
+    """`rsync -a` of `x.tif` and a file `x.tif.zarr.zip` (another user's, or the same run's):
+    `x.tif` is published as the archive `x.tif.zarr.zip`, shown as `x.tif`; the file written
+    as `x.tif.zarr.zip` stays spooled, failed. After a restart (no record of what the mount
+    showed under its name) it was published as `x.tif.zarr.zip.zarr.zip` and deleted the
+    archive of `x.tif`, which the mount had never shown under that name (red team 76, F1)."""
+    (tmp_path / "x.tif").write_bytes(tiff_of_shape(8, 8, 1))
+    pack_file(tmp_path / "x.tif", src / "x.tif.zarr.zip")
+    archive = (src / "x.tif.zarr.zip").read_bytes()
+    put(spool, "x.tif.zarr.zip", b"a file written under an archive's name")
+    with pytest.raises(FileExistsError, match="shown under another name"):
+        spool.publish("x.tif.zarr.zip", False, OPTIONS)
+    assert (src / "x.tif.zarr.zip").read_bytes() == archive
+    assert not (src / "x.tif.zarr.zip.zarr.zip").exists()
+    assert spool.path("x.tif.zarr.zip").read_bytes() == b"a file written under an archive's name"
