@@ -70,3 +70,48 @@ def test_a_change_made_while_the_folders_are_walked_again_is_heard(
     trio.run(main)
     assert ops.watched and len(walks) == 2
     assert src / "new" in caught[1]
+
+
+def test_a_folder_that_became_a_file_before_its_watch_is_walked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red team 76, F2: a user making `D/E` and replacing `D` with a file in a loop in their
+    part of SRC: a folder walked became a file's path before its watch was added, watchfiles
+    raised ENOTDIR as a bare OSError (only ENOENT as FileNotFoundError), and the watch of the
+    whole mount was turned off for good."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "D").write_bytes(b"a file now")
+    caught: list[set[Path]] = []
+
+    class Ops:
+        config = SimpleNamespace(mnt=src / "mnt")
+        watched = True
+
+        async def on_changed(self, folders: set[Path]) -> None:
+            caught.append(set(folders))
+
+        async def on_names_changed(self, names: dict[Path, set[str]]) -> None:
+            pass
+
+    walks: list[int] = []
+    real = watch.real_folders
+
+    def first_walk_stale(top: Path, skip: set[Path]) -> list[Path]:
+        walks.append(1)
+        found = real(top, skip)
+        return [*found, src / "D" / "E"] if len(walks) == 1 else found  # D/E, as walked
+
+    monkeypatch.setattr(watch, "real_folders", first_walk_stale)
+    ops = Ops()
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch.watch_source, ops, src, tmp_path / "spool")
+            with trio.fail_after(20):
+                while not caught and ops.watched:
+                    await trio.sleep(0.01)
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert ops.watched and len(walks) == 2

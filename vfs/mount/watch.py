@@ -17,6 +17,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import threading
 from collections.abc import AsyncGenerator, Iterable
 from pathlib import Path
@@ -157,7 +158,9 @@ async def watch_source(ops: DecantOperations, src: Path, spool_root: Path) -> No
                     if await trio.to_thread.run_sync(grown):
                         previous, kept = batches, True
                         break  # watch the new set of folders
-            except (FileNotFoundError, NotADirectoryError):
+            except OSError as exc:
+                if not _vanished(exc):
+                    raise
                 # A folder went between the walk and the watch (an `rm -r` in progress): walk
                 # again. Only SRC itself gone for good ends watching.
                 vanished += 1
@@ -251,6 +254,19 @@ async def _watch_once(notify: Any, stop: threading.Event) -> Any:
         returned = True
         nursery.cancel_scope.cancel()
     return raw
+
+
+def _vanished(exc: OSError) -> bool:
+    """Whether watchfiles failed because a folder walked went, or became a file, before its
+    watch was added. It raises ENOENT as FileNotFoundError but ENOTDIR as a bare OSError whose
+    text alone names the code: a user making a folder and replacing it with a file in a loop
+    turned the watch off for the whole mount (red team 76, F2)."""
+    if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+        return True
+    return exc.errno is None and _GONE.search(str(exc)) is not None
+
+
+_GONE = re.compile(r"\(os error (2|20)\)")
 
 
 def _unnamed_path(exc: BaseException) -> str:
