@@ -319,8 +319,11 @@ def _leading(
 # /proc/self/fd: "0" would be its stdin).
 _OME_REFUSED = ("BinaryOnly", "Modulo")
 # Past these, a file's metadata is not parsed for its axes: it is packed as a flat z stack
-# (its bytes and description kept as they are). An OME-XML's elements: ~3 a plane.
+# (its bytes and description kept as they are). An OME-XML's elements: ~3 a plane (a Plane,
+# a TiffData, a UUID), so 8 a page are allowed besides, up to ~200 MiB of ElementTree.
 MAX_OME_ELEMENTS = 1 << 16
+OME_ELEMENTS_A_PAGE = 8
+MAX_OME_ELEMENTS_IN_ALL = 1 << 20
 MAX_DESCRIPTION = 1 << 20  # characters of a shaped or ImageJ description, bytes of IJMetadata
 _OME_COUNTS = ("SizeZ", "SizeC", "SizeT", "PlaneCount", "IFD", "FirstZ", "FirstC", "FirstT")
 
@@ -366,7 +369,9 @@ def _ome_at_most(xml: str, n_pages: int) -> bool:
         return False
     # ElementTree (here, and tifffile's for the series) keeps every element, ~200 bytes each:
     # an OME-XML of 4 million empty ones (16 MB) took the daemon to 895 MiB (red team 75).
-    if xml.count("<") > MAX_OME_ELEMENTS:
+    if xml.count("<") > min(
+        MAX_OME_ELEMENTS + OME_ELEMENTS_A_PAGE * n_pages, MAX_OME_ELEMENTS_IN_ALL
+    ):
         return False
     try:
         root = ElementTree.fromstring(xml)
