@@ -272,4 +272,3 @@ def test_an_ome_xml_of_too_many_elements_is_not_parsed(tmp_path: Path) -> None:
     layout, peak = traced_peak(lambda: scan_tiff(path, path.stat().st_size))
     assert (layout.plane_order, layout.storage_leading) == (("z",), (2,))  # not ("t",)
     assert peak < 24 << 20, f"{peak / 2**20:.0f} MiB traced"
-
