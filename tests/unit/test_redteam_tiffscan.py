@@ -272,3 +272,40 @@ def test_an_ome_xml_of_too_many_elements_is_not_parsed(tmp_path: Path) -> None:
     layout, peak = traced_peak(lambda: scan_tiff(path, path.stat().st_size))
     assert (layout.plane_order, layout.storage_leading) == (("z",), (2,))  # not ("t",)
     assert peak < 24 << 20, f"{peak / 2**20:.0f} MiB traced"
+
+
+def test_metamorph_uic1_entries_count_as_what_tifffile_makes_of_them(tmp_path: Path) -> None:
+    """Red team 77, F1a: UIC1tag (33628), which tifffile always loads, read as `count` dicts
+    of two 255-character strings each: 2^20 entries pointing at one 520-byte blob took the
+    daemon to 1 GiB, within the numbers bound. Each counts as 32 numbers now."""
+    blob, strip = 8, 8 + 520
+    first = strip + 16
+    n = 1 << 16
+    tags = [(256, 3, 1, 4), (257, 3, 1, 4), (258, 3, 1, 8), (273, 4, 1, strip), (277, 3, 1, 1),
+            (278, 3, 1, 4), (279, 4, 1, 16), (33628, 4, 2 * n, blob)]  # fmt: skip
+    out = bytearray(b"II*\x00" + struct.pack("<I", first)) + bytes(520) + bytes(range(16))
+    out += struct.pack("<H", len(tags)) + b"".join(struct.pack("<HHII", *t) for t in tags)
+    path = tmp_path / "uic.tif"
+    path.write_bytes(out + struct.pack("<I", 0))
+    with pytest.raises(NotByteExact, match="IFD 1's tag values"):
+        scan_tiff(path, path.stat().st_size)
+
+
+def test_an_ome_xml_of_too_many_attributes_is_not_parsed(tmp_path: Path) -> None:
+    """Red team 77, F1b: one element with 3 million empty attributes passed the count of
+    elements, and ElementTree took the daemon to 1 GiB. Attributes count too."""
+    from tests.toolbox import traced_peak
+
+    path = tmp_path / "attrs.tif"
+    attrs = " ".join(f"a{i}=''" for i in range(300_000))
+    xml = (
+        '<?xml version="1.0" encoding="UTF-8"?><OME xmlns="http://www.openmicroscopy.org/'
+        f'Schemas/OME/2016-06" {attrs}><Image ID="Image:0"><Pixels ID="Pixels:0" '
+        'DimensionOrder="XYZCT" Type="uint8" SizeX="4" SizeY="4" SizeZ="1" SizeC="1" '
+        'SizeT="2"><TiffData/></Pixels></Image></OME>'
+    )
+    data = np.zeros((2, 4, 4), np.uint8)
+    tifffile.imwrite(path, data, photometric="minisblack", description=xml, metadata=None)
+    layout, peak = traced_peak(lambda: scan_tiff(path, path.stat().st_size))
+    assert (layout.plane_order, layout.storage_leading) == (("z",), (2,))
+    assert peak < 32 << 20, f"{peak / 2**20:.0f} MiB traced"

@@ -143,6 +143,8 @@ _BYTE_TYPES = (1, 2, 7)  # BYTE, ASCII, UNDEFINED: read as bytes or str
 # (RATIONAL and SRATIONAL: two).
 _TYPE_SIZES_BY_CODE = np.array([0, 1, 1, 2, 4, 8, 1, 1, 2, 4, 8, 4, 8, 4, 0, 0, 8, 8, 8, 0])
 _TYPE_NUMBERS_BY_CODE = np.array([1, 1, 1, 1, 1, 2, 1, 1, 1, 1, 2, 1, 1, 1, 1, 1, 1, 1, 1, 1])
+_UIC1TAG = 33628
+_UIC1_ENTRY_NUMBERS = 32  # ~1 KiB an entry, against ~36 bytes a number
 MAX_IFD_NUMBERS = 1 << 20
 MAX_IFD_BYTES = 64 << 20
 _PAGE_NUMBERS = 64  # what a page of a large file may hold in all (its resolutions, colour maps)
@@ -275,9 +277,14 @@ def _values_apart(tags: np.ndarray[Any, Any], field: int) -> tuple[int, int]:
     kinds = np.minimum(tags["type"], len(_TYPE_SIZES_BY_CODE) - 1)
     counts = tags["count"].astype(np.float64)
     sizes = _TYPE_SIZES_BY_CODE[kinds] * counts  # an unknown type (size 0): tifffile skips it
-    apart = (sizes > field) & ~np.isin(tags["tag"], _SEGMENT_TAGS)
+    # MetaMorph's UIC1tag: tifffile reads `count` entries at the value's offset whatever its
+    # type and size, each into a dict of up to two 255-character strings (~1 KiB): 2^20 of
+    # them took the daemon to 1 GiB (red team 77, F1a). Counted as that many numbers each.
+    expanded = tags["tag"] == _UIC1TAG
+    apart = (sizes > field) & ~np.isin(tags["tag"], _SEGMENT_TAGS) & ~expanded
     as_bytes = np.isin(kinds, _BYTE_TYPES)
     numbers = (counts * _TYPE_NUMBERS_BY_CODE[kinds])[apart & ~as_bytes].sum()
+    numbers += counts[expanded].sum() * _UIC1_ENTRY_NUMBERS
     return int(min(numbers, 2**63)), int(min(sizes[apart & as_bytes].sum(), 2**63))
 
 
@@ -319,11 +326,12 @@ def _leading(
 # /proc/self/fd: "0" would be its stdin).
 _OME_REFUSED = ("BinaryOnly", "Modulo")
 # Past these, a file's metadata is not parsed for its axes: it is packed as a flat z stack
-# (its bytes and description kept as they are). An OME-XML's elements: ~3 a plane (a Plane,
-# a TiffData, a UUID), so 8 a page are allowed besides, up to ~200 MiB of ElementTree.
-MAX_OME_ELEMENTS = 1 << 16
-OME_ELEMENTS_A_PAGE = 8
-MAX_OME_ELEMENTS_IN_ALL = 1 << 20
+# (its bytes and description kept as they are). An OME-XML's elements and attributes: ~20 a
+# plane (a Plane, a TiffData, a UUID and their attributes), so 32 a page are allowed besides,
+# up to ~200 MiB of ElementTree.
+MAX_OME_ITEMS = 1 << 16
+OME_ITEMS_A_PAGE = 32
+MAX_OME_ITEMS_IN_ALL = 1 << 21
 MAX_DESCRIPTION = 1 << 20  # characters of a shaped or ImageJ description, bytes of IJMetadata
 _OME_COUNTS = ("SizeZ", "SizeC", "SizeT", "PlaneCount", "IFD", "FirstZ", "FirstC", "FirstT")
 
@@ -367,11 +375,11 @@ def _ome_at_most(xml: str, n_pages: int) -> bool:
 
     if any(word in xml for word in _OME_REFUSED):
         return False
-    # ElementTree (here, and tifffile's for the series) keeps every element, ~200 bytes each:
-    # an OME-XML of 4 million empty ones (16 MB) took the daemon to 895 MiB (red team 75).
-    if xml.count("<") > min(
-        MAX_OME_ELEMENTS + OME_ELEMENTS_A_PAGE * n_pages, MAX_OME_ELEMENTS_IN_ALL
-    ):
+    # ElementTree (here, and tifffile's for the series) keeps every element (~200 bytes) and
+    # attribute: an OME-XML of 4 million empty elements (16 MB) took the daemon to 895 MiB
+    # (red team 75), one of 3 million attributes on one element to 1 GiB (red team 77).
+    items = xml.count("<") + xml.count("=")
+    if items > min(MAX_OME_ITEMS + OME_ITEMS_A_PAGE * n_pages, MAX_OME_ITEMS_IN_ALL):
         return False
     try:
         root = ElementTree.fromstring(xml)
