@@ -144,3 +144,17 @@ def test_what_the_tree_remembers_of_names_it_logged_does_not_hold_the_names(
     finally:
         tracemalloc.stop()
     assert kept < 1 << 20, f"{kept / 2**20:.1f} MiB kept for 2,000 names"
+
+
+def test_a_global_pax_header_ends_the_walk() -> None:
+    """Red team 77, F2: tarfile applies a global PAX header's records to every later member,
+    copying them each time: 56,000 keys in 8 global headers held every `ls` of the package's
+    folder 44 s. The spec's packages have none; the walk stops at one."""
+    records = b"".join(b"%d k%05d=v\n" % (len(b"k00000=v\n") + 3, i) for i in range(2000))
+    head = corpus.raw_header(b"././@GlobalHead", len(records), tarfile.XGLTYPE)
+    glob = head + records + b"\0" * (-len(records) % 512)
+    members = [corpus.raw_member(f"f{i}".encode(), b"x") for i in range(50)]
+    plain = corpus.raw_tar([corpus.member_bytes("manifest.json", b"{}"), glob, *members])
+    index = build_index(BytesSource(plain), "global.tar.c4gh")
+    assert [m.name for m in index.members] == ["manifest.json"]
+    assert "global PAX header" in index.problems[0]
