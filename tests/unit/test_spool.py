@@ -812,3 +812,16 @@ def test_a_file_of_no_record_named_like_an_archive_leaves_the_archive_it_names(
     assert (src / "x.tif.zarr.zip").read_bytes() == archive
     assert not (src / "x.tif.zarr.zip.zarr.zip").exists()
     assert spool.path("x.tif.zarr.zip").read_bytes() == b"a file written under an archive's name"
+
+
+def test_a_file_of_no_record_replaces_a_plain_file_named_like_a_folder_archive(
+    spool: Spool, src: Path
+) -> None:
+    """Red team 77, F3: a plain file `notes.zarr` (shown as it is: only a folder `NAME.zarr`
+    is a folder archive), rewritten and spooled over a restart, failed for good as "shown
+    under another name"."""
+    (src / "notes.zarr").write_bytes(b"the older notes")
+    os.chown(src / "notes.zarr", 1234, 5678)
+    put(spool, "notes.zarr", b"the newer notes")
+    spool.publish("notes.zarr", False, OPTIONS)
+    assert (src / "notes.zarr").read_bytes() == b"the newer notes"

@@ -923,7 +923,7 @@ def _refuse_unchecked(
             if (st.st_dev, st.st_ino) in allowed:
                 continue
             why = f"put there after {relpath!r} was written through the mount"
-        elif _shown_as(path.name) != PurePosixPath(relpath).name:
+        elif _shown_as(path.name, stat.S_ISDIR(st.st_mode)) != PurePosixPath(relpath).name:
             # An archive the mount shows under another name (`x.tif.zarr.zip` is `x.tif`): a
             # file written as `x.tif.zarr.zip` and spooled over a restart deleted the archive of
             # `x.tif` as it was published (red team 76, F1). Never shown under this name.
@@ -944,12 +944,13 @@ def _refuse_unchecked(
             str(path))  # fmt: skip
 
 
-def _shown_as(name: str) -> str:
+def _shown_as(name: str, is_dir: bool) -> str:
     """The name the mount shows an entry of SRC named `name` under (a decant archive: its
-    original's; the mount checks the manifest, this only the suffix)."""
-    for suffix in (".zarr.zip", ".zarr"):
-        if name.endswith(suffix) and len(name) > len(suffix):
-            return name[: -len(suffix)]
+    original's; the mount checks the manifest, this only the form): a file `NAME.zarr.zip`, a
+    folder `NAME.zarr` (a file `notes.zarr` is shown as it is: red team 77, F3)."""
+    suffix = ".zarr" if is_dir else ".zarr.zip"
+    if name.endswith(suffix) and len(name) > len(suffix):
+        return name[: -len(suffix)]
     return name
 
 
