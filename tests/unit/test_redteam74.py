@@ -158,3 +158,11 @@ def test_a_global_pax_header_ends_the_walk() -> None:
     index = build_index(BytesSource(plain), "global.tar.c4gh")
     assert [m.name for m in index.members] == ["manifest.json"]
     assert "global PAX header" in index.problems[0]
+
+
+def test_a_package_whose_walk_found_no_member_says_why(env: SimpleNamespace) -> None:
+    head = corpus.raw_header(b"././@GlobalHead", 12, tarfile.XGLTYPE)
+    glob = head + b"12 k00000=v\n" + b"\0" * 500
+    path = _package(env, "global-first.tar.c4gh", [glob, *corpus.with_manifest([("a", b"a")])])
+    with pytest.raises(CorruptArchiveError, match=r"no member \(global PAX header at 0;"):
+        backend(env.keys.node).describe(path)

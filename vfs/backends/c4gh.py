@@ -559,6 +559,8 @@ def _require_manifest_first(name: str, index: TarIndex) -> None:
     first = index.first
     if first != MANIFEST:
         found = "no member" if first is None else f"first member {shown_name(first)!r}"
+        if first is None and index.problems:  # why the walk found none
+            found += f" ({index.problems[0].removeprefix(name + ': ')})"
         raise CorruptArchiveError(
             f"{name}: {found}, not {MANIFEST}: not a GDI package (its members could not be "
             "checked: a package's segments may have been dropped or reordered)"
