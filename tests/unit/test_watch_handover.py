@@ -17,25 +17,30 @@ import trio
 from vfs.mount import watch
 
 
+class Ops:
+    """What the watcher asks of the mount: the folders and names it hands over, recorded."""
+
+    def __init__(self, src: Path) -> None:
+        self.config = SimpleNamespace(mnt=src / "mnt")
+        self.watched = True
+        self.caught: list[set[Path]] = []
+        self.heard: list[dict[Path, set[str]]] = []
+
+    async def on_changed(self, folders: set[Path]) -> None:
+        self.caught.append(set(folders))
+
+    async def on_names_changed(self, names: dict[Path, set[str]]) -> None:
+        self.heard.append({k: set(v) for k, v in names.items()})
+
+
 def test_a_change_made_while_the_folders_are_walked_again_is_heard(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     src = tmp_path / "src"
     src.mkdir()
     (src / "f.txt").write_bytes(b"x")
-    caught: list[set[Path]] = []
-    heard: list[dict[Path, set[str]]] = []
-
-    class Ops:
-        config = SimpleNamespace(mnt=src / "mnt")
-        watched = True
-
-        async def on_changed(self, folders: set[Path]) -> None:
-            caught.append(set(folders))
-
-        async def on_names_changed(self, names: dict[Path, set[str]]) -> None:
-            heard.append({k: set(v) for k, v in names.items()})
-
+    ops = Ops(src)
+    caught, heard = ops.caught, ops.heard
     walks: list[int] = []
     walking, go_on = threading.Event(), threading.Event()
     real = watch.real_folders
@@ -48,7 +53,6 @@ def test_a_change_made_while_the_folders_are_walked_again_is_heard(
         return real(top, skip)
 
     monkeypatch.setattr(watch, "real_folders", slow_second_walk)
-    ops = Ops()
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
@@ -82,18 +86,8 @@ def test_a_folder_that_became_a_file_before_its_watch_is_walked_again(
     src = tmp_path / "src"
     src.mkdir()
     (src / "D").write_bytes(b"a file now")
-    caught: list[set[Path]] = []
-
-    class Ops:
-        config = SimpleNamespace(mnt=src / "mnt")
-        watched = True
-
-        async def on_changed(self, folders: set[Path]) -> None:
-            caught.append(set(folders))
-
-        async def on_names_changed(self, names: dict[Path, set[str]]) -> None:
-            pass
-
+    ops = Ops(src)
+    caught = ops.caught
     walks: list[int] = []
     real = watch.real_folders
 
@@ -103,7 +97,6 @@ def test_a_folder_that_became_a_file_before_its_watch_is_walked_again(
         return [*found, src / "D" / "E"] if len(walks) == 1 else found  # D/E, as walked
 
     monkeypatch.setattr(watch, "real_folders", first_walk_stale)
-    ops = Ops()
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
