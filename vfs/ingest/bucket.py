@@ -29,7 +29,7 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -199,59 +199,50 @@ class BucketPlacer:
             if now != signature(st):
                 raise SourceChangedError(spooled)
 
-        # Shown as the spooled file until its real entry comes (BucketTree's PENDING): a kill
-        # once it is uploaded, before that entry, left it 0444 to every user.
-        self._placed(key, "", st)
-        placed = False
-        try:
-            published = self._put_checked(spool, relpath, key, rival, local, st, verify, going_on)
-            placed = True
-            return Published(relpath, self._target(key), mode, reason, published)
-        finally:
-            # An upload that failed in any way ends its note: left, the next object another
-            # host put at the key was shown as this host's user's, who could then `rm` it (an
-            # `rm` of the spooled file during its upload left it; red team 73, F3).
-            if not placed and self.on_placed is not None:
-                self.on_placed(key, "", None)
-
-    def _put_checked(
-        self,
-        spool: Spool,
-        relpath: str,
-        key: str,
-        rival: str,
-        local: Path,
-        st: os.stat_result,
-        verify: Verify,
-        going_on: Callable[[], None],
-    ) -> tuple[int, ...]:
-        """Upload, check for clashes, and record it as this mount's: the file's signature."""
         from vfs.stores.upload import ObjectExistsError, put_verified
 
-        token = secrets.token_hex(16)
-        with self._lock:
-            self._uploading[relpath] = (key, token)
-        try:
-            uploaded = put_verified(self.folder, key, local, verify, check=going_on,
-                                    metadata={UPLOAD_TOKEN: token})  # fmt: skip
-        except ObjectExistsError:
-            why = "already exists (written by another host?); not overwritten"
-            raise KeyTakenError(f"{self.folder.url_of(key)}: {why}") from None
-        finally:
+        with self._noted(key, st):
+            token = secrets.token_hex(16)
             with self._lock:
-                if self._uploading.get(relpath) == (key, token):
-                    del self._uploading[relpath]
-        clash = self._clash(key, rival)
-        if clash is not None:
-            gone = self._delete_if(key, uploaded.etag)
-            left = "" if gone else " (its upload could not be deleted: the listing rule decides)"
-            raise KeyTakenError(f"{self.folder.url_of(key)}: {clash}; not published{left}")
-        with self._lock:
-            self._ours[uploaded.url] = (key, uploaded.etag)
-            self._sources[uploaded.url] = uploaded.etag
-        spool.mark_placed(relpath, st)
-        self._placed(key, uploaded.etag, st)
-        return signature(st)
+                self._uploading[relpath] = (key, token)
+            try:
+                uploaded = put_verified(self.folder, key, local, verify, check=going_on,
+                                        metadata={UPLOAD_TOKEN: token})  # fmt: skip
+            except ObjectExistsError:
+                why = "already exists (written by another host?); not overwritten"
+                raise KeyTakenError(f"{self.folder.url_of(key)}: {why}") from None
+            finally:
+                with self._lock:
+                    if self._uploading.get(relpath) == (key, token):
+                        del self._uploading[relpath]
+            clash = self._clash(key, rival)
+            if clash is not None:
+                gone = self._delete_if(key, uploaded.etag)
+                left = (
+                    "" if gone else " (its upload could not be deleted: the listing rule decides)"
+                )
+                raise KeyTakenError(f"{self.folder.url_of(key)}: {clash}; not published{left}")
+            with self._lock:
+                self._ours[uploaded.url] = (key, uploaded.etag)
+                self._sources[uploaded.url] = uploaded.etag
+            spool.mark_placed(relpath, st)
+            self._placed(key, uploaded.etag, st)
+        return Published(relpath, self._target(key), mode, reason, signature(st))
+
+    @contextlib.contextmanager
+    def _noted(self, key: str, st: os.stat_result) -> Iterator[None]:
+        """The key noted as this file's while its upload runs: shown as the spooled file until
+        its real entry comes (BucketTree's PENDING: a kill once it is uploaded, before that
+        entry, left it 0444 to every user). An upload that fails in any way ends its note:
+        left, the next object another host put at the key was shown as this host's user's,
+        who could then `rm` it (an `rm` during its upload left it; red team 73, F3)."""
+        self._placed(key, "", st)
+        try:
+            yield
+        except BaseException:
+            if self.on_placed is not None:
+                self.on_placed(key, "", None)
+            raise
 
     def _clash(self, key: str, rival: str) -> str | None:
         return clash(self.folder, key, rival)
