@@ -19,6 +19,7 @@ from vfs.errors import DecantError
 from vfs.logsafe import SafeFormatter, escape_controls
 from vfs.mount.config import STATUS_NAME, BucketConfig, MountConfig, parse_fuse_options
 from vfs.mount.described import DESCRIBED_ENTRIES
+from vfs.mount.inodes import LISTED_ENTRIES
 from vfs.mount.mountinfo import topmost
 from vfs.owned import resolve_trusting_no_one, swappable_by_others, why_not_own
 from vfs.version import VersionAction
@@ -108,6 +109,15 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="entries (members, folders) of archive trees kept in memory across all archives; "
         f"others are read again from the index when listed (default {DESCRIBED_ENTRIES:,})",
+    )
+    p.add_argument(
+        "--listed-entries",
+        type=int,
+        default=LISTED_ENTRIES,
+        metavar="N",
+        help="names of SRC's folders kept listed in memory across all folders, and entries the "
+        "kernel is let keep; past it the least recently used are let go and read again when "
+        f"asked for (default {LISTED_ENTRIES:,})",
     )
     p.add_argument(
         "--decode-threads",
@@ -392,6 +402,7 @@ def config_from_args(
         use_index=not args.no_index,
         decode_threads=args.decode_threads,
         described_entries=max(1, args.described_entries),
+        listed_entries=max(1, args.listed_entries),
         watch=not args.no_watch,
         read_only=args.read_only,
         spool=args.spool,  # resolved by real_paths: opened exactly, see open_exact

@@ -104,6 +104,10 @@ class Session:
     ) -> None:
         self.invalidated.append((inode, name))
 
+    def invalidate_entry(self, inode: int, name: bytes, deleted: int = 0) -> None:
+        """(a worker thread: `LetGo`) Recorded as the async form is."""
+        self.invalidated.append((inode, name))
+
     def get_sup_groups(self, pid: int) -> list[int]:
         return list(self.sup_groups)
 
@@ -112,7 +116,7 @@ class Session:
 def fake_session() -> Iterator[Session]:
     """Replace pyfuse3's session-bound functions, and ops.py's clock, for the duration."""
     session = Session()
-    names = ("readdir_reply", "invalidate_entry_async", "get_sup_groups")
+    names = ("readdir_reply", "invalidate_entry_async", "invalidate_entry", "get_sup_groups")
     saved = {name: getattr(pyfuse3, name) for name in names}
     try:
         for name in names:
@@ -185,6 +189,7 @@ class InProcessMount:
             failed: Exception | None = None
             async with trio.open_nursery() as nursery:
                 self.ops.nursery = nursery
+                nursery.start_soon(self.ops.let_go.run)
                 try:
                     result = await fn(*args)
                 except Exception as exc:  # raised as it is, not in the nursery's group
@@ -232,6 +237,7 @@ class InProcessMount:
                 out.append((name, attrs))
                 start = cookie
             if len(token.entries) < room:
+                await self.ops.releasedir(fh)
                 return out
             if between is not None:
                 await between()

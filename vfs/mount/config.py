@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vfs.mount.described import DESCRIBED_ENTRIES
+from vfs.mount.inodes import LISTED_ENTRIES
 
 SPOOL_NAME = ".decant-spool"
 STATUS_NAME = ".decant-status"
@@ -69,6 +70,7 @@ class MountConfig:
     stale_temp: float = 24 * 3600.0  # an rsync temp file left this long (s) is deleted
     retry_after: float = 30.0  # a failed publish's first retry (s), doubling up to an hour
     described_entries: int = DESCRIBED_ENTRIES  # archive tree entries kept, all archives
+    listed_entries: int = LISTED_ENTRIES  # names of SRC's listings and kernel entries kept
     backend_args: argparse.Namespace = field(default_factory=argparse.Namespace)
     bucket: BucketConfig | None = None  # SRC is s3://BUCKET/PREFIX (then `src` is its ObjectPath)
 

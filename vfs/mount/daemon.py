@@ -535,6 +535,7 @@ async def _run(
         nursery.start_soon(_raise_read_ahead_after_init, config.mnt)
         nursery.start_soon(_signals, partial(_arm, stopping, queue, 0))
         nursery.start_soon(_describe_racy_forever, ops)
+        nursery.start_soon(ops.let_go.run)
         nursery.start_soon(_start_threads)
         if config.watch:
             nursery.start_soon(watch_source, ops, src, config.spool_root)

@@ -16,7 +16,7 @@ import bisect
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -28,8 +28,13 @@ from vfs.nodes import Node, NodeKey
 ROOT_INODE = 1
 # Children of the listings of archives' folders kept across them (the most recently used): one
 # is rebuilt from its archive's tree with the same names in the same cookie order, so a listing
-# let go costs a rebuild, never a readdir offset. Listings of SRC's own folders are all kept.
+# let go costs a rebuild, never a readdir offset.
 ARCHIVE_LISTED = 100_000
+# Children of the listings of SRC's own folders kept across them, and entries the kernel is let
+# keep (each holds its node and table rows, ~700 B): past it the least recently used listings
+# go and the kernel is asked to drop the oldest entries (it then forgets their inodes). A user's
+# five folders of 200,000 empty files, listed once, held the daemon at 890 MiB (red team 71).
+LISTED_ENTRIES = 100_000
 
 
 @dataclass
@@ -125,8 +130,52 @@ def _place(node: Node, key: Key, root_text: str) -> str:
     return real_text.rpartition("/")[0]
 
 
+class _Listings:
+    """Listings kept by recency, their children counted against a budget."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.counts: OrderedDict[int, int] = OrderedDict()  # inode → children
+        self.children = 0
+
+    def keep(self, ino: int, folder: Folder) -> None:
+        self.children -= self.counts.pop(ino, 0)
+        self.counts[ino] = len(folder.children)
+        self.children += len(folder.children)
+
+    def used(self, ino: int) -> None:
+        if ino in self.counts:
+            self.counts.move_to_end(ino)
+
+    def drop(self, ino: int) -> None:
+        self.children -= self.counts.pop(ino, 0)
+
+    def over(self, keep: Callable[[int], bool]) -> list[int]:
+        """The oldest listings to let go until the rest fit (never the newest, nor one `keep`
+        holds), taken out of the count."""
+        excess = self.children - self.budget
+        if excess <= 0 or len(self.counts) < 2:
+            return []
+        newest = next(reversed(self.counts))
+        out: list[int] = []
+        for old, count in self.counts.items():
+            if excess <= 0:
+                break
+            if old != newest and not keep(old):
+                out.append(old)
+                excess -= count
+        for old in out:
+            self.children -= self.counts.pop(old)
+        return out
+
+
 class InodeTable:
-    def __init__(self, root: Node, archive_listed: int = ARCHIVE_LISTED) -> None:
+    def __init__(
+        self,
+        root: Node,
+        archive_listed: int = ARCHIVE_LISTED,
+        listed_entries: int = LISTED_ENTRIES,
+    ) -> None:
         self._nodes: dict[int, Node] = {ROOT_INODE: root}
         # The inodes by the folder their nodes live in: a folder moved (`rekey_below`) visits
         # the nodes below it, not every node of the table (a user renaming an empty folder in a
@@ -146,9 +195,28 @@ class InodeTable:
         self._locks: dict[int, trio.Lock] = {}
         self._pinned: dict[int, int] = {}  # open handles per inode: kept while open
         self.moves = 0  # folders moved so far: a scan begun before a move may hold old paths
-        self.archive_listed = archive_listed
-        self._archive_listings: OrderedDict[int, int] = OrderedDict()  # inode → children
-        self._archive_children = 0
+        self._archive_listings = _Listings(archive_listed)
+        self._src_listings = _Listings(listed_entries)
+        self._open_dirs: dict[int, int] = {}  # opendir handles per folder: listings kept
+        # Where the kernel was last handed each inode (folder inode, name), least recently
+        # first: past `listed_entries` the oldest are asked to go (`overflow`).
+        self._named: OrderedDict[int, tuple[int, str]] = OrderedDict()
+
+    @property
+    def archive_listed(self) -> int:
+        return self._archive_listings.budget
+
+    @archive_listed.setter
+    def archive_listed(self, budget: int) -> None:
+        self._archive_listings.budget = budget
+
+    @property
+    def listed_entries(self) -> int:
+        return self._src_listings.budget
+
+    @listed_entries.setter
+    def listed_entries(self, budget: int) -> None:
+        self._src_listings.budget = budget
 
     def __len__(self) -> int:
         return len(self._nodes)
@@ -161,10 +229,11 @@ class InodeTable:
     def known(self, node: Node) -> int | None:
         return self._ino_of.get(_key(node))
 
-    def hand_out(self, node: Node) -> int:
-        """The inode for `node`, counting one more kernel reference to it."""
+    def hand_out(self, node: Node, at: tuple[int, str] | None = None) -> int:
+        """The inode for `node`, counting one more kernel reference to it (the kernel's entry
+        of it `at` (folder inode, name))."""
         ino = self.assign(node)
-        self._refs[ino] = self._refs.get(ino, 0) + 1
+        self.count(ino, at)
         return ino
 
     def assign(self, node: Node) -> int:
@@ -180,8 +249,42 @@ class InodeTable:
         self._index(ino, node, key)
         return ino
 
-    def count(self, ino: int) -> None:
+    def count(self, ino: int, at: tuple[int, str] | None = None) -> None:
         self._refs[ino] = self._refs.get(ino, 0) + 1
+        if at is not None and ino != ROOT_INODE:
+            self._named[ino] = at
+            self._named.move_to_end(ino)
+
+    def renamed(self, ino: int, at: tuple[int, str]) -> None:
+        """The kernel's entry of `ino` moved (a rename through the mount)."""
+        if ino in self._named:
+            self._named[ino] = at
+
+    def overflowing(self) -> bool:
+        return len(self._named) > self.listed_entries
+
+    def overflow(self, most: int) -> list[tuple[int, str]]:
+        """Up to `most` kernel entries to ask the kernel to drop (`invalidate_entry`), the
+        least recently handed out first, until those left fit `listed_entries`: the kernel
+        then forgets their inodes (unless a process still holds one), and their nodes go. An
+        open file's or folder's entry is kept (it is in use). Each is returned once: handed
+        out again, it counts again."""
+        excess = min(most, len(self._named) - self.listed_entries)
+        if excess <= 0:
+            return []
+        victims: list[int] = []
+        in_use: list[int] = []
+        for ino in self._named:
+            if len(victims) >= excess:
+                break
+            if self._pinned.get(ino) or self._open_dirs.get(ino):
+                in_use.append(ino)
+            else:
+                victims.append(ino)
+        for ino in in_use:  # as if used now: not walked past again at every call
+            self._named.move_to_end(ino)
+        out = [self._named.pop(ino) for ino in victims]
+        return out
 
     def release_unused(self, ino: int) -> None:
         if not self._refs.get(ino) and not self._pinned.get(ino):
@@ -266,7 +369,9 @@ class InodeTable:
         if key is not None and self._ino_of.get(key) == ino:
             del self._ino_of[key]
         self.folders.pop(ino, None)
-        self._archive_children -= self._archive_listings.pop(ino, 0)
+        self._archive_listings.drop(ino)
+        self._src_listings.drop(ino)
+        self._named.pop(ino, None)
         lock = self._locks.get(ino)
         if lock is not None and not _busy(lock):  # else `locked` drops it when released
             del self._locks[ino]
@@ -280,41 +385,73 @@ class InodeTable:
         (the listing is not dropped under it), and one let go between two readdir calls is
         rebuilt with the same cookies."""
         self.folders[ino] = folder
-        self._archive_children -= self._archive_listings.pop(ino, 0)
-        self._archive_listings[ino] = len(folder.children)
-        self._archive_children += len(folder.children)
-        busy: list[tuple[int, int]] = []
-        while self._archive_children > self.archive_listed and len(self._archive_listings) > 1:
-            old, count = self._archive_listings.popitem(last=False)
-            if old == ino or _busy(self._locks.get(old)):
-                busy.append((old, count))
-                self._archive_children -= count
-                continue
-            self._archive_children -= count
+        self._archive_listings.keep(ino, folder)
+        for old in self._archive_listings.over(self._busy):
             self.folders.pop(old, None)
-        for old, count in busy:  # kept, as the oldest
-            self._archive_listings[old] = count
-            self._archive_listings.move_to_end(old, last=False)
-            self._archive_children += count
+
+    def keep_listing(self, ino: int, folder: Folder) -> None:
+        """Hold the listing of a folder of SRC (its children may have changed) among the most
+        recently used ones; older ones past `listed_entries` children in all are let go, and
+        read again from SRC when next asked for. Never the root's, one whose lock is held, nor
+        one a readdir may be half way through (an opendir handle is open): a listing read
+        again numbers its names anew, and the reader's offset would skip or repeat names."""
+        self.folders[ino] = folder
+        if ino == ROOT_INODE:
+            return
+        self._src_listings.keep(ino, folder)
+        self._let_listings_go()
+
+    def _let_listings_go(self) -> None:
+        for old in self._src_listings.over(lambda i: self._busy(i) or i in self._open_dirs):
+            self.folders.pop(old, None)
+
+    def drop_listing(self, ino: int) -> None:
+        """Let go of a folder's listing (it is read again when next asked for)."""
+        self.folders.pop(ino, None)
+        self._archive_listings.drop(ino)
+        self._src_listings.drop(ino)
+
+    def used_listing(self, ino: int) -> None:
+        self._archive_listings.used(ino)
+        self._src_listings.used(ino)
+
+    def opened_dir(self, ino: int) -> None:
+        self._open_dirs[ino] = self._open_dirs.get(ino, 0) + 1
+
+    def released_dir(self, ino: int) -> None:
+        left = self._open_dirs.pop(ino, 0) - 1
+        if left > 0:
+            self._open_dirs[ino] = left
+        else:  # a listing kept for its reader past the budget may go now
+            self._let_listings_go()
+
+    def _busy(self, ino: int) -> bool:
+        return _busy(self._locks.get(ino))
 
     def drop_archive_listings(self, real: Path) -> None:
         """Let go of the listings of the folders of the archive at `real` (its tree was read
         again as another): each is rebuilt from the tree at its next lookup or readdir."""
-        for ino in [i for i in self._archive_listings if (n := self._nodes.get(i)) is not None
-                    and n.real == real and not _busy(self._locks.get(i))]:  # fmt: skip
-            self._archive_children -= self._archive_listings.pop(ino)
+        for ino in [i for i in self._archive_listings.counts if (n := self._nodes.get(i))
+                    is not None and n.real == real and not self._busy(i)]:  # fmt: skip
+            self._archive_listings.drop(ino)
             self.folders.pop(ino, None)
 
-    def used_archive_listing(self, ino: int) -> None:
-        if ino in self._archive_listings:
-            self._archive_listings.move_to_end(ino)
-
     def folder_of(self, path: Path) -> tuple[int, Folder] | None:
-        """A mirrored folder of SRC the kernel holds, by its real path."""
+        """A mirrored folder of SRC the kernel holds, and its listing, by its real path."""
         ino = self._ino_of.get(str(path))  # a mirrored folder's key (`_key`)
         if ino is None or ino not in self.folders:
             return None
         return ino, self.folders[ino]
+
+    def held_unlisted(self, path: Path) -> int | None:
+        """A mirrored folder of SRC the kernel holds whose listing was let go (`keep_listing`),
+        by its real path: the kernel may still hold entries of its names."""
+        ino = self._ino_of.get(str(path))
+        return ino if ino is not None and ino not in self.folders else None
+
+    def entry_of(self, ino: int) -> tuple[int, str] | None:
+        """Where the kernel was last handed `ino`: (folder inode, name)."""
+        return self._named.get(ino)
 
     def lock(self, ino: int) -> trio.Lock:
         found = self._locks.get(ino)

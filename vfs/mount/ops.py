@@ -45,6 +45,7 @@ from vfs.mount.access import (
 from vfs.mount.config import STATUS_NAME, MountConfig
 from vfs.mount.index import stamp_of
 from vfs.mount.inodes import ROOT_INODE, Folder, InodeTable
+from vfs.mount.letgo import LetGo
 from vfs.mount.metrics import COUNTERS, daemon_section
 from vfs.mount.reads import Integrity, OpenFile, Reads
 from vfs.mount.status import Joined, StatusFile
@@ -317,7 +318,8 @@ class DecantOperations(pyfuse3.Operations):
         self.writer = writer
         self.queue = queue
         self.watched = config.watch  # the watcher clears it if inotify fails
-        self.inodes = InodeTable(tree.root_node())
+        self.inodes = InodeTable(tree.root_node(), listed_entries=config.listed_entries)
+        self.let_go = LetGo(self.inodes)  # its task runs in the daemon's nursery
         self.integrity = Integrity(self._is_verified, self._mark_verified, self._open_reader,
                                    self._forget_verified)  # fmt: skip
         self.integrity.doubt = tree.doubt
@@ -372,11 +374,12 @@ class DecantOperations(pyfuse3.Operations):
     async def _listing(self, inode: int) -> Folder:
         """The folder's listing, re-read first if it may be stale (takes the folder's lock)."""
         folder = self.inodes.folders.get(inode)
-        if folder is not None and self._node(inode).backend is not None:
-            self.inodes.used_archive_listing(inode)
-            return folder
-        if folder is not None and time.monotonic() - folder.checked < RESCAN_INTERVAL:
-            return folder
+        if folder is not None:
+            self.inodes.used_listing(inode)
+            if self._node(inode).backend is not None:
+                return folder
+            if time.monotonic() - folder.checked < RESCAN_INTERVAL:
+                return folder
         # ESTALE: another folder at its name now (tree.scan), its name listed again
         async with self._stale_relisted(self._node(inode)), self.inodes.locked(inode):
             return await self._fresh(inode, max_age=RESCAN_INTERVAL)
@@ -414,8 +417,10 @@ class DecantOperations(pyfuse3.Operations):
             if moves == self.inodes.moves:
                 break  # else a folder at or above it moved while it was read: read it again
         if folder is None:
-            folder = self.inodes.folders[inode] = Folder()
-            changed = []  # a first listing: the kernel has no names of it cached
+            # A first listing, or one let go (`keep_listing`): names the kernel may hold of it
+            # were dropped when they changed (`_unlisted_changed`).
+            folder = Folder()
+            changed = []
             folder.merge(kids)
         else:  # new names too: the kernel may remember that they were not there
             before = folder.children.copy()
@@ -429,6 +434,7 @@ class DecantOperations(pyfuse3.Operations):
             if ino is not None:
                 self.inodes.replace(ino, node)
         folder.mtime_ns, folder.checked, folder.absorbed = mtime, time.monotonic(), False
+        self.inodes.keep_listing(inode, folder)
         for name in changed:
             pyfuse3.invalidate_entry_async(inode, os.fsencode(name), ignore_enoent=True)
         return folder
@@ -547,7 +553,9 @@ class DecantOperations(pyfuse3.Operations):
                     await self._restat_folder(node)  # no watcher tells a chmod of it: see there
                 else:
                     node = await self._restat_file(node)  # nor of a file: as getattr takes it
-            return self._attrs(self.inodes.hand_out(node), node)
+            ino = self.inodes.hand_out(node, (parent_inode, text))
+            self.let_go.poke()
+            return self._attrs(ino, node)
 
     def _negative(self, parent_inode: int) -> pyfuse3.EntryAttributes:
         """No such name, and the kernel may remember that as long as it keeps the folder's
@@ -632,7 +640,7 @@ class DecantOperations(pyfuse3.Operations):
             node.mode, node.uid, node.gid = fresh.mode, fresh.uid, fresh.gid
             ino = self.inodes.known(node)
             if ino is not None:
-                self.inodes.folders.pop(ino, None)
+                self.inodes.drop_listing(ino)
         return node
 
     def _restated(self, node: Node) -> Node | None:
@@ -654,31 +662,41 @@ class DecantOperations(pyfuse3.Operations):
     async def opendir(self, inode: int, ctx: pyfuse3.RequestContext) -> int:
         with errno_boundary(f"opendir {inode}"):
             await self._listing(inode)
+            self.inodes.opened_dir(inode)  # its listing is kept while a readdir may go on
             return inode
+
+    async def releasedir(self, fh: int) -> None:
+        self.inodes.released_dir(fh)
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         with errno_boundary(f"readdir {fh}"):
-            folder = await self._listing(fh)
-            entries = folder.after(start_id)
-            while batch := list(itertools.islice(entries, READDIR_BATCH)):
-                if any(_plain(node) and not self._watched(node) for _c, _n, node in batch):
-                    # What lookup and getattr give, not the listed bits.
-                    fresh = await trio.to_thread.run_sync(self._restated_batch, batch)
-                    batch = [(c, n, node) for (c, n, old), new in zip(batch, fresh, strict=True)
-                             if (node := self._taken(old, new)) is not None]  # fmt: skip
-                for cookie, name, listed in batch:
-                    if name == STATUS_NAME:
-                        continue  # SRC's own entries of that name are never shown (see lookup)
-                    node = await self._current(folder, name, listed)
-                    if node is None:
-                        continue
-                    ino = self.inodes.assign(node)
-                    if not pyfuse3.readdir_reply(
-                        token, os.fsencode(name), self._attrs(ino, node), cookie
-                    ):
-                        self.inodes.release_unused(ino)
-                        return
-                    self.inodes.count(ino)  # readdirplus: the kernel holds one more reference
+            try:
+                await self._fill(fh, start_id, token)
+            finally:
+                self.let_go.poke()
+
+    async def _fill(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        folder = await self._listing(fh)
+        entries = folder.after(start_id)
+        while batch := list(itertools.islice(entries, READDIR_BATCH)):
+            if any(_plain(node) and not self._watched(node) for _c, _n, node in batch):
+                # What lookup and getattr give, not the listed bits.
+                fresh = await trio.to_thread.run_sync(self._restated_batch, batch)
+                batch = [(c, n, node) for (c, n, old), new in zip(batch, fresh, strict=True)
+                         if (node := self._taken(old, new)) is not None]  # fmt: skip
+            for cookie, name, listed in batch:
+                if name == STATUS_NAME:
+                    continue  # SRC's own entries of that name are never shown (see lookup)
+                node = await self._current(folder, name, listed)
+                if node is None:
+                    continue
+                ino = self.inodes.assign(node)
+                if not pyfuse3.readdir_reply(
+                    token, os.fsencode(name), self._attrs(ino, node), cookie
+                ):
+                    self.inodes.release_unused(ino)
+                    return
+                self.inodes.count(ino, (fh, name))  # readdirplus: the kernel holds one more
 
     def _restated_batch(self, batch: list[tuple[int, str, Node]]) -> list[Node | None]:
         """(worker thread) `_restated` of each listed entry, unwatched: a chmod or setfacl of
@@ -1118,6 +1136,7 @@ class DecantOperations(pyfuse3.Operations):
         for path, names in changed.items():
             found = self.inodes.folder_of(path)
             if found is None:
+                self._unlisted_changed(path, names)
                 continue
             ino = found[0]
             with contextlib.suppress(OSError, pyfuse3.FUSEError):  # gone: the parent drops it
@@ -1162,8 +1181,9 @@ class DecantOperations(pyfuse3.Operations):
         replaced by what the file holds now (the kernel's entries of changed names dropped)."""
         for path, names in self.tree.take_racy_due().items():
             found = self.inodes.folder_of(path)
-            if found is None:
-                continue  # not held: described afresh when it is listed
+            if found is None:  # not listed: described afresh when it is
+                self._unlisted_changed(path, names)
+                continue
             try:
                 async with self.inodes.locked(found[0]):
                     await self._show(found[0], sorted(self.tree.presented_names(names)))
@@ -1177,6 +1197,24 @@ class DecantOperations(pyfuse3.Operations):
         if found is not None:
             with contextlib.suppress(OSError, pyfuse3.FUSEError):  # gone: the parent drops it
                 await self.rescan(found[0], force)
+            return
+        # Held, its listing let go: names unknown, so the folder's own entry is dropped, and
+        # with it every entry of it the kernel holds (it looks the folder up again).
+        ino = self.inodes.held_unlisted(path)
+        at = self.inodes.entry_of(ino) if ino is not None else None
+        if at is not None:
+            pyfuse3.invalidate_entry_async(at[0], os.fsencode(at[1]), ignore_enoent=True)
+
+    def _unlisted_changed(self, path: Path, names: set[str]) -> None:
+        """Names changed in a folder the kernel holds whose listing was let go
+        (`InodeTable.keep_listing`): the kernel may still hold entries of them (a name it was
+        told is missing, too), which no listing's rescan will drop; so they are dropped now,
+        and looked up afresh (the listing read again) when next asked for."""
+        ino = self.inodes.held_unlisted(path)
+        if ino is None:
+            return  # not held: the kernel holds no entry of it
+        for name in self.tree.presented_names(names):
+            pyfuse3.invalidate_entry_async(ino, os.fsencode(name), ignore_enoent=True)
 
     async def published(self, relpaths: list[str]) -> None:
         """The pack queue published (or withdrew, or found) these files: each name is looked up
@@ -1211,6 +1249,8 @@ class DecantOperations(pyfuse3.Operations):
                 async with self.inodes.locked(ino):
                     if ino in self.inodes.folders:
                         await self._show(ino, sorted(names))
+                    else:
+                        self._unlisted_changed(folder, names)
 
     async def _folder_changed(self, inode: int) -> None:
         """An entry of this real folder was made or removed in SRC: its mtime moved, and the
@@ -1430,7 +1470,7 @@ class DecantOperations(pyfuse3.Operations):
                     writer.create, parent, text, self._safe_mode(mode, ctx), ctx.uid, ctx.gid
                 )
                 folder.put(text, node)
-                ino = self.inodes.hand_out(node)
+                ino = self.inodes.hand_out(node, (parent_inode, text))
             self._touch(node)
             if self.queue is not None:
                 self.queue.opened(node.spooled)
@@ -1554,6 +1594,8 @@ class DecantOperations(pyfuse3.Operations):
                     heavy, writer.rename, src_parent, old, node, dst_parent, new, behind, over
                 )
                 self._moved(src_folder, old, dst_folder, new, ino, node, moved, old_real)
+                if ino is not None:
+                    self.inodes.renamed(ino, (parent_inode_new, new))
                 if self.queue is not None and node.spooled:
                     self.queue.renamed(node.spooled, moved.spooled)
                 elif self.queue is not None and node.is_dir:  # spooled files inside move along
@@ -1580,7 +1622,7 @@ class DecantOperations(pyfuse3.Operations):
             self._rekey_handles(old_real, moved.real)
         if ino is not None:
             self.inodes.replace(ino, moved)
-            self.inodes.folders.pop(ino, None)  # a moved folder is listed afresh
+            self.inodes.drop_listing(ino)  # a moved folder is listed afresh
             for handle in self._handles.values():
                 if handle.inode == ino:  # its writes and release (often after the rename)
                     handle.node = moved  # must reach the pack queue under the new name
@@ -1655,7 +1697,7 @@ class DecantOperations(pyfuse3.Operations):
                     ctx.uid, ctx.gid,
                 )  # fmt: skip
                 folder.put(text, node)
-                ino = self.inodes.hand_out(node)
+                ino = self.inodes.hand_out(node, (parent_inode, text))
                 await self._folder_changed(parent_inode)
             return self._attrs(ino, node)
 
@@ -1670,7 +1712,7 @@ class DecantOperations(pyfuse3.Operations):
                 folder.drop(text)
                 ino = self.inodes.known(node)
                 if ino is not None:
-                    self.inodes.folders.pop(ino, None)
+                    self.inodes.drop_listing(ino)
                 await self._folder_changed(parent_inode)
 
 
