@@ -41,3 +41,63 @@ def test_a_broken_archive_is_not_described_again_until_it_changes(tmp_path: Path
     os.utime(changed, ns=(1, 1))
     tree.scan(tmp_path)
     assert backend.described == 51  # a changed one is looked at again
+
+
+# -- red team 80 F1: another user's archive does not hide an entry of the name it presents ----
+
+VICTIM, ATTACKER = 1002, 1001
+
+
+def _archive(tmp: Path, at: Path, name: str, data: bytes, uid: int) -> None:
+    from vfs.decant.packer import PackOptions, pack_file
+
+    original = tmp / name
+    original.write_bytes(data)
+    pack_file(original, at, PackOptions(mode="verbatim"))
+    os.chown(at, uid, uid)
+
+
+def _shared(tmp: Path, owner: int) -> Path:
+    """A sticky folder anyone may add to, as a site's drop folder, with the victim's
+    `notes.txt` and folder `data/`, and the attacker's archives presenting both names."""
+    src = tmp / "src"
+    shared = src / "shared"
+    shared.mkdir(parents=True)
+    os.chown(shared, owner, owner)
+    shared.chmod(0o1777)
+    (shared / "notes.txt").write_bytes(b"the victim's notes\n")
+    (shared / "data").mkdir()
+    (shared / "data" / "inner.txt").write_bytes(b"inner\n")
+    for path in (shared / "notes.txt", shared / "data", shared / "data" / "inner.txt"):
+        os.chown(path, VICTIM, VICTIM)
+    made = tmp / "made"
+    made.mkdir()
+    _archive(made, shared / "notes.txt.zarr.zip", "notes.txt", b"ATTACKER\n", ATTACKER)
+    _archive(made, shared / "data.zarr.zip", "data", b"ATTACKER\n", ATTACKER)
+    return shared
+
+
+def test_another_user_s_archive_hides_no_entry_in_a_folder_it_does_not_own(
+    tmp_path: Path,
+) -> None:
+    """In root's 1777 folder the attacker's archives presented `notes.txt` and `data`, which
+    the victim's file and folder hold: the victim's entries were not shown, the attacker's
+    bytes were served under their names. Now both keep their names; the archives are shown
+    under their own (the rule for two users' archives presenting one name)."""
+    shared = _shared(tmp_path, owner=0)
+    shown = SourceTree(tmp_path / "src", [DecantBackend(PageCache(1 << 20))]).scan(shared)
+    assert shown["notes.txt"].uid == VICTIM and shown["notes.txt"].backend is None
+    assert shown["data"].uid == VICTIM and shown["data"].is_dir and shown["data"].backend is None
+    assert shown["notes.txt.zarr.zip"].backend is not None  # the attacker's, named as it is
+    assert shown["data.zarr.zip"].backend is not None
+
+
+def test_the_folder_owner_s_archive_keeps_its_name_over_another_user_s_entry(
+    tmp_path: Path,
+) -> None:
+    """Red team 2 G still holds: in the archive owner's own shared folder another user's
+    entry of the name the archive presents does not stand in for its original."""
+    shared = _shared(tmp_path, owner=ATTACKER)  # the archives' owner owns the folder now
+    shown = SourceTree(tmp_path / "src", [DecantBackend(PageCache(1 << 20))]).scan(shared)
+    assert shown["notes.txt"].uid == ATTACKER and shown["notes.txt"].backend is not None
+    assert "notes.txt.zarr.zip" not in shown

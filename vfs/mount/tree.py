@@ -387,10 +387,18 @@ class SourceTree:
         return listed.st_mode & 0o444 & ~mask == 0
 
     def _may_stand_in(self, real: Node, archive: os.stat_result, path: Path) -> bool:
-        """Whether a real entry wins a name the archive at `path` presents over the archive:
-        only one of the archive's owner (in a shared, sticky folder anyone may create that
-        name in SRC)."""
-        return real.uid == archive.st_uid
+        """Whether a real entry keeps a name the archive at `path` presents (else the archive
+        takes it and the entry is not shown). In a shared, sticky folder anyone may make an
+        entry of a name free in SRC and nobody may remove another's, so one user's entry must
+        not take over a name another user's holds: an entry of the archive's owner keeps the
+        name; another user's only where the archive's owner does not own the folder (red team
+        2 G: a user's `data.bin` beside root's `data.bin.zarr.zip` in root's drop folder was
+        served as root's original; red team 80 F1: a user's `notes.txt.zarr.zip` hid another
+        user's `notes.txt`, and `data.zarr.zip` their folder `data/`, in a folder of root's).
+        The archive is then shown under its own name, as of two users' archives."""
+        if real.uid == archive.st_uid:
+            return True
+        return self._stat(path.parent).st_uid != archive.st_uid
 
     def _contested(self, folder: Path, described: list[Any]) -> set[tuple[str, int]]:
         """(name, owner) of archives that lose a name other users' archives present too. Only
