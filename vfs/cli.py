@@ -467,16 +467,26 @@ def _open_log(path: str) -> TextIO:
     write it: as root, a link or a file another user put at that name (in a folder they may
     write) would have had the daemon append to whatever it names, or keep its log in their
     file."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    # O_NONBLOCK: a FIFO put at the name (where the folder lets others write) would block the
+    # open until someone reads it, holding the start, or SIGHUP's reopen and with it SIGTERM
+    # (red team 80 F2); refused below, as anything but a regular file is.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK
     try:
         # No link followed on the way either (resolved by real_paths): one swapped in for a
         # folder since, by SIGHUP's reopen, is refused too (ELOOP).
         fd = open_beneath(Path("/"), Path(path).absolute(), flags, 0o600)
     except OSError as exc:
-        why = "a symlink" if exc.errno == errno.ELOOP else exc.strerror
+        why = {errno.ELOOP: "a symlink", errno.ENXIO: "not a regular file (a FIFO)"}.get(
+            exc.errno or 0, exc.strerror
+        )
         raise SystemExit(f"decant-mount: --log-file {path}: {why}") from None
+    os.set_blocking(fd, True)
     st = os.fstat(fd)
-    why = why_not_own(st) or (f"a hard link ({st.st_nlink} names)" if st.st_nlink != 1 else None)
+    why = (
+        ("not a regular file" if not stat.S_ISREG(st.st_mode) else None)
+        or why_not_own(st)
+        or (f"a hard link ({st.st_nlink} names)" if st.st_nlink != 1 else None)
+    )
     if why is not None:
         os.close(fd)
         raise SystemExit(f"decant-mount: --log-file {path}: {why}: the log names every user's "
