@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import resource
+import shutil
 import signal
 import sqlite3
 import stat
@@ -118,9 +120,27 @@ def _local_tree(config: MountConfig, cache: PageCache) -> SourceTree:
 
 
 def open_index(config: MountConfig) -> DescriptionIndex | None:
+    """The persistent index, or None: with --no-index, and when SQLite cannot open it (its
+    filesystem full, locked past the wait, failing). The mount then starts as with --no-index,
+    saying why: a user who filled a shared filesystem held every restart off (red team 78)."""
     if not config.use_index:
         return None
-    return open_index_at(config.index_dir or Path(os.path.expanduser("~/.cache/decant-mount")))
+    folder = config.index_dir or Path(os.path.expanduser("~/.cache/decant-mount"))
+    try:
+        return open_index_at(folder)
+    except sqlite3.OperationalError as exc:
+        why = str(exc)
+        with contextlib.suppress(OSError):
+            free = shutil.disk_usage(folder).free
+            if free < FULL_BELOW:
+                why = f"its filesystem is full ({free:,} bytes free; SQLite: {exc})"
+        log.warning("index %s: %s; started without a persistent index (as --no-index): "
+                    "archives are described afresh and verified again after a restart",
+                    folder / "index.sqlite", why)  # fmt: skip
+        return None
+
+
+FULL_BELOW = 1 << 20  # free bytes under which an index that cannot be written is a full disk
 
 
 def build_bucket_tree(config: MountConfig, cache: PageCache) -> SourceTree:

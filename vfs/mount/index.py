@@ -386,8 +386,10 @@ def _wal(db: sqlite3.Connection) -> None:
         try:
             if db.execute("PRAGMA journal_mode=WAL").fetchone()[0].lower() == "wal":
                 return
-        except sqlite3.OperationalError:
-            pass
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc):  # the disk full or failing: no wait mends that
+                log.warning("index: could not switch to WAL mode (%s)", exc)
+                return
         if time.monotonic() > deadline:  # the rollback journal still works: slower, not wrong
             log.warning("index: could not switch to WAL mode; using SQLite's rollback journal")
             return
