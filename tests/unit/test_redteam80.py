@@ -24,7 +24,7 @@ def test_a_fifo_at_the_log_file_is_refused_at_once(tmp_path: Path) -> None:
         try:
             cli._open_log(str(fifo)).close()
             outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 - SystemExit is what is expected
+        except BaseException as exc:  # SystemExit is what is expected
             outcome.append(exc)
 
     worker = threading.Thread(target=open_it, daemon=True)

@@ -324,6 +324,9 @@ class DecantArchive:
             seen = path.lstat()
         except FileNotFoundError:
             raise NotAnArchiveError(f"{path}: no such archive") from None
+        except NotADirectoryError:  # an OSError would read as "cannot write" (red team 79 F2)
+            raise ManifestError(f"{self.path}: its manifest names member bundles, which only "
+                                "a folder archive holds") from None  # fmt: skip
         if stat.S_ISLNK(seen.st_mode):
             raise CorruptArchiveError(f"{path}: member bundle is a symlink (refused)")
         sub = DecantArchive.open(path, nested_digests(self.digests, name))
