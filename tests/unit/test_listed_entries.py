@@ -16,9 +16,13 @@ from pathlib import Path
 import pyfuse3
 import pytest
 import trio.testing
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tests.unit.inprocess import InProcessMount, Session, fake_session
-from vfs.mount.inodes import ROOT_INODE
+from tests.unit.test_inodes import real
+from vfs.mount.inodes import ROOT_INODE, Folder, InodeTable
 
 FOLDERS, FILES, BUDGET = 5, 60, 100
 
@@ -129,3 +133,113 @@ def test_a_name_made_in_a_folder_whose_listing_went_is_dropped_from_the_kernel(
         assert await m.read_file("d0/new") == b"made in SRC"
 
     m.run(run)
+
+
+# -- the table's budgets as a state machine: what is in use is never let go ---------------------
+
+DIRS = [f"d{i}" for i in range(6)]
+
+
+class Budgets(RuleBasedStateMachine):
+    """Folders listed (each a few names handed to the kernel as readdirplus does), directory
+    handles opened and closed, files pinned, entries asked to go and forgotten as the kernel
+    would: a listing with an open handle, the root's, and an open file's entry never go; the
+    listings and entries left fit their budget whenever nothing in use holds them over it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = InodeTable(real("", is_dir=True), listed_entries=12)
+        self.folder_ino: dict[str, int] = {}
+        self.kernel: dict[int, int] = {}  # the kernel's references
+        self.at: dict[tuple[int, str], int] = {}  # the kernel's entries
+        self.open_dirs: dict[int, int] = {}
+        self.pinned: set[int] = set()
+
+    def _take(self, ino: int, at: tuple[int, str]) -> None:
+        self.kernel[ino] = self.kernel.get(ino, 0) + 1
+        self.at[at] = ino
+
+    @rule(d=st.sampled_from(DIRS), n=st.integers(0, 8))
+    def list_folder(self, d: str, n: int) -> None:
+        t = self.table
+        folder_ino = t.hand_out(real(d, is_dir=True), (ROOT_INODE, d))
+        self._take(folder_ino, (ROOT_INODE, d))
+        self.folder_ino[d] = folder_ino
+        listing = Folder()
+        listing.merge({f"f{i}": real(f"{d}/f{i}") for i in range(n)})
+        t.keep_listing(folder_ino, listing)
+        for _cookie, name, node in listing.after(0):
+            ino = t.assign(node)
+            t.count(ino, (folder_ino, name))
+            self._take(ino, (folder_ino, name))
+
+    @rule(d=st.sampled_from(DIRS))
+    def open_dir(self, d: str) -> None:
+        ino = self.folder_ino.get(d)
+        if ino is not None and ino in self.kernel:
+            if ino not in self.table.folders:  # opendir reads a listing let go again
+                self.table.keep_listing(ino, Folder())
+            self.table.opened_dir(ino)
+            self.open_dirs[ino] = self.open_dirs.get(ino, 0) + 1
+
+    @precondition(lambda self: self.open_dirs)
+    @rule(data=st.data())
+    def release_dir(self, data: st.DataObject) -> None:
+        ino = data.draw(st.sampled_from(sorted(self.open_dirs)))
+        self.table.released_dir(ino)
+        self.open_dirs[ino] -= 1
+        if not self.open_dirs[ino]:
+            del self.open_dirs[ino]
+
+    @precondition(lambda self: self.kernel)
+    @rule(data=st.data())
+    def pin_one(self, data: st.DataObject) -> None:
+        ino = data.draw(st.sampled_from(sorted(self.kernel)))
+        if ino not in self.pinned:
+            self.table.pin(ino)
+            self.pinned.add(ino)
+
+    @precondition(lambda self: self.pinned)
+    @rule(data=st.data())
+    def unpin_one(self, data: st.DataObject) -> None:
+        ino = data.draw(st.sampled_from(sorted(self.pinned)))
+        self.table.unpin(ino)
+        self.pinned.discard(ino)
+        if ino not in self.kernel:
+            assert self.table.get(ino) is None
+
+    @rule(most=st.integers(1, 20))
+    def let_go(self, most: int) -> None:
+        """What LetGo does, and the kernel after it: each entry dropped forgets its inode,
+        unless a directory handle or an open file holds it (then the kernel keeps it)."""
+        for at in self.table.overflow(most):
+            ino = self.at.pop(at, None)
+            assert ino is not None, f"asked to drop {at}, which the kernel never held"
+            assert ino not in self.pinned and ino not in self.open_dirs, "an entry in use"
+            n = self.kernel.pop(ino)
+            self.table.forget(ino, n)
+
+    @invariant()
+    def in_use_is_kept(self) -> None:
+        t = self.table
+        for ino in self.open_dirs:
+            assert t.get(ino) is not None and ino in t.folders, "a listing being read went"
+        for ino in self.pinned:
+            assert t.get(ino) is not None
+
+    @invariant()
+    def listings_fit_or_are_held(self) -> None:
+        t = self.table
+        held = {i: len(f.children) for i, f in t.folders.items() if i != ROOT_INODE}
+        free = [i for i in held if i not in self.open_dirs]
+        # Over the budget only with listings in use, and the newest (kept: just read).
+        assert sum(held.values()) <= t.listed_entries or len(free) <= 1, (held, self.open_dirs)
+
+    @invariant()
+    def the_kernel_s_entries_are_known(self) -> None:
+        for ino in self.kernel:
+            assert self.table.get(ino) is not None
+
+
+TestBudgets = Budgets.TestCase
+TestBudgets.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
