@@ -5,6 +5,8 @@ served, and a name made in SRC in a folder whose listing went shows at once."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,13 @@ def test_the_kernel_forgets_entries_past_the_budget_and_names_stay_served(
         for i in range(FILES):
             (src / f"d{d}" / f"f{i:03d}").write_bytes(f"{d}/{i}".encode())
     m = make_mount(src, "--listed-entries", str(BUDGET))
+    # A process working in a folder whose names go keeps its path (folders' entries stay).
+    worker = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys; os.chdir(sys.argv[1]); print('in', flush=True);"
+         " sys.stdin.readline(); print(os.getcwd(), flush=True)", str(m.mnt / "d0")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert worker.stdout is not None and worker.stdout.readline() == "in\n"
     with os.scandir(m.mnt / "d0") as it:
         assert len(list(it)) == FILES
     with pytest.raises(FileNotFoundError):
@@ -36,6 +45,8 @@ def test_the_kernel_forgets_entries_past_the_budget_and_names_stay_served(
 
     # Before: 1,205 inodes held (every name listed), until the kernel felt memory pressure.
     wait_for("shrunk", lambda: status(m.mnt)["daemon"]["inodes"] <= BUDGET + 50, timeout=15)
+    out, _ = worker.communicate("\n", timeout=10)
+    assert out.strip() == str(m.mnt / "d0")  # before files only were let go: ENOENT
 
     (src / "d0" / "new").write_bytes(b"made in SRC")
     wait_for("shown", lambda: (m.mnt / "d0" / "new").exists(), timeout=5)

@@ -135,6 +135,39 @@ def test_a_name_made_in_a_folder_whose_listing_went_is_dropped_from_the_kernel(
     m.run(run)
 
 
+def test_a_folder_whose_listing_went_has_its_file_entries_dropped_when_it_changed(
+    mount: InProcessMount, session: Session
+) -> None:
+    """A change the watcher cannot name (its catch-up after a new watch, a name that is not
+    UTF-8): a listed folder is rescanned; one whose listing went has the kernel's entries of
+    its files dropped, once per change of the folder, not at every catch-up."""
+    m = mount
+
+    async def run() -> None:
+        folder = await m.resolve("d0")
+        for d in range(1, FOLDERS):
+            await m.listdir(f"d{d}")
+        await m.resolve("d0/f002")  # the kernel holds these two (d0 listed again for them)
+        await m.resolve("d0/f003")
+        m.ops.inodes.listed_entries = FILES + 10  # room for one listing and these entries
+        await m.listdir("d1")  # d0's listing goes again; its entries stay with the kernel
+        assert folder not in m.ops.inodes.folders
+        held = set(m.ops.inodes.file_entries_in(m.config.src / "d0"))
+        assert held == {(folder, "f002"), (folder, "f003")}
+        session.invalidated.clear()
+        await m.ops.on_changed({m.config.src / "d0"})
+        assert session.invalidated == []  # nothing changed since its listing went
+        (m.config.src / "d0" / "f001").unlink()
+        os.utime(m.config.src / "d0", ns=(1, 1))
+        await m.ops.on_changed({m.config.src / "d0"})
+        assert {(p, os.fsdecode(n)) for p, n in session.invalidated} == held
+        session.invalidated.clear()
+        await m.ops.on_changed({m.config.src / "d0"})
+        assert session.invalidated == []
+
+    m.run(run)
+
+
 # -- the table's budgets as a state machine: what is in use is never let go ---------------------
 
 DIRS = [f"d{i}" for i in range(6)]

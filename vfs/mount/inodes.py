@@ -30,10 +30,11 @@ ROOT_INODE = 1
 # is rebuilt from its archive's tree with the same names in the same cookie order, so a listing
 # let go costs a rebuild, never a readdir offset.
 ARCHIVE_LISTED = 100_000
-# Children of the listings of SRC's own folders kept across them, and entries the kernel is let
-# keep (each holds its node and table rows, ~700 B): past it the least recently used listings
-# go and the kernel is asked to drop the oldest entries (it then forgets their inodes). A user's
-# five folders of 200,000 empty files, listed once, held the daemon at 890 MiB (red team 71).
+# Children of the listings of SRC's own folders kept across them, and file entries the kernel
+# is let keep (each holds its node and table rows, ~700 B): past it the least recently used
+# listings go and the kernel is asked to drop the oldest file entries (it then forgets their
+# inodes). A user's five folders of 200,000 empty files, listed once, held the daemon at
+# 890 MiB (red team 71).
 LISTED_ENTRIES = 100_000
 
 
@@ -198,6 +199,7 @@ class InodeTable:
         self._archive_listings = _Listings(archive_listed)
         self._src_listings = _Listings(listed_entries)
         self._open_dirs: dict[int, int] = {}  # opendir handles per folder: listings kept
+        self._stamps: dict[int, int] = {}  # the stamps of SRC listings let go, by inode
         # Where the kernel was last handed each inode (folder inode, name), least recently
         # first: past `listed_entries` the oldest are asked to go (`overflow`).
         self._named: OrderedDict[int, tuple[int, str]] = OrderedDict()
@@ -251,7 +253,12 @@ class InodeTable:
 
     def count(self, ino: int, at: tuple[int, str] | None = None) -> None:
         self._refs[ino] = self._refs.get(ino, 0) + 1
-        if at is not None and ino != ROOT_INODE:
+        if at is None:
+            return
+        node = self._nodes.get(ino)
+        # Files only: a folder's entry dropped loses the path of every process whose working
+        # folder it is (getcwd fails with ENOENT, and `git`, `python`… with it).
+        if node is not None and not node.is_dir:
             self._named[ino] = at
             self._named.move_to_end(ino)
 
@@ -372,6 +379,7 @@ class InodeTable:
         self._archive_listings.drop(ino)
         self._src_listings.drop(ino)
         self._named.pop(ino, None)
+        self._stamps.pop(ino, None)
         lock = self._locks.get(ino)
         if lock is not None and not _busy(lock):  # else `locked` drops it when released
             del self._locks[ino]
@@ -396,6 +404,7 @@ class InodeTable:
         one a readdir may be half way through (an opendir handle is open): a listing read
         again numbers its names anew, and the reader's offset would skip or repeat names."""
         self.folders[ino] = folder
+        self._stamps.pop(ino, None)
         if ino == ROOT_INODE:
             return
         self._src_listings.keep(ino, folder)
@@ -403,7 +412,16 @@ class InodeTable:
 
     def _let_listings_go(self) -> None:
         for old in self._src_listings.over(lambda i: self._busy(i) or i in self._open_dirs):
-            self.folders.pop(old, None)
+            folder = self.folders.pop(old, None)
+            if folder is not None:
+                self._stamps[old] = folder.mtime_ns
+
+    def stamp_let_go(self, ino: int, now: int) -> bool:
+        """Whether the folder whose listing went changed since (its stamp now `now`); the
+        stamp is kept, so each change is told once."""
+        before = self._stamps.get(ino)
+        self._stamps[ino] = now
+        return before != now
 
     def drop_listing(self, ino: int) -> None:
         """Let go of a folder's listing (it is read again when next asked for)."""
@@ -449,9 +467,10 @@ class InodeTable:
         ino = self._ino_of.get(str(path))
         return ino if ino is not None and ino not in self.folders else None
 
-    def entry_of(self, ino: int) -> tuple[int, str] | None:
-        """Where the kernel was last handed `ino`: (folder inode, name)."""
-        return self._named.get(ino)
+    def file_entries_in(self, path: Path) -> list[tuple[int, str]]:
+        """The kernel's entries (folder inode, name) of files in the folder of SRC at `path`."""
+        members = self._at.get(str(path), ())
+        return [at for ino in members if (at := self._named.get(ino)) is not None]
 
     def lock(self, ino: int) -> trio.Lock:
         found = self._locks.get(ino)

@@ -1198,12 +1198,17 @@ class DecantOperations(pyfuse3.Operations):
             with contextlib.suppress(OSError, pyfuse3.FUSEError):  # gone: the parent drops it
                 await self.rescan(found[0], force)
             return
-        # Held, its listing let go: names unknown, so the folder's own entry is dropped, and
-        # with it every entry of it the kernel holds (it looks the folder up again).
+        # Held, its listing let go: which names changed is unknown, so the kernel's entries of
+        # its files are dropped (looked up afresh; a name it remembers missing goes within
+        # NEGATIVE_TIMEOUT). Not its own: a process working in it would lose its path.
         ino = self.inodes.held_unlisted(path)
-        at = self.inodes.entry_of(ino) if ino is not None else None
-        if at is not None:
-            pyfuse3.invalidate_entry_async(at[0], os.fsencode(at[1]), ignore_enoent=True)
+        if ino is None:
+            return
+        with contextlib.suppress(OSError):  # gone: the parent drops it
+            stamp = await self._quick(self.tree.stamp_folder, path)
+            if force or self.inodes.stamp_let_go(ino, stamp):
+                for parent, name in self.inodes.file_entries_in(path):
+                    pyfuse3.invalidate_entry_async(parent, os.fsencode(name), ignore_enoent=True)
 
     def _unlisted_changed(self, path: Path, names: set[str]) -> None:
         """Names changed in a folder the kernel holds whose listing was let go
