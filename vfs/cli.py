@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=LISTED_ENTRIES,
         metavar="N",
-        help="names of SRC's folders kept listed in memory across all folders, and entries the "
+        help="names of SRC's folders kept listed in memory across all folders, and files the "
         "kernel is let keep; past it the least recently used are let go and read again when "
         f"asked for (default {LISTED_ENTRIES:,})",
     )
