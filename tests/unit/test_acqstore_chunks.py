@@ -45,7 +45,6 @@ V2 = {
         "<f4",
         {"chunks": (2, 3, 20, 20), "chunk_key_encoding": {"name": "v2", "separator": "/"}},
     ),
-    "bool": ("|b1", {"chunks": (1, 1, 37, 29)}),
 }
 V3 = {
     "blosc-plane": ("<u2", {"chunks": (1, 1, 37, 29), "compressors": BloscCodec()}),
@@ -137,3 +136,21 @@ def test_a_blosc_chunk_whose_header_lies_is_refused_naming_the_file(tmp_path: Pa
     with pytest.raises(CorruptArchiveError, match=r"0\.1\.0\.0"):
         reader.read_plane((0, 1))
     assert bytes(reader.read_plane((0, 0)) or b"") == _expected(data, (0, 0))
+
+
+def test_a_boolean_image_whose_chunk_holds_other_bytes_is_left_to_zarr(tmp_path: Path) -> None:
+    """Red team 82 F2: a `|b1` chunk may hold any byte; zarr reads all but 0 as True (1 in the
+    TIFF), but the direct path copied 2 and 255 as they were: one image, three "true" values,
+    depending on which path read it. Boolean images now always take zarr's path."""
+    data = _data("|b1")
+    reader = _reader(tmp_path / "a.zarr", data, zarr_format=2, chunks=(1, 1, 37, 29),
+                     compressors=None)  # fmt: skip
+    chunk = tmp_path / "a.zarr" / "0.0.0.0"
+    raw = np.frombuffer(chunk.read_bytes(), np.uint8).copy()
+    raw[raw == 1] = np.resize(np.array([1, 2, 255], np.uint8), int((raw == 1).sum()))
+    chunk.write_bytes(raw.tobytes())
+    assert reader.read_plane((0, 0)) is None
+    plane = np.ascontiguousarray(reader[0, 0], dtype=np.uint8)  # as synth_tiff casts it
+    assert set(np.unique(plane)) <= {0, 1}
+    assert np.array_equal(plane, data[0, 0].astype(np.uint8))
+

@@ -62,6 +62,9 @@ class PlaneReader:
         """Whether chunks can be decoded here; picks the codec and the stored byte order."""
         import numcodecs
 
+        if self.dtype.kind == "b":  # zarr reads any byte but 0 as True: copied, 2 or 255
+            return False  # stayed what they were (red team 82 F2); zarr's path casts to 0/1
+
         if getattr(meta, "zarr_format", None) == 2:
             if meta.filters or meta.order != "C":
                 return False
