@@ -154,3 +154,34 @@ def test_a_boolean_image_whose_chunk_holds_other_bytes_is_left_to_zarr(tmp_path:
     assert set(np.unique(plane)) <= {0, 1}
     assert np.array_equal(plane, data[0, 0].astype(np.uint8))
 
+
+def test_a_decode_under_way_when_its_collection_changed_is_never_met_by_a_later_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Red team 82 F1: the watcher's `forget` dropped the collection's cached planes, but a
+    decode under way then was stored after the drop and its old pixels served to every later
+    open. Each forget now starts a generation of the planes' keys: what an earlier open's decode
+    stores is under the old one (that open keeps one plane whole), later opens never meet it."""
+    from vfs.backends import acqstore as backend_module
+    from vfs.cache import PageCache
+
+    cache = PageCache(1 << 20)
+    backend = backend_module.AcqStoreBackend(cache)
+    root, other = Path("/srv/src/coll1"), Path("/srv/src/coll2")
+    before = backend.plane_key(root, "members/a.tif", "0")
+    untouched = backend.plane_key(other, "members/a.tif", "0")
+    backend.forget(root)  # the chunk was replaced while a decode of plane 0 ran
+    cache.put((*before, 0), b"old pixels")  # that decode ends after the forget
+    after = backend.plane_key(root, "members/a.tif", "0")
+    assert after != before and backend.plane_key(other, "members/a.tif", "0") == untouched
+    assert cache.get_or_load((*after, 0), lambda: b"new pixels") == b"new pixels"
+    # Bounded, and a generation never comes back once the table of them is cleared.
+    monkeypatch.setattr(backend_module, "GENERATIONS_KEPT", 3)
+    seen = {before, after}
+    for i in range(20):
+        backend.forget(Path(f"/srv/src/c{i}"))
+        backend.forget(root)
+        key = backend.plane_key(root, "members/a.tif", "0")
+        assert key not in seen
+        seen.add(key)
+    assert len(backend._generation) <= 3

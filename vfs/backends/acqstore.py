@@ -98,6 +98,9 @@ def image_version(root: Path, path: Path) -> tuple[int, ...]:
         os.close(fd)
 
 
+GENERATIONS_KEPT = 65536  # collections whose planes' generation is kept (`forget`)
+
+
 class AcqStoreBackend:
     """Backend for folders holding `acqstore/collection.json`.
 
@@ -129,6 +132,14 @@ class AcqStoreBackend:
         self.watching: Callable[[Path, int], bool] = lambda _folder, _below: True
         # Threads start on the first submit: a mount without synthesized TIFFs never has them.
         self._decoders = ThreadPoolExecutor(self.READAHEAD_WORKERS, "acqstore-readahead")
+        # Each `forget` of a collection starts a generation of its planes' keys: a decode under
+        # way when it changed is kept under the old one, for the opens that began before (each
+        # plane they read stays one plane), and no open after it ever meets it. Dropping the
+        # cached planes alone left such a decode to be stored after the drop, and its old
+        # pixels were served to every later open (red team 82 F1).
+        self._forgets = 0
+        self._generation: dict[Path, int] = {}
+        self._floor = 0  # the generation of collections not in `_generation`
 
     def claims(self, path: Path, is_dir: bool) -> bool:
         return is_dir and (path / ENTRY_POINT).is_file()
@@ -136,7 +147,18 @@ class AcqStoreBackend:
     def forget(self, root: Path) -> None:
         """Something in the collection at `root` changed: its synthesized planes are decoded
         again (they were kept by collection, image and page, and served old pixels for good)."""
+        self._forgets += 1
+        if len(self._generation) >= GENERATIONS_KEPT:
+            # Bounded: every collection then starts a generation no key had (a miss each).
+            self._generation.clear()
+            self._floor = self._forgets
+        self._generation[root] = self._forgets
         self.cache.discard_prefix(root)
+
+    def plane_key(self, root: Path, rel: str, dataset: str) -> tuple[object, ...]:
+        """The cache key of an image's planes for an open now (`forget`'s generation in it)."""
+        generation = self._generation.get(root, self._floor)
+        return (root, "acqstore-tiff", generation, rel, dataset)
 
     def describe(self, path: Path) -> Description:
         """Validate, then build the view; an invalid collection raises with the validator lines."""
@@ -227,7 +249,7 @@ class AcqStoreBackend:
             )
         array, release = open_full_resolution(image, root)
         # Keys start with the collection folder, so discard_prefix(collection) forgets its planes.
-        key: tuple[object, ...] = (root, "acqstore-tiff", rel, image.dataset)
+        key = self.plane_key(root, rel, image.dataset)
         # Its files: the dataset's folders, then zarr 3's "c" and one folder per dimension.
         if not self.watching(target, image.dataset.count("/") + 2 + len(image.shape)):
             key = (*key, image_version(root, target))
