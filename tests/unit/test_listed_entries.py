@@ -168,6 +168,37 @@ def test_a_folder_whose_listing_went_has_its_file_entries_dropped_when_it_change
     m.run(run)
 
 
+
+def test_a_listing_read_again_before_the_watcher_speaks_drops_what_changed_meanwhile(
+    mount: InProcessMount, session: Session
+) -> None:
+    """Red team 81 F2: a name looked up missing (the kernel remembers that 10 s), its folder's
+    listing let go, the name made in SRC, and the listing read again before the watcher's word
+    came: the fresh listing had the name, the watcher's event then found nothing changed, and
+    the name stayed missing through the mount for 9 s. Likewise a file the kernel held that
+    went meanwhile. Now the names new since the listing went, and the held files gone or
+    replaced, are dropped from the kernel when it is read again."""
+    m = mount
+
+    async def run() -> None:
+        folder = await m.resolve("d0")
+        with pytest.raises(pyfuse3.FUSEError):
+            await m.lookup(folder, "new")
+        await m.resolve("d0/f005")  # the kernel holds it
+        for d in range(1, FOLDERS):  # listings that push d0's out; their names forgotten
+            listed = await m.readdir(await m.resolve(f"d{d}"))
+            await m.forget([(attrs.st_ino, 1) for _name, attrs in listed])
+        assert folder not in m.ops.inodes.folders
+        (m.config.src / "d0" / "new").write_bytes(b"made in SRC")
+        (m.config.src / "d0" / "f005").unlink()
+        session.invalidated.clear()
+        names = await m.listdir("d0")  # read again before any word of the watcher
+        assert "new" in names and "f005" not in names
+        assert {(folder, b"new"), (folder, b"f005")} <= set(session.invalidated)
+        assert len(session.invalidated) == 2  # not every name of the folder
+
+    m.run(run)
+
 # -- the table's budgets as a state machine: what is in use is never let go ---------------------
 
 DIRS = [f"d{i}" for i in range(6)]

@@ -131,6 +131,23 @@ def _place(node: Node, key: Key, root_text: str) -> str:
     return real_text.rpartition("/")[0]
 
 
+class LetGoListing:
+    """What is kept of a listing of SRC let go: its stamp, and a 64-bit hash of each name
+    (8 bytes a name, not ~450): read again, its new names are told from the old, so the
+    kernel drops what it may remember of them as missing (a negative entry, 10 s)."""
+
+    __slots__ = ("names", "stamp")
+
+    def __init__(self, folder: Folder) -> None:
+        self.stamp = folder.mtime_ns
+        self.names = array("q", sorted(hash(name) for name in folder.children))
+
+    def had(self, name: str) -> bool:
+        h = hash(name)
+        i = bisect.bisect_left(self.names, h)
+        return i < len(self.names) and self.names[i] == h
+
+
 class _Listings:
     """Listings kept by recency, their children counted against a budget."""
 
@@ -199,7 +216,7 @@ class InodeTable:
         self._archive_listings = _Listings(archive_listed)
         self._src_listings = _Listings(listed_entries)
         self._open_dirs: dict[int, int] = {}  # opendir handles per folder: listings kept
-        self._stamps: dict[int, int] = {}  # the stamps of SRC listings let go, by inode
+        self._gone: dict[int, LetGoListing] = {}  # SRC listings let go, by inode
         # Where the kernel was last handed each inode (folder inode, name), least recently
         # first: past `listed_entries` the oldest are asked to go (`overflow`).
         self._named: OrderedDict[int, tuple[int, str]] = OrderedDict()
@@ -379,7 +396,7 @@ class InodeTable:
         self._archive_listings.drop(ino)
         self._src_listings.drop(ino)
         self._named.pop(ino, None)
-        self._stamps.pop(ino, None)
+        self._gone.pop(ino, None)
         lock = self._locks.get(ino)
         if lock is not None and not _busy(lock):  # else `locked` drops it when released
             del self._locks[ino]
@@ -404,7 +421,7 @@ class InodeTable:
         one a readdir may be half way through (an opendir handle is open): a listing read
         again numbers its names anew, and the reader's offset would skip or repeat names."""
         self.folders[ino] = folder
-        self._stamps.pop(ino, None)
+        self._gone.pop(ino, None)
         if ino == ROOT_INODE:
             return
         self._src_listings.keep(ino, folder)
@@ -414,14 +431,25 @@ class InodeTable:
         for old in self._src_listings.over(lambda i: self._busy(i) or i in self._open_dirs):
             folder = self.folders.pop(old, None)
             if folder is not None:
-                self._stamps[old] = folder.mtime_ns
+                self._gone[old] = LetGoListing(folder)
 
     def stamp_let_go(self, ino: int, now: int) -> bool:
         """Whether the folder whose listing went changed since (its stamp now `now`); the
         stamp is kept, so each change is told once."""
-        before = self._stamps.get(ino)
-        self._stamps[ino] = now
+        gone = self._gone.get(ino)
+        if gone is None:
+            return True
+        before, gone.stamp = gone.stamp, now
         return before != now
+
+    def taken_back(self, ino: int) -> LetGoListing | None:
+        """What is known of the listing of `ino` let go, for the listing read again now."""
+        return self._gone.pop(ino, None)
+
+    def held_files_in(self, path: Path) -> list[tuple[int, int, str]]:
+        """(inode, folder inode, name) of the kernel's entries of files in `path`."""
+        members = self._at.get(str(path), ())
+        return [(ino, *at) for ino in members if (at := self._named.get(ino)) is not None]
 
     def drop_listing(self, ino: int) -> None:
         """Let go of a folder's listing (it is read again when next asked for)."""
@@ -469,8 +497,7 @@ class InodeTable:
 
     def file_entries_in(self, path: Path) -> list[tuple[int, str]]:
         """The kernel's entries (folder inode, name) of files in the folder of SRC at `path`."""
-        members = self._at.get(str(path), ())
-        return [at for ino in members if (at := self._named.get(ino)) is not None]
+        return [(parent, name) for _ino, parent, name in self.held_files_in(path)]
 
     def lock(self, ino: int) -> trio.Lock:
         found = self._locks.get(ino)

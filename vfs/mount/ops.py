@@ -44,7 +44,7 @@ from vfs.mount.access import (
 )
 from vfs.mount.config import STATUS_NAME, MountConfig
 from vfs.mount.index import stamp_of
-from vfs.mount.inodes import ROOT_INODE, Folder, InodeTable
+from vfs.mount.inodes import ROOT_INODE, Folder, InodeTable, LetGoListing
 from vfs.mount.letgo import LetGo
 from vfs.mount.metrics import COUNTERS, daemon_section
 from vfs.mount.reads import Integrity, OpenFile, Reads
@@ -417,11 +417,13 @@ class DecantOperations(pyfuse3.Operations):
             if moves == self.inodes.moves:
                 break  # else a folder at or above it moved while it was read: read it again
         if folder is None:
-            # A first listing, or one let go (`keep_listing`): names the kernel may hold of it
-            # were dropped when they changed (`_unlisted_changed`).
             folder = Folder()
-            changed = []
             folder.merge(kids)
+            # A first listing: the kernel has no names of it cached. One let go: what changed
+            # since and the watcher has not told yet (it may tell after this read, when the
+            # stamp matches and nothing looks changed) is dropped from the kernel now.
+            gone = self.inodes.taken_back(inode)
+            changed = [] if gone is None else self._changed_since(node, inode, gone, kids)
         else:  # new names too: the kernel may remember that they were not there
             before = folder.children.copy()
             changed = [name for name in kids if name not in folder.children]
@@ -438,6 +440,22 @@ class DecantOperations(pyfuse3.Operations):
         for name in changed:
             pyfuse3.invalidate_entry_async(inode, os.fsencode(name), ignore_enoent=True)
         return folder
+
+    def _changed_since(
+        self, node: Node, inode: int, gone: LetGoListing, kids: dict[str, Node]
+    ) -> list[str]:
+        """Names of a listing read again after it was let go that the kernel may hold wrong:
+        new ones (it may remember them missing), and files it holds that went or are another
+        entry now (a spooled file published keeps its inode, as in a rescan)."""
+        changed = [name for name in kids if not gone.had(name)]
+        for ino, parent, name in self.inodes.held_files_in(node.real):
+            if parent != inode:
+                continue
+            held, now = self.inodes.get(ino), kids.get(name)
+            if now is None or (held is not None and self.inodes.known(now) != ino
+                               and not self._carry_published(held, now)):  # fmt: skip
+                changed.append(name)
+        return changed
 
     async def rescan(self, inode: int, force: bool = False) -> Folder:
         async with self.inodes.locked(inode):
