@@ -38,14 +38,16 @@ def _keys(store: S3Store, bucket: S3Bucket) -> list[str]:
     return sorted(m["path"][len(prefix) :] for b in obstore.list(store, prefix=prefix) for m in b)
 
 
-def _placer_spool(bucket: S3Bucket, tmp_path: Path) -> Any:
+def _placer_spool(bucket: S3Bucket, tmp_path: Path, began: bool = False) -> Any:
+    """A spool publishing into the bucket; `began`: its journal says each key's upload began
+    (a kill fell between the PUT and its check), as BucketTree.began would."""
     from vfs.ingest.bucket import BucketPlacer
     from vfs.ingest.spool import Spool
     from vfs.stores.base import ObjectPath
     from vfs.stores.s3 import S3Folder
 
     spool = Spool(ObjectPath.of_url(bucket.url()), tmp_path / "files", tmp_path / "staging")
-    spool.placer = BucketPlacer(S3Folder(bucket.url()))
+    spool.placer = BucketPlacer(S3Folder(bucket.url()), began=lambda _key, _etag: began)
     return spool
 
 
@@ -181,7 +183,7 @@ def test_an_upload_found_in_place_is_checked_before_it_counts_as_published(
     from vfs.ingest.bucket import KeyTakenError
 
     store = S3Store(s3_bucket.name, client_options={"allow_http": True})
-    spool = _placer_spool(s3_bucket, tmp_path)
+    spool = _placer_spool(s3_bucket, tmp_path, began=True)
     data = _spool_file(tmp_path, "d/n.txt", corpus)
     obstore.put(store, s3_bucket.key("d/n.txt"), data)  # this host's, before the kill
     obstore.put(store, s3_bucket.key(theirs), b"another host's file\n")
@@ -286,3 +288,27 @@ def test_a_copy_onto_a_taken_key_is_refused_by_the_store(s3_bucket: S3Bucket) ->
     assert bytes(obstore.get(store, s3_bucket.key("dst")).bytes()) == b"another host's object\n"
     obstore.copy(folder.client, folder.full_key("src"), folder.full_key("free"), overwrite=False)
     assert bytes(obstore.get(store, s3_bucket.key("free")).bytes()) == b"the moved object\n"
+
+
+@pytest.mark.parametrize("began", [False, True])
+def test_another_host_s_object_of_the_same_bytes_is_not_taken_for_this_upload(
+    began: bool, s3_bucket: S3Bucket, corpus: dict[str, Path], tmp_path: Path
+) -> None:
+    """Red team 83, F1: a victim's file spooled on host B; a user of host A, who could read
+    the spooled bytes through B's mount, put them at the key through A. B's next try found its
+    bytes there, counted it published ("already") and deleted its spooled copy; the user then
+    deleted the object on A, as theirs there, and the only copy was gone. Only an object this
+    host's journal says it uploaded counts now; another's is left, the file stays spooled."""
+    from vfs.ingest.bucket import KeyTakenError
+
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    spool = _placer_spool(s3_bucket, tmp_path, began=began)
+    data = _spool_file(tmp_path, "d/d2.bin", corpus)
+    obstore.put(store, s3_bucket.key("d/d2.bin"), data)  # host A's upload of the same bytes
+    if began:  # this host's own upload, its check cut off by a kill: published as before
+        assert spool.publish("d/d2.bin", False, None).mode == "already"
+        return
+    with pytest.raises(KeyTakenError, match="not from an upload of this host"):
+        spool.publish("d/d2.bin", False, None)
+    assert (tmp_path / "files" / "d/d2.bin").read_bytes() == data  # still spooled
+    assert _keys(store, s3_bucket) == ["d/d2.bin"]  # and the object left as it is

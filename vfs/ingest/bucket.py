@@ -83,10 +83,12 @@ class BucketPlacer:
         folder: S3Folder,
         on_placed: OnPlaced | None = None,
         on_withdrawn: OnWithdrawn | None = None,
+        began: Callable[[str, str], bool] | None = None,
     ) -> None:
         self.folder = folder
         self.on_placed = on_placed
         self.on_withdrawn = on_withdrawn
+        self.began = began  # (key, ETag): this host's upload, by its journal (BucketTree.began)
         # spooled relpath → (key, token) of its upload under way, until it ends or fails
         self._uploading: dict[str, tuple[str, str]] = {}
         self._ours: dict[str, tuple[str, str]] = {}  # URL → (key, ETag) of what it uploaded
@@ -292,8 +294,17 @@ class BucketPlacer:
             why = f"already exists and holds other bytes ({exc}); not overwritten"
             raise KeyTakenError(f"{url}: {why}") from None
         # Uploaded before a stop or a kill that came before its check (see `_upload`): checked
-        # now. The object is left where it is: nothing tells whose upload it was (another
-        # host's of the same bytes, maybe), and a file that failed stays spooled with the reason.
+        # now. The object is left where it is, and a file that failed stays spooled with the
+        # reason. Only this host's own upload counts: another host's of the same bytes (a user
+        # there may copy them from this spool, readable through the mount) was taken for it,
+        # this file's spooled copy deleted, and that user then deleted the object as theirs on
+        # their host, the only copy gone (red team 83, F1).
+        if not self._uploaded_here(key, etag):
+            raise KeyTakenError(
+                f"{self.folder.url_of(key)}: holds this file's bytes, but not from an upload of "
+                "this host (another host's, or put there directly); left as it is, and the file "
+                "stays spooled: remove it through the mount once that object is the one wanted"
+            )
         clash = self._clash(key, rival)
         if clash is not None:
             if self.on_placed is not None:
@@ -302,6 +313,12 @@ class BucketPlacer:
                                 "file's bytes is left as it is, not published again")  # fmt: skip
         self._placed(key, etag, st)
         return Published(relpath, self._target(key), "already", signature=signature(st))
+
+    def _uploaded_here(self, key: str, etag: str) -> bool:
+        with self._lock:
+            if (key, etag) in self._ours.values():
+                return True
+        return self.began is not None and self.began(key, etag)
 
     def _withdraw_earlier(self, key: str, etag: str) -> bool:
         """Delete the object at `key` if it is still the upload of ETag `etag` (a HEAD first: S3

@@ -174,6 +174,13 @@ class BucketTree(SourceTree):
                 if listing is not None:
                     listing.at = float("-inf")
 
+    def began(self, key: str, etag: str) -> bool:
+        """Whether this host uploaded the object of `etag` at `key`, or began an upload there
+        that never ended (the daemon stopped between the PUT and its check), as its journal
+        says: the only sign an object holding a spooled file's bytes is this host's upload."""
+        with self._lock:
+            return (key, etag) in self._published or (key, PENDING) in self._published
+
     def pending(self) -> list[str]:
         """Keys whose upload began and never ended in the journal (the daemon killed, or the
         key taken by another): their multipart uploads may be left in the bucket."""

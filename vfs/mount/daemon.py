@@ -324,7 +324,12 @@ def build_bucket_write_side(config: MountConfig, tree: SourceTree) -> PackQueue:
     _hold_spool(root, config.src)
     spool = Spool(config.src, root / "files", staging=root / "staging")
     spool.max_plane = plane_bound(config.cache_size)
-    spool.placer = BucketPlacer(tree.folder, tree.note_published, tree.note_withdrawn)  # type: ignore[arg-type]
+    spool.placer = BucketPlacer(
+        tree.folder,
+        tree.note_published,
+        tree.note_withdrawn,  # type: ignore[arg-type]
+        tree.began,
+    )
     tree.keep_published(root / "published.jsonl")
     # Before any upload of this run starts: one of those is never taken for a leftover.
     tree.folder.abort_left_behind(tree.pending(), time.time(), ABORT_WITHIN)  # type: ignore[attr-defined]
