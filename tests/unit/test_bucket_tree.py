@@ -63,6 +63,9 @@ class FakeBucket:
     def get(self, key: str) -> bytes | None:
         return self.files.get(key)
 
+    def url_of(self, key: str) -> str:
+        return f"{self.name}/{key}"
+
     def open(self, key: str) -> Blob:
         return Blob(f"{self.name}/{key}", self.files[key])
 
@@ -339,6 +342,20 @@ def test_a_folder_and_archives_presenting_its_name_go_by_upload_time_in_few_list
         assert sorted(k for k in kids if k.startswith("c")) == [f"c{i:02d}.zarr.zip"
                                                                for i in range(1, 20)]  # fmt: skip
     assert bucket.deep_lists <= 2
+
+
+@pytest.mark.parametrize("file_first", [True, False])
+def test_a_plain_object_and_a_folder_of_its_name_go_by_upload_time(file_first: bool) -> None:
+    """Red team 83 F2: a key `results/x` put by anyone who may add keys hid a plain file
+    `results` published long before, on every host (the folder always kept the name). The one
+    uploaded first keeps it now, as between a folder and an archive."""
+    t0 = 1_700_000_000.0
+    file_at, folder_at = (t0, t0 + 100) if file_first else (t0 + 100, t0)
+    files = {"results": b"the victim's results\n", "results/x": b"planted"}
+    bucket = DatedBucket(files, {"results": file_at, "results/x": folder_at})
+    kids = make_tree(bucket).scan(ObjectPath.of_url(bucket.name))
+    assert list(kids) == ["results"]
+    assert kids["results"].is_dir != file_first
 
 
 def test_archives_presenting_one_name_go_by_upload_time_not_by_their_names(

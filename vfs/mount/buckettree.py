@@ -333,21 +333,26 @@ class BucketTree(SourceTree):
     def scan(self, folder: Path, listed: tuple[int, int] = (0, -1)) -> dict[str, Node]:
         prefix = self.key_of(folder)
         listing = self._listed(prefix)
-        found: list[tuple[str, os.stat_result]] = []
+        dirs: dict[str, os.stat_result] = {}
         infos: dict[str, ObjectInfo] = {}
         for name in listing.dirs:
             if self._shown(folder, name):
-                found.append((name, self._dir_stat(join_key(prefix, name))))
+                dirs[name] = self._dir_stat(join_key(prefix, name))
+        found: list[tuple[str, os.stat_result]] = []
         folders = set(listing.dirs)
         for info in listing.files:
             name = info.key.rpartition("/")[2]
-            if name in folders:  # `a` beside `a/…`: the folder keeps the name
-                self._log_once(folder / name, f"{self.folder.url_of(info.key)}: an object "
-                               "named like a folder of the same prefix; not shown")  # fmt: skip
-                continue
+            if name in folders:  # `a` beside `a/…`: the one uploaded first keeps the name
+                if self._object_first(folder / name, info, dirs.get(name)):
+                    dirs.pop(name, None)
+                else:
+                    self._log_once(folder / name, f"{self.folder.url_of(info.key)}: an object "
+                                   "named like a folder of the same prefix; not shown")  # fmt: skip
+                    continue
             if self._shown(folder, name):
                 infos[name] = info
                 found.append((name, self._object_stat(info)))
+        found[:0] = list(dirs.items())
         if self.spool is not None:  # folders made through the mount, not yet in the bucket
             listed = set(listing.dirs)
             for name in self._spool_dirs(prefix):
@@ -424,15 +429,30 @@ class BucketTree(SourceTree):
             return real.mtime_ns < archive.st_mtime_ns
         return mine.mtime < theirs.mtime
 
+    def _object_first(self, path: Path, info: ObjectInfo, st: os.stat_result | None) -> bool:
+        """Whether the object `info` was uploaded before every object under the folder of its
+        name (`st`: that folder's stat): it keeps the name then, and the folder is not shown.
+        Always the folder, as before, let anyone who may add keys put `a/x` and hide a file
+        `a` published long before on every host (red team 83, F2)."""
+        if st is None:
+            return True  # the folder is not shown anyway
+        if self._key_before(self.key_of(path), st.st_mtime_ns, info.mtime):
+            return False
+        self._log_once(path, f"{self.folder.url_of(self.key_of(path))}/: a folder of objects "
+                       "all uploaded after the object of its name; not shown")  # fmt: skip
+        return True
+
     def _folder_before(self, folder: Node, uploaded: float) -> bool:
+        return self._key_before(self.key_of(folder.real), folder.mtime_ns, uploaded)
+
+    def _key_before(self, key: str, mtime_ns: int, uploaded: float) -> bool:
         """Whether the folder holds an object uploaded before `uploaded` (POSIX seconds): one
         LIST page in the usual case (the first object older stops it). What a LIST found is
         kept `relist` seconds, so however many archives clash with one folder, it is listed at
         most twice a relist (once stopped early, once whole). Among AGE_SCAN_MAX objects none
         older: the folder keeps its name (the archive is shown under its own), as it does while
         the store cannot say (kept as long). A folder with no object yet (made through this
-        mount, its files still spooled) has its spool folder's time."""
-        key = self.key_of(folder.real)
+        mount, its files still spooled) has its spool folder's time (`mtime_ns`)."""
         now = time.monotonic()
         with self._lock:
             known = self._ages.get(key)
@@ -452,7 +472,7 @@ class BucketTree(SourceTree):
         _at, oldest, how = known
         if oldest < uploaded or how in ("bounded", "unknown"):
             return True
-        return how == "empty" and folder.mtime_ns < uploaded * 1e9
+        return how == "empty" and mtime_ns < uploaded * 1e9
 
     def _oldest(self, key: str, uploaded: float) -> tuple[float, str]:
         """(the oldest upload time seen under `key`, how the LIST ended: "partial" at an object
