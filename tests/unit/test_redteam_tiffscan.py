@@ -309,3 +309,34 @@ def test_an_ome_xml_of_too_many_attributes_is_not_parsed(tmp_path: Path) -> None
     layout, peak = traced_peak(lambda: scan_tiff(path, path.stat().st_size))
     assert (layout.plane_order, layout.storage_leading) == (("z",), (2,))
     assert peak < 32 << 20, f"{peak / 2**20:.0f} MiB traced"
+
+
+def test_many_strips_too_small_to_carry_mode_d_go_verbatim_before_tifffile_reads_them(
+    tmp_path: Path,
+) -> None:
+    """Red team 84: a 16 MB TIFF of 2 million one-byte strips (or 1x1 tiles), under mode D's
+    segment bound, was packed in mode D: the daemon peaked at 2.3-2.8 GiB whatever its cache,
+    40 s of the shared pack worker, a 51 MB archive. Past 65,536 segments they must average
+    1 KiB, told from the file's size before tifffile reads any offsets."""
+    import os
+
+    path = tmp_path / "strips.tif"
+    data = np.arange(100_000, dtype=np.uint8).reshape(100_000, 1)
+    tifffile.imwrite(path, data, rowsperstrip=1)  # 100,000 strips of one byte
+    tracemalloc.start()
+    try:
+        with pytest.raises(NotByteExact, match="more per strip or tile than its pixels"):
+            scan_tiff(path, os.path.getsize(path))
+        _now, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 << 20, f"{peak / 2**20:.1f} MiB traced: tifffile read the offsets"
+
+
+def test_the_segment_rule_leaves_real_layouts_alone() -> None:
+    from vfs.decant.tiffscan import _check_segments
+
+    _check_segments(2_000_000, 2_000_000 * 4096)  # one 4 KiB row a strip: mode D as before
+    _check_segments(65_536, 65_536)  # few enough, whatever their size
+    with pytest.raises(NotByteExact):
+        _check_segments(65_537, 65_537 * 8)

@@ -35,6 +35,11 @@ MAX_SEGMENTS = 1 << 21
 # verbatim (mode D made the 3.4 MB file of 30,000 one-pixel pages a 12 MB archive).
 PAGE_OVERHEAD = 4 << 10
 PAGES_OVERHEAD_FREE = 64 * MiB
+# The same for a strip or tile (its offsets, plan entry and checks: ~1.3 KiB measured while
+# packing 2 million one-byte strips, a 16 MB file that took the daemon to 2.3-2.8 GiB whatever
+# its cache; red team 84): past the first 65,536, segments must average at least this.
+SEGMENT_OVERHEAD = 1 << 10
+SEGMENTS_OVERHEAD_FREE = 64 * MiB
 MAX_MANIFEST_ITEMS = 2 * MAX_SEGMENTS + 26 * MAX_PAGES + 64  # commas and colons
 MAX_MANIFEST_OBJECTS = 2 * MAX_PAGES + 64
 MAX_MANIFEST_LISTS = 8 * MAX_PAGES + 64

@@ -18,6 +18,8 @@ from vfs.decant.limits import (
     MAX_SEGMENTS,
     PAGE_OVERHEAD,
     PAGES_OVERHEAD_FREE,
+    SEGMENT_OVERHEAD,
+    SEGMENTS_OVERHEAD_FREE,
     human,
 )
 from vfs.decant.manifest import PageRecord
@@ -124,6 +126,17 @@ def _check_overhead(records: list[PageRecord]) -> None:
             f"{len(records)} pages of {human(pixels // len(records))} on average: mode D "
             f"would cost more per page than its pixels"
         )
+    _check_segments(sum(len(r.dataoffsets) for r in records), pixels)
+
+
+def _check_segments(segments: int, pixels: int) -> None:
+    """Mode V for many strips or tiles too small to carry mode D's cost per segment; `pixels`
+    may be an upper bound (the file's size, before tifffile reads the pages)."""
+    if segments * SEGMENT_OVERHEAD > max(SEGMENTS_OVERHEAD_FREE, pixels):
+        raise NotByteExact(
+            f"{segments} strips/tiles of {human(pixels // segments)} on average at most: mode "
+            "D would cost more per strip or tile than its pixels"
+        )
 
 
 # StripOffsets (273) and TileOffsets (324) are the tags whose counts _check_declared sums, and
@@ -164,6 +177,8 @@ def _check_declared(fh: BinaryIO) -> int:
     strips), all of it read before the pages' sum could be checked. What the walk reads is
     bounded too (_MAX_TAGS an IFD, _MAX_ENTRIES in all). A chain that loops or leaves the
     file, or an IFD tifffile refuses, ends the walk: tifffile then says what is wrong."""
+    size = fh.seek(0, 2)  # the end: what the strips/tiles hold at most
+    fh.seek(0)
     head = fh.read(16)
     order = {b"II": "<", b"MM": ">"}.get(head[:2])
     if order is None or len(head) < 8:
@@ -206,6 +221,9 @@ def _check_declared(fh: BinaryIO) -> int:
         counted += sum(map(int, tags["count"][(codes == 279) | (codes == 325)]))
         if max(declared, counted) > MAX_SEGMENTS:
             raise NotByteExact(f"more than the {MAX_SEGMENTS} strips/tiles of mode D declared")
+        # Before tifffile reads them (its offsets alone took ~320 MB for 2 million strips):
+        # the file's size bounds what they hold.
+        _check_segments(max(declared, counted), size)
         subifds += sum(map(int, tags["count"][codes == _SUBIFDS]))
         ifd_numbers, ifd_bytes = _values_apart(tags, 4 if magic == 42 else 8)
         if ifd_numbers > MAX_IFD_NUMBERS or ifd_bytes > MAX_IFD_BYTES:
