@@ -312,3 +312,24 @@ def test_another_host_s_object_of_the_same_bytes_is_not_taken_for_this_upload(
         spool.publish("d/d2.bin", False, None)
     assert (tmp_path / "files" / "d/d2.bin").read_bytes() == data  # still spooled
     assert _keys(store, s3_bucket) == ["d/d2.bin"]  # and the object left as it is
+
+
+def test_a_name_the_store_refuses_with_no_object_there_says_so(
+    s3_bucket: S3Bucket, corpus: dict[str, Path], tmp_path: Path
+) -> None:
+    """Red team 83, F3: SeaweedFS keeps the entry of a folder emptied (its last object
+    deleted), and refuses a conditional PUT of a file of that name; the file stayed spooled
+    with "already exists (written by another host?)", though no host wrote anything there."""
+    from vfs.ingest.bucket import KeyTakenError
+
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    obstore.put(store, s3_bucket.key("d/gone/f"), b"x")
+    obstore.delete(store, s3_bucket.key("d/gone/f"))
+    spool = _placer_spool(s3_bucket, tmp_path)
+    _spool_file(tmp_path, "d/gone", corpus)
+    try:
+        spool.publish("d/gone", False, None)
+    except KeyTakenError as exc:  # SeaweedFS: refused, and said why
+        assert "no object is there" in str(exc)
+    else:  # a store that forgets emptied folders: published
+        assert _keys(store, s3_bucket) == ["d/gone"]

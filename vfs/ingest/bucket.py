@@ -212,6 +212,10 @@ class BucketPlacer:
                                         metadata={UPLOAD_TOKEN: token})  # fmt: skip
             except ObjectExistsError:
                 why = "already exists (written by another host?); not overwritten"
+                if self.folder.stat(key) is None:  # refused, yet no object there
+                    why = ("refused as taken, though no object is there (SeaweedFS keeps the "
+                           "entry of a folder of that name emptied: remove it with the "
+                           "store's tools); not published")  # fmt: skip
                 raise KeyTakenError(f"{self.folder.url_of(key)}: {why}") from None
             finally:
                 with self._lock:
