@@ -825,3 +825,29 @@ def test_a_file_of_no_record_replaces_a_plain_file_named_like_a_folder_archive(
     put(spool, "notes.zarr", b"the newer notes")
     spool.publish("notes.zarr", False, OPTIONS)
     assert (src / "notes.zarr").read_bytes() == b"the newer notes"
+
+
+def test_a_tiff_of_more_strips_than_the_daemon_s_bound_is_archived_verbatim(
+    spool: Spool, src: Path, tmp_path: Path
+) -> None:
+    """Red team 85: a 2.1 GB TIFF of 2 million 1 KiB strips (zeros, a 28 MB archive) passed
+    the strips-must-carry-their-cost rule and took a daemon with a 64 MiB cache to 1.2 GB as
+    it packed. The daemon's spool bounds the strips of mode D by its cache
+    (vfs.mount.daemon.segment_bound); more go verbatim, byte for byte."""
+    import numpy as np
+    import tifffile
+
+    from vfs.mount.daemon import segment_bound
+
+    assert segment_bound(64 << 20) == 65_536 and segment_bound(512 << 20) == 262_144
+    original = tmp_path / "strips.tif"
+    tifffile.imwrite(original, np.zeros((300, 16), np.uint16), rowsperstrip=1)
+    put(spool, "strips.tif", original)
+    spool.max_segments = 299
+    published = spool.publish("strips.tif", False, OPTIONS)
+    archive = src / "strips.tif.zarr.zip"
+    assert published.mode == "verbatim" and "this daemon packs" in published.reason
+    assert archived(archive) == (sha256(original), original.stat().st_size, "verbatim")
+    spool.max_segments = 300  # within it: mode D as before
+    put(spool, "strips2.tif", original)
+    assert spool.publish("strips2.tif", False, OPTIONS).mode == "byte-exact"

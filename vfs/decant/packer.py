@@ -20,7 +20,7 @@ import numpy as np
 import vfs
 from vfs.decant import temp_name
 from vfs.decant.layout import deserialize_page, page_coordinate
-from vfs.decant.limits import MAX_CHUNK_BYTES
+from vfs.decant.limits import MAX_CHUNK_BYTES, MAX_SEGMENTS
 from vfs.decant.manifest import Manifest, PageRecord
 from vfs.decant.regions import HUSK, RegionIndex
 from vfs.decant.store import MANIFEST_KEY
@@ -54,6 +54,7 @@ class PackOptions:
     pyramid: int = 0
     overwrite: bool = False
     max_plane: int = MAX_CHUNK_BYTES  # larger pages go verbatim (the daemon's is its cache's)
+    max_segments: int = MAX_SEGMENTS  # more strips/tiles go verbatim (the daemon's: its cache's)
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def _pack_held(
     layout, reason = None, ""
     if options.mode != "verbatim":
         try:
-            layout = scan_tiff(held, st.st_size, options.max_plane)
+            layout = scan_tiff(held, st.st_size, options.max_plane, options.max_segments)
         except NotByteExact as exc:
             reason = str(exc).replace(str(held), str(source))
             if options.mode == "byte-exact":

@@ -56,12 +56,15 @@ class NotByteExact(Exception):
     """Why a file cannot be held in mode D."""
 
 
-def scan_tiff(path: Path, size: int, max_plane: int = MAX_CHUNK_BYTES) -> TiffLayout:
+def scan_tiff(
+    path: Path, size: int, max_plane: int = MAX_CHUNK_BYTES, max_segments: int = MAX_SEGMENTS
+) -> TiffLayout:
     """Describe `path` for mode D, or raise NotByteExact saying why it needs mode V. A page
-    of more than `max_plane` bytes needs mode V (a chunk holds one)."""
+    of more than `max_plane` bytes needs mode V (a chunk holds one), and so does a file of
+    more than `max_segments` strips/tiles (the daemon's bound: its cache's)."""
     try:
         with open(path, "rb") as fh:
-            subifds = _check_declared(fh)
+            subifds = _check_declared(fh, max_segments)
         with tifffile.TiffFile(path) as tif:
             # Page by page, without keeping tifffile's page objects (a few KiB each: a hostile
             # file of 18-byte IFDs would cost ~40x its size), and no further than mode D's
@@ -97,10 +100,8 @@ def scan_tiff(path: Path, size: int, max_plane: int = MAX_CHUNK_BYTES) -> TiffLa
             if first is None:
                 raise NotByteExact("the TIFF has no pages")
             segments = sum(len(r.dataoffsets) for r in records)
-            if segments > MAX_SEGMENTS:
-                raise NotByteExact(
-                    f"{segments} strips/tiles, more than the {MAX_SEGMENTS} of mode D"
-                )
+            if segments > max_segments:
+                raise NotByteExact(_too_many(segments, max_segments))
             _check_overhead(records)
             byteorder = tif.byteorder
             leading_axes, leading_shape = _leading(tif, len(records), subifds)
@@ -127,6 +128,13 @@ def _check_overhead(records: list[PageRecord]) -> None:
             f"would cost more per page than its pixels"
         )
     _check_segments(sum(len(r.dataoffsets) for r in records), pixels)
+
+
+def _too_many(segments: int, most: int, how: str = "") -> str:
+    if most >= MAX_SEGMENTS:
+        return f"{segments} strips/tiles{how}, more than the {MAX_SEGMENTS} of mode D"
+    return (f"{segments} strips/tiles{how}, more than the {most} this daemon packs in mode D "
+            "(each costs ~1 KiB to pack: the bound is half its cache's worth)")  # fmt: skip
 
 
 def _check_segments(segments: int, pixels: int) -> None:
@@ -168,7 +176,7 @@ _SUBIFDS = 330  # the SubIFDs tag: offsets of more IFDs (a pyramid's lower resol
 MAX_SERIES_SUBIFDS = 1 << 12
 
 
-def _check_declared(fh: BinaryIO) -> int:
+def _check_declared(fh: BinaryIO, max_segments: int = MAX_SEGMENTS) -> int:
     """Raise NotByteExact if the IFD chain declares more strips/tiles than mode D holds (or
     more pages), from the entries' headers alone, before tifffile reads any; else return the
     SubIFDs its pages declare, all told (as far as the walk went). tifffile keeps each
@@ -219,8 +227,8 @@ def _check_declared(fh: BinaryIO) -> int:
         # Python ints: BigTIFF counts summed as uint64 could wrap past the bound.
         declared += sum(map(int, tags["count"][(codes == 273) | (codes == 324)]))
         counted += sum(map(int, tags["count"][(codes == 279) | (codes == 325)]))
-        if max(declared, counted) > MAX_SEGMENTS:
-            raise NotByteExact(f"more than the {MAX_SEGMENTS} strips/tiles of mode D declared")
+        if max(declared, counted) > max_segments:
+            raise NotByteExact(_too_many(max(declared, counted), max_segments, " declared"))
         # Before tifffile reads them (its offsets alone took ~320 MB for 2 million strips):
         # the file's size bounds what they hold.
         _check_segments(max(declared, counted), size)

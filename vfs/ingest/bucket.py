@@ -164,7 +164,8 @@ class BucketPlacer:
         require_space(spool.staging, need, f"needs about {size_text(need)} free to pack")
         staged = spool.staging / temp_name(key.rpartition("/")[2])  # within NAME_MAX
         try:
-            bounded = with_plane_bound(options or PackOptions(), spool.max_plane)
+            bounded = with_plane_bound(options or PackOptions(), spool.max_plane,
+                                       spool.max_segments)  # fmt: skip
             result = pack_file(source, staged, bounded, progress)
             check(cancel)
             return self._upload(spool, relpath, key, rival, staged, st, verify, result.mode,

@@ -174,7 +174,7 @@ def publish(
         if not os.path.samestat(os.fstat(rfd), st):
             raise SourceChangedError(source)
         via = Path(_fd_path(rfd))
-        tiff, layout = _scan(via, st.st_size, spool.max_plane)
+        tiff, layout = _scan(via, st.st_size, spool.max_plane, spool.max_segments)
         packed = pack_all or tiff or read_as_archive(source.name)
         if not packed or not nameable(source.name) or _mostly_holes(st):
             return _publish_plain(spool, relpath, source, st, folder, cancel, via)
@@ -471,7 +471,7 @@ def _publish_archive(
     def progress(_nbytes: int) -> None:
         check(cancel)
 
-    options = with_plane_bound(options or PackOptions(), spool.max_plane)
+    options = with_plane_bound(options or PackOptions(), spool.max_plane, spool.max_segments)
     small = (
         layout is not None
         and options.mode != "verbatim"
@@ -623,9 +623,11 @@ def _read_whole(source: Path, st: os.stat_result) -> bytes:
     return data
 
 
-def _scan(path: Path, size: int, max_plane: int | None = None) -> tuple[bool, TiffLayout | None]:
+def _scan(
+    path: Path, size: int, max_plane: int | None = None, max_segments: int | None = None
+) -> tuple[bool, TiffLayout | None]:
     """(is it a TIFF to archive, its mode D layout if it has one): scanned once per publish."""
-    from vfs.decant.limits import MAX_CHUNK_BYTES
+    from vfs.decant.limits import MAX_CHUNK_BYTES, MAX_SEGMENTS
     from vfs.decant.tiffscan import NotByteExact, scan_tiff
 
     with open(path, "rb") as fh:
@@ -633,16 +635,22 @@ def _scan(path: Path, size: int, max_plane: int | None = None) -> tuple[bool, Ti
     if head[:2] not in (b"II", b"MM"):
         return False, None
     try:
-        return True, scan_tiff(path, size, max_plane or MAX_CHUNK_BYTES)
+        return True, scan_tiff(path, size, max_plane or MAX_CHUNK_BYTES,
+                               max_segments or MAX_SEGMENTS)  # fmt: skip
     except NotByteExact as exc:
         return "not a TIFF" not in str(exc), None  # compressed TIFFs are still archived (mode V)
 
 
-def with_plane_bound(options: PackOptions, max_plane: int | None) -> PackOptions:
-    """`options` with the spool's bound on a page's size, where it has one."""
-    if max_plane is None or max_plane >= options.max_plane:
-        return options
-    return replace(options, max_plane=max_plane)
+def with_plane_bound(
+    options: PackOptions, max_plane: int | None, max_segments: int | None = None
+) -> PackOptions:
+    """`options` with the spool's bounds on a page's size and the strips/tiles of a file,
+    where it has them."""
+    if max_plane is not None and max_plane < options.max_plane:
+        options = replace(options, max_plane=max_plane)
+    if max_segments is not None and max_segments < options.max_segments:
+        options = replace(options, max_segments=max_segments)
+    return options
 
 
 def looks_like_tiff(path: Path, size: int) -> bool:

@@ -61,6 +61,7 @@ class Spool:
         # Pages larger than this are archived verbatim (the daemon sets half its cache: a
         # plane is decoded whole, to pack it and to read it).
         self.max_plane: int | None = None
+        self.max_segments: int | None = None  # strips/tiles: more go verbatim (the same)
         self.staging = staging or src / STAGING
         self.files.mkdir(mode=0o700, parents=True, exist_ok=True)  # see daemon._check_private
         # (st_dev, st_ino) of what publishing each relpath put into SRC, until its spooled

@@ -26,6 +26,7 @@ import trio
 from vfs import threadbuffers
 from vfs.backends.decant import DecantBackend
 from vfs.cache import PageCache
+from vfs.decant.limits import SEGMENT_OVERHEAD, SEGMENTS_OVERHEAD_FREE
 from vfs.errors import DecantError
 from vfs.ingest.queue import PackQueue
 from vfs.ingest.space import SpaceGuard
@@ -296,6 +297,7 @@ def build_write_side(config: MountConfig, tree: SourceTree) -> PackQueue | None:
     spools = [spool] + [Spool(src, inbox, trusted=True) for inbox in config.inbox]
     for each in spools:
         each.max_plane = plane_bound(config.cache_size)
+        each.max_segments = segment_bound(config.cache_size)
     queue = PackQueue(spools, config.settle, None, config.pack_all, config.pack_workers,
                       config.stale_temp, config.retry_after)  # fmt: skip
     queue.guard = SpaceGuard(spool.files, config.min_free)
@@ -324,6 +326,7 @@ def build_bucket_write_side(config: MountConfig, tree: SourceTree) -> PackQueue:
     _hold_spool(root, config.src)
     spool = Spool(config.src, root / "files", staging=root / "staging")
     spool.max_plane = plane_bound(config.cache_size)
+    spool.max_segments = segment_bound(config.cache_size)
     spool.placer = BucketPlacer(
         tree.folder,
         tree.note_published,
@@ -433,6 +436,13 @@ def plane_bound(cache_size: int) -> int:
     packed and to 800 MiB as it was read (red team 56). Larger pages are archived verbatim,
     read in blocks."""
     return max(cache_size // 2, PLANE_BOUND_MIN)
+
+
+def segment_bound(cache_size: int) -> int:
+    """The most strips/tiles of a file the write side archives in mode D: half the cache's
+    worth at ~1 KiB each to pack (65,536 at least). A 2.1 GB TIFF of 2 million 1 KiB strips
+    (zeros: a 28 MB archive) took a daemon with a 64 MiB cache to 1.2 GB (red team 85)."""
+    return max(cache_size // 2, SEGMENTS_OVERHEAD_FREE) // SEGMENT_OVERHEAD
 
 
 def raise_fd_limit() -> None:
