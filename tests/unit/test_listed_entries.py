@@ -168,7 +168,6 @@ def test_a_folder_whose_listing_went_has_its_file_entries_dropped_when_it_change
     m.run(run)
 
 
-
 def test_a_listing_read_again_before_the_watcher_speaks_drops_what_changed_meanwhile(
     mount: InProcessMount, session: Session
 ) -> None:
@@ -198,6 +197,7 @@ def test_a_listing_read_again_before_the_watcher_speaks_drops_what_changed_meanw
         assert len(session.invalidated) == 2  # not every name of the folder
 
     m.run(run)
+
 
 # -- the table's budgets as a state machine: what is in use is never let go ---------------------
 
