@@ -669,3 +669,18 @@ def test_an_object_named_like_a_folder_does_not_hide_it(
     assert (m.mnt / "runs").is_dir()
     assert (m.mnt / "runs" / "scan.txt").read_bytes() == b"a file in a folder\n"
     assert "an object named like a folder of the same prefix; not shown" in m.log_text()
+
+
+def test_a_folder_planted_after_a_file_of_its_name_does_not_hide_it(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory
+) -> None:
+    """Red team 83, F2: one key `results/x` put by anyone who may add keys, well after a file
+    `results` was published, hid the file on every host (the folder always kept the name)."""
+    store = client(s3_bucket)
+    obstore.put(store, s3_bucket.key("results"), b"the victim's results\n")
+    time.sleep(2.1)  # past the second a store's Last-Modified may be rounded to
+    obstore.put(store, s3_bucket.key("results/x"), b"planted\n")
+    m = bucket_mount(s3_bucket.url())
+    assert os.listdir(m.mnt) == ["results"]
+    assert (m.mnt / "results").read_bytes() == b"the victim's results\n"
+    assert "all uploaded after the object of its name; not shown" in m.log_text()

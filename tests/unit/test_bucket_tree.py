@@ -21,7 +21,7 @@ from vfs.decant.packer import PackResult
 from vfs.errors import StoreError
 from vfs.mount.buckettree import BucketTree
 from vfs.mount.index import DescriptionIndex, stamp_of
-from vfs.stores.base import ObjectInfo, ObjectPath, join_key
+from vfs.stores.base import ObjectInfo, ObjectPath
 from vfs.stores.local import LocalFile
 
 
@@ -88,7 +88,9 @@ class FakeBucket:
         raise NotImplementedError
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
-        return [self._info(k) for k in sorted(self.files) if k.startswith(join_key(prefix, ""))]
+        """Below `prefix` as a folder (obstore's: `a` lists `a/…`, not `a` nor `ab`)."""
+        cut = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+        return [self._info(k) for k in sorted(self.files) if k.startswith(cut)]
 
     def close(self) -> None:
         pass

@@ -49,6 +49,7 @@ DEFAULT_RELIST = 30.0  # seconds; see README "Many hosts, one bucket"
 MAX_REMEMBERED = 1_000_000  # published objects whose metadata is kept (the latest)
 BATCH_FROM = 32  # a folder listing more objects reads their index rows in one query
 AGE_SCAN_MAX = 100_000  # objects of a folder looked through for one older than an archive
+TIE_SECONDS = 1.0  # a plain object must be older than a folder of its name by this to keep it
 MAX_AGES = 10_000  # folders whose oldest object is kept (for `relist` seconds)
 # The ETag of a journal entry noted before an upload or a copy to its key, whose ETag is not
 # known yet: it stands for whatever object is at the key, until the real entry comes. A kill
@@ -436,7 +437,9 @@ class BucketTree(SourceTree):
         `a` published long before on every host (red team 83, F2)."""
         if st is None:
             return True  # the folder is not shown anyway
-        if self._key_before(self.key_of(path), st.st_mtime_ns, info.mtime):
+        # Within a second of each other (a store's Last-Modified may have no finer grain) the
+        # folder keeps it, as it always did.
+        if self._key_before(self.key_of(path), st.st_mtime_ns, info.mtime + TIE_SECONDS):
             return False
         self._log_once(path, f"{self.folder.url_of(self.key_of(path))}/: a folder of objects "
                        "all uploaded after the object of its name; not shown")  # fmt: skip
