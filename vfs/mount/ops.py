@@ -447,7 +447,7 @@ class DecantOperations(pyfuse3.Operations):
         """Names of a listing read again after it was let go that the kernel may hold wrong:
         new ones (it may remember them missing), and files it holds that went or are another
         entry now (a spooled file published keeps its inode, as in a rescan)."""
-        changed = [name for name in kids if not gone.had(name)]
+        changed = gone.new_names(kids)
         for ino, parent, name in self.inodes.held_files_in(node.real):
             if parent != inode:
                 continue
@@ -684,7 +684,8 @@ class DecantOperations(pyfuse3.Operations):
             return inode
 
     async def releasedir(self, fh: int) -> None:
-        self.inodes.released_dir(fh)
+        with errno_boundary(f"releasedir {fh}"):
+            self.inodes.released_dir(fh)
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         with errno_boundary(f"readdir {fh}"):
