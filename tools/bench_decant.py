@@ -281,7 +281,7 @@ def _throughput(report: Report, label: str, size: int, seconds: list[float]) -> 
 
 def pixel_offsets(reader: OriginalReader, rng: random.Random, count: int) -> list[int]:
     """`count` 4 KiB-aligned offsets inside pixel segments, uniform over the pixel bytes."""
-    regions = [r for r in reader.regions.regions if r.page != HUSK and r.length >= 2 * READ_SIZE]
+    regions = [r for r in reader.regions if r.page != HUSK and r.length >= 2 * READ_SIZE]
     chosen = rng.choices(regions, [r.length for r in regions], k=count)
     return [aligned_in((r.start, r.length), rng) for r in chosen]
 
@@ -302,7 +302,7 @@ class ZarrPath:
         self.plane_order = order if len(order) == len(self.leading) else ()
 
     def prepare(self, offset: int) -> Callable[[], bytes]:
-        region = self.reader.regions.regions[self.reader.regions.locate(offset)]
+        region = self.reader.regions[self.reader.regions.locate(offset)]
         coord = page_coordinate(region.page, self.leading, self.plane_order)
         start = region.pos + offset - region.start
 
@@ -385,8 +385,8 @@ def _interleaved(
 def _warm_core(reader: OriginalReader, rng: random.Random, count: int) -> list[float]:
     """Reads inside a few planes decoded beforehand: the cost of a PageCache hit plus slicing."""
     offsets = pixel_offsets(reader, rng, 8)
-    pages = {reader.regions.regions[reader.regions.locate(o)].page for o in offsets}
-    spans = [r for r in reader.regions.regions if r.page in pages and r.length >= 2 * READ_SIZE]
+    pages = {reader.regions[reader.regions.locate(o)].page for o in offsets}
+    spans = [r for r in reader.regions if r.page in pages and r.length >= 2 * READ_SIZE]
     for r in spans:
         reader.read(r.start, READ_SIZE)
     out = []
@@ -428,7 +428,7 @@ class Mounts:
 def plane_spans(reader: OriginalReader) -> dict[int, tuple[int, int]]:
     """Each page's longest pixel run (start, length): where a read lands in that plane only."""
     spans: dict[int, tuple[int, int]] = {}
-    for r in reader.regions.regions:
+    for r in reader.regions:
         if r.page != HUSK and r.length > spans.get(r.page, (0, 0))[1]:
             spans[r.page] = (r.start, r.length)
     return spans

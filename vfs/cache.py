@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import numpy as np
 
-from vfs.errors import StoreError
+from vfs.errors import DecodeTooLargeError, StoreError
 
 
 @dataclass
@@ -25,6 +25,9 @@ class CacheStats:
 
 IDLE_SHARE = 8  # buffers kept idle for reuse: at most this fraction of a cache's budget
 DECODE_GATE_BYTES = 256 << 20  # what decodes in flight may hold at once, or half the cache
+# One decode may always hold this much (PageCache.decode_bound): the format's largest husk or
+# verbatim block (vfs.decant.limits.MAX_BLOCK_BYTES), so every archive's husk still reads.
+DECODE_FLOOR = 64 << 20
 
 
 class IdlePool(Protocol):
@@ -281,12 +284,27 @@ class PageCache:
         with self._lock:
             self._reserved -= nbytes
 
+    def decode_bound(self) -> int:
+        """The most one decode may hold: the cache's size, at least DECODE_FLOOR."""
+        return max(self.max_bytes, DECODE_FLOOR)
+
     @contextmanager
-    def decoding(self, hold: int, room: int) -> Iterator[None]:
+    def decoding(self, hold: int, room: int, what: str = "") -> Iterator[None]:
         """Run a decode: `hold` bytes of the decode gate, then room for its `room`-byte value
         evicted from the cache while it runs. Room taken by `get_or_load` before the gate was
         taken by every decode waiting there too: twenty-four readers under a 32 MiB cache kept
-        it empty, and each read decoded its plane again."""
+        it empty, and each read decoded its plane again.
+
+        A decode past `decode_bound` is refused before it allocates (DecodeTooLargeError,
+        naming `what`): the gate lets one decode of any size run alone, and a 115 KB archive
+        of 512 MiB blosc blocks took a 64 MiB-cache daemon to 3.1 GiB (red team 87)."""
+        bound = self.decode_bound()
+        if hold > bound:
+            raise DecodeTooLargeError(
+                f"{what or 'a decode'}: decoding it needs {hold >> 20} MiB at once, more than "
+                f"the {bound >> 20} MiB one decode may hold here (the --cache-size, at least "
+                f"{DECODE_FLOOR >> 20} MiB)"
+            )
         with self.decodes.held(hold):
             self.lend(room)
             try:

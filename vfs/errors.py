@@ -66,6 +66,13 @@ class OpenArchivesFullError(DecantError):
     errno = errno.ENOMEM
 
 
+class DecodeTooLargeError(DecantError):
+    """One decode would hold more than the mount lets one decode hold (vfs.cache): a plane or
+    block that large is not read, whatever the archive; a larger --cache-size reads it."""
+
+    errno = errno.ENOMEM
+
+
 class PackError(DecantError):
     """Packing refused or failed; nothing was published."""
 

@@ -73,7 +73,7 @@ def _in_file(archive: Path, page: int, pos: int) -> int:
     with DecantArchive.open(archive) as opened:
         (info,) = opened.originals()
         reader = opened.open_original(info.relpath, PageCache(0))
-        for r in reader.regions.regions:
+        for r in reader.regions:
             if r.page == page and r.pos <= pos < r.pos + r.length:
                 return int(r.start + pos - r.pos)
     raise AssertionError(f"page {page} has no byte {pos}")

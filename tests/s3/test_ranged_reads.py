@@ -26,7 +26,6 @@ from vfs.cache import PageCache
 from vfs.decant.blosc_blocks import HEADER_SIZE, block_spans, parse_header
 from vfs.decant.packer import PackOptions, pack_file
 from vfs.decant.reader import DecantArchive, OriginalReader
-from vfs.decant.regions import HUSK
 from vfs.decant.store import is_chunk_key
 from vfs.decant.writer import CodecChoice
 from vfs.stores import s3 as s3_module
@@ -108,7 +107,12 @@ def _reader(archive: DecantArchive) -> OriginalReader:
 
 
 def _pixel_spans(reader: OriginalReader) -> list[tuple[int, int, int]]:
-    return [(r.start, r.length, r.page) for r in reader.regions.regions if r.page != HUSK]
+    """Each pixel segment (a strip or tile) as (offset, length, page), in file order: from the
+    manifest, as the region index joins segments that follow one another."""
+    pages = reader.archive.manifest.pages
+    segments = (zip(p.dataoffsets, p.databytecounts, [p.index] * len(p.dataoffsets), strict=True)
+                for p in pages)  # fmt: skip
+    return sorted(s for each in segments for s in each if s[1])
 
 
 def _chunk_info(archive: Path) -> tuple[int, int]:

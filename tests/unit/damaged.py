@@ -49,7 +49,7 @@ def _pixel_flipped(good: Path, dest: Path) -> int:
     with DecantArchive.open(dest) as archive:
         (info,) = archive.originals()
         reader = archive.open_original(info.relpath, PageCache(0))
-        for r in reader.regions.regions:
+        for r in reader.regions:
             if r.page == 0 and r.pos <= middle < r.pos + r.length:
                 return int(r.start + middle - r.pos)
     raise AssertionError("the first plane has no such byte")

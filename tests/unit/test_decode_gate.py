@@ -55,7 +55,7 @@ def _concurrent_decodes(
         reader = opened.open_original("", PageCache(cache_bytes))
         assert isinstance(reader, PixelReader)
         reader.partial_limit = 0  # whole planes, as a large read decodes them
-        starts = [reader.regions.page_start[p] for p in range(PLANES)]
+        starts = [reader.regions.page_start(p) for p in range(PLANES)]
         got: dict[int, bytes] = {}
 
         def read(start: int) -> None:
@@ -116,7 +116,7 @@ def test_readahead_queues_no_more_decodes_than_the_gate_has_room_for(tmp_path: P
         cache = PageCache(4 * PLANE_BYTES)  # a gate of two planes
         reader = opened.open_original("", cache)
         assert isinstance(reader, PixelReader)
-        first = reader.regions.page_start[0]
+        first = reader.regions.page_start(0)
         with cache.decodes.held(2 * PLANE_BYTES):  # a reader's decode fills it
             reader.readahead(first)
             assert reader._queued == {}
@@ -145,7 +145,7 @@ def test_decodes_waiting_at_the_gate_evict_nothing_from_the_cache(tmp_path: Path
         reader.partial_limit = 0
         cache.put("kept-1", memoryview(bytearray(PLANE_BYTES)))
         cache.put("kept-2", memoryview(bytearray(PLANE_BYTES)))
-        starts = [reader.regions.page_start[p] for p in range(6)]
+        starts = [reader.regions.page_start(p) for p in range(6)]
         got: dict[int, bytes] = {}
         gate = cache.decodes.held(2 * PLANE_BYTES)
         gate.__enter__()  # the gate is full: the six reads below wait at it

@@ -150,6 +150,7 @@ def test_the_plan_an_open_builds_is_charged_too(
     long as the archive is open: charged once the open built it, and an open whose plan does
     not fit is refused (its reader closed, nothing kept), while a small archive is open."""
     from vfs.decant.reader import PLAN_PAGE_BYTES
+    from vfs.decant.regions import RegionIndex
     from vfs.decant.store import DATA_OFFSET_BYTES
 
     _many, small, original = made
@@ -161,7 +162,10 @@ def test_the_plan_an_open_builds_is_charged_too(
     pack_file(tif, stack)
     with DecantArchive.open(stack) as archive:
         admitted = archive.held_bytes()  # before any plan: tables and manifest
-    planned = admitted + pages * PLAN_PAGE_BYTES
+        m = archive.manifest
+        regions = RegionIndex.build(m.pages, m.original_size, m.husk_raw_size, "x").nbytes
+    assert regions >= pages * 20  # each page's pixels a region, husk runs between them
+    planned = admitted + pages * PLAN_PAGE_BYTES + regions
 
     monkeypatch.setattr(decant_backend, "HELD_FLOOR", planned + (64 << 10))
     backend = DecantBackend(PageCache(1 << 20))

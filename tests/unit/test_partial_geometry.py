@@ -3,11 +3,13 @@ rebuilt from those rows alone, equal slicing serialize_page of the whole plane."
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from vfs.decant.layout import serialize_page
+from vfs.decant.layout import serialize_page, tile_grid
 from vfs.decant.manifest import PageRecord
 from vfs.decant.partial import PageGeometry
 
@@ -20,8 +22,8 @@ def pages(draw: st.DrawFn) -> tuple[PageRecord, np.ndarray]:
     s = draw(st.integers(1, 4))
     dtype = np.dtype(draw(st.sampled_from(["u1", "<u2", ">u2", ">i4", "<f8"])))
     tiled = draw(st.booleans())
-    tw = draw(st.sampled_from([16, 32])) if tiled else 0
-    tl = draw(st.sampled_from([16, 32])) if tiled else 0
+    tw = draw(st.sampled_from([1, 3, 16, 32])) if tiled else 0
+    tl = draw(st.sampled_from([1, 3, 16, 32])) if tiled else 0
     page = PageRecord(
         index=0,
         shape=(y, x, s) if s > 1 else (y, x),
@@ -55,6 +57,18 @@ def test_extract_from_the_needed_rows_equals_the_serialized_slice(
     assert 0 <= r0 < r1 <= plane.shape[0]
     rows = plane[r0:r1] if plane.ndim == 3 else plane[r0:r1, :, None]
     assert geom.extract(rows, r0, start, stop) == whole[start:stop]
+    # Cut where pieces meet: the cuts follow one another over the range, each within a piece
+    # (as many as the tiles and sample planes it touches), and None past `most`.
+    cuts = geom.cuts(start, stop, 1 << 20)
+    assert cuts is not None and cuts[0][0] == start and cuts[-1][1] == stop
+    assert all(a < b for a, b in cuts)
+    assert all(b == c for (_, b), (c, _) in itertools.pairwise(cuts))
+    s = page.shape[2] if len(page.shape) == 3 else 1
+    planes = s if page.planarconfig == 2 and s > 1 else 1
+    pieces = len(list(tile_grid(page))) if page.tilewidth else planes  # as serialize_page
+    assert len(geom.cuts(0, len(whole), 1 << 20) or []) == pieces == geom.count
+    if len(cuts) > 1:
+        assert geom.cuts(start, stop, len(cuts) - 1) is None
 
 
 def test_a_small_read_of_a_tall_striped_plane_needs_few_rows() -> None:

@@ -25,7 +25,6 @@ from vfs.decant.digestmap import chunk_digests
 from vfs.decant.digests import archive_digests
 from vfs.decant.packer import PackOptions, pack_file
 from vfs.decant.reader import DecantArchive, OriginalReader
-from vfs.decant.regions import HUSK
 from vfs.decant.writer import CodecChoice
 from vfs.errors import CorruptArchiveError
 
@@ -72,7 +71,12 @@ def every_read_partial(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def _pixel_spans(reader: OriginalReader) -> list[tuple[int, int, int]]:
-    return [(r.start, r.length, r.page) for r in reader.regions.regions if r.page != HUSK]
+    """Each pixel segment (a strip or tile) as (offset, length, page), in file order: from the
+    manifest, as the region index joins segments that follow one another."""
+    pages = reader.archive.manifest.pages
+    segments = (zip(p.dataoffsets, p.databytecounts, [p.index] * len(p.dataoffsets), strict=True)
+                for p in pages)  # fmt: skip
+    return sorted(s for each in segments for s in each if s[1])
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
@@ -201,7 +205,7 @@ def _flipped(good: Path, dest: Path, at: int) -> Path:
 
 def _in_file(reader: OriginalReader, pos: int) -> int:
     """The file offset of byte `pos` of page 0's bytes (its strips may lie apart in the file)."""
-    for r in reader.regions.regions:
+    for r in reader.regions:
         if r.page == 0 and r.pos <= pos < r.pos + r.length:
             return int(r.start + pos - r.pos)
     raise AssertionError(f"page 0 has no byte {pos}")
@@ -439,7 +443,7 @@ def test_readahead_decodes_the_next_planes_and_asks_for_the_chunk_after(
         asked: list[str] = []
         monkeypatch.setattr(archive.store, "prefetch", asked.append)
         first = min(p for p in reader.pages)
-        start = reader.regions.page_start[first]
+        start = reader.regions.page_start(first)
         reader.readahead(start, 2)  # inside page 0: pages 1 and 2 decoded, page 3's chunk asked
         reader.readahead_wait()
         decoded = {k[2] for k in cache._data if k[1] == "p"}
@@ -466,7 +470,7 @@ def test_a_read_names_the_read_ahead_decode_it_waits_for(
         real = reader._decode_page
         monkeypatch.setattr(reader, "_decode_page", lambda p: gate.wait(30) and real(p))
         first = min(reader.pages)
-        start, second = reader.regions.page_start[first], reader.regions.page_start[first + 1]
+        start, second = reader.regions.page_start(first), reader.regions.page_start(first + 1)
         try:
             assert reader.loading(second, 10) is None  # nothing queued yet
             reader.readahead(start, 1)  # queues page first + 1, held at the gate

@@ -35,13 +35,13 @@ def test_readahead_needed_until_the_next_planes_are_decoded(stack: tuple[Path, b
     with DecantArchive.open(src / "stack.tif.zarr.zip") as archive:
         reader = archive.open_original("", PageCache(64 << 20))
         assert isinstance(reader, PixelReader)
-        first = reader.regions.page_start[0]
+        first = reader.regions.page_start(0)
         assert reader.readahead_needed(first)
         reader.readahead(first)
         assert not reader.readahead_needed(first)  # pages 1 and 2 are in the cache
-        second = reader.regions.page_start[1]
+        second = reader.regions.page_start(1)
         assert reader.readahead_needed(second)  # page 3 is not
-        last = reader.regions.page_start[PLANES - 1]
+        last = reader.regions.page_start(PLANES - 1)
         assert not reader.readahead_needed(last)  # nothing follows the last plane
         assert bytes(reader.read(0, reader.size)) == data
 
@@ -100,7 +100,7 @@ def test_planes_behind_a_forward_reader_are_dropped_when_the_file_does_not_fit(
         reader = archive.open_original("", cache)
         assert isinstance(reader, PixelReader)
         keys = [reader._page_key(p) for p in range(PLANES)]
-        middle = reader.regions.page_start[6] + 100  # into plane 6
+        middle = reader.regions.page_start(6) + 100  # into plane 6
         assert stream(reader, middle) == data[:middle]
         kept = [k in cache for k in keys]
         if fits:

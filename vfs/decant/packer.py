@@ -443,7 +443,7 @@ def _pread(fd: int, count: int, offset: int) -> bytes:
 
 
 def husk_blocks(fd: int, regions: RegionIndex) -> Iterator[bytes]:
-    for r in regions.regions:
+    for r in regions:
         if r.page == HUSK:
             for off in range(r.start, r.start + r.length, HUSK_CHUNK):
                 yield _pread(fd, min(HUSK_CHUNK, r.start + r.length - off), off)

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, overload
 from vfs.decant.geometry import ITEMSIZE
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from vfs.decant.manifest import PageRecord
 
 _DTYPES = tuple(ITEMSIZE)  # a page's dtype is one of these once check_geometry has passed
@@ -113,3 +115,30 @@ class PageTable(Sequence["PageRecord"]):
 
     def indexes(self) -> array[int]:
         return self._scalars["index"]
+
+
+def segment_columns(pages: Sequence[PageRecord]) -> tuple[np.ndarray[Any, Any], ...]:
+    """Every pixel segment of `pages` as columns: file offset, byte count, its page's index and
+    its position in that page's serialized bytes. From a PageTable's own columns without making
+    a record (2^21 segments as tuples of Python ints took ~600 MiB)."""
+    import numpy as np  # not at start-up: the daemon imports this before any archive opens
+
+    empty = np.zeros(0, np.int64)
+    if isinstance(pages, PageTable):
+        offsets = np.frombuffer(pages._offsets, np.int64) if pages.segments() else empty
+        counts = np.frombuffer(pages._counts, np.int64) if pages.segments() else empty
+        first = np.frombuffer(pages._first, np.int64)
+        per_page = np.diff(first)
+        indexes = np.frombuffer(pages.indexes(), np.int64) if len(pages) else empty
+    else:
+        offsets = np.array([o for p in pages for o in p.dataoffsets], np.int64)
+        counts = np.array([c for p in pages for c in p.databytecounts], np.int64)
+        per_page = np.array([len(p.dataoffsets) for p in pages], np.int64)
+        indexes = np.array([p.index for p in pages], np.int64)
+        first = np.concatenate(([0], np.cumsum(per_page))).astype(np.int64)
+    pos = np.cumsum(counts)
+    pos -= counts  # bytes of all segments listed before each one
+    page_base = np.concatenate((pos, [0]))[first[:-1]] if len(per_page) else empty
+    pos -= np.repeat(page_base, per_page)  # ... of its own page
+    owners = np.repeat(indexes.astype(np.int32), per_page)  # indexes < MAX_CHUNKS (2^24)
+    return offsets, counts, owners, pos

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -20,7 +21,7 @@ from vfs.decant.layout import page_coordinate
 from vfs.decant.limits import MAX_BLOCK_BYTES, MAX_CHUNK_BYTES, MAX_CHUNKS
 from vfs.decant.manifest import Manifest, PageRecord
 from vfs.decant.partial import PageGeometry
-from vfs.decant.regions import HUSK, Region, RegionIndex
+from vfs.decant.regions import RegionIndex
 from vfs.errors import CorruptArchiveError, ManifestError
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ class HuskPlan:
         self.sha256 = sha256
         self.husk = husk
         self.husk_spec = husk_spec(archive, husk, size)
-        self.regions = RegionIndex([Region(0, size, HUSK, 0)] if size else [], size, size)
+        self.regions = RegionIndex.husk_only(size)
 
 
 class PixelPlan:
@@ -57,12 +58,13 @@ class PixelPlan:
         self.size = size
         self.sha256 = sha256
         self.husk = husk
-        self.pages = {p.index: p for p in pages}
+        self.regions = RegionIndex.build(pages, size, husk_size, source)
         # The manifest's table makes a record at each look: made once here, not once a check
-        # (five looks took 6 of the 10 s 65,536 pages cost).
+        # (five looks took 6 of the 10 s 65,536 pages cost), without the segment lists the
+        # region index now holds (up to 2^21 offsets as Python ints: ~80 MiB).
+        self.pages = {p.index: replace(p, dataoffsets=(), databytecounts=()) for p in pages}
         pages = list(self.pages.values())
         self.byteorder = byteorder
-        self.regions = RegionIndex.build(pages, size, husk_size, source)
         self.husk_spec = husk_spec(archive, husk, husk_size)
         self.pixels = archive.spec("0", MAX_CHUNK_BYTES)
         dtype = self.pixels.dtype
@@ -75,7 +77,8 @@ class PixelPlan:
         self._check_stored(archive, pages)
 
     def _page_start(self, page: int) -> int:
-        return self.regions.page_start.get(page, -1)
+        start = self.regions.page_start(page)
+        return -1 if start is None else start
 
     def chunk_index(self, page: PageRecord) -> tuple[int, ...]:
         coord = page_coordinate(page.index, self.leading, self.plane_order)

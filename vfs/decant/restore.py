@@ -37,7 +37,7 @@ def jobs(reader: OriginalReader, job_bytes: int = 0) -> list[list[tuple[int, int
     out: list[list[tuple[int, int]]] = []
     job: list[tuple[int, int]] = []
     held = 0
-    for region in reader.regions.regions:
+    for region in reader.regions:
         offset, left = region.start, region.length
         while left > 0:
             n = min(left, job_bytes)

@@ -96,7 +96,7 @@ def _husk(data: bytes, layout: TiffLayout, husk_size: int) -> list[tuple[str, by
     """The husk array: every non-pixel byte in offset order, in full chunks (zarr pads the last
     one with the fill value, 0)."""
     regions = RegionIndex.build(layout.pages, len(data), husk_size, "small TIFF")
-    husk = b"".join(data[r.start : r.start + r.length] for r in regions.regions if r.page == HUSK)
+    husk = b"".join(data[r.start : r.start + r.length] for r in regions if r.page == HUSK)
     if len(husk) != husk_size:
         raise PackError(f"husk of {husk_size} bytes expected, {len(husk)} found")
     codec = husk_codec()

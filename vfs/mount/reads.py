@@ -28,6 +28,7 @@ from vfs.errors import (
     ArchiveChangedError,
     ArchiveGoneError,
     CorruptArchiveError,
+    DecodeTooLargeError,
     IntegrityError,
     OpenArchivesFullError,
     StoreError,
@@ -225,7 +226,7 @@ class Integrity:
             try:
                 digest, seen = await trio.to_thread.run_sync(self._hash_whole, node)
             except (StoreError, ArchiveGoneError, ArchiveChangedError, OpenArchivesFullError,
-                    OSError) as exc:  # fmt: skip
+                    DecodeTooLargeError, OSError) as exc:  # fmt: skip
                 # The object store unreachable, the archive not at its path now (its folder
                 # renamed away and back kept it refused for every user), written in place
                 # while it hashed (the new version is another node), not the file listed any

@@ -1,0 +1,103 @@
+"""Red team 87: archives that make one decode hold far more than the cache.
+
+F1: a chunk stating one blosc block the size of its plane: every small read of a plane larger
+than a quarter of the cache decoded that whole block outside the decode gate (eight readers of
+512 MiB blocks: 3.1 GiB under a 64 MiB cache). F2: husk blocks of the format's 64 MiB decoded
+outside the gate too. Now every decode passes the gate, and one past the bound is refused.
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tifffile
+from numcodecs import Blosc
+
+from vfs.cache import DECODE_FLOOR, PageCache
+from vfs.decant.packer import pack_file
+from vfs.decant.reader import DecantArchive
+from vfs.errors import DecodeTooLargeError
+
+SIDE = 8800  # a uint8 plane of ~74 MiB: past the 64 MiB one decode may hold under a small cache
+
+
+def _plane_archive(tmp_path: Path, one_block: bool) -> tuple[Path, bytes]:
+    tif = tmp_path / "big.tif"
+    plane = np.zeros((SIDE, SIDE), np.uint8)
+    plane[::97, ::13] = 7
+    tifffile.imwrite(tif, plane, rowsperstrip=SIDE, photometric="minisblack")
+    out = tmp_path / "big.tif.zarr.zip"
+    pack_file(tif, out)
+    if one_block:  # the plane's chunk encoded again as one block of the whole plane
+        new = tmp_path / "new.zarr.zip"
+        with zipfile.ZipFile(out) as zin, zipfile.ZipFile(new, "w") as zout:
+            for info in zin.infolist():
+                data = zin.read(info)
+                name = info.filename
+                if name.startswith("0/") and not name.rsplit("/", 1)[-1].startswith("."):
+                    decoded = Blosc().decode(data)
+                    data = Blosc("zstd", 1, 0, blocksize=len(decoded)).encode(decoded)
+                zout.writestr(info, data)
+        new.replace(out)
+    return out, tif.read_bytes()
+
+
+def _read(archive_path: Path, cache: PageCache, at: int) -> bytes:
+    with DecantArchive.open(archive_path) as archive:
+        (info,) = archive.originals()
+        reader = archive.open_original(info.relpath, cache)
+        try:
+            return bytes(reader.read(at, 4096))
+        finally:
+            reader.close()
+
+
+def test_a_block_past_the_bound_is_refused_before_it_is_decoded(tmp_path: Path) -> None:
+    path, original = _plane_archive(tmp_path, one_block=True)
+    at = len(original) // 2
+    tracemalloc.start()
+    try:
+        with pytest.raises(DecodeTooLargeError) as info:
+            _read(path, PageCache(8 << 20), at)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "big.tif.zarr.zip" in str(info.value) and "chunk" in str(info.value)
+    assert info.value.errno == 12  # ENOMEM, as an open past the budget
+    assert peak < 32 << 20  # refused before the 74 MiB block was allocated
+    # A cache large enough to hold the block reads it, byte-exact.
+    big = PageCache(96 << 20)
+    assert big.decode_bound() > SIDE * SIDE > DECODE_FLOOR
+    assert _read(path, big, at) == original[at : at + 4096]
+
+
+def test_the_same_plane_in_small_blocks_reads_under_the_small_cache(tmp_path: Path) -> None:
+    path, original = _plane_archive(tmp_path, one_block=False)
+    at = len(original) // 2
+    assert _read(path, PageCache(8 << 20), at) == original[at : at + 4096]
+
+
+def test_husk_blocks_decode_through_the_gate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A verbatim original's blocks are held against the decode gate while they decode."""
+    blob = tmp_path / "blob.bin"
+    blob.write_bytes(np.random.default_rng(87).bytes(3 << 20))
+    out = tmp_path / "blob.bin.zarr.zip"
+    pack_file(blob, out)
+    cache = PageCache(8 << 20)
+    held: list[int] = []
+    real = cache.decodes.held
+
+    def noted(nbytes: int) -> Any:
+        held.append(nbytes)
+        return real(nbytes)
+
+    monkeypatch.setattr(cache.decodes, "held", noted)
+    assert _read(out, cache, 1 << 20) == blob.read_bytes()[1 << 20 : (1 << 20) + 4096]
+    assert held and all(0 < n <= DECODE_FLOOR for n in held)
