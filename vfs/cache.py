@@ -285,8 +285,9 @@ class PageCache:
             self._reserved -= nbytes
 
     def decode_bound(self) -> int:
-        """The most one decode may hold: the cache's size, at least DECODE_FLOOR."""
-        return max(self.max_bytes, DECODE_FLOOR)
+        """The most one decode may hold: half the cache (its room is lent from the cache while
+        it runs, and half is left to every other reader), at least DECODE_FLOOR."""
+        return max(self.max_bytes // 2, DECODE_FLOOR)
 
     @contextmanager
     def decoding(self, hold: int, room: int, what: str = "") -> Iterator[None]:
@@ -302,8 +303,8 @@ class PageCache:
         if hold > bound:
             raise DecodeTooLargeError(
                 f"{what or 'a decode'}: decoding it needs {hold >> 20} MiB at once, more than "
-                f"the {bound >> 20} MiB one decode may hold here (the --cache-size, at least "
-                f"{DECODE_FLOOR >> 20} MiB)"
+                f"the {bound >> 20} MiB one decode may hold here (half the --cache-size, at "
+                f"least {DECODE_FLOOR >> 20} MiB)"
             )
         with self.decodes.held(hold):
             self.lend(room)

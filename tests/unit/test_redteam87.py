@@ -71,7 +71,7 @@ def test_a_block_past_the_bound_is_refused_before_it_is_decoded(tmp_path: Path) 
     assert info.value.errno == 12  # ENOMEM, as an open past the budget
     assert peak < 32 << 20  # refused before the 74 MiB block was allocated
     # A cache large enough to hold the block reads it, byte-exact.
-    big = PageCache(96 << 20)
+    big = PageCache(192 << 20)
     assert big.decode_bound() > SIDE * SIDE > DECODE_FLOOR
     assert _read(path, big, at) == original[at : at + 4096]
 

@@ -280,7 +280,7 @@ class BlockSource:
         try:
             if self._whole_checked(chunk):
                 whole = self._checked_chunk(chunk)
-                with self.cache.decoding(h.blocksize, 0, what):  # each block cached alone
+                with self.cache.decoding(h.blocksize, h.blocksize, what):
                     return memoryview(decode_blocks(h, spans, range(j, j + 1), whole))
             run = _near(spans, j, [
                 k for k in wanted
@@ -298,7 +298,9 @@ class BlockSource:
             # The blocks decode held against the decode gate, all of them: a chunk may state
             # blocks as large as its plane, and eight readers of 512 MiB blocks each decoded
             # one per 4 KiB read outside it, 3.1 GiB under a 64 MiB cache (red team 87).
-            with self.cache.decoding(h.blocksize * len(run), 0, what):
+            # Their room is lent from the cache meanwhile (each is cached on its own after).
+            held = h.blocksize * len(run)
+            with self.cache.decoding(held, held, what):
                 # Half the other blocks decode on the helper thread meanwhile, when it is idle
                 # (a 4 KiB read across a block boundary decodes two blocks: ~0.3 ms each here,
                 # one after the other before).
