@@ -17,6 +17,7 @@ import pytest
 from obstore.store import S3Store
 
 from tests.s3.conftest import S3Bucket
+from vfs.stores.s3uploads import UPLOAD_TOKEN, UploadTokens
 
 CASES = {
     # name: (spooled file, the other host's key that lands during the upload, the reason)
@@ -38,17 +39,25 @@ def _keys(store: S3Store, bucket: S3Bucket) -> list[str]:
     return sorted(m["path"][len(prefix) :] for b in obstore.list(store, prefix=prefix) for m in b)
 
 
-def _placer_spool(bucket: S3Bucket, tmp_path: Path, began: bool = False) -> Any:
-    """A spool publishing into the bucket; `began`: its journal says each key's upload began
-    (a kill fell between the PUT and its check), as BucketTree.began would."""
+TOKENS = UploadTokens(b"this host's secret".ljust(32))
+
+
+def _placer_spool(bucket: S3Bucket, tmp_path: Path) -> Any:
+    """A spool publishing into the bucket, its uploads signed with TOKENS."""
     from vfs.ingest.bucket import BucketPlacer
     from vfs.ingest.spool import Spool
     from vfs.stores.base import ObjectPath
     from vfs.stores.s3 import S3Folder
 
     spool = Spool(ObjectPath.of_url(bucket.url()), tmp_path / "files", tmp_path / "staging")
-    spool.placer = BucketPlacer(S3Folder(bucket.url()), began=lambda _key, _etag: began)
+    spool.placer = BucketPlacer(S3Folder(bucket.url()), tokens=TOKENS)
     return spool
+
+
+def _put_as_this_host(store: S3Store, bucket: S3Bucket, key: str, data: bytes) -> None:
+    """An upload of this host that a kill cut off before its check: it carries a token
+    this host signed for its key."""
+    obstore.put(store, bucket.key(key), data, attributes={UPLOAD_TOKEN: TOKENS.new(key)})
 
 
 def _spool_file(tmp_path: Path, relpath: str, corpus: dict[str, Path]) -> bytes:
@@ -183,9 +192,9 @@ def test_an_upload_found_in_place_is_checked_before_it_counts_as_published(
     from vfs.ingest.bucket import KeyTakenError
 
     store = S3Store(s3_bucket.name, client_options={"allow_http": True})
-    spool = _placer_spool(s3_bucket, tmp_path, began=True)
+    spool = _placer_spool(s3_bucket, tmp_path)
     data = _spool_file(tmp_path, "d/n.txt", corpus)
-    obstore.put(store, s3_bucket.key("d/n.txt"), data)  # this host's, before the kill
+    _put_as_this_host(store, s3_bucket, "d/n.txt", data)  # before the kill
     obstore.put(store, s3_bucket.key(theirs), b"another host's file\n")
     with pytest.raises(KeyTakenError, match=reason):
         spool.publish("d/n.txt", False, None)
@@ -290,24 +299,33 @@ def test_a_copy_onto_a_taken_key_is_refused_by_the_store(s3_bucket: S3Bucket) ->
     assert bytes(obstore.get(store, s3_bucket.key("free")).bytes()) == b"the moved object\n"
 
 
-@pytest.mark.parametrize("began", [False, True])
+@pytest.mark.parametrize("whose", ["this host", "another host", "no host", "signed elsewhere"])
 def test_another_host_s_object_of_the_same_bytes_is_not_taken_for_this_upload(
-    began: bool, s3_bucket: S3Bucket, corpus: dict[str, Path], tmp_path: Path
+    whose: str, s3_bucket: S3Bucket, corpus: dict[str, Path], tmp_path: Path
 ) -> None:
     """Red team 83, F1: a victim's file spooled on host B; a user of host A, who could read
     the spooled bytes through B's mount, put them at the key through A. B's next try found its
     bytes there, counted it published ("already") and deleted its spooled copy; the user then
-    deleted the object on A, as theirs there, and the only copy was gone. Only an object this
-    host's journal says it uploaded counts now; another's is left, the file stays spooled."""
+    deleted the object on A, as theirs there, and the only copy was gone. Red team 86, F1: so
+    too when B's journal said it had begun an upload there (killed), or had uploaded those
+    bytes there before. Only an object carrying a token this host signed for the key counts
+    now; another's is left, the file stays spooled."""
     from vfs.ingest.bucket import KeyTakenError
 
     store = S3Store(s3_bucket.name, client_options={"allow_http": True})
-    spool = _placer_spool(s3_bucket, tmp_path, began=began)
+    spool = _placer_spool(s3_bucket, tmp_path)
     data = _spool_file(tmp_path, "d/d2.bin", corpus)
-    obstore.put(store, s3_bucket.key("d/d2.bin"), data)  # host A's upload of the same bytes
-    if began:  # this host's own upload, its check cut off by a kill: published as before
+    if whose == "this host":  # its own upload, its check cut off by a kill: published
+        _put_as_this_host(store, s3_bucket, "d/d2.bin", data)
         assert spool.publish("d/d2.bin", False, None).mode == "already"
         return
+    other = UploadTokens(b"another host's secret".ljust(32))
+    token = {
+        "another host": {UPLOAD_TOKEN: other.new("d/d2.bin")},
+        "no host": {},
+        "signed elsewhere": {UPLOAD_TOKEN: TOKENS.new("d/other.bin")},  # this host's, not here
+    }[whose]
+    obstore.put(store, s3_bucket.key("d/d2.bin"), data, attributes=token)
     with pytest.raises(KeyTakenError, match="not from an upload of this host"):
         spool.publish("d/d2.bin", False, None)
     assert (tmp_path / "files" / "d/d2.bin").read_bytes() == data  # still spooled

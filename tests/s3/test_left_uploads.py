@@ -79,6 +79,38 @@ def test_a_bucket_mount_aborts_at_start_what_its_journal_left_uploading(
     assert "aborted the multipart upload an earlier run left" in m.log.read_text()
 
 
+@pytest.mark.mount
+@pytest.mark.skipif(not HAVE_FUSE, reason="needs /dev/fuse and fusermount3")
+def test_a_pending_entry_does_not_make_another_host_s_object_this_host_s_user_s(
+    s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path
+) -> None:
+    """Red team 86, F1: host A killed mid-upload of a user's file; host B's user published the
+    same name meanwhile. A's journal still said an upload of its user's began there, and A
+    showed B's object as its user's own file (their mode and owner), which they could `rm`.
+    Now a start forgets a pending entry whose key holds an object A did not sign; one whose
+    key holds A's own upload (or nothing yet) stays."""
+    import obstore
+    from obstore.store import S3Store
+
+    from vfs.stores.s3uploads import UPLOAD_TOKEN, UploadTokens
+
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    spool = tmp_path / "spool"
+    spool.mkdir(mode=0o700)
+    ours = UploadTokens.kept_in(spool / "upload-secret")  # as the daemon will find it
+    obstore.put(store, s3_bucket.key("u/theirs.bin"), b"B's user's file\n")
+    obstore.put(store, s3_bucket.key("u/ours.bin"), b"A's upload\n",
+                attributes={UPLOAD_TOKEN: ours.new("u/ours.bin")})  # fmt: skip
+    lines = [
+        json.dumps([key, "", 0o600, 1001, 1001, 10**18]) for key in ("u/theirs.bin", "u/ours.bin")
+    ]
+    (spool / "published.jsonl").write_text("\n".join(lines) + "\n")
+    m = bucket_mount(s3_bucket.url(), "--spool", str(spool))
+    theirs, mine = (m.mnt / "u" / "theirs.bin").stat(), (m.mnt / "u" / "ours.bin").stat()
+    assert (theirs.st_uid, theirs.st_mode & 0o777) == (0, 0o444)  # as any other host shows it
+    assert (mine.st_uid, mine.st_mode & 0o777) == (1001, 0o600)  # A's own, shown as its user's
+
+
 class Killed(BaseException):
     """The daemon killed: nothing after it runs (no withdrawal, no journal line)."""
 

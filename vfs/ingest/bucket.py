@@ -54,7 +54,7 @@ from vfs.ingest.spool import Spool, make_folders
 from vfs.ingest.writeside import Attrs, WriteSide, refuse
 from vfs.nodes import Node, mirror_node
 from vfs.stores.base import ObjectInfo, etag_number, join_key
-from vfs.stores.s3uploads import UPLOAD_TOKEN
+from vfs.stores.s3uploads import SECRET_BYTES, UPLOAD_TOKEN, UploadTokens
 
 if TYPE_CHECKING:
     from vfs.decant.packer import PackOptions
@@ -83,12 +83,13 @@ class BucketPlacer:
         folder: S3Folder,
         on_placed: OnPlaced | None = None,
         on_withdrawn: OnWithdrawn | None = None,
-        began: Callable[[str, str], bool] | None = None,
+        tokens: UploadTokens | None = None,
     ) -> None:
         self.folder = folder
         self.on_placed = on_placed
         self.on_withdrawn = on_withdrawn
-        self.began = began  # (key, ETag): this host's upload, by its journal (BucketTree.began)
+        # What this host's uploads carry, and what tells them from anyone else's.
+        self.tokens = tokens or UploadTokens(secrets.token_bytes(SECRET_BYTES))
         # spooled relpath → (key, token) of its upload under way, until it ends or fails
         self._uploading: dict[str, tuple[str, str]] = {}
         self._ours: dict[str, tuple[str, str]] = {}  # URL → (key, ETag) of what it uploaded
@@ -205,7 +206,7 @@ class BucketPlacer:
         from vfs.stores.upload import ObjectExistsError, put_verified
 
         with self._noted(key, st):
-            token = secrets.token_hex(16)
+            token = self.tokens.new(key)
             with self._lock:
                 self._uploading[relpath] = (key, token)
             try:
@@ -303,8 +304,11 @@ class BucketPlacer:
         # reason. Only this host's own upload counts: another host's of the same bytes (a user
         # there may copy them from this spool, readable through the mount) was taken for it,
         # this file's spooled copy deleted, and that user then deleted the object as theirs on
-        # their host, the only copy gone (red team 83, F1).
-        if not self._uploaded_here(key, etag):
+        # their host, the only copy gone (red team 83, F1); so too when this host had begun an
+        # upload there, or had uploaded those bytes there before (red team 86, F1).
+        if not self._uploaded_here(key):
+            if self.on_placed is not None:  # not shown as this file's any more
+                self.on_placed(key, "", None)
             raise KeyTakenError(
                 f"{self.folder.url_of(key)}: holds this file's bytes, but not from an upload of "
                 "this host (another host's, or put there directly); left as it is, and the file "
@@ -319,11 +323,9 @@ class BucketPlacer:
         self._placed(key, etag, st)
         return Published(relpath, self._target(key), "already", signature=signature(st))
 
-    def _uploaded_here(self, key: str, etag: str) -> bool:
-        with self._lock:
-            if (key, etag) in self._ours.values():
-                return True
-        return self.began is not None and self.began(key, etag)
+    def _uploaded_here(self, key: str) -> bool:
+        """Whether the object at `key` carries a token this host signed for it (a HEAD)."""
+        return self.tokens.signed(key, self.folder.upload_token(key))
 
     def _withdraw_earlier(self, key: str, etag: str) -> bool:
         """Delete the object at `key` if it is still the upload of ETag `etag` (a HEAD first: S3

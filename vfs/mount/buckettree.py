@@ -23,7 +23,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vfs.backends.base import Backend, Description, Entry
 from vfs.backends.objects import ObjectBackend
@@ -42,6 +42,9 @@ from vfs.stores.base import (
     join_key,
     replaced,
 )
+
+if TYPE_CHECKING:
+    from vfs.stores.s3uploads import UploadTokens
 
 log = logging.getLogger(__name__)
 
@@ -175,12 +178,25 @@ class BucketTree(SourceTree):
                 if listing is not None:
                     listing.at = float("-inf")
 
-    def began(self, key: str, etag: str) -> bool:
-        """Whether this host uploaded the object of `etag` at `key`, or began an upload there
-        that never ended (the daemon stopped between the PUT and its check), as its journal
-        says: the only sign an object holding a spooled file's bytes is this host's upload."""
-        with self._lock:
-            return (key, etag) in self._published or (key, PENDING) in self._published
+    def drop_pending_not_ours(self, tokens: UploadTokens, within: float) -> None:
+        """Forget the pending entries (uploads begun, never ended: a kill) whose key holds an
+        object this host did not upload: another host's object there was shown as this host's
+        user's file, which they could then `rm` (red team 86, F1). Looked at for at most
+        `within` seconds (a HEAD each); those left are looked at again when their file's
+        upload is tried."""
+        deadline = time.monotonic() + within
+        for key in self.pending()[:MAX_REMEMBERED]:
+            if time.monotonic() > deadline:
+                break
+            try:
+                token = self.folder.upload_token(key)  # type: ignore[attr-defined]
+            except StoreError:
+                break  # the store down: the upload's retry decides
+            if token is not None and tokens.signed(key, token):
+                continue
+            if token is None and self.folder.stat(key) is None:
+                continue  # nothing there yet: the upload's retry puts it
+            self.note_published(key, PENDING, None)
 
     def pending(self) -> list[str]:
         """Keys whose upload began and never ended in the journal (the daemon killed, or the

@@ -316,6 +316,7 @@ def build_bucket_write_side(config: MountConfig, tree: SourceTree) -> PackQueue:
     spool's placer uploads, reads back and checks each before its spooled copy goes."""
     from vfs.ingest.bucket import BucketPlacer
     from vfs.mount.buckettree import BucketTree
+    from vfs.stores.s3uploads import UploadTokens
 
     assert isinstance(tree, BucketTree)
     root = config.spool_root
@@ -327,15 +328,17 @@ def build_bucket_write_side(config: MountConfig, tree: SourceTree) -> PackQueue:
     spool = Spool(config.src, root / "files", staging=root / "staging")
     spool.max_plane = plane_bound(config.cache_size)
     spool.max_segments = segment_bound(config.cache_size)
+    tokens = UploadTokens.kept_in(root / "upload-secret")
     spool.placer = BucketPlacer(
         tree.folder,
         tree.note_published,
         tree.note_withdrawn,  # type: ignore[arg-type]
-        tree.began,
+        tokens,
     )
     tree.keep_published(root / "published.jsonl")
     # Before any upload of this run starts: one of those is never taken for a leftover.
     tree.folder.abort_left_behind(tree.pending(), time.time(), ABORT_WITHIN)  # type: ignore[attr-defined]
+    tree.drop_pending_not_ours(tokens, ABORT_WITHIN)
     tree.settle_withdrawn(tree.folder.withdraw_left_behind(tree.withdrawn(), ABORT_WITHIN))  # type: ignore[attr-defined]
     queue = PackQueue([spool], config.settle, None, config.pack_all, config.pack_workers,
                       config.stale_temp, config.retry_after)  # fmt: skip

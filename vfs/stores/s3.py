@@ -743,6 +743,20 @@ class S3Folder:
         except (BaseError, OSError) as exc:
             raise translate(exc, self.url_of(key), "HEAD:") from None
 
+    def upload_token(self, key: str) -> str | None:
+        """The write side's upload token the object at `key` carries (vfs.stores.s3uploads),
+        by a HEAD; None when it carries none, or no object is there."""
+        from vfs.stores.s3uploads import UPLOAD_TOKEN
+
+        try:
+            found = obstore.get(self.client, self.full_key(key), options={"head": True})
+        except FileNotFoundError:
+            return None
+        except (BaseError, OSError) as exc:
+            raise translate(exc, self.url_of(key), "HEAD:") from None
+        token = found.attributes.get(UPLOAD_TOKEN)
+        return None if token is None else str(token)
+
     def get(self, key: str) -> bytes | None:
         try:
             return bytes(obstore.get(self.client, self.full_key(key)).bytes())

@@ -20,11 +20,16 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import hashlib
+import hmac
 import logging
+import os
+import secrets
 import time
 import urllib.parse
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from vfs.stores.s3list import Plain, _fetch, _quote, _text
@@ -93,6 +98,50 @@ def abort_left_behind(p: Plain, keys: Iterable[str], before: float, within: floa
 
 
 UPLOAD_TOKEN = "decant-upload"  # the user metadata naming one upload of the write side
+SECRET_BYTES = 32
+
+
+class UploadTokens:
+    """The tokens one host's uploads carry: a random nonce (each upload its own, so a token
+    noted for an upload withdrawn never names a later one at the key) and an HMAC of the key
+    and nonce under the host's secret, kept in its spool. Only an object carrying a token this
+    host signed for its key is its upload: the same bytes put there by another host or anyone
+    else are not (an ETag is their MD5; taken for the host's own upload, the spooled copy was
+    deleted and the other's owner then deleted the object, the only copy gone: red team 86)."""
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+
+    @classmethod
+    def kept_in(cls, path: Path) -> UploadTokens:
+        """The secret at `path` (the daemon's alone: its spool is 0700), made at first use."""
+        try:
+            secret = path.read_bytes()
+        except FileNotFoundError:
+            secret = b""
+        if len(secret) != SECRET_BYTES:
+            secret = secrets.token_bytes(SECRET_BYTES)
+            tmp = path.with_name(path.name + ".new")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(secret)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        return cls(secret)
+
+    def new(self, key: str) -> str:
+        nonce = secrets.token_hex(8)
+        return f"{nonce}.{self._mac(key, nonce)}"
+
+    def signed(self, key: str, token: str | None) -> bool:
+        """Whether `token` (an object's UPLOAD_TOKEN, or None) is one this host made for `key`."""
+        nonce, dot, mac = (token or "").partition(".")
+        return bool(dot) and hmac.compare_digest(mac, self._mac(key, nonce))
+
+    def _mac(self, key: str, nonce: str) -> str:
+        message = f"{key}\0{nonce}".encode("utf-8", "surrogateescape")
+        return hmac.new(self._secret, message, hashlib.sha256).hexdigest()[:32]
 
 
 def withdraw_left_behind(
