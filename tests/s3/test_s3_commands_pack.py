@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import obstore
@@ -145,6 +146,32 @@ def test_a_multipart_upload_stops_when_its_check_says_so(s3_bucket: S3Bucket, bl
     done = put_verified(
         folder, "k", blob, single_put_max=MiB, chunk_size=5 * MiB, check=lambda: None
     )
+    assert object_bytes(s3_bucket, "k") == blob.read_bytes() and done.etag.strip('"').endswith("-3")
+
+
+def test_a_multipart_upload_does_not_overwrite_an_object_put_there_while_it_ran(
+    s3_bucket: S3Bucket, blob: Path
+) -> None:
+    """Red team 86, F2: a multipart upload cannot be conditional, and the key was looked at
+    only as it began: a file another host moved there meanwhile was overwritten (its old name
+    already deleted: lost). The key is looked at again as the last part is read."""
+    folder = S3Folder(s3_bucket.url(""))
+    reads = []
+
+    def meanwhile() -> None:
+        reads.append(1)
+        if len(reads) == 2:  # after the first part: another writer's object lands (on a
+            # thread of its own: this runs within obstore's runtime, where obstore cannot)
+            with ThreadPoolExecutor(1) as pool:
+                pool.submit(obstore.put, client(s3_bucket), s3_bucket.key("k"),
+                            b"moved here meanwhile").result()  # fmt: skip
+
+    with pytest.raises(ObjectExistsError, match="during the upload"):
+        put_verified(folder, "k", blob, single_put_max=MiB, chunk_size=5 * MiB, check=meanwhile)
+    assert object_bytes(s3_bucket, "k") == b"moved here meanwhile"
+    # Without a check (decant pack -o s3://...) the key is looked at again too.
+    obstore.delete(client(s3_bucket), s3_bucket.key("k"))
+    done = put_verified(folder, "k", blob, single_put_max=MiB, chunk_size=5 * MiB)
     assert object_bytes(s3_bucket, "k") == blob.read_bytes() and done.etag.strip('"').endswith("-3")
 
 
