@@ -8,6 +8,7 @@ building its index as objects, red team 84). A `Region` is made only for the reg
 from __future__ import annotations
 
 import errno
+from bisect import bisect_right
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
@@ -20,6 +21,7 @@ from vfs.errors import ManifestError
 
 HUSK = -1
 _NONE = -2  # no page follows (the read-ahead target's column)
+SMALL_INDEX = 8192  # regions kept as lists too (~0.5 MiB at most)
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,12 @@ class RegionIndex(Sequence[Region]):
         ids, first = np.unique(self._pages[pixel], return_index=True)
         self._page_ids = ids
         self._page_first = self._starts[pixel][first]
+        # A small index (most originals: a few regions a page) is also kept as lists, which a
+        # read's lookups take from faster: numpy's scalars made a warm 128 KiB read through
+        # the index 4.4 us, against 2.5 as lists.
+        self._rows: tuple[list[int], list[int], list[int]] | None = None
+        if len(starts) <= SMALL_INDEX:
+            self._rows = (self._starts.tolist(), self._pages.tolist(), self._pos.tolist())
 
     @classmethod
     def husk_only(cls, size: int) -> RegionIndex:
@@ -153,6 +161,8 @@ class RegionIndex(Sequence[Region]):
             i += len(self)
         if not 0 <= i < len(self):
             raise IndexError("region index out of range")
+        if self._rows is not None:
+            return self._region(i)
         start = int(self._starts[i])
         end = int(self._starts[i + 1]) if i + 1 < len(self) else self.size
         return Region(start, end - start, int(self._pages[i]), int(self._pos[i]))
@@ -171,8 +181,16 @@ class RegionIndex(Sequence[Region]):
             for start, end, page, pos in rows:
                 yield Region(start, end - start, page, pos)
 
+    def _region(self, i: int) -> Region:
+        """Region i (0 <= i < len) of a small index, from its lists."""
+        starts, pages, pos = self._rows  # type: ignore[misc]
+        end = starts[i + 1] if i + 1 < len(starts) else self.size
+        return Region(starts[i], end - starts[i], pages[i], pos[i])
+
     def locate(self, offset: int) -> int:
         """Index of the region holding byte `offset` (0 <= offset < size)."""
+        if self._rows is not None:
+            return bisect_right(self._rows[0], offset) - 1
         return int(np.searchsorted(self._starts, offset, side="right")) - 1
 
     def spans(self, offset: int, size: int) -> Iterator[tuple[Region, int, int]]:
@@ -183,8 +201,9 @@ class RegionIndex(Sequence[Region]):
         if offset >= end:
             return
         i = self.locate(offset)
+        region = self._region if self._rows is not None else self.__getitem__
         while offset < end:
-            r = self[i]
+            r = region(i)
             inner = offset - r.start
             n = min(r.length - inner, end - offset)
             yield r, inner, n
