@@ -22,6 +22,7 @@ from vfs.decant.geometry import ITEMSIZE
 from vfs.decant.limits import (
     MAX_MANIFEST_BYTES,
     MAX_MANIFEST_ITEMS,
+    MAX_MEMBERS,
     MAX_PAGES,
     MAX_SEGMENTS,
     json_cost,
@@ -321,6 +322,12 @@ HOSTILE = {
         b'"index": 0, "shape": [512, 512], "dtype": "uint16"',
         b",".join(b'"%s": "%s"' % (k, b"a" * (15 * MiB)) for k in PAGE_KEYS),
     ),
+    # 350,000 members of no pages, names of 150 characters (a ~3 MB archive): 1.2 GiB
+    "many members": lambda: series_of(350_000, lambda i: b""),
+    # as many members as a series may hold, a page each (each refused: kept as its error)
+    "members at the bound, a page each": lambda: series_of(
+        MAX_MEMBERS, lambda i: PAGE % (i, b"%d" % (4096 + i * 8), b"8", 512)
+    ),
     "members with long names": lambda: (
         HEAD.replace(b"byte-exact", b"series")
         + b', "original_size": 0, "members": ['
@@ -328,6 +335,16 @@ HOSTILE = {
         + b"]}"
     ),
 }
+
+
+def series_of(members: int, page: Callable[[int], bytes]) -> bytes:
+    """A consolidated series manifest of `members` members, each with `page(i)` as its pages."""
+    record = (b'{"relpath": "d%%03d/%%07d%s.tif", "original_size": 1, "original_sha256": "%s", '
+              b'"husk_array": "husk_%%d", "husk_raw_size": 1, "pages": [%%s]}'
+              % (b"x" * 140, b"0" * 64))  # fmt: skip
+    listed = b",".join(record % (i % 997, i, i, page(i)) for i in range(members))
+    head = HEAD.replace(b"byte-exact", b"series")
+    return head + b', "original_size": 0, "series_consolidated": true, "members": [%s]}' % listed
 
 
 SETUP = "from tests.unit.test_manifest_memory import *\n"

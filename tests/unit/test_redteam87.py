@@ -19,7 +19,7 @@ import tifffile
 from numcodecs import Blosc
 
 from vfs.cache import DECODE_FLOOR, PageCache
-from vfs.decant.packer import pack_file
+from vfs.decant.packer import PackOptions, pack_file
 from vfs.decant.reader import DecantArchive
 from vfs.errors import DecodeTooLargeError
 
@@ -101,3 +101,48 @@ def test_husk_blocks_decode_through_the_gate(
     monkeypatch.setattr(cache.decodes, "held", noted)
     assert _read(out, cache, 1 << 20) == blob.read_bytes()[1 << 20 : (1 << 20) + 4096]
     assert held and all(0 < n <= DECODE_FLOOR for n in held)
+
+
+def test_a_series_of_more_members_than_the_readers_take_is_not_packed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """F3: the readers refuse a manifest of more than MAX_MEMBERS members (400,000 took 1.3
+    GiB to parse); the packer makes none."""
+    from vfs.decant import series
+    from vfs.decant.series import pack_series
+    from vfs.errors import PackError
+
+    monkeypatch.setattr(series, "MAX_MEMBERS", 3)
+    folder = tmp_path / "run"
+    folder.mkdir()
+    for i in range(4):
+        (folder / f"f{i}.txt").write_text(f"file {i}\n")
+    with pytest.raises(PackError, match="at most 3 members"):
+        pack_series(folder, tmp_path / "run.zarr", PackOptions())
+    (folder / "f3.txt").unlink()
+    pack_series(folder, tmp_path / "run.zarr", PackOptions())
+
+
+def test_members_pages_share_one_table_and_a_view_is_read_only() -> None:
+    """F3: each member's pages are a view of one shared table, not a table of their own."""
+    from vfs.decant.manifest import parse_manifest
+    from vfs.decant.pagetable import PageTable
+
+    page = (b'{"index": %d, "shape": [1, 8], "dtype": "uint8", "dataoffsets": [%d], '
+            b'"databytecounts": [8], "samplesperpixel": 1, "planarconfig": 1, "predictor": 1, '
+            b'"rowsperstrip": 1, "tilewidth": 0, "tilelength": 0}')  # fmt: skip
+    members = b",".join(
+        b'{"relpath": "m%d.tif", "original_size": 16, "original_sha256": "%s", "husk_array": '
+        b'"husk_%d", "husk_raw_size": 8, "pages": [%s]}' % (i, b"0" * 64, i, page % (i, 8))
+        for i in range(3)
+    )
+    raw = (b'{"format": 1, "mode": "series", "original_name": "s", "original_size": 0, '
+           b'"original_sha256": "", "series_consolidated": true, "plane_order": ["T"], '
+           b'"members": [%s], "notes": "%s"}' % (members, b"n" * (5 << 20)))  # fmt: skip
+    m = parse_manifest(raw, "s.zarr.zip")  # notes make it costly: walked, not json.loads
+    tables = [mem.pages for mem in m.members]
+    assert all(isinstance(t, PageTable) and len(t) == 1 for t in tables)
+    assert [t[0].index for t in tables] == [0, 1, 2]
+    assert len({id(t._cols) for t in tables}) == 1
+    with pytest.raises(TypeError):
+        tables[0].append(tables[1][0])

@@ -16,6 +16,7 @@ from typing import Any
 from vfs.decant import SUPPORTED_FORMATS
 from vfs.decant.geometry import ITEMSIZE, check_geometry
 from vfs.decant.limits import (
+    MAX_MEMBERS,
     MAX_ORIGINAL_SIZE,
     MAX_PAGES,
     MAX_SEGMENTS,
@@ -203,8 +204,11 @@ class _Fields:
         table = self.doc.get("pages")
         if not isinstance(table, PageTable):
             where = "pages" if self.where == "manifest" else f"{self.where}.pages"
+            records = self.list("pages")
+            if not records:
+                return _NO_PAGES  # shared: a view, read-only
             table = PageTable()
-            for i, record in enumerate(self.list("pages")):
+            for i, record in enumerate(records):
                 try:
                     table.append(parse_page(record, f"{where}[{i}]", self.source))
                 except OverflowError:  # as ManifestText words it: no field of the format is 2^63
@@ -369,7 +373,7 @@ def manifest_from_doc(doc: Any, source: str) -> Manifest:
         husk_raw_size=f.size("husk_raw_size", 0),
         notes=f.str("notes", ""),
         members=tuple(
-            _parse_member(m, f"members[{i}]", source) for i, m in enumerate(f.list("members"))
+            _parse_member(m, f"members[{i}]", source) for i, m in enumerate(_members(f, source))
         ),
         series_consolidated=f.bool("series_consolidated", False),
         all_chunks_stored=f.bool("all_chunks_stored", False),
@@ -456,6 +460,16 @@ def _check_counts(m: Manifest, source: str) -> None:
             f"{source}: manifest lists {segments} pixel segments, more than {MAX_SEGMENTS}"
         )
     _unique((i for t in tables for i in t.indexes()), "page index", source)
+
+
+_NO_PAGES = PageTable().view(0, 0)
+
+
+def _members(f: _Fields, source: str) -> list[Any]:
+    members = f.list("members")
+    if len(members) > MAX_MEMBERS:  # json.loads' document (ManifestText stops at the bound)
+        raise ManifestError(f"{source}: manifest lists more than {MAX_MEMBERS} members")
+    return members
 
 
 def _table(pages: Sequence[PageRecord]) -> PageTable:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import vfs
 from vfs.beneath import open_beneath
-from vfs.decant.limits import MAX_PAGES, MAX_SEGMENTS
+from vfs.decant.limits import MAX_MEMBERS, MAX_PAGES, MAX_SEGMENTS
 from vfs.decant.manifest import MAX_DEPTH, Manifest, MemberRecord
 from vfs.decant.packer import (
     PackOptions,
@@ -75,6 +75,11 @@ def series_members(folder: Path) -> list[Path]:
                 files.append(p)
     if not files:
         raise PackError(f"{folder}: no files to pack as a series")
+    if len(files) > MAX_MEMBERS:  # the readers refuse a manifest of more
+        raise PackError(
+            f"{folder}: {len(files)} files; a series holds at most {MAX_MEMBERS} members "
+            "(pack its folders apart)"
+        )
     return sorted(files, key=lambda p: p.relative_to(folder).as_posix())
 
 
