@@ -237,7 +237,10 @@ def _still_free(folder: S3Folder, key: str) -> None:
     obstore panics ("Cannot start a runtime from within a runtime"): the HEAD runs on a thread
     of its own."""
     with ThreadPoolExecutor(1, thread_name_prefix="decant-head") as pool:
-        found = pool.submit(folder.stat, key).result()
+        try:
+            found = pool.submit(folder.stat, key).result()
+        except StoreError as exc:  # the store failing during the upload: the upload fails
+            raise UploadError(f"{folder.url_of(key)}: upload: {exc}") from None
     if found is not None:
         raise ObjectExistsError(f"{folder.url_of(key)}: already exists (put there during the "
                                 "upload: not overwritten)")  # fmt: skip
