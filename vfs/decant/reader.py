@@ -629,6 +629,8 @@ class PixelReader(OriginalReader):
         """[start, start + n) of a page's bytes from the blosc blocks holding them, or None
         when the whole plane is the better (or only) way: a large or sequential read, a codec
         without blocks. Cached blocks serve any read, small or not."""
+        if not small and not cached_only and not self._block_wise():
+            return None  # before any geometry: a large read of many regions asks per region
         page = self.pages[index]
         geom = self.plan.geometry(page)
         native = self._file_dtype == self._pixels.dtype and geom.chunky
