@@ -25,8 +25,7 @@ class CacheStats:
 
 IDLE_SHARE = 8  # buffers kept idle for reuse: at most this fraction of a cache's budget
 DECODE_GATE_BYTES = 256 << 20  # what decodes in flight may hold at once, or half the cache
-# One decode may always hold this much (PageCache.decode_bound): the format's largest husk or
-# verbatim block (vfs.decant.limits.MAX_BLOCK_BYTES), so every archive's husk still reads.
+# A decode of blosc blocks may always hold this much (PageCache.decode_bound).
 DECODE_FLOOR = 64 << 20
 
 
@@ -285,27 +284,33 @@ class PageCache:
             self._reserved -= nbytes
 
     def decode_bound(self) -> int:
-        """The most one decode may hold: half the cache (its room is lent from the cache while
-        it runs, and half is left to every other reader), at least DECODE_FLOOR."""
+        """The most a decode of blosc blocks may hold: half the cache (its room is lent from
+        the cache while it runs, and half is left to every other reader), at least
+        DECODE_FLOOR."""
         return max(self.max_bytes // 2, DECODE_FLOOR)
 
-    @contextmanager
-    def decoding(self, hold: int, room: int, what: str = "") -> Iterator[None]:
-        """Run a decode: `hold` bytes of the decode gate, then room for its `room`-byte value
-        evicted from the cache while it runs. Room taken by `get_or_load` before the gate was
-        taken by every decode waiting there too: twenty-four readers under a 32 MiB cache kept
-        it empty, and each read decoded its plane again.
-
-        A decode past `decode_bound` is refused before it allocates (DecodeTooLargeError,
-        naming `what`): the gate lets one decode of any size run alone, and a 115 KB archive
-        of 512 MiB blosc blocks took a 64 MiB-cache daemon to 3.1 GiB (red team 87)."""
+    def check_blocks(self, hold: int, what: str) -> None:
+        """Refuse a decode of blosc blocks past `decode_bound` before it allocates
+        (DecodeTooLargeError, naming `what`). A chunk may state blocks as large as its plane:
+        a 115 KB archive of 512 MiB blocks took a 64 MiB-cache daemon to 3.1 GiB, each 4 KiB
+        read decoding one (red team 87). A writer's blocks are at most a few MiB. Whole planes
+        are not held to it: the format allows planes of 1 GiB, tiled ones decode to twice
+        that, and an archive that verified before must still read (red team 88); the gate
+        runs such a decode alone."""
         bound = self.decode_bound()
         if hold > bound:
             raise DecodeTooLargeError(
-                f"{what or 'a decode'}: decoding it needs {hold >> 20} MiB at once, more than "
-                f"the {bound >> 20} MiB one decode may hold here (half the --cache-size, at "
+                f"{what}: decoding its blosc blocks needs {hold >> 20} MiB at once, more than "
+                f"the {bound >> 20} MiB this mount lets them hold (half the --cache-size, at "
                 f"least {DECODE_FLOOR >> 20} MiB)"
             )
+
+    @contextmanager
+    def decoding(self, hold: int, room: int) -> Iterator[None]:
+        """Run a decode: `hold` bytes of the decode gate, then room for its `room`-byte value
+        evicted from the cache while it runs. Room taken by `get_or_load` before the gate was
+        taken by every decode waiting there too: twenty-four readers under a 32 MiB cache kept
+        it empty, and each read decoded its plane again."""
         with self.decodes.held(hold):
             self.lend(room)
             try:

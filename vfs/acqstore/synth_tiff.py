@@ -458,7 +458,7 @@ class SynthesizedTiff:
         block = self._block(self.layout.page_coords(page))
         planes = math.prod(b.stop - b.start if isinstance(b, slice) else 1 for b in block)
         nbytes = self.layout.plane_bytes
-        with self._cache.decoding(2 * planes * nbytes, nbytes, f"{self._label}: page {page}"):
+        with self._cache.decoding(2 * planes * nbytes, nbytes):
             return self._load(page)
 
     def _cached_plane(self, page: int) -> memoryview:

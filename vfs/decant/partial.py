@@ -280,7 +280,8 @@ class BlockSource:
         try:
             if self._whole_checked(chunk):
                 whole = self._checked_chunk(chunk)
-                with self.cache.decoding(h.blocksize, h.blocksize, what):
+                self.cache.check_blocks(h.blocksize, what)
+                with self.cache.decoding(h.blocksize, h.blocksize):
                     return memoryview(decode_blocks(h, spans, range(j, j + 1), whole))
             run = _near(spans, j, [
                 k for k in wanted
@@ -300,7 +301,8 @@ class BlockSource:
             # one per 4 KiB read outside it, 3.1 GiB under a 64 MiB cache (red team 87).
             # Their room is lent from the cache meanwhile (each is cached on its own after).
             held = h.blocksize * len(run)
-            with self.cache.decoding(held, held, what):
+            self.cache.check_blocks(held, what)
+            with self.cache.decoding(held, held):
                 # Half the other blocks decode on the helper thread meanwhile, when it is idle
                 # (a 4 KiB read across a block boundary decodes two blocks: ~0.3 ms each here,
                 # one after the other before).

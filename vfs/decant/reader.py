@@ -551,8 +551,7 @@ class OriginalReader:
     def _husk_block(self, index: int, held: int) -> bytes | memoryview:
         """Husk block `index` decoded, held against the decode gate: sixteen readers of 64 MiB
         blocks decoded six at once outside it, 403 MiB under a 64 MiB cache (red team 87)."""
-        what = f"{self.archive.path}: husk block {index}"
-        with self.cache.decoding(held, 0, what):  # its room: get_or_load's
+        with self.cache.decoding(held, 0):  # its room: get_or_load's
             return _fitted(read_chunk(self._chunks, self._husk_spec, (index,)), held)
 
 
@@ -690,8 +689,7 @@ class PixelReader(OriginalReader):
         dtype = spec.dtype
         file_dtype = dtype.newbyteorder(self.byteorder) if dtype.itemsize > 1 else dtype
         native = file_dtype == dtype and not page.tilewidth and page.planarconfig == 1
-        hold, what = (1 if native else 2) * spec.chunk_nbytes, f"{self.archive.path}: page {index}"
-        with cache.decoding(hold, spec.chunk_nbytes, what):
+        with cache.decoding((1 if native else 2) * spec.chunk_nbytes, spec.chunk_nbytes):
             raw = read_chunk(self._chunks, spec, self._chunk_index(page), cache.buffers.take)
             if native:
                 return memoryview(raw)  # already the on-disk bytes: no copy
