@@ -187,6 +187,15 @@ class RegionIndex(Sequence[Region]):
         end = starts[i + 1] if i + 1 < len(starts) else self.size
         return Region(starts[i], end - starts[i], pages[i], pos[i])
 
+    def columns(self, i0: int, i1: int) -> tuple[np.ndarray[Any, Any], ...]:
+        """Regions i0..i1 (inclusive) as columns: start, end, page (or HUSK) and pos."""
+        starts = self._starts[i0 : i1 + 1]
+        ends = np.append(self._starts[i0 + 1 : i1 + 1], self._end_of(i1))
+        return starts, ends, self._pages[i0 : i1 + 1], self._pos[i0 : i1 + 1]
+
+    def _end_of(self, i: int) -> int:
+        return int(self._starts[i + 1]) if i + 1 < len(self._starts) else self.size
+
     def locate(self, offset: int) -> int:
         """Index of the region holding byte `offset` (0 <= offset < size)."""
         if self._rows is not None:

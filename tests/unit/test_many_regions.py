@@ -1,0 +1,101 @@
+"""Reads over many regions (red team 88, F2): strips laid out in reverse order with gaps
+between them, one page's interleaved with another's, so no two segments join a region. Such a
+read is copied with numpy from whole pages and one husk run (PixelReader._gather); it must
+give the original's bytes, at any offset and size, as the region-at-a-time walk does."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vfs.cache import PageCache
+from vfs.decant import reader as reader_module
+from vfs.decant.packer import pack_file
+from vfs.decant.reader import DecantArchive
+
+ROWS, COLS = 48, 24  # a page of 48 one-row strips of 24 bytes
+
+
+def _scattered_tiff(path: Path, pages: int) -> bytes:
+    """A little-endian TIFF of `pages` uint8 pages of one-row strips, the strips of all pages
+    written interleaved, last row first, a 3-byte gap before each."""
+    rng = np.random.default_rng(88)
+    planes = rng.integers(0, 256, (pages, ROWS, COLS), np.uint8)
+    body = bytearray(b"II*\0\0\0\0\0")
+    offsets = [[0] * ROWS for _ in range(pages)]
+    for row in reversed(range(ROWS)):
+        for p in range(pages):
+            body += b"\xee" * 3
+            offsets[p][row] = len(body)
+            body += planes[p, row].tobytes()
+    first_ifd = len(body)
+    for p in range(pages):
+        here = len(body)
+        tables = here + 2 + 10 * 12 + 4
+        entries = [
+            (256, 4, 1, COLS), (257, 4, 1, ROWS), (258, 3, 1, 8), (259, 3, 1, 1),
+            (262, 3, 1, 1), (273, 4, ROWS, tables), (277, 3, 1, 1), (278, 4, 1, 1),
+            (279, 4, ROWS, tables + 4 * ROWS), (284, 3, 1, 1),
+        ]  # fmt: skip
+        ifd = struct.pack("<H", len(entries))
+        for tag, kind, count, value in entries:
+            ifd += struct.pack("<HHII", tag, kind, count, value)
+        following = tables + 8 * ROWS if p + 1 < pages else 0
+        ifd += struct.pack("<I", following)
+        body += (
+            ifd + struct.pack(f"<{ROWS}I", *offsets[p]) + struct.pack(f"<{ROWS}I", *[COLS] * ROWS)
+        )
+    body[4:8] = struct.pack("<I", first_ifd)
+    path.write_bytes(bytes(body))
+    with tifffile.TiffFile(path) as tif:  # an independent reader agrees on the pixels
+        assert np.array_equal(np.stack([pg.asarray() for pg in tif.pages]), planes)
+    return bytes(body)
+
+
+@pytest.fixture(scope="module", params=[1, 2])
+def scattered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    folder = tmp_path_factory.mktemp("scattered")
+    tif = folder / "s.tif"
+    original = _scattered_tiff(tif, request.param)
+    out = folder / "s.tif.zarr.zip"
+    assert pack_file(tif, out).mode == "byte-exact"
+    return out, original
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_reads_over_many_regions_are_the_original_bytes(scattered, data) -> None:  # type: ignore[no-untyped-def]
+    path, original = scattered
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(reader_module, "MANY_PARTS", data.draw(st.sampled_from([2, 64, 10**9])))
+        mp.setattr(reader_module, "GATHER_BYTES", data.draw(st.sampled_from([7, 1000, 1 << 18])))
+        with DecantArchive.open(path) as archive:
+            (info,) = archive.originals()
+            reader = archive.open_original(info.relpath, PageCache(8 << 20))
+            assert len(reader.regions) > 2 * ROWS  # nothing joined: a region a strip and gap
+            for _ in range(5):
+                offset = data.draw(st.integers(0, len(original)))
+                size = data.draw(st.integers(0, len(original) + 10))
+                assert bytes(reader.read(offset, size)) == original[offset : offset + size]
+                cached = reader.read_cached(offset, size)
+                assert cached is None or bytes(cached) == original[offset : offset + size]
+            reader.close()
+
+
+def test_a_whole_read_of_many_regions_is_gathered(scattered, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    path, original = scattered
+    calls = []
+    real = reader_module._ranges
+    monkeypatch.setattr(reader_module, "_ranges", lambda *a: calls.append(1) or real(*a))
+    with DecantArchive.open(path) as archive:
+        (info,) = archive.originals()
+        reader = archive.open_original(info.relpath, PageCache(8 << 20))
+        assert bytes(reader.read(0, len(original))) == original
+        reader.close()
+    assert calls  # more than MANY_PARTS regions: copied with numpy, not one at a time
