@@ -75,6 +75,7 @@ def test_reads_over_many_regions_are_the_original_bytes(scattered, data) -> None
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(reader_module, "MANY_PARTS", data.draw(st.sampled_from([2, 64, 10**9])))
         mp.setattr(reader_module, "GATHER_BYTES", data.draw(st.sampled_from([7, 1000, 1 << 18])))
+        mp.setattr(reader_module, "GATHER_REGIONS", data.draw(st.sampled_from([3, 50, 16384])))
         with DecantArchive.open(path) as archive:
             (info,) = archive.originals()
             reader = archive.open_original(info.relpath, PageCache(8 << 20))
