@@ -194,3 +194,10 @@ def test_read_cached_serves_only_what_is_decoded(tmp_path) -> None:  # type: ign
         assert reader.read(middle, 4096) == original[middle : middle + 4096]
         assert reader.read_cached(middle, 4096) == original[middle : middle + 4096]
         assert reader.read_cached(0, len(original)) is None  # other pages were never decoded
+
+
+def test_segments_whose_ends_would_wrap_64_bits_are_refused() -> None:
+    """numpy's int64 sums wrap past 2^63 where Python's ints did not: refused before any sum."""
+    pages = [page(0, [(2**63 - 16, 8)]), page(1, [(2**62, 2**62)])]
+    with pytest.raises(ManifestError, match=r"bad\.zarr\.zip.*past original_size"):
+        RegionIndex.build(pages, 100, 50, "bad.zarr.zip")

@@ -77,6 +77,10 @@ class RegionIndex(Sequence[Region]):
     ) -> RegionIndex:
         # Temporaries are let go as soon as used: for 2^21 segments each column is 8-16 MiB.
         offsets, counts, owners, pos = segment_columns(pages)
+        if len(offsets) and max(int(offsets.max()), int(counts.max())) > size:
+            # Before any sum: numpy's int64 wraps silently past 2^63 (the manifest allows up
+            # to that); within `size` (1 PiB at most) no sum below can pass it.
+            raise ManifestError(f"{source}: pixel segments run past original_size ({size})")
         keep = counts > 0
         if not keep.all():
             offsets, counts, owners, pos = offsets[keep], counts[keep], owners[keep], pos[keep]
