@@ -22,12 +22,15 @@ from vfs.decant.reader import DecantArchive
 ROWS, COLS = 48, 24  # a page of 48 one-row strips of 24 bytes
 
 
-def _scattered_tiff(path: Path, pages: int) -> bytes:
-    """A little-endian TIFF of `pages` uint8 pages of one-row strips, the strips of all pages
-    written interleaved, last row first, a 3-byte gap before each."""
+def _scattered_tiff(path: Path, pages: int, dtype: str = "u1") -> bytes:
+    """A TIFF of `pages` pages of one-row strips (`dtype`: its byte order the file's), the
+    strips of all pages written interleaved, last row first, a 3-byte gap before each."""
+    dt = np.dtype(dtype)
+    e = ">" if dt.byteorder == ">" else "<"
     rng = np.random.default_rng(88)
-    planes = rng.integers(0, 256, (pages, ROWS, COLS), np.uint8)
-    body = bytearray(b"II*\0\0\0\0\0")
+    planes = rng.integers(0, 250, (pages, ROWS, COLS)).astype(dt)
+    row_bytes = COLS * dt.itemsize
+    body = bytearray((b"MM\0*" if e == ">" else b"II*\0") + b"\0\0\0\0")
     offsets = [[0] * ROWS for _ in range(pages)]
     for row in reversed(range(ROWS)):
         for p in range(pages):
@@ -39,30 +42,32 @@ def _scattered_tiff(path: Path, pages: int) -> bytes:
         here = len(body)
         tables = here + 2 + 10 * 12 + 4
         entries = [
-            (256, 4, 1, COLS), (257, 4, 1, ROWS), (258, 3, 1, 8), (259, 3, 1, 1),
+            (256, 4, 1, COLS), (257, 4, 1, ROWS), (258, 3, 1, 8 * dt.itemsize), (259, 3, 1, 1),
             (262, 3, 1, 1), (273, 4, ROWS, tables), (277, 3, 1, 1), (278, 4, 1, 1),
             (279, 4, ROWS, tables + 4 * ROWS), (284, 3, 1, 1),
         ]  # fmt: skip
-        ifd = struct.pack("<H", len(entries))
+        ifd = struct.pack(e + "H", len(entries))
         for tag, kind, count, value in entries:
-            ifd += struct.pack("<HHII", tag, kind, count, value)
+            if kind == 3 and count == 1:  # a SHORT sits in the first two bytes of the field
+                ifd += struct.pack(e + "HHIHH", tag, kind, count, value, 0)
+            else:
+                ifd += struct.pack(e + "HHII", tag, kind, count, value)
         following = tables + 8 * ROWS if p + 1 < pages else 0
-        ifd += struct.pack("<I", following)
-        body += (
-            ifd + struct.pack(f"<{ROWS}I", *offsets[p]) + struct.pack(f"<{ROWS}I", *[COLS] * ROWS)
-        )
-    body[4:8] = struct.pack("<I", first_ifd)
+        ifd += struct.pack(e + "I", following)
+        body += ifd + struct.pack(f"{e}{ROWS}I", *offsets[p])
+        body += struct.pack(f"{e}{ROWS}I", *[row_bytes] * ROWS)
+    body[4:8] = struct.pack(e + "I", first_ifd)
     path.write_bytes(bytes(body))
     with tifffile.TiffFile(path) as tif:  # an independent reader agrees on the pixels
         assert np.array_equal(np.stack([pg.asarray() for pg in tif.pages]), planes)
     return bytes(body)
 
 
-@pytest.fixture(scope="module", params=[1, 2])
+@pytest.fixture(scope="module", params=[(1, "u1"), (2, "u1"), (2, ">u2"), (1, "<u4")])
 def scattered(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     folder = tmp_path_factory.mktemp("scattered")
     tif = folder / "s.tif"
-    original = _scattered_tiff(tif, request.param)
+    original = _scattered_tiff(tif, *request.param)
     out = folder / "s.tif.zarr.zip"
     assert pack_file(tif, out).mode == "byte-exact"
     return out, original
