@@ -81,6 +81,7 @@ def test_reads_over_many_regions_are_the_original_bytes(scattered, data) -> None
         mp.setattr(reader_module, "MANY_PARTS", data.draw(st.sampled_from([2, 64, 10**9])))
         mp.setattr(reader_module, "GATHER_BYTES", data.draw(st.sampled_from([7, 1000, 1 << 18])))
         mp.setattr(reader_module, "GATHER_REGIONS", data.draw(st.sampled_from([3, 50, 16384])))
+        mp.setattr(reader_module, "GATHER_PAGES", data.draw(st.sampled_from([0, 1, 64])))
         with DecantArchive.open(path) as archive:
             (info,) = archive.originals()
             reader = archive.open_original(info.relpath, PageCache(8 << 20))

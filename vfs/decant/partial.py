@@ -83,11 +83,11 @@ class PageGeometry:
             yield sample, y0, y0 + high, x0, rowbytes, pos - first, min(stop, end) - first
             pos = end
 
-    def cuts(self, start: int, stop: int, most: int) -> list[tuple[int, int]] | None:
-        """[start, stop) cut where pieces meet, or None past `most` pieces."""
+    def cuts(self, start: int, stop: int, most: int | None) -> list[tuple[int, int]] | None:
+        """[start, stop) cut where pieces meet, or None past `most` pieces (None: no bound)."""
         out = []
         for _sample, _y0, _y1, _x0, _rowbytes, a, b in self._touched(start, stop):
-            if len(out) == most:
+            if most is not None and len(out) == most:
                 return None
             out.append((start, start + b - a))  # the pieces touched follow one another
             start += b - a
