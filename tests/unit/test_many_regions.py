@@ -106,3 +106,42 @@ def test_a_whole_read_of_many_regions_is_gathered(scattered, monkeypatch) -> Non
         assert bytes(reader.read(0, len(original))) == original
         reader.close()
     assert calls  # more than MANY_PARTS regions: copied with numpy, not one at a time
+
+
+def test_read_cached_leaves_a_read_over_many_regions_to_a_thread(scattered) -> None:  # type: ignore[no-untyped-def]
+    """Red team 89, F1: copying many regions is CPU work, which read_cached did on the event
+    loop; it declines such a read (None) even when everything is cached."""
+    path, original = scattered
+    with DecantArchive.open(path) as archive:
+        (info,) = archive.originals()
+        reader = archive.open_original(info.relpath, PageCache(8 << 20))
+        assert bytes(reader.read(0, len(original))) == original  # every page cached now
+        assert reader.read_cached(0, len(original)) is None
+        first = reader.regions[1]  # a strip: one region
+        got = reader.read_cached(first.start, first.length)
+        assert got is not None and bytes(got) == original[first.start : first.start + first.length]
+        reader.close()
+
+
+def test_a_plane_read_block_by_block_reads_tile_by_tile_over_many_tiles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red team 89, F2: a read touching more than 64 tiles of a plane too large for the cache
+    decoded the whole plane, again for every read. It reads each tile's blocks instead."""
+    tif = tmp_path / "tiles.tif"
+    plane = np.random.default_rng(89).integers(0, 256, (1024, 1024), np.uint8)
+    tifffile.imwrite(tif, plane, tile=(16, 16), photometric="minisblack")
+    out = tmp_path / "tiles.tif.zarr.zip"
+    assert pack_file(tif, out).mode == "byte-exact"
+    original = tif.read_bytes()
+
+    def whole(self, index):  # type: ignore[no-untyped-def]
+        raise AssertionError("the whole plane decoded")
+
+    monkeypatch.setattr(reader_module.PixelReader, "_decode_page", whole)
+    with DecantArchive.open(out) as archive:
+        (info,) = archive.originals()
+        reader = archive.open_original(info.relpath, PageCache(2 << 20))  # plane > cache/4
+        at = len(original) // 3
+        assert bytes(reader.read(at, 1 << 16)) == original[at : at + (1 << 16)]  # 256 tiles
+        reader.close()
