@@ -351,3 +351,45 @@ def test_a_name_the_store_refuses_with_no_object_there_says_so(
         assert "no object is there" in str(exc)
     else:  # a store that forgets emptied folders: published
         assert _keys(store, s3_bucket) == ["d/gone"]
+
+
+def test_a_key_holding_other_bytes_ends_this_host_s_pending_note(
+    s3_bucket: S3Bucket, corpus: dict[str, Path], tmp_path: Path
+) -> None:
+    """Red team 90, F2: a kill left the journal's note that an upload began at the key; another
+    host published other bytes there; the retry found them and failed, but the note stayed,
+    and this host showed the other user's object as its own user's file, who could `rm` it."""
+    from vfs.ingest.bucket import KeyTakenError
+
+    store = S3Store(s3_bucket.name, client_options={"allow_http": True})
+    spool = _placer_spool(s3_bucket, tmp_path)
+    placed: list[tuple[str, str, object]] = []
+    spool.placer.on_placed = lambda key, etag, st: placed.append((key, etag, st))
+    _spool_file(tmp_path, "d/f.bin", corpus)
+    obstore.put(store, s3_bucket.key("d/f.bin"), b"another host's file\n")
+    with pytest.raises(KeyTakenError, match="holds other bytes"):
+        spool.publish("d/f.bin", False, None)
+    assert ("d/f.bin", "", None) in placed  # the note ended (BucketTree.note_published)
+
+
+def test_rm_of_a_spooled_file_deletes_the_object_it_hides_only_if_the_same_owner_s() -> None:
+    """Red team 90, F1: a file spooled on host A (held open), another host's user published
+    the name meanwhile; `rm` of the spooled file through A deleted that object too ("the
+    version it hid"), past the sticky bit. Only an object shown as the same owner's goes."""
+    from vfs.ingest.bucket import BucketWriteSide
+    from vfs.nodes import Node
+
+    removed: list[str] = []
+    side = BucketWriteSide.__new__(BucketWriteSide)
+    side.allow_delete = True
+    side._remove_object = lambda node: removed.append(node.real.name)  # type: ignore[method-assign]
+    side._withdrawing = lambda rel: None  # type: ignore[method-assign]
+    side.spool = type("S", (), {"remove": staticmethod(lambda rel: None)})()  # type: ignore[assignment]
+
+    def node(name: str, uid: int, spooled: str = "") -> Node:
+        mode = 0o644 if uid else 0o444  # another host's object: shown 0444, the daemon's
+        return Node(False, 1, 0, mode, uid, uid, Path("/b/d") / name, spooled=spooled)
+
+    side.unlink(node("d", 0), "f", node("f", 1001, "d/f"), node("theirs", 0))
+    side.unlink(node("d", 0), "g", node("g", 1001, "d/g"), node("mine", 1001))
+    assert removed == ["mine"]

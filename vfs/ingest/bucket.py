@@ -297,6 +297,8 @@ class BucketPlacer:
             earlier = ours and spool.placed_ident(relpath) == (st.st_dev, st.st_ino)
             if earlier and self._withdraw_earlier(key, etag):
                 return None
+            if self.on_placed is not None:  # a pending note of a killed upload ends: the
+                self.on_placed(key, "", None)  # object was shown as this file's (red team 90)
             why = f"already exists and holds other bytes ({exc}); not overwritten"
             raise KeyTakenError(f"{url}: {why}") from None
         # Uploaded before a stop or a kill that came before its check (see `_upload`): checked
@@ -679,8 +681,13 @@ class BucketWriteSide(WriteSide):
             raise refuse(errno.EISDIR, str(node.real))
         if not node.spooled:
             return self._remove_object(node)
-        if behind is not None and self.allow_delete and not behind.spooled:
-            self._remove_object(behind)  # the version it hid goes too, as in a local SRC
+        # The version it hid goes too, as in a local SRC, when it is shown as the same owner's
+        # (this host's upload of that user's file): an object another host published under
+        # the name of a file spooled here before is not the remover's, and `rm` of the spooled
+        # file deleted it, past the sticky bit (red team 90, F1).
+        hid = behind is not None and not behind.spooled and behind.uid == node.uid
+        if hid and self.allow_delete:
+            self._remove_object(behind)  # type: ignore[arg-type]
         self._withdrawing(node.spooled)
         self.spool.remove(node.spooled)  # else whatever it hid in the bucket shows again
 

@@ -190,12 +190,12 @@ class BucketTree(SourceTree):
                 break
             try:
                 token = self.folder.upload_token(key)  # type: ignore[attr-defined]
+                if token is not None and tokens.signed(key, token):
+                    continue
+                if token is None and self.folder.stat(key) is None:
+                    continue  # nothing there yet: the upload's retry puts it
             except StoreError:
-                break  # the store down: the upload's retry decides
-            if token is not None and tokens.signed(key, token):
-                continue
-            if token is None and self.folder.stat(key) is None:
-                continue  # nothing there yet: the upload's retry puts it
+                continue  # not answered now: the upload's retry decides (and ends the note)
             self.note_published(key, PENDING, None)
 
     def pending(self) -> list[str]:
