@@ -492,9 +492,10 @@ class OriginalReader:
         run = self._run if near else 0
         small = size <= self.partial_limit and run < SEQUENTIAL_RUN
         want = max(0, min(size, self.size - offset))
-        gathered = (
-            self._gather(offset, offset + want, cached_only) if want and offset >= 0 else None
-        )
+        # Not for read_cached (cached_only), which declined any read over many regions: its
+        # event-loop caller pays no second lookup. A negative offset: spans says EINVAL.
+        many = want and offset >= 0 and not cached_only
+        gathered = self._gather(offset, offset + want, False) if many else None
         if gathered is not None:
             self._next, self._run = max(offset + size, self._next if near else 0), run + size
             return gathered
