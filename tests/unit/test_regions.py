@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vfs.decant import regions
 from vfs.decant.manifest import PageRecord
 from vfs.decant.regions import HUSK, RegionIndex
 from vfs.errors import ManifestError
@@ -201,3 +202,37 @@ def test_segments_whose_ends_would_wrap_64_bits_are_refused() -> None:
     pages = [page(0, [(2**63 - 16, 8)]), page(1, [(2**62, 2**62)])]
     with pytest.raises(ManifestError, match=r"bad\.zarr\.zip.*past original_size"):
         RegionIndex.build(pages, 100, 50, "bad.zarr.zip")
+
+
+@pytest.mark.parametrize("small", [8192, 0])
+@pytest.mark.parametrize("base", [0, 2**31 - 64, 2**31 - 50, 2**32 + 8])
+def test_offsets_on_either_side_of_32_bits(
+    base: int, small: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Originals under 2 GiB keep 32-bit columns (half the memory); larger ones 64-bit, and
+    every offset comes back exact on both sides of the line, from the lists of a small index
+    and from the columns of a large one."""
+    monkeypatch.setattr(regions, "SMALL_INDEX", small)
+    size = base + 50
+    index = RegionIndex.build(
+        [page(0, [(base + 10, 5), (base + 30, 7)]), page(1, [(base + 20, 3)])],
+        size, size - 15, "x.zarr.zip",
+    )  # fmt: skip
+    expected = [
+        (0, base + 10, HUSK, 0),
+        (base + 10, 5, 0, 0),
+        (base + 15, 5, HUSK, base + 10),
+        (base + 20, 3, 1, 0),
+        (base + 23, 7, HUSK, base + 15),
+        (base + 30, 7, 0, 5),
+        (base + 37, 13, HUSK, base + 22),
+    ]
+    assert [(r.start, r.length, r.page, r.pos) for r in index] == expected
+    assert [(r.start, r.length, r.page, r.pos) for r in index[:]] == expected
+    for i, (start, length, _page, _pos) in enumerate(expected):
+        assert index.locate(start) == index.locate(start + length - 1) == i
+    starts, ends, pages, pos = index.columns(0, len(expected) - 1)
+    assert starts.tolist() == [e[0] for e in expected]
+    assert (ends - starts).tolist() == [e[1] for e in expected]
+    assert pages.tolist() == [e[2] for e in expected] and pos.tolist() == [e[3] for e in expected]
+    assert index._starts.itemsize == index._pos.itemsize == (4 if size < 2**31 else 8)

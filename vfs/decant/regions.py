@@ -48,9 +48,13 @@ class RegionIndex(Sequence[Region]):
     ) -> None:  # fmt: skip
         self.size = size
         self.husk_size = husk_size
-        self._starts = starts.astype(np.int64, copy=False)
+        # Offsets within an original under 2 GiB (nearly all) fit 32 bits: 16 MiB less for each
+        # 2^22 regions (an archive at mode D's bounds of 2^21 segments held ~120 MiB of tables
+        # open; red team 88). Positions lie within the original too (`build` checks the sums).
+        wide = np.int64 if size >= 2**31 else np.int32
+        self._starts = starts.astype(wide, copy=False)
         self._pages = pages.astype(np.int32, copy=False)
-        self._pos = pos.astype(np.int64, copy=False)
+        self._pos = pos.astype(wide, copy=False)
         self._next_page = _next_pages(self._pages)
         # Each page's first byte in the file: sorted page indexes and where each starts.
         pixel = self._pages >= 0
@@ -193,9 +197,9 @@ class RegionIndex(Sequence[Region]):
 
     def columns(self, i0: int, i1: int) -> tuple[np.ndarray[Any, Any], ...]:
         """Regions i0..i1 (inclusive) as columns: start, end, page (or HUSK) and pos."""
-        starts = self._starts[i0 : i1 + 1]
-        ends = np.append(self._starts[i0 + 1 : i1 + 1], self._end_of(i1))
-        return starts, ends, self._pages[i0 : i1 + 1], self._pos[i0 : i1 + 1]
+        starts = self._starts[i0 : i1 + 1].astype(np.int64)  # sums of them are a read's own
+        ends = np.append(self._starts[i0 + 1 : i1 + 1], self._end_of(i1)).astype(np.int64)
+        return starts, ends, self._pages[i0 : i1 + 1], self._pos[i0 : i1 + 1].astype(np.int64)
 
     def _end_of(self, i: int) -> int:
         return int(self._starts[i + 1]) if i + 1 < len(self._starts) else self.size
