@@ -525,6 +525,11 @@ class BucketTree(SourceTree):
     def entries(self, folder: Path, names: Sequence[str], quick: bool = False) -> None:
         return None  # only the write side asks, and a bucket mount has none
 
+    def entries_of_listed(
+        self, folder: Path, names: Sequence[str], listed: tuple[int, int], quick: bool = False
+    ) -> None:
+        return None  # a bucket's folder is listed whole (one LIST), never name by name
+
     # -- the SourceTree hooks --------------------------------------------------------------
 
     def _child(self, folder: Path, name: str) -> Path:

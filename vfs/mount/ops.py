@@ -340,6 +340,7 @@ class DecantOperations(pyfuse3.Operations):
         self._quick = QuickCalls()
         self._listing_by_owner: dict[int, trio.CapacityLimiter] = {}
         self._checks_by_uid: dict[int, trio.CapacityLimiter] = {}
+        self._relisting: set[int] = set()  # folders a lookup left to be listed in the background
         self._status = Node(False, 0, time.time_ns(), 0o444, os.getuid(), os.getgid(),
                             tree.root / STATUS_NAME, member=STATUS_NAME)  # fmt: skip
         self.status_file = StatusFile(self._status_head, self._status_tail, self._queue_changes,
@@ -383,6 +384,62 @@ class DecantOperations(pyfuse3.Operations):
         # ESTALE: another folder at its name now (tree.scan), its name listed again
         async with self._stale_relisted(self._node(inode)), self.inodes.locked(inode):
             return await self._fresh(inode, max_age=RESCAN_INTERVAL)
+
+    async def _named(self, inode: int, name: str, uid: int) -> tuple[Folder, Node | None]:
+        """The folder's listing and what it presents under `name`, for `uid`'s lookup.
+
+        When SRC changed since the listing was read, a name found by a few lstats
+        (`tree.entries`) is answered at once and the listing is read again in the background:
+        that reads every new archive in the folder (a second or two each for a big one not in
+        the index yet), and a lookup of another name must not wait for it (red team 87 F4:
+        forty archives renamed into a shared folder held its other users' lookups 78 s). A
+        name not found so waits for the listing (an archive presenting a name other than its
+        own shows it only there), as does a spooled file (`_current` checks it against the
+        listing) and a folder the tree cannot tell name by name."""
+        folder = self.inodes.folders.get(inode)
+        parent = self._node(inode)
+        if (folder is None or parent.backend is not None or self.nursery is None
+                or time.monotonic() - folder.checked < RESCAN_INTERVAL):  # fmt: skip
+            folder = await self._listing(inode)
+            return folder, folder.children.get(name)
+        if inode not in self._relisting:
+            if self.inodes.lock(inode).locked():  # a change through the mount: wait for it
+                folder = await self._listing(inode)
+                return folder, folder.children.get(name)
+            try:
+                mtime = await trio.to_thread.run_sync(self.tree.stamp_folder, parent.real)
+            except OSError:
+                mtime = None
+            if mtime is None or mtime == folder.mtime_ns:
+                folder = await self._listing(inode)  # unchanged (or gone): as it was
+                return folder, folder.children.get(name)
+            self._relisting.add(inode)
+            self.reads.spawn(self._relist_behind, inode)
+        try:
+            fresh = await self._quick(self.tree.entries_of_listed, parent.real, [name],
+                                      (parent.ino, parent.uid), True)  # fmt: skip
+        except NotQuick:  # an archive among them: described in a thread of the caller's
+            listed, limiter = (parent.ino, parent.uid), self._checker(uid)
+            fresh = await trio.to_thread.run_sync(self.tree.entries_of_listed, parent.real,
+                                                  [name], listed, limiter=limiter)  # fmt: skip
+        except OSError:
+            fresh = None  # replaced, or gone: the listing tells (ESTALE, ENOENT)
+        found = fresh.get(name) if fresh is not None else None
+        if found is not None and not found.spooled:
+            return folder, found
+        folder = await self._listing(inode)
+        return folder, folder.children.get(name)
+
+    async def _relist_behind(self, inode: int) -> None:
+        """`_named`'s listing in the background; what it finds changed is invalidated."""
+        try:
+            node = self.inodes.get(inode)
+            if node is not None:
+                with contextlib.suppress(OSError, pyfuse3.FUSEError):
+                    async with self._stale_relisted(node), self.inodes.locked(inode):
+                        await self._fresh(inode, max_age=RESCAN_INTERVAL)
+        finally:
+            self._relisting.discard(inode)
 
     async def _fresh(self, inode: int, force: bool = False, max_age: float = 0.0) -> Folder:
         """The listing, re-read if SRC changed since it was checked more than `max_age` seconds
@@ -560,8 +617,7 @@ class DecantOperations(pyfuse3.Operations):
             if name == STATUS_NAME.encode():  # nor below the top: `--status MNT/sub` printed
                 return self._negative(parent_inode)  # one a user made there (red team 50)
             text = os.fsdecode(name)
-            folder = await self._listing(parent_inode)
-            node = folder.children.get(text)
+            folder, node = await self._named(parent_inode, text, ctx.uid)
             if node is not None:
                 node = await self._current(folder, text, node)
             if node is None:

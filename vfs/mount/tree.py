@@ -208,6 +208,19 @@ class SourceTree:
         out.update(spooled)
         return {name: out.get(name) for name in names}
 
+    def entries_of_listed(
+        self, folder: Path, names: Sequence[str], listed: tuple[int, int], quick: bool = False
+    ) -> dict[str, Node | None] | None:
+        """`entries` of the folder the mount listed (`listed`: its inode and owner, as `scan`
+        takes them): ESTALE if another folder is at its name now."""
+        fd = open_beneath(self.root, folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if not_listed(os.fstat(fd), *listed):
+                raise OSError(errno.ESTALE, "not the folder listed (replaced since)", str(folder))
+        finally:
+            os.close(fd)
+        return self.entries(folder, names, quick)
+
     def _claimed(self, path: Path, st: os.stat_result) -> bool:
         is_dir = stat.S_ISDIR(st.st_mode)
         return (is_dir or stat.S_ISREG(st.st_mode)) and any(

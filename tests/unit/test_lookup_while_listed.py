@@ -1,0 +1,122 @@
+"""A lookup in a folder whose listing is read again does not wait for the new archives in it.
+
+Red team 87 F4: forty archives of 25,000 members each renamed into a shared folder took the
+folder's next listing ~2 s an archive to describe, and every other user's lookup there (`stat
+mnt/v2`, opening their own file) waited for all of it: 78 s. A name found by a few lstats is
+answered while the listing goes on in the background. Here the new archive's description is
+held on a gate until the lookups are done: before, the first lookup after the change read the
+listing itself and waited on the gate.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyfuse3
+import tifffile
+import trio
+
+from tests.unit.inprocess import InProcessMount, fake_session
+from vfs.decant.packer import PackOptions, pack_file
+from vfs.mount.inodes import ROOT_INODE
+
+GATE_SECONDS = 5.0  # how long a held description waits before going on by itself
+
+
+def _archive(tmp_path: Path, name: str, seed: int) -> tuple[Path, bytes]:
+    tiff = tmp_path / "made" / name
+    tiff.parent.mkdir(exist_ok=True)
+    pixels = np.random.default_rng(seed).integers(0, 4096, (16, 24), dtype=np.uint16)
+    tifffile.imwrite(tiff, pixels)
+    archive = tmp_path / "made" / f"{name}.zarr.zip"
+    pack_file(tiff, archive, PackOptions())
+    return archive, tiff.read_bytes()
+
+
+def test_lookups_are_answered_while_a_new_archive_is_described(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    victim, victim_bytes = _archive(tmp_path, "victim.tif", 1)
+    slow, slow_bytes = _archive(tmp_path, "slow.tif", 2)
+    os.rename(victim, src / victim.name)
+    (src / "v2").mkdir()
+    (src / "notes.txt").write_bytes(b"plain")
+
+    gate, entered, waited_out = threading.Event(), threading.Event(), threading.Event()
+    with fake_session() as session:
+        m = InProcessMount(src, tmp_path)
+        described = m.tree._describe_fresh
+
+        def held(backend: Any, path: Path, listed: Any = None) -> Any:
+            if path.name == slow.name:
+                entered.set()
+                if not gate.wait(GATE_SECONDS):
+                    waited_out.set()
+            return described(backend, path, listed)
+
+        m.tree._describe_fresh = held  # type: ignore[method-assign]
+
+        async def go() -> None:
+            assert (await m.lookup(ROOT_INODE, "victim.tif")).st_size == len(victim_bytes)
+            before = os.stat(src).st_mtime_ns
+            os.rename(slow, src / slow.name)
+            os.utime(src, ns=(before + 10**9, before + 10**9))  # the folder changed, surely
+            session.clock.advance(5)  # the listing is due a re-check
+
+            assert (await m.lookup(ROOT_INODE, "v2")).st_mode & 0o040000
+            await trio.to_thread.run_sync(entered.wait, GATE_SECONDS)
+            assert entered.is_set(), "the listing never went to describe the new archive"
+            # The listing is held on the new archive now: other names are answered anyway.
+            session.clock.advance(5)
+            assert (await m.lookup(ROOT_INODE, "notes.txt")).st_size == 5
+            assert await m.read_file("victim.tif") == victim_bytes
+            assert not waited_out.is_set(), "a lookup waited for the new archive's description"
+
+            # The new archive's own name waits for its description; then it is there.
+            async with trio.open_nursery() as nursery:
+                found: list[pyfuse3.EntryAttributes] = []
+
+                async def look() -> None:
+                    found.append(await m.lookup(ROOT_INODE, "slow.tif"))
+
+                nursery.start_soon(look)
+                await trio.sleep(0.2)
+                assert not found
+                gate.set()
+            assert found[0].st_size == len(slow_bytes)
+            assert await m.read_file("slow.tif") == slow_bytes
+            names = {name for name, _ in await m.readdir(ROOT_INODE)}
+            assert {"victim.tif", "slow.tif", "v2", "notes.txt"} <= names
+
+        try:
+            m.run(go)
+        finally:
+            gate.set()
+
+
+def test_a_name_not_found_by_lstats_waits_for_the_listing(tmp_path: Path) -> None:
+    """An archive presenting a name other than its own (packed from `a.tif`, renamed to
+    `b.zarr.zip`) shows that name only in the listing: a lookup of it must not be told
+    ENOENT by the lstats of `a.tif`'s related names."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "notes.txt").write_bytes(b"plain")
+    archive, data = _archive(tmp_path, "a.tif", 3)
+    with fake_session() as session:
+        m = InProcessMount(src, tmp_path)
+
+        async def go() -> None:
+            assert (await m.lookup(ROOT_INODE, "notes.txt")).st_size == 5
+            before = os.stat(src).st_mtime_ns
+            os.rename(archive, src / "b.zarr.zip")
+            os.utime(src, ns=(before + 10**9, before + 10**9))
+            session.clock.advance(5)
+            attrs = await m.lookup(ROOT_INODE, "a.tif")
+            assert attrs.st_size == len(data)
+            assert await m.read_file("a.tif") == data
+
+        m.run(go)
