@@ -98,6 +98,51 @@ def test_lookups_are_answered_while_a_new_archive_is_described(tmp_path: Path) -
             gate.set()
 
 
+def test_lookups_are_answered_while_the_watcher_describes_new_archives(tmp_path: Path) -> None:
+    """The watcher's word of new names takes the folder's lock to describe their archives:
+    a lookup of another name does not wait for it either."""
+    src = tmp_path / "src"
+    src.mkdir()
+    victim, victim_bytes = _archive(tmp_path, "victim.tif", 1)
+    slow, _ = _archive(tmp_path, "slow.tif", 2)
+    os.rename(victim, src / victim.name)
+    (src / "notes.txt").write_bytes(b"plain")
+    gate, entered, waited_out = threading.Event(), threading.Event(), threading.Event()
+    with fake_session() as session:
+        m = InProcessMount(src, tmp_path)
+        described = m.tree._describe_fresh
+
+        def held(backend: Any, path: Path, listed: Any = None) -> Any:
+            if path.name == slow.name:
+                entered.set()
+                if not gate.wait(GATE_SECONDS):
+                    waited_out.set()
+            return described(backend, path, listed)
+
+        m.tree._describe_fresh = held  # type: ignore[method-assign]
+
+        async def go() -> None:
+            assert (await m.lookup(ROOT_INODE, "notes.txt")).st_size == 5
+            before = os.stat(src).st_mtime_ns
+            os.rename(slow, src / slow.name)
+            os.utime(src, ns=(before + 10**9, before + 10**9))
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(m.ops.on_names_changed, {src: {slow.name}})
+                await trio.to_thread.run_sync(entered.wait, GATE_SECONDS)
+                assert entered.is_set(), "the watcher's word never described the new archive"
+                session.clock.advance(5)
+                assert await m.read_file("victim.tif") == victim_bytes
+                assert (await m.lookup(ROOT_INODE, "notes.txt")).st_size == 5
+                assert not waited_out.is_set(), "a lookup waited for the watcher's describe"
+                gate.set()
+            assert "slow.tif" in {name for name, _ in await m.readdir(ROOT_INODE)}
+
+        try:
+            m.run(go)
+        finally:
+            gate.set()
+
+
 def test_a_name_not_found_by_lstats_waits_for_the_listing(tmp_path: Path) -> None:
     """An archive presenting a name other than its own (packed from `a.tif`, renamed to
     `b.zarr.zip`) shows that name only in the listing: a lookup of it must not be told

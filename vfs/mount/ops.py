@@ -15,7 +15,7 @@ import os
 import resource
 import stat
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -341,6 +341,7 @@ class DecantOperations(pyfuse3.Operations):
         self._listing_by_owner: dict[int, trio.CapacityLimiter] = {}
         self._checks_by_uid: dict[int, trio.CapacityLimiter] = {}
         self._relisting: set[int] = set()  # folders a lookup left to be listed in the background
+        self._describing: Counter[int] = Counter()  # folders whose listing describes archives
         self._status = Node(False, 0, time.time_ns(), 0o444, os.getuid(), os.getgid(),
                             tree.root / STATUS_NAME, member=STATUS_NAME)  # fmt: skip
         self.status_file = StatusFile(self._status_head, self._status_tail, self._queue_changes,
@@ -395,14 +396,15 @@ class DecantOperations(pyfuse3.Operations):
         forty archives renamed into a shared folder held its other users' lookups 78 s). A
         name not found so waits for the listing (an archive presenting a name other than its
         own shows it only there), as does a spooled file (`_current` checks it against the
-        listing) and a folder the tree cannot tell name by name."""
+        listing) and a folder the tree cannot tell name by name. So too while the watcher's
+        word of new names describes their archives (`on_names_changed`)."""
         folder = self.inodes.folders.get(inode)
         parent = self._node(inode)
         if (folder is None or parent.backend is not None or self.nursery is None
                 or time.monotonic() - folder.checked < RESCAN_INTERVAL):  # fmt: skip
             folder = await self._listing(inode)
             return folder, folder.children.get(name)
-        if inode not in self._relisting:
+        if not self._describing[inode]:
             if self.inodes.lock(inode).locked():  # a change through the mount: wait for it
                 folder = await self._listing(inode)
                 return folder, folder.children.get(name)
@@ -413,8 +415,9 @@ class DecantOperations(pyfuse3.Operations):
             if mtime is None or mtime == folder.mtime_ns:
                 folder = await self._listing(inode)  # unchanged (or gone): as it was
                 return folder, folder.children.get(name)
-            self._relisting.add(inode)
-            self.reads.spawn(self._relist_behind, inode)
+            if inode not in self._relisting:
+                self._relisting.add(inode)
+                self.reads.spawn(self._relist_behind, inode)
         try:
             fresh = await self._quick(self.tree.entries_of_listed, parent.real, [name],
                                       (parent.ino, parent.uid), True)  # fmt: skip
@@ -437,9 +440,21 @@ class DecantOperations(pyfuse3.Operations):
             if node is not None:
                 with contextlib.suppress(OSError, pyfuse3.FUSEError):
                     async with self._stale_relisted(node), self.inodes.locked(inode):
-                        await self._fresh(inode, max_age=RESCAN_INTERVAL)
+                        with self._described_behind(inode):
+                            await self._fresh(inode, max_age=RESCAN_INTERVAL)
         finally:
             self._relisting.discard(inode)
+
+    @contextmanager
+    def _described_behind(self, inode: int) -> Iterator[None]:
+        """The folder's listing describes archives meanwhile: `_named` need not wait for it."""
+        self._describing[inode] += 1
+        try:
+            yield
+        finally:
+            self._describing[inode] -= 1
+            if not self._describing[inode]:
+                del self._describing[inode]
 
     async def _fresh(self, inode: int, force: bool = False, max_age: float = 0.0) -> Folder:
         """The listing, re-read if SRC changed since it was checked more than `max_age` seconds
@@ -1231,7 +1246,8 @@ class DecantOperations(pyfuse3.Operations):
                             continue
                         # An archive shown raw may present another name now: both are shown.
                         names = self.tree.presented_names(names)
-                    await self._show(ino, sorted(names))
+                    with self._described_behind(ino):  # new archives: lookups need not wait
+                        await self._show(ino, sorted(names))
                     for name in names:  # the kernel's inodes see new sizes at getattr
                         node = folder.children.get(name)
                         known = self.inodes.known(node) if node is not None else None
