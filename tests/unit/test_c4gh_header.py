@@ -91,8 +91,8 @@ def test_header_len_packet_length_bounds_are_inclusive(length: int) -> None:
 
 
 def test_header_read_is_capped() -> None:
-    """1024 packets of 8192 bytes is the largest header; reading it never asks for more."""
-    big = b"crypt4gh" + u32(1) + u32(1024) + (u32(8192) + bytes(8188)) * 1024
+    """64 packets of 8192 bytes is the largest header; reading it never asks for more."""
+    big = b"crypt4gh" + u32(1) + u32(64) + (u32(8192) + bytes(8188)) * 64
     asked: list[tuple[int, int]] = []
 
     def read_at(off: int, n: int) -> bytes:
@@ -101,6 +101,19 @@ def test_header_read_is_capped() -> None:
 
     assert len(read_header_bytes(read_at, 10**12, "huge")) == MAX_HEADER_LEN
     assert max(off + n for off, n in asked) <= MAX_HEADER_LEN
+
+
+def test_at_most_64_packets_are_tried(keys, plaintext, tmp_path) -> None:
+    """Each packet costs an X25519 exchange: 1024 junk packets made each open ~50 ms and a
+    shared folder of links to one package slow to list (red team 91). 64 recipients, ours
+    last, still open; 65 are refused before any packet is tried."""
+    others = [corpus.make_keypair(tmp_path, f"r{i}").public for i in range(64)]
+    fits = corpus.encrypt(plaintext, keys.writer.secret, [*others[:63], keys.node.public])
+    header, first = opened(fits, [keys.node.secret])
+    assert header.packet_count == 64 and first == plaintext[:65536]
+    over = corpus.encrypt(plaintext, keys.writer.secret, [*others, keys.node.public])
+    with pytest.raises(UnsupportedFormatError, match="declares 65 packets, more than the 64"):
+        opened(over, [keys.node.secret])
 
 
 def test_header_packet_past_end_of_file() -> None:
