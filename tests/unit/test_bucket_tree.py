@@ -52,10 +52,12 @@ class FakeBucket:
         self.name = "s3://bkt/pre"
         self.lists = 0
         self.down = False
+        self.times: dict[str, float] = {}  # upload times other than the default
 
     def _info(self, key: str) -> ObjectInfo:
         data = self.files[key]
-        return ObjectInfo(key, len(data), 1_700_000_000.0, hashlib.md5(data).hexdigest())
+        when = self.times.get(key, 1_700_000_000.0)
+        return ObjectInfo(key, len(data), when, hashlib.md5(data).hexdigest())
 
     def stat(self, key: str) -> ObjectInfo | None:
         return self._info(key) if key in self.files else None
@@ -550,7 +552,9 @@ def test_an_object_uploaded_or_copied_before_its_entry_is_noted_shows_as_the_fil
 ) -> None:
     """Noted as pending (no ETag yet) before the upload or the copy: a kill after the object
     is in the bucket, before its real entry, showed a 0600 file 0444 root's to every local
-    user (red team 60, F1, F2). The real entry clears it, across a restart too."""
+    user (red team 60, F1, F2). While pending it is shown private and root's: the object may
+    be another host's, put meanwhile, which as the user's they could `rm` (red team 92, F1b).
+    The real entry gives it to the user, across a restart too."""
     import os
     import stat as stat_mod
 
@@ -566,15 +570,93 @@ def test_an_object_uploaded_or_copied_before_its_entry_is_noted_shows_as_the_fil
         st = t.scan(t.root)["a.txt"]
         return stat_mod.S_IMODE(st.mode), st.uid
 
-    assert shown(tree) == (0o400, 1001)
+    assert shown(tree) == (0o400, 0)
     again = make_tree(bucket)  # a restart
     again.keep_published(journal)
-    assert shown(again) == (0o400, 1001)
+    assert shown(again) == (0o400, 0)
     etag = bucket._info("a.txt").etag
     again.note_published("a.txt", etag or "", private)
     third = make_tree(bucket)
     third.keep_published(journal)
     assert ("a.txt", "") not in third._published and ("a.txt", etag) in third._published
+    assert shown(third) == (0o400, 1001)
+
+
+def test_a_start_gives_a_pending_key_back_to_its_user_only_with_this_host_s_token(
+    tmp_path: Path,
+) -> None:
+    """A kill mid-upload leaves pending notes. At the next start, a key holding this host's
+    signed upload is shown as the user's file again (its ETag noted); one holding another
+    host's object is forgotten (shown 0444, as every host shows it); one the store does not
+    answer for stays root's and private until the upload's retry decides."""
+    import os
+    import stat as stat_mod
+
+    from vfs.stores.s3uploads import UploadTokens
+
+    tokens = UploadTokens(b"k" * 32)
+    bucket = FakeBucket({"ours": b"uploaded here", "theirs": b"another host's", "dark": b"?"})
+    signed = {"ours": tokens.new("ours"), "theirs": UploadTokens(b"o" * 32).new("theirs")}
+
+    def upload_token(key: str) -> str | None:
+        if key == "dark":
+            raise StoreError("s3://bkt/pre/dark: HEAD: object store failed after retries")
+        return signed.get(key)
+
+    bucket.upload_token = upload_token  # type: ignore[attr-defined]
+    journal = tmp_path / "published.jsonl"
+    tree = make_tree(bucket)
+    tree.keep_published(journal)
+    ns = {"st_atime_ns": 5 * 10**9, "st_mtime_ns": 5 * 10**9, "st_ctime_ns": 5 * 10**9}
+    private = os.stat_result((stat_mod.S_IFREG | 0o600, 1, 0, 1, 1001, 1001, 7, 5, 5, 5), ns)
+    for key in ("ours", "theirs", "dark"):
+        tree.note_published(key, "", private)  # then killed
+    again = make_tree(bucket)  # a restart
+    again.keep_published(journal)
+    again.drop_pending_not_ours(tokens, 5.0)
+    shown = {n: (stat_mod.S_IMODE(st.mode), st.uid) for n, st in again.scan(again.root).items()}
+    assert shown == {"ours": (0o400, 1001), "theirs": (0o444, 0), "dark": (0o400, 0)}
+    third = make_tree(bucket)  # and so across the next restart
+    third.keep_published(journal)
+    assert {n: st.uid for n, st in third.scan(third.root).items()} == {
+        "ours": 1001,
+        "theirs": 0,
+        "dark": 0,
+    }
+
+
+def test_the_same_bytes_put_again_at_a_published_key_are_not_this_host_s_user_s(
+    tmp_path: Path,
+) -> None:
+    """Red team 92, F3: host A published a user's empty 0600 file; it was deleted through
+    another host, and another user's empty file uploaded there. Same bytes, same ETag: A
+    showed it as its own user's (who could `rm` it, and its owner could not read it through
+    A). The entry holds the upload's time, which the second upload does not share."""
+    import os
+    import stat as stat_mod
+
+    bucket = FakeBucket({"notes.txt": b""})
+    journal = tmp_path / "published.jsonl"
+    tree = make_tree(bucket)
+    tree.keep_published(journal)
+    ns = {"st_atime_ns": 5 * 10**9, "st_mtime_ns": 5 * 10**9, "st_ctime_ns": 5 * 10**9}
+    private = os.stat_result((stat_mod.S_IFREG | 0o600, 1, 0, 1, 1001, 1001, 0, 5, 5, 5), ns)
+    tree.note_published("notes.txt", bucket._info("notes.txt").etag or "", private)
+
+    def shown(t: BucketTree) -> tuple[int, int]:
+        st = t.scan(t.root)["notes.txt"]
+        return stat_mod.S_IMODE(st.mode), st.uid
+
+    assert shown(tree) == (0o400, 1001)
+    bucket.times["notes.txt"] = 1_700_000_000.0 + 600  # deleted, and put again by another host
+    tree.expire()
+    assert shown(tree) == (0o444, 0)
+    again = make_tree(bucket)  # and across a restart (the time is in the journal)
+    again.keep_published(journal)
+    assert shown(again) == (0o444, 0)
+    bucket.times.pop("notes.txt")  # the object this host published: still the user's
+    third = make_tree(bucket)
+    third.keep_published(journal)
     assert shown(third) == (0o400, 1001)
 
 

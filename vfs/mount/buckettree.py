@@ -108,7 +108,9 @@ class BucketTree(SourceTree):
         # there: shown instead of the object's, so a second `rsync -a` finds what it wrote.
         # Kept in `_journal` (the spool's) across restarts; other hosts show the upload time
         # and mode 0444 (see README, "Writing into a bucket").
-        self._published: dict[tuple[str, str], tuple[int, int, int, int]] = {}
+        # A fifth value, where known: the object's upload time (whole seconds), told apart from
+        # the same bytes put at the key again later (see `_object_stat`).
+        self._published: dict[tuple[str, str], tuple[int, ...]] = {}
         self._withdrawn: dict[str, str] = {}  # key → upload token: see WITHDRAWN
         self._journal: Path | None = None
 
@@ -161,12 +163,16 @@ class BucketTree(SourceTree):
         """The write side placed an object at `key` (`st`: the spooled file's stat, which it
         shows) or withdrew it (None): its folder (and the folders above, one of which may be
         new) are listed afresh at their next use. Called from the pack queue's threads."""
+        at = self._upload_time(key, etag) if st is not None and etag != PENDING else None
         with self._lock:
             if st is None:
                 if self._published.pop((key, etag), None) is not None and etag == PENDING:
                     self._remember(key, PENDING, (-1, -1, -1, -1))
             else:
-                meta = (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid, st.st_mtime_ns)
+                meta: tuple[int, ...] = (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid,
+                                         st.st_mtime_ns)  # fmt: skip
+                if at is not None:
+                    meta += (at,)
                 self._published[(key, etag)] = meta
                 self._remember(key, etag, meta)
                 if etag != PENDING and self._published.pop((key, PENDING), None) is not None:
@@ -191,12 +197,35 @@ class BucketTree(SourceTree):
             try:
                 token = self.folder.upload_token(key)  # type: ignore[attr-defined]
                 if token is not None and tokens.signed(key, token):
+                    found = self.folder.stat(key)
+                    if found is not None and found.etag:
+                        self._confirm_pending(key, found.etag, found.mtime)
                     continue
                 if token is None and self.folder.stat(key) is None:
                     continue  # nothing there yet: the upload's retry puts it
             except StoreError:
                 continue  # not answered now: the upload's retry decides (and ends the note)
             self.note_published(key, PENDING, None)
+
+    def _upload_time(self, key: str, etag: str) -> int | None:
+        """The upload time of the object at `key` if it holds `etag` (a HEAD), else None."""
+        try:
+            info = self.folder.stat(key)
+        except StoreError:
+            return None
+        return int(info.mtime) if info is not None and info.etag == etag else None
+
+    def _confirm_pending(self, key: str, etag: str, at: float) -> None:
+        """The object at `key` is this host's upload of the file noted pending there: shown as
+        that file from now on (by its ETag), no longer as root's (`_object_stat`)."""
+        with self._lock:
+            meta = self._published.pop((key, PENDING), None)
+            if meta is None:
+                return
+            meta = (*meta[:4], int(at))
+            self._published[(key, etag)] = meta
+            self._remember(key, etag, meta)
+            self._remember(key, PENDING, (-1, -1, -1, -1))
 
     def pending(self) -> list[str]:
         """Keys whose upload began and never ended in the journal (the daemon killed, or the
@@ -232,7 +261,7 @@ class BucketTree(SourceTree):
         """Load what this host published before (the last MAX_REMEMBERED entries; a line that
         does not parse is skipped), rewrite the journal compacted, and append to it from now
         on. The journal sits in the daemon's private spool folder."""
-        found: dict[tuple[str, str], tuple[int, int, int, int]] = {}
+        found: dict[tuple[str, str], tuple[int, ...]] = {}
         withdrawn: dict[str, str] = {}
         try:
             with open(journal, encoding="utf-8") as fh:
@@ -248,6 +277,8 @@ class BucketTree(SourceTree):
                         if int(mode) < 0:  # a pending entry cleared
                             continue
                         meta = (int(mode) & 0o7777, int(uid), int(gid), int(mtime))
+                        if token:  # the upload time, where noted (a line of before lacks it)
+                            meta += (int(token[0]),)
                         found[(str(key), str(etag))] = meta
                     except (ValueError, TypeError):
                         continue
@@ -267,7 +298,7 @@ class BucketTree(SourceTree):
             self._withdrawn.update(gone)
             self._journal = journal
 
-    def _remember(self, key: str, etag: str, meta: tuple[int, int, int, int], *token: str) -> None:
+    def _remember(self, key: str, etag: str, meta: tuple[int, ...], *token: str) -> None:
         if self._journal is None:
             return
         try:
@@ -282,10 +313,25 @@ class BucketTree(SourceTree):
         mine = None
         if self._published:
             mine = self._published.get((info.key, info.etag or ""))
-            mine = mine or self._published.get((info.key, PENDING))
+            if mine is not None and len(mine) > 4 and abs(mine[4] - int(info.mtime)) > 1:
+                # The same bytes (an ETag is their MD5) put at the key again since this host
+                # published there: deleted through another host, then another user's empty
+                # or common file uploaded, was shown as this host's user's, who could `rm` it
+                # (red team 92, F3). A second apart: a HEAD's time and a LIST's may round so.
+                mine = None
+            pending = None if mine is not None else self._published.get((info.key, PENDING))
+            if pending is not None:
+                # An upload of this host's file to the key began and has not ended (under way,
+                # or a kill): the object there may be it, or another host's put meanwhile.
+                # Shown as neither user's: the owner's bits only, and root's (as the user's,
+                # an `rm` by them deleted another host's user's only copy: red team 92; as
+                # any object's, 0444, a private file was shown to all: red team 60). The
+                # start-up check gives it back to the user once it finds this host's token.
+                mode, _uid, _gid, mtime_ns = pending[:4]
+                mine = (mode & 0o700, 0, 0, mtime_ns)
         if mine is None:
             return st
-        mode, uid, gid, mtime_ns = mine
+        mode, uid, gid, mtime_ns = mine[:4]
         seconds = mtime_ns / 1e9
         fields = (stat.S_IFREG | mode, st.st_ino, 0, 1, uid, gid, st.st_size, seconds, seconds,
                   seconds)  # fmt: skip
