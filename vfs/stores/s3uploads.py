@@ -25,6 +25,7 @@ import hmac
 import logging
 import os
 import secrets
+import socket
 import time
 import urllib.parse
 import xml.etree.ElementTree as ET
@@ -32,6 +33,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from vfs.errors import DecantError
 from vfs.stores.s3list import Plain, _fetch, _quote, _text
 
 log = logging.getLogger(__name__)
@@ -109,17 +111,33 @@ class UploadTokens:
     else are not (an ETag is their MD5; taken for the host's own upload, the spooled copy was
     deleted and the other's owner then deleted the object, the only copy gone: red team 86)."""
 
-    def __init__(self, secret: bytes) -> None:
+    def __init__(self, secret: bytes, host: str = "") -> None:
         self._secret = secret
+        # The host's name is signed too: a spool copied to another host (a cloned image) holds
+        # the same secret, and each host took the other's uploads for its own, so one's user
+        # could delete the other's only copy (red team 92, F4). A host renamed no longer
+        # knows its earlier uploads: a file whose upload a kill cut short stays spooled.
+        self._host = host
 
     @classmethod
     def kept_in(cls, path: Path) -> UploadTokens:
-        """The secret at `path` (the daemon's alone: its spool is 0700), made at first use."""
+        """The secret at `path` (the daemon's alone: its spool is 0700), made at first use.
+        One there of another length is refused, not replaced: made anew, every upload of this
+        host's a kill cut short would be taken for another host's (red team 92, F5)."""
+        host = socket.gethostname()
         try:
             secret = path.read_bytes()
         except FileNotFoundError:
             secret = b""
-        if len(secret) != SECRET_BYTES:
+        else:
+            if len(secret) != SECRET_BYTES:
+                raise DecantError(
+                    f"{path}: {len(secret)} bytes, not the {SECRET_BYTES} of this host's upload "
+                    "secret (damaged?); remove it to have a new one made: uploads a kill cut "
+                    "short are then taken for another host's, and their files stay spooled"
+                )
+            return cls(secret, host)
+        if not secret:
             secret = secrets.token_bytes(SECRET_BYTES)
             tmp = path.with_name(path.name + ".new")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
@@ -128,7 +146,7 @@ class UploadTokens:
                 fh.flush()
                 os.fsync(fh.fileno())
             os.replace(tmp, path)
-        return cls(secret)
+        return cls(secret, host)
 
     def new(self, key: str) -> str:
         nonce = secrets.token_hex(8)
@@ -140,7 +158,7 @@ class UploadTokens:
         return bool(dot) and hmac.compare_digest(mac, self._mac(key, nonce))
 
     def _mac(self, key: str, nonce: str) -> str:
-        message = f"{key}\0{nonce}".encode("utf-8", "surrogateescape")
+        message = f"{self._host}\0{key}\0{nonce}".encode("utf-8", "surrogateescape")
         return hmac.new(self._secret, message, hashlib.sha256).hexdigest()[:32]
 
 
