@@ -7,6 +7,8 @@ from __future__ import annotations
 import errno
 import hashlib
 import io
+import os
+import stat
 import tarfile
 import time
 from pathlib import Path
@@ -96,6 +98,12 @@ class FakeBucket:
 
     def close(self) -> None:
         pass
+
+
+def spooled_stat(size: int, mode: int = 0o600, uid: int = 1001) -> os.stat_result:
+    """What a spooled file's stat gives the tree when its upload is noted (mtime 5 s)."""
+    ns = {"st_atime_ns": 5 * 10**9, "st_mtime_ns": 5 * 10**9, "st_ctime_ns": 5 * 10**9}
+    return os.stat_result((stat.S_IFREG | mode, 1, 0, 1, uid, uid, size, 5, 5, 5), ns)
 
 
 def make_tree(bucket: FakeBucket, index: DescriptionIndex | None = None) -> BucketTree:
@@ -555,15 +563,13 @@ def test_an_object_uploaded_or_copied_before_its_entry_is_noted_shows_as_the_fil
     user (red team 60, F1, F2). While pending it is shown private and root's: the object may
     be another host's, put meanwhile, which as the user's they could `rm` (red team 92, F1b).
     The real entry gives it to the user, across a restart too."""
-    import os
     import stat as stat_mod
 
     bucket = FakeBucket({"a.txt": b"private"})
     journal = tmp_path / "published.jsonl"
     tree = make_tree(bucket)
     tree.keep_published(journal)
-    ns = {"st_atime_ns": 5 * 10**9, "st_mtime_ns": 5 * 10**9, "st_ctime_ns": 5 * 10**9}
-    private = os.stat_result((stat_mod.S_IFREG | 0o600, 1, 0, 1, 1001, 1001, 7, 5, 5, 5), ns)
+    private = spooled_stat(7)
     tree.note_published("a.txt", "", private)  # then killed
 
     def shown(t: BucketTree) -> tuple[int, int]:
@@ -589,7 +595,6 @@ def test_a_start_gives_a_pending_key_back_to_its_user_only_with_this_host_s_toke
     signed upload is shown as the user's file again (its ETag noted); one holding another
     host's object is forgotten (shown 0444, as every host shows it); one the store does not
     answer for stays root's and private until the upload's retry decides."""
-    import os
     import stat as stat_mod
 
     from vfs.stores.s3uploads import UploadTokens
@@ -607,8 +612,7 @@ def test_a_start_gives_a_pending_key_back_to_its_user_only_with_this_host_s_toke
     journal = tmp_path / "published.jsonl"
     tree = make_tree(bucket)
     tree.keep_published(journal)
-    ns = {"st_atime_ns": 5 * 10**9, "st_mtime_ns": 5 * 10**9, "st_ctime_ns": 5 * 10**9}
-    private = os.stat_result((stat_mod.S_IFREG | 0o600, 1, 0, 1, 1001, 1001, 7, 5, 5, 5), ns)
+    private = spooled_stat(7)
     for key in ("ours", "theirs", "dark"):
         tree.note_published(key, "", private)  # then killed
     again = make_tree(bucket)  # a restart
@@ -632,15 +636,13 @@ def test_the_same_bytes_put_again_at_a_published_key_are_not_this_host_s_user_s(
     another host, and another user's empty file uploaded there. Same bytes, same ETag: A
     showed it as its own user's (who could `rm` it, and its owner could not read it through
     A). The entry holds the upload's time, which the second upload does not share."""
-    import os
     import stat as stat_mod
 
     bucket = FakeBucket({"notes.txt": b""})
     journal = tmp_path / "published.jsonl"
     tree = make_tree(bucket)
     tree.keep_published(journal)
-    ns = {"st_atime_ns": 5 * 10**9, "st_mtime_ns": 5 * 10**9, "st_ctime_ns": 5 * 10**9}
-    private = os.stat_result((stat_mod.S_IFREG | 0o600, 1, 0, 1, 1001, 1001, 0, 5, 5, 5), ns)
+    private = spooled_stat(0)
     tree.note_published("notes.txt", bucket._info("notes.txt").etag or "", private)
 
     def shown(t: BucketTree) -> tuple[int, int]:
@@ -666,15 +668,12 @@ def test_a_file_removed_during_its_upload_is_noted_until_its_removal_is_settled(
     """An `rm` of a file while it uploads notes the key and the upload's token (red team 60,
     F1): across restarts, after its upload's real entry (which clears the pending one) too,
     and until the start that deleted what the upload left settles it."""
-    import os
-    import stat as stat_mod
 
     bucket = FakeBucket({"a.tif.zarr.zip": b"x"})
     journal = tmp_path / "published.jsonl"
     tree = make_tree(bucket)
     tree.keep_published(journal)
-    ns = {"st_atime_ns": 5 * 10**9, "st_mtime_ns": 5 * 10**9, "st_ctime_ns": 5 * 10**9}
-    st = os.stat_result((stat_mod.S_IFREG | 0o600, 1, 0, 1, 1001, 1001, 7, 5, 5, 5), ns)
+    st = spooled_stat(7)
     tree.note_published("a.tif.zarr.zip", "", st)  # the upload begins
     tree.note_withdrawn("a.tif.zarr.zip", "tok1")  # rm meanwhile
     tree.note_withdrawn("b.tif.zarr.zip", "tok2")

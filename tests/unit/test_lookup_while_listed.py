@@ -37,6 +37,25 @@ def _archive(tmp_path: Path, name: str, seed: int) -> tuple[Path, bytes]:
     return archive, tiff.read_bytes()
 
 
+def _hold_describe(
+    m: InProcessMount, name: str
+) -> tuple[threading.Event, threading.Event, threading.Event]:
+    """The archive `name` is described only once the gate opens (or GATE_SECONDS pass):
+    (gate, entered: its description began, waited_out: it went on without the gate)."""
+    gate, entered, waited_out = threading.Event(), threading.Event(), threading.Event()
+    described = m.tree._describe_fresh
+
+    def held(backend: Any, path: Path, listed: Any = None) -> Any:
+        if path.name == name:
+            entered.set()
+            if not gate.wait(GATE_SECONDS):
+                waited_out.set()
+        return described(backend, path, listed)
+
+    m.tree._describe_fresh = held  # type: ignore[method-assign]
+    return gate, entered, waited_out
+
+
 def test_lookups_are_answered_while_a_new_archive_is_described(tmp_path: Path) -> None:
     src = tmp_path / "src"
     src.mkdir()
@@ -46,19 +65,9 @@ def test_lookups_are_answered_while_a_new_archive_is_described(tmp_path: Path) -
     (src / "v2").mkdir()
     (src / "notes.txt").write_bytes(b"plain")
 
-    gate, entered, waited_out = threading.Event(), threading.Event(), threading.Event()
     with fake_session() as session:
         m = InProcessMount(src, tmp_path)
-        described = m.tree._describe_fresh
-
-        def held(backend: Any, path: Path, listed: Any = None) -> Any:
-            if path.name == slow.name:
-                entered.set()
-                if not gate.wait(GATE_SECONDS):
-                    waited_out.set()
-            return described(backend, path, listed)
-
-        m.tree._describe_fresh = held  # type: ignore[method-assign]
+        gate, entered, waited_out = _hold_describe(m, slow.name)
 
         async def go() -> None:
             assert (await m.lookup(ROOT_INODE, "victim.tif")).st_size == len(victim_bytes)
@@ -107,19 +116,9 @@ def test_lookups_are_answered_while_the_watcher_describes_new_archives(tmp_path:
     slow, _ = _archive(tmp_path, "slow.tif", 2)
     os.rename(victim, src / victim.name)
     (src / "notes.txt").write_bytes(b"plain")
-    gate, entered, waited_out = threading.Event(), threading.Event(), threading.Event()
     with fake_session() as session:
         m = InProcessMount(src, tmp_path)
-        described = m.tree._describe_fresh
-
-        def held(backend: Any, path: Path, listed: Any = None) -> Any:
-            if path.name == slow.name:
-                entered.set()
-                if not gate.wait(GATE_SECONDS):
-                    waited_out.set()
-            return described(backend, path, listed)
-
-        m.tree._describe_fresh = held  # type: ignore[method-assign]
+        gate, entered, waited_out = _hold_describe(m, slow.name)
 
         async def go() -> None:
             assert (await m.lookup(ROOT_INODE, "notes.txt")).st_size == 5
