@@ -10,6 +10,7 @@ listing itself and waited on the gate.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pyfuse3
+import pytest
 import tifffile
 import trio
 
@@ -83,6 +85,9 @@ def test_lookups_are_answered_while_a_new_archive_is_described(tmp_path: Path) -
             session.clock.advance(5)
             assert (await m.lookup(ROOT_INODE, "notes.txt")).st_size == 5
             assert await m.read_file("victim.tif") == victim_bytes
+            with pytest.raises(pyfuse3.FUSEError) as missing:  # what rsync asks before a create
+                await m.lookup(ROOT_INODE, "not-there.txt")
+            assert missing.value.errno == errno.ENOENT
             assert not waited_out.is_set(), "a lookup waited for the new archive's description"
 
             # The new archive's own name waits for its description; then it is there.
@@ -142,10 +147,101 @@ def test_lookups_are_answered_while_the_watcher_describes_new_archives(tmp_path:
             gate.set()
 
 
-def test_a_name_not_found_by_lstats_waits_for_the_listing(tmp_path: Path) -> None:
+def test_lookups_are_answered_while_a_readdir_describes_new_archives(tmp_path: Path) -> None:
+    """Red team 93 F1: a listing a readdir started held the folder's lock while it described
+    the new archives, and lookups waited for all of it (30 s)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    victim, victim_bytes = _archive(tmp_path, "victim.tif", 1)
+    slow, _ = _archive(tmp_path, "slow.tif", 2)
+    os.rename(victim, src / victim.name)
+    with fake_session() as session:
+        m = InProcessMount(src, tmp_path)
+        gate, entered, waited_out = _hold_describe(m, slow.name)
+
+        async def go() -> None:
+            assert (await m.lookup(ROOT_INODE, "victim.tif")).st_size == len(victim_bytes)
+            before = os.stat(src).st_mtime_ns
+            os.rename(slow, src / slow.name)
+            os.utime(src, ns=(before + 10**9, before + 10**9))
+            session.clock.advance(5)
+            listed: list[set[str]] = []
+
+            async def list_all() -> None:
+                listed.append({name for name, _ in await m.readdir(ROOT_INODE)})
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(list_all)
+                await trio.to_thread.run_sync(entered.wait, GATE_SECONDS)
+                assert entered.is_set(), "the readdir never described the new archive"
+                assert await m.read_file("victim.tif") == victim_bytes
+                with pytest.raises(pyfuse3.FUSEError):
+                    await m.lookup(ROOT_INODE, "not-there.txt")
+                assert not waited_out.is_set(), "a lookup waited for the readdir's listing"
+                gate.set()
+            assert listed == [{"victim.tif", "slow.tif"}]
+
+        try:
+            m.run(go)
+        finally:
+            gate.set()
+
+
+def test_where_an_archive_presents_another_name_found_names_are_answered_others_wait(
+    tmp_path: Path,
+) -> None:
+    """Red team 93 F2: one archive presenting a name other than its own (packed from
+    `other.tif`, renamed `zz.zarr.zip`) made every lookup in the folder wait for the listing.
+    A name found is answered; a name not found may be that archive's, so it waits."""
+    src = tmp_path / "src"
+    src.mkdir()
+    victim, victim_bytes = _archive(tmp_path, "victim.tif", 1)
+    odd, odd_bytes = _archive(tmp_path, "other.tif", 3)
+    slow, _ = _archive(tmp_path, "slow.tif", 2)
+    os.rename(victim, src / victim.name)
+    os.rename(odd, src / "zz.zarr.zip")
+    with fake_session() as session:
+        m = InProcessMount(src, tmp_path)
+        gate, entered, waited_out = _hold_describe(m, slow.name)
+
+        async def go() -> None:
+            assert await m.read_file("other.tif") == odd_bytes  # listed: the folder is irregular
+            before = os.stat(src).st_mtime_ns
+            os.rename(slow, src / slow.name)
+            os.utime(src, ns=(before + 10**9, before + 10**9))
+            session.clock.advance(5)
+            assert (await m.lookup(ROOT_INODE, "victim.tif")).st_size == len(victim_bytes)
+            await trio.to_thread.run_sync(entered.wait, GATE_SECONDS)
+            assert entered.is_set(), "the listing never described the new archive"
+            session.clock.advance(5)
+            assert await m.read_file("victim.tif") == victim_bytes
+            assert not waited_out.is_set(), "a found name waited for the listing"
+            async with trio.open_nursery() as nursery:
+                missing: list[BaseException] = []
+
+                async def look() -> None:
+                    try:
+                        await m.lookup(ROOT_INODE, "not-there.txt")
+                    except pyfuse3.FUSEError as exc:
+                        missing.append(exc)
+
+                nursery.start_soon(look)
+                await trio.sleep(0.2)
+                assert not missing, "a name not found was answered before the listing"
+                gate.set()
+            assert [e.errno for e in missing] == [errno.ENOENT]  # type: ignore[attr-defined]
+
+        try:
+            m.run(go)
+        finally:
+            gate.set()
+
+
+def test_a_name_shown_only_by_the_listing_appears_once_it_is_read(tmp_path: Path) -> None:
     """An archive presenting a name other than its own (packed from `a.tif`, renamed to
-    `b.zarr.zip`) shows that name only in the listing: a lookup of it must not be told
-    ENOENT by the lstats of `a.tif`'s related names."""
+    `b.zarr.zip`) shows that name only in the listing. In a folder whose last listing had no
+    such archive, a lookup not found by lstats is answered ENOENT at once; the listing read
+    behind it tells the kernel the name is there now, and it is found."""
     src = tmp_path / "src"
     src.mkdir()
     (src / "notes.txt").write_bytes(b"plain")
@@ -159,6 +255,14 @@ def test_a_name_not_found_by_lstats_waits_for_the_listing(tmp_path: Path) -> Non
             os.rename(archive, src / "b.zarr.zip")
             os.utime(src, ns=(before + 10**9, before + 10**9))
             session.clock.advance(5)
+            session.invalidated.clear()
+            try:
+                await m.lookup(ROOT_INODE, "a.tif")
+            except pyfuse3.FUSEError as exc:
+                assert exc.errno == errno.ENOENT
+                while ROOT_INODE in m.ops._relisting:  # the listing behind it
+                    await trio.sleep(0.01)
+                assert (ROOT_INODE, b"a.tif") in session.invalidated
             attrs = await m.lookup(ROOT_INODE, "a.tif")
             assert attrs.st_size == len(data)
             assert await m.read_file("a.tif") == data

@@ -101,3 +101,62 @@ def test_the_folder_owner_s_archive_keeps_its_name_over_another_user_s_entry(
     shown = SourceTree(tmp_path / "src", [DecantBackend(PageCache(1 << 20))]).scan(shared)
     assert shown["notes.txt"].uid == ATTACKER and shown["notes.txt"].backend is not None
     assert "notes.txt.zarr.zip" not in shown
+
+
+# -- red team 93: a copy of a user's archive under another name does not take its name away --
+
+
+def _presenting(tmp: Path, owner: int, victim_as: str, copy_as: str) -> Path:
+    """Root's (or `owner`'s) 1777 folder holding the victim's archive of `victim.tif` at
+    `victim_as` and the attacker's copy of it at `copy_as`, both readable by all."""
+    shared = tmp / "src" / "shared"
+    shared.mkdir(parents=True)
+    os.chown(shared, owner, owner)
+    shared.chmod(0o1777)
+    made = tmp / "made"
+    made.mkdir()
+    _archive(made, shared / victim_as, "victim.tif", b"the victim's image\n", VICTIM)
+    (shared / copy_as).write_bytes((shared / victim_as).read_bytes())
+    os.chown(shared / copy_as, ATTACKER, ATTACKER)
+    for name in (victim_as, copy_as):
+        (shared / name).chmod(0o644)
+    return shared
+
+
+def test_a_copy_under_another_name_does_not_take_the_name_from_its_owner(tmp_path: Path) -> None:
+    """In root's shared folder the attacker's copy `zz.zarr.zip` presented `victim.tif` too:
+    both archives lost the name (two users' archives presenting one), and the victim's every
+    open of `victim.tif` got ENOENT. An archive named after the name keeps it; the copy is
+    shown under its own name."""
+    shared = _presenting(tmp_path, 0, "victim.tif.zarr.zip", "zz.zarr.zip")
+    shown = SourceTree(tmp_path / "src", [DecantBackend(PageCache(1 << 20))]).scan(shared)
+    assert shown["victim.tif"].uid == VICTIM and shown["victim.tif"].backend is not None
+    assert shown["zz.zarr.zip"].uid == ATTACKER
+    assert set(shown) == {"victim.tif", "zz.zarr.zip"}
+
+
+def test_a_copy_sorted_first_does_not_take_the_name_from_a_folder_archive(tmp_path: Path) -> None:
+    """Of a `victim.tif.zarr/` folder archive and a copy named `aaa.zarr.zip`, the one sorted
+    first by name took the name: the one named after it goes first."""
+    shared = _presenting(tmp_path, 0, "victim.tif.zarr.zip", "aaa.zarr.zip")
+    folder = shared / "victim.tif.zarr"
+    folder.mkdir()
+    import zipfile
+
+    with zipfile.ZipFile(shared / "victim.tif.zarr.zip") as zf:
+        zf.extractall(folder)
+    (shared / "victim.tif.zarr.zip").unlink()
+    for path in [folder, *folder.rglob("*")]:
+        os.chown(path, VICTIM, VICTIM)
+    shown = SourceTree(tmp_path / "src", [DecantBackend(PageCache(1 << 20))]).scan(shared)
+    assert shown["victim.tif"].uid == VICTIM
+    assert shown["aaa.zarr.zip"].uid == ATTACKER
+
+
+def test_the_folder_owner_s_copy_under_another_name_still_contests(tmp_path: Path) -> None:
+    """The folder owner's archive presenting a name keeps it over another user's named after
+    it (tests/mount/test_hidden_names.py): the rule above is for other users' copies."""
+    shared = _presenting(tmp_path, ATTACKER, "victim.tif.zarr.zip", "zz.zarr.zip")
+    shown = SourceTree(tmp_path / "src", [DecantBackend(PageCache(1 << 20))]).scan(shared)
+    assert shown["victim.tif"].uid == ATTACKER  # the folder's owner's copy
+    assert shown["victim.tif.zarr.zip"].uid == VICTIM

@@ -389,15 +389,17 @@ class DecantOperations(pyfuse3.Operations):
     async def _named(self, inode: int, name: str, uid: int) -> tuple[Folder, Node | None]:
         """The folder's listing and what it presents under `name`, for `uid`'s lookup.
 
-        When SRC changed since the listing was read, a name found by a few lstats
-        (`tree.entries`) is answered at once and the listing is read again in the background:
-        that reads every new archive in the folder (a second or two each for a big one not in
-        the index yet), and a lookup of another name must not wait for it (red team 87 F4:
-        forty archives renamed into a shared folder held its other users' lookups 78 s). A
-        name not found so waits for the listing (an archive presenting a name other than its
-        own shows it only there), as does a spooled file (`_current` checks it against the
-        listing) and a folder the tree cannot tell name by name. So too while the watcher's
-        word of new names describes their archives (`on_names_changed`)."""
+        When SRC changed since the listing was read, the name is looked for by a few lstats
+        (`tree.entries_of_listed`) and answered at once, and the listing is read again in the
+        background: that reads every new archive in the folder (a second or two each for a big
+        one not in the index yet), and a lookup of another name must not wait for it (red team
+        87 F4: forty archives renamed into a shared folder held its other users' lookups 78 s).
+        So too while a listing runs (a readdir's, the watcher's word of new names). What the
+        listing then finds otherwise the kernel is told (`_fresh` invalidates changed names).
+        A name not found waits for the listing where an archive presents a name other than its
+        own (it shows that name only there), as does a spooled file (`_current` checks it
+        against the listing), a folder the tree cannot tell name by name, and any lookup while
+        a change made through the mount holds the folder's lock."""
         folder = self.inodes.folders.get(inode)
         parent = self._node(inode)
         if (folder is None or parent.backend is not None or self.nursery is None
@@ -418,18 +420,25 @@ class DecantOperations(pyfuse3.Operations):
             if inode not in self._relisting:
                 self._relisting.add(inode)
                 self.reads.spawn(self._relist_behind, inode)
+        listed, seen = (parent.ino, parent.uid), (folder.checked, folder.mtime_ns)
         try:
-            fresh = await self._quick(self.tree.entries_of_listed, parent.real, [name],
-                                      (parent.ino, parent.uid), True)  # fmt: skip
+            fresh = await self._quick(self.tree.entries_of_listed, parent.real, [name], listed,
+                                      True)  # fmt: skip
         except NotQuick:  # an archive among them: described in a thread of the caller's
-            listed, limiter = (parent.ino, parent.uid), self._checker(uid)
-            fresh = await trio.to_thread.run_sync(self.tree.entries_of_listed, parent.real,
-                                                  [name], listed, limiter=limiter)  # fmt: skip
+            look = functools.partial(self.tree.entries_of_listed, parent.real, [name], listed)
+            fresh = await trio.to_thread.run_sync(look, limiter=self._checker(uid))
         except OSError:
             fresh = None  # replaced, or gone: the listing tells (ESTALE, ENOENT)
-        found = fresh.get(name) if fresh is not None else None
-        if found is not None and not found.spooled:
-            return folder, found
+        now = self.inodes.folders.get(inode)
+        if now is not None and (now is not folder or (now.checked, now.mtime_ns) != seen):
+            return now, now.children.get(name)  # listed meanwhile: as the listing found
+        if fresh is not None:
+            answers, sure = fresh
+            found = answers.get(name)
+            if found is not None and not found.spooled:
+                return folder, found
+            if found is None and sure:
+                return folder, None
         folder = await self._listing(inode)
         return folder, folder.children.get(name)
 
@@ -481,7 +490,8 @@ class DecantOperations(pyfuse3.Operations):
                     folder.checked = time.monotonic()
                     return folder
                 scan = functools.partial(self.tree.scan, real, listed=(node.ino, node.uid))
-                kids = await trio.to_thread.run_sync(scan, limiter=self._lister(node))
+                with self._described_behind(inode):  # lookups need not wait for it: `_named`
+                    kids = await trio.to_thread.run_sync(scan, limiter=self._lister(node))
             except FileNotFoundError:
                 if moves == self.inodes.moves:
                     raise

@@ -168,6 +168,39 @@ class SourceTree:
         happen on the event loop that asked for a few lstats."""
         if folder in self._irregular or folder in self.overlay_roots:
             return None
+        out, regular = self._named_entries(folder, names, quick)
+        if not regular:
+            self._irregular.add(folder)
+            return None
+        return out
+
+    def entries_of_listed(
+        self, folder: Path, names: Sequence[str], listed: tuple[int, int], quick: bool = False
+    ) -> tuple[dict[str, Node | None], bool] | None:
+        """For a lookup that does not wait for a full scan: `entries` of the folder the mount
+        listed (`listed`: its inode and owner, as `scan` takes them), ESTALE if another folder
+        is at its name now, its names read through the descriptor checked. With whether the
+        answer is sure: not where an archive presents a name other than its own (then a name
+        not found may be shown by one elsewhere in the folder, and one found may lose it to
+        one). None: an overlay's folder, told only by a scan."""
+        if folder in self.overlay_roots:
+            return None
+        fd = open_beneath(self.root, folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if not_listed(os.fstat(fd), *listed):
+                raise OSError(errno.ESTALE, "not the folder listed (replaced since)", str(folder))
+            out, regular = self._named_entries(folder, names, quick, fd)
+        finally:
+            os.close(fd)
+        if not regular:
+            self._irregular.add(folder)
+        return out, regular and folder not in self._irregular
+
+    def _named_entries(
+        self, folder: Path, names: Sequence[str], quick: bool, fd: int | None = None
+    ) -> tuple[dict[str, Node | None], bool]:
+        """`entries`' answer, and whether every archive found presents its own name; the
+        entries read by name in `folder`, or relative to its descriptor `fd`."""
         candidates = {c for n in names for m in _related(n) for c in _related(m)}
         # Most candidates do not exist: plain strings and one lstat each (this runs for every
         # rename of a spooled file). The mountpoint is never statted: it would call into us.
@@ -194,7 +227,10 @@ class SourceTree:
             if name in skip or name.startswith(TEMP_PREFIX):
                 continue
             try:
-                st = acl_lstat(f"{base}/{name}")  # as `_stats` takes it: vfs.acl
+                if fd is None:
+                    st = acl_lstat(f"{base}/{name}")  # as `_stats` takes it: vfs.acl
+                else:
+                    st = acl_stat_at(fd, name, os.stat(name, dir_fd=fd, follow_symlinks=False))
             except OSError:
                 continue  # not there (or not reachable): nothing to present
             if name_problem(name) is None:
@@ -202,24 +238,8 @@ class SourceTree:
         if quick and any(self._claimed(folder / n, st) for n, st in found):
             raise NotQuick(folder)
         out, regular = self._present(folder, found) if found else ({}, True)
-        if not regular:
-            self._irregular.add(folder)
-            return None
         out.update(spooled)
-        return {name: out.get(name) for name in names}
-
-    def entries_of_listed(
-        self, folder: Path, names: Sequence[str], listed: tuple[int, int], quick: bool = False
-    ) -> dict[str, Node | None] | None:
-        """`entries` of the folder the mount listed (`listed`: its inode and owner, as `scan`
-        takes them): ESTALE if another folder is at its name now."""
-        fd = open_beneath(self.root, folder, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            if not_listed(os.fstat(fd), *listed):
-                raise OSError(errno.ESTALE, "not the folder listed (replaced since)", str(folder))
-        finally:
-            os.close(fd)
-        return self.entries(folder, names, quick)
+        return {name: out.get(name) for name in names}, regular
 
     def _claimed(self, path: Path, st: os.stat_result) -> bool:
         is_dir = stat.S_ISDIR(st.st_mode)
@@ -376,8 +396,12 @@ class SourceTree:
 
     def _claim_order(self, name: str, st: os.stat_result, desc: Any) -> tuple[Any, ...]:
         """Of two archives presenting one name, the one sorted first is given it: here the one
-        named after it (NAME.zarr.zip), then by name (owners are `_contested`'s)."""
-        return (desc is None or name != f"{desc.name}.zarr.zip", name)
+        named after it (NAME.zarr.zip, then NAME.zarr), then by name (owners are
+        `_contested`'s): an archive of another name sorted by name took the name from a
+        `NAME.zarr/` (an `aaa.zarr.zip` presenting it; red team 93)."""
+        if desc is None:
+            return (True, True, name)
+        return (name != f"{desc.name}.zarr.zip", desc.name not in _related(name), name)
 
     def _name_public(self, folder: Path, path: Path, st: os.stat_result) -> bool:
         """Whether every user who may list `folder` may read what the archive at `path`
@@ -417,14 +441,27 @@ class SourceTree:
         """(name, owner) of archives that lose a name other users' archives present too. Only
         the folder owner's may hold it then, or none: in a shared (sticky) folder anyone may
         add an archive presenting a name, and must not take over one another user's holds."""
+        # An archive named after the name it presents (NAME.zarr.zip) is not contested by one
+        # of another name presenting it too, unless that one is the folder owner's: a copy of
+        # a user's archive under another name, dropped into a root's shared folder, took
+        # `victim.tif` from its owner, for every user (red team 93). That one loses alone.
+        named_after = {
+            d.name for n, _s, _b, d, _p in described if d is not None and d.name in _related(n)
+        }
+        keeper: int | None = None
         owners: dict[str, set[int]] = {}
-        for _n, st, _b, desc, _p in described:
-            if desc is not None:
-                owners.setdefault(desc.name, set()).add(st.st_uid)
+        for n, st, _b, desc, _p in described:
+            if desc is None:
+                continue
+            if desc.name in named_after and desc.name not in _related(n):
+                keeper = self._stat(folder).st_uid if keeper is None else keeper
+                if st.st_uid != keeper:
+                    continue
+            owners.setdefault(desc.name, set()).add(st.st_uid)
         clashes = {name: uids for name, uids in owners.items() if len(uids) > 1}
         if not clashes:
             return set()
-        keeper = self._stat(folder).st_uid
+        keeper = self._stat(folder).st_uid if keeper is None else keeper
         return {(name, uid) for name, uids in clashes.items() for uid in uids if uid != keeper}
 
     def _raw_node(self, path: Path, st: os.stat_result) -> Node:
