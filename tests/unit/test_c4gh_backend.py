@@ -12,12 +12,14 @@ import hashlib
 import io
 import json
 import logging
+import os
 import random
 import subprocess
 import tarfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -93,6 +95,35 @@ def test_describe_tree_sizes_and_xattrs(env) -> None:
     for name, data in env.members[1:]:
         assert tree[name].xattrs == {"user.c4gh.sha256": hashlib.sha256(data).hexdigest()}
     assert tree["manifest.json"].xattrs == {}
+
+
+def test_links_to_one_package_open_its_header_once(env, tmp_path: Path) -> None:
+    """Red team 93: 3,000 hard links to one package of 64 padded header packets in a shared
+    folder took 19 s to list, each name's header opened anew (X25519 work per packet). A
+    file's other names share its opening; a changed file is opened again."""
+    links = [tmp_path / f"l{i}.tar.c4gh" for i in range(20)]
+    first = tmp_path / "first.tar.c4gh"
+    first.write_bytes(env.one.read_bytes())
+    for link in links:
+        os.link(first, link)
+    be = backend(env.keys.node)
+    opened: list[str] = []
+    header = be._header
+
+    def counted(fd: int, size: int, name: str) -> Any:
+        opened.append(name)
+        return header(fd, size, name)
+
+    be._header = counted  # type: ignore[method-assign]
+    trees = [files(be.describe(path).root) for path in [first, *links]]
+    assert opened == ["first.tar.c4gh"]
+    assert all(tree.keys() == trees[0].keys() for tree in trees)
+    entry = trees[0]["manifest.json"]
+    want = dict(env.members)["manifest.json"]
+    assert read_all(be, links[-1], "manifest.json", entry, 4096) == want
+    os.utime(first, ns=(10**9, 10**9))  # the file changed (its stamp): opened again
+    be.describe(links[3])
+    assert opened == ["first.tar.c4gh", "l3.tar.c4gh"]
 
 
 @pytest.mark.parametrize("which", ["one", "two"])
