@@ -13,9 +13,10 @@ import obstore
 import pytest
 
 from vfs.backends.base import Entry
+from vfs.errors import StoreError
 from vfs.ingest.bucket import BucketWriteSide
 from vfs.ingest.spool import Spool
-from vfs.nodes import archive_node
+from vfs.nodes import Node, archive_node
 from vfs.stores.base import ObjectInfo, etag_number
 
 
@@ -63,3 +64,40 @@ def test_rm_of_a_member_of_a_series_archive_does_not_delete_the_archive(
     whole = archive_node(_Backend(), root / key, st, "", Entry(size=10), key)  # type: ignore[arg-type]
     side.unlink(series, key, whole)
     assert deleted == [key]
+
+
+def test_a_moved_object_is_noted_as_the_user_s_before_its_old_key_is_deleted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red team 94 F6: `mv` of a published 0600 file whose old key's DELETE failed left the
+    new key's note pending; a start found no token of this host's on the copy (a copy keeps
+    none) and showed the file 0444 to every user. The new key is noted first."""
+    from vfs.mount.buckettree import PENDING
+
+    key, etag = "a.txt", '"abc"'
+    folder = _Folder(key, etag)
+    copied = ObjectInfo(key="b.txt", size=100, etag='"abc"', mtime=5.0)
+    noted: list[tuple[str, str, bool]] = []
+    root = Path("/bucket-root")
+    spool = Spool(tmp_path / "src", tmp_path / "spool", tmp_path / "staging")
+    side = BucketWriteSide(root, spool, folder, None, True)  # type: ignore[arg-type]
+    side._changed = lambda k, e, st: noted.append((k, e, st is not None))
+    side._copy_checked = lambda old, new, node: copied  # type: ignore[method-assign]
+
+    def refused(client: object, k: str) -> None:
+        raise OSError(errno.EIO, "the store refused the DELETE")
+
+    monkeypatch.setattr(obstore, "delete", refused)
+    ns = {"st_atime_ns": 0, "st_mtime_ns": 0, "st_ctime_ns": 0}
+    st = os.stat_result((stat.S_IFREG | 0o600, etag_number(f"{key}\0{etag}"), 0, 1, 1001, 1001,
+                         100, 0, 0, 0), ns)  # fmt: skip
+
+    class _Object:
+        name = "object"
+
+    node = archive_node(_Object(), root / key, st, "", Entry(size=100), key)  # type: ignore[arg-type]
+    parent = Node(True, 0, 0, 0o755, 0, 0, root)
+    with pytest.raises(StoreError) as err:
+        side.rename(parent, key, node, parent, "b.txt")
+    assert "refused the DELETE" in str(err.value), err.value
+    assert noted == [("b.txt", PENDING, True), ("b.txt", '"abc"', True)]

@@ -662,6 +662,43 @@ def test_the_same_bytes_put_again_at_a_published_key_are_not_this_host_s_user_s(
     assert shown(third) == (0o400, 1001)
 
 
+def test_an_entry_noted_without_its_upload_time_takes_it_from_the_first_listing(
+    tmp_path: Path,
+) -> None:
+    """Red team 94 F7b, F8: an entry noted without the object's upload time (the HEAD after
+    the upload failed; a journal written before times were kept) matched any object of the
+    same bytes at its key for good. The first listing that shows it gives it its time."""
+    import json
+    import stat as stat_mod
+
+    bucket = FakeBucket({"old.txt": b"", "new.txt": b""})
+    journal = tmp_path / "published.jsonl"
+    etag = bucket._info("old.txt").etag or ""
+    journal.write_text(json.dumps(["old.txt", etag, 0o600, 1001, 1001, 5 * 10**9]) + "\n")
+    tree = make_tree(bucket)
+    tree.keep_published(journal)
+    real_stat = bucket.stat
+
+    def head_fails(key: str) -> None:
+        raise StoreError(f"s3://bkt/pre/{key}: HEAD: object store failed after retries")
+
+    bucket.stat = head_fails  # type: ignore[method-assign]
+    tree.note_published("new.txt", etag, spooled_stat(0))  # its HEAD fails: no time
+    bucket.stat = real_stat  # type: ignore[method-assign]
+
+    def shown(t: BucketTree) -> dict[str, tuple[int, int]]:
+        return {n: (stat_mod.S_IMODE(st.mode), st.uid) for n, st in t.scan(t.root).items()}
+
+    assert shown(tree) == {"old.txt": (0o400, 1001), "new.txt": (0o400, 1001)}
+    for key in ("old.txt", "new.txt"):  # deleted, the same bytes put again by another host
+        bucket.times[key] = 1_700_000_000.0 + 600
+    tree.expire()
+    assert shown(tree) == {"old.txt": (0o444, 0), "new.txt": (0o444, 0)}
+    again = make_tree(bucket)  # the times were kept in the journal
+    again.keep_published(journal)
+    assert shown(again) == {"old.txt": (0o444, 0), "new.txt": (0o444, 0)}
+
+
 def test_a_file_removed_during_its_upload_is_noted_until_its_removal_is_settled(
     tmp_path: Path,
 ) -> None:

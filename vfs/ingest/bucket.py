@@ -581,12 +581,14 @@ class BucketWriteSide(WriteSide):
             if self._changed is not None:
                 self._changed(new_key, "", None)  # its note ends, as a failed upload's does
             raise
-        self._delete(old_key, etag)
         if self._changed is not None:
             # The new key shows the mode, owner and mtime the old one showed (what this host
             # published): shown as any object's, 0444, a 0600 file `mv`-ed became readable by
-            # every local user.
+            # every local user. Noted before the old key's delete: one that failed left the
+            # note pending, and a start, finding no token of this host's on the copy (a copy
+            # keeps none), showed the file 0444 to all (red team 94, F6).
             self._changed(new_key, copied.etag or "", _shown_stat(node))
+        self._delete(old_key, etag)
         moved = self.root / new_key
         moved.info = copied  # type: ignore[attr-defined]  # the listing's, as a scan gives it
         node.real = moved

@@ -215,6 +215,16 @@ class BucketTree(SourceTree):
             return None
         return int(info.mtime) if info is not None and info.etag == etag else None
 
+    def _timed(self, key: str, etag: str, meta: tuple[int, ...], at: int) -> tuple[int, ...]:
+        """`meta` of the entry (key, etag), given the upload time `at` if it has none yet."""
+        with self._lock:
+            if self._published.get((key, etag)) is not meta:
+                return self._published.get((key, etag)) or meta
+            meta = (*meta, at)
+            self._published[(key, etag)] = meta
+            self._remember(key, etag, meta)
+        return meta
+
     def _confirm_pending(self, key: str, etag: str, at: float) -> None:
         """The object at `key` is this host's upload of the file noted pending there: shown as
         that file from now on (by its ETag), no longer as root's (`_object_stat`)."""
@@ -319,6 +329,11 @@ class BucketTree(SourceTree):
                 # or common file uploaded, was shown as this host's user's, who could `rm` it
                 # (red team 92, F3). A second apart: a HEAD's time and a LIST's may round so.
                 mine = None
+            elif mine is not None and len(mine) == 4:
+                # Noted without its upload time (the HEAD after the upload failed, or a
+                # journal written before times were kept): the first listing that shows it
+                # gives it one (red team 94, F7b, F8).
+                mine = self._timed(info.key, info.etag or "", mine, int(info.mtime))
             pending = None if mine is not None else self._published.get((info.key, PENDING))
             if pending is not None:
                 # An upload of this host's file to the key began and has not ended (under way,
