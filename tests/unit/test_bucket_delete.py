@@ -18,6 +18,7 @@ from vfs.ingest.bucket import BucketWriteSide
 from vfs.ingest.spool import Spool
 from vfs.nodes import Node, archive_node
 from vfs.stores.base import ObjectInfo, etag_number
+from vfs.stores.s3uploads import COPY
 
 
 class _Folder:
@@ -72,8 +73,6 @@ def test_a_moved_object_is_noted_as_the_user_s_before_its_old_key_is_deleted(
     """Red team 94 F6: `mv` of a published 0600 file whose old key's DELETE failed left the
     new key's note pending; a start found no token of this host's on the copy (a copy keeps
     none) and showed the file 0444 to every user. The new key is noted first."""
-    from vfs.mount.buckettree import PENDING
-
     key, etag = "a.txt", '"abc"'
     folder = _Folder(key, etag)
     copied = ObjectInfo(key="b.txt", size=100, etag='"abc"', mtime=5.0)
@@ -100,4 +99,73 @@ def test_a_moved_object_is_noted_as_the_user_s_before_its_old_key_is_deleted(
     with pytest.raises(StoreError) as err:
         side.rename(parent, key, node, parent, "b.txt")
     assert "refused the DELETE" in str(err.value), err.value
-    assert noted == [("b.txt", PENDING, True), ("b.txt", '"abc"', True)]
+    assert noted == [("b.txt", COPY + '"abc"', True), ("b.txt", '"abc"', True)]
+
+
+def _mv_side(tmp_path: Path, folder: _Folder) -> tuple[BucketWriteSide, Any, Any]:
+    """A write side over `folder` (a.txt listed), its notes, and the node and parent of a.txt."""
+    root = Path("/bucket-root")
+    spool = Spool(tmp_path / "src", tmp_path / "spool", tmp_path / "staging")
+    side = BucketWriteSide(root, spool, folder, None, True)  # type: ignore[arg-type]
+    noted: list[tuple[str, str, bool]] = []
+    side._changed = lambda k, e, st: noted.append((k, e, st is not None))
+    ns = {"st_atime_ns": 0, "st_mtime_ns": 0, "st_ctime_ns": 0}
+    info = folder.info
+    st = os.stat_result((stat.S_IFREG | 0o600, etag_number(f"{info.key}\0{info.etag}"), 0, 1,
+                         1001, 1001, 100, 0, 0, 0), ns)  # fmt: skip
+
+    class _Object:
+        name = "object"
+
+    node = archive_node(_Object(), root / info.key, st, "", Entry(size=100), info.key)  # type: ignore[arg-type]
+    return side, noted, (node, Node(True, 0, 0, 0o755, 0, 0, root))
+
+
+def test_an_mv_whose_copy_is_left_keeps_its_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red team 96 N1: the HEAD after an `mv`'s copy failed; the note ended, the copy stayed
+    in the bucket, and the user's 0600 file was shown 0444 to all. Now the note stays (the
+    copy told by its ETag); refused as taken (nothing copied), it ends."""
+    folder = _Folder("a.txt", '"abc"')
+    deleted: list[str] = []
+    monkeypatch.setattr(obstore, "delete", lambda client, k: deleted.append(k))
+    side, noted, (node, parent) = _mv_side(tmp_path, folder)
+
+    def head_failed(old: str, new: str, node: object) -> ObjectInfo:
+        raise StoreError("s3://b/b.txt: HEAD: object store failed after retries")
+
+    side._copy_checked = head_failed  # type: ignore[method-assign]
+    with pytest.raises(StoreError):
+        side.rename(parent, "a.txt", node, parent, "b.txt")
+    assert noted == [("b.txt", COPY + '"abc"', True)] and deleted == []
+
+    def taken(old: str, new: str, node: object) -> ObjectInfo:
+        raise OSError(errno.EEXIST, "s3://b/c.txt: taken meanwhile; not replaced")
+
+    side._copy_checked = taken  # type: ignore[method-assign]
+    noted.clear()
+    with pytest.raises(OSError):
+        side.rename(parent, "a.txt", node, parent, "c.txt")
+    assert noted == [("c.txt", COPY + '"abc"', True), ("c.txt", "", False)]
+
+
+def test_an_mv_looks_at_the_old_key_again_before_deleting_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red team 96 N6: the old key was deleted without another look, after the copy and its
+    checks (~1 s for 300 MB): another host's object put there meanwhile was deleted."""
+    folder = _Folder("a.txt", '"abc"')
+    deleted: list[str] = []
+    monkeypatch.setattr(obstore, "delete", lambda client, k: deleted.append(k))
+    side, noted, (node, parent) = _mv_side(tmp_path, folder)
+
+    def copied_then_replaced(old: str, new: str, node: object) -> ObjectInfo:
+        folder.info = ObjectInfo(key="a.txt", size=100, etag='"theirs"', mtime=9.0)
+        return ObjectInfo(key="b.txt", size=100, etag='"abc"', mtime=5.0)
+
+    side._copy_checked = copied_then_replaced  # type: ignore[method-assign]
+    with pytest.raises(OSError) as err:
+        side.rename(parent, "a.txt", node, parent, "b.txt")
+    assert err.value.errno == errno.ESTALE and deleted == []
+    assert ("b.txt", '"abc"', True) in noted  # the copy is the user's file now

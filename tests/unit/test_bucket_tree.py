@@ -699,6 +699,69 @@ def test_an_entry_noted_without_its_upload_time_takes_it_from_the_first_listing(
     assert shown(again) == {"old.txt": (0o444, 0), "new.txt": (0o444, 0)}
 
 
+def test_an_entry_without_a_time_whose_object_is_gone_is_forgotten(tmp_path: Path) -> None:
+    """Red team 96 N3: an entry noted without its upload time whose object was deleted before
+    any listing showed it took the time of the next object of the same bytes put at the key,
+    and showed another host's user's file as this host's user's. A listing of its folder
+    without it forgets it."""
+    import json
+    import stat as stat_mod
+
+    bucket = FakeBucket({"keep.txt": b"kept"})
+    etag = hashlib.md5(b"").hexdigest()
+    journal = tmp_path / "published.jsonl"
+    journal.write_text(json.dumps(["notes.txt", etag, 0o600, 1001, 1001, 5 * 10**9]) + "\n")
+    tree = make_tree(bucket)
+    tree.keep_published(journal)
+    assert set(tree.scan(tree.root)) == {"keep.txt"}  # notes.txt is gone: its entry goes
+    bucket.files["notes.txt"] = b""  # another host's user puts an empty notes.txt
+    bucket.times["notes.txt"] = 1_700_000_000.0 + 600
+    tree.expire()
+    st = tree.scan(tree.root)["notes.txt"]
+    assert (stat_mod.S_IMODE(st.mode), st.uid) == (0o444, 0)
+    again = make_tree(bucket)  # and the journal forgot it too
+    again.keep_published(journal)
+    st = again.scan(again.root)["notes.txt"]
+    assert (stat_mod.S_IMODE(st.mode), st.uid) == (0o444, 0)
+
+
+def test_a_copy_an_mv_left_is_the_moved_file_by_its_etag_across_a_restart(
+    tmp_path: Path,
+) -> None:
+    """Red team 96 N1, N4: an `mv` through the mount copies the object, and the copy carries no
+    upload token; a HEAD failing after the copy, or a kill before its entry, left it shown
+    0444 to all. The pending note of a copy names the ETag it lands with: an object of that
+    ETag is the moved file (the user's), another is root's and private, and a start gives the
+    copy its entry (a later re-put of those bytes is not the user's)."""
+    import stat as stat_mod
+
+    from vfs.stores.s3uploads import COPY, UploadTokens
+
+    bucket = FakeBucket({"a.txt": b"private notes", "b.txt": b"private notes", "c.txt": b"x"})
+    bucket.upload_token = lambda key: None  # type: ignore[attr-defined]
+    etag = bucket._info("a.txt").etag or ""
+    journal = tmp_path / "published.jsonl"
+    tree = make_tree(bucket)
+    tree.keep_published(journal)
+    for key in ("b.txt", "c.txt"):
+        tree.note_published(key, COPY + etag, spooled_stat(13))  # then the HEAD fails, or a kill
+
+    def shown(t: BucketTree) -> dict[str, tuple[int, int]]:
+        return {n: (stat_mod.S_IMODE(st.mode), st.uid) for n, st in t.scan(t.root).items()}
+
+    assert shown(tree) == {"a.txt": (0o444, 0), "b.txt": (0o400, 1001), "c.txt": (0o400, 0)}
+    again = make_tree(bucket)  # a restart
+    again.keep_published(journal)
+    assert shown(again) == {"a.txt": (0o444, 0), "b.txt": (0o400, 1001), "c.txt": (0o400, 0)}
+    again.drop_pending_not_ours(UploadTokens(b"k" * 32), 5.0)
+    assert again.pending() == []  # b.txt given its entry; c.txt holds other bytes: forgotten
+    assert shown(again) == {"a.txt": (0o444, 0), "b.txt": (0o400, 1001), "c.txt": (0o444, 0)}
+    bucket.times["b.txt"] = 1_700_000_000.0 + 600  # deleted, the same bytes put again
+    third = make_tree(bucket)
+    third.keep_published(journal)
+    assert shown(third)["b.txt"] == (0o444, 0)
+
+
 def test_a_file_removed_during_its_upload_is_noted_until_its_removal_is_settled(
     tmp_path: Path,
 ) -> None:

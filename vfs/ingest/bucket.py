@@ -54,7 +54,7 @@ from vfs.ingest.spool import Spool, make_folders
 from vfs.ingest.writeside import Attrs, WriteSide, refuse
 from vfs.nodes import Node, mirror_node
 from vfs.stores.base import ObjectInfo, etag_number, join_key
-from vfs.stores.s3uploads import SECRET_BYTES, UPLOAD_TOKEN, UploadTokens
+from vfs.stores.s3uploads import COPY, SECRET_BYTES, UPLOAD_TOKEN, UploadTokens
 
 if TYPE_CHECKING:
     from vfs.decant.packer import PackOptions
@@ -573,13 +573,17 @@ class BucketWriteSide(WriteSide):
         if self.folder.stat(new_key) is not None or self.spool.path(new_key).exists():
             raise refuse(errno.EEXIST, f"{self.folder.url_of(new_key)}: taken; not replaced")
         etag = self._still_listed(node, old_key)
-        if self._changed is not None:  # as in _upload: shown so before the copy exists
-            self._changed(new_key, "", _shown_stat(node))
+        if self._changed is not None:  # as in _upload: shown so before the copy exists, and
+            # the copy (no upload token on it) told by its ETag, the old key's (BucketTree.COPY)
+            self._changed(new_key, COPY + etag if etag else "", _shown_stat(node))
         try:
             copied = self._copy_checked(old_key, new_key, node)
-        except BaseException:
-            if self._changed is not None:
-                self._changed(new_key, "", None)  # its note ends, as a failed upload's does
+        except BaseException as exc:
+            # The note ends where no copy was left (the key taken, or the copy given way);
+            # else it stays, the copy shown as the file moved (ended, a copy left by a HEAD
+            # that failed after it was shown 0444 to all: red team 96).
+            if self._changed is not None and _no_copy_left(exc):
+                self._changed(new_key, "", None)
             raise
         if self._changed is not None:
             # The new key shows the mode, owner and mtime the old one showed (what this host
@@ -588,7 +592,9 @@ class BucketWriteSide(WriteSide):
             # note pending, and a start, finding no token of this host's on the copy (a copy
             # keeps none), showed the file 0444 to all (red team 94, F6).
             self._changed(new_key, copied.etag or "", _shown_stat(node))
-        self._delete(old_key, etag)
+        # Looked at again right before its delete: another host's object put there during
+        # the copy and its checks was deleted (red team 96); now only within this round trip.
+        self._delete(old_key, self._still_listed(node, old_key))
         moved = self.root / new_key
         moved.info = copied  # type: ignore[attr-defined]  # the listing's, as a scan gives it
         node.real = moved
@@ -623,7 +629,9 @@ class BucketWriteSide(WriteSide):
         stem = new_key.removesuffix(".zarr.zip")
         why = clash(self.folder, new_key, stem if stem != new_key else f"{new_key}.zarr.zip")
         if why is not None:
-            delete_if(self.folder, new_key, copied.etag or "")
+            if not delete_if(self.folder, new_key, copied.etag or ""):
+                raise StoreError(f"{self.folder.url_of(new_key)}: {why}; not moved, and its copy "
+                                 "could not be deleted")  # fmt: skip
             raise refuse(errno.EEXIST, f"{self.folder.url_of(new_key)}: {why}; not moved")
         return copied
 
@@ -719,6 +727,12 @@ class BucketWriteSide(WriteSide):
             raise refuse(errno.ENOTEMPTY, name)
         with contextlib.suppress(FileNotFoundError):  # only ever in the bucket
             self.spool.path(rel).rmdir()
+
+
+def _no_copy_left(exc: BaseException) -> bool:
+    """Whether an `mv`'s copy that raised `exc` left nothing at its key: refused as taken
+    (EEXIST: the store's condition, or a clash whose copy was deleted again)."""
+    return isinstance(exc, OSError) and exc.errno == errno.EEXIST
 
 
 def _shown_stat(node: Node) -> os.stat_result:
