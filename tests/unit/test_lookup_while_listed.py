@@ -31,7 +31,7 @@ GATE_SECONDS = 5.0  # how long a held description waits before going on by itsel
 
 def _archive(tmp_path: Path, name: str, seed: int) -> tuple[Path, bytes]:
     tiff = tmp_path / "made" / name
-    tiff.parent.mkdir(exist_ok=True)
+    tiff.parent.mkdir(parents=True, exist_ok=True)
     pixels = np.random.default_rng(seed).integers(0, 4096, (16, 24), dtype=np.uint16)
     tifffile.imwrite(tiff, pixels)
     archive = tmp_path / "made" / f"{name}.zarr.zip"
@@ -187,49 +187,51 @@ def test_lookups_are_answered_while_a_readdir_describes_new_archives(tmp_path: P
             gate.set()
 
 
-def test_where_an_archive_presents_another_name_found_names_are_answered_others_wait(
+def test_where_an_archive_presents_another_name_every_lookup_waits_for_the_listing(
     tmp_path: Path,
 ) -> None:
-    """Red team 93 F2: one archive presenting a name other than its own (packed from
-    `other.tif`, renamed `zz.zarr.zip`) made every lookup in the folder wait for the listing.
-    A name found is answered; a name not found may be that archive's, so it waits."""
+    """Red team 95 F1: the victim's `batch.zarr.zip` presents `scan.tif` in the victim's
+    folder; the attacker drops its own `scan.tif.zarr.zip` there while slow archives keep the
+    listing busy. The lstats found only the attacker's archive, the lookup answered it, and
+    the kernel kept it for every user (the listing, which gives the name to the victim's
+    archive, had nothing to invalidate). In such a folder a lookup waits for the listing."""
+    victim_uid, attacker_uid = 1002, 1001
     src = tmp_path / "src"
-    src.mkdir()
-    victim, victim_bytes = _archive(tmp_path, "victim.tif", 1)
-    odd, odd_bytes = _archive(tmp_path, "other.tif", 3)
+    shared = src / "shared"
+    shared.mkdir(parents=True)
+    os.chown(shared, victim_uid, victim_uid)
+    shared.chmod(0o1777)
+    scan, scan_bytes = _archive(tmp_path, "scan.tif", 1)
+    spoof, _ = _archive(tmp_path, "spoof/scan.tif", 4)
     slow, _ = _archive(tmp_path, "slow.tif", 2)
-    os.rename(victim, src / victim.name)
-    os.rename(odd, src / "zz.zarr.zip")
+    os.rename(scan, shared / "batch.zarr.zip")
+    os.chown(shared / "batch.zarr.zip", victim_uid, victim_uid)
     with fake_session() as session:
         m = InProcessMount(src, tmp_path)
-        gate, entered, waited_out = _hold_describe(m, slow.name)
+        gate, entered, _ = _hold_describe(m, slow.name)
 
         async def go() -> None:
-            assert await m.read_file("other.tif") == odd_bytes  # listed: the folder is irregular
-            before = os.stat(src).st_mtime_ns
-            os.rename(slow, src / slow.name)
-            os.utime(src, ns=(before + 10**9, before + 10**9))
+            here = await m.resolve("shared")
+            assert (await m.lookup(here, "scan.tif")).st_uid == victim_uid
+            before = os.stat(shared).st_mtime_ns
+            os.rename(slow, shared / slow.name)
+            os.rename(spoof, shared / "scan.tif.zarr.zip")
+            os.chown(shared / "scan.tif.zarr.zip", attacker_uid, attacker_uid)
+            os.utime(shared, ns=(before + 10**9, before + 10**9))
             session.clock.advance(5)
-            assert (await m.lookup(ROOT_INODE, "victim.tif")).st_size == len(victim_bytes)
-            await trio.to_thread.run_sync(entered.wait, GATE_SECONDS)
-            assert entered.is_set(), "the listing never described the new archive"
-            session.clock.advance(5)
-            assert await m.read_file("victim.tif") == victim_bytes
-            assert not waited_out.is_set(), "a found name waited for the listing"
             async with trio.open_nursery() as nursery:
-                missing: list[BaseException] = []
+                found: list[pyfuse3.EntryAttributes] = []
 
                 async def look() -> None:
-                    try:
-                        await m.lookup(ROOT_INODE, "not-there.txt")
-                    except pyfuse3.FUSEError as exc:
-                        missing.append(exc)
+                    found.append(await m.lookup(here, "scan.tif"))
 
                 nursery.start_soon(look)
+                await trio.to_thread.run_sync(entered.wait, GATE_SECONDS)
                 await trio.sleep(0.2)
-                assert not missing, "a name not found was answered before the listing"
+                assert not found, "a lookup in such a folder did not wait for the listing"
                 gate.set()
-            assert [e.errno for e in missing] == [errno.ENOENT]  # type: ignore[attr-defined]
+            assert found[0].st_uid == victim_uid
+            assert await m.read_file("shared/scan.tif") == scan_bytes
 
         try:
             m.run(go)

@@ -396,10 +396,11 @@ class DecantOperations(pyfuse3.Operations):
         87 F4: forty archives renamed into a shared folder held its other users' lookups 78 s).
         So too while a listing runs (a readdir's, the watcher's word of new names). What the
         listing then finds otherwise the kernel is told (`_fresh` invalidates changed names).
-        A name not found waits for the listing where an archive presents a name other than its
-        own (it shows that name only there), as does a spooled file (`_current` checks it
-        against the listing), a folder the tree cannot tell name by name, and any lookup while
-        a change made through the mount holds the folder's lock."""
+        Where an archive presents a name other than its own every lookup waits for the
+        listing (it shows that name only there, and may hide what the lstats find), as does a
+        spooled file (`_current` checks it against the listing), a folder the tree cannot tell
+        name by name, and any lookup while a change made through the mount holds the folder's
+        lock."""
         folder = self.inodes.folders.get(inode)
         parent = self._node(inode)
         if (folder is None or parent.backend is not None or self.nursery is None
@@ -432,13 +433,14 @@ class DecantOperations(pyfuse3.Operations):
         now = self.inodes.folders.get(inode)
         if now is not None and (now is not folder or (now.checked, now.mtime_ns) != seen):
             return now, now.children.get(name)  # listed meanwhile: as the listing found
-        if fresh is not None:
-            answers, sure = fresh
-            found = answers.get(name)
-            if found is not None and not found.spooled:
+        if fresh is not None and fresh[1]:  # sure: every archive presents its own name
+            found = fresh[0].get(name)
+            if found is None or not found.spooled:
                 return folder, found
-            if found is None and sure:
-                return folder, None
+        # Else the listing decides, found or not: where an archive presents a name other than
+        # its own, the entry the lstats find may be one the listing hides (a user's archive
+        # named after the name the folder owner's archive presents), which the kernel then
+        # kept for every user, the listing's answer not having changed (red team 95).
         folder = await self._listing(inode)
         return folder, folder.children.get(name)
 
