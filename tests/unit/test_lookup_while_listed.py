@@ -39,6 +39,35 @@ def _archive(tmp_path: Path, name: str, seed: int) -> tuple[Path, bytes]:
     return archive, tiff.read_bytes()
 
 
+def _victim_and_slow(tmp_path: Path) -> tuple[Path, bytes, Path, bytes]:
+    """SRC holding the victim's `victim.tif.zarr.zip`; the archive of `slow.tif`, made aside
+    to be dropped in (and its original's bytes)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    victim, victim_bytes = _archive(tmp_path, "victim.tif", 1)
+    slow, slow_bytes = _archive(tmp_path, "slow.tif", 2)
+    os.rename(victim, src / victim.name)
+    return src, victim_bytes, slow, slow_bytes
+
+
+def _dropped(folder: Path, archive: Path, name: str) -> None:
+    """`archive` renamed into `folder` as `name`, the folder's mtime surely moved on."""
+    before = os.stat(folder).st_mtime_ns
+    os.rename(archive, folder / name)
+    os.utime(folder, ns=(before + 10**9, before + 10**9))
+
+
+async def _listed_then_changed(
+    m: InProcessMount, session: Any, src: Path, slow: Path
+) -> pyfuse3.EntryAttributes:
+    """`victim.tif` looked up (the folder listed), then the slow archive dropped in and the
+    listing let fall due: what the victim's first lookup gave."""
+    attrs = await m.lookup(ROOT_INODE, "victim.tif")
+    _dropped(src, slow, slow.name)
+    session.clock.advance(5)
+    return attrs
+
+
 def _hold_describe(
     m: InProcessMount, name: str
 ) -> tuple[threading.Event, threading.Event, threading.Event]:
@@ -59,11 +88,7 @@ def _hold_describe(
 
 
 def test_lookups_are_answered_while_a_new_archive_is_described(tmp_path: Path) -> None:
-    src = tmp_path / "src"
-    src.mkdir()
-    victim, victim_bytes = _archive(tmp_path, "victim.tif", 1)
-    slow, slow_bytes = _archive(tmp_path, "slow.tif", 2)
-    os.rename(victim, src / victim.name)
+    src, victim_bytes, slow, slow_bytes = _victim_and_slow(tmp_path)
     (src / "v2").mkdir()
     (src / "notes.txt").write_bytes(b"plain")
 
@@ -72,11 +97,8 @@ def test_lookups_are_answered_while_a_new_archive_is_described(tmp_path: Path) -
         gate, entered, waited_out = _hold_describe(m, slow.name)
 
         async def go() -> None:
-            assert (await m.lookup(ROOT_INODE, "victim.tif")).st_size == len(victim_bytes)
-            before = os.stat(src).st_mtime_ns
-            os.rename(slow, src / slow.name)
-            os.utime(src, ns=(before + 10**9, before + 10**9))  # the folder changed, surely
-            session.clock.advance(5)  # the listing is due a re-check
+            attrs = await _listed_then_changed(m, session, src, slow)
+            assert attrs.st_size == len(victim_bytes)
 
             assert (await m.lookup(ROOT_INODE, "v2")).st_mode & 0o040000
             await trio.to_thread.run_sync(entered.wait, GATE_SECONDS)
@@ -115,11 +137,7 @@ def test_lookups_are_answered_while_a_new_archive_is_described(tmp_path: Path) -
 def test_lookups_are_answered_while_the_watcher_describes_new_archives(tmp_path: Path) -> None:
     """The watcher's word of new names takes the folder's lock to describe their archives:
     a lookup of another name does not wait for it either."""
-    src = tmp_path / "src"
-    src.mkdir()
-    victim, victim_bytes = _archive(tmp_path, "victim.tif", 1)
-    slow, _ = _archive(tmp_path, "slow.tif", 2)
-    os.rename(victim, src / victim.name)
+    src, victim_bytes, slow, _ = _victim_and_slow(tmp_path)
     (src / "notes.txt").write_bytes(b"plain")
     with fake_session() as session:
         m = InProcessMount(src, tmp_path)
@@ -127,9 +145,7 @@ def test_lookups_are_answered_while_the_watcher_describes_new_archives(tmp_path:
 
         async def go() -> None:
             assert (await m.lookup(ROOT_INODE, "notes.txt")).st_size == 5
-            before = os.stat(src).st_mtime_ns
-            os.rename(slow, src / slow.name)
-            os.utime(src, ns=(before + 10**9, before + 10**9))
+            _dropped(src, slow, slow.name)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(m.ops.on_names_changed, {src: {slow.name}})
                 await trio.to_thread.run_sync(entered.wait, GATE_SECONDS)
@@ -150,22 +166,15 @@ def test_lookups_are_answered_while_the_watcher_describes_new_archives(tmp_path:
 def test_lookups_are_answered_while_a_readdir_describes_new_archives(tmp_path: Path) -> None:
     """Red team 93 F1: a listing a readdir started held the folder's lock while it described
     the new archives, and lookups waited for all of it (30 s)."""
-    src = tmp_path / "src"
-    src.mkdir()
-    victim, victim_bytes = _archive(tmp_path, "victim.tif", 1)
-    slow, _ = _archive(tmp_path, "slow.tif", 2)
-    os.rename(victim, src / victim.name)
+    src, victim_bytes, slow, _ = _victim_and_slow(tmp_path)
     with fake_session() as session:
         m = InProcessMount(src, tmp_path)
         gate, entered, waited_out = _hold_describe(m, slow.name)
 
         async def go() -> None:
-            assert (await m.lookup(ROOT_INODE, "victim.tif")).st_size == len(victim_bytes)
-            before = os.stat(src).st_mtime_ns
-            os.rename(slow, src / slow.name)
-            os.utime(src, ns=(before + 10**9, before + 10**9))
-            session.clock.advance(5)
+            first = await _listed_then_changed(m, session, src, slow)
             listed: list[set[str]] = []
+            assert first.st_size == len(victim_bytes)
 
             async def list_all() -> None:
                 listed.append({name for name, _ in await m.readdir(ROOT_INODE)})
@@ -253,9 +262,7 @@ def test_a_name_shown_only_by_the_listing_appears_once_it_is_read(tmp_path: Path
 
         async def go() -> None:
             assert (await m.lookup(ROOT_INODE, "notes.txt")).st_size == 5
-            before = os.stat(src).st_mtime_ns
-            os.rename(archive, src / "b.zarr.zip")
-            os.utime(src, ns=(before + 10**9, before + 10**9))
+            _dropped(src, archive, "b.zarr.zip")
             session.clock.advance(5)
             session.invalidated.clear()
             try:
