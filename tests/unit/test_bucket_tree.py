@@ -725,41 +725,29 @@ def test_an_entry_without_a_time_whose_object_is_gone_is_forgotten(tmp_path: Pat
     assert (stat_mod.S_IMODE(st.mode), st.uid) == (0o444, 0)
 
 
-def test_a_copy_an_mv_left_is_the_moved_file_by_its_etag_across_a_restart(
-    tmp_path: Path,
-) -> None:
-    """Red team 96 N1, N4: an `mv` through the mount copies the object, and the copy carries no
-    upload token; a HEAD failing after the copy, or a kill before its entry, left it shown
-    0444 to all. The pending note of a copy names the ETag it lands with: an object of that
-    ETag is the moved file (the user's), another is root's and private, and a start gives the
-    copy its entry (a later re-put of those bytes is not the user's)."""
+def test_an_entry_noted_after_a_listing_began_is_not_forgotten_by_it(tmp_path: Path) -> None:
+    """A listing read before an upload landed does not hold it: an entry noted without a time
+    since (its HEAD failed) is not forgotten by that listing (it would show the user's file
+    0444 to all), only by one begun after it."""
     import stat as stat_mod
 
-    from vfs.stores.s3uploads import COPY, UploadTokens
-
-    bucket = FakeBucket({"a.txt": b"private notes", "b.txt": b"private notes", "c.txt": b"x"})
-    bucket.upload_token = lambda key: None  # type: ignore[attr-defined]
-    etag = bucket._info("a.txt").etag or ""
-    journal = tmp_path / "published.jsonl"
+    bucket = FakeBucket({"keep.txt": b"kept"})
     tree = make_tree(bucket)
-    tree.keep_published(journal)
-    for key in ("b.txt", "c.txt"):
-        tree.note_published(key, COPY + etag, spooled_stat(13))  # then the HEAD fails, or a kill
+    tree.keep_published(tmp_path / "published.jsonl")
+    assert set(tree.scan(tree.root)) == {"keep.txt"}
+    before = tree._listings[""]
+    bucket.files["new.txt"] = b"uploaded now"
+    real_stat = bucket.stat
 
-    def shown(t: BucketTree) -> dict[str, tuple[int, int]]:
-        return {n: (stat_mod.S_IMODE(st.mode), st.uid) for n, st in t.scan(t.root).items()}
+    def head_fails(key: str) -> None:
+        raise StoreError(f"s3://bkt/pre/{key}: HEAD: object store failed after retries")
 
-    assert shown(tree) == {"a.txt": (0o444, 0), "b.txt": (0o400, 1001), "c.txt": (0o400, 0)}
-    again = make_tree(bucket)  # a restart
-    again.keep_published(journal)
-    assert shown(again) == {"a.txt": (0o444, 0), "b.txt": (0o400, 1001), "c.txt": (0o400, 0)}
-    again.drop_pending_not_ours(UploadTokens(b"k" * 32), 5.0)
-    assert again.pending() == []  # b.txt given its entry; c.txt holds other bytes: forgotten
-    assert shown(again) == {"a.txt": (0o444, 0), "b.txt": (0o400, 1001), "c.txt": (0o444, 0)}
-    bucket.times["b.txt"] = 1_700_000_000.0 + 600  # deleted, the same bytes put again
-    third = make_tree(bucket)
-    third.keep_published(journal)
-    assert shown(third)["b.txt"] == (0o444, 0)
+    bucket.stat = head_fails  # type: ignore[method-assign]
+    tree.note_published("new.txt", bucket._info("new.txt").etag or "", spooled_stat(12))
+    bucket.stat = real_stat  # type: ignore[method-assign]
+    tree._forget_timeless("", before)  # a scan presenting the listing read before the upload
+    st = tree.scan(tree.root)["new.txt"]
+    assert (stat_mod.S_IMODE(st.mode), st.uid) == (0o400, 1001)
 
 
 def test_a_file_removed_during_its_upload_is_noted_until_its_removal_is_settled(

@@ -54,7 +54,7 @@ from vfs.ingest.spool import Spool, make_folders
 from vfs.ingest.writeside import Attrs, WriteSide, refuse
 from vfs.nodes import Node, mirror_node
 from vfs.stores.base import ObjectInfo, etag_number, join_key
-from vfs.stores.s3uploads import COPY, SECRET_BYTES, UPLOAD_TOKEN, UploadTokens
+from vfs.stores.s3uploads import SECRET_BYTES, UPLOAD_TOKEN, UploadTokens
 
 if TYPE_CHECKING:
     from vfs.decant.packer import PackOptions
@@ -572,16 +572,17 @@ class BucketWriteSide(WriteSide):
         old_key, new_key = self._relpath(node.real), self._rel(new_parent, new)
         if self.folder.stat(new_key) is not None or self.spool.path(new_key).exists():
             raise refuse(errno.EEXIST, f"{self.folder.url_of(new_key)}: taken; not replaced")
-        etag = self._still_listed(node, old_key)
-        if self._changed is not None:  # as in _upload: shown so before the copy exists, and
-            # the copy (no upload token on it) told by its ETag, the old key's (BucketTree.COPY)
-            self._changed(new_key, COPY + etag if etag else "", _shown_stat(node))
+        self._still_listed(node, old_key)
+        if self._changed is not None:  # as in _upload: shown so before the copy exists
+            self._changed(new_key, "", _shown_stat(node))
         try:
             copied = self._copy_checked(old_key, new_key, node)
         except BaseException as exc:
             # The note ends where no copy was left (the key taken, or the copy given way);
-            # else it stays, the copy shown as the file moved (ended, a copy left by a HEAD
-            # that failed after it was shown 0444 to all: red team 96).
+            # else it stays, and whatever is at the key is shown root's and private until
+            # the next start (ended, a copy left by a HEAD that failed after it was shown 0444
+            # to all: red team 96; told by its ETag, another host's upload of the same bytes
+            # was taken for it, and the user could `rm` it: red team 97).
             if self._changed is not None and _no_copy_left(exc):
                 self._changed(new_key, "", None)
             raise

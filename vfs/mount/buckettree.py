@@ -42,7 +42,6 @@ from vfs.stores.base import (
     join_key,
     replaced,
 )
-from vfs.stores.s3uploads import COPY
 
 if TYPE_CHECKING:
     from vfs.stores.s3uploads import UploadTokens
@@ -113,9 +112,9 @@ class BucketTree(SourceTree):
         # the same bytes put at the key again later (see `_object_stat`).
         self._published: dict[tuple[str, str], tuple[int, ...]] = {}
         self._withdrawn: dict[str, str] = {}  # key → upload token: see WITHDRAWN
-        self._expected: dict[str, str] = {}  # key → the ETag a pending copy lands with: COPY
-        # folder prefix → (key, ETag) of entries noted without an upload time: `_forget_timeless`
-        self._timeless: dict[str, set[tuple[str, str]]] = {}
+        # folder prefix → (key, ETag) of entries noted without an upload time → when noted
+        # (time.monotonic()): `_forget_timeless`
+        self._timeless: dict[str, dict[tuple[str, str], float]] = {}
         self._journal: Path | None = None
 
     def key_of(self, path: Path) -> str:
@@ -167,33 +166,23 @@ class BucketTree(SourceTree):
         """The write side placed an object at `key` (`st`: the spooled file's stat, which it
         shows) or withdrew it (None): its folder (and the folders above, one of which may be
         new) are listed afresh at their next use. Called from the pack queue's threads."""
-        expect = ""
-        if etag.startswith(COPY):  # a pending note, of a copy landing with that ETag
-            etag, expect = PENDING, etag[len(COPY) :]
         at = self._upload_time(key, etag) if st is not None and etag != PENDING else None
         with self._lock:
             if st is None:
                 if self._published.pop((key, etag), None) is not None and etag == PENDING:
                     self._remember(key, PENDING, (-1, -1, -1, -1))
-                if etag == PENDING:
-                    self._expected.pop(key, None)
             else:
                 meta: tuple[int, ...] = (stat.S_IMODE(st.st_mode), st.st_uid, st.st_gid,
                                          st.st_mtime_ns)  # fmt: skip
                 if at is not None:
                     meta += (at,)
                 elif etag != PENDING:
-                    self._timeless.setdefault(key.rpartition("/")[0], set()).add((key, etag))
+                    noted = self._timeless.setdefault(key.rpartition("/")[0], {})
+                    noted[(key, etag)] = time.monotonic()
                 self._published[(key, etag)] = meta
-                if expect:
-                    self._expected[key] = expect
-                    self._remember(key, etag, meta, expect)
-                else:
-                    self._remember(key, etag, meta)
-                if etag != PENDING:
-                    self._expected.pop(key, None)
-                    if self._published.pop((key, PENDING), None) is not None:
-                        self._remember(key, PENDING, (-1, -1, -1, -1))
+                self._remember(key, etag, meta)
+                if etag != PENDING and self._published.pop((key, PENDING), None) is not None:
+                    self._remember(key, PENDING, (-1, -1, -1, -1))
             prefix = key
             while prefix:
                 prefix = prefix.rpartition("/")[0]
@@ -218,14 +207,8 @@ class BucketTree(SourceTree):
                     if found is not None and found.etag:
                         self._confirm_pending(key, found.etag, found.mtime)
                     continue
-                if token is None:
-                    found = self.folder.stat(key)
-                    expect = self._expected.get(key)
-                    if found is not None and expect and found.etag == expect:
-                        self._confirm_pending(key, expect, found.mtime)  # this host's copy
-                        continue
-                    if found is None and not expect:
-                        continue  # nothing there yet: the upload's retry puts it
+                if token is None and self.folder.stat(key) is None:
+                    continue  # nothing there yet: the upload's retry puts it
             except StoreError:
                 continue  # not answered now: the upload's retry decides (and ends the note)
             self.note_published(key, PENDING, None)
@@ -246,7 +229,7 @@ class BucketTree(SourceTree):
             meta = (*meta, at)
             self._published[(key, etag)] = meta
             self._remember(key, etag, meta)
-            self._timeless.get(key.rpartition("/")[0], set()).discard((key, etag))
+            self._timeless.get(key.rpartition("/")[0], {}).pop((key, etag), None)
         return meta
 
     def _confirm_pending(self, key: str, etag: str, at: float) -> None:
@@ -254,7 +237,6 @@ class BucketTree(SourceTree):
         that file from now on (by its ETag), no longer as root's (`_object_stat`)."""
         with self._lock:
             meta = self._published.pop((key, PENDING), None)
-            self._expected.pop(key, None)
             if meta is None:
                 return
             meta = (*meta[:4], int(at))
@@ -297,7 +279,6 @@ class BucketTree(SourceTree):
         does not parse is skipped), rewrite the journal compacted, and append to it from now
         on. The journal sits in the daemon's private spool folder."""
         found: dict[tuple[str, str], tuple[int, ...]] = {}
-        expected: dict[str, str] = {}
         withdrawn: dict[str, str] = {}
         try:
             with open(journal, encoding="utf-8") as fh:
@@ -313,11 +294,7 @@ class BucketTree(SourceTree):
                         if int(mode) < 0:  # a pending entry cleared
                             continue
                         meta = (int(mode) & 0o7777, int(uid), int(gid), int(mtime))
-                        if etag == PENDING:
-                            expected.pop(str(key), None)
-                        if token and etag == PENDING:  # a copy's: the ETag it lands with
-                            expected[str(key)] = str(token[0])
-                        elif token:  # the upload time, where noted (a line of before lacks it)
+                        if token:  # the upload time, where noted (a line of before lacks it)
                             meta += (int(token[0]),)
                         found[(str(key), str(etag))] = meta
                     except (ValueError, TypeError):
@@ -329,20 +306,17 @@ class BucketTree(SourceTree):
         tmp = journal.with_name(journal.name + ".new")
         with open(tmp, "w", encoding="utf-8") as fh:
             for (key, etag), meta in kept:
-                copy = [expected[key]] if etag == PENDING and key in expected else []
-                fh.write(json.dumps([key, etag, *meta, *copy]) + "\n")
+                fh.write(json.dumps([key, etag, *meta]) + "\n")
             for key, token in gone:
                 fh.write(json.dumps([key, PENDING, WITHDRAWN, 0, 0, 0, token]) + "\n")
         os.replace(tmp, journal)
         with self._lock:
             self._published.update(kept)
             self._withdrawn.update(gone)
+            now = time.monotonic()
             for (key, etag), meta in kept:
                 if etag != PENDING and len(meta) == 4:
-                    self._timeless.setdefault(key.rpartition("/")[0], set()).add((key, etag))
-            self._expected.update(
-                (key, etag) for key, etag in expected.items() if (key, PENDING) in found
-            )
+                    self._timeless.setdefault(key.rpartition("/")[0], {})[(key, etag)] = now
             self._journal = journal
 
     def _remember(self, key: str, etag: str, meta: tuple[int, ...], *token: str) -> None:
@@ -372,8 +346,6 @@ class BucketTree(SourceTree):
                 # gives it one (red team 94, F7b, F8).
                 mine = self._timed(info.key, info.etag or "", mine, int(info.mtime))
             pending = None if mine is not None else self._published.get((info.key, PENDING))
-            if pending is not None and info.etag and self._expected.get(info.key) == info.etag:
-                mine, pending = pending[:4], None  # the copy an `mv` made here: the file moved
             if pending is not None:
                 # An upload of this host's file to the key began and has not ended (under way,
                 # or a kill): the object there may be it, or another host's put meanwhile.
@@ -495,18 +467,23 @@ class BucketTree(SourceTree):
         """Entries noted without an upload time whose object a listing of their folder does
         not hold are forgotten: gone before any listing gave them a time (deleted through
         another host), they took the time of the next object of the same bytes put at the
-        key, and showed it as this host's user's file (red team 96, N3)."""
+        key, and showed it as this host's user's file (red team 96, N3). Only entries noted
+        before the LIST began: one begun earlier may not hold an upload noted since."""
         if listing.failed or not self._timeless.get(prefix):
             return
         held = {(info.key, info.etag or "") for info in listing.files}
         with self._lock:
-            waiting = self._timeless.pop(prefix, set())
-            for entry in waiting - held:
+            waiting = self._timeless.pop(prefix, {})
+            left: dict[tuple[str, str], float] = {}
+            for entry, noted in waiting.items():
                 meta = self._published.get(entry)
-                if meta is not None and len(meta) == 4:
+                if meta is None or len(meta) > 4:
+                    continue  # gone through the mount, or given its time meanwhile
+                if entry in held or noted >= listing.listed:
+                    left[entry] = noted
+                else:
                     del self._published[entry]
                     self._remember(*entry, (-1, -1, -1, -1))
-            left = {e for e in waiting & held if len(self._published.get(e, ())) == 4}
             if left:
                 self._timeless[prefix] = left
 

@@ -100,12 +100,6 @@ def abort_left_behind(p: Plain, keys: Iterable[str], before: float, within: floa
 
 
 UPLOAD_TOKEN = "decant-upload"  # the user metadata naming one upload of the write side
-# The ETag-prefix of the pending note an `mv` through the mount makes before it copies an
-# object to a key (BucketTree.note_published): the copy carries no upload token (a server-side
-# copy takes none), so it is told by its ETag, its source's where that was one PUT. Left as
-# any pending note, a copy whose checks failed was shown 0444 to all, at once or after a
-# restart (red team 96).
-COPY = "copy:"
 SECRET_BYTES = 32
 
 
