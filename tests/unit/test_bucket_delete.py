@@ -169,3 +169,25 @@ def test_an_mv_looks_at_the_old_key_again_before_deleting_it(
         side.rename(parent, "a.txt", node, parent, "b.txt")
     assert err.value.errno == errno.ESTALE and deleted == []
     assert ("b.txt", '"abc"', True) in noted  # the copy is the user's file now
+
+
+def test_an_mv_refused_by_its_copy_s_own_condition_keeps_its_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Red team 98: the reply to the copy's last request was lost, its retry was refused by
+    the copy the first attempt had made (If-None-Match), and the EEXIST ended the note: the
+    user's 0600 copy was shown 0444 to all at once. A refusal by the store's condition no
+    longer ends it (the copy may be there); only a clash whose copy was deleted does."""
+    from obstore.exceptions import AlreadyExistsError
+
+    folder = _Folder("a.txt", '"abc"')
+    side, noted, (node, parent) = _mv_side(tmp_path, folder)
+
+    def refused_on_retry(*args: object, **kwargs: object) -> None:
+        raise AlreadyExistsError("412 Precondition Failed")
+
+    monkeypatch.setattr(obstore, "copy", refused_on_retry)
+    with pytest.raises(OSError) as err:
+        side.rename(parent, "a.txt", node, parent, "b.txt")
+    assert err.value.errno == errno.EEXIST
+    assert noted == [("b.txt", "", True)]  # kept: shown root's and private until a start

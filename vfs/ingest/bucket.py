@@ -623,8 +623,12 @@ class BucketWriteSide(WriteSide):
             if copied is None or copied.size != node.size:
                 raise StoreError(f"{self.folder.url_of(new_key)}: the copy is not there whole")
         except AlreadyExistsError:
-            raise refuse(errno.EEXIST, f"{self.folder.url_of(new_key)}: taken meanwhile (by "
-                         "another host?); not replaced") from None  # fmt: skip
+            taken = refuse(errno.EEXIST, f"{self.folder.url_of(new_key)}: taken meanwhile (by "
+                           "another host?); not replaced")  # fmt: skip
+            # Or by this very copy: its request retried after a reply that was lost (the
+            # first went through) is refused by its own condition (red team 98).
+            taken.copy_may_be_left = True  # type: ignore[attr-defined]
+            raise taken from None
         except (BaseError, OSError) as exc:
             raise translate(exc, self.folder.url_of(new_key), "copy:") from None
         stem = new_key.removesuffix(".zarr.zip")
@@ -731,9 +735,11 @@ class BucketWriteSide(WriteSide):
 
 
 def _no_copy_left(exc: BaseException) -> bool:
-    """Whether an `mv`'s copy that raised `exc` left nothing at its key: refused as taken
-    (EEXIST: the store's condition, or a clash whose copy was deleted again)."""
-    return isinstance(exc, OSError) and exc.errno == errno.EEXIST
+    """Whether an `mv`'s copy that raised `exc` surely left nothing at its key: a clash
+    whose copy was deleted again (EEXIST). Not the store's condition refusing the copy: a
+    retried request is refused by the copy its first attempt made (red team 98)."""
+    return (isinstance(exc, OSError) and exc.errno == errno.EEXIST
+            and not getattr(exc, "copy_may_be_left", False))  # fmt: skip
 
 
 def _shown_stat(node: Node) -> os.stat_result:
