@@ -415,8 +415,12 @@ class DecantOperations(pyfuse3.Operations):
                 mtime = await trio.to_thread.run_sync(self.tree.stamp_folder, parent.real)
             except OSError:
                 mtime = None
-            if mtime is None or mtime == folder.mtime_ns:
-                folder = await self._listing(inode)  # unchanged (or gone): as it was
+            if mtime == folder.mtime_ns:  # unchanged: as `_fresh` finds it, without a 2nd stat
+                self.inodes.used_listing(inode)
+                folder.checked = time.monotonic()
+                return folder, folder.children.get(name)
+            if mtime is None:  # gone, or not reachable: the listing says how
+                folder = await self._listing(inode)
                 return folder, folder.children.get(name)
             if inode not in self._relisting:
                 self._relisting.add(inode)
