@@ -391,3 +391,85 @@ def test_a_listing_reads_ahead_only_the_small_archives_it_describes_afresh(
     assert asks == [sorted(["bad.one", "big.one", *(f"f{i}.one" for i in range(6))])]
     assert shown["f1"].size == len(b"changed") and shown["f0"].size == 1
     index.close()
+
+
+class ManyMembersBackend:
+    """`NAME.many` presents a folder of as many members as the file has bytes."""
+
+    name = "many"
+
+    def __init__(self) -> None:
+        self.described: list[str] = []
+        self.gate: threading.Event | None = None
+
+    def claims(self, path: Path, is_dir: bool) -> bool:
+        return not is_dir and path.name.endswith(".many")
+
+    def describe(self, path: Path) -> Description:
+        self.described.append(path.name)
+        if self.gate is not None:
+            self.gate.wait(5)
+        root = Entry(is_dir=True)
+        for i in range(path.stat().st_size):
+            root.children[f"member-{i:08d}"] = Entry(size=i)
+        return Description(path.name[: -len(".many")], root)
+
+    def open(self, path: Path, member: str, entry: Entry) -> Any:
+        raise NotImplementedError
+
+
+def test_a_listing_reads_the_large_trees_the_index_holds_one_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing asks the index for every archive at once, but a large tree comes back
+    unread, and is read alone when its archive is, and handed to the trees' LRU before the
+    next: a remount's listing of 100 links to a package of 20,000 members held every tree at
+    once (2.25 GB with a 64 MiB cache, red team 95 F4)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(4):
+        (src / f"p{i}.many").write_bytes(b"x" * 5000)
+    (src / "s.many").write_bytes(b"x" * 3)
+    index = DescriptionIndex(tmp_path / "index.sqlite")
+    backend = ManyMembersBackend()
+    first = SourceTree(src, [backend], index=index).scan(src)
+    assert len(backend.described) == 5
+    tree = SourceTree(src, [backend], index=index)  # a remount: all in the index
+    held: list[int] = []
+    real_get = index.get
+
+    def get(*args: Any) -> Any:
+        held.append(len(tree.trees))  # trees in the LRU when the next is read
+        return real_get(*args)
+
+    monkeypatch.setattr(index, "get", get)
+    shown = tree.scan(src)
+    assert len(backend.described) == 5, "described afresh, not read from the index"
+    assert sorted(shown) == sorted(first) and len(held) == 4
+    assert all(n >= i for i, n in enumerate(held)), "read before the one before went to the LRU"
+    root = tree.tree_of(shown["p2"])
+    assert len(root.children) == 5000
+    index.close()
+
+
+def test_one_archive_is_described_once_at_a_time(tmp_path: Path) -> None:
+    """Two threads that want the description of the same version of an archive (a listing
+    read before the folder's lock, and the watcher's word of the same new names) make it
+    once: the second waits for the first's."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "p.many").write_bytes(b"x" * 300)
+    backend = ManyMembersBackend()
+    backend.gate = threading.Event()
+    tree = SourceTree(src, [backend], index=None)
+    results: list[Any] = []
+    threads = [threading.Thread(target=lambda: results.append(tree.scan(src)))
+               for _ in range(2)]  # fmt: skip
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    backend.gate.set()
+    for t in threads:
+        t.join(10)
+    assert backend.described == ["p.many"]
+    assert len(results) == 2 and all(r["p"].is_dir for r in results)

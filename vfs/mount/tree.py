@@ -56,6 +56,7 @@ class Listing:
     # Descriptions the index held, read before any archive is (None: ask the index for each).
     recalled: dict[Path, Description] | None = None
     kept: list[Any] = field(default_factory=list)  # new one-file ones, for the index together
+    alone: set[Path] = field(default_factory=set)  # held too, but read one at a time (large)
 
 
 # Archive files a listing will describe afresh are read ahead (WILLNEED) when at most this big:
@@ -105,6 +106,10 @@ class SourceTree:
         # none: `children_of_archive_node` reads an evicted one again).
         self.trees = DescribedTrees(described_entries)
         self._reloading = threading.Lock()
+        # Archives being described, by path, backend and version: another thread that wants
+        # the same description waits for it (see `_described_once`).
+        self._in_flight: dict[tuple[str, str, tuple[int, ...]], _InFlight] = {}
+        self._flights = threading.Lock()
 
     def _log_once(
         self, path: Path, message: str, level: int = logging.WARNING, detail: str = ""
@@ -139,7 +144,7 @@ class SourceTree:
                 raise OSError(errno.ESTALE, "not the folder listed (replaced since)", str(folder))
             with os.scandir(fd) as it:
                 plain, archives = self._sorted(folder, self._stats(folder, it, fd))
-            listing = Listing(self._recall(fd, archives))
+            listing = Listing(*self._recall(fd, archives))
         finally:
             os.close(fd)
         out, regular = self._resolved(folder, plain, archives, listing)
@@ -557,7 +562,7 @@ class SourceTree:
         one goes to the index at once, or, if it presents one file (a few hundred bytes), onto
         the listing's `kept` for the caller to `_keep` with its neighbours'."""
         self.archives_seen += 1
-        if listing is not None and listing.recalled is not None:
+        if listing is not None and listing.recalled is not None and path not in listing.alone:
             cached = listing.recalled.get(path)
         else:
             cached = self._indexed(backend, path, st)
@@ -566,7 +571,23 @@ class SourceTree:
         stamp = self._stamp(backend, st)
         if self._failed.get(hash(str(path))) == stamp:
             return None
-        desc = self._describe_fresh(backend, path, st)
+        key = (str(path), index_key(backend), archive_version(st))
+        with self._flights:
+            flight = self._in_flight.get(key)
+            if flight is None:
+                flight = self._in_flight[key] = _InFlight()
+                mine = True
+            else:
+                mine = False
+        if not mine:
+            return self._described_once(flight, backend, path, st)
+        try:
+            desc = self._describe_fresh(backend, path, st)
+            flight.desc, flight.done = desc, True
+        finally:
+            with self._flights:
+                del self._in_flight[key]
+            flight.event.set()
         if self.racy.note(path, st, archive_version(st)):
             return desc  # neither kept nor remembered as failed: described again soon
         if desc is None:
@@ -582,6 +603,18 @@ class SourceTree:
         else:
             self._keep(path, [row])
         return desc
+
+    def _described_once(
+        self, flight: _InFlight, backend: Backend, path: Path, st: os.stat_result
+    ) -> Description | None:
+        """The description another thread is making of the same version of the archive:
+        waited for, not made twice at once (a listing read before the folder's lock is taken
+        and the watcher's word of the same new archives each described them: twice the work,
+        and two packages' trees in memory at once). Made here if that one failed."""
+        flight.event.wait()
+        if flight.done:
+            return flight.desc
+        return self._describe_fresh(backend, path, st)
 
     def presents_other_names(self, folder: Path) -> bool:
         """Whether an archive of `folder` presented, at its last listing, a name other than
@@ -645,23 +678,30 @@ class SourceTree:
             return ()
         return (index_key(backend), st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns)
 
-    def _recall(self, fd: int, archives: list[_Archive]) -> dict[Path, Description]:
+    def _recall(
+        self, fd: int, archives: list[_Archive]
+    ) -> tuple[dict[Path, Description], list[Any], set[Path]]:
         """The descriptions the index holds for `archives` (a listing then asks it no more);
         the small archive files among the rest, about to be described afresh, read ahead.
         `fd` is their folder's, reached without links: the names are opened in it, links not
-        followed."""
+        followed. With an empty `kept` for the listing, and the archives whose descriptions
+        the index holds but are read one at a time (`DescriptionIndex.get_many`)."""
         known = self._indexed_many(archives)
         found: dict[Path, Description] = {}
+        alone: set[Path] = set()
         for name, st, backend, path in archives:
-            desc = known.get((str(path), index_key(backend)))
+            key = (str(path), index_key(backend))
+            desc = known.get(key)
             if desc is not None:
                 found[path] = desc
+            elif key in known:
+                alone.add(path)
             elif (stat.S_ISREG(st.st_mode) and st.st_size <= READ_AHEAD_MAX
                   and self._failed.get(hash(str(path))) != self._stamp(backend, st)):  # fmt: skip
                 read_ahead(fd, name)
-        return found
+        return found, [], alone
 
-    def _indexed_many(self, archives: list[_Archive]) -> dict[tuple[str, str], Description]:
+    def _indexed_many(self, archives: list[_Archive]) -> dict[tuple[str, str], Description | None]:
         if self.index is None or not archives:
             return {}
         wanted = [(path, index_key(backend), st.st_size, st.st_mtime_ns, st.st_ino,
@@ -830,6 +870,15 @@ class SourceTree:
             return "."
         prefix = root if root.endswith("/") else root + "/"
         return text[len(prefix) :] if text.startswith(prefix) else text
+
+
+@dataclass
+class _InFlight:
+    """One description being made (`SourceTree.describe`): its waiters, and its result."""
+
+    event: threading.Event = field(default_factory=threading.Event)
+    desc: Description | None = None
+    done: bool = False
 
 
 def _tree_key(node: Node) -> TreeKey:
