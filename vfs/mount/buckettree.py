@@ -623,8 +623,9 @@ class BucketTree(SourceTree):
         return None  # only the write side asks, and a bucket mount has none
 
     def entries_of_listed(
-        self, folder: Path, names: Sequence[str], listed: tuple[int, int], quick: bool = False
-    ) -> None:
+        self, folder: Path, names: Sequence[str], listed: tuple[int, int], quick: bool = False,
+        also: Sequence[str] = (),
+    ) -> None:  # fmt: skip
         return None  # a bucket's folder is listed whole (one LIST), never name by name
 
     # -- the SourceTree hooks --------------------------------------------------------------

@@ -7,12 +7,15 @@ name enters the listing, so `readdir` offsets stay valid while the folder change
 
 Lock discipline: every mutation of a folder's listing (create, rename, unlink, mkdir, rmdir,
 rescan, publish) runs under that folder's `trio.Lock` (`InodeTable.locked`); two folders are
-always locked in inode order. Everything here runs on the trio thread; nothing blocks.
+always locked in inode order. A listing read before the lock is taken is taken under it with
+the names changed meanwhile as the listing has them (`Folder.note`). Everything here runs on
+the trio thread; nothing blocks.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import time
 from array import array
 from collections import OrderedDict
@@ -38,6 +41,9 @@ ARCHIVE_LISTED = 100_000
 LISTED_ENTRIES = 100_000
 
 
+NOTED_MAX = 10_000  # names a listing notes as changed while it is read before its lock
+
+
 @dataclass
 class Folder:
     """A listed folder: its children by name, in cookie order, and when it was last checked."""
@@ -52,8 +58,42 @@ class Folder:
     absorbed: bool = False
     # Names in cookie order and their cookies: no tuple per name (a listing may hold a million).
     _order: tuple[list[str], array[int]] | None = None
+    # Names put or dropped while someone reads the folder before taking its lock (ops._prescan,
+    # ops._read_ahead): what they read of these is older than the listing's (see `note`).
+    _log: list[str] | None = None
+    _log_users: int = 0
+    _log_lost: bool = False
+
+    def note(self) -> int:
+        """Begin noting the names put or dropped: a mark for `changed_since`. End with
+        `unnote`."""
+        if self._log is None:
+            self._log, self._log_lost = [], False
+        self._log_users += 1
+        return len(self._log)
+
+    def changed_since(self, mark: int) -> set[str] | None:
+        """The names put or dropped since `mark`; None when that cannot be told (more than
+        NOTED_MAX, or a whole listing taken meanwhile)."""
+        if self._log is None or self._log_lost:
+            return None
+        return set(self._log[mark:])
+
+    def unnote(self) -> None:
+        self._log_users -= 1
+        if self._log_users <= 0:
+            self._log, self._log_users, self._log_lost = None, 0, False
+
+    def _noted(self, name: str) -> None:
+        log = self._log
+        if log is not None and not self._log_lost:
+            if len(log) >= NOTED_MAX:
+                self._log_lost = True
+            else:
+                log.append(name)
 
     def put(self, name: str, node: Node) -> None:
+        self._noted(name)
         if name not in self.cookies:
             self.cookies[name] = self.next_cookie
             self.next_cookie += 1
@@ -61,6 +101,7 @@ class Folder:
         self.children[name] = node
 
     def drop(self, name: str) -> Node | None:
+        self._noted(name)
         if name in self.cookies:
             del self.cookies[name]
             self._order = None
@@ -68,6 +109,8 @@ class Folder:
 
     def merge(self, fresh: dict[str, Node]) -> list[str]:
         """Take a rescan's result: names kept keep their cookie. Returns names changed or gone."""
+        if self._log is not None:  # a whole listing: what was read before it is older
+            self._log_lost = True
         # Another entry at a name (its inode in SRC) is a change too, a folder's as well: the
         # kernel must look it up again, not check callers against the first one's attributes.
         changed = [n for n, node in self.children.items() if n not in fresh or
@@ -213,6 +256,10 @@ class InodeTable:
         self._next = ROOT_INODE + 1
         self.folders: dict[int, Folder] = {}
         self._locks: dict[int, trio.Lock] = {}
+        # When each folder's lock was last let go (a count of all lettings-go): a listing read
+        # before the lock was taken is good only if nobody held it meanwhile (ops._prescan).
+        self._released: dict[int, int] = {}
+        self._releases = itertools.count(1)
         self._pinned: dict[int, int] = {}  # open handles per inode: kept while open
         self.moves = 0  # folders moved so far: a scan begun before a move may hold old paths
         self._archive_listings = _Listings(archive_listed)
@@ -401,6 +448,7 @@ class InodeTable:
         lock = self._locks.get(ino)
         if lock is not None and not _busy(lock):  # else `locked` drops it when released
             del self._locks[ino]
+            self._released.pop(ino, None)
 
     # -- folders ---------------------------------------------------------------------------
 
@@ -522,12 +570,19 @@ class InodeTable:
                 held.append(lock)
             yield
         finally:
+            for ino in sorted(set(inos))[: len(held)]:
+                self._released[ino] = next(self._releases)
             for lock in reversed(held):
                 lock.release()
             for ino in inos:  # an inode forgotten meanwhile (or never in the table) keeps none
                 lock = self._locks.get(ino)
                 if lock is not None and ino not in self._nodes and not _busy(lock):
                     del self._locks[ino]
+                    self._released.pop(ino, None)
+
+    def released(self, ino: int) -> int:
+        """When the folder's lock was last let go: unchanged, nobody held it since."""
+        return self._released.get(ino, 0)
 
     def rekey_below(self, old: Path, new: Path) -> None:
         """A real folder moved from `old` to `new`: every node below it follows (same inodes),

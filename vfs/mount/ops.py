@@ -18,6 +18,7 @@ import time
 from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -83,6 +84,7 @@ QUICK_COOLDOWN_MAX = 120.0  # cooldowns double while stalls go on, up to this
 # thread; with one bound for all listings (16), another user's `ls` of a folder of one text
 # file waited 60 s behind 20 such listings (red team, round 32). Each owner has its own.
 LISTING_THREADS = 4
+MAX_ANSWERED = 65536  # lookups of a folder answered otherwise than its listing, until it is read
 HANDLES_PER_USER = 4096  # open files one user but root may hold (at most an eighth of the fd limit)
 QUICK_WRITE = 64 * 1024  # larger writes always go to a worker thread (the data path)
 QUICK_FREE = 16 << 20  # truncating or deleting a larger file frees blocks: a worker thread
@@ -298,6 +300,76 @@ def _listed(folder: Folder, name: str) -> Node:
     return node
 
 
+@dataclass
+class _Prescan:
+    """A folder's listing read before its lock was taken (`DecantOperations._prescan`), with
+    what it was read against (`taken`). The folder notes the names changed under its lock
+    meanwhile until `release`."""
+
+    folder: Folder | None
+    released: int  # InodeTable.released then: nobody held the lock since if unchanged
+    mark: int | None  # folder.note()'s: the names changed under the lock since
+    moves: int  # InodeTable.moves then: a folder at or above it moved
+    real: Path
+    mtime: int  # the folder's stamp, taken before it was read
+    kids: dict[str, Node]
+    _noting: bool = True
+
+    def taken(self, folder: Folder | None, released: int, moves: int,
+              real: Path) -> dict[str, Node] | None:  # fmt: skip
+        """The listing to take now (the caller holds the folder's lock): as read, with the
+        entries changed under the lock since as the listing has them (newer than the read);
+        None if it cannot be told (another listing, a folder moved, too many changes)."""
+        if self.folder is not folder or self.moves != moves or self.real != real:
+            return None
+        if released == self.released:
+            return self.kids
+        if folder is None or self.mark is None:
+            return None
+        changed = folder.changed_since(self.mark)
+        if changed is None:
+            return None
+        for name in changed:
+            node = folder.children.get(name)
+            if node is None:
+                self.kids.pop(name, None)
+            else:
+                self.kids[name] = node
+        return self.kids
+
+    def release(self) -> None:
+        if self._noting and self.folder is not None:
+            self.folder.unnote()
+        self._noting = False
+
+
+@dataclass
+class _Ahead:
+    """The watcher's names read before the folder's lock was taken (`_read_ahead`); the folder
+    notes the names changed under its lock meanwhile until `release`."""
+
+    folder: Folder
+    released: int  # InodeTable.released then
+    mark: int  # folder.note()'s
+    known: Mapping[str, Node | None]
+    behind: bool  # told with the archives the listing gave them to: read whole behind
+    _noting: bool = True
+
+    def usable(self, folder: Folder, released: int) -> set[str] | None:
+        """The names changed under the lock since the read (their entries in the listing are
+        newer than the read's); None if the read cannot be taken."""
+        if folder is not self.folder:
+            return None
+        if released == self.released:
+            return set()
+        return folder.changed_since(self.mark)
+
+    def release(self) -> None:
+        if self._noting:
+            self.folder.unnote()
+        self._noting = False
+
+
 class DecantOperations(pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
@@ -341,7 +413,11 @@ class DecantOperations(pyfuse3.Operations):
         self._listing_by_owner: dict[int, trio.CapacityLimiter] = {}
         self._checks_by_uid: dict[int, trio.CapacityLimiter] = {}
         self._relisting: set[int] = set()  # folders a lookup left to be listed in the background
+        self._relist_again: set[int] = set()  # ... and to be listed once more after that
         self._describing: Counter[int] = Counter()  # folders whose listing describes archives
+        self._prescanning: dict[int, trio.Event] = {}  # folders read before their lock (_prescan)
+        # Names a lookup answered otherwise than the listing did, by folder (_reconcile).
+        self._answered: dict[int, dict[str, tuple[Any, int] | None]] = {}
         self._status = Node(False, 0, time.time_ns(), 0o444, os.getuid(), os.getgid(),
                             tree.root / STATUS_NAME, member=STATUS_NAME)  # fmt: skip
         self.status_file = StatusFile(self._status_head, self._status_tail, self._queue_changes,
@@ -383,8 +459,67 @@ class DecantOperations(pyfuse3.Operations):
             if time.monotonic() - folder.checked < RESCAN_INTERVAL:
                 return folder
         # ESTALE: another folder at its name now (tree.scan), its name listed again
-        async with self._stale_relisted(self._node(inode)), self.inodes.locked(inode):
-            return await self._fresh(inode, max_age=RESCAN_INTERVAL)
+        node = self._node(inode)
+        async with (
+            self._read_before_lock(inode) as prescan,
+            self._stale_relisted(node),
+            self.inodes.locked(inode),
+        ):
+            return await self._fresh(inode, max_age=RESCAN_INTERVAL, prescan=prescan)
+
+    async def _prescan(self, inode: int, force: bool = False) -> _Prescan | None:
+        """The folder's listing read before its lock is taken, when SRC changed since it was
+        read (`force`: in any case). The read describes every archive new in the folder (a
+        second or two each for a big one not in the index yet); under the lock, every change
+        made through the mount in the folder waited for it, while the kernel holds the folder
+        for that change and every user's lookups there wait on the kernel (red team 95 F2: one
+        `touch`, 32 s behind forty new archives). `_fresh` takes it under the lock if nothing
+        changed meanwhile, else reads again (the descriptions are in the index by then). One at
+        a time a folder: another caller waits for it, and then finds the listing fresh (or,
+        `force`d, reads it again: the one it waited for may have read it before the change)."""
+        node = self.inodes.get(inode)
+        if node is None or not node.is_dir or node.backend is not None:
+            return None
+        if not isinstance(node.real, Path):  # a bucket's folder: one LIST, under the lock
+            return None
+        while (running := self._prescanning.get(inode)) is not None:
+            await running.wait()
+            if not force:  # that one's listing is as good (taken, or read under the lock)
+                return None
+        done = self._prescanning[inode] = trio.Event()
+        folder = self.inodes.folders.get(inode)
+        mark = folder.note() if folder is not None else None
+        try:
+            released, moves = self.inodes.released(inode), self.inodes.moves
+            real = node.real
+            mtime = await trio.to_thread.run_sync(self.tree.stamp_folder, real)
+            if folder is None or folder.mtime_ns != mtime or force:
+                scan = functools.partial(self.tree.scan, real, listed=(node.ino, node.uid))
+                with self._described_behind(inode):  # lookups need not wait for it: `_named`
+                    kids = await trio.to_thread.run_sync(scan, limiter=self._lister(node))
+                found = _Prescan(folder, released, mark, moves, real, mtime, kids)
+                mark = None  # handed over: the caller releases it (_read_before_lock)
+                return found
+            return None
+        except Exception:  # told under the lock, by the read there (ESTALE, ENOENT, ...)
+            return None
+        finally:
+            if mark is not None and folder is not None:  # not handed to a _Prescan
+                folder.unnote()
+            del self._prescanning[inode]
+            done.set()
+
+    @contextlib.asynccontextmanager
+    async def _read_before_lock(
+        self, inode: int, force: bool = False
+    ) -> AsyncIterator[_Prescan | None]:
+        """`_prescan`, its noting of changed names ended once the caller is done with it."""
+        prescan = await self._prescan(inode, force)
+        try:
+            yield prescan
+        finally:
+            if prescan is not None:
+                prescan.release()
 
     async def _named(self, inode: int, name: str, uid: int) -> tuple[Folder, Node | None]:
         """The folder's listing and what it presents under `name`, for `uid`'s lookup.
@@ -394,23 +529,33 @@ class DecantOperations(pyfuse3.Operations):
         background: that reads every new archive in the folder (a second or two each for a big
         one not in the index yet), and a lookup of another name must not wait for it (red team
         87 F4: forty archives renamed into a shared folder held its other users' lookups 78 s).
-        So too while a listing runs (a readdir's, the watcher's word of new names). What the
-        listing then finds otherwise the kernel is told (`_fresh` invalidates changed names).
-        Where an archive presents a name other than its own every lookup waits for the
-        listing (it shows that name only there, and may hide what the lstats find), as does a
-        spooled file (`_current` checks it against the listing), a folder the tree cannot tell
-        name by name, and any lookup while a change made through the mount holds the folder's
-        lock."""
+        So too while a listing runs (a readdir's, the watcher's word of new names). Where an
+        archive presents a name other than its own, the archive the last listing gave the name
+        to is read with the lstats (`_presenters`), and the name goes to whichever the listing
+        would give it to: a user's `scan.tif.zarr.zip` dropped beside the folder owner's
+        `batch.zarr.zip` presenting `scan.tif` must not stand in for it (red team 95 F1). What
+        the listing then finds otherwise the kernel is told: changed names by `_fresh`, and
+        answers given here that differ from the listing read before them by `_reconcile` (the
+        listing's answer may not have changed, and nothing else would tell). A spooled file
+        waits for the listing (`_current` checks it against it), as does a folder the tree
+        cannot tell name by name; a lookup while a change made through the mount holds the
+        folder's lock waits for that change."""
         folder = self.inodes.folders.get(inode)
         parent = self._node(inode)
         if (folder is None or parent.backend is not None or self.nursery is None
                 or time.monotonic() - folder.checked < RESCAN_INTERVAL):  # fmt: skip
             folder = await self._listing(inode)
             return folder, folder.children.get(name)
-        if not self._describing[inode]:
-            if self.inodes.lock(inode).locked():  # a change through the mount: wait for it
-                folder = await self._listing(inode)
+        if not self._describing[inode] and self.inodes.lock(inode).locked():
+            # A change made through the mount: wait for it, not for a read of the listing
+            # (the change reads the names it makes, `_for_change`; the rest is read behind).
+            async with self.inodes.locked(inode):
+                pass
+            now = self.inodes.folders.get(inode)
+            if now is not folder or time.monotonic() - folder.checked < RESCAN_INTERVAL:
+                folder = await self._listing(inode)  # read again meanwhile, or let go
                 return folder, folder.children.get(name)
+        if not self._describing[inode]:
             try:
                 mtime = await trio.to_thread.run_sync(self.tree.stamp_folder, parent.real)
             except OSError:
@@ -422,43 +567,97 @@ class DecantOperations(pyfuse3.Operations):
             if mtime is None:  # gone, or not reachable: the listing says how
                 folder = await self._listing(inode)
                 return folder, folder.children.get(name)
-            if inode not in self._relisting:
-                self._relisting.add(inode)
-                self.reads.spawn(self._relist_behind, inode)
+            self._relist_soon(inode)
         listed, seen = (parent.ino, parent.uid), (folder.checked, folder.mtime_ns)
+        before = folder.children.get(name)
+        look = functools.partial(self.tree.entries_of_listed, parent.real, [name], listed,
+                                 also=self._presenters(parent, folder, [name]))  # fmt: skip
         try:
-            fresh = await self._quick(self.tree.entries_of_listed, parent.real, [name], listed,
-                                      True)  # fmt: skip
+            fresh = await self._quick(look, True)
         except NotQuick:  # an archive among them: described in a thread of the caller's
-            look = functools.partial(self.tree.entries_of_listed, parent.real, [name], listed)
             fresh = await trio.to_thread.run_sync(look, limiter=self._checker(uid))
         except OSError:
             fresh = None  # replaced, or gone: the listing tells (ESTALE, ENOENT)
         now = self.inodes.folders.get(inode)
         if now is not None and (now is not folder or (now.checked, now.mtime_ns) != seen):
             return now, now.children.get(name)  # listed meanwhile: as the listing found
-        if fresh is not None and fresh[1]:  # sure: every archive presents its own name
-            found = fresh[0].get(name)
-            if found is None or not found.spooled:
+        found = fresh[0].get(name) if fresh is not None else None
+        if fresh is not None and (found is None or not found.spooled):
+            if _told(found) == _told(before):
                 return folder, found
-        # Else the listing decides, found or not: where an archive presents a name other than
-        # its own, the entry the lstats find may be one the listing hides (a user's archive
-        # named after the name the folder owner's archive presents), which the kernel then
-        # kept for every user, the listing's answer not having changed (red team 95).
+            answered = self._answered.setdefault(inode, {})
+            if name in answered or len(answered) < MAX_ANSWERED:
+                answered[name] = _told(found)  # the listing may not tell: `_reconcile`
+                self._relist_soon(inode)
+                return folder, found
         folder = await self._listing(inode)
         return folder, folder.children.get(name)
 
-    async def _relist_behind(self, inode: int) -> None:
-        """`_named`'s listing in the background; what it finds changed is invalidated."""
+    def _presenters(self, parent: Node, folder: Folder, names: list[str]) -> list[str]:
+        """The archives the listing gave `names`, or the names related to them, that are not
+        named after them: whoever presents a name is decided among these and the names related
+        to it, as the listing decides it (tree.entries_of_listed's `also`). A user's archive
+        named after a name the folder owner's archive presents is shown under its own name:
+        read without the owner's, it took the name (red team 95 F1), and its own looked gone."""
+        near = self.tree.presented_names(self.tree.presented_names(set(names)))
+        return _presenters_of(parent, {n: folder.children.get(n) for n in sorted(near)})
+
+    def _relist_soon(self, inode: int, force: bool = False) -> None:
+        """The folder's listing read again in the background (`_relist_behind`), once; once
+        more after the one under way when `force`d (that one may have read it before)."""
+        if self.nursery is None:
+            return
+        if inode in self._relisting:
+            if force:
+                self._relist_again.add(inode)
+            return
+        self._relisting.add(inode)
+        self.reads.spawn(self._relist_behind, inode, force)
+
+    async def _relist_behind(self, inode: int, force: bool = False) -> None:
+        """`_named`'s listing in the background (`force`: read whole whatever the folder's
+        stamp says); what it finds changed is invalidated."""
         try:
-            node = self.inodes.get(inode)
-            if node is not None:
+            while True:
+                self._relist_again.discard(inode)
+                node = self.inodes.get(inode)
+                if node is None:
+                    break
                 with contextlib.suppress(OSError, pyfuse3.FUSEError):
-                    async with self._stale_relisted(node), self.inodes.locked(inode):
+                    async with (
+                        self._read_before_lock(inode, force) as prescan,
+                        self._stale_relisted(node),
+                        self.inodes.locked(inode),
+                    ):
                         with self._described_behind(inode):
-                            await self._fresh(inode, max_age=RESCAN_INTERVAL)
+                            await self._fresh(inode, force, max_age=RESCAN_INTERVAL,
+                                              prescan=prescan)  # fmt: skip
+                if inode not in self._relist_again:
+                    break
+                force = True
         finally:
             self._relisting.discard(inode)
+            self._relist_again.discard(inode)
+            self._reconcile(inode)
+
+    def _reconcile(self, inode: int) -> None:
+        """Names `_named` answered otherwise than the listing read before them, where the
+        listing read since (or its loss) answers otherwise again: dropped from the kernel. The
+        listing's own changes are invalidated by `_fresh`; these it cannot see (its answer
+        the same as before, as for a spoofed name, red team 95 F1)."""
+        answered = self._answered.pop(inode, None)
+        if not answered:
+            return
+        folder = self.inodes.folders.get(inode)
+        for name, told in answered.items():
+            if folder is None or _told(folder.children.get(name)) != told:
+                self._invalidate(inode, name)
+
+    def _invalidate(self, inode: int, name: str) -> None:
+        """The kernel's entry of `name` in the folder dropped; not once the mount is gone (a
+        listing read behind, finishing after the unmount, logged a traceback a name)."""
+        if self.nursery is not None:
+            pyfuse3.invalidate_entry_async(inode, os.fsencode(name), ignore_enoent=True)
 
     @contextmanager
     def _described_behind(self, inode: int) -> Iterator[None]:
@@ -471,9 +670,13 @@ class DecantOperations(pyfuse3.Operations):
             if not self._describing[inode]:
                 del self._describing[inode]
 
-    async def _fresh(self, inode: int, force: bool = False, max_age: float = 0.0) -> Folder:
+    async def _fresh(
+        self, inode: int, force: bool = False, max_age: float = 0.0,
+        prescan: _Prescan | None = None,
+    ) -> Folder:  # fmt: skip
         """The listing, re-read if SRC changed since it was checked more than `max_age` seconds
-        ago (`force`: re-read in any case); the caller holds the folder's lock."""
+        ago (`force`: re-read in any case); the caller holds the folder's lock. `prescan`: the
+        listing read before the lock was taken, taken if nothing changed since."""
         node = self._node(inode)
         if not node.is_dir:
             raise _fail(errno.ENOTDIR)
@@ -495,6 +698,13 @@ class DecantOperations(pyfuse3.Operations):
                 if folder is not None and folder.mtime_ns == mtime and not force:
                     folder.checked = time.monotonic()
                     return folder
+                read = None
+                if prescan is not None:
+                    read = prescan.taken(folder, self.inodes.released(inode), moves, real)
+                if prescan is not None and read is not None:
+                    # Its stamp, taken before it was read: a change since shows at next use.
+                    kids, mtime = read, prescan.mtime
+                    break
                 scan = functools.partial(self.tree.scan, real, listed=(node.ino, node.uid))
                 with self._described_behind(inode):  # lookups need not wait for it: `_named`
                     kids = await trio.to_thread.run_sync(scan, limiter=self._lister(node))
@@ -526,7 +736,7 @@ class DecantOperations(pyfuse3.Operations):
         folder.mtime_ns, folder.checked, folder.absorbed = mtime, time.monotonic(), False
         self.inodes.keep_listing(inode, folder)
         for name in changed:
-            pyfuse3.invalidate_entry_async(inode, os.fsencode(name), ignore_enoent=True)
+            self._invalidate(inode, name)
         return folder
 
     def _changed_since(
@@ -546,8 +756,8 @@ class DecantOperations(pyfuse3.Operations):
         return changed
 
     async def rescan(self, inode: int, force: bool = False) -> Folder:
-        async with self.inodes.locked(inode):
-            return await self._fresh(inode, force)
+        async with self._read_before_lock(inode, force) as prescan, self.inodes.locked(inode):
+            return await self._fresh(inode, force, prescan=prescan)
 
     def watches(self, folder: object, below: int = 0) -> bool:
         """Whether the watcher reports changes in `folder` (a local SRC's), and `below` levels
@@ -782,7 +992,17 @@ class DecantOperations(pyfuse3.Operations):
                 self.let_go.poke()
 
     async def _fill(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
-        folder = await self._listing(fh)
+        folder = self.inodes.folders.get(fh)
+        if folder is None or self._node(fh).backend is not None:
+            folder = await self._listing(fh)
+        elif time.monotonic() - folder.checked >= RESCAN_INTERVAL:
+            # Read by its opendir (which holds no lock of the kernel's): a readdir runs while
+            # the kernel holds the folder (shared with lookups, not with a change to it), so a
+            # read of the listing here held a `touch` there, and every lookup queued behind it
+            # (a handle opened, left a while, then read). The listing as it is; read again in
+            # the background, and at the next opendir.
+            self.inodes.used_listing(fh)
+            self._relist_soon(fh)
         entries = folder.after(start_id)
         while batch := list(itertools.islice(entries, READDIR_BATCH)):
             if any(_plain(node) and not self._watched(node) for _c, _n, node in batch):
@@ -1246,7 +1466,8 @@ class DecantOperations(pyfuse3.Operations):
                 continue
             ino = found[0]
             with contextlib.suppress(OSError, pyfuse3.FUSEError):  # gone: the parent drops it
-                async with self.inodes.locked(ino):
+                ahead = await self._read_ahead(ino, self.tree.presented_names(names))
+                async with self._released_after(ahead), self.inodes.locked(ino):
                     folder = self.inodes.folders.get(ino)
                     if folder is None:
                         continue
@@ -1263,7 +1484,7 @@ class DecantOperations(pyfuse3.Operations):
                         # An archive shown raw may present another name now: both are shown.
                         names = self.tree.presented_names(names)
                     with self._described_behind(ino):  # new archives: lookups need not wait
-                        await self._show(ino, sorted(names))
+                        await self._show(ino, sorted(names), ahead)
                     for name in names:  # the kernel's inodes see new sizes at getattr
                         node = folder.children.get(name)
                         known = self.inodes.known(node) if node is not None else None
@@ -1315,7 +1536,7 @@ class DecantOperations(pyfuse3.Operations):
             stamp = await self._quick(self.tree.stamp_folder, path)
             if force or self.inodes.stamp_let_go(ino, stamp):
                 for parent, name in self.inodes.file_entries_in(path):
-                    pyfuse3.invalidate_entry_async(parent, os.fsencode(name), ignore_enoent=True)
+                    self._invalidate(parent, name)
 
     def _unlisted_changed(self, path: Path, names: set[str]) -> None:
         """Names changed in a folder the kernel holds whose listing was let go
@@ -1326,7 +1547,7 @@ class DecantOperations(pyfuse3.Operations):
         if ino is None:
             return  # not held: the kernel holds no entry of it
         for name in self.tree.presented_names(names):
-            pyfuse3.invalidate_entry_async(ino, os.fsencode(name), ignore_enoent=True)
+            self._invalidate(ino, name)
 
     async def published(self, relpaths: list[str]) -> None:
         """The pack queue published (or withdrew, or found) these files: each name is looked up
@@ -1372,17 +1593,114 @@ class DecantOperations(pyfuse3.Operations):
         if self.writer is not None and node.backend is None and node.is_dir:
             self.inodes.replace(inode, await self._quick(self.writer.refresh, node))
 
-    async def _show(self, inode: int, names: list[str]) -> None:
+    async def _read_ahead(self, inode: int, names: set[str]) -> _Ahead | None:
+        """The watcher's names read before the folder's lock is taken: `_show` takes them if
+        nobody held the lock since. Their reading describes the archives new among them
+        (seconds each for a big one), and under the lock every change made through the mount
+        there waited for it, while the kernel holds the folder for that change and every
+        user's lookups wait behind it (red team 95 F2). A change in SRC after this read is
+        told by the watcher again."""
+        released = self.inodes.released(inode)
+        node = self.inodes.get(inode)
+        folder = self.inodes.folders.get(inode)
+        if node is None or folder is None or node.backend is not None:
+            return None
+        mark, behind = folder.note(), False
+        try:
+            with self._described_behind(inode):
+                known = await self._entries(node, sorted(names))
+                if known is None:
+                    known = await self._entries_with_presenters(node, folder, sorted(names))
+                    behind = True
+        except OSError:
+            known = None  # told under the lock, by the read there
+        if known is None:
+            folder.unnote()
+            return None
+        return _Ahead(folder, released, mark, known, behind)
+
+    @contextlib.asynccontextmanager
+    async def _released_after(self, ahead: _Ahead | None) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            if ahead is not None:
+                ahead.release()
+
+    async def _show(self, inode: int, names: list[str], ahead: _Ahead | None = None) -> None:
         """Update these names of a listed folder from SRC and the spool (the caller holds the
-        folder's lock); a full rescan where the tree cannot tell names one by one."""
+        folder's lock). Where an archive presents a name other than its own, the names are
+        read with the archives the listing gave them to, and the whole listing is read again
+        behind (`_relist_soon`), before the lock is taken: not under it, where every change
+        through the mount waited for it while the kernel holds the folder for that change,
+        and every user's lookups wait behind it (red team 95 F2). `ahead`: what `_read_ahead`
+        read before the lock was taken."""
         folder = self.inodes.folders.get(inode)
         node = self._node(inode)
         if folder is None or node.backend is not None:
             return
-        fresh = await self._entries(node, names)
+        fresh: Mapping[str, Node | None] | None = None
+        behind = False
+        changed = ahead.usable(folder, self.inodes.released(inode)) if ahead else None
+        if ahead is not None and changed is not None and all(n in ahead.known for n in names):
+            # Names changed under the lock since: the listing's entries are newer.
+            fresh = {name: ahead.known[name] for name in names if name not in changed}
+            behind = ahead.behind
         if fresh is None:
+            fresh = await self._entries(node, names)
+        if fresh is None:
+            with contextlib.suppress(OSError):  # the full read tells how (ESTALE, ENOENT)
+                fresh = await self._entries_with_presenters(node, folder, names)
+            behind = True
+        if fresh is None:  # an overlay's folder (or gone): told only by a full read
             await self._fresh(inode, force=True)
             return
+        self._take(inode, folder, fresh)
+        if behind:
+            self._relist_soon(inode, force=True)
+
+    async def _entries_with_presenters(
+        self, node: Node, folder: Folder, names: list[str]
+    ) -> dict[str, Node | None] | None:
+        """`names` of the listed folder read by a few lstats, with the archives the listing
+        gave them (or names related to them) to (`_presenters`), through the folder's
+        descriptor checked to be the one listed; None for an overlay's folder."""
+        look = functools.partial(self.tree.entries_of_listed, node.real, names,
+                                 (node.ino, node.uid),
+                                 also=self._presenters(node, folder, names))  # fmt: skip
+        try:
+            fresh = await self._quick(look, True)
+        except NotQuick:  # an archive among them: described in a worker thread
+            fresh = await trio.to_thread.run_sync(look, limiter=self._lister(node))
+        return None if fresh is None else fresh[0]
+
+    async def _for_change(self, inode: int, names: list[str]) -> Folder:
+        """The listing a change made through the mount works on (the caller holds the folder's
+        lock): `_fresh`'s, but where SRC changed since it was read, only `names` are read
+        again (a few lstats, through the folder's descriptor checked to be the folder listed)
+        and the rest in the background. The kernel holds the folder for the change, and
+        every user's lookups there wait for it: a `touch` that read the whole listing, which
+        describes every archive new in the folder, held them 32 s (red team 95 F2). Where an
+        archive presents a name other than its own, the whole listing is read, as a lookup
+        there waits for it (`_named`)."""
+        folder = self.inodes.folders.get(inode)
+        node = self._node(inode)
+        if (folder is None or node.backend is not None or self.nursery is None
+                or time.monotonic() - folder.checked < RESCAN_INTERVAL):  # fmt: skip
+            return await self._fresh(inode, max_age=RESCAN_INTERVAL)
+        mtime = await trio.to_thread.run_sync(self.tree.stamp_folder, node.real)
+        if mtime == folder.mtime_ns:  # unchanged, as `_fresh` finds it
+            folder.checked = time.monotonic()
+            return folder
+        fresh = await self._entries_with_presenters(node, folder, names)
+        if fresh is None:  # an overlay's folder: told only by a full read
+            return await self._fresh(inode, max_age=RESCAN_INTERVAL)
+        self._take(inode, folder, fresh)
+        self._relist_soon(inode)
+        return folder
+
+    def _take(self, inode: int, folder: Folder, fresh: Mapping[str, Node | None]) -> None:
+        """These entries into the listing; the kernel's entries of changed names dropped."""
         for name, new in fresh.items():
             old = folder.children.get(name)
             if new is None:
@@ -1394,7 +1712,7 @@ class DecantOperations(pyfuse3.Operations):
                     continue
             elif (new.key == old.key and new.ino == old.ino) or self._carry_published(old, new):
                 continue  # another entry at the name (ino) is dropped from the kernel's cache
-            pyfuse3.invalidate_entry_async(inode, os.fsencode(name), ignore_enoent=True)
+            self._invalidate(inode, name)
 
     def _carry_published(self, old: Node | None, new: Node | None) -> bool:
         """A spooled file that became a published one keeps its inode: the same bytes, so a
@@ -1575,7 +1893,7 @@ class DecantOperations(pyfuse3.Operations):
             writer = self._writer()
             text = self._check_name(name, new=True)
             async with self.inodes.locked(parent_inode):
-                folder = await self._fresh(parent_inode, max_age=RESCAN_INTERVAL)
+                folder = await self._for_change(parent_inode, [text])
                 parent = self._node(parent_inode)
                 _may_add_to(parent, ctx)
                 node, fd = await self._quick(
@@ -1681,8 +1999,8 @@ class DecantOperations(pyfuse3.Operations):
                 raise _fail(errno.EINVAL)
             old, new = self._check_name(name_old), self._check_name(name_new, new=True)
             async with self.inodes.locked(parent_inode_old, parent_inode_new):
-                src_folder = await self._fresh(parent_inode_old, max_age=RESCAN_INTERVAL)
-                dst_folder = await self._fresh(parent_inode_new, max_age=RESCAN_INTERVAL)
+                src_folder = await self._for_change(parent_inode_old, [old])
+                dst_folder = await self._for_change(parent_inode_new, [new])
                 _may_add_to(self._node(parent_inode_old), ctx)
                 _may_add_to(self._node(parent_inode_new), ctx)
                 node = src_folder.children.get(old)
@@ -1720,8 +2038,13 @@ class DecantOperations(pyfuse3.Operations):
                     if behind is not None:  # gone: whatever else presents the name shows
                         await self._show(parent_inode_old, [old])
                         await self._folder_changed(parent_inode_old)
-                else:
-                    await self._fresh(parent_inode_old, force=True)
+                else:  # what else presents either name shows (the whole folder where it
+                    # cannot be told name by name: `_show`); not a read of the whole listing,
+                    # which the kernel waits for holding both folders (red team 95 F2)
+                    await self._show(parent_inode_old,
+                                     sorted(self.tree.presented_names({old})))  # fmt: skip
+                    await self._show(parent_inode_new,
+                                     sorted(self.tree.presented_names({new})))  # fmt: skip
                     for changed in {parent_inode_old, parent_inode_new}:
                         await self._folder_changed(changed)
 
@@ -1758,7 +2081,7 @@ class DecantOperations(pyfuse3.Operations):
             writer = self._writer()
             text = self._check_name(name)
             async with self.inodes.locked(parent_inode):
-                folder = await self._fresh(parent_inode, max_age=RESCAN_INTERVAL)
+                folder = await self._for_change(parent_inode, [text])
                 node = _listed(folder, text)
                 parent = self._node(parent_inode)
                 behind = await self._behind(parent, text, node)
@@ -1800,7 +2123,7 @@ class DecantOperations(pyfuse3.Operations):
             writer = self._writer()
             text = self._check_name(name, new=True)
             async with self.inodes.locked(parent_inode):
-                folder = await self._fresh(parent_inode, max_age=RESCAN_INTERVAL)
+                folder = await self._for_change(parent_inode, [text])
                 if text in folder.children:
                     raise _fail(errno.EEXIST)
                 _may_add_to(self._node(parent_inode), ctx)
@@ -1818,7 +2141,7 @@ class DecantOperations(pyfuse3.Operations):
             writer = self._writer()
             text = self._check_name(name)
             async with self.inodes.locked(parent_inode):
-                folder = await self._fresh(parent_inode, max_age=RESCAN_INTERVAL)
+                folder = await self._for_change(parent_inode, [text])
                 node = _listed(folder, text)
                 await self._quick(writer.rmdir, self._node(parent_inode), text, node)
                 folder.drop(text)
@@ -1826,6 +2149,27 @@ class DecantOperations(pyfuse3.Operations):
                 if ino is not None:
                     self.inodes.drop_listing(ino)
                 await self._folder_changed(parent_inode)
+
+
+def _told(node: Node | None) -> tuple[Any, int] | None:
+    """What the kernel was told of a name: nothing, or an entry (its key and SRC inode)."""
+    return None if node is None else (node.key, node.ino)
+
+
+def _presenters_of(folder: Node, listed: Mapping[str, Node | None]) -> list[str]:
+    """The real names of the archives the listing gave these names to that are not named
+    after them (`batch.zarr.zip` presenting `scan.tif`)."""
+    out = []
+    for name, node in listed.items():
+        if node is None or node.backend is None or node.spooled:
+            continue
+        real = node.real
+        if not isinstance(real, Path) or real.parent != folder.real:
+            continue
+        if name not in (real.name, *(real.name[: -len(s)] for s in _ARCHIVE_SUFFIXES
+                                     if real.name.endswith(s))):  # fmt: skip
+            out.append(real.name)
+    return out
 
 
 def _not_a_key(name: str) -> bool:

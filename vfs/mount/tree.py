@@ -180,21 +180,24 @@ class SourceTree:
         return out
 
     def entries_of_listed(
-        self, folder: Path, names: Sequence[str], listed: tuple[int, int], quick: bool = False
-    ) -> tuple[dict[str, Node | None], bool] | None:
+        self, folder: Path, names: Sequence[str], listed: tuple[int, int], quick: bool = False,
+        also: Sequence[str] = (),
+    ) -> tuple[dict[str, Node | None], bool] | None:  # fmt: skip
         """For a lookup that does not wait for a full scan: `entries` of the folder the mount
         listed (`listed`: its inode and owner, as `scan` takes them), ESTALE if another folder
-        is at its name now, its names read through the descriptor checked. With whether the
-        answer is sure: not where an archive presents a name other than its own (then a name
-        not found may be shown by one elsewhere in the folder, and one found may lose it to
-        one). None: an overlay's folder, told only by a scan."""
+        is at its name now, its names read through the descriptor checked. `also`: entries
+        that may present one of the names under another name of their own (the archives the
+        last listing gave them to), read with them. With whether the answer is sure: not
+        where an archive presents a name other than its own (then a name not found may be
+        shown by one elsewhere in the folder, and one found may lose it to one, unless that
+        one is in `also`). None: an overlay's folder, told only by a scan."""
         if folder in self.overlay_roots:
             return None
         fd = open_beneath(self.root, folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
             if not_listed(os.fstat(fd), *listed):
                 raise OSError(errno.ESTALE, "not the folder listed (replaced since)", str(folder))
-            out, regular = self._named_entries(folder, names, quick, fd)
+            out, regular = self._named_entries(folder, names, quick, fd, also)
         finally:
             os.close(fd)
         if not regular:
@@ -202,11 +205,14 @@ class SourceTree:
         return out, regular and folder not in self._irregular
 
     def _named_entries(
-        self, folder: Path, names: Sequence[str], quick: bool, fd: int | None = None
-    ) -> tuple[dict[str, Node | None], bool]:
+        self, folder: Path, names: Sequence[str], quick: bool, fd: int | None = None,
+        also: Sequence[str] = (),
+    ) -> tuple[dict[str, Node | None], bool]:  # fmt: skip
         """`entries`' answer, and whether every archive found presents its own name; the
-        entries read by name in `folder`, or relative to its descriptor `fd`."""
+        entries read by name in `folder`, or relative to its descriptor `fd`; `also` read
+        with them (see `entries_of_listed`)."""
         candidates = {c for n in names for m in _related(n) for c in _related(m)}
+        candidates.update(also)
         # Most candidates do not exist: plain strings and one lstat each (this runs for every
         # rename of a spooled file). The mountpoint is never statted: it would call into us.
         skip = {p.name for p in self.excluded if p.parent == folder}
