@@ -574,3 +574,16 @@ def test_packer_stores_every_chunk(tmp_path: Path) -> None:
         with zipfile.ZipFile(out) as zf:
             assert want <= set(zf.namelist()), zf.namelist()
             assert json.loads(zf.read(MANIFEST))["all_chunks_stored"] is True
+
+
+def test_a_hard_link_takes_another_link_s_description_under_its_own_name() -> None:
+    """SourceTree._linked: a series is named after its archive file (each link presents its
+    own name), one original after its manifest (every link presents the same)."""
+    from vfs.backends.base import Description, Entry
+    from vfs.backends.decant import DecantBackend
+
+    series = Description("run", Entry(is_dir=True))
+    taken = DecantBackend.described_as(series, Path("/src/other.zarr.zip"))
+    assert taken.name == "other" and taken.root is series.root
+    one = Description("scan.tif", Entry(size=5))
+    assert DecantBackend.described_as(one, Path("/src/copy.zarr.zip")) is one

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from vfs.mount.index import SCHEMA_VERSION, DescriptionIndex, stamp_of
 
@@ -99,7 +100,7 @@ def test_descriptions_kept_together_are_each_found_and_one_that_cannot_be_writte
     from vfs.backends.base import Description, Entry
 
     class Unwritable(Description):
-        def json_text(self) -> str:
+        def head_json_text(self) -> str:
             raise ValueError("not JSON")
 
     index = DescriptionIndex(tmp_path / "index.sqlite")
@@ -159,4 +160,71 @@ def test_large_descriptions_are_not_read_back_together(tmp_path: Path) -> None:
                      (str(small), "decant"): index.get(small, "decant", 5, 6, 7, 8)}  # fmt: skip
     alone = index.get(big, "c4gh", 1, 2, 3, 4)
     assert alone is not None and len(alone.root.children) == len(big_root.children)
+    index.close()
+
+
+def _big_root(n: int, seed: str = "") -> Any:
+    from vfs.backends.base import Entry
+
+    root = Entry(is_dir=True)
+    for i in range(n):
+        root.children[f"member{seed}-{i:08d}.bin"] = Entry(size=i)
+    return root
+
+
+def _trees(index: DescriptionIndex) -> int:
+    return int(index._db.execute("SELECT count(*) FROM trees").fetchone()[0])
+
+
+def test_a_large_tree_is_kept_once_for_every_archive_that_presents_it(tmp_path: Path) -> None:
+    """Red team 95 F4: 100 hard links to one package of 20,000 members kept 100 copies of its
+    tree, 424 MB of index on root's disk (a link costs its maker nothing). A tree over
+    RECALL_TOGETHER is kept once, by its SHA-256; each row keeps its own name."""
+    from vfs.backends.base import Description
+    from vfs.mount.index import RECALL_TOGETHER
+
+    index = DescriptionIndex(tmp_path / "index.sqlite")
+    root = _big_root(RECALL_TOGETHER // 20)
+    for i in range(100):
+        index.put(Path(f"/src/z{i:03d}.tar.c4gh"), "c4gh", 1, 2, Description(f"z{i:03d}", root),
+                  100 + i, 4)  # fmt: skip
+    assert _trees(index) == 1
+    size = sum(len(doc) for (doc,) in index._db.execute("SELECT doc FROM descriptions"))
+    assert size < 100 * 100, "each row keeps only its head"
+    got = index.get(Path("/src/z042.tar.c4gh"), "c4gh", 1, 2, 142, 4)
+    assert got is not None and got.name == "z042" and got.root == root
+    wanted = [(Path(f"/src/z{i:03d}.tar.c4gh"), "c4gh", 1, 2, 100 + i, 4) for i in range(100)]
+    assert set(index.get_many(wanted).values()) == {None}  # each read alone, where wanted
+    index.close()
+    again = DescriptionIndex(tmp_path / "index.sqlite")  # read from the file, not the last
+    first, second = (again.get(Path(f"/src/z{i:03d}.tar.c4gh"), "c4gh", 1, 2, 100 + i, 4)
+                     for i in (7, 8))  # fmt: skip
+    assert first is not None and second is not None and first.root == root
+    assert (first.name, second.name) == ("z007", "z008") and second.root is first.root
+    again.close()
+
+
+def test_a_tree_no_row_holds_is_dropped(tmp_path: Path) -> None:
+    """A package rewritten again and again (another tree each time), or its links removed,
+    leaves no tree behind: by replacing its row, forgetting it, or pruning its path."""
+    from vfs.backends.base import Description
+    from vfs.mount.index import RECALL_TOGETHER
+
+    index = DescriptionIndex(tmp_path / "index.sqlite")
+    n = RECALL_TOGETHER // 20
+    src = tmp_path / "src"
+    src.mkdir()
+    a, b = src / "a.tar.c4gh", src / "b.tar.c4gh"
+    a.write_bytes(b"a")
+    shared = _big_root(n)
+    index.put(a, "c4gh", 1, 2, Description("a", shared), 3, 4)
+    index.put(b, "c4gh", 1, 2, Description("b", shared), 3, 4)
+    for version in range(5):  # `a` rewritten: a new tree each time, the old one dropped
+        index.put(a, "c4gh", 1, 10 + version, Description("a", _big_root(n, str(version))), 3, 4)
+    assert _trees(index) == 2  # a's last and the one b holds
+    index.forget_description(a, "c4gh")
+    assert _trees(index) == 1
+    assert index.get(b, "c4gh", 1, 2, 3, 4) is not None
+    assert index.prune(src) == 1  # b.tar.c4gh is gone from SRC
+    assert _trees(index) == 0
     index.close()

@@ -187,8 +187,11 @@ class Description:
 
     def json_text(self) -> str:
         """`json.dumps(self.to_json(), separators=(",", ":"))`, built entry by entry."""
-        head = _compact_json({"v": DESCRIPTION_VERSION, "name": self.name})
-        return f'{head[:-1]},"root":{self.root.json_text()}}}'
+        return f'{self.head_json_text()[:-1]},"root":{self.root.json_text()}}}'
+
+    def head_json_text(self) -> str:
+        """`json_text` without the root: `head[:-1] + ',"root":' + root + '}'` is the whole."""
+        return _compact_json({"v": DESCRIPTION_VERSION, "name": self.name})
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Description:

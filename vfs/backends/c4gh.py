@@ -315,6 +315,12 @@ class C4ghBackend:
         with reader:  # closes `source`
             return self._describe(reader, session)
 
+    @staticmethod
+    def described_as(desc: Description, path: Path) -> Description:
+        """Another hard link's description as `path`'s: the same package, named after `path`
+        (SourceTree._linked)."""
+        return Description(name=path.name, root=desc.root)
+
     def describe_at(self, folder: Folder, key: str) -> Description:
         """`describe` for the package at `key` of a folder that need not be local."""
         if isinstance(folder, LocalFolder):

@@ -65,6 +65,14 @@ class DecantBackend:
         with DecantArchive.open(path) as archive:
             return _describe(archive, path.name)
 
+    @staticmethod
+    def described_as(desc: Description, path: Path) -> Description:
+        """Another hard link's description as `path`'s (SourceTree._linked): a series is
+        named after its archive file, one original by its manifest."""
+        if desc.root.is_dir:
+            return Description(archive_stem(path.name), desc.root)
+        return desc
+
     def describe_listed(self, path: Path, listed: os.stat_result) -> Description:
         """`describe`, only of the archive a listing found (`listed`: its version, as
         vfs.decant.archive_stat takes it): the owner of the folder holding it swapped another

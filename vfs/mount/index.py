@@ -13,6 +13,7 @@ index file is set aside the same way.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -22,24 +23,30 @@ import time
 from collections.abc import Collection, Mapping
 from pathlib import Path
 
-from vfs.backends.base import Description
+from vfs.backends.base import DESCRIPTION_VERSION, Description, Entry
 from vfs.decant import archive_stat
 from vfs.names import is_utf8
 from vfs.stores.base import ObjectInfo, ObjectPath, etag_number
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Descriptions up to this long (a few hundred members) are read back together for a listing;
-# larger ones one at a time, each handed to the trees' LRU before the next (get_many).
+# larger ones one at a time, each handed to the trees' LRU before the next (get_many). Their
+# trees are kept once for all the archives that present the same one (`trees`, by SHA-256):
+# hard links cost their maker nothing, and each kept a copy (100 links to a package of 20,000
+# members: 424 MB of index on root's disk, red team 95 F4).
 RECALL_TOGETHER = 64 * 1024
 _ROWS_A_QUERY = 500  # names in one `IN (...)`: SQLite took at most 999 variables before 3.32
 LOCK_WAIT = 30.0  # seconds a connection waits for another's write (SQLite's busy timeout)
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS descriptions (
     path TEXT NOT NULL, backend TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
-    ino INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, doc TEXT NOT NULL,
+    ino INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, doc TEXT NOT NULL, tree TEXT,
     PRIMARY KEY (path, backend));
+CREATE INDEX IF NOT EXISTS descriptions_tree ON descriptions (tree);
+CREATE INDEX IF NOT EXISTS descriptions_ino ON descriptions (ino);
+CREATE TABLE IF NOT EXISTS trees (hash TEXT NOT NULL PRIMARY KEY, root TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS verified (
     path TEXT NOT NULL, member TEXT NOT NULL, size INTEGER NOT NULL, mtime_ns INTEGER NOT NULL,
     ino INTEGER NOT NULL, ctime_ns INTEGER NOT NULL, sha256 TEXT NOT NULL,
@@ -84,6 +91,10 @@ class DescriptionIndex:
         self.path = db_path
         self._lock = threading.Lock()
         self._told = False  # `_unreadable` logged
+        # The last tree read, by its hash: the links of a package, read one after the other,
+        # share it (decoding a tree of 20,000 members took 0.2 s a link), and writing one
+        # that holds it does not make its JSON again (put_many).
+        self._last_tree: tuple[str, Entry] | None = None
         try:
             self._db = self._connect(db_path)
         except sqlite3.OperationalError:
@@ -138,11 +149,44 @@ class DescriptionIndex:
         file rewritten in place with its size and mtime put back is another version)."""
         with self._lock:
             row = self._db.execute(
-                "SELECT doc FROM descriptions WHERE path=? AND backend=? AND size=? AND mtime_ns=? "
-                "AND ino=? AND ctime_ns=?",
+                "SELECT doc, tree FROM descriptions WHERE path=? AND backend=? AND size=? AND "
+                "mtime_ns=? AND ino=? AND ctime_ns=?",
                 (_text(path), backend, size, mtime_ns, ino, ctime_ns),
             ).fetchone()
-        return _decoded(row)
+            if row is None:
+                return None
+            doc, tree = row
+            if tree is None:
+                return _decoded((doc,))
+            last = self._last_tree
+            if last is not None and last[0] == tree:  # another link's, read just before
+                return _with_root(doc, last[1])
+            found = self._db.execute("SELECT root FROM trees WHERE hash=?", (tree,)).fetchone()
+        if found is None:
+            return None
+        desc = _decoded((f'{doc[:-1]},"root":{found[0]}}}',))
+        if desc is not None:
+            with self._lock:
+                self._last_tree = (tree, desc.root)
+        return desc
+
+    def get_linked(
+        self, path: Path, backend: str, size: int, mtime_ns: int, ino: int, ctime_ns: int
+    ) -> Description | None:
+        """The description kept for another name of this very version of `path` in its folder
+        (a hard link: same inode, size, mtime and ctime; the same folder, so the same
+        device), or None. Its name is that link's: see `SourceTree._linked`."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT path FROM descriptions WHERE ino=? AND backend=? AND size=? AND "
+                "mtime_ns=? AND ctime_ns=? LIMIT 64",
+                (ino, backend, size, mtime_ns, ctime_ns),
+            ).fetchall()
+        here = _text(path)
+        for (other,) in rows:
+            if other != here and Path(other).parent == path.parent and is_utf8(other):
+                return self.get(Path(other), backend, size, mtime_ns, ino, ctime_ns)
+        return None
 
     def get_many(
         self, wanted: list[tuple[Path, str, int, int, int, int]]
@@ -161,8 +205,8 @@ class DescriptionIndex:
             marks = ",".join("?" * len(names))
             with self._lock:
                 rows = self._db.execute(
-                    "SELECT path, backend, size, mtime_ns, ino, ctime_ns, CASE WHEN "
-                    "length(doc) <= ? THEN doc END FROM descriptions "
+                    "SELECT path, backend, size, mtime_ns, ino, ctime_ns, CASE WHEN tree IS "
+                    "NULL AND length(doc) <= ? THEN doc END FROM descriptions "
                     f"WHERE path IN ({marks})",
                     [RECALL_TOGETHER, *names],
                 ).fetchall()
@@ -199,34 +243,82 @@ class DescriptionIndex:
         at a time, and checkpoint every few hundred archives (~7 % of the daemon's CPU in a
         cold `ls -l` of 1,000 small archives). Returns the rows whose description could not be
         written as JSON (left out; the others are kept)."""
-        values, refused = [], []
+        values, trees, refused = [], {}, []
+        reused: dict[str, Entry] = {}
         for path, backend, size, mtime_ns, desc, ino, ctime_ns in rows:
+            last = self._last_tree
             try:  # not a dict an entry first: a package may hold 100,000
-                doc = desc.json_text()
+                head = desc.head_json_text()
+                root = None if last is not None and desc.root is last[1] else desc.root.json_text()
             except (ValueError, RecursionError) as exc:
                 refused.append((path, exc))
                 continue
-            values.append((_text(path), backend, size, mtime_ns, ino, ctime_ns, doc))
+            doc, tree = head, None
+            if root is None:  # the tree read last, kept under its hash: another link's
+                assert last is not None
+                tree = last[0]
+                reused[tree] = last[1]
+            elif len(root) > RECALL_TOGETHER:  # kept apart, once for all that present it
+                tree = hashlib.sha256(root.encode()).hexdigest()
+                trees[tree] = root
+                self._last_tree = (tree, desc.root)
+            else:
+                doc = f'{head[:-1]},"root":{root}}}'
+            values.append((_text(path), backend, size, mtime_ns, ino, ctime_ns, doc, tree))
         if not values:
             return refused
         with self._lock:
             self._db.execute("BEGIN")
             try:
+                replaced = self._trees_of([(v[0], v[1]) for v in values])
+                for tree, entry in reused.items():  # dropped since it was read: kept again
+                    if tree not in trees and not self._db.execute(
+                        "SELECT 1 FROM trees WHERE hash=?", (tree,)
+                    ).fetchone():  # fmt: skip
+                        trees[tree] = entry.json_text()
                 self._db.executemany(
-                    "INSERT OR REPLACE INTO descriptions VALUES (?, ?, ?, ?, ?, ?, ?)", values
+                    "INSERT OR IGNORE INTO trees VALUES (?, ?)", list(trees.items())
                 )
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO descriptions VALUES (?, ?, ?, ?, ?, ?, ?, ?)", values
+                )
+                self._drop_unused_trees(replaced - set(trees))
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
         return refused
 
+    def _trees_of(self, keys: list[tuple[str, str]]) -> set[str]:
+        """The trees the rows at these (path, backend) keys hold now (the caller holds the
+        lock)."""
+        found: set[str] = set()
+        for path, backend in keys:
+            row = self._db.execute(
+                "SELECT tree FROM descriptions WHERE path=? AND backend=? AND tree IS NOT NULL",
+                (path, backend),
+            ).fetchone()
+            if row is not None:
+                found.add(row[0])
+        return found
+
+    def _drop_unused_trees(self, trees: Collection[str]) -> None:
+        """Those of `trees` no row holds any more (the caller holds the lock): a package
+        rewritten again and again, or its links removed, leaves no tree behind."""
+        self._db.executemany(
+            "DELETE FROM trees WHERE hash=? AND NOT EXISTS "
+            "(SELECT 1 FROM descriptions WHERE tree=?)",
+            [(tree, tree) for tree in trees],
+        )
+
     def forget_description(self, path: Path, backend: str) -> None:
         """Drop what is kept for `path` (every version): it is described from the file again."""
         with self._lock:
+            trees = self._trees_of([(_text(path), backend)])
             self._db.execute(
                 "DELETE FROM descriptions WHERE path=? AND backend=?", (_text(path), backend)
             )
+            self._drop_unused_trees(trees)
 
     def get_object(self, url: str, backend: str, info: ObjectInfo) -> Description | None:
         """An object's description, if the index holds one for this very identity (key, size,
@@ -339,9 +431,17 @@ class DescriptionIndex:
                 if os.path.lexists(path):
                     continue
                 with self._lock:  # a statement at a time: lookups go on meanwhile
+                    trees = self._trees_of_path(path) if table == "descriptions" else set()
                     self._db.execute(f"DELETE FROM {table} WHERE path=?", (path,))
+                    self._drop_unused_trees(trees)
                 gone += 1
         return gone
+
+    def _trees_of_path(self, path: str) -> set[str]:
+        rows = self._db.execute(
+            "SELECT tree FROM descriptions WHERE path=? AND tree IS NOT NULL", (path,)
+        ).fetchall()
+        return {row[0] for row in rows}
 
     def prune_objects(self, folder_url: str, listed: Collection[str]) -> int:
         """Forget the object rows directly in `folder_url` (of any backend) whose URL is not in
@@ -427,6 +527,17 @@ def object_description(
     if row is None or row[0] != (info.size, int(info.mtime * 1e9), info.etag or ""):
         return None
     return _decoded((row[1],))
+
+
+def _with_root(head: str, root: Entry) -> Description | None:
+    """A description kept apart (its head's name, `root` its tree), or None as `_decoded`."""
+    try:
+        doc = json.loads(head)
+        if doc.get("v") != DESCRIPTION_VERSION:
+            return None
+        return Description(name=str(doc["name"]), root=root)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _decoded(row: tuple[str] | None) -> Description | None:

@@ -577,6 +577,11 @@ class SourceTree:
         stamp = self._stamp(backend, st)
         if self._failed.get(hash(str(path))) == stamp:
             return None
+        linked = self._linked(backend, path, st)
+        if linked is not None:
+            self._keep(path, [(path, index_key(backend), st.st_size, st.st_mtime_ns, linked,
+                               st.st_ino, st.st_ctime_ns)])  # fmt: skip
+            return linked
         key = (str(path), index_key(backend), archive_version(st))
         with self._flights:
             flight = self._in_flight.get(key)
@@ -609,6 +614,22 @@ class SourceTree:
         else:
             self._keep(path, [row])
         return desc
+
+    def _linked(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:
+        """The description of another hard link of the archive in its folder, from the index,
+        as this name's (`described_as`): each link was described in full, 0.9 s for a package
+        of 20,000 members, so 100 links held a listing of their folder 92 s (red team 95 F4)."""
+        described_as = getattr(backend, "described_as", None)
+        if (described_as is None or self.index is None or st.st_nlink < 2
+                or not stat.S_ISREG(st.st_mode)):  # fmt: skip
+            return None  # (the index keeps no racy description: one found is of old bytes)
+        try:
+            found = self.index.get_linked(path, index_key(backend), st.st_size, st.st_mtime_ns,
+                                          st.st_ino, st.st_ctime_ns)  # fmt: skip
+        except (sqlite3.Error, ValueError) as exc:
+            self._log_once(path, f"{path}: not looked up in the index ({exc})")
+            return None
+        return None if found is None else described_as(found, path)  # type: ignore[no-any-return]
 
     def _described_once(
         self, flight: _InFlight, backend: Backend, path: Path, st: os.stat_result
