@@ -473,3 +473,26 @@ def test_one_archive_is_described_once_at_a_time(tmp_path: Path) -> None:
         t.join(10)
     assert backend.described == ["p.many"]
     assert len(results) == 2 and all(r["p"].is_dir for r in results)
+
+
+def test_a_listing_read_when_the_mount_stops_ends_at_its_next_archive(tmp_path: Path) -> None:
+    """Red team 100 R3: a listing read behind, describing forty archives when the mount was
+    unmounted, held the daemon's exit past its 10 s grace (a worker thread does not stop).
+    Once the tree is told the mount stops, a scan describes no further archive."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"p{i}.many").write_bytes(b"x" * 10)
+    backend = ManyMembersBackend()
+    tree = SourceTree(src, [backend], index=None)
+    real = backend.describe
+
+    def then_stop(path: Path) -> Description:
+        tree.stopping = True  # the unmount, while the first is described
+        return real(path)
+
+    backend.describe = then_stop  # type: ignore[method-assign]
+    with pytest.raises(OSError) as stopped:
+        tree.scan(src)
+    assert stopped.value.errno == errno.ECANCELED
+    assert len(backend.described) == 1

@@ -377,3 +377,27 @@ def test_a_listing_after_a_cookie_is_every_name_after_it_in_cookie_order(
             list(folder.after(0))  # an order built, to be dropped by the next change
     want = sorted((c, n) for n, c in model.items() if c > start)
     assert [(c, n) for c, n, _node in folder.after(start)] == want
+
+
+def test_a_folder_notes_the_names_changed_while_it_is_read_before_its_lock() -> None:
+    """What a listing read before the folder's lock must take from the listing instead: the
+    names put or dropped since its mark, and of a whole listing taken meanwhile only the
+    names that listing changed (all of them, noted, voided every read of a busy folder and
+    each was read again under the lock: red team 100 R1, creates held 20-58 s)."""
+    folder = Folder()
+    folder.merge({f"f{i}": real(f"f{i}") for i in range(20_000)})
+    mark = folder.note()
+    folder.put("made", real("made"))
+    fresh = {f"f{i}": real(f"f{i}") for i in range(20_000) if i != 7}
+    fresh["f8"] = Node(False, 0, 1, 0o644, 0, 0, SRC / "f8", ino=99)  # another file there
+    fresh["new"] = real("new")
+    fresh["made"] = real("made")
+    folder.merge(fresh)
+    assert folder.changed_since(mark) == {"made", "f7", "f8", "new"}
+    folder.unnote()
+    assert folder.changed_since(0) is None  # nobody notes: nothing kept
+    mark = folder.note()
+    for i in range(10_001):
+        folder.put(f"g{i}", real(f"g{i}"))
+    assert folder.changed_since(mark) is None  # more than NOTED_MAX: cannot be told
+    folder.unnote()

@@ -596,6 +596,7 @@ async def _run(
             nursery.start_soon(_write_metrics, ops, config.metrics_file)
         await pyfuse3.main()
         ops.nursery = None  # unmounted: nothing more is told to the kernel (ops._invalidate)
+        ops.tree.stopping = True
         _arm(stopping, queue, 1 if moved else 0)
         if queue is not None:
             queue.stop()  # a publish in a worker thread gives up at its next block

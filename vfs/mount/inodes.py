@@ -73,8 +73,8 @@ class Folder:
         return len(self._log)
 
     def changed_since(self, mark: int) -> set[str] | None:
-        """The names put or dropped since `mark`; None when that cannot be told (more than
-        NOTED_MAX, or a whole listing taken meanwhile)."""
+        """The names put or dropped since `mark` (by a listing taken meanwhile, those it
+        changed); None when that cannot be told (more than NOTED_MAX)."""
         if self._log is None or self._log_lost:
             return None
         return set(self._log[mark:])
@@ -109,16 +109,21 @@ class Folder:
 
     def merge(self, fresh: dict[str, Node]) -> list[str]:
         """Take a rescan's result: names kept keep their cookie. Returns names changed or gone."""
-        if self._log is not None:  # a whole listing: what was read before it is older
-            self._log_lost = True
         # Another entry at a name (its inode in SRC) is a change too, a folder's as well: the
         # kernel must look it up again, not check callers against the first one's attributes.
         changed = [n for n, node in self.children.items() if n not in fresh or
                    _key(fresh[n]) != _key(node) or fresh[n].ino != node.ino]  # fmt: skip
-        for name in [n for n in self.children if n not in fresh]:
-            self.drop(name)
-        for name, node in fresh.items():
-            self.put(name, node)
+        log, self._log = self._log, None  # noted below: the names that changed, not all
+        try:
+            for name in [n for n in self.children if n not in fresh]:
+                self.drop(name)
+            new = [name for name in fresh if name not in self.children]
+            for name, node in fresh.items():
+                self.put(name, node)
+        finally:
+            self._log = log
+        for name in (*changed, *new):
+            self._noted(name)
         return changed
 
     def after(self, cookie: int) -> Iterator[tuple[int, str, Node]]:

@@ -106,6 +106,7 @@ class SourceTree:
         # none: `children_of_archive_node` reads an evicted one again).
         self.trees = DescribedTrees(described_entries)
         self._reloading = threading.Lock()
+        self.stopping = False  # unmounted: listings still being read end at their next archive
         # Archives being described, by path, backend and version: another thread that wants
         # the same description waits for it (see `_described_once`).
         self._in_flight: dict[tuple[str, str, tuple[int, ...]], _InFlight] = {}
@@ -343,6 +344,8 @@ class SourceTree:
         described = []
         try:
             for n, st, b, p in archives:
+                if self.stopping:  # unmounted: a listing read behind ends (not 10 s more)
+                    raise OSError(errno.ECANCELED, "the mount is stopping", str(folder))
                 try:
                     described.append((n, st, b, self._described(b, p, st, listing), p))
                 except DecantError as exc:
