@@ -228,3 +228,27 @@ def test_a_tree_no_row_holds_is_dropped(tmp_path: Path) -> None:
     assert index.prune(src) == 1  # b.tar.c4gh is gone from SRC
     assert _trees(index) == 0
     index.close()
+
+
+def test_a_doubted_description_is_forgotten_for_every_link_in_its_folder(tmp_path: Path) -> None:
+    """Red team 101 F2: a package rewritten through a shared mmap (its stat unchanged) failed
+    its check; its row was forgotten, but the next describe took its link's row back
+    (`SourceTree._linked`), and it stayed refused. A doubt forgets the links' rows too (not
+    another folder's: another file)."""
+    from types import SimpleNamespace
+
+    from vfs.backends.base import Description
+    from vfs.mount.tree import SourceTree
+
+    index = DescriptionIndex(tmp_path / "index.sqlite")
+    root = _big_root(4000)
+    for where in ("/src/a.tar.c4gh", "/src/b.tar.c4gh", "/elsewhere/a.tar.c4gh"):
+        index.put(Path(where), "c4gh@1", 1, 2, Description(Path(where).name, root), 77, 4)
+    tree = SourceTree(tmp_path, [], index=index)
+    node = SimpleNamespace(backend=SimpleNamespace(name="c4gh"), real=Path("/src/a.tar.c4gh"),
+                           version=(77, 1, 2, 4), uid=0)  # fmt: skip
+    tree.doubt(node)  # type: ignore[arg-type]
+    kept = {row[0] for row in index._db.execute("SELECT path FROM descriptions")}
+    assert kept == {"/elsewhere/a.tar.c4gh"}
+    assert _trees(index) == 1
+    index.close()

@@ -188,6 +188,19 @@ class DescriptionIndex:
                 return self.get(Path(other), backend, size, mtime_ns, ino, ctime_ns)
         return None
 
+    def forget_links(self, path: Path, backend: str, ino: int) -> None:
+        """Drop what is kept for the other names of `path`'s file in its folder (`doubt`: a
+        link's description found wrong is another's too, and `SourceTree._linked` would take
+        it back from there)."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT path FROM descriptions WHERE ino=? AND backend=?", (ino, backend)
+            ).fetchall()
+            keys = [(p, backend) for (p,) in rows if Path(p).parent == path.parent]
+            trees = self._trees_of(keys)
+            self._db.executemany("DELETE FROM descriptions WHERE path=? AND backend=?", keys)
+            self._drop_unused_trees(trees)
+
     def get_many(
         self, wanted: list[tuple[Path, str, int, int, int, int]]
     ) -> dict[tuple[str, str], Description | None]:

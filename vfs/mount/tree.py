@@ -66,6 +66,7 @@ class Listing:
 READ_AHEAD_MAX = 256 * 1024
 TreeKey = tuple[str, str, tuple[int, ...]]  # an archive's path, backend and version
 
+NEW_ARCHIVES_READ = 64  # an owner's new archives read with a lookup (new_archives_of)
 MAX_FAILED = 100_000  # archives remembered as failed (then forgotten all at once)
 LOGGED_ONCE = 100_000  # (path, message) hashes `_log_once` remembers (~60 bytes each)
 
@@ -204,6 +205,35 @@ class SourceTree:
         if not regular:
             self._irregular.add(folder)
         return out, regular and folder not in self._irregular
+
+    def new_archives_of(
+        self, folder: Path, listed: tuple[int, int], known: Iterable[Node], uid: int
+    ) -> list[str]:
+        """The archive files of `uid` in `folder` (at most NEW_ARCHIVES_READ) that none of
+        `known` (the listing's entries) is made from: those, new since the listing was read,
+        may present a name under another of their own (`DecantOperations._named`). Read
+        through the folder's descriptor, checked to be the one listed (ESTALE otherwise)."""
+        names = {node.real.name for node in known if node.backend is not None}
+        fd = open_beneath(self.root, folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            if not_listed(os.fstat(fd), *listed):
+                raise OSError(errno.ESTALE, "not the folder listed (replaced since)", str(folder))
+            out: list[str] = []
+            with os.scandir(fd) as it:
+                for entry in it:
+                    if entry.name in names or not entry.name.endswith((".zarr.zip", ".zarr")):
+                        continue
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if st.st_uid == uid and (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+                        out.append(entry.name)
+                        if len(out) >= NEW_ARCHIVES_READ:
+                            break
+            return out
+        finally:
+            os.close(fd)
 
     def _named_entries(
         self, folder: Path, names: Sequence[str], quick: bool, fd: int | None = None,
@@ -675,6 +705,8 @@ class SourceTree:
         if self.index is not None:
             try:
                 self.index.forget_description(node.real, index_key(node.backend))
+                if node.version:  # its links' too: `_linked` would take theirs back
+                    self.index.forget_links(node.real, index_key(node.backend), node.version[0])
             except sqlite3.Error as exc:
                 self._log_once(node.real, f"{node.real}: not forgotten in the index ({exc})")
         self.racy.doubt(node.real, node.version, node.uid)
