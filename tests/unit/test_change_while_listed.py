@@ -259,6 +259,11 @@ def test_where_an_archive_presents_another_name_a_change_does_not_wait_either(
         fh, _ino = await m.create(here, "first.txt")  # the listing due: read behind
         await m.ops.release(fh)
         await m.rename("shared/old.txt", "shared/renamed.txt")
+        # A spooled file's unlink asks what it hides (red team 101 F3: by a read of the
+        # whole folder under its lock, the victim's create and unlink loop waited 37 s).
+        fh, _ino = await m.create(here, "gone.txt")
+        await m.ops.release(fh)
+        await m.unlink("shared/gone.txt")
         assert not waited_out.is_set(), "a change waited for the listing"
         await trio.to_thread.run_sync(entered.wait, GATE_SECONDS)
         gate.set()
