@@ -574,9 +574,7 @@ class DecantOperations(pyfuse3.Operations):
         look = functools.partial(self.tree.entries_of_listed, parent.real, [name], listed,
                                  also=self._presenters(parent, folder, [name]))  # fmt: skip
         try:
-            fresh = await self._quick(look, True)
-        except NotQuick:  # an archive among them: described in a thread of the caller's
-            fresh = await trio.to_thread.run_sync(look, limiter=self._checker(uid))
+            fresh = await self._lstats(look, self._checker(uid))  # an archive: the caller's
         except OSError:
             fresh = None  # replaced, or gone: the listing tells (ESTALE, ENOENT)
         now = self.inodes.folders.get(inode)
@@ -1699,10 +1697,7 @@ class DecantOperations(pyfuse3.Operations):
         look = functools.partial(self.tree.entries_of_listed, node.real, names,
                                  (node.ino, node.uid),
                                  also=self._presenters(node, folder, names))  # fmt: skip
-        try:
-            fresh = await self._quick(look, True)
-        except NotQuick:  # an archive among them: described in a worker thread
-            fresh = await trio.to_thread.run_sync(look, limiter=self._lister(node))
+        fresh = await self._lstats(look, self._lister(node))
         return None if fresh is None else fresh[0]
 
     async def _for_change(self, inode: int, names: list[str]) -> Folder:
@@ -1896,13 +1891,18 @@ class DecantOperations(pyfuse3.Operations):
         return found if found is not None and not found.spooled else None
 
     async def _entries(self, folder: Node, names: list[str]) -> dict[str, Node | None] | None:
-        """`tree.entries`: a few lstats on the event loop (QuickCalls), but an archive among
-        them is described in a worker thread (a big one not in the index takes seconds)."""
+        """`tree.entries`, by `_lstats`."""
+        look = functools.partial(self.tree.entries, folder.real, names)
+        return await self._lstats(look, self._lister(folder))  # type: ignore[no-any-return]
+
+    async def _lstats(self, look: Callable[..., Any], limiter: trio.CapacityLimiter) -> Any:
+        """`look(True)`, a few lstats, on the event loop (QuickCalls); where an archive is among
+        them (NotQuick), `look()` in a worker thread of `limiter`: describing one takes
+        seconds for a big one not in the index yet."""
         try:
-            return await self._quick(self.tree.entries, folder.real, names, True)  # type: ignore[no-any-return]
+            return await self._quick(look, True)
         except NotQuick:
-            return await trio.to_thread.run_sync(self.tree.entries, folder.real, names,
-                                                 limiter=self._lister(folder))  # fmt: skip
+            return await trio.to_thread.run_sync(look, limiter=limiter)
 
     async def _io(self, heavy: bool, fn: Callable[..., Any], *args: Any) -> Any:
         """A spool call that may take long whatever the disk (freeing a large file's blocks,
