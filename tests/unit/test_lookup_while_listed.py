@@ -60,9 +60,11 @@ def _dropped(folder: Path, archive: Path, name: str) -> None:
 async def _listed_then_changed(
     m: InProcessMount, session: Any, src: Path, slow: Path
 ) -> pyfuse3.EntryAttributes:
-    """`victim.tif` looked up (the folder listed), then the slow archive dropped in and the
-    listing let fall due: what the victim's first lookup gave."""
+    """`victim.tif` looked up (the folder listed: behind it, `_unlisted`), then the slow
+    archive dropped in and the listing let fall due: what the victim's first lookup gave."""
     attrs = await m.lookup(ROOT_INODE, "victim.tif")
+    while ROOT_INODE in m.ops._relisting or ROOT_INODE not in m.ops.inodes.folders:
+        await trio.sleep(0.01)
     _dropped(src, slow, slow.name)
     session.clock.advance(5)
     return attrs

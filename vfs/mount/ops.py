@@ -85,6 +85,10 @@ QUICK_COOLDOWN_MAX = 120.0  # cooldowns double while stalls go on, up to this
 # file waited 60 s behind 20 such listings (red team, round 32). Each owner has its own.
 LISTING_THREADS = 4
 MAX_ANSWERED = 65536  # lookups of a folder answered otherwise than its listing, until it is read
+# Folders' first listings read behind a lookup at once (`_unlisted`); past it such a lookup reads
+# the listing itself, as every one did before: a user's `stat` of a file in each of 100,000
+# folders of theirs must not queue 100,000 listings in the background.
+UNLISTED_BEHIND = 256
 HANDLES_PER_USER = 4096  # open files one user but root may hold (at most an eighth of the fd limit)
 QUICK_WRITE = 64 * 1024  # larger writes always go to a worker thread (the data path)
 QUICK_FREE = 16 << 20  # truncating or deleting a larger file frees blocks: a worker thread
@@ -521,7 +525,7 @@ class DecantOperations(pyfuse3.Operations):
             if prescan is not None:
                 prescan.release()
 
-    async def _named(self, inode: int, name: str, uid: int) -> tuple[Folder, Node | None]:
+    async def _named(self, inode: int, name: str, uid: int) -> tuple[Folder | None, Node | None]:
         """The folder's listing and what it presents under `name`, for `uid`'s lookup.
 
         When SRC changed since the listing was read, the name is looked for by a few lstats
@@ -540,9 +544,17 @@ class DecantOperations(pyfuse3.Operations):
         waits for the listing (`_current` checks it against it), as does a folder the tree
         cannot tell name by name; a new entry not the folder owner's is read with the owner's
         new archives (`_with_owners_new`); a lookup while a change made through the mount
-        holds the folder's lock waits for that change."""
+        holds the folder's lock waits for that change. In a folder not listed yet, see
+        `_unlisted`."""
         folder = self.inodes.folders.get(inode)
         parent = self._node(inode)
+        if (folder is None and parent.backend is None and self.nursery is not None
+                and isinstance(parent.real, Path)):  # fmt: skip
+            answer = await self._unlisted(inode, parent, name, uid)
+            if answer is not None:
+                return answer
+            folder = await self._listing(inode)
+            return folder, folder.children.get(name)
         if (folder is None or parent.backend is not None or self.nursery is None
                 or time.monotonic() - folder.checked < RESCAN_INTERVAL):  # fmt: skip
             folder = await self._listing(inode)
@@ -602,17 +614,66 @@ class DecantOperations(pyfuse3.Operations):
         folder = await self._listing(inode)
         return folder, folder.children.get(name)
 
+    async def _unlisted(
+        self, inode: int, parent: Node, name: str, uid: int
+    ) -> tuple[Folder | None, Node | None] | None:
+        """`_named` in a folder not listed yet (after a mount, or once its listing was let go):
+        an entry the lstats of the name find is answered at once, and the listing is read
+        behind. Its first read describes every archive in the folder the index does not hold
+        (a second or two each for a big one, every time for one that fails), and every user's
+        first lookup there waited for it: 30 s behind forty slow archives dropped into a
+        shared folder, after each mount. Each answer is kept until the listing is read
+        (`_reconcile`: dropped from the kernel where the listing answers otherwise).
+
+        None, to wait for the listing, where lstats cannot tell: nothing found (an archive of
+        another name may present the name; rsync's lookups before a create wait so), a
+        spooled file (`_current` checks it against the listing), another user's entry in a
+        folder whose owner has more archives than are read with it (any may present the
+        name in the owner's folder, and take it from that entry: `_with_owners_new`), an
+        overlay's folder, a change made through the mount holding the folder's lock, more
+        answers kept than MAX_ANSWERED, more listings read behind than UNLISTED_BEHIND."""
+        if self.inodes.lock(inode).locked() and not self._describing[inode]:
+            return None  # a change made through the mount: as `_named` (it reads the listing)
+        if inode not in self._relisting and len(self._relisting) >= UNLISTED_BEHIND:
+            return None
+        look = functools.partial(self.tree.entries_of_listed, parent.real, [name],
+                                 (parent.ino, parent.uid))  # fmt: skip
+        try:
+            fresh = await self._lstats(look, self._checker(uid))  # an archive: the caller's
+        except OSError:
+            return None  # replaced, or gone: the listing tells (ESTALE, ENOENT)
+        found = fresh[0].get(name) if fresh is not None else None
+        if found is not None and found.uid != parent.uid and not found.spooled:
+            fresh = await self._with_owners_new(parent, None, name, look, uid, complete=True)
+            found = fresh[0].get(name) if fresh is not None else None
+        now = self.inodes.folders.get(inode)
+        if now is not None:  # listed meanwhile: as the listing found
+            return now, now.children.get(name)
+        answered = self._answered.setdefault(inode, {})
+        if (found is None or found.spooled
+                or (name not in answered and len(answered) >= MAX_ANSWERED)):  # fmt: skip
+            return None
+        answered[name] = _told(found)  # the listing tells nothing it changes: `_reconcile`
+        self._relist_soon(inode)  # which reconciles it, whether under way or not
+        return None, found
+
     async def _with_owners_new(
-        self, parent: Node, folder: Folder, name: str, look: functools.partial[Any], uid: int
-    ) -> tuple[dict[str, Node | None], bool] | None:
+        self, parent: Node, folder: Folder | None, name: str, look: functools.partial[Any],
+        uid: int, complete: bool = False,
+    ) -> tuple[dict[str, Node | None], bool] | None:  # fmt: skip
         """`look` again with the folder owner's archives new since the listing (`tree.
-        new_archives_of`), in a worker thread of the caller's; None if the folder is gone."""
+        new_archives_of`; with no listing, all of them), in a worker thread of the caller's;
+        None if the folder is gone (or, `complete`, where the owner has more than the tree
+        reads with a lookup)."""
         try:
             async with self._checker(uid):  # a user's few at once: each copies the listing
-                known = list(folder.children.values())  # the thread must not see it change
+                known = [] if folder is None else list(folder.children.values())  # unchanging
                 find = functools.partial(self.tree.new_archives_of, parent.real,
-                                         (parent.ino, parent.uid), known, parent.uid)  # fmt: skip
+                                         (parent.ino, parent.uid), known, parent.uid,
+                                         complete)  # fmt: skip
                 new = await trio.to_thread.run_sync(find)
+                if new is None:
+                    return None
                 again = functools.partial(look.func, *look.args,
                                           also=[*look.keywords.get("also", ()), *new])  # fmt: skip
                 return await trio.to_thread.run_sync(again)  # type: ignore[no-any-return]
@@ -885,7 +946,7 @@ class DecantOperations(pyfuse3.Operations):
                 return self._negative(parent_inode)  # one a user made there (red team 50)
             text = os.fsdecode(name)
             folder, node = await self._named(parent_inode, text, ctx.uid)
-            if node is not None:
+            if node is not None and folder is not None:  # else not spooled: `_unlisted`
                 node = await self._current(folder, text, node)
             if node is None:
                 return self._negative(parent_inode)

@@ -207,12 +207,14 @@ class SourceTree:
         return out, regular and folder not in self._irregular
 
     def new_archives_of(
-        self, folder: Path, listed: tuple[int, int], known: Iterable[Node], uid: int
-    ) -> list[str]:
+        self, folder: Path, listed: tuple[int, int], known: Iterable[Node], uid: int,
+        complete: bool = False,
+    ) -> list[str] | None:  # fmt: skip
         """The archive files of `uid` in `folder` (at most NEW_ARCHIVES_READ) that none of
         `known` (the listing's entries) is made from: those, new since the listing was read,
         may present a name under another of their own (`DecantOperations._named`). Read
-        through the folder's descriptor, checked to be the one listed (ESTALE otherwise)."""
+        through the folder's descriptor, checked to be the one listed (ESTALE otherwise).
+        `complete`: None where there are more (the caller waits for the listing instead)."""
         names = {node.real.name for node in known if node.backend is not None}
         fd = open_beneath(self.root, folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -228,9 +230,9 @@ class SourceTree:
                     except OSError:
                         continue
                     if st.st_uid == uid and (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-                        out.append(entry.name)
                         if len(out) >= NEW_ARCHIVES_READ:
-                            break
+                            return None if complete else out
+                        out.append(entry.name)
             return out
         finally:
             os.close(fd)
