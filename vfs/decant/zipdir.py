@@ -123,6 +123,7 @@ class ZipDirectory:
         del keyed, hashes
         self._stored_rank: np.ndarray | None = None  # rows by header offset, made on first use
         self._stored_at = np.zeros(0, np.uint32)
+        self._heads: tuple[np.ndarray, np.ndarray] | None = None  # `_rows_under`'s, on first use
         self._refuse_duplicates()
 
     def __len__(self) -> int:
@@ -136,7 +137,8 @@ class ZipDirectory:
                    self._crcs, self._methods, self._flags, self._extras)  # fmt: skip
         groups = self._groups.values() if self._groups is not None else ()
         held = sum(sys.getsizeof(c) for c in (*columns, *groups))  # with what growth left spare
-        return held + self._order.nbytes + self._hashes.nbytes + 8 * len(self)
+        heads = 12 * len(self) if self._groups is None else 0  # `_rows_under`'s, when made
+        return held + self._order.nbytes + self._hashes.nbytes + 8 * len(self) + heads
 
     def get(self, name: str) -> ZipEntry | None:
         """The entry named `name`, or None."""
@@ -160,11 +162,38 @@ class ZipDirectory:
             yield self._name(row)
 
     def listed(self, prefix: str) -> list[str]:
-        """Names starting with `prefix`; a first path part and its "/" is a kept group."""
+        """Names starting with `prefix`; a first path part and its "/" is a kept group, or
+        found by `_rows_under` where there are too many to keep."""
         head, sep, rest = prefix.partition("/")
-        if self._groups is not None and sep and not rest:
-            return [self._name(row) for row in self._groups.get(head, ())]
+        if sep and not rest:
+            if self._groups is not None:
+                return [self._name(row) for row in self._groups.get(head, ())]
+            return [self._name(row) for row in self._rows_under(head)]
         return [n for n in self.names() if n.startswith(prefix)]
+
+    def _rows_under(self, head: str) -> list[int]:
+        """The rows of the names whose first path part is `head`, found from the xxh3 of each
+        name's first part, sorted once (12 bytes an entry, made on the first call). A series
+        of 3,000 members keeps no groups (`husk_0/` … `husk_2999/`: more than MAX_GROUPS), and
+        its describe listed each member's husk by a scan of every name: 36 million names
+        decoded, 18-65 s of CPU for a 4.6 MB archive (red team 102 F2)."""
+        try:
+            want = head.encode("utf-8") + b"/"
+        except UnicodeEncodeError:
+            return []
+        if self._heads is None:
+            keys = np.empty(len(self), np.uint64)
+            for row in range(len(self)):
+                raw = self._raw(row)
+                cut = raw.find(b"/")
+                keys[row] = xxhash.xxh3_64_intdigest(raw[: cut + 1]) if cut >= 0 else 0
+            order = np.argsort(keys, kind="stable").astype(np.uint32)
+            self._heads = (keys[order], order)
+        keys, order = self._heads
+        key = np.uint64(xxhash.xxh3_64_intdigest(want))
+        lo, hi = (int(keys.searchsorted(key, side)) for side in ("left", "right"))
+        rows = sorted(order[lo:hi].tolist())  # in directory order, as a scan gives them
+        return [row for row in rows if self._raw(row).startswith(want)]
 
     def following(self, entry: ZipEntry, count: int) -> list[ZipEntry]:
         """Up to `count` entries stored after `entry` in the archive, in stored order."""
