@@ -166,10 +166,12 @@ class InProcessMount:
         pack_all: bool = False,
         settle: float = 0.0,
         ctx: FakeContext | None = None,
+        use_index: bool = False,
     ) -> None:
-        self.config = MountConfig(src, work / "mnt", use_index=False, read_only=read_only,
+        self.config = MountConfig(src, work / "mnt", use_index=use_index, read_only=read_only,
                                   allow_delete=allow_delete, pack_all=pack_all,
-                                  settle=settle, cache_size=16 << 20)  # fmt: skip
+                                  settle=settle, cache_size=16 << 20,
+                                  index_dir=work / "mnt-index")  # fmt: skip
         self.tree = build_tree(self.config, PageCache(self.config.cache_size))
         self.queue: PackQueue | None = build_write_side(self.config, self.tree)
         writer = None

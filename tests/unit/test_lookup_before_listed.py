@@ -188,8 +188,10 @@ def test_an_answer_the_first_listing_gives_otherwise_is_dropped_from_the_kernel(
         gate, _entered, waited_out = _hold_describe(m, slow.name)
         scan = m.tree.scan
 
-        def racing(folder: Path, listed: tuple[int, int] = (0, -1)) -> dict[str, Any]:
-            out = scan(folder, listed)
+        def racing(
+            folder: Path, listed: tuple[int, int] = (0, -1), defer: int | None = None
+        ) -> dict[str, Any]:
+            out = scan(folder, listed, defer)
             if folder == shared:
                 out.pop("data.tif", None)
             return out
@@ -207,6 +209,7 @@ def test_an_answer_the_first_listing_gives_otherwise_is_dropped_from_the_kernel(
                 await trio.sleep(0.01)
             assert (here, b"data.tif") in session.invalidated
             assert here not in m.ops._answered
+            assert "data.tif" not in m.ops.inodes.folders[here].children  # listed, without it
 
         try:
             m.run(go)

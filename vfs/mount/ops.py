@@ -50,7 +50,7 @@ from vfs.mount.letgo import LetGo
 from vfs.mount.metrics import COUNTERS, daemon_section
 from vfs.mount.reads import Integrity, OpenFile, Reads
 from vfs.mount.status import Joined, StatusFile
-from vfs.mount.tree import NotQuick, SourceTree
+from vfs.mount.tree import Deferred, NotQuick, SourceTree
 from vfs.mount.watch import folder_archives, watched_at
 from vfs.nodes import Node, archive_version, mirror_node
 from vfs.perms import granted
@@ -89,6 +89,7 @@ MAX_ANSWERED = 65536  # lookups of a folder answered otherwise than its listing,
 # the listing itself, as every one did before: a user's `stat` of a file in each of 100,000
 # folders of theirs must not queue 100,000 listings in the background.
 UNLISTED_BEHIND = 256
+DEFER_ROUNDS = 2  # scans of a folder that hand other users' new archives to their threads (_scan)
 HANDLES_PER_USER = 4096  # open files one user but root may hold (at most an eighth of the fd limit)
 QUICK_WRITE = 64 * 1024  # larger writes always go to a worker thread (the data path)
 QUICK_FREE = 16 << 20  # truncating or deleting a larger file frees blocks: a worker thread
@@ -449,6 +450,35 @@ class DecantOperations(pyfuse3.Operations):
         archive shown as a folder: its file's owner). A user fills only their own."""
         return _per_user(self._listing_by_owner, folder.uid)
 
+    async def _scan(self, node: Node) -> dict[str, Node]:
+        """`tree.scan` of a real folder in its owner's listing threads, the archives of other
+        users new in it described first in theirs (`tree.Deferred`). Four slow archives one
+        user dropped into four of root's shared folders held root's four threads while they
+        were described, and every listing of every folder of root's waited behind them (red
+        team 102 F3). With no index, where a description is kept for the scan after it,
+        others' archives are described in the owner's threads as before."""
+        rounds = DEFER_ROUNDS if self.tree.index is not None else 0
+        while True:
+            defer = node.uid if rounds > 0 else None  # then what is new again (or racy) here
+            scan = functools.partial(self.tree.scan, node.real, (node.ino, node.uid), defer=defer)
+            try:
+                return await trio.to_thread.run_sync(scan, limiter=self._lister(node))  # type: ignore[no-any-return]
+            except Deferred as theirs:
+                rounds -= 1
+                await self._describe_theirs(node.real, theirs.archives)
+
+    async def _describe_theirs(self, folder: Path, archives: list[Any]) -> None:
+        """`archives` described into the index, each user's in their own listing threads."""
+        by_owner: dict[int, list[Any]] = {}
+        for archive in archives:
+            by_owner.setdefault(archive[1].st_uid, []).append(archive)
+        async with trio.open_nursery() as nursery:
+            for uid, theirs in by_owner.items():
+                work = functools.partial(self.tree.describe_each, folder, theirs)
+                nursery.start_soon(functools.partial(
+                    trio.to_thread.run_sync, work, limiter=_per_user(self._listing_by_owner, uid)
+                ))  # fmt: skip
+
     def _checker(self, uid: int) -> trio.CapacityLimiter:
         """The worker threads that `uid`'s access walks (`_may_read_through`) share."""
         return _per_user(self._checks_by_uid, uid)
@@ -498,9 +528,8 @@ class DecantOperations(pyfuse3.Operations):
             real = node.real
             mtime = await trio.to_thread.run_sync(self.tree.stamp_folder, real)
             if folder is None or folder.mtime_ns != mtime or force:
-                scan = functools.partial(self.tree.scan, real, listed=(node.ino, node.uid))
                 with self._described_behind(inode):  # lookups need not wait for it: `_named`
-                    kids = await trio.to_thread.run_sync(scan, limiter=self._lister(node))
+                    kids = await self._scan(node)
                 found = _Prescan(folder, released, mark, moves, real, mtime, kids)
                 mark = None  # handed over: the caller releases it (_read_before_lock)
                 return found
@@ -792,9 +821,8 @@ class DecantOperations(pyfuse3.Operations):
                     # Its stamp, taken before it was read: a change since shows at next use.
                     kids, mtime = read, prescan.mtime
                     break
-                scan = functools.partial(self.tree.scan, real, listed=(node.ino, node.uid))
                 with self._described_behind(inode):  # lookups need not wait for it: `_named`
-                    kids = await trio.to_thread.run_sync(scan, limiter=self._lister(node))
+                    kids = await self._scan(node)
             except FileNotFoundError:
                 if moves == self.inodes.moves:
                     raise

@@ -6,6 +6,7 @@ file of the archive's owner wins, and an archive that would shadow it keeps its 
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -57,6 +58,10 @@ class Listing:
     recalled: dict[Path, Description] | None = None
     kept: list[Any] = field(default_factory=list)  # new one-file ones, for the index together
     alone: set[Path] = field(default_factory=set)  # held too, but read one at a time (large)
+    # The folder owner's uid: other users' archives to be described afresh are not, but
+    # `deferred` (the listing then raises Deferred for its caller to describe them elsewhere).
+    defer: int | None = None
+    deferred: list[Any] = field(default_factory=list)
 
 
 # Archive files a listing will describe afresh are read ahead (WILLNEED) when at most this big:
@@ -73,6 +78,15 @@ LOGGED_ONCE = 100_000  # (path, message) hashes `_log_once` remembers (~60 bytes
 
 class NotQuick(Exception):
     """`SourceTree.entries(quick=True)` would describe an archive: ask again in a thread."""
+
+
+class Deferred(Exception):
+    """`SourceTree.scan(defer=uid)` found other users' archives to describe afresh: describe
+    them (`describe_each`) in their owners' threads and scan again."""
+
+    def __init__(self, archives: list[_Archive]) -> None:
+        super().__init__(f"{len(archives)} archives of other users to describe")
+        self.archives = archives
 
 
 class SourceTree:
@@ -129,11 +143,15 @@ class SourceTree:
     def root_node(self) -> Node:
         return mirror_node(self.root, acl_stat(self.root, os.stat(self.root)), self.writable)
 
-    def scan(self, folder: Path, listed: tuple[int, int] = (0, -1)) -> dict[str, Node]:
+    def scan(
+        self, folder: Path, listed: tuple[int, int] = (0, -1), defer: int | None = None
+    ) -> dict[str, Node]:
         """The presented children of a real folder of SRC. `listed`: the inode number and
         owner the mount listed the folder with; another folder there now is ESTALE (one
         renamed over it is another user's: the kernel let the caller list it by the
-        attributes of the first; red team 67, F1)."""
+        attributes of the first; red team 67, F1). `defer`: raise Deferred with the archives
+        of users other than this uid that would be described afresh (not in the index),
+        having described none of them."""
         # The spool first, SRC after: a publish places a file in SRC before it hides the
         # spooled name (and unhides it only once that is gone), so read in this order a file
         # being published is seen in one or the other; read the other way round, a scan that
@@ -146,7 +164,7 @@ class SourceTree:
                 raise OSError(errno.ESTALE, "not the folder listed (replaced since)", str(folder))
             with os.scandir(fd) as it:
                 plain, archives = self._sorted(folder, self._stats(folder, it, fd))
-            listing = Listing(*self._recall(fd, archives))
+            listing = Listing(*self._recall(fd, archives), defer=defer)
         finally:
             os.close(fd)
         out, regular = self._resolved(folder, plain, archives, listing)
@@ -378,6 +396,9 @@ class SourceTree:
             for n, st, b, p in archives:
                 if self.stopping:  # unmounted: a listing read behind ends (not 10 s more)
                     raise OSError(errno.ECANCELED, "the mount is stopping", str(folder))
+                if self._deferred(listing, b, p, st):
+                    listing.deferred.append((n, st, b, p))
+                    continue
                 try:
                     described.append((n, st, b, self._described(b, p, st, listing), p))
                 except DecantError as exc:
@@ -389,6 +410,8 @@ class SourceTree:
                     self._log_once(p, why, detail=f" ({exc})")
         finally:
             self._keep(folder, listing.kept)
+        if listing.deferred:
+            raise Deferred(listing.deferred)
         contested = self._contested(folder, described)
         regular = all(d is None or d.name in _related(n) for n, _s, _b, d, _p in described)
         described.sort(key=lambda a: self._claim_order(a[0], a[1], a[3]))
@@ -439,6 +462,27 @@ class SourceTree:
         return out, regular
 
     _intruder = "another user's entry"
+
+    def _deferred(self, listing: Listing, backend: Backend, path: Path, st: os.stat_result) -> bool:
+        """Whether the listing leaves this archive to be described elsewhere (`scan`'s
+        `defer`): another user's, neither held by the index nor known to fail."""
+        return (listing.defer is not None and st.st_uid != listing.defer
+                and listing.recalled is not None and path not in listing.recalled
+                and path not in listing.alone
+                and self._failed.get(hash(str(path))) != self._stamp(backend, st))  # fmt: skip
+
+    def describe_each(self, folder: Path, archives: list[_Archive]) -> None:
+        """Each archive described into the index (what `Deferred` handed over), as a listing
+        describes them; one that cannot be served is left for the listing to tell."""
+        listing = Listing()
+        try:
+            for _n, st, backend, path in archives:
+                if self.stopping:
+                    raise OSError(errno.ECANCELED, "the mount is stopping", str(folder))
+                with contextlib.suppress(DecantError):  # a store's transient failure: `scan`
+                    self._described(backend, path, st, listing)
+        finally:
+            self._keep(folder, listing.kept)
 
     def _claim_order(self, name: str, st: os.stat_result, desc: Any) -> tuple[Any, ...]:
         """Of two archives presenting one name, the one sorted first is given it: here the one

@@ -1,0 +1,110 @@
+"""Another user's new archives are described in that user's listing threads, not the folder owner's.
+
+Each folder owner's listings share a few worker threads (LISTING_THREADS), so that one user's
+slow listings do not take the daemon's whole pool. A listing described every archive new in its
+folder in them, whoever's the archive: one user's slow archives dropped into four of root's
+shared folders held root's four threads while they were described, and every listing of every
+folder of root's, a calm one too, waited behind them (red team 102 F3). The listing now hands
+another user's new archives to that user's threads and scans again once they are in the index.
+Here the slow archives' descriptions are held on a gate: before, the calm folder's listing
+waited on it.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import trio
+
+from tests.unit.inprocess import InProcessMount, fake_session
+from tests.unit.test_lookup_while_listed import GATE_SECONDS, _archive
+from vfs.mount.ops import LISTING_THREADS
+from vfs.mount.tree import Deferred
+
+ATTACKER, VICTIM = 1001, 1002
+
+
+def test_others_new_archives_do_not_hold_the_folder_owner_s_listing_threads(
+    tmp_path: Path,
+) -> None:
+    src = tmp_path / "src"
+    slow_folders = [f"s{n}" for n in range(LISTING_THREADS)]
+    for name in [*slow_folders, "calm"]:
+        (src / name).mkdir(parents=True)
+        (src / name).chmod(0o1777)
+    for n, name in enumerate(slow_folders):
+        made, _ = _archive(tmp_path, f"{name}/slow{n}.tif", n)
+        os.rename(made, src / name / made.name)
+        os.chown(src / name / made.name, ATTACKER, ATTACKER)
+    (src / "calm" / "v.txt").write_bytes(b"victim")
+    os.chown(src / "calm" / "v.txt", VICTIM, VICTIM)
+    with fake_session():
+        m = InProcessMount(src, tmp_path, use_index=True)
+        gate = threading.Event()
+        held: list[str] = []
+        described = m.tree._describe_fresh
+
+        def slow(backend: object, path: Path, listed: object = None) -> object:
+            if path.name.startswith("slow"):
+                held.append(path.name)
+                gate.wait(GATE_SECONDS)
+            return described(backend, path, listed)  # type: ignore[arg-type]
+
+        m.tree._describe_fresh = slow  # type: ignore[method-assign]
+
+        async def go() -> None:
+            async with trio.open_nursery() as nursery:
+                for name in slow_folders:
+                    nursery.start_soon(m.listdir, name)
+                while len(held) < LISTING_THREADS:  # every slow archive being described
+                    await trio.sleep(0.01)
+                with trio.fail_after(GATE_SECONDS / 2):
+                    assert await m.listdir("calm") == ["v.txt"]
+                assert not gate.is_set()
+                gate.set()
+            for n, name in enumerate(slow_folders):
+                assert await m.listdir(name) == [f"slow{n}.tif"]
+                assert len(await m.read_file(f"{name}/slow{n}.tif")) > 0
+
+        try:
+            m.run(go)
+        finally:
+            gate.set()
+        assert sorted(held) == sorted(f"slow{n}.tif.zarr.zip" for n in range(LISTING_THREADS))
+
+
+def test_a_deferring_scan_describes_none_of_another_user_s_new_archives(tmp_path: Path) -> None:
+    """`scan(defer=uid)` hands over exactly the other users' archives the index does not
+    hold, having described none; once `describe_each` put them in the index, it lists."""
+    src = tmp_path / "src"
+    src.mkdir()
+    own, _ = _archive(tmp_path, "own.tif", 1)
+    theirs, theirs_bytes = _archive(tmp_path, "theirs.tif", 2)
+    os.rename(own, src / own.name)
+    os.rename(theirs, src / theirs.name)
+    os.chown(src / theirs.name, ATTACKER, ATTACKER)
+    (src / "plain.txt").write_bytes(b"x")
+    m = InProcessMount(src, tmp_path, use_index=True)
+    described: list[str] = []
+    fresh = m.tree._describe_fresh
+
+    def counted(backend: object, path: Path, listed: object = None) -> object:
+        described.append(path.name)
+        return fresh(backend, path, listed)  # type: ignore[arg-type]
+
+    m.tree._describe_fresh = counted  # type: ignore[method-assign]
+    try:
+        m.tree.scan(src, defer=os.getuid())
+    except Deferred as deferred:
+        assert [a[0] for a in deferred.archives] == [theirs.name]
+        assert described == [own.name]
+        m.tree.describe_each(src, deferred.archives)
+    else:
+        raise AssertionError("another user's new archive was not handed over")
+    assert described == [own.name, theirs.name]
+    listed = m.tree.scan(src, defer=os.getuid())
+    assert set(listed) == {"own.tif", "theirs.tif", "plain.txt"}
+    assert listed["theirs.tif"].size == len(theirs_bytes)
+    assert described == [own.name, theirs.name]  # from the index, not described again
