@@ -16,6 +16,7 @@ import os
 import threading
 from pathlib import Path
 
+import pytest
 import trio
 
 from tests.unit.inprocess import InProcessMount, fake_session
@@ -26,8 +27,9 @@ from vfs.mount.tree import Deferred
 ATTACKER, VICTIM = 1001, 1002
 
 
+@pytest.mark.parametrize("use_index", [True, False])
 def test_others_new_archives_do_not_hold_the_folder_owner_s_listing_threads(
-    tmp_path: Path,
+    tmp_path: Path, use_index: bool
 ) -> None:
     src = tmp_path / "src"
     slow_folders = [f"s{n}" for n in range(LISTING_THREADS)]
@@ -41,7 +43,7 @@ def test_others_new_archives_do_not_hold_the_folder_owner_s_listing_threads(
     (src / "calm" / "v.txt").write_bytes(b"victim")
     os.chown(src / "calm" / "v.txt", VICTIM, VICTIM)
     with fake_session():
-        m = InProcessMount(src, tmp_path, use_index=True)
+        m = InProcessMount(src, tmp_path, use_index=use_index)
         gate = threading.Event()
         held: list[str] = []
         described = m.tree._describe_fresh
@@ -77,7 +79,9 @@ def test_others_new_archives_do_not_hold_the_folder_owner_s_listing_threads(
 
 def test_a_deferring_scan_describes_none_of_another_user_s_new_archives(tmp_path: Path) -> None:
     """`scan(defer=uid)` hands over exactly the other users' archives the index does not
-    hold, having described none; once `describe_each` put them in the index, it lists."""
+    hold, having described none; once `describe_each` put them in the index, it lists.
+    (`leave_out`, which `_scan`'s last round asks for, leaves out such an archive instead:
+    here none is, the index holding it.)"""
     src = tmp_path / "src"
     src.mkdir()
     own, _ = _archive(tmp_path, "own.tif", 1)
@@ -104,7 +108,65 @@ def test_a_deferring_scan_describes_none_of_another_user_s_new_archives(tmp_path
     else:
         raise AssertionError("another user's new archive was not handed over")
     assert described == [own.name, theirs.name]
+    assert "theirs.tif" in m.tree.scan(src, defer=os.getuid(), handed={}, leave_out=True)
     listed = m.tree.scan(src, defer=os.getuid())
     assert set(listed) == {"own.tif", "theirs.tif", "plain.txt"}
     assert listed["theirs.tif"].size == len(theirs_bytes)
     assert described == [own.name, theirs.name]  # from the index, not described again
+
+
+def test_a_scan_takes_what_was_handed_to_it_for_the_version_described(tmp_path: Path) -> None:
+    """With no index, what `describe_each` made is handed to the next scan, for the archive's
+    version it was made of: rewritten since, it is deferred again, or at the last round left
+    out, never described in the folder owner's threads."""
+    src = tmp_path / "src"
+    src.mkdir()
+    theirs, _ = _archive(tmp_path, "theirs.tif", 2)
+    os.rename(theirs, src / theirs.name)
+    os.chown(src / theirs.name, ATTACKER, ATTACKER)
+    m = InProcessMount(src, tmp_path)
+    try:
+        m.tree.scan(src, defer=os.getuid())
+    except Deferred as deferred:
+        handed = m.tree.describe_each(src, deferred.archives)
+    else:
+        raise AssertionError("another user's new archive was not handed over")
+    assert "theirs.tif" in m.tree.scan(src, defer=os.getuid(), handed=handed)
+    os.utime(src / theirs.name, ns=(1, 1))  # another version now
+    try:
+        m.tree.scan(src, defer=os.getuid(), handed=handed)
+    except Deferred:
+        pass
+    else:
+        raise AssertionError("a description of another version was taken")
+    left = m.tree.scan(src, defer=os.getuid(), handed=handed, leave_out=True)
+    assert "theirs.tif" not in left and theirs.name not in left
+
+
+def test_links_of_an_archive_that_fails_are_parsed_once(tmp_path: Path) -> None:
+    """Red team 103 F3: a user linked one broken archive 150 times into a shared folder; each
+    link was parsed (each fails alone), and again at each listing after each new `ln`, which
+    moves every link's ctime: 80-110 s a listing. A file's failure is known by its inode."""
+    src = tmp_path / "src"
+    src.mkdir()
+    broken = src / "b0.zarr.zip"
+    broken.write_bytes(b"PK\x05\x06" + bytes(18))  # an empty zip: no manifest, never served
+    for n in range(1, 5):
+        os.link(broken, src / f"b{n}.zarr.zip")
+    m = InProcessMount(src, tmp_path)
+    parsed: list[str] = []
+    fresh = m.tree._describe_fresh
+
+    def counted(backend: object, path: Path, listed: object = None) -> object:
+        parsed.append(path.name)
+        return fresh(backend, path, listed)  # type: ignore[arg-type]
+
+    m.tree._describe_fresh = counted  # type: ignore[method-assign]
+    assert len(m.tree.scan(src)) == 5  # all shown raw
+    assert len(parsed) == 1
+    os.link(broken, src / "b5.zarr.zip")
+    assert len(m.tree.scan(src)) == 6
+    assert len(parsed) == 1
+    broken.write_bytes(b"PK\x05\x06" + bytes(18) + b"changed")  # another version: parsed
+    assert len(m.tree.scan(src)) == 6
+    assert len(parsed) == 2

@@ -188,10 +188,8 @@ def test_an_answer_the_first_listing_gives_otherwise_is_dropped_from_the_kernel(
         gate, _entered, waited_out = _hold_describe(m, slow.name)
         scan = m.tree.scan
 
-        def racing(
-            folder: Path, listed: tuple[int, int] = (0, -1), defer: int | None = None
-        ) -> dict[str, Any]:
-            out = scan(folder, listed, defer)
+        def racing(folder: Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
+            out = scan(folder, *args, **kwargs)
             if folder == shared:
                 out.pop("data.tif", None)
             return out

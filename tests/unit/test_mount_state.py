@@ -671,11 +671,9 @@ def test_a_rescan_that_races_a_rename_of_its_folder(mount: InProcessMount) -> No
     scan = mount.tree.scan
     raced = False
 
-    def scan_then_rename(
-        folder: Path, listed: tuple[int, int] = (0, -1), defer: int | None = None
-    ) -> dict[str, Any]:
+    def scan_then_rename(folder: Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
         nonlocal raced
-        found = scan(folder, listed, defer)
+        found = scan(folder, *args, **kwargs)
         if folder == mount.config.src / "a" and not raced:
             raced = True  # the rename lands while the rescan's thread is still out
             trio.from_thread.run(mount.rename, "a", "b")

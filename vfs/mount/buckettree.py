@@ -419,10 +419,7 @@ class BucketTree(SourceTree):
             return None
         return first[1], first[2]
 
-    def scan(
-        self, folder: Path, listed: tuple[int, int] = (0, -1), defer: int | None = None
-    ) -> dict[str, Node]:
-        """(`defer` is not used: a bucket's objects are all shown as one owner's.)"""
+    def scan(self, folder: Path, listed: tuple[int, int] = (0, -1)) -> dict[str, Node]:
         prefix = self.key_of(folder)
         listing = self._listed(prefix)
         dirs: dict[str, os.stat_result] = {}

@@ -89,7 +89,7 @@ MAX_ANSWERED = 65536  # lookups of a folder answered otherwise than its listing,
 # the listing itself, as every one did before: a user's `stat` of a file in each of 100,000
 # folders of theirs must not queue 100,000 listings in the background.
 UNLISTED_BEHIND = 256
-DEFER_ROUNDS = 2  # scans of a folder that hand other users' new archives to their threads (_scan)
+DEFER_ROUNDS = 3  # scans of a folder that hand other users' new archives to their threads (_scan)
 HANDLES_PER_USER = 4096  # open files one user but root may hold (at most an eighth of the fd limit)
 QUICK_WRITE = 64 * 1024  # larger writes always go to a worker thread (the data path)
 QUICK_FREE = 16 << 20  # truncating or deleting a larger file frees blocks: a worker thread
@@ -452,32 +452,41 @@ class DecantOperations(pyfuse3.Operations):
 
     async def _scan(self, node: Node) -> dict[str, Node]:
         """`tree.scan` of a real folder in its owner's listing threads, the archives of other
-        users new in it described first in theirs (`tree.Deferred`). Four slow archives one
-        user dropped into four of root's shared folders held root's four threads while they
-        were described, and every listing of every folder of root's waited behind them (red
-        team 102 F3). With no index, where a description is kept for the scan after it,
-        others' archives are described in the owner's threads as before."""
-        rounds = DEFER_ROUNDS if self.tree.index is not None else 0
-        while True:
-            defer = node.uid if rounds > 0 else None  # then what is new again (or racy) here
-            scan = functools.partial(self.tree.scan, node.real, (node.ino, node.uid), defer=defer)
+        users new in it described in theirs (`tree.Deferred`), and handed to a scan again.
+        Four slow archives one user dropped into four of root's shared folders held root's
+        four threads while they were described, and every listing of every folder of root's
+        waited behind them (red team 102 F3). An archive new again at every scan (rewritten
+        meanwhile) is left out after DEFER_ROUNDS, not described in the owner's threads."""
+        if not isinstance(node.real, Path):  # a bucket's objects are shown as one owner's
+            scan = functools.partial(self.tree.scan, node.real, (node.ino, node.uid))
+            return await trio.to_thread.run_sync(scan, limiter=self._lister(node))  # type: ignore[no-any-return]
+        handed: dict[Path, Any] = {}
+        for done in range(DEFER_ROUNDS + 1):
+            scan = functools.partial(self.tree.scan, node.real, (node.ino, node.uid),
+                                     defer=node.uid, handed=handed,
+                                     leave_out=done == DEFER_ROUNDS)  # fmt: skip
             try:
                 return await trio.to_thread.run_sync(scan, limiter=self._lister(node))  # type: ignore[no-any-return]
             except Deferred as theirs:
-                rounds -= 1
-                await self._describe_theirs(node.real, theirs.archives)
+                handed.update(await self._describe_theirs(node.real, theirs.archives))
+        raise AssertionError("the last round leaves out what it would defer")
 
-    async def _describe_theirs(self, folder: Path, archives: list[Any]) -> None:
-        """`archives` described into the index, each user's in their own listing threads."""
+    async def _describe_theirs(self, folder: Path, archives: list[Any]) -> dict[Path, Any]:
+        """`archives` described, each user's in their own listing threads (`describe_each`)."""
         by_owner: dict[int, list[Any]] = {}
         for archive in archives:
             by_owner.setdefault(archive[1].st_uid, []).append(archive)
+        out: dict[Path, Any] = {}
+
+        async def describe(uid: int, theirs: list[Any]) -> None:
+            work = functools.partial(self.tree.describe_each, folder, theirs)
+            limiter = _per_user(self._listing_by_owner, uid)
+            out.update(await trio.to_thread.run_sync(work, limiter=limiter))
+
         async with trio.open_nursery() as nursery:
             for uid, theirs in by_owner.items():
-                work = functools.partial(self.tree.describe_each, folder, theirs)
-                nursery.start_soon(functools.partial(
-                    trio.to_thread.run_sync, work, limiter=_per_user(self._listing_by_owner, uid)
-                ))  # fmt: skip
+                nursery.start_soon(describe, uid, theirs)
+        return out
 
     def _checker(self, uid: int) -> trio.CapacityLimiter:
         """The worker threads that `uid`'s access walks (`_may_read_through`) share."""

@@ -16,7 +16,7 @@ import os
 import sqlite3
 import stat
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,9 +59,14 @@ class Listing:
     kept: list[Any] = field(default_factory=list)  # new one-file ones, for the index together
     alone: set[Path] = field(default_factory=set)  # held too, but read one at a time (large)
     # The folder owner's uid: other users' archives to be described afresh are not, but
-    # `deferred` (the listing then raises Deferred for its caller to describe them elsewhere).
+    # `deferred` (the listing then raises Deferred for its caller to describe them elsewhere),
+    # or, `leave_out`, left out of the listing (new again each time they were described).
     defer: int | None = None
     deferred: list[Any] = field(default_factory=list)
+    leave_out: bool = False
+    # What the caller had described elsewhere (`describe_each`), by path: taken where the
+    # archive's version is still the one described.
+    handed: Mapping[Path, tuple[tuple[int, ...], Description | None]] = field(default_factory=dict)
 
 
 # Archive files a listing will describe afresh are read ahead (WILLNEED) when at most this big:
@@ -116,6 +121,11 @@ class SourceTree:
         # Archives shown raw, by the hash of their path (a path of a few KiB kept whole for
         # each name a user made: red team 74, F2), with the stamp they failed at.
         self._failed: dict[int, tuple[object, ...]] = {}
+        # ... and a file's by the hash of its device and inode number, with its size and
+        # mtime: not its ctime, which each new hard link moves. An archive that fails,
+        # linked 150 times into a shared folder (links cost their maker nothing), was parsed
+        # again at each listing after each `ln`: 80-110 s each (red team 103 F3).
+        self._failed_files: dict[int, tuple[object, ...]] = {}
         self.racy = RacyArchives()  # described while they may have been mid-write
         # The member trees of archives shown as folders, across all of them (their nodes keep
         # none: `children_of_archive_node` reads an evicted one again).
@@ -144,14 +154,17 @@ class SourceTree:
         return mirror_node(self.root, acl_stat(self.root, os.stat(self.root)), self.writable)
 
     def scan(
-        self, folder: Path, listed: tuple[int, int] = (0, -1), defer: int | None = None
-    ) -> dict[str, Node]:
+        self, folder: Path, listed: tuple[int, int] = (0, -1), defer: int | None = None,
+        handed: Mapping[Path, tuple[tuple[int, ...], Description | None]] | None = None,
+        leave_out: bool = False,
+    ) -> dict[str, Node]:  # fmt: skip
         """The presented children of a real folder of SRC. `listed`: the inode number and
         owner the mount listed the folder with; another folder there now is ESTALE (one
         renamed over it is another user's: the kernel let the caller list it by the
         attributes of the first; red team 67, F1). `defer`: raise Deferred with the archives
-        of users other than this uid that would be described afresh (not in the index),
-        having described none of them."""
+        of users other than this uid that would be described afresh (not in the index, nor
+        `handed`: what `describe_each` made of them), having described none of them; or,
+        `leave_out`, leave them out of the listing."""
         # The spool first, SRC after: a publish places a file in SRC before it hides the
         # spooled name (and unhides it only once that is gone), so read in this order a file
         # being published is seen in one or the other; read the other way round, a scan that
@@ -164,7 +177,8 @@ class SourceTree:
                 raise OSError(errno.ESTALE, "not the folder listed (replaced since)", str(folder))
             with os.scandir(fd) as it:
                 plain, archives = self._sorted(folder, self._stats(folder, it, fd))
-            listing = Listing(*self._recall(fd, archives), defer=defer)
+            listing = Listing(*self._recall(fd, archives), defer=defer, leave_out=leave_out,
+                              handed=handed or {})  # fmt: skip
         finally:
             os.close(fd)
         out, regular = self._resolved(folder, plain, archives, listing)
@@ -396,8 +410,16 @@ class SourceTree:
             for n, st, b, p in archives:
                 if self.stopping:  # unmounted: a listing read behind ends (not 10 s more)
                     raise OSError(errno.ECANCELED, "the mount is stopping", str(folder))
+                handed = listing.handed.get(p)
+                if handed is not None and handed[0] == _version_of(st):
+                    described.append((n, st, b, handed[1], p))
+                    continue
                 if self._deferred(listing, b, p, st):
-                    listing.deferred.append((n, st, b, p))
+                    if listing.leave_out:
+                        self._log_once(p, f"{p}: left out of the listing while it changes",
+                                       logging.INFO)  # fmt: skip
+                    else:
+                        listing.deferred.append((n, st, b, p))
                     continue
                 try:
                     described.append((n, st, b, self._described(b, p, st, listing), p))
@@ -469,20 +491,24 @@ class SourceTree:
         return (listing.defer is not None and st.st_uid != listing.defer
                 and listing.recalled is not None and path not in listing.recalled
                 and path not in listing.alone
-                and self._failed.get(hash(str(path))) != self._stamp(backend, st))  # fmt: skip
+                and not self._known_failed(backend, path, st))  # fmt: skip
 
-    def describe_each(self, folder: Path, archives: list[_Archive]) -> None:
-        """Each archive described into the index (what `Deferred` handed over), as a listing
-        describes them; one that cannot be served is left for the listing to tell."""
+    def describe_each(
+        self, folder: Path, archives: list[_Archive]
+    ) -> dict[Path, tuple[tuple[int, ...], Description | None]]:
+        """Each archive described (what `Deferred` handed over), as a listing describes them,
+        into the index, and for `scan`'s `handed`, by path with the version described."""
         listing = Listing()
+        out: dict[Path, tuple[tuple[int, ...], Description | None]] = {}
         try:
             for _n, st, backend, path in archives:
                 if self.stopping:
                     raise OSError(errno.ECANCELED, "the mount is stopping", str(folder))
                 with contextlib.suppress(DecantError):  # a store's transient failure: `scan`
-                    self._described(backend, path, st, listing)
+                    out[path] = (_version_of(st), self._described(backend, path, st, listing))
         finally:
             self._keep(folder, listing.kept)
+        return out
 
     def _claim_order(self, name: str, st: os.stat_result, desc: Any) -> tuple[Any, ...]:
         """Of two archives presenting one name, the one sorted first is given it: here the one
@@ -653,8 +679,7 @@ class SourceTree:
             cached = self._indexed(backend, path, st)
         if cached is not None:
             return cached
-        stamp = self._stamp(backend, st)
-        if self._failed.get(hash(str(path))) == stamp:
+        if self._known_failed(backend, path, st):
             return None
         linked = self._linked(backend, path, st)
         if linked is not None:
@@ -681,10 +706,7 @@ class SourceTree:
         if self.racy.note(path, st, archive_version(st)):
             return desc  # neither kept nor remembered as failed: described again soon
         if desc is None:
-            if len(self._failed) >= MAX_FAILED:
-                self._failed.clear()
-            if stamp:
-                self._failed[hash(str(path))] = stamp
+            self._note_failed(backend, path, st)
             return None
         row = (path, index_key(backend), st.st_size, st.st_mtime_ns, desc, st.st_ino,
                st.st_ctime_ns)  # fmt: skip
@@ -693,6 +715,27 @@ class SourceTree:
         else:
             self._keep(path, [row])
         return desc
+
+    def _known_failed(self, backend: Backend, path: Path, st: os.stat_result) -> bool:
+        """Whether this version of the archive failed to describe (shown raw): by its path, or,
+        a file, by its inode (another link of it failed)."""
+        if self._failed.get(hash(str(path))) == self._stamp(backend, st) != ():
+            return True
+        return (st.st_nlink > 1 and stat.S_ISREG(st.st_mode)  # (a bucket's objects: 1)
+                and self._failed_files.get(hash((st.st_dev, st.st_ino)))
+                == (index_key(backend), st.st_size, st.st_mtime_ns))  # fmt: skip
+
+    def _note_failed(self, backend: Backend, path: Path, st: os.stat_result) -> None:
+        """`_known_failed` from now on (both memos bounded by MAX_FAILED: then forgotten)."""
+        stamp = self._stamp(backend, st)
+        if not stamp:  # a folder archive: its own stamp tells nothing of what is inside
+            return
+        for memo in (self._failed, self._failed_files):
+            if len(memo) >= MAX_FAILED:
+                memo.clear()
+        self._failed[hash(str(path))] = stamp
+        self._failed_files[hash((st.st_dev, st.st_ino))] = (index_key(backend), st.st_size,
+                                                            st.st_mtime_ns)  # fmt: skip
 
     def _linked(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:
         """The description of another hard link of the archive in its folder, from the index,
@@ -805,7 +848,7 @@ class SourceTree:
             elif key in known:
                 alone.add(path)
             elif (stat.S_ISREG(st.st_mode) and st.st_size <= READ_AHEAD_MAX
-                  and self._failed.get(hash(str(path))) != self._stamp(backend, st)):  # fmt: skip
+                  and not self._known_failed(backend, path, st)):  # fmt: skip
                 read_ahead(fd, name)
         return found, [], alone
 
@@ -987,6 +1030,12 @@ class _InFlight:
     event: threading.Event = field(default_factory=threading.Event)
     desc: Description | None = None
     done: bool = False
+
+
+def _version_of(st: os.stat_result) -> tuple[int, ...]:
+    """An archive's version as a listing stats it (`version_stat`): what a description made
+    of it holds for."""
+    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns, st.st_mode, st.st_uid)
 
 
 def _tree_key(node: Node) -> TreeKey:
