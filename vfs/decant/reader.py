@@ -38,7 +38,13 @@ from vfs.decant.limits import (
     MAX_MANIFEST_BYTES,
     compressed_bound,
 )
-from vfs.decant.manifest import Manifest, PageRecord, large_manifest, parse_manifest
+from vfs.decant.manifest import (
+    Manifest,
+    MemberRecord,
+    PageRecord,
+    large_manifest,
+    parse_manifest,
+)
 from vfs.decant.partial import BlockSource, PageGeometry
 from vfs.decant.plan import HuskPlan, PixelPlan
 from vfs.decant.regions import HUSK, Region
@@ -107,6 +113,7 @@ class DecantArchive:
         self._specs: dict[str, ArraySpec] = {}
         # Each original's plan while a reader holds it: built once, not once per handle.
         self._plans: WeakValueDictionary[str, HuskPlan | PixelPlan] = WeakValueDictionary()
+        self._by_relpath: dict[str, MemberRecord] | None = None  # series members: `_member`
         self._pinned: list[HuskPlan | PixelPlan] = []  # held while the archive waits idle
         self.digests: Mapping[str, int] | None = store.digests
         self.manifest_bytes = 0  # its text's size, as read
@@ -251,11 +258,7 @@ class DecantArchive:
                 lambda: HuskPlan(self, "original", m.original_size, m.original_sha256),
             )
             return VerbatimReader(self, husk, cache)
-        for mem in m.members:
-            if mem.relpath == relpath:
-                break
-        else:
-            raise FileNotFoundError(f"{self.path}: no member {relpath!r}")
+        mem = self._member(relpath)
         if m.series_consolidated:
             pixels = self.plan(
                 mem.husk_array,
@@ -285,6 +288,21 @@ class DecantArchive:
             raise
         reader.let_go = lambda: self._let_go_bundle(mem.subarchive)
         return reader
+
+    def _member(self, relpath: str) -> MemberRecord:
+        """The series member at `relpath`, by a table made once: found by a walk of the members
+        each time, `check` of a series of 15,000 (which opens each) compared 112 million
+        paths, 6 s of a 17 s describe (red team 103 F4)."""
+        by_relpath = self._by_relpath
+        if by_relpath is None:
+            by_relpath = {}
+            for mem in self.manifest.members:
+                by_relpath.setdefault(mem.relpath, mem)  # the first, as the walk found it
+            self._by_relpath = by_relpath
+        mem = by_relpath.get(relpath)
+        if mem is None:
+            raise FileNotFoundError(f"{self.path}: no member {relpath!r}")
+        return mem
 
     @contextmanager
     def bundle(self, name: str) -> Iterator[DecantArchive]:
