@@ -27,19 +27,27 @@ from vfs.mount.tree import Deferred
 ATTACKER, VICTIM = 1001, 1002
 
 
-@pytest.mark.parametrize("use_index", [True, False])
+@pytest.mark.parametrize(
+    ("use_index", "folders_of", "archives_of"),
+    [(True, 0, ATTACKER), (False, 0, ATTACKER), (True, ATTACKER, 0)],
+    ids=["their-archives-in-root-s-folders", "same-no-index", "root-s-archives-in-theirs"],
+)
 def test_others_new_archives_do_not_hold_the_folder_owner_s_listing_threads(
-    tmp_path: Path, use_index: bool
+    tmp_path: Path, use_index: bool, folders_of: int, archives_of: int
 ) -> None:
+    """The slow archives of one user in another's folders take neither's own threads: not
+    the folder owner's (red team 102 F3), nor the archive owner's (root's slow archive
+    linked into a user's 48 folders, listed at once: tests/mount/test_redteam30.py)."""
     src = tmp_path / "src"
     slow_folders = [f"s{n}" for n in range(LISTING_THREADS)]
     for name in [*slow_folders, "calm"]:
         (src / name).mkdir(parents=True)
         (src / name).chmod(0o1777)
     for n, name in enumerate(slow_folders):
+        os.chown(src / name, folders_of, folders_of)
         made, _ = _archive(tmp_path, f"{name}/slow{n}.tif", n)
         os.rename(made, src / name / made.name)
-        os.chown(src / name / made.name, ATTACKER, ATTACKER)
+        os.chown(src / name / made.name, archives_of, archives_of)
     (src / "calm" / "v.txt").write_bytes(b"victim")
     os.chown(src / "calm" / "v.txt", VICTIM, VICTIM)
     with fake_session():

@@ -16,7 +16,7 @@ import resource
 import stat
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,7 +130,7 @@ def _log_limited(level: int, what: str, message: str, exc_info: bool = False) ->
     log.log(level, "%s: %s", what, message, exc_info=exc_info)
 
 
-def _per_user(limiters: dict[int, trio.CapacityLimiter], uid: int) -> trio.CapacityLimiter:
+def _per_user(limiters: dict[Any, trio.CapacityLimiter], uid: Hashable) -> trio.CapacityLimiter:
     """`uid`'s own few worker threads in `limiters` (made on first use): a user fills only
     theirs, never the daemon's whole thread pool."""
     limiter = limiters.get(uid)
@@ -416,6 +416,9 @@ class DecantOperations(pyfuse3.Operations):
         self._told_cap: set[int] = set()
         self._quick = QuickCalls()
         self._listing_by_owner: dict[int, trio.CapacityLimiter] = {}
+        # Another user's archives new in a folder, described for its listing (`_scan`): by
+        # (folder owner, archive owner), so neither's own listings wait for them.
+        self._describing_for: dict[tuple[int, int], trio.CapacityLimiter] = {}
         self._checks_by_uid: dict[int, trio.CapacityLimiter] = {}
         self._relisting: set[int] = set()  # folders a lookup left to be listed in the background
         self._relist_again: set[int] = set()  # ... and to be listed once more after that
@@ -452,11 +455,12 @@ class DecantOperations(pyfuse3.Operations):
 
     async def _scan(self, node: Node) -> dict[str, Node]:
         """`tree.scan` of a real folder in its owner's listing threads, the archives of other
-        users new in it described in theirs (`tree.Deferred`), and handed to a scan again.
-        Four slow archives one user dropped into four of root's shared folders held root's
-        four threads while they were described, and every listing of every folder of root's
-        waited behind them (red team 102 F3). An archive new again at every scan (rewritten
-        meanwhile) is left out after DEFER_ROUNDS, not described in the owner's threads."""
+        users new in it described in threads of their own (`tree.Deferred`, `_describe_
+        theirs`), and handed to a scan again. Four slow archives one user dropped into four of
+        root's shared folders held root's four threads while they were described, and every
+        listing of every folder of root's waited behind them (red team 102 F3). An archive new
+        again at every scan (rewritten meanwhile) is left out after DEFER_ROUNDS, not
+        described in the owner's threads."""
         if not isinstance(node.real, Path):  # a bucket's objects are shown as one owner's
             scan = functools.partial(self.tree.scan, node.real, (node.ino, node.uid))
             return await trio.to_thread.run_sync(scan, limiter=self._lister(node))  # type: ignore[no-any-return]
@@ -468,19 +472,23 @@ class DecantOperations(pyfuse3.Operations):
             try:
                 return await trio.to_thread.run_sync(scan, limiter=self._lister(node))  # type: ignore[no-any-return]
             except Deferred as theirs:
-                handed.update(await self._describe_theirs(node.real, theirs.archives))
+                handed.update(await self._describe_theirs(node, theirs.archives))
         raise AssertionError("the last round leaves out what it would defer")
 
-    async def _describe_theirs(self, folder: Path, archives: list[Any]) -> dict[Path, Any]:
-        """`archives` described, each user's in their own listing threads (`describe_each`)."""
+    async def _describe_theirs(self, node: Node, archives: list[Any]) -> dict[Path, Any]:
+        """`archives` (other users' in `node`'s folder) described (`describe_each`), each
+        user's in the threads of that user's archives in that folder owner's folders: not in
+        the folder owner's own (red team 102 F3), nor in the archive owner's own (a user's
+        48 folders, each holding a link of root's slow archive, held root's threads and
+        every listing of root's folders: tests/mount/test_redteam30.py)."""
         by_owner: dict[int, list[Any]] = {}
         for archive in archives:
             by_owner.setdefault(archive[1].st_uid, []).append(archive)
         out: dict[Path, Any] = {}
 
         async def describe(uid: int, theirs: list[Any]) -> None:
-            work = functools.partial(self.tree.describe_each, folder, theirs)
-            limiter = _per_user(self._listing_by_owner, uid)
+            work = functools.partial(self.tree.describe_each, node.real, theirs)
+            limiter = _per_user(self._describing_for, (node.uid, uid))
             out.update(await trio.to_thread.run_sync(work, limiter=limiter))
 
         async with trio.open_nursery() as nursery:
