@@ -13,7 +13,9 @@ waited on it.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -136,7 +138,7 @@ def test_a_scan_takes_what_was_handed_to_it_for_the_version_described(tmp_path: 
     try:
         m.tree.scan(src, defer=os.getuid())
     except Deferred as deferred:
-        handed = m.tree.describe_each(src, deferred.archives)
+        handed, _done = m.tree.describe_each(src, deferred.archives)
     else:
         raise AssertionError("another user's new archive was not handed over")
     assert "theirs.tif" in m.tree.scan(src, defer=os.getuid(), handed=handed)
@@ -178,3 +180,67 @@ def test_links_of_an_archive_that_fails_are_parsed_once(tmp_path: Path) -> None:
     broken.write_bytes(b"PK\x05\x06" + bytes(18) + b"changed")  # another version: parsed
     assert len(m.tree.scan(src)) == 6
     assert len(parsed) == 2
+
+
+def test_a_failure_known_by_inode_is_not_another_owner_s(tmp_path: Path) -> None:
+    """Red team 104 F2: a user's junk file of the size and mtime of another's archive, linked
+    twice, failed and was deleted; the other's `cp -p` of the archive (with a backup link)
+    got the freed inode number and was shown raw. The owner is part of what is known."""
+    src = tmp_path / "src"
+    src.mkdir()
+    m = InProcessMount(src, tmp_path)
+    backend = m.tree.backends[0]
+    junk = os.stat_result((0o100644, 4242, 7, 2, ATTACKER, ATTACKER, 1000, 1, 1, 1))
+    m.tree._note_failed(backend, src / "junk.zarr.zip", junk)
+    theirs = os.stat_result((0o100644, 4242, 7, 2, VICTIM, VICTIM, 1000, 1, 1, 2))
+    assert not m.tree._known_failed(backend, src / "vscan.tif.zarr.zip", theirs)
+    link = os.stat_result((0o100644, 4242, 7, 3, ATTACKER, ATTACKER, 1000, 1, 1, 3))
+    assert m.tree._known_failed(backend, src / "another-link.zarr.zip", link)  # its own links
+
+
+def test_a_folder_s_one_archive_does_not_wait_for_other_folders_many(tmp_path: Path) -> None:
+    """Red team 104 F1: the archives of one user in all of root's folders share one pool of
+    threads; a folder holding one small archive of theirs waited until four folders of thirty
+    slow ones each were described (65-130 s). Threads are taken an archive (a quarter second)
+    at a time, and a free one goes to the waiting folder holding fewest: the calm folder is
+    listed before any of the slow ones."""
+    src = tmp_path / "src"
+    slow_folders = [f"s{n}" for n in range(LISTING_THREADS)]
+    made, _ = _archive(tmp_path, "slow.tif", 1)
+    small, small_bytes = _archive(tmp_path, "small.tif", 2)
+    for name in [*slow_folders, "calm"]:
+        (src / name).mkdir(parents=True)
+        (src / name).chmod(0o1777)
+    for name in slow_folders:
+        for n in range(8):
+            copy = src / name / f"slow{n}.zarr.zip"
+            shutil.copyfile(made, copy)
+            os.chown(copy, ATTACKER, ATTACKER)
+    os.rename(small, src / "calm" / small.name)
+    os.chown(src / "calm" / small.name, ATTACKER, ATTACKER)
+    with fake_session():
+        m = InProcessMount(src, tmp_path, use_index=True)
+        described = m.tree._describe_fresh
+
+        def slow(backend: object, path: Path, listed: object = None) -> object:
+            if path.name.startswith("slow"):
+                time.sleep(0.2)
+            return described(backend, path, listed)  # type: ignore[arg-type]
+
+        m.tree._describe_fresh = slow  # type: ignore[method-assign]
+        order: list[str] = []
+
+        async def listed(name: str) -> None:
+            await m.listdir(name)
+            order.append(name)
+
+        async def go() -> None:
+            async with trio.open_nursery() as nursery:
+                for name in slow_folders:
+                    nursery.start_soon(listed, name)
+                await trio.sleep(0.3)  # every slow folder's archives being described
+                nursery.start_soon(listed, "calm")
+            assert await m.read_file("calm/small.tif") == small_bytes
+
+        m.run(go)
+        assert order[0] == "calm", order

@@ -16,6 +16,7 @@ import os
 import sqlite3
 import stat
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,10 +122,12 @@ class SourceTree:
         # Archives shown raw, by the hash of their path (a path of a few KiB kept whole for
         # each name a user made: red team 74, F2), with the stamp they failed at.
         self._failed: dict[int, tuple[object, ...]] = {}
-        # ... and a file's by the hash of its device and inode number, with its size and
-        # mtime: not its ctime, which each new hard link moves. An archive that fails,
+        # ... and a file's by the hash of its device and inode number, with its size, mtime
+        # and owner: not its ctime, which each new hard link moves. An archive that fails,
         # linked 150 times into a shared folder (links cost their maker nothing), was parsed
-        # again at each listing after each `ln`: 80-110 s each (red team 103 F3).
+        # again at each listing after each `ln`: 80-110 s each (red team 103 F3). The owner:
+        # a user's junk file of another's archive's size and mtime, deleted, left its inode
+        # number to that user's `cp -p` of the archive, shown raw (red team 104 F2).
         self._failed_files: dict[int, tuple[object, ...]] = {}
         self.racy = RacyArchives()  # described while they may have been mid-write
         # The member trees of archives shown as folders, across all of them (their nodes keep
@@ -494,21 +497,27 @@ class SourceTree:
                 and not self._known_failed(backend, path, st))  # fmt: skip
 
     def describe_each(
-        self, folder: Path, archives: list[_Archive]
-    ) -> dict[Path, tuple[tuple[int, ...], Description | None]]:
-        """Each archive described (what `Deferred` handed over), as a listing describes them,
-        into the index, and for `scan`'s `handed`, by path with the version described."""
+        self, folder: Path, archives: list[_Archive], until: float = math.inf
+    ) -> tuple[dict[Path, tuple[tuple[int, ...], Description | None]], int]:
+        """The archives described (what `Deferred` handed over), as a listing describes them,
+        into the index, and for `scan`'s `handed`, by path with the version described; from
+        the first, until the monotonic clock passes `until` (at least one). With how many
+        of `archives` were done (one the store failed for a moment is left to `scan`)."""
         listing = Listing()
         out: dict[Path, tuple[tuple[int, ...], Description | None]] = {}
+        done = 0
         try:
             for _n, st, backend, path in archives:
                 if self.stopping:
                     raise OSError(errno.ECANCELED, "the mount is stopping", str(folder))
+                if done and time.monotonic() > until:
+                    break
+                done += 1
                 with contextlib.suppress(DecantError):  # a store's transient failure: `scan`
                     out[path] = (_version_of(st), self._described(backend, path, st, listing))
         finally:
             self._keep(folder, listing.kept)
-        return out
+        return out, done
 
     def _claim_order(self, name: str, st: os.stat_result, desc: Any) -> tuple[Any, ...]:
         """Of two archives presenting one name, the one sorted first is given it: here the one
@@ -721,9 +730,11 @@ class SourceTree:
         a file, by its inode (another link of it failed)."""
         if self._failed.get(hash(str(path))) == self._stamp(backend, st) != ():
             return True
-        return (st.st_nlink > 1 and stat.S_ISREG(st.st_mode)  # (a bucket's objects: 1)
-                and self._failed_files.get(hash((st.st_dev, st.st_ino)))
-                == (index_key(backend), st.st_size, st.st_mtime_ns))  # fmt: skip
+        return (
+            st.st_nlink > 1
+            and stat.S_ISREG(st.st_mode)  # (a bucket's objects: 1)
+            and self._failed_files.get(hash((st.st_dev, st.st_ino))) == _failed_as(backend, st)
+        )
 
     def _note_failed(self, backend: Backend, path: Path, st: os.stat_result) -> None:
         """`_known_failed` from now on (both memos bounded by MAX_FAILED: then forgotten)."""
@@ -734,8 +745,7 @@ class SourceTree:
             if len(memo) >= MAX_FAILED:
                 memo.clear()
         self._failed[hash(str(path))] = stamp
-        self._failed_files[hash((st.st_dev, st.st_ino))] = (index_key(backend), st.st_size,
-                                                            st.st_mtime_ns)  # fmt: skip
+        self._failed_files[hash((st.st_dev, st.st_ino))] = _failed_as(backend, st)
 
     def _linked(self, backend: Backend, path: Path, st: os.stat_result) -> Description | None:
         """The description of another hard link of the archive in its folder, from the index,
@@ -1030,6 +1040,11 @@ class _InFlight:
     event: threading.Event = field(default_factory=threading.Event)
     desc: Description | None = None
     done: bool = False
+
+
+def _failed_as(backend: Backend, st: os.stat_result) -> tuple[object, ...]:
+    """What a file that failed to describe is known by with its inode (`_known_failed`)."""
+    return (index_key(backend), st.st_size, st.st_mtime_ns, st.st_uid)
 
 
 def _version_of(st: os.stat_result) -> tuple[int, ...]:
