@@ -16,6 +16,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,22 @@ from vfs.mount.ops import LISTING_THREADS
 from vfs.mount.tree import Deferred
 
 ATTACKER, VICTIM = 1001, 1002
+
+
+def _described(m: InProcessMount, slow: Callable[[], object] | None = None) -> list[str]:
+    """The names of the archives `m` describes afresh from now on, in order (the list fills
+    as it goes); `slow()` runs before each whose name starts with "slow"."""
+    names: list[str] = []
+    fresh = m.tree._describe_fresh
+
+    def counted(backend: object, path: Path, listed: object = None) -> object:
+        names.append(path.name)
+        if slow is not None and path.name.startswith("slow"):
+            slow()
+        return fresh(backend, path, listed)  # type: ignore[arg-type]
+
+    m.tree._describe_fresh = counted  # type: ignore[method-assign]
+    return names
 
 
 @pytest.mark.parametrize(
@@ -55,16 +72,7 @@ def test_others_new_archives_do_not_hold_the_folder_owner_s_listing_threads(
     with fake_session():
         m = InProcessMount(src, tmp_path, use_index=use_index)
         gate = threading.Event()
-        held: list[str] = []
-        described = m.tree._describe_fresh
-
-        def slow(backend: object, path: Path, listed: object = None) -> object:
-            if path.name.startswith("slow"):
-                held.append(path.name)
-                gate.wait(GATE_SECONDS)
-            return described(backend, path, listed)  # type: ignore[arg-type]
-
-        m.tree._describe_fresh = slow  # type: ignore[method-assign]
+        held = _described(m, lambda: gate.wait(GATE_SECONDS))
 
         async def go() -> None:
             async with trio.open_nursery() as nursery:
@@ -101,14 +109,7 @@ def test_a_deferring_scan_describes_none_of_another_user_s_new_archives(tmp_path
     os.chown(src / theirs.name, ATTACKER, ATTACKER)
     (src / "plain.txt").write_bytes(b"x")
     m = InProcessMount(src, tmp_path, use_index=True)
-    described: list[str] = []
-    fresh = m.tree._describe_fresh
-
-    def counted(backend: object, path: Path, listed: object = None) -> object:
-        described.append(path.name)
-        return fresh(backend, path, listed)  # type: ignore[arg-type]
-
-    m.tree._describe_fresh = counted  # type: ignore[method-assign]
+    described = _described(m)
     try:
         m.tree.scan(src, defer=os.getuid())
     except Deferred as deferred:
@@ -164,14 +165,7 @@ def test_links_of_an_archive_that_fails_are_parsed_once(tmp_path: Path) -> None:
     for n in range(1, 5):
         os.link(broken, src / f"b{n}.zarr.zip")
     m = InProcessMount(src, tmp_path)
-    parsed: list[str] = []
-    fresh = m.tree._describe_fresh
-
-    def counted(backend: object, path: Path, listed: object = None) -> object:
-        parsed.append(path.name)
-        return fresh(backend, path, listed)  # type: ignore[arg-type]
-
-    m.tree._describe_fresh = counted  # type: ignore[method-assign]
+    parsed = _described(m)
     assert len(m.tree.scan(src)) == 5  # all shown raw
     assert len(parsed) == 1
     os.link(broken, src / "b5.zarr.zip")
@@ -220,14 +214,7 @@ def test_a_folder_s_one_archive_does_not_wait_for_other_folders_many(tmp_path: P
     os.chown(src / "calm" / small.name, ATTACKER, ATTACKER)
     with fake_session():
         m = InProcessMount(src, tmp_path, use_index=True)
-        described = m.tree._describe_fresh
-
-        def slow(backend: object, path: Path, listed: object = None) -> object:
-            if path.name.startswith("slow"):
-                time.sleep(0.2)
-            return described(backend, path, listed)  # type: ignore[arg-type]
-
-        m.tree._describe_fresh = slow  # type: ignore[method-assign]
+        _described(m, lambda: time.sleep(0.2))
         order: list[str] = []
 
         async def listed(name: str) -> None:
