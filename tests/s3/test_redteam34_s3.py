@@ -105,8 +105,12 @@ def test_a_disk_cache_entry_under_another_entrys_name_is_not_served(
     s3_bucket: S3Bucket, bucket_mount: MountFactory, tmp_path: Path
 ) -> None:
     """Two entries of the same size swapped while the daemon is down (a restore from a backup,
-    a copy): each still carries the xxh3 of its bytes, but they are another range's bytes."""
-    a, b = os.urandom(300_000), os.urandom(300_000)
+    a copy): each still carries the xxh3 of its bytes, but they are another range's bytes.
+    The objects are smaller than one read of the kernel's (128 KiB), so each is fetched and
+    cached as one range, the same for both: objects of 300 KB were cached in ranges that
+    depend on how the kernel's reads and read-ahead fell (one range for one, two for the
+    other, on a new machine), and then no range of one was the other's to swap."""
+    a, b = os.urandom(100_000), os.urandom(100_000)
     store = client(s3_bucket)
     obstore.put(store, s3_bucket.key("a.bin"), a)
     obstore.put(store, s3_bucket.key("b.bin"), b)
